@@ -1,0 +1,1 @@
+"""The ``neuron-workbench`` command line: one module per subcommand in :mod:`.commands`."""

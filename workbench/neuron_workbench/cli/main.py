@@ -1,0 +1,73 @@
+"""Entry point of the ``neuron-workbench`` console script.
+
+Exit codes shared by every subcommand: 0 success, 1 a comparison failed, 2 usage or input error
+(one line on stderr, never a traceback), 3 ``--strict`` and ops fell back to CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from neuron_workbench import __version__
+from neuron_workbench.cli import commands
+from neuron_workbench.errors import WorkbenchUsageError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_FALLBACK = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"neuron-workbench: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _command_modules() -> list[ModuleType]:
+    found = []
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            found.append(importlib.import_module(f"{commands.__name__}.{info.name}"))
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with one subparser per module in :mod:`.commands`."""
+    parser = _Parser(
+        prog="neuron-workbench",
+        description="Port CUDA PyTorch to Trainium (neuron) and TPU (tpu): run, compare, scan.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in _command_modules():
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.configure(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return its exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args))
+    except WorkbenchUsageError as exc:
+        sys.stderr.write(f"neuron-workbench: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("neuron-workbench: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised through the console script
+    raise SystemExit(main())
