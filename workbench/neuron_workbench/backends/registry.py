@@ -1,0 +1,87 @@
+"""Look up backends by name."""
+
+from __future__ import annotations
+
+from neuron_workbench.backends.base import Availability, Backend
+from neuron_workbench.backends.cpu import CpuBackend
+from neuron_workbench.backends.cuda import CudaBackend
+from neuron_workbench.backends.neuron import NeuronBackend
+from neuron_workbench.backends.tpu import TpuBackend
+from neuron_workbench.errors import WorkbenchUsageError
+
+_BACKENDS: dict[str, type[Backend]] = {
+    "cpu": CpuBackend,
+    "cuda": CudaBackend,
+    "neuron": NeuronBackend,
+    "tpu": TpuBackend,
+}
+
+#: Backend names in the order reports list them.
+BACKEND_NAMES: tuple[str, ...] = tuple(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """Return the adapter for ``name`` (``cpu``, ``cuda``, ``neuron`` or ``tpu``).
+
+    Raises
+    ------
+    WorkbenchUsageError
+        For an unknown name; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in _BACKENDS:
+        known = ", ".join(BACKEND_NAMES)
+        raise WorkbenchUsageError(f"unknown backend {name!r}; choose one of: {known}")
+    return _BACKENDS[key]()
+
+
+def backend_table() -> list[tuple[str, Availability]]:
+    """Every backend with its availability here, in :data:`BACKEND_NAMES` order."""
+    return [(name, get_backend(name).availability()) for name in BACKEND_NAMES]
+
+
+def default_reference() -> str:
+    """``cuda`` when a GPU is usable, else ``cpu``."""
+    return "cuda" if get_backend("cuda").availability() else "cpu"
+
+
+class BackendStatusTable:
+    """What ``%neuron_backends`` and ``neuron-workbench backends`` show: each backend and why not."""
+
+    def __init__(self, rows: list[tuple[str, Availability]] | None = None) -> None:
+        self.rows = rows if rows is not None else backend_table()
+
+    def lines(self) -> list[str]:
+        """One line per backend: name, status, and the reason when unavailable."""
+        out = []
+        for name, avail in self.rows:
+            if avail:
+                status = "available (emulated on the host CPU)" if avail.emulated else "available"
+            else:
+                status = avail.reason
+            out.append(f"{name:<7} {status}")
+        return out
+
+    def to_dict(self) -> list[dict[str, object]]:
+        """JSON-ready form."""
+        return [
+            {"name": n, "available": a.ok, "emulated": a.emulated, "reason": a.reason}
+            for n, a in self.rows
+        ]
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td><code>{html.escape(n)}</code></td><td>{'yes' if a else 'no'}</td>"
+            f"<td>{'emulated' if a.emulated else ('real' if a else '')}</td>"
+            f"<td>{html.escape(a.reason)}</td></tr>"
+            for n, a in self.rows
+        )
+        return (
+            "<table><thead><tr><th>backend</th><th>available</th><th>kind</th><th>why not</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>"
+        )

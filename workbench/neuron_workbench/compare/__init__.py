@@ -1,0 +1,21 @@
+"""Numerical comparison of two runs' outputs (pure torch, no IPython)."""
+
+from neuron_workbench.compare.compare import (
+    STATUSES,
+    Comparison,
+    OutputDiff,
+    compare_leaf,
+    compare_outputs,
+)
+from neuron_workbench.compare.tolerances import DTYPE_TOLERANCES, Tolerance, default_tolerance
+
+__all__ = [
+    "DTYPE_TOLERANCES",
+    "STATUSES",
+    "Comparison",
+    "OutputDiff",
+    "Tolerance",
+    "compare_leaf",
+    "compare_outputs",
+    "default_tolerance",
+]

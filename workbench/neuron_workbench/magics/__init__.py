@@ -1,0 +1,19 @@
+"""IPython magics. This layer (and :mod:`neuron_workbench.testing`) is the only one importing IPython."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Magics classes registered by ``%load_ext neuron_workbench``, as (module, class name).
+MAGICS = (("neuron_workbench.magics.neuron", "NeuronMagics"),)
+
+
+def register(shell: Any) -> None:
+    """Register every workbench magic on ``shell`` and make it configurable with ``%config``."""
+    for module_name, class_name in MAGICS:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        instance = cls(shell=shell)
+        shell.register_magics(instance)
+        if instance not in shell.configurables:
+            shell.configurables.append(instance)

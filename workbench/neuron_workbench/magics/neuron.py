@@ -1,0 +1,125 @@
+"""The ``%%neuron`` cell magic and the ``%neuron_backends`` line magic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+from IPython.utils.capture import capture_output
+from traitlets import Enum, Float, Int, Unicode
+
+from neuron_workbench.backends.registry import BackendStatusTable, default_reference
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.report.driver import KEEP_CHOICES, CompareOptions, compare_cell
+from neuron_workbench.run import ResidentObjects, compile_cell
+
+
+def _capture() -> Any:
+    return capture_output(stdout=True, stderr=True, display=True)
+
+
+@magics_class
+class NeuronMagics(Magics):
+    """Compare a CUDA-style cell on a reference and a target backend.
+
+    Defaults can be changed for the session with ``%config NeuronMagics.<name> = value``.
+    """
+
+    ref = Unicode(
+        "", help="Reference backend; empty means cuda when a GPU is usable, else cpu."
+    ).tag(config=True)
+    target = Unicode("neuron", help="Target backend: neuron or tpu (or cpu/cuda).").tag(config=True)
+    rtol = Float(None, allow_none=True, help="Relative tolerance (give atol too).").tag(config=True)
+    atol = Float(None, allow_none=True, help="Absolute tolerance (give rtol too).").tag(config=True)
+    seed = Int(0, help="Seed of torch, random and numpy at the start of each run.").tag(config=True)
+    keep = Enum(
+        KEEP_CHOICES, default_value="ref", help="Whose results stay in the namespace afterwards."
+    ).tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._resident = ResidentObjects()
+
+    @magic_arguments()
+    @argument(
+        "--ref", metavar="BACKEND", help="reference backend (default: cuda if usable, else cpu)"
+    )
+    @argument("--target", metavar="BACKEND", help="target backend (default: neuron)")
+    @argument("--rtol", type=float, help="relative tolerance; give --atol too")
+    @argument("--atol", type=float, help="absolute tolerance; give --rtol too")
+    @argument("--seed", type=int, help="seed for torch/random/numpy at the start of each run")
+    @argument("--keep", choices=KEEP_CHOICES, help="whose results stay in the namespace")
+    @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
+    @cell_magic
+    def neuron(self, line: str, cell: str) -> Any:
+        """Run the cell on a reference and a target backend, and compare every output.
+
+        The cell is ordinary CUDA-style PyTorch: ``"cuda"`` devices, ``.cuda()``,
+        ``torch.cuda.is_available()``, ``torch.autocast("cuda")`` and ``GradScaler`` land on each run's
+        backend. Each run gets its own deep copy of the notebook state the cell uses, and both start
+        from the same seed. Afterwards the namespace holds the reference run's results (``--keep
+        target`` for the other) and the cell's last expression is returned as usual. Tensors, modules
+        (parameters, buffers and grads), optimizers, NumPy arrays and Python numbers bound by the cell
+        are compared with dtype-aware tolerances (``torch.testing.assert_close``'s defaults).
+
+        Without Trainium or TPU hardware, ``neuron`` and ``tpu`` are emulated on the host CPU and
+        every report says so.
+
+        Examples
+        --------
+        ::
+
+            %load_ext neuron_workbench
+
+            %%neuron
+            model = Net().cuda()
+            logits = model(torch.randn(8, 3, 32, 32, device="cuda"))
+
+            %%neuron --ref cpu --target tpu --rtol 1e-4 --atol 1e-5 -o report
+            ...
+        """
+        args = parse_argstring(self.neuron, line)
+        try:
+            options = CompareOptions(
+                ref=args.ref or self.ref or default_reference(),
+                target=args.target or self.target,
+                rtol=args.rtol
+                if args.rtol is not None
+                else (None if args.atol is not None else self.rtol),
+                atol=args.atol
+                if args.atol is not None
+                else (None if args.rtol is not None else self.atol),
+                seed=args.seed if args.seed is not None else self.seed,
+                keep=args.keep or self.keep,
+            )
+            options.validate()
+            shell = self.shell
+            program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
+            result = compare_cell(
+                program,
+                shell.user_ns,
+                options,
+                hidden=frozenset(shell.user_ns_hidden),
+                resident=self._resident,
+                capture=_capture,
+            )
+        except WorkbenchUsageError as exc:
+            raise UsageError(str(exc)) from None
+        report = result.report
+        kept = result.captured.get(options.keep)
+        if kept is not None:
+            kept.show()  # what the cell printed, once (the kept run's copy)
+        if args.output:
+            self.shell.user_ns[args.output] = report
+        display(report)
+        return result.last_value
+
+    @line_magic
+    def neuron_backends(self, line: str = "") -> BackendStatusTable:
+        """List the backends (cpu, cuda, neuron, tpu), whether each can run here, and why not."""
+        if line.strip():
+            raise UsageError("%neuron_backends takes no arguments")
+        return BackendStatusTable()

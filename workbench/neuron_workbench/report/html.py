@@ -1,0 +1,269 @@
+"""HTML for reports, built from the report's JSON data so live and saved reports look the same.
+
+Every user-provided string (variable names, cell source, error messages, printed output) goes through
+:func:`html.escape`; the page needs no network and runs no script.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
+
+_STYLE = """
+.nw-report{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4;
+ border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;margin:4px 0;max-width:1100px}
+.nw-report .nw-verdict{display:inline-block;color:#fff;font-weight:600;border-radius:4px;
+ padding:1px 8px;margin-right:8px}
+.nw-report h4{margin:12px 0 4px 0;font-size:13px}
+.nw-report table{border-collapse:collapse;margin:2px 0}
+.nw-report th,.nw-report td{border:1px solid #d0d7de;padding:2px 8px;text-align:left;
+ vertical-align:top}
+.nw-report th{background:#f6f8fa}
+.nw-report td.num{text-align:right;font-variant-numeric:tabular-nums}
+.nw-report .bad{color:#cf222e;font-weight:600}
+.nw-report .ok{color:#1a7f37}
+.nw-report .note{color:#57606a}
+.nw-report pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:240px;margin:2px 0}
+"""
+
+
+def esc(value: Any) -> str:
+    """Escape any value for HTML text or attribute context."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _fmt_float(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return f"{value:.3g}"
+
+
+def _fmt_bytes(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _fmt_time(run: dict[str, Any]) -> str:
+    seconds = run.get("wall_time_s")
+    if seconds is None:
+        return "n/a"
+    label = run.get("time_kind", "wall time")
+    return f"{seconds * 1000:.1f} ms ({label})"
+
+
+def _table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int] = frozenset()
+) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for index, cell in enumerate(row):
+            cls = ' class="num"' if index in numeric else ""
+            cells.append(f"<td{cls}>{cell}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _backend_rows(data: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for role in ("ref", "target"):
+        run = data[role]
+        backend = run["backend"]
+        emulated = "emulated" if backend.get("emulated") else "real"
+        status = '<span class="ok">ran</span>' if run["ok"] else '<span class="bad">raised</span>'
+        rows.append(
+            [
+                esc("reference" if role == "ref" else "target"),
+                esc(backend["name"]),
+                esc(backend.get("device", "")),
+                esc(f"{emulated}: {backend.get('device_name', '')}"),
+                status,
+                esc(_fmt_time(run)),
+                esc(_fmt_bytes((run.get("memory") or {}).get("peak_bytes"))),
+                esc(len({str(e.get("op")) for e in run.get("fallbacks", [])})),
+            ]
+        )
+    return rows
+
+
+def _emulation_notes(data: dict[str, Any]) -> str:
+    notes = []
+    for role in ("ref", "target"):
+        backend = data[role]["backend"]
+        if not backend.get("emulated"):
+            continue
+        details = backend.get("details", {})
+        profile = details.get("profile", "unknown profile")
+        provenance = details.get("provenance", "")
+        notes.append(
+            f"{backend['name']} is emulated on the host CPU (profile {profile}"
+            + (f": {provenance}" if provenance else "")
+            + "). Its timings are host CPU time, not device performance."
+        )
+    return "".join(f'<div class="note">{esc(n)}</div>' for n in notes)
+
+
+def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for out in outputs:
+        passed = out["status"] == "match"
+        status = f'<span class="{"ok" if passed else "bad"}">{esc(out["status"])}</span>'
+        dtype = out.get("ref_dtype") or ""
+        if out.get("target_dtype") and out.get("target_dtype") != dtype:
+            dtype = f"{dtype} / {out['target_dtype']}"
+        shape = out.get("ref_shape")
+        shape_text = "" if shape is None else str(shape)
+        if out.get("target_shape") is not None and out.get("target_shape") != shape:
+            shape_text += f" / {out['target_shape']}"
+        mismatched = ""
+        if out.get("numel"):
+            mismatched = f"{out['mismatched']} / {out['numel']}"
+        worst = ""
+        if not passed and out.get("worst_index") is not None:
+            worst = (
+                f"{out['worst_index']}: {_fmt_float(out.get('worst_ref'))} vs "
+                f"{_fmt_float(out.get('worst_target'))}"
+            )
+        rows.append(
+            [
+                f"<code>{esc(out['path'])}</code>",
+                status,
+                esc(dtype),
+                esc(shape_text),
+                esc(_fmt_float(out.get("max_abs"))),
+                esc(_fmt_float(out.get("max_rel"))),
+                esc(mismatched),
+                esc(f"{out['rtol']:.1e} / {out['atol']:.1e}"),
+                esc(worst or out.get("detail", "")),
+            ]
+        )
+    return rows
+
+
+def _site_text(event: dict[str, Any]) -> str:
+    site = event.get("site")
+    if isinstance(site, dict) and site.get("file"):
+        return f"{site['file']}:{site.get('line', '?')}"
+    return str(event.get("autograd_node") or "")
+
+
+def _fallback_rows(events: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for event in events:
+        count = event.get("count")
+        time_s = event.get("cpu_time_s")
+        rows.append(
+            [
+                f"<code>{esc(event.get('op'))}</code>",
+                esc("" if count is None else count),
+                esc(event.get("phase", "")),
+                esc(event.get("module", "")),
+                esc(_site_text(event)),
+                esc("" if time_s is None else f"{time_s * 1000:.2f} ms"),
+            ]
+        )
+    return rows
+
+
+def render_report_html(data: dict[str, Any]) -> str:
+    """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment."""
+    verdict = data["verdict"]
+    color = _COLORS.get(verdict, "#57606a")
+    parts = [
+        f"<style>{_STYLE}</style>",
+        '<div class="nw-report">',
+        f'<div><span class="nw-verdict" style="background:{color}">{esc(verdict)}</span>'
+        f"{esc(data['summary'].split(' ', 1)[1] if ' ' in data['summary'] else '')}</div>",
+        "<h4>Backends</h4>",
+        _table(
+            ["role", "backend", "device", "kind", "status", "time", "peak memory", "fallback ops"],
+            _backend_rows(data),
+        ),
+        _emulation_notes(data),
+    ]
+    errors = [(role, data[role]) for role in ("ref", "target") if data[role].get("error")]
+    if errors:
+        rows = []
+        for _role, run in errors:
+            err = run["error"]
+            rows.append(
+                [
+                    esc(run["backend"]["name"]),
+                    f"<code>{esc(err['type'])}</code>",
+                    f"<pre>{esc(err['message'])}</pre>",
+                    esc(err.get("lineno") or ""),
+                    f"<code>{esc(err.get('line', ''))}</code>",
+                ]
+            )
+        parts += ["<h4>Errors</h4>", _table(["backend", "type", "message", "line", "source"], rows)]
+    if data.get("outputs"):
+        parts += [
+            "<h4>Outputs</h4>",
+            _table(
+                [
+                    "output",
+                    "status",
+                    "dtype",
+                    "shape",
+                    "max |Δ|",
+                    "max rel",
+                    "mismatched",
+                    "rtol / atol",
+                    "worst element / detail",
+                ],
+                _output_rows(data["outputs"]),
+                numeric={4, 5, 6},
+            ),
+        ]
+    elif not errors:
+        parts.append('<div class="note">The cell bound no outputs to compare.</div>')
+    events = data["target"].get("fallbacks", [])
+    if events:
+        parts += [
+            f"<h4>CPU fallbacks on {esc(data['target']['backend']['name'])}</h4>",
+            _table(
+                ["op", "count", "phase", "module", "source", "CPU time"],
+                _fallback_rows(events),
+                numeric={1},
+            ),
+        ]
+    for warning in data.get("warnings", []):
+        parts.append(f'<div class="note">⚠ {esc(warning)}</div>')
+    for role in ("ref", "target"):
+        run = data[role]
+        text = (run.get("stdout") or "") + (run.get("stderr") or "")
+        if text:
+            parts.append(
+                f"<details><summary>printed by the {esc(run['backend']['name'])} run</summary>"
+                f"<pre>{esc(text)}</pre></details>"
+            )
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def render_page(reports: Sequence[dict[str, Any]], title: str = "neuron-workbench report") -> str:
+    """A standalone HTML page with several reports (no network, no scripts)."""
+    if reports:
+        body = "".join(
+            f"<h3>{esc(r.get('label', f'report {i + 1}'))}</h3>{render_report_html(r)}"
+            for i, r in enumerate(reports)
+        )
+    else:
+        body = "<p>No %%neuron reports were produced.</p>"
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title></head><body style='font-family:system-ui,sans-serif'>"
+        f"<h2>{esc(title)}</h2>{body}</body></html>"
+    )

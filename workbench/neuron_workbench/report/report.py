@@ -1,0 +1,132 @@
+"""The result of one ``%%neuron`` cell: two runs, their comparison, and a verdict."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_workbench import __version__
+from neuron_workbench.compare import Comparison
+from neuron_workbench.run.records import Run
+
+#: MIME type of the machine-readable report in a cell's output (see ``report.schema.json``).
+REPORT_MIME = "application/vnd.neuron-workbench.report+json"
+SCHEMA_VERSION = 1
+
+
+def _plural(count: int, singular: str, plural: str) -> str:
+    return f"{count} {singular if count == 1 else plural}"
+
+
+@dataclass
+class Report:
+    """Reference run, target run, and how their outputs compare.
+
+    ``bool(report)`` is True exactly when the verdict is ``PASS``. The ``text/plain`` form is one
+    deterministic line (verdict and counts, never timings), safe to check in notebooks under nbval.
+    """
+
+    ref: Run
+    target: Run
+    comparison: Comparison | None
+    cell_source: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """``PASS``, ``FAIL`` (outputs differ) or ``ERROR`` (a run raised)."""
+        if not (self.ref.ok and self.target.ok) or self.comparison is None:
+            return "ERROR"
+        return "PASS" if self.comparison.passed else "FAIL"
+
+    def __bool__(self) -> bool:
+        return self.verdict == "PASS"
+
+    @property
+    def title(self) -> str:
+        """``neuron (emulated) vs cpu``: target first, then the reference."""
+        return f"{self.target.backend.label} vs {self.ref.backend.label}"
+
+    def summary(self) -> str:
+        """The one-line verdict shown as ``text/plain``."""
+        verdict = self.verdict
+        if verdict == "ERROR":
+            parts = []
+            for run in (self.ref, self.target):
+                if run.error is not None:
+                    where = f" (cell line {run.error.lineno})" if run.error.lineno else ""
+                    parts.append(f"{run.backend.name} raised {run.error.summary}{where}")
+            body = "; ".join(parts)
+        else:
+            assert self.comparison is not None
+            diffs = self.comparison.diffs
+            failures = self.comparison.failures
+            matched = len(diffs) - len(failures)
+            body = f"{_plural(len(diffs), 'output', 'outputs')}, {matched} match"
+            if failures:
+                verb = "differs" if len(failures) == 1 else "differ"
+                body += f", {len(failures)} {verb}: {failures[0].headline()}"
+                if len(failures) > 1:
+                    body += f" (+{len(failures) - 1} more)"
+        fallback_ops = self.target.fallback_ops()
+        if fallback_ops:
+            body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"
+        return f"{verdict} {self.title} — {body}"
+
+    def __repr__(self) -> str:
+        return f"<Report {self.summary()}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (the documented report schema)."""
+        source = self.cell_source
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "neuron-workbench.report",
+            "workbench_version": __version__,
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "title": self.title,
+            "ref": _run_dict(self.ref),
+            "target": _run_dict(self.target),
+            "outputs": [d.to_dict() for d in self.comparison.diffs] if self.comparison else [],
+            "counts": self.comparison.counts() if self.comparison else {},
+            "fallback_ops": self.target.fallback_ops(),
+            "warnings": list(self.warnings),
+            "options": dict(self.options),
+            "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
+        }
+
+    def _repr_html_(self) -> str:
+        from neuron_workbench.report.html import render_report_html
+
+        return render_report_html(self.to_dict())
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        data = self.to_dict()
+        from neuron_workbench.report.html import render_report_html
+
+        return {
+            "text/plain": data["summary"],
+            "text/html": render_report_html(data),
+            REPORT_MIME: data,
+        }
+
+
+def _run_dict(run: Run) -> dict[str, Any]:
+    return {
+        "backend": run.backend.to_dict(),
+        "ok": run.ok,
+        "error": run.error.to_dict() if run.error else None,
+        "wall_time_s": run.wall_time_s,
+        "time_kind": "host CPU time" if run.backend.emulated else "wall time",
+        "memory": {"current_bytes": run.memory.current_bytes, "peak_bytes": run.memory.peak_bytes},
+        "fallbacks": [dict(event) for event in run.fallbacks],
+        "shared_names": list(run.shared_names),
+        "stdout": run.stdout,
+        "stderr": run.stderr,
+    }

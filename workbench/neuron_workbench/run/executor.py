@@ -1,0 +1,243 @@
+"""Execute a compiled cell once on one backend, isolated from the notebook's state.
+
+The run happens inside the user's real namespace dict (so functions defined in earlier cells, whose
+globals *are* that dict, see the run's copies), and the namespace is put back exactly as it was before
+returning, whatever happened. Committing a run's results is a separate, explicit step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, Protocol
+
+import torch
+
+from neuron_workbench.backends.base import Backend, BackendInfo
+from neuron_workbench.run.cell import CellProgram, referenced_names
+from neuron_workbench.run.namespace import (
+    ResidentObjects,
+    isolate,
+    move_to_device,
+    version_signature,
+)
+from neuron_workbench.run.records import Run, RunError
+from neuron_workbench.run.remap import cuda_remapped_to
+
+#: Output key of the cell's trailing expression.
+LAST_EXPRESSION = "Out"
+
+
+class Captured(Protocol):
+    """What a capture context yields: the run's printed text, and a way to replay it."""
+
+    stdout: str
+    stderr: str
+
+    def show(self) -> None:
+        """Re-emit the captured output to the current display."""
+
+
+class _StringCapture:
+    def __init__(self) -> None:
+        self._out = io.StringIO()
+        self._err = io.StringIO()
+
+    @property
+    def stdout(self) -> str:
+        return self._out.getvalue()
+
+    @property
+    def stderr(self) -> str:
+        return self._err.getvalue()
+
+    def show(self) -> None:
+        sys.stdout.write(self.stdout)
+        sys.stderr.write(self.stderr)
+
+
+@contextlib.contextmanager
+def capture_text() -> Iterator[Captured]:
+    """Capture ``print`` output of a run (the magic layer uses IPython's richer capture)."""
+    captured = _StringCapture()
+    with contextlib.redirect_stdout(captured._out), contextlib.redirect_stderr(captured._err):
+        yield captured
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (all devices), Python's ``random`` and NumPy's global generator."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+class RunSpec:
+    """What every run of one cell shares: the program, the namespace, the seed and the settings."""
+
+    def __init__(
+        self,
+        program: CellProgram,
+        namespace: MutableMapping[str, Any],
+        *,
+        seed: int = 0,
+        hidden: frozenset[str] = frozenset(),
+        resident: ResidentObjects | None = None,
+        capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+    ) -> None:
+        self.program = program
+        self.namespace = namespace
+        self.seed = seed
+        self.hidden = hidden
+        self.resident = resident if resident is not None else ResidentObjects()
+        self.capture = capture
+        self.captured: dict[str, Captured] = {}
+
+
+def _is_output_name(name: str, hidden: frozenset[str]) -> bool:
+    return not (name in hidden or name.startswith("__") or name.startswith("_i"))
+
+
+def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Run:
+    """Run ``spec.program`` once on ``backend`` and return its :class:`Run`.
+
+    The namespace is unchanged afterwards. ``KeyboardInterrupt`` restores it and propagates.
+    """
+    ns = spec.namespace
+    saved = dict(ns)
+    device = backend.device
+    inputs = referenced_names(spec.program, ns)
+    copies, shared = isolate(ns, inputs)
+    for name, value in copies.items():
+        copies[name] = move_to_device(value, device, force=saved[name] in spec.resident)
+    ns.update(copies)
+    before_run = dict(ns)
+    versions = {name: version_signature(value) for name, value in copies.items()}
+    default_device = torch.get_default_device()
+    info: BackendInfo | None = None
+    run: Run
+    captured: Captured | None = None
+    recording = None
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(backend.session())
+            info = backend.info()
+            recording = stack.enter_context(backend.fallback_recording())
+            captured = stack.enter_context(spec.capture())
+            stack.enter_context(cuda_remapped_to(backend))
+            seed_everything(spec.seed)
+            backend.reset_peak_memory()
+            start = time.perf_counter()
+            exec(spec.program.body, ns)
+            last_value = None
+            if spec.program.last_expr is not None:
+                last_value = eval(spec.program.last_expr, ns)
+            backend.synchronize()
+            wall = time.perf_counter() - start
+            memory = backend.memory_stats()
+        run = _collect(spec, ns, before_run, versions, copies, info, last_value)
+        run.fallbacks = recording.events
+        run.memory = memory
+        run.wall_time_s = wall
+        run.rng_state = torch.get_rng_state()
+    except KeyboardInterrupt:
+        raise
+    except (Exception, SystemExit) as exc:  # the cell's own error: reported, never raised
+        error = RunError.from_exception(exc, spec.program.filename)
+        run = Run(backend=info or _fallback_info(backend), error=error)
+        if recording is not None:
+            run.fallbacks = recording.events
+    finally:
+        torch.set_default_device(default_device)
+        for name in [n for n in ns if n not in saved]:
+            del ns[name]
+        ns.update(saved)
+    run.shared_names = shared
+    if captured is not None:
+        run.stdout, run.stderr = captured.stdout, captured.stderr
+        spec.captured[run_id or backend.name] = captured
+    return run
+
+
+def _fallback_info(backend: Backend) -> BackendInfo:
+    avail = backend.availability()
+    return BackendInfo(
+        name=backend.name,
+        device=str(backend.device) if avail else "",
+        device_name="",
+        emulated=avail.emulated,
+    )
+
+
+def _collect(
+    spec: RunSpec,
+    ns: MutableMapping[str, Any],
+    before_run: dict[str, Any],
+    versions: dict[str, Any],
+    copies: dict[str, Any],
+    info: BackendInfo,
+    last_value: Any,
+) -> Run:
+    missing = object()
+    hidden = spec.hidden
+    rebound = [
+        name
+        for name, value in ns.items()
+        if before_run.get(name, missing) is not value and _is_output_name(name, hidden)
+    ]
+    mutated = [
+        name
+        for name, value in copies.items()
+        if name not in rebound
+        and ns.get(name, missing) is value
+        and version_signature(value) != versions[name]
+    ]
+    outputs = {name: ns[name] for name in (*rebound, *mutated)}
+    if spec.program.last_expr is not None and spec.program.last_expr_name not in outputs:
+        outputs[LAST_EXPRESSION] = last_value
+    bindings = {name: ns[name] for name in rebound}
+    # Every copied input is committed too: the run may have changed it in place, and rebinding all
+    # copies together keeps objects that reference each other (a model and its optimizer) consistent.
+    for name, value in copies.items():
+        if ns.get(name, missing) is value:
+            bindings.setdefault(name, value)
+    deleted = [name for name in before_run if name not in ns and _is_output_name(name, hidden)]
+    return Run(
+        backend=info,
+        outputs=outputs,
+        last_value=last_value,
+        bindings=bindings,
+        deleted=deleted,
+    )
+
+
+def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
+    """Apply a successful run's bindings and deletions to the namespace."""
+    namespace.update(run.bindings)
+    for name in run.deleted:
+        namespace.pop(name, None)
+    if run.rng_state is not None:
+        torch.set_rng_state(run.rng_state)
+
+
+def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
+    """Remember which kept objects the cell placed on its device, judged by the other run.
+
+    When one run is on the CPU, its tensors cannot show which of them the cell meant for "cuda";
+    the accelerator run's placement of the same name can.
+    """
+    from neuron_workbench.run.namespace import tensors_in
+
+    for name, value in kept.bindings.items():
+        counterpart = other.bindings.get(name)
+        on_device = any(t.device.type != "cpu" for t in tensors_in(counterpart)) or any(
+            t.device.type != "cpu" for t in tensors_in(value)
+        )
+        if on_device:
+            resident.add(value)
+    resident.prune()

@@ -1,0 +1,158 @@
+"""Give each run its own copy of the notebook state the cell touches, on the run's device."""
+
+from __future__ import annotations
+
+import copy
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
+_NEVER_COPIED = (
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    type,
+)
+
+
+def needs_copy(value: Any) -> bool:
+    """False for values a run cannot change in place (numbers, strings, functions, classes)."""
+    return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
+
+
+def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """Deep-copy the values of ``names`` together, so objects that share state still share it.
+
+    Returns the copies and the names whose value could not be copied (they are shared between the
+    two runs, and the report says so).
+    """
+    wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
+    try:
+        return copy.deepcopy(wanted), []
+    except Exception:  # one value refuses deepcopy (a generator, a file): copy the rest one by one
+        copies: dict[str, Any] = {}
+        shared: list[str] = []
+        memo: dict[int, Any] = {}
+        for name, value in wanted.items():
+            try:
+                copies[name] = copy.deepcopy(value, memo)
+            except Exception:
+                shared.append(name)
+        return copies, shared
+
+
+def move_to_device(value: Any, device: torch.device, force: bool = False) -> Any:
+    """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
+
+    Modules move in place (``Module.to``), keeping parameter identity so optimizers stay attached;
+    optimizer state tensors move too (except the ``step`` counters PyTorch keeps on the host); lists,
+    tuples and dicts are rebuilt around moved elements. CPU tensors stay on the CPU unless ``force``:
+    in CUDA code a CPU tensor is there on purpose.
+    """
+    if isinstance(value, torch.Tensor):
+        if (force or value.device.type != "cpu") and value.device != device:
+            return _moved_tensor(value, device)
+        return value
+    if isinstance(value, torch.nn.Module):
+        tensors = list(value.parameters()) + list(value.buffers())
+        if any((force or t.device.type != "cpu") and t.device != device for t in tensors):
+            value.to(device)
+        return value
+    if isinstance(value, torch.optim.Optimizer):
+        for state in value.state.values():
+            for key, item in list(state.items()):
+                if key != "step" and isinstance(item, torch.Tensor):
+                    state[key] = move_to_device(item, device, force)
+        return value
+    if isinstance(value, list):
+        value[:] = [move_to_device(v, device, force) for v in value]
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(move_to_device(v, device, force) for v in value)
+    if isinstance(value, dict):
+        for key in list(value):
+            value[key] = move_to_device(value[key], device, force)
+        return value
+    return value
+
+
+def _moved_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # A leaf that requires grad must stay a leaf on the new device (``.to`` would give it a grad_fn).
+    if tensor.is_leaf:
+        moved = tensor.detach().to(device)
+        if isinstance(tensor, torch.nn.Parameter):
+            moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+        else:
+            moved.requires_grad_(tensor.requires_grad)
+        if tensor.grad is not None:
+            moved.grad = tensor.grad.detach().to(device)
+        return moved
+    return tensor.to(device)
+
+
+def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
+    """Tensors directly reachable from ``value`` through modules and containers (bounded depth)."""
+    if depth > 8:
+        return
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, torch.nn.Module):
+        yield from value.parameters()
+        yield from value.buffers()
+    elif isinstance(value, list | tuple | set | frozenset):
+        for item in value:
+            yield from tensors_in(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item, depth + 1)
+
+
+def version_signature(value: Any) -> tuple[tuple[int, int, int], ...]:
+    """In-place-modification counters of the tensors in ``value`` (grads included).
+
+    PyTorch bumps ``Tensor._version`` on every in-place op, so a changed signature means the run
+    mutated the object (an optimizer step, ``.backward()`` filling ``.grad``) without rebinding it.
+    """
+    signature = []
+    for tensor in tensors_in(value):
+        grad = tensor.grad if tensor.is_leaf else None
+        grad_sig = (0, -1) if grad is None else (id(grad), grad._version)
+        signature.append((tensor._version, *grad_sig))
+    return tuple(signature)
+
+
+class ResidentObjects:
+    """Objects a ``%%neuron`` run left in the namespace that the cell had put on its (CUDA) device.
+
+    When the reference backend is the CPU, a tensor the cell moved to "cuda" is a CPU tensor in the
+    namespace afterwards; the next ``%%neuron`` cell must still see it on each run's device. Entries
+    hold a weak reference where possible so a recycled ``id`` never matches a new object.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, Callable[[], Any]] = {}
+
+    def add(self, value: Any) -> None:
+        """Remember ``value`` as device-resident."""
+        try:
+            import weakref
+
+            ref: Callable[[], Any] = weakref.ref(value)
+        except TypeError:  # containers cannot be weakly referenced; hold them strongly
+
+            def ref(value: Any = value) -> Any:
+                return value
+
+        self._entries[id(value)] = ref
+
+    def __contains__(self, value: Any) -> bool:
+        ref = self._entries.get(id(value))
+        return ref is not None and ref() is value
+
+    def prune(self) -> None:
+        """Drop entries whose object is gone."""
+        self._entries = {k: r for k, r in self._entries.items() if r() is not None}

@@ -1,0 +1,102 @@
+"""Plain records of one run: its error, its fallbacks, its outcome."""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from neuron_workbench.backends.base import BackendInfo, MemoryStats
+
+
+@dataclass(frozen=True)
+class RunError:
+    """An exception a run raised, reduced to what a report shows.
+
+    Attributes
+    ----------
+    type : str
+        Exception class name, e.g. ``RuntimeError``.
+    message : str
+        ``str(exception)``, first line first.
+    lineno : int or None
+        Line in the cell where the failing statement is (the last cell frame of the traceback).
+    line : str
+        The source text of that line.
+    """
+
+    type: str
+    message: str
+    lineno: int | None = None
+    line: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, cell_filename: str) -> RunError:
+        """Build from an exception raised while executing the cell compiled as ``cell_filename``."""
+        lineno = None
+        for frame, frame_lineno in traceback.walk_tb(exc.__traceback__):
+            if frame.f_code.co_filename == cell_filename:
+                lineno = frame_lineno
+        line = linecache.getline(cell_filename, lineno).strip() if lineno else ""
+        return cls(type(exc).__name__, str(exc), lineno, line)
+
+    @property
+    def summary(self) -> str:
+        """``RuntimeError: message`` on one line (first line of the message)."""
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.type}: {first}" if first else self.type
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "type": self.type,
+            "message": self.message,
+            "lineno": self.lineno,
+            "line": self.line,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunError:
+        """Inverse of :meth:`to_dict`."""
+        lineno = data.get("lineno")
+        return cls(
+            str(data["type"]),
+            str(data["message"]),
+            int(lineno) if lineno else None,
+            str(data.get("line", "")),
+        )
+
+
+@dataclass
+class Run:
+    """The outcome of executing a cell once on one backend.
+
+    ``outputs`` holds live objects (tensors, modules) keyed by the name the cell bound, with the
+    trailing expression under ``Out``; it is never printed in reprs. ``wall_time_s`` is host wall
+    time of the cell body (host CPU time for emulated devices), kept out of every ``text/plain``.
+    """
+
+    backend: BackendInfo
+    error: RunError | None = None
+    outputs: dict[str, Any] = field(default_factory=dict, repr=False)
+    last_value: Any = field(default=None, repr=False)
+    stdout: str = ""
+    stderr: str = ""
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    memory: MemoryStats = field(default_factory=MemoryStats)
+    wall_time_s: float | None = None
+    shared_names: list[str] = field(default_factory=list)
+    # What committing this run into the user's namespace means: names to (re)bind, names to delete.
+    bindings: dict[str, Any] = field(default_factory=dict, repr=False)
+    deleted: list[str] = field(default_factory=list)
+    rng_state: Any = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the cell ran to the end."""
+        return self.error is None
+
+    def fallback_ops(self) -> list[str]:
+        """Sorted unique names of the ops that ran on CPU instead of the device."""
+        return sorted({str(event["op"]) for event in self.fallbacks})
