@@ -6,7 +6,7 @@ import ast
 import difflib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import libcst as cst
@@ -65,6 +65,15 @@ def _use_ipython(path: str, ipython: bool | None) -> bool:
     return (not path.endswith(".py")) if ipython is None else ipython
 
 
+def _seeded(parsed: _Parsed, imports: Mapping[str, str] | None) -> Context | None:
+    if not imports:
+        return None
+    ctx = Context(imports=dict(imports),
+                  torch_aliases={name for name, qn in imports.items() if qn == "torch"})
+    ctx.merge(collect_context(parsed.tree))
+    return ctx
+
+
 def _scan_parsed(parsed: _Parsed, path: str, target: str, context: Context | None = None,
                  cell: int | None = None) -> list[tuple[Finding, Fix | None]]:
     results = analyze(parsed.tree, parsed.python, path, target=target, context=context, cell=cell)
@@ -73,7 +82,8 @@ def _scan_parsed(parsed: _Parsed, path: str, target: str, context: Context | Non
 
 
 def scan_source(source: str, path: str = "<cell>", *, target: str = "neuron",
-                ipython: bool | None = None) -> list[Finding]:
+                ipython: bool | None = None,
+                imports: Mapping[str, str] | None = None) -> list[Finding]:
     """Scan Python source text for CUDA-only code.
 
     Parameters
@@ -87,6 +97,9 @@ def scan_source(source: str, path: str = "<cell>", *, target: str = "neuron",
     ipython : bool, optional
         Accept IPython syntax (magics, ``!shell``). Defaults to True unless ``path`` ends in
         ``.py``.
+    imports : mapping of str to str, optional
+        Names bound outside the source (e.g. by earlier notebook cells) and the qualified names
+        they stand for, e.g. ``{"T": "torch", "autocast": "torch.cuda.amp.autocast"}``.
 
     Returns
     -------
@@ -102,7 +115,7 @@ def scan_source(source: str, path: str = "<cell>", *, target: str = "neuron",
     parsed = _parse(source, path, _use_ipython(path, ipython))
     if parsed is None:
         return []
-    return [f for f, _ in _scan_parsed(parsed, path, target)]
+    return [f for f, _ in _scan_parsed(parsed, path, target, _seeded(parsed, imports))]
 
 
 def _notebook_cells(path: str, nb: dict) -> list[tuple[int, _Parsed, Context]]:
@@ -242,7 +255,8 @@ def _migrate_parsed(parsed: _Parsed, path: str, target: str, context: Context | 
 
 
 def migrate_source(source: str, target: str = "neuron", *, path: str = "<cell>",
-                   ipython: bool | None = None) -> Migration:
+                   ipython: bool | None = None,
+                   imports: Mapping[str, str] | None = None) -> Migration:
     """Rewrite the mechanically safe findings of ``source`` for the target device.
 
     Only these are rewritten: device strings (``"cuda:0"`` to ``"neuron:0"``), ``.cuda()`` to
@@ -260,6 +274,8 @@ def migrate_source(source: str, target: str = "neuron", *, path: str = "<cell>",
         Shown in the diff and findings.
     ipython : bool, optional
         Accept IPython syntax; defaults to True unless ``path`` ends in ``.py``.
+    imports : mapping of str to str, optional
+        Names bound outside the source, as for :func:`scan_source`.
 
     Returns
     -------
@@ -270,8 +286,8 @@ def migrate_source(source: str, target: str = "neuron", *, path: str = "<cell>",
     parsed = _parse(source, path, _use_ipython(path, ipython))
     if parsed is None:
         return Migration(path, source, source, "", [], [])
-    new, applied = _migrate_parsed(parsed, path, target)
-    remaining = scan_source(new, path, target=target, ipython=ipython)
+    new, applied = _migrate_parsed(parsed, path, target, _seeded(parsed, imports))
+    remaining = scan_source(new, path, target=target, ipython=ipython, imports=imports)
     diff = unified_diff(source, new, path) if new != source else ""
     return Migration(path, source, new, diff, applied, remaining)
 
