@@ -1,0 +1,119 @@
+"""Emulator overhead vs plain CPU: forward+backward of a small CNN and a transformer block.
+
+Run: ``PYTHONPATH=workbench .venv/bin/python benchmarks/emulator_overhead.py [--threads 1]``.
+Both configurations run in the same process, interleaved, and each figure is the minimum over
+rounds of several steps (the machine may be shared and noisy). Emulated timings are host CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.1), nn.Linear(32 * 8 * 8, 10))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 128, heads: int = 4) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+def make_cnn(device):
+    torch.manual_seed(0)
+    model = SmallCNN().to(device)
+    x = torch.randn(32, 3, 32, 32).to(device)
+    y = torch.randint(0, 10, (32,)).to(device)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+
+    return step
+
+
+def make_block(device):
+    torch.manual_seed(0)
+    model = Block().to(device)
+    x = torch.randn(16, 32, 128).to(device)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+
+    return step
+
+
+def bench(step, steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from neuron_workbench.emulator import emulate
+
+    st = emulate("neuron")
+    results = {}
+    for name, make in (("cnn", make_cnn), ("transformer_block", make_block)):
+        cpu, emu = make("cpu"), make("neuron")
+        for s in (cpu, emu):  # warm up
+            bench(s, 3)
+        best_cpu = best_emu = float("inf")
+        for _ in range(args.rounds):
+            best_cpu = min(best_cpu, bench(cpu, args.steps))
+            best_emu = min(best_emu, bench(emu, args.steps))
+        results[name] = {
+            "cpu_ms": best_cpu * 1e3,
+            "emulated_ms": best_emu * 1e3,
+            "ratio": best_emu / best_cpu,
+        }
+        print(
+            f"{name:18s} cpu {best_cpu * 1e3:7.2f} ms  {st.describe()} {best_emu * 1e3:7.2f} ms"
+            f"  ratio {best_emu / best_cpu:.2f}x"
+        )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"threads": args.threads, "results": results}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

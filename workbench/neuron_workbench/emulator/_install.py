@@ -1,0 +1,179 @@
+"""The one-way registration sequence (``shared/notes/emulator.md`` §2.1).
+
+Order matters and nothing can be undone within a process: rename PrivateUse1, generate the
+``Tensor.neuron()``-style methods, register ``torch.<device>``, the ``_acc`` hook and device guard,
+then the library kernels and a few Python-level patches (``torch.accelerator`` pieces the C++ side
+cannot serve, pinned memory and per-device generators, which must fail with a clear message).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from neuron_workbench.emulator import _core, device_module, kernels
+from neuron_workbench.emulator.profiles import Profile
+from neuron_workbench.errors import BackendUnavailable
+
+
+class _Hook(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    # Mandatory: without a device guard every .to(device) fails ("not linked with support").
+    def type_(self) -> Any:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+_accel_patched = False
+
+
+def _patch_accelerator(device_type: str, mod: Any) -> None:
+    global _accel_patched
+    if _accel_patched:
+        return
+    _accel_patched = True
+    acc = torch.accelerator
+    cuda_wins = torch.cuda.is_available()
+    if cuda_wins:
+        # Do not take torch.accelerator over from a real GPU: the emulated device is used only
+        # when named explicitly. (Best effort: C++ callers of getAccelerator cannot be patched.)
+        orig = acc.current_accelerator
+
+        def current_accelerator(check_available: bool = False) -> torch.device | None:
+            r = orig(check_available)
+            if r is not None and r.type == device_type:
+                return torch.device("cuda")
+            return r
+
+        acc.current_accelerator = current_accelerator
+        return
+
+    def _ours() -> bool:
+        a = torch._C._accelerator_getAccelerator()
+        return a is not None and a.type == device_type
+
+    # The Python device guard has no synchronizeDevice and there is no DeviceAllocator, so these
+    # fail in C++; route them to the emulator when the emulated device is the accelerator.
+    def wrap(name: str, ours: Any) -> None:
+        orig = getattr(acc, name, None)
+        if orig is None:
+            return
+
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            if _ours():
+                return ours(*args, **kwargs)
+            return orig(*args, **kwargs)
+
+        patched.__name__ = name
+        patched.__doc__ = orig.__doc__
+        setattr(acc, name, patched)
+
+    wrap("synchronize", mod.synchronize)
+    wrap("memory_allocated", mod.memory_allocated)
+    wrap("max_memory_allocated", mod.max_memory_allocated)
+    wrap("memory_reserved", mod.memory_reserved)
+    wrap("max_memory_reserved", mod.max_memory_reserved)
+    wrap("reset_peak_memory_stats", mod.reset_peak_memory_stats)
+    wrap("reset_accumulated_memory_stats", mod.reset_accumulated_memory_stats)
+    wrap("empty_cache", mod.empty_cache)
+    wrap("memory_stats", device_module.flat_memory_stats)
+
+
+def _patch_limits(device_type: str) -> None:
+    # Pinned memory: PrivateUse1 becomes the pinning target and a Python backend has no pinned
+    # allocator. Fail with a message that names the limit instead of a hooks-interface error.
+    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+        raise kernels.pin_memory_error()
+
+    def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+        return False
+
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
+    torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign]
+
+    base = torch.Generator
+    if getattr(base, "_neuron_workbench", False):
+        return
+
+    class _GeneratorMeta(type(base)):  # type: ignore[misc]
+        # Existing generators (torch.default_generator) stay instances of torch.Generator.
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            return issubclass(sub, base)
+
+    class Generator(base, metaclass=_GeneratorMeta):  # type: ignore[valid-type, misc]
+        """``torch.Generator``; emulated-device generators raise (the CPU generator is shared)."""
+
+        _neuron_workbench = True
+
+        def __new__(cls, device: Any = "cpu") -> Any:
+            if device is not None and torch.device(device).type == device_type:
+                raise NotImplementedError(
+                    f"emulated {device_type}: per-device generators are not available (a Python "
+                    "backend cannot provide one). The emulated device draws from the CPU default "
+                    "generator; use torch.manual_seed(...) or torch.Generator('cpu')."
+                )
+            return base(device)
+
+    Generator.__qualname__ = Generator.__name__ = "Generator"
+    Generator.__module__ = "torch"
+    torch.Generator = Generator  # type: ignore[misc]
+
+
+def _patch_tpu_precision(mod: Any) -> None:
+    # TorchTPU maps torch.set_float32_matmul_precision onto its modes (torchtpu.md §5).
+    orig_set = torch.set_float32_matmul_precision
+    orig_get = torch.get_float32_matmul_precision
+
+    def set_float32_matmul_precision(precision: str) -> None:
+        orig_set(precision)
+        mod.set_precision(device_module._FROM_TORCH[precision])
+
+    def get_float32_matmul_precision() -> str:
+        return device_module._TO_TORCH.get(mod.get_precision(), orig_get())
+
+    set_float32_matmul_precision.__doc__ = orig_set.__doc__
+    get_float32_matmul_precision.__doc__ = orig_get.__doc__
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+    torch.get_float32_matmul_precision = get_float32_matmul_precision
+
+
+def install(device_type: str, profile: Profile) -> None:
+    """Register the emulated device (once per process)."""
+    torch.utils.rename_privateuse1_backend(device_type)
+    _core.configure_device(device_type)
+    _core.NATIVE = profile.native_ops
+    if not torch._C._acc.register_python_privateuseone_hook(_Hook()):
+        raise BackendUnavailable(
+            f"emulated {device_type} is not available: another PrivateUse1 hook is registered "
+            "(a real backend owns the device); restart without it"
+        )
+    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    try:
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_storage=False, for_packed_sequence=True
+        )
+    except RuntimeError:
+        pass  # already generated for this name in this process
+    mod = device_module.build(device_type, None)
+    torch._register_device_module(device_type, mod)
+    sys.modules[f"torch.{device_type}"] = mod
+    sys.modules[f"torch.{device_type}.memory"] = mod.memory
+    kernels.register_all()
+    _patch_accelerator(device_type, mod)
+    _patch_limits(device_type)
+    if device_type == "tpu":
+        _patch_tpu_precision(mod)

@@ -1,0 +1,383 @@
+"""``torch.neuron`` / ``torch.tpu`` for the emulated device.
+
+Mirrors TorchNeuron's module (``shared/notes/torchneuron.md`` §4; nested ``memory_stats`` of §9) and,
+for ``tpu``, adds TorchTPU's precision modes and CPU-fallback toggle (``torchtpu.md`` §3, §5).
+Streams and events are no-ops (the emulated device is synchronous); RNG is the CPU default generator,
+so seeds give the same numbers as on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from neuron_workbench.emulator import _core
+
+
+def _idx(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        i = device
+    else:
+        d = torch.device(device)
+        if d.type not in (_core.DEVICE_TYPE, "cpu"):
+            raise ValueError(f"expected a {_core.DEVICE_TYPE} device, got {d}")
+        i = d.index or 0
+    if i not in (0, -1):
+        raise RuntimeError(
+            f"emulated {_core.DEVICE_TYPE} has a single device ({_core.DEVICE_TYPE}:0); index {i} "
+            "cannot be emulated"
+        )
+    return 0
+
+
+# ---- memory ------------------------------------------------------------------------------------
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live tensors on the emulated device."""
+    _idx(device)
+    return _core.MEM.current
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last reset."""
+    _idx(device)
+    return _core.MEM.peak
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Reserved bytes: the emulator has no caching allocator, so equal to allocated."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak reserved bytes (equal to the allocated peak)."""
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Set the peak to the current allocation."""
+    _idx(device)
+    with _core._mem_lock:
+        _core.MEM.peak = _core.MEM.current
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zero the allocated/freed totals and counters."""
+    _idx(device)
+    with _core._mem_lock:
+        m = _core.MEM
+        m.allocated_total = m.freed_total = m.num_allocs = m.num_frees = m.num_ooms = 0
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Nested stats in TorchNeuron's format (``reserved_bytes`` mirrors allocated here)."""
+    _idx(device)
+    m = _core.MEM
+    alloc = {
+        "current": m.current,
+        "peak": m.peak,
+        "allocated": m.allocated_total,
+        "freed": m.freed_total,
+    }
+    return {
+        "allocated_bytes": dict(alloc),
+        "reserved_bytes": dict(alloc),
+        "active_bytes": dict(alloc),
+        "num_alloc_retries": 0,
+        "num_ooms": m.num_ooms,
+        "num_tensor_frees": m.num_frees,
+        "allocation_requests": m.num_allocs,
+    }
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A short text summary of :func:`memory_stats`."""
+    s = memory_stats(device)
+    a = s["allocated_bytes"]
+    return (
+        f"emulated {_core.DEVICE_TYPE} memory (host RAM, live device tensors): current "
+        f"{a['current']} B, peak {a['peak']} B, allocated {a['allocated']} B, freed "
+        f"{a['freed']} B, allocations {s['allocation_requests']}, OOMs {s['num_ooms']}"
+    )
+
+
+def empty_cache() -> None:
+    """No cache to empty."""
+
+
+def flat_memory_stats(device: Any = None) -> dict[str, Any]:
+    """CUDA-style flat keys, for ``torch.accelerator.memory_stats``."""
+    out: dict[str, Any] = {}
+    for key, val in memory_stats(device).items():
+        if isinstance(val, dict):
+            for k, v in val.items():
+                out[f"{key}.all.{k}"] = v
+        else:
+            out[key] = val
+    return out
+
+
+# ---- device, streams, RNG ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What ``get_device_properties`` returns: ``name`` and ``total_memory``."""
+
+    name: str
+    total_memory: int
+
+
+class Stream:
+    """A no-op stream (the emulated device runs synchronously)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = _core.DEVICE
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+    def wait_stream(self, stream: Any) -> None:
+        """No-op."""
+
+    def wait_event(self, event: Any) -> None:
+        """No-op."""
+
+    def record_event(self, event: Any = None) -> Event:
+        """Record an event (completed immediately)."""
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class Event:
+    """A no-op event; with ``enable_timing`` it measures host time between records."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, **kwargs: Any) -> None:
+        self.enable_timing = enable_timing
+        self._t: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        """Timestamp now (host clock)."""
+        self._t = _core._perf()
+
+    def synchronize(self) -> None:
+        """No-op."""
+
+    def wait(self, stream: Any = None) -> None:
+        """No-op."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds of host time between two recorded events."""
+        if self._t is None or end._t is None:
+            raise RuntimeError("both events must be recorded before calling elapsed_time")
+        return (end._t - self._t) * 1000.0
+
+
+_default_stream = Stream()
+
+
+class _Precision(enum.Enum):
+    DEFAULT = 1
+    HIGH = 3
+    HIGHEST = 6
+
+
+_FROM_TORCH = {"medium": _Precision.DEFAULT, "high": _Precision.HIGH, "highest": _Precision.HIGHEST}
+_TO_TORCH = {v: k for k, v in _FROM_TORCH.items()}
+
+
+class _precision:
+    """Set the tpu fp32 matmul precision; also usable as a context manager that restores it."""
+
+    def __init__(self, mode: Any) -> None:
+        if isinstance(mode, str):
+            mode = _Precision[mode.upper()]
+        self._prev = get_precision()
+        set_precision(mode)
+
+    def __enter__(self) -> _precision:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        set_precision(self._prev)
+
+
+def get_precision() -> Any:
+    """The emulated tpu's fp32 matmul precision mode."""
+    return _Precision({0: 6, 1: 1, 3: 3, 6: 6}[_core.MATMUL_PASSES])
+
+
+def set_precision(mode: Any) -> None:
+    """Set DEFAULT (1-pass bf16), HIGH (3-pass) or HIGHEST (6-pass)."""
+    if isinstance(mode, str):
+        mode = _Precision[mode.upper()]
+    _core.MATMUL_PASSES = mode.value
+
+
+class _ExecutionMode:
+    """Mirror of ``torch_tpu._internal.execution_mode``: ``enable_cpu_fallback`` toggles fallback."""
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        """Whether ops TorchTPU lacks run on CPU (False by default, as on the real backend)."""
+        return _core.CPU_FALLBACK
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        _core.CPU_FALLBACK = bool(value)
+        _core.reset_plans()
+
+
+def build(device_type: str, status: Any) -> types.ModuleType:
+    """Create the ``torch.<device>`` module object."""
+    m = types.ModuleType(f"torch.{device_type}")
+    m.__doc__ = (
+        f"Emulated {device_type} device (neuron_workbench): tensors live in host RAM and every op "
+        "runs on the CPU; timings are host CPU time."
+    )
+
+    def is_available() -> bool:
+        return True
+
+    def is_initialized() -> bool:
+        return True
+
+    def is_emulated() -> bool:
+        """True: this is neuron_workbench's emulated device, not real hardware."""
+        return True
+
+    def init() -> None:
+        return None
+
+    def device_count() -> int:
+        return 1
+
+    def current_device() -> int:
+        return 0
+
+    def set_device(device: Any) -> None:
+        _idx(device)
+
+    def get_device_name(device: Any = None) -> str:
+        return f"{device_type}:{_idx(device)}"
+
+    def get_device_properties(device: Any = None) -> DeviceProperties:
+        _idx(device)
+        return DeviceProperties(f"{device_type}:0 (emulated)", _core.MEM.capacity or 0)
+
+    @contextlib.contextmanager
+    def device(dev: Any) -> Iterator[None]:
+        _idx(dev)
+        yield
+
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.float32, torch.float16, torch.bfloat16]
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    def synchronize(device: Any = None) -> None:
+        _idx(device)
+
+    def manual_seed(seed: int) -> None:
+        # The emulated device draws from the CPU default generator (no per-device generator).
+        torch.default_generator.manual_seed(int(seed))
+
+    def seed() -> None:
+        torch.default_generator.seed()
+
+    def initial_seed() -> int:
+        return torch.default_generator.initial_seed()
+
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.default_generator.get_state()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+        torch.default_generator.set_state(new_state)
+
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [get_rng_state()]
+
+    def set_rng_state_all(states: list[torch.Tensor]) -> None:
+        set_rng_state(states[0])
+
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    def current_stream(device: Any = None) -> Stream:
+        return _default_stream
+
+    def default_stream(device: Any = None) -> Stream:
+        return _default_stream
+
+    def set_stream(stream: Any) -> None:
+        return None
+
+    def stream(s: Any = None) -> Any:
+        return contextlib.nullcontext(s)
+
+    def get_dynamo_metrics() -> dict[str, Any]:
+        return {}
+
+    def reset_dynamo_metrics() -> None:
+        return None
+
+    def emulator_status() -> Any:
+        """The :class:`~neuron_workbench.emulator.EmulatorStatus` of this process."""
+        from neuron_workbench.emulator import status as _status
+
+        return _status()
+
+    fns = dict(locals())
+    for name, fn in fns.items():
+        if callable(fn) and not name.startswith("__"):
+            setattr(m, name, fn)
+    m.manual_seed_all = manual_seed
+    m.seed_all = seed
+    m.Stream = Stream
+    m.Event = Event
+    m.DeviceProperties = DeviceProperties
+    for fn in (
+        memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+        reset_peak_memory_stats, reset_accumulated_memory_stats, memory_stats, memory_summary,
+        empty_cache,
+    ):  # fmt: skip
+        setattr(m, fn.__name__, fn)
+    mem = types.ModuleType(f"torch.{device_type}.memory")
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
+                 "memory_summary", "empty_cache", "reset_accumulated_memory_stats"):  # fmt: skip
+        setattr(mem, name, getattr(m, name))
+    m.memory = mem
+    if device_type == "tpu":
+        m.Precision = _Precision
+        m.precision = _precision
+        m.get_precision = get_precision
+        m.set_precision = set_precision
+        m.execution_mode = _ExecutionMode()
+    return m

@@ -1,0 +1,321 @@
+"""Fallback events: which ops ran on the host CPU, how often, from where.
+
+Events are deduplicated per (op, site, phase, module) so a training loop adds counts, not rows. Every
+event goes to the process-wide log (read by the ``emulate`` command's summary) and to each active
+:func:`record_fallbacks` log, from any thread (backward runs on the autograd device thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FallbackEvent",
+    "FallbackLog",
+    "SourceSite",
+    "process_log",
+    "record_fallbacks",
+]
+
+
+@dataclass(frozen=True)
+class SourceSite:
+    """A line of user code: the first frame outside torch and neuron_workbench."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass
+class FallbackEvent:
+    """One op that ran on the host CPU instead of the (emulated) device, with its count.
+
+    Attributes
+    ----------
+    op
+        Base op name, e.g. ``"aten::max_pool2d_with_indices"``.
+    overload
+        Full name with overload, e.g. ``"aten::add.Tensor"`` (no suffix for the default overload).
+    count
+        Number of calls merged into this event.
+    shapes, dtypes
+        Input tensor shapes and dtypes of the first call.
+    cpu_time_s
+        Total host time spent running the op, in seconds (host CPU time, not device time).
+    phase
+        ``"forward"`` or ``"backward"``.
+    site
+        The user's source line, or None when unknown. Backward events carry the forward site when the
+        forward op also fell back (matched through the autograd sequence number), else None.
+    module
+        Qualified ``nn.Module`` path that was running (``"features.3"``); ``""`` for none or the root.
+    module_type
+        Class name of that module (``"MaxPool2d"``), ``""`` when none.
+    autograd_node
+        Backward only: the autograd node name, e.g. ``"MaxPool2DWithIndicesBackward0"``.
+    """
+
+    op: str
+    overload: str
+    count: int
+    shapes: list[list[int]]
+    dtypes: list[str]
+    cpu_time_s: float
+    phase: str
+    site: SourceSite | None
+    module: str = ""
+    module_type: str = ""
+    autograd_node: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of this event."""
+        d = asdict(self)
+        d["site"] = asdict(self.site) if self.site is not None else None
+        return d
+
+
+class FallbackLog:
+    """Deduplicated fallback events (thread-safe).
+
+    Attributes
+    ----------
+    events
+        A snapshot list of :class:`FallbackEvent`, in first-seen order.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[tuple, FallbackEvent] = {}
+
+    def _add(self, key: tuple, make: Any, seconds: float) -> None:
+        with self._lock:
+            ev = self._events.get(key)
+            if ev is None:
+                self._events[key] = make()
+            else:
+                ev.count += 1
+                ev.cpu_time_s += seconds
+
+    @property
+    def events(self) -> list[FallbackEvent]:
+        """Snapshot of the events."""
+        with self._lock:
+            return list(self._events.values())
+
+    def ops(self) -> list[str]:
+        """Sorted unique op names (``"aten::sort"``...)."""
+        with self._lock:
+            return sorted({e.op for e in self._events.values()})
+
+    def clear(self) -> None:
+        """Forget all events."""
+        with self._lock:
+            self._events.clear()
+
+    def summary_lines(self) -> list[str]:
+        """One line per op: name, total count, first user site."""
+        by_op: dict[str, list[FallbackEvent]] = {}
+        for ev in self.events:
+            by_op.setdefault(ev.op, []).append(ev)
+        lines = []
+        for op in sorted(by_op):
+            evs = by_op[op]
+            count = sum(e.count for e in evs)
+            site = next((e.site for e in evs if e.site is not None), None)
+            where = str(site) if site else f"backward ({evs[0].autograd_node})"
+            lines.append(f"{op}  x{count}  first at {where}")
+        return lines
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Events grouped per op, in the ``--json`` format of the ``emulate`` command."""
+        by_op: dict[str, dict[str, Any]] = {}
+        for ev in self.events:
+            entry = by_op.setdefault(
+                ev.op,
+                {"op": ev.op, "count": 0, "cpu_time_s": 0.0, "phases": [], "sites": []},
+            )
+            entry["count"] += ev.count
+            entry["cpu_time_s"] += ev.cpu_time_s
+            if ev.phase not in entry["phases"]:
+                entry["phases"].append(ev.phase)
+            if ev.site is not None:
+                site = {"file": ev.site.file, "line": ev.site.line, "module": ev.module}
+                if site not in entry["sites"]:
+                    entry["sites"].append(site)
+        return [by_op[k] for k in sorted(by_op)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def __repr__(self) -> str:
+        return f"FallbackLog({len(self)} events, ops={self.ops()})"
+
+
+_PROCESS_LOG = FallbackLog()
+_active: list[FallbackLog] = []  # replaced, never mutated, so readers need no lock
+_active_lock = threading.Lock()
+
+
+def process_log() -> FallbackLog:
+    """The process-wide fallback log (everything since the emulator was installed)."""
+    return _PROCESS_LOG
+
+
+@contextlib.contextmanager
+def record_fallbacks() -> Iterator[FallbackLog]:
+    """Collect fallback events while the block runs, from every thread.
+
+    Yields
+    ------
+    FallbackLog
+        Filled while the block runs; nested and parallel recordings each see every event.
+    """
+    global _active
+    log = FallbackLog()
+    with _active_lock:
+        _active = [*_active, log]
+    try:
+        yield log
+    finally:
+        with _active_lock:
+            _active = [x for x in _active if x is not log]
+
+
+# ---- attribution -----------------------------------------------------------------------------
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_internal_cache: dict[str, bool] = {}
+_MODULE_CALL_CODES = frozenset(
+    c
+    for c in (
+        getattr(torch.nn.Module, "_call_impl", None),
+        getattr(torch.nn.Module, "_wrapped_call_impl", None),
+    )
+    if c is not None
+    for c in [c.__code__]
+)
+
+
+def _is_internal(filename: str) -> bool:
+    r = _internal_cache.get(filename)
+    if r is None:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        r = (
+            path.startswith(_TORCH_DIR)
+            or path.startswith(_PKG_DIR)
+            or filename.startswith("<frozen")
+            or os.sep + "contextlib.py" in path
+            or os.sep + "typing_extensions.py" in path
+        )
+        _internal_cache[filename] = r
+    return r
+
+
+_names_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _module_name(root: torch.nn.Module, mod: torch.nn.Module) -> str:
+    if mod is root:
+        return ""
+    names = _names_cache.get(root)
+    if names is None or id(mod) not in names:
+        names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        _names_cache[root] = names
+    return names.get(id(mod), "")
+
+
+def find_site_and_module(skip: int = 2) -> tuple[SourceSite | None, str, str]:
+    """Walk the caller's stack: first user frame, and the innermost running ``nn.Module`` path."""
+    f = sys._getframe(skip)
+    site = None
+    modules: list[torch.nn.Module] = []
+    while f is not None:
+        co = f.f_code
+        if co in _MODULE_CALL_CODES:
+            m = f.f_locals.get("self")
+            if m is not None and (not modules or modules[-1] is not m):
+                modules.append(m)
+        elif site is None and not _is_internal(co.co_filename):
+            site = SourceSite(co.co_filename, f.f_lineno, co.co_name)
+        f = f.f_back
+    if not modules:
+        return site, "", ""
+    inner = modules[0]
+    return site, _module_name(modules[-1], inner), type(inner).__name__
+
+
+# Forward attribution of fallback ops, keyed by the autograd sequence number of the node created
+# for them, so the backward op of a forward fallback can name the same site and module.
+_forward_by_seq: dict[int, tuple[SourceSite | None, str, str]] = {}
+_FORWARD_MAX = 100_000
+
+
+def _shape_dtype(args: Any) -> tuple[list[list[int]], list[str]]:
+    shapes: list[list[int]] = []
+    dtypes: list[str] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            shapes.append(list(a.shape))
+            dtypes.append(str(a.dtype))
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    shapes.append(list(b.shape))
+                    dtypes.append(str(b.dtype))
+    return shapes, dtypes
+
+
+def record_event(op: str, overload: str, args: Any, seconds: float) -> None:
+    """Record one fallback call (called from the dispatch hot path only for fallbacks)."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        phase = "backward"
+        node_name = node.name()
+        fwd = _forward_by_seq.get(node._sequence_nr())
+        site, module, module_type = fwd if fwd is not None else (None, "", "")
+    else:
+        phase = "forward"
+        node_name = ""
+        site, module, module_type = find_site_and_module(3)
+        if torch.is_grad_enabled():
+            # The node for this op (if any) was created just before dispatch reached us.
+            seq = torch._C._autograd._get_sequence_nr() - 1
+            if len(_forward_by_seq) > _FORWARD_MAX:
+                _forward_by_seq.clear()
+            _forward_by_seq[seq] = (site, module, module_type)
+    key = (overload, site, phase, module, node_name)
+
+    def make() -> FallbackEvent:
+        shapes, dtypes = _shape_dtype(args)
+        return FallbackEvent(
+            op=op,
+            overload=overload,
+            count=1,
+            shapes=shapes,
+            dtypes=dtypes,
+            cpu_time_s=seconds,
+            phase=phase,
+            site=site,
+            module=module,
+            module_type=module_type,
+            autograd_node=node_name,
+        )
+
+    _PROCESS_LOG._add(key, make, seconds)
+    for log in _active:
+        log._add(key, make, seconds)

@@ -1,0 +1,412 @@
+"""Kernels registered with ``torch.library`` for the emulated device.
+
+- PrivateUse1: every factory op (``randn``, ``zeros``, ``empty_strided``...), ``_copy_from`` and
+  ``_copy_from_and_resize``, plus a catch-all fallback for ops that arrive with only
+  ``device=neuron``. Ops that can see an emulated tensor get a per-op kernel, never the fallback
+  (a Python fallback with a Python-key tensor argument hits an internal assert in torch 2.13).
+- AutocastPrivateUse1: a fallthrough plus per-op cast kernels built from PyTorch's CUDA autocast
+  lists (``aten/src/ATen/autocast_mode.h``), which TorchNeuron registers as well.
+- AutogradPrivateUse1: shims for ops whose decomposition depends on the device: SDPA (to the
+  overrideable fused op, as TorchNeuron) and the CUDA-only fused LSTM/GRU cells.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+from torch.library import Library
+
+from neuron_workbench.emulator import _core
+from neuron_workbench.emulator import events as _events
+
+_LIBS: list[Library] = []
+_CEA = DispatchKey.CompositeExplicitAutograd
+
+# Factory composites that allocate empty(0) and grow it through out= (impossible here): run on CPU.
+_FACTORY_NO_DECOMP = frozenset(
+    {"arange", "eye", "linspace", "logspace", "range", "empty", "empty_strided"}
+)
+
+
+def _payload(t: Any) -> Any:
+    return t.elem if isinstance(t, _core.EmulatedTensor) else t
+
+
+def _check_index(dev: Any) -> None:
+    if dev is None:
+        return
+    d = torch.device(dev)
+    if d.index not in (None, 0):
+        raise RuntimeError(
+            f"emulated {_core.DEVICE_TYPE} has a single device ({_core.DEVICE}); {d} cannot be "
+            "emulated (the Python device guard reports one device). Use "
+            f"'{_core.DEVICE_TYPE}' or '{_core.DEVICE_TYPE}:0'."
+        )
+
+
+def pin_memory_error() -> NotImplementedError:
+    """The error for pinned memory, which a Python backend cannot provide."""
+    return NotImplementedError(
+        f"emulated {_core.DEVICE_TYPE}: pinned host memory is not available (a Python backend "
+        "cannot provide a pinned-memory allocator). Use pin_memory=False; it changes only speed."
+    )
+
+
+def _factory_ops() -> list[Any]:
+    found = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        base, _, ov = name[6:].partition(".")
+        try:
+            op = getattr(getattr(torch.ops.aten, base), ov or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        args = op._schema.arguments
+        if not any(a.name == "device" for a in args):
+            continue
+        if any("Tensor" in str(a.type) for a in args):
+            continue
+        if op.has_kernel_for_dispatch_key(DispatchKey.CompositeImplicitAutograd):
+            continue
+        found.append(op)
+    return found
+
+
+def _make_factory(op: Any) -> Any:
+    base = op._schema.name.split("::", 1)[1]
+    overload = _core._overload_name(op)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        _check_index(kwargs.get("device"))
+        if kwargs.get("pin_memory"):
+            raise pin_memory_error()
+        native = base in _core.NATIVE
+        if not native and base not in _FACTORY_NO_DECOMP and op.has_kernel_for_dispatch_key(_CEA):
+            # As the real dispatcher would: the composite runs on the device, its pieces
+            # (empty + normal_, ...) are checked op by op.
+            return op._op_dk(_CEA, *args, **kwargs)
+        if not native and not _core.CPU_FALLBACK:
+            raise RuntimeError(
+                f"operator '{overload}' is not implemented for TPU. Please file a feature request"
+            )
+        kw = dict(kwargs)
+        kw["device"] = torch.device("cpu")
+        t0 = _core._perf()
+        out = op(*args, **kw)
+        if not native:
+            _events.record_event(f"aten::{base}", overload, (), _core._perf() - t0)
+        if out.layout != torch.strided:
+            raise NotImplementedError(
+                f"emulated {_core.DEVICE_TYPE}: only strided (dense) tensors are supported, "
+                f"not {out.layout}"
+            )
+        return _core.wrap_new(out)
+
+    return kernel
+
+
+def _copy_from(self: Any, dst: Any, non_blocking: bool = False) -> Any:
+    _payload(dst).copy_(_payload(self))
+    return dst
+
+
+def _copy_from_and_resize(self: Any, dst: Any) -> Any:
+    d = _payload(dst)
+    s = _payload(self)
+    if d.numel() == 0 and s.numel() != 0:
+        d.resize_(s.shape)
+        if isinstance(dst, _core.EmulatedTensor):
+            _core._resync(dst)
+    d.copy_(s)
+    return dst
+
+
+def _backend_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    # Reached only by ops whose sole link to the device is a device= argument.
+    if "device" in kwargs:
+        _check_index(kwargs["device"])
+        kwargs = dict(kwargs, device=torch.device("cpu"))
+    out = op(*args, **kwargs)
+    if isinstance(out, torch.Tensor):
+        return _core.wrap_new(out)
+    return out
+
+
+# ---- autocast ------------------------------------------------------------------------------
+
+_LOWER = [
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
+    "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
+    "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+]  # fmt: skip
+_FP32 = [
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+    "softplus", "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim",
+    "nuclear_norm", "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss",
+    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
+    "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+]  # fmt: skip
+_FP32_SET_OPT_DTYPE = [
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
+    "sum.dim_IntList",
+]  # fmt: skip
+_PROMOTE = [
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+    "index_put", "tensordot", "scatter_add",
+]  # fmt: skip
+_NO_AUTOCAST = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
+
+
+def _eligible(t: Any) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.device.type == _core.DEVICE_TYPE
+        and t.is_floating_point()
+        and t.dtype != torch.float64
+    )
+
+
+def _cast(x: Any, dtype: torch.dtype) -> Any:
+    if _eligible(x) and x.dtype != dtype:
+        return x.to(dtype)
+    if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
+        return type(x)(_cast(y, dtype) for y in x)
+    return x
+
+
+def _resolve(name: str) -> Any:
+    base, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), ov or "default")
+
+
+def _make_autocast(op: Any, policy: str) -> Any:
+    names = [a.name for a in op._schema.arguments]
+    dtype_pos = names.index("dtype") if "dtype" in names else -1
+    dtype_kwonly = dtype_pos >= 0 and op._schema.arguments[dtype_pos].kwarg_only
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
+            if policy == "lower":
+                dt = torch.get_autocast_dtype(_core.DEVICE_TYPE)
+                args = tuple(_cast(a, dt) for a in args)
+                kwargs = {k: _cast(v, dt) for k, v in kwargs.items()}
+            elif policy == "fp32":
+                args = tuple(_cast(a, torch.float32) for a in args)
+                kwargs = {k: _cast(v, torch.float32) for k, v in kwargs.items()}
+            elif policy == "promote":
+                dt = torch.get_autocast_dtype(_core.DEVICE_TYPE)
+                for a in (*args, *kwargs.values()):
+                    if _eligible(a):
+                        dt = torch.promote_types(dt, a.dtype)
+                args = tuple(_cast(a, dt) for a in args)
+                kwargs = {k: _cast(v, dt) for k, v in kwargs.items()}
+            elif policy == "set_opt_dtype" and args and _eligible(args[0]):
+                if dtype_kwonly or dtype_pos >= len(args):
+                    if kwargs.get("dtype") is None:
+                        kwargs = dict(kwargs, dtype=torch.float32)
+                elif dtype_pos >= 0 and args[dtype_pos] is None:
+                    args = (*args[:dtype_pos], torch.float32, *args[dtype_pos + 1 :])
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _norm_append_dtype(target: Any) -> Any:
+    def kernel(self: Any, p: Any = 2, *rest: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
+            if _eligible(self):
+                return target(self, p, *rest, dtype=torch.float32)
+            return target(self, p, *rest) if rest else torch.ops.aten.norm.Scalar(self, p)
+
+    return kernel
+
+
+def _bce_banned(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+        "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+        "In this case, combine the two layers using "
+        "torch.nn.functional.binary_cross_entropy_with_logits\n"
+        "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+        "safe to autocast."
+    )
+
+
+# ---- device-dependent decompositions (AutogradPrivateUse1) ----------------------------------
+
+_SDPA_FUSED = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+_FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+
+
+def _sdpa(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    # Choose the kernel CPU would choose, so results match CPU; the fused path goes through the
+    # overrideable op, which TorchNeuron and TorchTPU register.
+    choice = -1
+    mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
+    if not enable_gqa and not mask_grad:
+        choice = torch._fused_sdp_choice(
+            _payload(query),
+            _payload(key),
+            _payload(value),
+            _payload(attn_mask),
+            dropout_p,
+            is_causal,
+            scale=scale,
+        )
+    if choice == _FLASH:
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(
+                attn_mask, 0.0, float("-inf")
+            ).to(query.dtype)  # fmt: skip
+        return _SDPA_FUSED(
+            query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale
+        )[0]
+    return torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )[0]
+
+
+def _sdpa_fused_cpu(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_bias: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> Any:
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
+    )
+    e = torch.empty(0)
+    return out, lse, e, e, 0, 0, e, e, e
+
+
+def _sdpa_fused_backward_cpu(
+    grad_out: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_bias: Any,
+    grad_input_mask: Any,
+    out: Any,
+    logsumexp: Any,
+    cum_seq_q: Any,
+    cum_seq_k: Any,
+    max_q: Any,
+    max_k: Any,
+    dropout_p: float,
+    is_causal: bool,
+    philox_seed: Any,
+    philox_offset: Any,
+    *,
+    scale: float | None = None,
+) -> Any:
+    gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+        attn_mask=attn_bias, scale=scale,
+    )  # fmt: skip
+    gb = torch.zeros_like(attn_bias) if attn_bias is not None else torch.empty(0)
+    return gq, gk, gv, gb
+
+
+def _lstm_cell(
+    input_gates: Any, hidden_gates: Any, cx: Any, input_bias: Any = None, hidden_bias: Any = None
+) -> Any:
+    # The CUDA-only fused cell, as primitive ops that autograd differentiates (CPU's formula).
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias
+    if hidden_bias is not None:
+        gates = gates + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, gates.new_empty(0)
+
+
+def _gru_cell(
+    input_gates: Any, hidden_gates: Any, hx: Any, input_bias: Any = None, hidden_bias: Any = None
+) -> Any:
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+    if hidden_bias is not None:
+        hidden_gates = hidden_gates + hidden_bias
+    ir, ii, in_ = input_gates.chunk(3, 1)
+    hr, hi, hn = hidden_gates.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx - n)
+    return hy, input_gates.new_empty(0)
+
+
+def register_all() -> None:
+    """Register every kernel (once per process; the caller guards re-entry)."""
+    pu1 = Library("aten", "IMPL", "PrivateUse1")
+    _LIBS.append(pu1)
+    for op in _factory_ops():
+        pu1.impl(_core._overload_name(op)[6:], _make_factory(op))
+    pu1.impl("_copy_from", _copy_from)
+    pu1.impl("_copy_from_and_resize", _copy_from_and_resize)
+
+    glob = Library("_", "IMPL")
+    _LIBS.append(glob)
+    glob.fallback(_backend_fallback, "PrivateUse1")
+    # torch 2.13 has no AutocastPrivateUse1 fallthrough: without it the first op fails.
+    glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+
+    ac = Library("aten", "IMPL", "AutocastPrivateUse1")
+    _LIBS.append(ac)
+    for policy, names in (
+        ("lower", _LOWER),
+        ("fp32", _FP32),
+        ("set_opt_dtype", _FP32_SET_OPT_DTYPE),
+        ("promote", _PROMOTE),
+    ):
+        for name in names:
+            try:
+                op = _resolve(name)
+            except AttributeError:
+                continue
+            ac.impl(name, _make_autocast(op, policy))
+    ac.impl("norm.Scalar", _norm_append_dtype(torch.ops.aten.norm.ScalarOpt_dtype))
+    ac.impl("norm.ScalarOpt_dim", _norm_append_dtype(torch.ops.aten.norm.ScalarOpt_dim_dtype))
+    ac.impl("binary_cross_entropy", _bce_banned)
+
+    ag = Library("aten", "IMPL", "AutogradPrivateUse1")
+    _LIBS.append(ag)
+    ag.impl("scaled_dot_product_attention", _sdpa)
+    ag.impl("_thnn_fused_lstm_cell", _lstm_cell)
+    ag.impl("_thnn_fused_gru_cell", _gru_cell)
+
+    _core.CPU_IMPLS[_SDPA_FUSED] = _sdpa_fused_cpu
+    _core.CPU_IMPLS[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default] = (
+        _sdpa_fused_backward_cpu
+    )  # fmt: skip

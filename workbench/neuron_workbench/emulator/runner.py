@@ -1,0 +1,98 @@
+"""Run a Python program on the emulated device and write its fallback report at exit.
+
+``python -m neuron_workbench.emulator.runner DEVICE (SCRIPT | -m MODULE | -c CODE) [ARGS...]``
+installs the emulator, runs the program as ``__main__`` (unmodified, with its own ``sys.argv``) and
+keeps its exit code. When ``NEURON_WORKBENCH_EMULATE_REPORT`` names a file, the report is written
+there at exit; the ``neuron-workbench emulate`` command reads it and prints the summary.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+from typing import Any
+
+_written = False
+
+
+def report_dict() -> dict[str, Any]:
+    """The fallback report of this process (the ``emulate --json`` format)."""
+    from neuron_workbench.emulator import status
+    from neuron_workbench.emulator.events import process_log
+
+    st = status()
+    log = process_log()
+    return {
+        "device": st.device if st else None,
+        "profile": st.profile if st else None,
+        "provenance": st.provenance if st else None,
+        "emulated": True,
+        "cpu_fallback": st.cpu_fallback if st else None,
+        "numerics": st.numerics if st else {},
+        "timings": "host CPU time",
+        "fallbacks": log.to_list(),
+        "summary": log.summary_lines(),
+    }
+
+
+def _write(path: str) -> None:
+    global _written
+    if _written:
+        return
+    _written = True
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(report_dict(), fh, indent=2, default=str)
+    except OSError as exc:
+        sys.stderr.write(f"neuron-workbench: could not write the fallback report {path}: {exc}\n")
+
+
+def write_report_at_exit(path: str) -> None:
+    """Write the report to ``path`` when the interpreter exits."""
+    atexit.register(_write, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the program's exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2:
+        sys.stderr.write(
+            "usage: python -m neuron_workbench.emulator.runner DEVICE "
+            "(SCRIPT | -m MODULE | -c CODE) [ARGS...]\n"
+        )
+        return 2
+    device, rest = argv[0], argv[1:]
+    from neuron_workbench.emulator import emulate
+
+    emulate(device)
+    report = os.environ.get("NEURON_WORKBENCH_EMULATE_REPORT")
+    if report:
+        write_report_at_exit(report)
+    code = 0
+    try:
+        if rest[0] == "-m":
+            sys.argv = [rest[1], *rest[2:]]
+            runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+        elif rest[0] == "-c":
+            sys.argv = ["-c", *rest[2:]]
+            exec(compile(rest[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = list(rest)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(rest[0])))
+            runpy.run_path(rest[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            sys.stderr.write(f"{exc.code}\n")
+            code = 1
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
