@@ -58,8 +58,12 @@ class ScanMagics(Magics):
 
     @magic_arguments()
     @argument("path", nargs="?", help="a .py file, notebook or directory to scan")
-    @argument("--target", choices=("neuron", "tpu"), default="neuron",
-              help="device the suggestions are written for (default: neuron)")
+    @argument(
+        "--target",
+        choices=("neuron", "tpu"),
+        default="neuron",
+        help="device the suggestions are written for (default: neuron)",
+    )
     @line_cell_magic
     def neuron_scan(self, line: str, cell: str | None = None) -> ScanReport:
         """Scan code for CUDA-only constructs and explain each finding.
@@ -87,14 +91,23 @@ class ScanMagics(Magics):
             if cell is not None:
                 if args.path:
                     raise UsageError("%%neuron_scan scans its cell body and takes no PATH")
-                findings = scan_source(cell, "<cell>", target=args.target, ipython=True,
-                                       imports=self._namespace_imports())
+                findings = scan_source(
+                    cell,
+                    "<cell>",
+                    target=args.target,
+                    ipython=True,
+                    imports=self._namespace_imports(),
+                )
             elif args.path:
                 findings = scan_paths([args.path], target=args.target)
             else:
-                findings = scan_source(self._previous_cell("neuron_scan"), "<cell>",
-                                       target=args.target, ipython=True,
-                                       imports=self._namespace_imports())
+                findings = scan_source(
+                    self._previous_cell("neuron_scan"),
+                    "<cell>",
+                    target=args.target,
+                    ipython=True,
+                    imports=self._namespace_imports(),
+                )
         except WorkbenchUsageError as exc:
             raise UsageError(str(exc)) from None
         return ScanReport(tuple(findings), args.target)
@@ -102,10 +115,17 @@ class ScanMagics(Magics):
     @magic_arguments()
     @argument("path", nargs="?", help="a .py file or notebook to migrate")
     @argument("--write", action="store_true", help="rewrite PATH in place")
-    @argument("--next", action="store_true",
-              help="put the migrated code into a new cell below (cell or previous-cell mode)")
-    @argument("--target", choices=("neuron", "tpu"), default="neuron",
-              help="device to migrate to (default: neuron)")
+    @argument(
+        "--next",
+        action="store_true",
+        help="put the migrated code into a new cell below (cell or previous-cell mode)",
+    )
+    @argument(
+        "--target",
+        choices=("neuron", "tpu"),
+        default="neuron",
+        help="device to migrate to (default: neuron)",
+    )
     @line_cell_magic
     def neuron_migrate(self, line: str, cell: str | None = None) -> Migration:
         """Rewrite the mechanically safe CUDA-isms and show the unified diff.
@@ -140,8 +160,13 @@ class ScanMagics(Magics):
                 if cell is not None and args.path:
                     raise UsageError("%%neuron_migrate migrates its cell body and takes no PATH")
                 source = cell if cell is not None else self._previous_cell("neuron_migrate")
-                migration = migrate_source(source, args.target, path="<cell>", ipython=True,
-                                           imports=self._namespace_imports())
+                migration = migrate_source(
+                    source,
+                    args.target,
+                    path="<cell>",
+                    ipython=True,
+                    imports=self._namespace_imports(),
+                )
                 if args.next and migration.changed:
                     self.shell.set_next_input(migration.new_source.rstrip("\n"), replace=False)
                 return migration

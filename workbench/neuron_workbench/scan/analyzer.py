@@ -34,35 +34,60 @@ _INT32_MIN = -(2**31)
 # torch.neuron functions, from torchneuron.md §4 (torch_neuronx/neuron.py). Values are notes shown
 # with the finding where the neuron function differs from CUDA's.
 NEURON_EQUIVALENTS: dict[str, str] = {
-    "is_initialized": "", "init": "", "is_available": "",
+    "is_initialized": "",
+    "init": "",
+    "is_available": "",
     "device_count": "it counts logical NeuronCores (torchneuron.md §2)",
-    "current_device": "", "set_device": "", "device": "",
+    "current_device": "",
+    "set_device": "",
+    "device": "",
     "get_device_name": 'it returns "neuron:N"',
     "get_device_properties": "only the fields name and total_memory exist (torchneuron.md §9)",
-    "get_amp_supported_dtype": "", "is_bf16_supported": "",
+    "get_amp_supported_dtype": "",
+    "is_bf16_supported": "",
     "manual_seed": "random streams will not match CUDA's (torchneuron.md §7)",
-    "manual_seed_all": "", "seed": "", "seed_all": "", "initial_seed": "",
-    "get_rng_state": "", "set_rng_state": "",
-    "Stream": "", "Event": "", "stream": "", "current_stream": "", "default_stream": "",
-    "set_stream": "", "synchronize": "",
+    "manual_seed_all": "",
+    "seed": "",
+    "seed_all": "",
+    "initial_seed": "",
+    "get_rng_state": "",
+    "set_rng_state": "",
+    "Stream": "",
+    "Event": "",
+    "stream": "",
+    "current_stream": "",
+    "default_stream": "",
+    "set_stream": "",
+    "synchronize": "",
     "memory_stats": "the dict is nested, not flat like CUDA's (torchneuron.md §9)",
     "memory_allocated": "it includes cached blocks (torchneuron.md §9)",
     "max_memory_allocated": "",
     "memory_reserved": "it is currently always 0 (torchneuron.md §9)",
-    "max_memory_reserved": "", "reset_peak_memory_stats": "",
-    "reset_accumulated_memory_stats": "", "memory_summary": "", "empty_cache": "",
+    "max_memory_reserved": "",
+    "reset_peak_memory_stats": "",
+    "reset_accumulated_memory_stats": "",
+    "memory_summary": "",
+    "empty_cache": "",
 }
 
 # torch.accelerator equivalents used for the tpu target (core PyTorch API; the notes do not list
 # torch.tpu's functions, torchtpu.md §2).
 ACCELERATOR_EQUIVALENTS: dict[str, str] = {
-    "is_available": "is_available", "device_count": "device_count",
-    "synchronize": "synchronize", "current_device": "current_device_index",
-    "set_device": "set_device_index", "device": "device_index",
-    "current_stream": "current_stream", "set_stream": "set_stream", "empty_cache": "empty_cache",
-    "memory_allocated": "memory_allocated", "max_memory_allocated": "max_memory_allocated",
-    "memory_reserved": "memory_reserved", "max_memory_reserved": "max_memory_reserved",
-    "memory_stats": "memory_stats", "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "is_available": "is_available",
+    "device_count": "device_count",
+    "synchronize": "synchronize",
+    "current_device": "current_device_index",
+    "set_device": "set_device_index",
+    "device": "device_index",
+    "current_stream": "current_stream",
+    "set_stream": "set_stream",
+    "empty_cache": "empty_cache",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
     "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
 }
 
@@ -84,13 +109,25 @@ _NO_EQUIVALENT_HINTS: dict[str, str] = {
     "custom_bwd": 'use torch.amp.custom_bwd(device_type="neuron")',
 }
 _LEGACY_TENSOR_TYPES = {
-    f"{k}Tensor" for k in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char",
-                           "Byte", "Bool")
+    f"{k}Tensor"
+    for k in ("Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
 }
 _CUDA_GRAPH_NAMES = {"CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle", "graphs"}
 # torch.cuda submodules: a finding is reported on the name inside them, not on the submodule.
-_CUDA_SUBMODULES = {"amp", "nvtx", "memory", "random", "streams", "comm", "nccl", "jiterator",
-                    "sparse", "tunable", "profiler", "_memory_viz"}
+_CUDA_SUBMODULES = {
+    "amp",
+    "nvtx",
+    "memory",
+    "random",
+    "streams",
+    "comm",
+    "nccl",
+    "jiterator",
+    "sparse",
+    "tunable",
+    "profiler",
+    "_memory_viz",
+}
 
 _AUTOCAST = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
 _CUDA_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
@@ -99,21 +136,41 @@ _CUDA_GRADSCALER = {"torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.Gra
 _CUDA_AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 
 _DEVICE_ARG0_CALLS = {
-    "torch.device", "torch.set_default_device", "torch.get_device_module",
-    "torch.distributed.device_mesh.init_device_mesh", "torch.distributed.init_device_mesh",
+    "torch.device",
+    "torch.set_default_device",
+    "torch.get_device_module",
+    "torch.distributed.device_mesh.init_device_mesh",
+    "torch.distributed.init_device_mesh",
 }
-_DIST_INIT = {"torch.distributed.init_process_group",
-              "torch.distributed.distributed_c10d.init_process_group"}
+_DIST_INIT = {
+    "torch.distributed.init_process_group",
+    "torch.distributed.distributed_c10d.init_process_group",
+}
 _COMPILE_BACKENDS_CUDA = {"inductor", "cudagraphs", "tensorrt", "torch_tensorrt", "onnxrt"}
 _EXT_LOAD = "torch.utils.cpp_extension.load"
 _EXT_LOAD_INLINE = "torch.utils.cpp_extension.load_inline"
 _EXT_CUDA_EXTENSION = "torch.utils.cpp_extension.CUDAExtension"
-_KERNEL_DECORATORS = {"triton.jit", "triton.autotune", "triton.heuristics", "numba.cuda.jit",
-                      "numba.cuda.reduce"}
-_KERNEL_CALLS = {"cupy.RawKernel", "cupy.RawModule", "cupy.ElementwiseKernel",
-                 "cupy.ReductionKernel", "pycuda.compiler.SourceModule", "numba.cuda.jit"}
-_FORK_CALLS = {"multiprocessing.set_start_method", "torch.multiprocessing.set_start_method",
-               "multiprocessing.get_context", "torch.multiprocessing.get_context"}
+_KERNEL_DECORATORS = {
+    "triton.jit",
+    "triton.autotune",
+    "triton.heuristics",
+    "numba.cuda.jit",
+    "numba.cuda.reduce",
+}
+_KERNEL_CALLS = {
+    "cupy.RawKernel",
+    "cupy.RawModule",
+    "cupy.ElementwiseKernel",
+    "cupy.ReductionKernel",
+    "pycuda.compiler.SourceModule",
+    "numba.cuda.jit",
+}
+_FORK_CALLS = {
+    "multiprocessing.set_start_method",
+    "torch.multiprocessing.set_start_method",
+    "multiprocessing.get_context",
+    "torch.multiprocessing.get_context",
+}
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
 # CUDA-only libraries (NW170): import root -> replacement.
@@ -237,7 +294,9 @@ def _arg(call: ast.Call, index: int, name: str | None = None) -> ast.expr | None
         found = _kwarg(call, name)
         if found is not None:
             return found
-    if len(call.args) > index and not any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+    if len(call.args) > index and not any(
+        isinstance(a, ast.Starred) for a in call.args[: index + 1]
+    ):
         return call.args[index]
     return None
 
@@ -325,8 +384,7 @@ class _Lines:
 
 
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, source: str, path: str, target: str, ctx: Context,
-                 cell: int | None) -> None:
+    def __init__(self, source: str, path: str, target: str, ctx: Context, cell: int | None) -> None:
         self.lines = _Lines(source)
         self.path = path
         self.target = target
@@ -349,14 +407,28 @@ class _Scanner(ast.NodeVisitor):
     def fix(self, kind: str, node: ast.AST, cst_node: str, **payload: Any) -> Fix:
         return Fix(kind, cst_node, self.start(node), self.end(node), tuple(sorted(payload.items())))
 
-    def report(self, rule_id: str, node: ast.AST, message: str, suggestion: str | None = None,
-               fix: Fix | None = None, pos: tuple[int, int] | None = None) -> None:
+    def report(
+        self,
+        rule_id: str,
+        node: ast.AST,
+        message: str,
+        suggestion: str | None = None,
+        fix: Fix | None = None,
+        pos: tuple[int, int] | None = None,
+    ) -> None:
         rule = RULES[rule_id]
         line, col = pos if pos is not None else self.start(node)
         finding = Finding(
-            rule_id=rule.id, severity=rule.severity, message=message,
-            suggestion=suggestion or rule.suggestion, source=rule.source, path=self.path,
-            line=line, col=col + 1, cell=self.cell, fixable=fix is not None,
+            rule_id=rule.id,
+            severity=rule.severity,
+            message=message,
+            suggestion=suggestion or rule.suggestion,
+            source=rule.source,
+            path=self.path,
+            line=line,
+            col=col + 1,
+            cell=self.cell,
+            fixable=fix is not None,
         )
         self.results.append((finding, fix))
 
@@ -365,8 +437,7 @@ class _Scanner(ast.NodeVisitor):
         return not (isinstance(parent, ast.Attribute) and parent.value is node)
 
     # -- device strings ----------------------------------------------------------------------
-    def check_device(self, expr: ast.AST | None, rule_id: str = "NW101",
-                     where: str = "") -> None:
+    def check_device(self, expr: ast.AST | None, rule_id: str = "NW101", where: str = "") -> None:
         if expr is None:
             return
         if isinstance(expr, ast.IfExp):
@@ -386,7 +457,9 @@ class _Scanner(ast.NodeVisitor):
                 new = self.target + (m.group(1) or "")
                 self.claimed.add(id(expr))
                 self.report(
-                    rule_id, expr, self._device_message(rule_id, f'"{value}"', where),
+                    rule_id,
+                    expr,
+                    self._device_message(rule_id, f'"{value}"', where),
                     self._device_suggestion(rule_id, f'"{new}"'),
                     self.fix("string", expr, "SimpleString", new=new),
                 )
@@ -396,7 +469,9 @@ class _Scanner(ast.NodeVisitor):
             if head is not None and re.match(r"cuda(:|$)", head):
                 self.claimed.add(id(expr))
                 self.report(
-                    rule_id, expr, self._device_message(rule_id, f'f"{head}..."', where),
+                    rule_id,
+                    expr,
+                    self._device_message(rule_id, f'f"{head}..."', where),
                     self._device_suggestion(rule_id, f'f"{self.target}{head[4:]}..."'),
                     self.fix("fstring", expr, "FormattedString", new=self.target),
                 )
@@ -426,11 +501,16 @@ class _Scanner(ast.NodeVisitor):
             elif func.attr == "to" and node.args:
                 self.check_device(node.args[0], where="`.to()`")
             elif func.attr == "double" and not node.args and not node.keywords:
-                self.report("NW180", node, "`.double()` makes float64, computed as float32 on "
-                            "neuron", pos=self._attr_pos(func))
+                self.report(
+                    "NW180",
+                    node,
+                    "`.double()` makes float64, computed as float32 on neuron",
+                    pos=self._attr_pos(func),
+                )
             elif func.attr == "pin_memory" and not node.args:
-                self.report("NW191", node, "`.pin_memory()` pins host memory",
-                            pos=self._attr_pos(func))
+                self.report(
+                    "NW191", node, "`.pin_memory()` pins host memory", pos=self._attr_pos(func)
+                )
             elif func.attr == "add_argument" and any(
                 "device" in (_str_value(a) or "") for a in node.args
             ):
@@ -458,12 +538,17 @@ class _Scanner(ast.NodeVisitor):
             self.report("NW161", node, f"`{qn}` compiles a CUDA kernel")
         elif qn in _FORK_CALLS:
             if _str_value(_arg(node, 0, "method")) == "fork":
-                self.report("NW192", node, f'`{qn}("fork")`: the Neuron runtime cannot be '
-                            "re-initialised in a forked child")
+                self.report(
+                    "NW192",
+                    node,
+                    f'`{qn}("fork")`: the Neuron runtime cannot be '
+                    "re-initialised in a forked child",
+                )
         elif qn in ("torch.view_as_complex", "torch.complex", "torch.polar"):
             self.report("NW182", node, f"`{qn}` creates a complex tensor")
         elif qn == "torch.iinfo" and self.qn(node.args[0] if node.args else node) in (
-            "torch.int64", "torch.long"
+            "torch.int64",
+            "torch.long",
         ):
             self.report("NW181", node, "int64 limits: int64 arithmetic on neuron may run as int32")
 
@@ -471,8 +556,9 @@ class _Scanner(ast.NodeVisitor):
             if kw.arg in ("device", "map_location", "device_type") and not handled_device_kw:
                 self.check_device(kw.value, where=f"`{kw.arg}=`")
             elif kw.arg == "pin_memory" and _is_true(kw.value):
-                self.report("NW191", kw.value, "`pin_memory=True` pins host memory for the "
-                            "accelerator")
+                self.report(
+                    "NW191", kw.value, "`pin_memory=True` pins host memory for the accelerator"
+                )
             elif kw.arg == "backend" and qn not in _DIST_INIT and qn != "torch.compile":
                 self._nccl(kw.value)
         self.generic_visit(node)
@@ -493,35 +579,61 @@ class _Scanner(ast.NodeVisitor):
         if device_arg is not None:
             if isinstance(device_arg, ast.Constant) and device_arg.value is None:
                 pass
-            elif (isinstance(device_arg, ast.Constant) and isinstance(device_arg.value, int)
-                  and not isinstance(device_arg.value, bool)):
+            elif (
+                isinstance(device_arg, ast.Constant)
+                and isinstance(device_arg.value, int)
+                and not isinstance(device_arg.value, bool)
+            ):
                 new = f"{self.target}:{device_arg.value}"
             else:
                 fixable = False
         fix = self.fix("cuda_method", node, "Call", new=new) if fixable else None
-        suggestion = (f'use `.to("{new}")`' if fixable else
-                      f'use `.to(...)` with a "{self.target}" device (the argument is not a '
-                      "literal index, so it is left for you)")
-        self.report("NW102", node, "`.cuda()` moves to a CUDA GPU", suggestion, fix,
-                    pos=self._attr_pos(func))
+        suggestion = (
+            f'use `.to("{new}")`'
+            if fixable
+            else f'use `.to(...)` with a "{self.target}" device (the argument is not a '
+            "literal index, so it is left for you)"
+        )
+        self.report(
+            "NW102",
+            node,
+            "`.cuda()` moves to a CUDA GPU",
+            suggestion,
+            fix,
+            pos=self._attr_pos(func),
+        )
 
     def _autocast(self, node: ast.Call, qn: str) -> None:
         if qn in _CUDA_AUTOCAST:
             torch_name = self._torch_root(node.func)
-            fixable = torch_name is not None and not any(
-                isinstance(a, ast.Starred) for a in node.args
-            ) and len(node.args) <= 3
-            fix = (self.fix("autocast_call", node, "Call", func=f"{torch_name}.autocast",
-                            device=self.target) if fixable else None)
-            self.report("NW110", node, f"`{qn}` is CUDA-only autocast",
-                        f'use `torch.autocast("{self.target}", ...)`', fix)
+            fixable = (
+                torch_name is not None
+                and not any(isinstance(a, ast.Starred) for a in node.args)
+                and len(node.args) <= 3
+            )
+            fix = (
+                self.fix(
+                    "autocast_call", node, "Call", func=f"{torch_name}.autocast", device=self.target
+                )
+                if fixable
+                else None
+            )
+            self.report(
+                "NW110",
+                node,
+                f"`{qn}` is CUDA-only autocast",
+                f'use `torch.autocast("{self.target}", ...)`',
+                fix,
+            )
             device_is_accel = True
         else:
             device = _arg(node, 0, "device_type")
             self.check_device(device, "NW110")
             value = _str_value(device)
-            device_is_accel = value is None or _CUDA_DEVICE.fullmatch(value) is not None or (
-                value.split(":")[0] in TARGETS
+            device_is_accel = (
+                value is None
+                or _CUDA_DEVICE.fullmatch(value) is not None
+                or (value.split(":")[0] in TARGETS)
             )
         if not device_is_accel:
             return
@@ -529,9 +641,12 @@ class _Scanner(ast.NodeVisitor):
         if qn in _CUDA_AUTOCAST and dtype is None and len(node.args) >= 2:
             dtype = node.args[1]
         if dtype is None:
-            self.report("NW111", node, "autocast without `dtype=` runs float16 on "
-                        f"{self.target} (PrivateUse1 default)",
-                        "pass `dtype=torch.bfloat16` explicitly")
+            self.report(
+                "NW111",
+                node,
+                f"autocast without `dtype=` runs float16 on {self.target} (PrivateUse1 default)",
+                "pass `dtype=torch.bfloat16` explicitly",
+            )
         elif self.qn(dtype) in ("torch.float16", "torch.half"):
             self.report("NW112", dtype, "autocast to float16", RULES["NW112"].suggestion)
 
@@ -540,8 +655,10 @@ class _Scanner(ast.NodeVisitor):
         node = func
         while isinstance(node, ast.Attribute):
             node = node.value
-        if isinstance(node, ast.Name) and node is not func and (
-            self.ctx.imports.get(node.id, "torch" if node.id == "torch" else None) == "torch"
+        if (
+            isinstance(node, ast.Name)
+            and node is not func
+            and (self.ctx.imports.get(node.id, "torch" if node.id == "torch" else None) == "torch")
         ):
             return node.id
         return self.ctx.torch_alias
@@ -549,26 +666,47 @@ class _Scanner(ast.NodeVisitor):
     def _gradscaler(self, node: ast.Call, qn: str) -> None:
         if qn in _CUDA_GRADSCALER:
             torch_name = self._torch_root(node.func)
-            fix = (self.fix("gradscaler_call", node, "Call", func=f"{torch_name}.amp.GradScaler",
-                            device=self.target) if torch_name is not None else None)
-            self.report("NW113", node, f"`{qn}` scales for CUDA",
-                        f'use `torch.amp.GradScaler("{self.target}")`; GradScaler support on '
-                        f"{self.target} is not documented", fix)
+            fix = (
+                self.fix(
+                    "gradscaler_call",
+                    node,
+                    "Call",
+                    func=f"{torch_name}.amp.GradScaler",
+                    device=self.target,
+                )
+                if torch_name is not None
+                else None
+            )
+            self.report(
+                "NW113",
+                node,
+                f"`{qn}` scales for CUDA",
+                f'use `torch.amp.GradScaler("{self.target}")`; GradScaler support on '
+                f"{self.target} is not documented",
+                fix,
+            )
             return
         device = _arg(node, 0, "device")
         if device is None and not any(isinstance(a, ast.Starred) for a in node.args):
-            self.report("NW113", node, "`GradScaler()` without a device defaults to cuda",
-                        f'use `GradScaler("{self.target}")`; GradScaler support on '
-                        f"{self.target} is not documented",
-                        self.fix("insert_device", node, "Call", device=self.target))
+            self.report(
+                "NW113",
+                node,
+                "`GradScaler()` without a device defaults to cuda",
+                f'use `GradScaler("{self.target}")`; GradScaler support on '
+                f"{self.target} is not documented",
+                self.fix("insert_device", node, "Call", device=self.target),
+            )
         else:
             self.check_device(device, "NW113")
 
     def _generator(self, node: ast.Call) -> None:
         device = _arg(node, 0, "device")
         targets = [device.body, device.orelse] if isinstance(device, ast.IfExp) else [device]
-        inner = [_arg(d, 0, "type") for d in targets
-                 if isinstance(d, ast.Call) and self.qn(d.func) == "torch.device"]
+        inner = [
+            _arg(d, 0, "type")
+            for d in targets
+            if isinstance(d, ast.Call) and self.qn(d.func) == "torch.device"
+        ]
         for d in targets + inner:
             value = _str_value(d)
             head = _str_value(d.values[0]) if isinstance(d, ast.JoinedStr) and d.values else None
@@ -581,25 +719,39 @@ class _Scanner(ast.NodeVisitor):
     def _compile(self, node: ast.Call) -> None:
         mode = _str_value(_kwarg(node, "mode"))
         if mode and mode != "default":
-            self.report("NW150", _kwarg(node, "mode") or node,
-                        f'`torch.compile(mode="{mode}")`: neuron has only the default mode',
-                        "drop `mode=` (other modes warn and fall back to default on neuron; "
-                        "TorchTPU's handling is not in the notes)")
+            self.report(
+                "NW150",
+                _kwarg(node, "mode") or node,
+                f'`torch.compile(mode="{mode}")`: neuron has only the default mode',
+                "drop `mode=` (other modes warn and fall back to default on neuron; "
+                "TorchTPU's handling is not in the notes)",
+            )
         if _is_true(_kwarg(node, "dynamic")):
-            self.report("NW151", _kwarg(node, "dynamic") or node,
-                        "`torch.compile(dynamic=True)` is rejected by the neuron backend")
+            self.report(
+                "NW151",
+                _kwarg(node, "dynamic") or node,
+                "`torch.compile(dynamic=True)` is rejected by the neuron backend",
+            )
         backend = _str_value(_kwarg(node, "backend"))
         if backend in _COMPILE_BACKENDS_CUDA:
-            self.report("NW152", _kwarg(node, "backend") or node,
-                        f'`torch.compile(backend="{backend}")` targets CUDA',
-                        f'use `backend="{self.target}"` or omit `backend=`')
+            self.report(
+                "NW152",
+                _kwarg(node, "backend") or node,
+                f'`torch.compile(backend="{backend}")` targets CUDA',
+                f'use `backend="{self.target}"` or omit `backend=`',
+            )
 
     def _nccl(self, backend: ast.AST | None) -> None:
         value = _str_value(backend)
         if backend is not None and value and "nccl" in value.lower():
-            self.report("NW140", backend, f'process-group backend "{value}" needs NCCL',
-                        'use `backend="neuron"`' if self.target == "neuron"
-                        else 'use `backend="tpu"` (TorchTPU registers "tpu" and "tpu_dist")')
+            self.report(
+                "NW140",
+                backend,
+                f'process-group backend "{value}" needs NCCL',
+                'use `backend="neuron"`'
+                if self.target == "neuron"
+                else 'use `backend="tpu"` (TorchTPU registers "tpu" and "tpu_dist")',
+            )
 
     def _extension(self, node: ast.Call, qn: str) -> None:
         name = qn.rsplit(".", 1)[-1]
@@ -609,8 +761,9 @@ class _Scanner(ast.NodeVisitor):
         cuda = _is_true(_kwarg(node, "with_cuda")) or _kwarg(node, "extra_cuda_cflags") is not None
         if qn == _EXT_LOAD_INLINE:
             src = _arg(node, 2, "cuda_sources")
-            cuda = cuda or (src is not None and not (isinstance(src, ast.Constant)
-                                                     and src.value is None))
+            cuda = cuda or (
+                src is not None and not (isinstance(src, ast.Constant) and src.value is None)
+            )
         else:
             sources = _arg(node, 1, "sources")
             items = sources.elts if isinstance(sources, (ast.List, ast.Tuple)) else [sources]
@@ -620,12 +773,15 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for deco in node.decorator_list:
-            if not isinstance(deco, ast.Call) and self.qn(deco) in _KERNEL_DECORATORS:
-                self.report("NW161", deco, f"`@{self.qn(deco)}` defines a GPU kernel "
-                            f"(`{node.name}`)")
+            # Call decorators listed in _KERNEL_CALLS are reported by visit_Call.
+            qn = self.qn(deco.func if isinstance(deco, ast.Call) else deco)
+            if qn in _KERNEL_DECORATORS and not (
+                isinstance(deco, ast.Call) and qn in _KERNEL_CALLS
+            ):
+                self.report("NW161", deco, f"`@{qn}` defines a GPU kernel (`{node.name}`)")
         args = node.args
         positional = args.posonlyargs + args.args
-        for arg, default in zip(positional[len(positional) - len(args.defaults):], args.defaults):
+        for arg, default in zip(positional[len(positional) - len(args.defaults) :], args.defaults):
             if "device" in arg.arg.lower():
                 self.check_device(default, where=f"default of `{arg.arg}`")
         for arg, default in zip(args.kwonlyargs, args.kw_defaults):
@@ -666,8 +822,12 @@ class _Scanner(ast.NodeVisitor):
     def visit_IfExp(self, node: ast.IfExp) -> None:
         # `"cuda" if ... else "cpu"` chooses a device whatever it is assigned to.
         body, orelse = _str_value(node.body), _str_value(node.orelse)
-        if body is not None and orelse is not None and _ANY_DEVICE.fullmatch(body) \
-                and _ANY_DEVICE.fullmatch(orelse):
+        if (
+            body is not None
+            and orelse is not None
+            and _ANY_DEVICE.fullmatch(body)
+            and _ANY_DEVICE.fullmatch(orelse)
+        ):
             self.check_device(node, where="device choice")
         self.generic_visit(node)
 
@@ -680,7 +840,8 @@ class _Scanner(ast.NodeVisitor):
         qn = self.qn(node.func)
         func = node.func
         is_env = qn in ("os.getenv", "os.putenv", "os.unsetenv") or (
-            isinstance(func, ast.Attribute) and func.attr in ("get", "setdefault", "pop")
+            isinstance(func, ast.Attribute)
+            and func.attr in ("get", "setdefault", "pop")
             and self.qn(func.value) == "os.environ"
         )
         if is_env and node.args and _str_value(node.args[0]) in _CUDA_ENV:
@@ -692,16 +853,24 @@ class _Scanner(ast.NodeVisitor):
         self.claimed.add(id(node))
         name = _str_value(node) or ""
         neuron, tpu = _CUDA_ENV[name]
-        self.report("NW130", node, f"`{name}` is ignored by the {self.target} runtime",
-                    neuron if self.target == "neuron" else tpu)
+        self.report(
+            "NW130",
+            node,
+            f"`{name}` is ignored by the {self.target} runtime",
+            neuron if self.target == "neuron" else tpu,
+        )
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self._torch_name(node)
         if node.attr == "is_cuda" and self.qn(node) is None:
-            self.report("NW106", node, "`.is_cuda` is False on the target",
-                        f"use `.is_{self.target}`",
-                        self.fix("rename_attr", node, "Attribute", name=f"is_{self.target}"),
-                        pos=self._attr_pos(node))
+            self.report(
+                "NW106",
+                node,
+                "`.is_cuda` is False on the target",
+                f"use `.is_{self.target}`",
+                self.fix("rename_attr", node, "Attribute", name=f"is_{self.target}"),
+                pos=self._attr_pos(node),
+            )
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -724,12 +893,22 @@ class _Scanner(ast.NodeVisitor):
             self.report("NW121", node, f"`{qn}` has no effect on {self.target}")
         elif qn in ("torch.float64", "torch.double", "torch.DoubleTensor"):
             self.report("NW180", node, f"`{qn}` is computed as float32 on neuron")
-        elif qn in ("torch.complex64", "torch.complex128", "torch.cfloat", "torch.cdouble",
-                    "torch.complex32", "torch.chalf"):
+        elif qn in (
+            "torch.complex64",
+            "torch.complex128",
+            "torch.cfloat",
+            "torch.cdouble",
+            "torch.complex32",
+            "torch.chalf",
+        ):
             self.report("NW182", node, f"`{qn}`: complex dtypes are not supported on neuron")
         elif qn.startswith("torch.fft.") and called:
-            self.report("NW182", node, f"`{qn}` produces complex tensors; FFT has no Neuron "
-                        "kernel in the April-2026 source and runs on CPU (torchneuron.md §12)")
+            self.report(
+                "NW182",
+                node,
+                f"`{qn}` produces complex tensors; FFT has no Neuron "
+                "kernel in the April-2026 source and runs on CPU (torchneuron.md §12)",
+            )
         elif qn in ("torch.channels_last", "torch.channels_last_3d"):
             self.report("NW193", node, f"`{qn}` is rejected on neuron")
         elif qn == "torch.distributed.Backend.NCCL":
@@ -744,12 +923,18 @@ class _Scanner(ast.NodeVisitor):
             if sub == "amp" and name in ("autocast", "GradScaler") and called:
                 return  # reported by the call handlers
             if sub in ("memory", "random", "streams") and name in NEURON_EQUIVALENTS:
-                self.report("NW103", node, f"`{qn}` needs CUDA",
-                            f"use `torch.neuron.{name}`" if self.target == "neuron" else
-                            "no torch.accelerator equivalent is rewritten automatically")
+                self.report(
+                    "NW103",
+                    node,
+                    f"`{qn}` needs CUDA",
+                    f"use `torch.neuron.{name}`"
+                    if self.target == "neuron"
+                    else "no torch.accelerator equivalent is rewritten automatically",
+                )
                 return
-            hint = _NO_EQUIVALENT_HINTS.get(sub if sub == "nvtx" else name,
-                                            f"no torch.{self.target} equivalent is known")
+            hint = _NO_EQUIVALENT_HINTS.get(
+                sub if sub == "nvtx" else name, f"no torch.{self.target} equivalent is known"
+            )
             self.report("NW104", node, f"`{qn}` has no equivalent on {self.target}", hint)
             return
         name = rest[0]
@@ -762,31 +947,40 @@ class _Scanner(ast.NodeVisitor):
         if name in _LEGACY_TENSOR_TYPES:
             hint = f'use `torch.tensor(..., device="{self.target}")` and a dtype'
         else:
-            hint = _NO_EQUIVALENT_HINTS.get(name, f"`torch.{self.target}` has no `{name}`; "
-                                            "remove or guard the call")
+            hint = _NO_EQUIVALENT_HINTS.get(
+                name, f"`torch.{self.target}` has no `{name}`; remove or guard the call"
+            )
         self.report("NW104", node, f"`{qn}` has no equivalent on {self.target}", hint)
 
     def _torch_cuda_equivalent(self, node: ast.Attribute | ast.Name, qn: str, name: str) -> None:
         # Rewritable only as <torch alias>.cuda.<name>; a name imported from torch.cuda would
         # need its import rewritten too, which is left to the user.
-        rewritable = (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                      and isinstance(node.value.value, ast.Name)
-                      and self.qn(node.value.value) == "torch")
+        rewritable = (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and isinstance(node.value.value, ast.Name)
+            and self.qn(node.value.value) == "torch"
+        )
         if self.target == "neuron":
             module, new_name, note = "neuron", name, NEURON_EQUIVALENTS[name]
         else:
             module, new_name, note = "accelerator", ACCELERATOR_EQUIVALENTS.get(name, ""), ""
         if not new_name:
-            suggestion = ("no torch.accelerator equivalent; torch.tpu's functions are not listed "
-                          "in the notes (torchtpu.md §2)")
+            suggestion = (
+                "no torch.accelerator equivalent; torch.tpu's functions are not listed "
+                "in the notes (torchtpu.md §2)"
+            )
             if name.startswith("manual_seed"):
                 suggestion = "use `torch.manual_seed(seed)`, which seeds every device"
             self.report("NW103", node, f"`{qn}` needs CUDA", suggestion)
             return
         new = f"torch.{module}.{new_name}"
         suggestion = f"use `{new}`" + (f"; note: {note}" if note else "")
-        fix = (self.fix("torch_module", node, "Attribute", module=module, name=new_name)
-               if rewritable else None)
+        fix = (
+            self.fix("torch_module", node, "Attribute", module=module, name=new_name)
+            if rewritable
+            else None
+        )
         if fix is None:
             suggestion += " (imported by name: rewrite the import by hand)"
         self.report("NW103", node, f"`{qn}` needs CUDA", suggestion, fix)
@@ -796,24 +990,34 @@ class _Scanner(ast.NodeVisitor):
         if node.level:
             return
         names = [a.name for a in node.names]
-        if module == "torch.cuda" or module.startswith("torch.cuda.") or (
-            module == "torch" and "cuda" in names
+        if (
+            module == "torch.cuda"
+            or module.startswith("torch.cuda.")
+            or (module == "torch" and "cuda" in names)
         ):
             what = f"from {module} import {', '.join(names)}"
             self.report("NW107", node, f"`{what}` imports CUDA-specific names")
         for full in [module] + [f"{module}.{n}" for n in names]:
             lib = self._cuda_library(full)
             if lib:
-                self.report("NW170", node, f"`{lib}` only works on NVIDIA GPUs",
-                            f"replace it: {_CUDA_LIBRARIES[lib]}")
+                self.report(
+                    "NW170",
+                    node,
+                    f"`{lib}` only works on NVIDIA GPUs",
+                    f"replace it: {_CUDA_LIBRARIES[lib]}",
+                )
                 break
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             lib = self._cuda_library(alias.name)
             if lib:
-                self.report("NW170", node, f"`{lib}` only works on NVIDIA GPUs",
-                            f"replace it: {_CUDA_LIBRARIES[lib]}")
+                self.report(
+                    "NW170",
+                    node,
+                    f"`{lib}` only works on NVIDIA GPUs",
+                    f"replace it: {_CUDA_LIBRARIES[lib]}",
+                )
 
     @staticmethod
     def _cuda_library(module: str) -> str | None:
@@ -886,9 +1090,15 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def analyze(tree: ast.Module, source: str, path: str = "<cell>", *, target: str = "neuron",
-            context: Context | None = None, cell: int | None = None
-            ) -> list[tuple[Finding, Fix | None]]:
+def analyze(
+    tree: ast.Module,
+    source: str,
+    path: str = "<cell>",
+    *,
+    target: str = "neuron",
+    context: Context | None = None,
+    cell: int | None = None,
+) -> list[tuple[Finding, Fix | None]]:
     """Second pass: every rule over one parsed module.
 
     Parameters

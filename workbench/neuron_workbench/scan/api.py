@@ -17,15 +17,25 @@ from neuron_workbench.scan.cells import code_cells, mask_ipython, read_notebook,
 from neuron_workbench.scan.findings import Finding, Migration, ScanSyntaxError
 from neuron_workbench.scan.migrate import apply_fixes
 
-_SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", ".ipynb_checkpoints", "node_modules",
-              ".tox", ".nox", "build", "dist"}
+_SKIP_DIRS = {
+    ".git",
+    ".hg",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".ipynb_checkpoints",
+    "node_modules",
+    ".tox",
+    ".nox",
+    "build",
+    "dist",
+}
 
 
 class _Parsed:
     """A source parsed for scanning: the Python text (magics masked) and its tree."""
 
-    def __init__(self, source: str, python: str, tree: ast.Module,
-                 masked: frozenset[int]) -> None:
+    def __init__(self, source: str, python: str, tree: ast.Module, masked: frozenset[int]) -> None:
         self.source = source
         self.python = python
         self.tree = tree
@@ -40,8 +50,9 @@ def _where(path: str, cell: int | None, line: int | None, col: int | None = None
 
 def _check_target(target: str) -> None:
     if target not in TARGETS:
-        raise WorkbenchUsageError(f"unknown target {target!r}; expected one of "
-                                  f"{', '.join(TARGETS)}")
+        raise WorkbenchUsageError(
+            f"unknown target {target!r}; expected one of {', '.join(TARGETS)}"
+        )
 
 
 def _parse(source: str, path: str, ipython: bool, cell: int | None = None) -> _Parsed | None:
@@ -68,22 +79,29 @@ def _use_ipython(path: str, ipython: bool | None) -> bool:
 def _seeded(parsed: _Parsed, imports: Mapping[str, str] | None) -> Context | None:
     if not imports:
         return None
-    ctx = Context(imports=dict(imports),
-                  torch_aliases={name for name, qn in imports.items() if qn == "torch"})
+    ctx = Context(
+        imports=dict(imports), torch_aliases={name for name, qn in imports.items() if qn == "torch"}
+    )
     ctx.merge(collect_context(parsed.tree))
     return ctx
 
 
-def _scan_parsed(parsed: _Parsed, path: str, target: str, context: Context | None = None,
-                 cell: int | None = None) -> list[tuple[Finding, Fix | None]]:
+def _scan_parsed(
+    parsed: _Parsed, path: str, target: str, context: Context | None = None, cell: int | None = None
+) -> list[tuple[Finding, Fix | None]]:
     results = analyze(parsed.tree, parsed.python, path, target=target, context=context, cell=cell)
     # A finding on a masked (IPython) line cannot exist, but keep the invariant explicit.
     return [(f, fix) for f, fix in results if f.line not in parsed.masked]
 
 
-def scan_source(source: str, path: str = "<cell>", *, target: str = "neuron",
-                ipython: bool | None = None,
-                imports: Mapping[str, str] | None = None) -> list[Finding]:
+def scan_source(
+    source: str,
+    path: str = "<cell>",
+    *,
+    target: str = "neuron",
+    ipython: bool | None = None,
+    imports: Mapping[str, str] | None = None,
+) -> list[Finding]:
     """Scan Python source text for CUDA-only code.
 
     Parameters
@@ -207,8 +225,7 @@ def iter_source_files(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     return files
 
 
-def scan_paths(paths: Iterable[str | os.PathLike[str]], *,
-               target: str = "neuron") -> list[Finding]:
+def scan_paths(paths: Iterable[str | os.PathLike[str]], *, target: str = "neuron") -> list[Finding]:
     """Scan files and directories (directories recurse over ``*.py`` and ``*.ipynb``).
 
     Parameters
@@ -240,8 +257,9 @@ def unified_diff(old: str, new: str, path: str, label: str = "") -> str:
     return "".join(difflib.unified_diff(a, b, f"a/{path}{suffix}", f"b/{path}{suffix}"))
 
 
-def _migrate_parsed(parsed: _Parsed, path: str, target: str, context: Context | None = None,
-                    cell: int | None = None) -> tuple[str, list[Finding]]:
+def _migrate_parsed(
+    parsed: _Parsed, path: str, target: str, context: Context | None = None, cell: int | None = None
+) -> tuple[str, list[Finding]]:
     results = _scan_parsed(parsed, path, target, context, cell)
     fixes = [fix for _, fix in results if fix is not None]
     try:
@@ -254,9 +272,14 @@ def _migrate_parsed(parsed: _Parsed, path: str, target: str, context: Context | 
     return new, applied
 
 
-def migrate_source(source: str, target: str = "neuron", *, path: str = "<cell>",
-                   ipython: bool | None = None,
-                   imports: Mapping[str, str] | None = None) -> Migration:
+def migrate_source(
+    source: str,
+    target: str = "neuron",
+    *,
+    path: str = "<cell>",
+    ipython: bool | None = None,
+    imports: Mapping[str, str] | None = None,
+) -> Migration:
     """Rewrite the mechanically safe findings of ``source`` for the target device.
 
     Only these are rewritten: device strings (``"cuda:0"`` to ``"neuron:0"``), ``.cuda()`` to
@@ -292,8 +315,9 @@ def migrate_source(source: str, target: str = "neuron", *, path: str = "<cell>",
     return Migration(path, source, new, diff, applied, remaining)
 
 
-def migrate_path(path: str | os.PathLike[str], write: bool = False,
-                 target: str = "neuron") -> Migration:
+def migrate_path(
+    path: str | os.PathLike[str], write: bool = False, target: str = "neuron"
+) -> Migration:
     """Migrate a ``.py`` file or a notebook (code cells only), optionally in place.
 
     Parameters

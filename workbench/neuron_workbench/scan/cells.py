@@ -17,9 +17,18 @@ from pathlib import Path
 from neuron_workbench.errors import WorkbenchUsageError
 
 # Cell magics whose body is Python source.
-PYTHON_CELL_MAGICS = frozenset({
-    "neuron", "neuron_scan", "neuron_migrate", "time", "timeit", "capture", "prun", "debug",
-})
+PYTHON_CELL_MAGICS = frozenset(
+    {
+        "neuron",
+        "neuron_scan",
+        "neuron_migrate",
+        "time",
+        "timeit",
+        "capture",
+        "prun",
+        "debug",
+    }
+)
 
 _MAGIC_LINE = re.compile(r"^(\s*)(%|!|\?)")
 _ASSIGN_MAGIC = re.compile(r"^(\s*[\w.\[\], ]+?=\s*)[!%].*$")
@@ -53,7 +62,7 @@ def mask_ipython(source: str) -> MaskedCell | None:
     first = lines[0].strip() if lines else ""
     if first.startswith("%%"):
         name = first[2:].split(None, 1)[0] if len(first) > 2 else ""
-        args = first[2 + len(name):].split()
+        args = first[2 + len(name) :].split()
         is_py_file = name == "writefile" and any(a.endswith(".py") for a in args)
         if name not in PYTHON_CELL_MAGICS and not is_py_file:
             return None

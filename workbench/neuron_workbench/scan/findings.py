@@ -187,12 +187,17 @@ class ScanReport:
         if not self.findings:
             return "<p>neuron_scan: no findings</p>"
         head = "".join(
-            f"<th>{h}</th>" for h in ("Location", "Rule", "Severity", "Message", "Suggestion", "Fix")
+            f"<th>{h}</th>"
+            for h in ("Location", "Rule", "Severity", "Message", "Suggestion", "Fix")
         )
         rows = []
         for f in self.findings:
             cells = (
-                f.location, f.rule_id, f.severity, f.message, f.suggestion,
+                f.location,
+                f.rule_id,
+                f.severity,
+                f.message,
+                f.suggestion,
                 "auto" if f.fixable else "",
             )
             tds = "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)

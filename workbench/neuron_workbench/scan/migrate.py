@@ -35,34 +35,41 @@ class _Transformer(cst.CSTTransformer):
 
     def _lookup(self, original: cst.CSTNode) -> Fix | None:
         pos = self.get_metadata(PositionProvider, original)
-        key = (type(original).__name__, (pos.start.line, pos.start.column),
-               (pos.end.line, pos.end.column))
+        key = (
+            type(original).__name__,
+            (pos.start.line, pos.start.column),
+            (pos.end.line, pos.end.column),
+        )
         fix = self.fixes.get(key)
         if fix is not None:
             self.applied.add(key)
         return fix
 
-    def leave_SimpleString(self, original: cst.SimpleString,
-                           updated: cst.SimpleString) -> cst.BaseExpression:
+    def leave_SimpleString(
+        self, original: cst.SimpleString, updated: cst.SimpleString
+    ) -> cst.BaseExpression:
         fix = self._lookup(original)
         if fix is None or fix.kind != "string":
             return updated
-        return updated.with_changes(value=f"{updated.prefix}{updated.quote}{fix.get('new')}"
-                                          f"{updated.quote}")
+        return updated.with_changes(
+            value=f"{updated.prefix}{updated.quote}{fix.get('new')}{updated.quote}"
+        )
 
-    def leave_FormattedString(self, original: cst.FormattedString,
-                              updated: cst.FormattedString) -> cst.BaseExpression:
+    def leave_FormattedString(
+        self, original: cst.FormattedString, updated: cst.FormattedString
+    ) -> cst.BaseExpression:
         fix = self._lookup(original)
         if fix is None or fix.kind != "fstring" or not updated.parts:
             return updated
         head = updated.parts[0]
         if not isinstance(head, cst.FormattedStringText) or not head.value.startswith("cuda"):
             return updated
-        new_head = head.with_changes(value=fix.get("new") + head.value[len("cuda"):])
+        new_head = head.with_changes(value=fix.get("new") + head.value[len("cuda") :])
         return updated.with_changes(parts=[new_head, *updated.parts[1:]])
 
-    def leave_Attribute(self, original: cst.Attribute,
-                        updated: cst.Attribute) -> cst.BaseExpression:
+    def leave_Attribute(
+        self, original: cst.Attribute, updated: cst.Attribute
+    ) -> cst.BaseExpression:
         fix = self._lookup(original)
         if fix is None:
             return updated
@@ -79,20 +86,26 @@ class _Transformer(cst.CSTTransformer):
         if fix is None:
             return updated
         if fix.kind == "cuda_method" and isinstance(updated.func, cst.Attribute):
-            kept = [a for a in updated.args if a.keyword is not None and a.keyword.value != "device"]
+            kept = [
+                a for a in updated.args if a.keyword is not None and a.keyword.value != "device"
+            ]
             args = [cst.Arg(_string(fix.get("new"))), *_plain_args(kept)]
-            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
-                                        args=args)
+            return updated.with_changes(
+                func=updated.func.with_changes(attr=cst.Name("to")), args=args
+            )
         if fix.kind == "autocast_call":
             # torch.cuda.amp.autocast(enabled, dtype, cache_enabled): name positional arguments,
             # because torch.autocast's second positional parameter is dtype.
             args = []
             for i, arg in enumerate(updated.args):
                 if arg.keyword is None and arg.star == "":
-                    arg = arg.with_changes(keyword=cst.Name(_CUDA_AUTOCAST_POSITIONAL[i]),
-                                           equal=cst.AssignEqual(
-                                               whitespace_before=cst.SimpleWhitespace(""),
-                                               whitespace_after=cst.SimpleWhitespace("")))
+                    arg = arg.with_changes(
+                        keyword=cst.Name(_CUDA_AUTOCAST_POSITIONAL[i]),
+                        equal=cst.AssignEqual(
+                            whitespace_before=cst.SimpleWhitespace(""),
+                            whitespace_after=cst.SimpleWhitespace(""),
+                        ),
+                    )
                 args.append(arg)
             return updated.with_changes(
                 func=cst.parse_expression(fix.get("func")),

@@ -19,13 +19,19 @@ HELP = "Rewrite the mechanically safe CUDA-isms (device strings, .cuda(), torch.
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``migrate`` options to its subparser."""
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help=".py files, notebooks, or directories")
+    parser.add_argument(
+        "paths", nargs="+", metavar="PATH", help=".py files, notebooks, or directories"
+    )
     parser.add_argument("--write", action="store_true", help="rewrite the files in place")
-    parser.add_argument("--target", choices=("neuron", "tpu"), default="neuron",
-                        help="device to migrate to (default: neuron)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if any file would change (nothing is written)")
+    parser.add_argument(
+        "--target",
+        choices=("neuron", "tpu"),
+        default="neuron",
+        help="device to migrate to (default: neuron)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if any file would change (nothing is written)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(f"{path}: no changes\n")
     verb = "would change" if args.check or not args.write else "changed"
-    sys.stdout.write(f"{rewritten} rewritten, {changed} file(s) {verb}; left for you: "
-                     f"{summary_line(remaining)} (see `neuron-workbench scan`)\n")
+    sys.stdout.write(
+        f"{rewritten} rewritten, {changed} file(s) {verb}; left for you: "
+        f"{summary_line(remaining)} (see `neuron-workbench scan`)\n"
+    )
     return 1 if args.check and changed else 0

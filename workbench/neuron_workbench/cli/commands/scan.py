@@ -29,26 +29,50 @@ def _rule_list(text: str) -> set[str]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``scan`` options to its subparser."""
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="files or directories (directories recurse over *.py and *.ipynb)")
-    parser.add_argument("--json", metavar="F", dest="json_path",
-                        help='also write the findings as JSON to F ("-" for stdout, which then '
-                        "replaces the text output)")
-    parser.add_argument("--fail-on", choices=sorted(SEVERITY_ORDER, key=SEVERITY_ORDER.get),
-                        default="error",
-                        help="exit 1 when a finding has this severity or worse (default: error)")
-    parser.add_argument("--target", choices=("neuron", "tpu"), default="neuron",
-                        help="device the suggestions are written for (default: neuron)")
-    parser.add_argument("--ignore", type=_rule_list, default=set(), metavar="IDS",
-                        help="comma-separated rule ids to leave out, e.g. NW191,NW120")
-    parser.add_argument("--no-help", action="store_true",
-                        help="print only the finding lines, without the suggested change")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or directories (directories recurse over *.py and *.ipynb)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="F",
+        dest="json_path",
+        help='also write the findings as JSON to F ("-" for stdout, which then '
+        "replaces the text output)",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=sorted(SEVERITY_ORDER, key=SEVERITY_ORDER.get),
+        default="error",
+        help="exit 1 when a finding has this severity or worse (default: error)",
+    )
+    parser.add_argument(
+        "--target",
+        choices=("neuron", "tpu"),
+        default="neuron",
+        help="device the suggestions are written for (default: neuron)",
+    )
+    parser.add_argument(
+        "--ignore",
+        type=_rule_list,
+        default=set(),
+        metavar="IDS",
+        help="comma-separated rule ids to leave out, e.g. NW191,NW120",
+    )
+    parser.add_argument(
+        "--no-help",
+        action="store_true",
+        help="print only the finding lines, without the suggested change",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Scan, print, optionally write JSON, and return the exit code."""
-    findings = [f for f in scan_paths(args.paths, target=args.target)
-                if f.rule_id not in args.ignore]
+    findings = [
+        f for f in scan_paths(args.paths, target=args.target) if f.rule_id not in args.ignore
+    ]
     report = ScanReport(tuple(findings), args.target)
     if args.json_path == "-":
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -56,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(report.to_text(suggestions=not args.no_help) + "\n")
         if args.json_path:
             try:
-                Path(args.json_path).write_text(json.dumps(report.to_dict(), indent=2) + "\n",
-                                                encoding="utf-8")
+                Path(args.json_path).write_text(
+                    json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
+                )
             except OSError as exc:
                 raise WorkbenchUsageError(f"cannot write {args.json_path}: {exc}") from None
     return 1 if report.at_least(args.fail_on) else 0
