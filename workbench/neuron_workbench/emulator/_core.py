@@ -402,10 +402,22 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     kind, ret_alias, resync, share, exempt, numerics, to_cpu, base, overload = plan
 
     if kind == K_DECOMP:
+        _events.begin_tentative()
         try:
-            return func._op_dk(_CEA, *args, **kwargs)
+            out = func._op_dk(_CEA, *args, **kwargs)
         except GrowthError:
+            # The composite grows an empty(0) out= tensor, which a Python backend cannot do:
+            # run the whole op on CPU instead, from now on.
+            _events.end_tentative(False)
+            plan = (K_FALLBACK, *plan[1:])
+            _PLANS[func] = plan
             kind = K_FALLBACK
+        except BaseException:
+            _events.end_tentative(True)
+            raise
+        else:
+            _events.end_tentative(True)
+            return out
 
     # unwrap (no pytree: ATen args are at most lists of tensors)
     cargs = []
@@ -464,11 +476,11 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
         out = fn(*cargs, **ckw)
     if kind == K_FALLBACK:
         dt = _perf() - t0
+        warning = None
         if DEVICE_TYPE == "tpu" and TPU_WARN_EVERY_CALL:
-            sys.stderr.write(
-                f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
-            )
-        _events.record_event(f"aten::{base}", overload, args, dt)
+            # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
+            warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
+        _events.record_event(f"aten::{base}", overload, args, dt, warning)
 
     if post is not None:
         _narrow_outputs(out, post)
@@ -525,6 +537,8 @@ def _resync(w: EmulatedTensor) -> None:
         try:
             torch.ops.aten.as_strided_.default(w, e.size(), e.stride(), e.storage_offset())
         except RuntimeError as exc:
+            # Put the payload back to the wrapper's geometry so the tensor stays consistent.
+            e.as_strided_(w.size(), w.stride(), w.storage_offset())
             raise GrowthError(
                 f"emulated {DEVICE_TYPE}: cannot grow a tensor in place (resize_, set_ or out= "
                 f"to a larger size: {tuple(w.shape)} -> {tuple(e.shape)}); a Python backend "

@@ -22,8 +22,9 @@ def autoload() -> None:
 
     try:
         from neuron_workbench.emulator import emulate
+        from neuron_workbench.emulator.runner import options_from_env
 
-        emulate(device)
+        emulate(device, **options_from_env())
     except Exception as exc:  # never break `import torch`; say why and carry on
         sys.stderr.write(f"neuron-workbench: {ENV}={device} ignored: {exc}\n")
         return

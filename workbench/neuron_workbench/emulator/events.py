@@ -280,7 +280,33 @@ def _shape_dtype(args: Any) -> tuple[list[list[int]], list[str]]:
     return shapes, dtypes
 
 
-def record_event(op: str, overload: str, args: Any, seconds: float) -> None:
+_tls = threading.local()
+
+
+def begin_tentative() -> None:
+    """Hold back events until :func:`end_tentative` (a decomposition that may be abandoned)."""
+    stack = getattr(_tls, "pending", None)
+    if stack is None:
+        stack = _tls.pending = []
+    stack.append([])
+
+
+def end_tentative(commit: bool) -> None:
+    """Emit (or drop) the events held since the matching :func:`begin_tentative`."""
+    stack = _tls.pending
+    held = stack.pop()
+    if not commit:
+        return
+    if stack:
+        stack[-1].extend(held)
+    else:
+        for emit in held:
+            emit()
+
+
+def record_event(
+    op: str, overload: str, args: Any, seconds: float, warning: str | None = None
+) -> None:
     """Record one fallback call (called from the dispatch hot path only for fallbacks)."""
     node = torch._C._current_autograd_node()
     if node is not None:
@@ -316,6 +342,15 @@ def record_event(op: str, overload: str, args: Any, seconds: float) -> None:
             autograd_node=node_name,
         )
 
-    _PROCESS_LOG._add(key, make, seconds)
-    for log in _active:
-        log._add(key, make, seconds)
+    def emit() -> None:
+        if warning:
+            sys.stderr.write(warning)
+        _PROCESS_LOG._add(key, make, seconds)
+        for log in _active:
+            log._add(key, make, seconds)
+
+    pending = getattr(_tls, "pending", None)
+    if pending:
+        pending[-1].append(emit)
+    else:
+        emit()

@@ -55,6 +55,18 @@ def write_report_at_exit(path: str) -> None:
     atexit.register(_write, path)
 
 
+def options_from_env() -> dict[str, Any]:
+    """``emulate()`` options passed by the ``emulate`` command through the environment."""
+    opts: dict[str, Any] = {}
+    fb = os.environ.get("NEURON_WORKBENCH_EMULATE_CPU_FALLBACK")
+    if fb:
+        opts["cpu_fallback"] = fb.strip().lower() in ("1", "true", "yes", "on")
+    cov = os.environ.get("NEURON_WORKBENCH_EMULATE_COVERAGE")
+    if cov:
+        opts["coverage"] = cov
+    return opts
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the program's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -67,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     device, rest = argv[0], argv[1:]
     from neuron_workbench.emulator import emulate
 
-    emulate(device)
+    emulate(device, **options_from_env())
     report = os.environ.get("NEURON_WORKBENCH_EMULATE_REPORT")
     if report:
         write_report_at_exit(report)
