@@ -20,6 +20,40 @@ from neuron_workbench.backends.base import (
     MemoryStats,
 )
 
+_BACKWARD_PROBED: dict[str, str] = {}
+
+
+def _check_emulated_backward(device_type: str) -> None:
+    """Fail clearly if autograd cannot reach the emulated device in this process.
+
+    PyTorch's autograd engine sizes its per-device queues once, at the first backward pass of the
+    process. If that happened before the emulator registered its device, every backward on it trips
+    an internal assert; the only cure is a fresh process with the emulator installed first.
+    """
+    if device_type not in _BACKWARD_PROBED:
+        import torch
+
+        from neuron_workbench.errors import BackendUnavailable
+
+        probe = torch.ones(1, device=device_type, requires_grad=True)
+        try:
+            (probe * 2).sum().backward()
+            _BACKWARD_PROBED[device_type] = ""
+        except RuntimeError as exc:
+            if "device_ready_queues_" not in str(exc):
+                raise
+            _BACKWARD_PROBED[device_type] = (
+                f"emulated {device_type} cannot run backward passes in this process: autograd "
+                "started before the emulator was installed. Restart the kernel and run "
+                "`%load_ext neuron_workbench` (or set NEURON_WORKBENCH_EMULATE) before any "
+                "training code"
+            )
+            raise BackendUnavailable(_BACKWARD_PROBED[device_type]) from None
+    if _BACKWARD_PROBED[device_type]:
+        from neuron_workbench.errors import BackendUnavailable
+
+        raise BackendUnavailable(_BACKWARD_PROBED[device_type])
+
 
 class AcceleratorBackend(Backend):
     """A PrivateUse1 device that is either real (vendor SDK) or emulated (pure Python)."""
@@ -65,6 +99,7 @@ class AcceleratorBackend(Backend):
             from neuron_workbench import emulator
 
             emulator.emulate(self.name)
+            _check_emulated_backward(self.name)
 
     def _device_module(self) -> Any:
         import torch

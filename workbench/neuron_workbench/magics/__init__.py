@@ -10,10 +10,19 @@ MAGICS = (("neuron_workbench.magics.neuron", "NeuronMagics"),)
 
 
 def register(shell: Any) -> None:
-    """Register every workbench magic on ``shell`` and make it configurable with ``%config``."""
+    """Register every workbench magic on ``shell`` and make it configurable with ``%config``.
+
+    The default target's emulated device (if it will be emulated) is installed right away: PyTorch's
+    autograd engine only learns about devices registered before its first backward pass.
+    """
+    instances = []
     for module_name, class_name in MAGICS:
         cls = getattr(importlib.import_module(module_name), class_name)
         instance = cls(shell=shell)
         shell.register_magics(instance)
         if instance not in shell.configurables:
             shell.configurables.append(instance)
+        instances.append(instance)
+    from neuron_workbench.magics.neuron import prepare_target
+
+    prepare_target(instances[0].target)

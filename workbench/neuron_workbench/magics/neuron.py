@@ -17,6 +17,20 @@ from neuron_workbench.report.driver import KEEP_CHOICES, CompareOptions, compare
 from neuron_workbench.run import ResidentObjects, compile_cell
 
 
+def prepare_target(name: str) -> None:
+    """Activate ``name`` once if it is an emulated device; problems surface later, in the magic."""
+    from neuron_workbench.backends import get_backend
+    from neuron_workbench.errors import WorkbenchError
+
+    try:
+        backend = get_backend(name)
+        if backend.availability().emulated:
+            with backend.session():
+                pass
+    except WorkbenchError:
+        pass
+
+
 def _capture() -> Any:
     return capture_output(stdout=True, stderr=True, display=True)
 

@@ -155,6 +155,8 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
 def _site_text(event: dict[str, Any]) -> str:
     site = event.get("site")
     if isinstance(site, dict) and site.get("file"):
+        if str(site["file"]).startswith("<neuron-cell"):
+            return f"cell line {site.get('line', '?')}"
         return f"{site['file']}:{site.get('line', '?')}"
     return str(event.get("autograd_node") or "")
 

@@ -108,25 +108,28 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
 
     The namespace is unchanged afterwards. ``KeyboardInterrupt`` restores it and propagates.
     """
+    with backend.session():  # the device must exist (emulator installed) before copies move to it
+        return _execute_in_session(spec, backend, run_id)
+
+
+def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> Run:
     ns = spec.namespace
     saved = dict(ns)
-    device = backend.device
-    inputs = referenced_names(spec.program, ns)
-    copies, shared = isolate(ns, inputs)
-    for name, value in copies.items():
-        copies[name] = move_to_device(value, device, force=saved[name] in spec.resident)
-    ns.update(copies)
-    before_run = dict(ns)
-    versions = {name: version_signature(value) for name, value in copies.items()}
     default_device = torch.get_default_device()
-    info: BackendInfo | None = None
+    info: BackendInfo = backend.info()
     run: Run
     captured: Captured | None = None
     recording = None
+    shared: list[str] = []
     try:
+        inputs = referenced_names(spec.program, ns)
+        copies, shared = isolate(ns, inputs)
+        for name, value in copies.items():
+            copies[name] = move_to_device(value, backend.device, force=saved[name] in spec.resident)
+        ns.update(copies)
+        before_run = dict(ns)
+        versions = {name: version_signature(value) for name, value in copies.items()}
         with contextlib.ExitStack() as stack:
-            stack.enter_context(backend.session())
-            info = backend.info()
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
             stack.enter_context(cuda_remapped_to(backend))
@@ -148,8 +151,7 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
     except KeyboardInterrupt:
         raise
     except (Exception, SystemExit) as exc:  # the cell's own error: reported, never raised
-        error = RunError.from_exception(exc, spec.program.filename)
-        run = Run(backend=info or _fallback_info(backend), error=error)
+        run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))
         if recording is not None:
             run.fallbacks = recording.events
     finally:
@@ -162,16 +164,6 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
         run.stdout, run.stderr = captured.stdout, captured.stderr
         spec.captured[run_id or backend.name] = captured
     return run
-
-
-def _fallback_info(backend: Backend) -> BackendInfo:
-    avail = backend.availability()
-    return BackendInfo(
-        name=backend.name,
-        device=str(backend.device) if avail else "",
-        device_name="",
-        emulated=avail.emulated,
-    )
 
 
 def _collect(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -155,16 +156,22 @@ def _cuda_module_shims(backend: Backend) -> dict[str, Any]:
         # Not torch.manual_seed: it calls torch.cuda.manual_seed_all, which is this function.
         backend.manual_seed(int(seed))
 
-    def noop(*args: Any, **kwargs: Any) -> None:
+    def init() -> None:
+        return None
+
+    def set_device(device: Any) -> None:
+        return None
+
+    def empty_cache() -> None:
         return None
 
     return {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
-        "init": noop,
+        "init": init,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
-        "set_device": noop,
+        "set_device": set_device,
         "synchronize": synchronize,
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
@@ -179,11 +186,28 @@ def _cuda_module_shims(backend: Backend) -> dict[str, Any]:
         "max_memory_reserved": max_memory_allocated,
         "reset_peak_memory_stats": reset_peak_memory_stats,
         "reset_max_memory_allocated": reset_peak_memory_stats,
-        "empty_cache": noop,
+        "empty_cache": empty_cache,
         "get_device_name": get_device_name,
         "is_bf16_supported": lambda *args, **kwargs: True,
         "Event": HostEvent,
     }
+
+
+class _CudaModuleShim(types.ModuleType):
+    """What ``torch.cuda`` resolves to during a run: the shims, then the real module for the rest.
+
+    Only the ``torch.cuda`` attribute of the ``torch`` package is swapped, never
+    ``sys.modules["torch.cuda"]``: PyTorch internals (TorchDynamo's tracing rules, for one) look
+    functions up there and must keep seeing the real ones.
+    """
+
+    def __init__(self, real: types.ModuleType, shims: dict[str, Any]) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self.__dict__.update(shims)
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
 
 
 @contextlib.contextmanager
@@ -236,7 +260,8 @@ def cuda_remapped_to(backend: Backend) -> Iterator[None]:
     autocast_cls = torch.amp.autocast_mode.autocast
     scaler_cls = torch.amp.grad_scaler.GradScaler
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_patched_attributes(torch.cuda, _cuda_module_shims(backend)))
+        shim = _CudaModuleShim(torch.cuda, _cuda_module_shims(backend))
+        stack.enter_context(_patched_attributes(torch, {"cuda": shim}))
         stack.enter_context(
             _patched_attributes(
                 autocast_cls, {"__init__": _autocast_init(target, autocast_cls.__init__)}

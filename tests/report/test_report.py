@@ -1,0 +1,69 @@
+import json
+
+import torch
+
+from neuron_workbench.backends import BackendInfo
+from neuron_workbench.compare import compare_outputs
+from neuron_workbench.report import Report, render_page, render_report_html
+from neuron_workbench.run import Run, RunError
+
+CPU = BackendInfo("cpu", "cpu", "host")
+NEURON = BackendInfo(
+    "neuron",
+    "neuron:0",
+    "emulated neuron (host CPU)",
+    emulated=True,
+    details={"profile": "neuron-2026-04"},
+)
+
+
+def make(ref_out, target_out, **kw):
+    ref = Run(CPU, outputs=ref_out, wall_time_s=0.01)
+    target = Run(NEURON, outputs=target_out, wall_time_s=0.02, **kw)
+    return Report(ref, target, compare_outputs(ref_out, target_out), cell_source="x = 1")
+
+
+def test_pass_summary_has_counts_and_no_timing():
+    report = make({"a": torch.ones(2), "b": 1}, {"a": torch.ones(2), "b": 1})
+    assert report.summary() == "PASS neuron (emulated) vs cpu — 2 outputs, 2 match"
+    assert bool(report)
+
+
+def test_fail_summary_names_the_first_failure_and_counts_fallbacks():
+    events = [{"op": "aten::sort", "count": 2}, {"op": "aten::max_pool2d_with_indices", "count": 1}]
+    report = make(
+        {"a": torch.zeros(2), "b": torch.zeros(1), "c": 1},
+        {"a": torch.full((2,), 3.1e-3), "b": torch.ones(1), "c": 1},
+        fallbacks=events,
+    )
+    assert report.summary() == (
+        "FAIL neuron (emulated) vs cpu — 3 outputs, 1 match, 2 differ: a max|Δ| 3.1e-03 > 1.0e-05"
+        " (+1 more); 2 ops fell back to CPU"
+    )
+    assert not report
+
+
+def test_error_summary_names_backend_error_and_line():
+    ref = Run(CPU, outputs={})
+    target = Run(NEURON, error=RunError("RuntimeError", "boom\nmore", 4, "x.sort()"))
+    report = Report(ref, target, None)
+    assert (
+        report.summary()
+        == "ERROR neuron (emulated) vs cpu — neuron raised RuntimeError: boom (cell line 4)"
+    )
+    assert report.verdict == "ERROR" and not report
+
+
+def test_dict_is_json_and_html_escapes_user_strings():
+    probe = "<script>alert(1)</script>"
+    report = make({probe: torch.ones(1)}, {probe: torch.zeros(1)})
+    report.cell_source = probe
+    report.ref.stdout = probe
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["verdict"] == "FAIL" and data["target"]["backend"]["emulated"] is True
+    html = render_report_html(data)
+    page = render_page([data])
+    for text in (html, page):
+        assert "<script>" not in text
+        assert "&lt;script&gt;" in text
+    assert "host CPU time" in html

@@ -1,0 +1,60 @@
+import torch
+
+from neuron_workbench.backends import get_backend
+from neuron_workbench.run import LAST_EXPRESSION, RunSpec, commit, compile_cell, execute
+
+
+def _ns(**values):
+    ns = {"__name__": "__main__", "torch": torch}
+    ns.update(values)
+    return ns
+
+
+def test_run_leaves_namespace_untouched_and_reports_outputs():
+    weights = torch.ones(3)
+    ns = _ns(weights=weights, unrelated=torch.zeros(2))
+    program = compile_cell("weights.mul_(2)\nnew = weights.sum()\nnew * 1")
+    run = execute(RunSpec(program, ns), get_backend("cpu"))
+    assert run.ok
+    assert ns["weights"] is weights and torch.equal(weights, torch.ones(3))
+    assert "new" not in ns
+    assert set(run.outputs) == {"new", "weights", LAST_EXPRESSION}  # weights was mutated in place
+    assert float(run.outputs["new"]) == 6.0
+    commit(ns, run)
+    assert torch.equal(ns["weights"], torch.full((3,), 2.0)) and float(ns["new"]) == 6.0
+
+
+def test_error_is_recorded_with_its_cell_line_and_namespace_restored():
+    ns = _ns(a=1)
+    program = compile_cell("a = 2\nb = 3\nraise RuntimeError('boom')")
+    run = execute(RunSpec(program, ns), get_backend("cpu"))
+    assert not run.ok
+    assert (run.error.type, run.error.message, run.error.lineno) == ("RuntimeError", "boom", 3)
+    assert run.error.line == "raise RuntimeError('boom')"
+    assert ns["a"] == 1 and "b" not in ns
+
+
+def test_each_run_starts_from_the_same_seed():
+    program = compile_cell("sample = torch.rand(4)")
+    first = execute(RunSpec(program, _ns(), seed=7), get_backend("cpu"))
+    second = execute(RunSpec(program, _ns(), seed=7), get_backend("cpu"))
+    other = execute(RunSpec(program, _ns(), seed=8), get_backend("cpu"))
+    assert torch.equal(first.outputs["sample"], second.outputs["sample"])
+    assert not torch.equal(first.outputs["sample"], other.outputs["sample"])
+
+
+def test_uncopyable_values_are_shared_and_named():
+    def numbers():
+        yield from range(10)
+
+    ns = _ns(stream=numbers())
+    run = execute(RunSpec(compile_cell("first = next(stream)"), ns), get_backend("cpu"))
+    assert run.ok and run.shared_names == ["stream"]
+
+
+def test_deleted_names_are_reported_and_committed():
+    ns = _ns(tmp=torch.ones(1))
+    run = execute(RunSpec(compile_cell("del tmp"), ns), get_backend("cpu"))
+    assert run.deleted == ["tmp"] and "tmp" in ns
+    commit(ns, run)
+    assert "tmp" not in ns

@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from neuron_workbench.backends import get_backend
+from neuron_workbench.run.remap import cuda_remapped_to, remap_device
+
+
+@pytest.mark.parametrize(
+    ("value", "target", "expected"),
+    [
+        ("cuda", "neuron", "neuron"),
+        ("cuda:0", "neuron", "neuron:0"),
+        ("cuda:1", "tpu", "tpu:1"),
+        ("cuda:1", "cpu", "cpu"),
+        (torch.device("cuda", 0), "cpu", torch.device("cpu")),
+        ("cpu", "neuron", "cpu"),
+        ("cudafoo", "neuron", "cudafoo"),
+        (3, "neuron", 3),
+    ],
+)
+def test_remap_device(value, target, expected):
+    assert remap_device(value, target) == expected
+
+
+def test_remap_device_objects_to_an_accelerator():
+    assert remap_device(torch.device("cuda"), "neuron") == torch.device("neuron")
+    assert remap_device(torch.device("cuda", 0), "neuron") == torch.device("neuron", 0)
+
+
+def test_cuda_idioms_land_on_the_cpu_backend():
+    cpu = get_backend("cpu")
+    with cuda_remapped_to(cpu):
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = torch.nn.Linear(3, 2).to(device)
+        model.cuda()
+        x = torch.randn(2, 3, device="cuda").cuda()
+        y = torch.zeros(2).to("cuda:0")
+        assert x.is_cuda  # answers for the run's device
+        with torch.autocast("cuda"):
+            out = model(x)
+        scaler = torch.amp.GradScaler()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        end.record()
+        assert end.query() and start.elapsed_time(end) >= 0
+    assert model.weight.device.type == "cpu" and y.device.type == "cpu"
+    assert out.dtype == torch.float16  # CUDA's autocast default, not CPU's bfloat16
+    assert scaler._device == "cpu"
+    # everything is put back
+    assert torch.cuda.is_available() is False or torch.backends.cuda.is_built()
+    assert torch.cuda.Event is not None and torch.cuda.synchronize.__module__ == "torch.cuda"
+
+
+def test_cuda_idioms_land_on_the_emulated_neuron_device():
+    neuron = get_backend("neuron")
+    with neuron.session(), cuda_remapped_to(neuron):
+        model = torch.nn.Linear(3, 2).cuda()
+        x = torch.ones(4, 3, device=torch.device("cuda"))
+        t = torch.tensor([1.0, 2.0], device="cuda:0")
+        with torch.cuda.amp.autocast():
+            out = model(x)
+        torch.cuda.manual_seed(1)
+        a = torch.rand(2, device="cuda")
+        torch.cuda.manual_seed(1)
+        b = torch.rand(2, device="cuda")
+    assert model.weight.device.type == "neuron"
+    assert x.device.type == t.device.type == out.device.type == "neuron"
+    assert out.dtype == torch.float16
+    assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_set_default_device_is_not_leaked_by_a_run(ip):
+    from neuron_workbench.testing import run_cell
+
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron\nimport torch\ntorch.set_default_device('cuda')\nq = torch.ones(1)",
+    )
+    assert torch.get_default_device().type == "cpu"
+    assert ip.user_ns["q"].device.type == "cpu"
