@@ -806,10 +806,10 @@ class _Scanner(ast.NodeVisitor):
     def visit_Dict(self, node: ast.Dict) -> None:
         for key, value in zip(node.keys, node.values):
             key_text = _str_value(key)
-            if key_text is not None and "device" in key_text.lower():
-                self.check_device(value, where=f'"{key_text}" entry')
-            elif key_text in _CUDA_ENV:
+            if key_text in _CUDA_ENV:
                 self._env(key)
+            elif key_text is not None and "device" in key_text.lower():
+                self.check_device(value, where=f'"{key_text}" entry')
         self.generic_visit(node)
 
     def visit_Compare(self, node: ast.Compare) -> None:

@@ -247,14 +247,15 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, target: str = "neuron
 
 
 def unified_diff(old: str, new: str, path: str, label: str = "") -> str:
-    """A unified diff between two texts, headed ``a/PATH`` and ``b/PATH``."""
+    """A unified diff between two texts, headed ``a/PATH`` and ``b/PATH`` (plain PATH if absolute)."""
     a = old.splitlines(keepends=True)
     b = new.splitlines(keepends=True)
     for lines in (a, b):
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
     suffix = f" ({label})" if label else ""
-    return "".join(difflib.unified_diff(a, b, f"a/{path}{suffix}", f"b/{path}{suffix}"))
+    before, after = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
+    return "".join(difflib.unified_diff(a, b, before + suffix, after + suffix))
 
 
 def _migrate_parsed(

@@ -90,8 +90,11 @@ class _Transformer(cst.CSTTransformer):
                 a for a in updated.args if a.keyword is not None and a.keyword.value != "device"
             ]
             args = [cst.Arg(_string(fix.get("new"))), *_plain_args(kept)]
+            changes = {}
+            if not updated.args:  # `.cuda( )` becomes `.to("neuron")`, not `.to( "neuron")`
+                changes["whitespace_before_args"] = cst.SimpleWhitespace("")
             return updated.with_changes(
-                func=updated.func.with_changes(attr=cst.Name("to")), args=args
+                func=updated.func.with_changes(attr=cst.Name("to")), args=args, **changes
             )
         if fix.kind == "autocast_call":
             # torch.cuda.amp.autocast(enabled, dtype, cache_enabled): name positional arguments,
