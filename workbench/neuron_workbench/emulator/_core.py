@@ -329,7 +329,7 @@ def _make_plan(func: Any) -> tuple:
         kind = K_IMPL
     elif ns != "aten" or view or base in _INTERNAL or is_native(func):
         kind = K_RUN
-    elif base not in _NO_DECOMP and not mutates and func.has_kernel_for_dispatch_key(_CEA):
+    elif base not in _NO_DECOMP and func.has_kernel_for_dispatch_key(_CEA):
         # The real dispatcher runs a CompositeExplicitAutograd kernel on the device when the
         # backend has no kernel of its own: check its pieces op by op. (Structured
         # CompositeExplicitAutogradNonFunctional wrappers only reach the same op's out= form.)
