@@ -36,3 +36,15 @@ def test_referenced_names_follow_notebook_functions_and_classes():
     names = referenced_names(program, ns)
     assert {"step", "helper", "model", "trainer", "opt"} <= names
     assert "unused" not in names
+
+
+def test_names_bound_before_use_are_not_inputs():
+    ns = {"__name__": "__main__", "model": object(), "x": 1, "f": None}
+    exec("def uses_model():\n    return model\n", ns)
+    program = compile_cell("model = 3\nmodel + 1\nx = x + 1\nuses_model()")
+    names = referenced_names(program, ns)
+    assert "x" in names  # read before its own assignment
+    assert "model" not in names  # bound by the cell first, also for the function called later
+    assert "uses_model" in names
+    late = compile_cell("uses_model()\nmodel = 3")
+    assert "model" in referenced_names(late, ns)

@@ -31,8 +31,10 @@ class CellProgram:
         The trailing expression, evaluated separately so the magic can return its value.
     last_expr_name : str or None
         The variable name when the trailing expression is just a name (``logits``).
-    read_names : frozenset of str
-        Every global name the cell loads, including inside functions it defines.
+    read_names : dict of str to frozenset of str
+        Each global name the cell may read before binding it itself, mapped to the names the cell has
+        definitely bound by then (used to prune what notebook functions reach). Reads inside
+        functions and classes the cell defines count at the definition.
     """
 
     source: str
@@ -40,7 +42,7 @@ class CellProgram:
     body: CodeType
     last_expr: CodeType | None
     last_expr_name: str | None
-    read_names: frozenset[str]
+    read_names: dict[str, frozenset[str]]
 
 
 def compile_cell(
@@ -59,7 +61,7 @@ def compile_cell(
         ) from None
     if transform_ast is not None:
         tree = transform_ast(tree)
-    read_names = frozenset(_loaded_names(tree))
+    read_names = _names_read_before_bound(tree)
     last_expr = None
     last_expr_name = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -74,12 +76,54 @@ def compile_cell(
     return CellProgram(source, filename, body, last_expr, last_expr_name, read_names)
 
 
-def _loaded_names(tree: ast.AST) -> Iterable[str]:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            yield node.id
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            yield from node.names
+def _names_read_before_bound(tree: ast.Module) -> dict[str, frozenset[str]]:
+    """Names a statement reads that no earlier top-level statement has definitely bound.
+
+    ``model = Net()`` followed by ``model(x)`` never reads the notebook's old ``model``, so it need
+    not be copied for each run; ``x = x + 1`` does read it.
+    """
+    bound: set[str] = set()
+    reads: dict[str, frozenset[str]] = {}
+    for stmt in tree.body:
+        loads = set()
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
+                loads.add(node.id)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                loads.add(node.target.id)
+            elif isinstance(node, ast.Global | ast.Nonlocal):
+                loads.update(node.names)
+        snapshot = frozenset(bound)
+        for name in loads - bound:
+            reads.setdefault(name, snapshot)
+        bound |= _definitely_bound(stmt)
+    return reads
+
+
+def _definitely_bound(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement always binds when it completes."""
+    names: set[str] = set()
+    if isinstance(stmt, ast.Assign):
+        for target in stmt.targets:
+            names |= _target_names(target)
+    elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        names |= _target_names(stmt.target)
+    elif isinstance(stmt, ast.Import | ast.ImportFrom):
+        for alias in stmt.names:
+            names.add(alias.asname or alias.name.split(".")[0])
+    elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        names.add(stmt.name)
+    return names
+
+
+def _target_names(target: ast.expr) -> set[str]:
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Tuple | ast.List):
+        return set().union(*(_target_names(e) for e in target.elts)) if target.elts else set()
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return set()  # attribute or subscript targets mutate an object, they bind no name
 
 
 def _code_names(code: CodeType) -> Iterable[str]:
@@ -115,14 +159,15 @@ def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[
     through their code's global names.
     """
     seen: set[str] = set()
-    todo = list(program.read_names)
+    todo = [(name, bound) for name, bound in program.read_names.items()]
     while todo:
-        name = todo.pop()
-        if name in seen:
+        name, bound = todo.pop()
+        if name in seen or name in bound:
             continue
         seen.add(name)
         if name not in namespace:
             continue
         for func in _user_functions(namespace[name], namespace):
-            todo.extend(n for n in _code_names(func.__code__) if n not in seen)
+            # a function reached after the cell rebound a name sees the cell's value, not the old one
+            todo.extend((n, bound) for n in _code_names(func.__code__) if n not in seen)
     return seen

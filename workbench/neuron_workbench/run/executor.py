@@ -115,7 +115,7 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
 def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> Run:
     ns = spec.namespace
     saved = dict(ns)
-    default_device = torch.get_default_device()
+    default_device = _default_device_setting()
     info: BackendInfo = backend.info()
     run: Run
     captured: Captured | None = None
@@ -155,7 +155,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         if recording is not None:
             run.fallbacks = recording.events
     finally:
-        torch.set_default_device(default_device)
+        if _default_device_setting() != default_device:
+            torch.set_default_device(default_device)
         for name in [n for n in ns if n not in saved]:
             del ns[name]
         ns.update(saved)
@@ -164,6 +165,16 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.stdout, run.stderr = captured.stdout, captured.stderr
         spec.captured[run_id or backend.name] = captured
     return run
+
+
+def _default_device_setting() -> torch.device | None:
+    """What ``torch.set_default_device`` last set (None when unset).
+
+    Not ``torch.get_default_device()``: restoring "cpu" through ``set_default_device`` would install
+    a global device mode that sends every later torch call through Python.
+    """
+    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return None if context is None else context.device
 
 
 def _collect(
