@@ -38,3 +38,9 @@ def run_python(code: str, *, env: dict | None = None, timeout: int = 120, args: 
         timeout=timeout,
         cwd=str(ROOT),
     )
+
+
+@pytest.fixture(scope="session")
+def run_py():
+    """The :func:`run_python` helper, as a fixture (tests here are not a package)."""
+    return run_python

@@ -1,0 +1,84 @@
+"""neuron numerics: float64 computed as float32, int64 arithmetic as int32, bf16 what-if policy."""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_workbench.emulator import configure, status
+
+
+def test_float64_is_computed_as_float32():
+    a = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    b = torch.tensor([1e-10, 1.0 / 3.0], dtype=torch.float64)
+    got = (a.to("neuron") + b.to("neuron")).cpu()
+    assert got.dtype == torch.float64  # stored as float64
+    expected = (a.float() + b.float()).double()  # with float32 precision
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, a + b)
+    # copies are exact: storage keeps float64 bits
+    x = torch.tensor([1 + 2**-40], dtype=torch.float64)
+    assert torch.equal(x.to("neuron").cpu(), x)
+    # inputs are rounded too: x - 1 is 0 in float32 arithmetic
+    assert (x.to("neuron") - 1).item() == 0.0
+    assert ((x - 1).item()) != 0.0
+
+
+def test_float64_reductions_and_matmul_round_through_float32():
+    torch.manual_seed(0)
+    m = torch.randn(16, 16, dtype=torch.float64)
+    got = (m.to("neuron") @ m.to("neuron")).cpu()
+    torch.testing.assert_close(got, m @ m, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, got.float().double())  # every value is a float32 value
+    s = m.to("neuron").sum().cpu()
+    assert s.item() == float(torch.tensor(s.item()).float())
+
+
+def test_int64_arithmetic_wraps_like_int32():
+    big = torch.tensor([2**31 - 1, 5])
+    assert (big.to("neuron") + 1).tolist() == [-(2**31), 6]
+    assert (big + 1).tolist() == [2**31, 6]  # CPU int64 does not wrap
+    assert big.to("neuron").sum().item() == -(2**31) + 4
+    wrapped = ((70000 * 70000 + 2**31) % 2**32) - 2**31
+    assert wrapped != 70000 * 70000
+    assert (torch.tensor([70000]).to("neuron") * 70000).item() == wrapped
+    assert (torch.tensor([-70000]).to("neuron") * 70000).item() == -wrapped
+    # indexing and storage keep int64
+    idx = torch.tensor([2**33])
+    assert idx.to("neuron").cpu().item() == 2**33
+    t = torch.arange(10.0, device="neuron")
+    assert t[torch.tensor([9], device="neuron")].item() == 9.0
+
+
+def test_64bit_policy_can_be_switched_off():
+    configure(narrow_64bit=False)
+    assert status().numerics["float64"] == "float64"
+    a = torch.tensor([1.0], dtype=torch.float64, device="neuron")
+    assert (a + 1e-10).item() == 1.0 + 1e-10
+    assert (torch.tensor([2**31 - 1], device="neuron") + 1).item() == 2**31
+
+
+def test_bf16_matmul_what_if_policy():
+    torch.manual_seed(0)
+    a, b = torch.randn(32, 64), torch.randn(64, 16)
+    exact = (a.to("neuron") @ b.to("neuron")).cpu()
+    assert torch.equal(exact, a @ b)  # off by default: TorchNeuron does not auto-cast
+    configure(bf16_matmul=True)
+    assert status().numerics["bf16_matmul"] is True
+    got = (a.to("neuron") @ b.to("neuron")).cpu()
+    ref = a.bfloat16().float() @ b.bfloat16().float()  # bf16 inputs, fp32 accumulate
+    assert torch.equal(got, ref) and not torch.equal(got, a @ b)
+    # convolutions and their backward follow the policy too
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(1, 3, 6, 6, requires_grad=True)
+    cn = torch.nn.Conv2d(3, 4, 3).to("neuron")
+    cn.load_state_dict(conv.state_dict())
+    xn = x.detach().to("neuron").requires_grad_()
+    out = cn(xn)
+    ref_out = torch.nn.functional.conv2d(
+        x.detach().bfloat16().float(), conv.weight.detach().bfloat16().float(), conv.bias.detach()
+    )
+    torch.testing.assert_close(out.detach().cpu(), ref_out)
+    out.sum().backward()
+    conv(x).sum().backward()
+    torch.testing.assert_close(xn.grad.cpu(), x.grad, rtol=2e-2, atol=2e-2)
+    assert not torch.equal(xn.grad.cpu(), x.grad)
