@@ -1,0 +1,43 @@
+"""Re-execute the guided notebooks in place so their stored outputs are current.
+
+nbval (``--nbval-lax``) compares the cells marked ``# NBVAL_CHECK_OUTPUT`` against these stored
+outputs, so run this after changing a notebook or the verdict text:
+
+    .venv/bin/python scripts/execute_notebooks.py [notebooks/NAME.ipynb ...]
+
+Widget state is dropped from the metadata (it can weigh megabytes and is never compared).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute(path: Path) -> None:
+    """Execute one notebook in its own folder and write it back with outputs."""
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+    print(f"executed {path.relative_to(ROOT)}")
+
+
+def main(argv: list[str]) -> int:
+    os.environ.pop("NEURON_WORKBENCH_EMULATE", None)
+    paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for path in paths:
+        execute(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
