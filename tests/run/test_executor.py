@@ -58,3 +58,27 @@ def test_deleted_names_are_reported_and_committed():
     assert run.deleted == ["tmp"] and "tmp" in ns
     commit(ns, run)
     assert "tmp" not in ns
+
+
+def test_instruments_wrap_the_cell_and_keep_what_they_recorded():
+    import contextlib
+
+    seen = []
+
+    @contextlib.contextmanager
+    def count_ops(backend):
+        log = {"backend": backend.name, "ops": 0}
+
+        class Counter(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                log["ops"] += 1
+                return func(*args, **(kwargs or {}))
+
+        with Counter():
+            yield log
+        seen.append(log)
+
+    spec = RunSpec(compile_cell("y = torch.ones(2) + 1"), _ns(), instruments={"ops": count_ops})
+    run = execute(spec, get_backend("cpu"))
+    assert run.extras["ops"]["backend"] == "cpu" and run.extras["ops"]["ops"] >= 2
+    assert seen == [run.extras["ops"]]

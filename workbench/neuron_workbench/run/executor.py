@@ -77,6 +77,12 @@ def seed_everything(seed: int) -> None:
         numpy.random.seed(seed % 2**32)
 
 
+#: An instrument observes one run: called with the run's backend, it returns a context manager that
+#: is entered around the cell (inside the CUDA remapping) and whose ``as`` value is stored, after the
+#: context has exited, in ``Run.extras`` under the instrument's name.
+Instrument = Callable[[Backend], contextlib.AbstractContextManager[Any]]
+
+
 class RunSpec:
     """What every run of one cell shares: the program, the namespace, the seed and the settings."""
 
@@ -89,8 +95,10 @@ class RunSpec:
         hidden: frozenset[str] = frozenset(),
         resident: ResidentObjects | None = None,
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+        instruments: dict[str, Instrument] | None = None,
     ) -> None:
         self.program = program
+        self.instruments = dict(instruments or {})
         self.namespace = namespace
         self.seed = seed
         self.hidden = hidden
@@ -133,6 +141,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
             stack.enter_context(cuda_remapped_to(backend))
+            observed = {
+                name: stack.enter_context(instrument(backend))
+                for name, instrument in spec.instruments.items()
+            }
             seed_everything(spec.seed)
             backend.reset_peak_memory()
             start = time.perf_counter()
@@ -145,6 +157,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             memory = backend.memory_stats()
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
         run.fallbacks = recording.events
+        run.extras = observed
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = torch.get_rng_state()

@@ -91,6 +91,8 @@ class Run:
     bindings: dict[str, Any] = field(default_factory=dict, repr=False)
     deleted: list[str] = field(default_factory=list)
     rng_state: Any = field(default=None, repr=False)
+    #: What each instrument of the run recorded, by instrument name (see ``RunSpec.instruments``).
+    extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
