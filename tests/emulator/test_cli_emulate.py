@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from neuron_workbench.cli.main import main
 
 SCRIPT = textwrap.dedent(

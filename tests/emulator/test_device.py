@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 import io
 
+import neuron_workbench
 import pytest
 import torch
 import torch.nn as nn
-
-import neuron_workbench
 from neuron_workbench.emulator import (
     EmulatorStatus,
     can_emulate,
@@ -25,7 +24,10 @@ def test_status_names_profile_and_provenance():
     st = emulate("neuron")  # idempotent second call
     assert isinstance(st, EmulatorStatus) and st == status()
     assert (st.device, st.profile, st.emulated, st.cpu_fallback) == (
-        "neuron", "neuron-2026-04", True, True
+        "neuron",
+        "neuron-2026-04",
+        True,
+        True,
     )
     assert st.native_ops == 195 and "torch-neuronx" in st.provenance
     assert st.numerics["float64"] == "computed as float32"
@@ -93,7 +95,9 @@ def test_module_to_and_parameters():
 
 def test_mixing_devices_raises_cuda_style_error():
     a = torch.ones(3, device="neuron")
-    with pytest.raises(RuntimeError, match=r"same device, but found at least two devices, neuron:0 and cpu!"):
+    with pytest.raises(
+        RuntimeError, match=r"same device, but found at least two devices, neuron:0 and cpu!"
+    ):
         a + torch.ones(3)
     assert (a * torch.tensor(2.0)).cpu().tolist() == [2.0, 2.0, 2.0]  # 0-dim CPU is fine
     idx = torch.tensor([0, 2])
@@ -147,7 +151,13 @@ def test_torch_neuron_module():
     assert torch.equal(a, torch.rand(2))
     s = n.memory_stats()
     assert set(s["allocated_bytes"]) == {"current", "peak", "allocated", "freed"}
-    for key in ("reserved_bytes", "active_bytes", "num_ooms", "num_tensor_frees", "allocation_requests"):
+    for key in (
+        "reserved_bytes",
+        "active_bytes",
+        "num_ooms",
+        "num_tensor_frees",
+        "allocation_requests",
+    ):
         assert key in s
     with n.device(0), n.stream(n.current_stream()):
         pass

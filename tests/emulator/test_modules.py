@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 
 def _x(*shape):

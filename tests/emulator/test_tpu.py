@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-
-TPU_SCRIPT = r'''
+TPU_SCRIPT = r"""
 import json, sys, torch
 import neuron_workbench.emulator as E
 from neuron_workbench.errors import BackendUnavailable
@@ -69,7 +68,7 @@ except BackendUnavailable as e:
     out["neuron_refused"] = str(e)
 out["accelerator"] = str(torch.accelerator.current_accelerator())
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,10 @@ def test_tpu_status(tpu_result):
     out, _ = tpu_result
     st = out["status"]
     assert (st["device"], st["profile"], st["cpu_fallback"], st["emulated"]) == (
-        "tpu", "tpu-0.2.0", False, True
+        "tpu",
+        "tpu-0.2.0",
+        False,
+        True,
     )
     assert st["native_ops"] == 483 and "torch-tpu 0.2.0" in st["provenance"]
     assert st["numerics"]["matmul_precision"] == "DEFAULT (1-pass bf16)"

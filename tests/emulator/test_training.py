@@ -27,7 +27,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, heads, dropout=0.1, batch_first=True)
         self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * d, d))
+        self.mlp = nn.Sequential(
+            nn.Linear(d, 4 * d), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * d, d)
+        )
 
     def forward(self, x):
         h = self.ln1(x)

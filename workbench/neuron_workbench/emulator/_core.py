@@ -9,7 +9,6 @@ decomposed into other ops the way the real dispatcher would. Design: ``shared/no
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
@@ -527,11 +526,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
 def _resync(w: EmulatedTensor) -> None:
     """Make the wrapper's sizes/strides follow its payload after an op that restrided it."""
     e = w.elem
-    if (
-        w.shape == e.shape
-        and w.stride() == e.stride()
-        and w.storage_offset() == e.storage_offset()
-    ):
+    if w.shape == e.shape and w.stride() == e.stride() and w.storage_offset() == e.storage_offset():
         return
     with torch._C._ExcludeDispatchKeyGuard(_PY_KEY), torch.no_grad():
         try:

@@ -13,7 +13,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch

@@ -281,9 +281,9 @@ def _sdpa(
             attn_mask = torch.where(
                 attn_mask, 0.0, float("-inf")
             ).to(query.dtype)  # fmt: skip
-        return _SDPA_FUSED(
-            query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale
-        )[0]
+        return _SDPA_FUSED(query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale)[
+            0
+        ]
     return torch.ops.aten._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
     )[0]

@@ -26,9 +26,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``coverage`` subcommands."""
     sub = parser.add_subparsers(dest="coverage_command", metavar="ACTION")
     sub.required = True
-    show = sub.add_parser("show", help="profile name, provenance, count; or whether an op is native")
+    show = sub.add_parser(
+        "show", help="profile name, provenance, count; or whether an op is native"
+    )
     show.add_argument("--device", choices=("neuron", "tpu"), default="neuron")
-    show.add_argument("--coverage", metavar="FILE", help="a coverage file instead of the packaged one")
+    show.add_argument(
+        "--coverage", metavar="FILE", help="a coverage file instead of the packaged one"
+    )
     show.add_argument("--op", metavar="NAME", help="ATen op, e.g. sort, aten::add.Tensor, add_")
     export = sub.add_parser("export", help="write the real backend's coverage (needs the hardware)")
     export.add_argument("-o", "--output", metavar="FILE", help="output file (default: stdout)")
@@ -105,7 +109,9 @@ def _export(args: argparse.Namespace) -> int:
             "torch-tpu"
         )
     names = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
-    base_ops = sorted({n.split("::", 1)[1].split(".", 1)[0] for n in names if n.startswith("aten::")})
+    base_ops = sorted(
+        {n.split("::", 1)[1].split(".", 1)[0] for n in names if n.startswith("aten::")}
+    )
     dist = "torch-neuronx" if backend == "neuron" else "torch-tpu"
     try:
         dist_version = metadata.version(dist)

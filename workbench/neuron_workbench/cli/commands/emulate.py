@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["NEURON_WORKBENCH_EMULATE"] = args.device
     env["NEURON_WORKBENCH_EMULATE_REPORT"] = report_path
-    env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = _PKG_ROOT + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     if args.cpu_fallback:
         env["NEURON_WORKBENCH_EMULATE_CPU_FALLBACK"] = "1" if args.cpu_fallback == "on" else "0"
     if args.coverage:
