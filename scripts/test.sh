@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+# The browser tests drive JupyterLab in Debian's chromium (no browser download).
+bash scripts/install_browser.sh
 exec .venv/bin/python -m pytest tests notebooks --nbval-lax --nbval-current-env "$@"
