@@ -1,0 +1,49 @@
+"""`neuron-workbench migrate`: diff, --write, --check, idempotence."""
+
+from neuron_workbench.cli.main import main
+
+SOURCE = "import torch\n# set up\nm = Net().cuda()  # move\ntorch.cuda.synchronize()\n"
+
+
+def test_prints_diff_without_writing(tmp_path, capsys):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    assert main(["migrate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert '+m = Net().to("neuron")  # move' in out and "+torch.neuron.synchronize()" in out
+    assert "2 rewritten, 1 file(s) would change" in out
+    assert path.read_text() == SOURCE
+
+
+def test_write_then_no_changes(tmp_path, capsys):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    assert main(["migrate", str(path), "--write"]) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    assert path.read_text() == SOURCE.replace(".cuda()", '.to("neuron")').replace(
+        "torch.cuda.", "torch.neuron."
+    )
+    assert main(["migrate", str(path), "--write"]) == 0
+    assert f"{path}: no changes" in capsys.readouterr().out
+
+
+def test_check_mode_for_ci(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    assert main(["migrate", str(path), "--check"]) == 1
+    assert path.read_text() == SOURCE
+    main(["migrate", str(path), "--write"])
+    assert main(["migrate", str(path), "--check"]) == 0
+
+
+def test_directory_and_tpu_target(tmp_path, capsys):
+    (tmp_path / "a.py").write_text("x = t.cuda()\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    assert main(["migrate", str(tmp_path), "--target", "tpu"]) == 0
+    out = capsys.readouterr().out
+    assert '+x = t.to("tpu")' in out and "b.py: no changes" in out
+
+
+def test_missing_file_is_exit_2(tmp_path, capsys):
+    assert main(["migrate", str(tmp_path / "nope.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
