@@ -245,3 +245,20 @@ def test_dynamic_shape_ops_and_complex():
     assert torch.unique(x).tolist() == [0.0, 1.0, 2.0]
     c = torch.tensor([1 + 2j], device="neuron")
     assert (c * c).cpu().item() == (1 + 2j) ** 2
+
+
+def test_repeated_emulate_changes_only_given_options():
+    configure(bf16_matmul=True, capacity_bytes=10**12)
+    st = emulate("neuron")  # e.g. a magic making sure the device exists
+    assert st.numerics["bf16_matmul"] is True and st.capacity_bytes == 10**12
+    st = emulate("neuron", bf16_matmul=False, capacity_bytes=None)
+    assert st.numerics["bf16_matmul"] is False and st.capacity_bytes is None
+
+
+def test_autoload_is_a_noop_without_the_env_var(monkeypatch):
+    from neuron_workbench.emulator.autoload import autoload
+
+    monkeypatch.delenv("NEURON_WORKBENCH_EMULATE", raising=False)
+    assert autoload() is None
+    monkeypatch.setenv("NEURON_WORKBENCH_EMULATE", "neuron")
+    assert autoload() is None and status().device == "neuron"  # idempotent here

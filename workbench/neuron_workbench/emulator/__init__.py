@@ -19,10 +19,19 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_workbench.emulator.profiles import DEVICES, Profile, load_profile
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+
+if TYPE_CHECKING:  # imported lazily at run time (they need torch)
+    from neuron_workbench.emulator.events import (
+        FallbackEvent,
+        FallbackLog,
+        SourceSite,
+        process_log,
+        record_fallbacks,
+    )
 
 __all__ = [
     "EmulatorStatus",
@@ -259,10 +268,13 @@ def emulate(
     *,
     coverage: str | os.PathLike | None = None,
     cpu_fallback: bool | None = None,
-    bf16_matmul: bool = False,
-    capacity_bytes: int | None = None,
+    bf16_matmul: bool | None = None,
+    capacity_bytes: int | None = _UNSET,
 ) -> EmulatorStatus:
     """Install the emulated device in this process (idempotent for the same device).
+
+    A repeated call for the installed device changes only the options it passes explicitly (so
+    callers that "make sure it is installed" do not reset a user's policies).
 
     Parameters
     ----------
@@ -273,9 +285,9 @@ def emulate(
     cpu_fallback
         Default: True for neuron (as TorchNeuron), False for tpu (as TorchTPU).
     bf16_matmul
-        neuron what-if numerics: bf16 matmul/conv inputs with fp32 accumulation.
+        neuron what-if numerics: bf16 matmul/conv inputs with fp32 accumulation (default off).
     capacity_bytes
-        Optional emulated memory capacity.
+        Optional emulated memory capacity in bytes (default unlimited).
 
     Returns
     -------
@@ -323,7 +335,7 @@ def emulate(
                     "bf16_matmul is the neuron what-if policy; the tpu uses bf16 passes already"
                 )
             _core.MATMUL_PASSES = 1
-        _core.MEM.capacity = capacity_bytes
+        _core.MEM.capacity = None if capacity_bytes is _UNSET else capacity_bytes
         _core.reset_plans()
     st = status()
     assert st is not None

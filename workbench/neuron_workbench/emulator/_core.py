@@ -376,6 +376,19 @@ def reset_plans() -> None:
 # Dispatch
 
 
+def not_implemented_error(overload: str) -> RuntimeError:
+    """The error for an op outside the coverage when CPU fallback is off."""
+    if DEVICE_TYPE == "tpu":
+        # TorchTPU's exact text (torchtpu.md §3).
+        return RuntimeError(
+            f"operator '{overload}' is not implemented for TPU. Please file a feature request"
+        )
+    return RuntimeError(
+        f"operator '{overload}' is not implemented for emulated {DEVICE_TYPE} and CPU fallback is "
+        "disabled (neuron_workbench.emulator.configure(cpu_fallback=True) re-enables it)"
+    )
+
+
 def _device_error(other: torch.Tensor) -> RuntimeError:
     return RuntimeError(
         "Expected all tensors to be on the same device, but found at least two devices, "
@@ -457,9 +470,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             ckw[k] = v
 
     if kind == K_FALLBACK and not CPU_FALLBACK:
-        raise RuntimeError(
-            f"operator '{overload}' is not implemented for TPU. Please file a feature request"
-        )
+        raise not_implemented_error(overload)
 
     # numerics policy
     fp64_ok, int_arith, matmul, _ = numerics

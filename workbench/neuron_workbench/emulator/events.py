@@ -318,7 +318,9 @@ def record_event(
         phase = "forward"
         node_name = ""
         site, module, module_type = find_site_and_module(3)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args
+        ):
             # The node for this op (if any) was created just before dispatch reached us.
             seq = torch._C._autograd._get_sequence_nr() - 1
             if len(_forward_by_seq) > _FORWARD_MAX:

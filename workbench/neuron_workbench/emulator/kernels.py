@@ -89,9 +89,7 @@ def _make_factory(op: Any) -> Any:
             # (empty + normal_, ...) are checked op by op.
             return op._op_dk(_CEA, *args, **kwargs)
         if not native and not _core.CPU_FALLBACK:
-            raise RuntimeError(
-                f"operator '{overload}' is not implemented for TPU. Please file a feature request"
-            )
+            raise _core.not_implemented_error(overload)
         kw = dict(kwargs)
         kw["device"] = torch.device("cpu")
         t0 = _core._perf()
