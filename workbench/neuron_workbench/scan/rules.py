@@ -172,7 +172,7 @@ _RULE_LIST: tuple[Rule, ...] = (
         "cudnn-flags",
         "info",
         "`torch.backends.cudnn` settings have no effect on the target.",
-        "Delete them; for determinism use `torch.use_deterministic_algorithms(True)`.",
+        "Delete the setting; for determinism use `torch.use_deterministic_algorithms(True)`.",
         f"{_N} §10 (no equivalent of torch.backends.cudnn; {_N_SRC}); {_N} §6.6 "
         f"(use_deterministic_algorithms disables fusion)",
     ),
@@ -181,7 +181,7 @@ _RULE_LIST: tuple[Rule, ...] = (
         "cuda-backend-flags",
         "info",
         "`torch.backends.cuda` settings (TF32, SDPA kernel choice) have no effect on the target.",
-        "Delete them. Neuron compiles fp32 matmuls without auto-cast; on TPU use "
+        "Delete the setting. Neuron compiles fp32 matmuls without auto-cast; on TPU use "
         "`torch.set_float32_matmul_precision` or `torch.tpu.precision`.",
         f"{_N} §10 (no equivalent of cuda.matmul.allow_tf32); {_N} §7 (--auto-cast=none; {_N_SRC}); "
         f"{_T} §5",
