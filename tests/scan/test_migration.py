@@ -184,6 +184,11 @@ FRAGMENTS = [
     "from torch.cuda.amp import autocast\nq = autocast()",
     "if x.device.type == 'cuda':\n    pass",
     "g = torch.Generator(device='cuda')",
+    'p = t.to(("cuda"))',
+    "q = (t.cuda())",
+    "w = (torch.cuda).synchronize()",
+    'c2 = torch.device("cu" "da")',
+    "s2 = (torch.amp.GradScaler)()",
 ]
 
 
@@ -202,6 +207,7 @@ def test_migration_property(fragments, target, indent):
     first = migrate_source(source, target, path="p.py")
     ast.parse(first.new_source)
     assert not migrate_source(first.new_source, target, path="p.py").changed
+    assert not [f for f in first.remaining if f.fixable]  # every fixable finding was applied
 
 
 # -- the migrated training scripts run on the emulated neuron device -----------------------------

@@ -15,7 +15,9 @@ conditionals), so ``print("using cuda")`` or a comment never fires.
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,6 +388,7 @@ class _Lines:
 class _Scanner(ast.NodeVisitor):
     def __init__(self, source: str, path: str, target: str, ctx: Context, cell: int | None) -> None:
         self.lines = _Lines(source)
+        self.source = source
         self.path = path
         self.target = target
         self.ctx = ctx
@@ -461,7 +464,9 @@ class _Scanner(ast.NodeVisitor):
                     expr,
                     self._device_message(rule_id, f'"{value}"', where),
                     self._device_suggestion(rule_id, f'"{new}"'),
-                    self.fix("string", expr, "SimpleString", new=new),
+                    self.fix("string", expr, "SimpleString", new=new)
+                    if self._single_literal(expr)
+                    else None,
                 )
             return
         if isinstance(expr, ast.JoinedStr) and expr.values:
@@ -475,6 +480,15 @@ class _Scanner(ast.NodeVisitor):
                     self._device_suggestion(rule_id, f'f"{self.target}{head[4:]}..."'),
                     self.fix("fstring", expr, "FormattedString", new=self.target),
                 )
+
+    def _single_literal(self, node: ast.AST) -> bool:
+        # "cu" "da" is one ast.Constant but two literals, which the rewrite does not handle.
+        segment = ast.get_source_segment(self.source, node) or ""
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(segment).readline))
+        except (tokenize.TokenError, SyntaxError):
+            return False
+        return sum(t.type == tokenize.STRING for t in tokens) == 1
 
     def _device_message(self, rule_id: str, text: str, where: str) -> str:
         if rule_id == "NW110":

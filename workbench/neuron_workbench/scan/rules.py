@@ -337,3 +337,18 @@ def get_rule(rule_id: str) -> Rule:
         If no rule has this id.
     """
     return RULES[rule_id]
+
+
+def rules_markdown() -> str:
+    """The rule table as Markdown (``README.md`` embeds it; a test keeps the two in sync).
+
+    Returns
+    -------
+    str
+        One row per rule: id, name, severity, auto-fix, what it detects.
+    """
+    rows = ["| Id | Name | Severity | Auto-fix | Detects |", "|---|---|---|---|---|"]
+    for rule in RULES.values():
+        fix = "yes" if rule.fixable else ""
+        rows.append(f"| {rule.id} | `{rule.name}` | {rule.severity} | {fix} | {rule.message} |")
+    return "\n".join(rows)
