@@ -1,0 +1,383 @@
+"""The run-artifact format: constants, the one error type, safe JSON, and manifest validation.
+
+An artifact is one zip file (attachable to a bug report) with exactly these entries:
+
+``mimetype``
+    First entry, stored uncompressed, holding :data:`MEDIA_TYPE` (as in ODF/EPUB), so the first bytes
+    of the file identify it without parsing the zip.
+``manifest.json``
+    Everything but tensor data, UTF-8 JSON (see :func:`validate_manifest` for the keys).
+``tensors/<role>.safetensors``
+    One Hugging Face safetensors file per run that has tensor outputs, stored uncompressed.
+
+Nothing in an artifact is ever unpickled or executed: JSON and safetensors are data-only formats.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from neuron_workbench.errors import WorkbenchUsageError
+
+#: The ``format`` value of every manifest.
+FORMAT = "neuron-workbench.run-artifact"
+#: The manifest layout this version writes and reads; a reader refuses newer and older layouts.
+FORMAT_VERSION = 1
+#: Content of the first zip entry, ``mimetype``.
+MEDIA_TYPE = "application/vnd.neuron-workbench.run+zip"
+
+MIMETYPE_ENTRY = "mimetype"
+MANIFEST_ENTRY = "manifest.json"
+TENSOR_DIR = "tensors/"
+
+#: Run roles are short identifiers; they also name the tensor entries.
+ROLE_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+MAX_ROLES = 8
+MAX_MANIFEST_BYTES = 64 * 2**20
+MAX_SAFETENSORS_HEADER = 100 * 2**20
+MAX_JSON_DEPTH = 64
+MAX_OUTPUTS = 1_000_000
+MAX_DIMS = 32
+
+#: Tensor dtypes an artifact may declare, by name (never resolved with ``getattr`` on user input).
+DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex128,
+        torch.complex64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+    )
+}
+
+#: safetensors' dtype codes for dtypes it stores natively; other dtypes are stored as raw bytes (U8).
+SAFETENSORS_CODES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.complex64: "C64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
+}
+
+LEAF_KINDS = ("tensor", "none", "bool", "int", "float", "complex", "str", "bytes")
+
+
+class ArtifactError(WorkbenchUsageError):
+    """A run artifact cannot be read or written; the message is one line naming the file and problem.
+
+    This is the only exception :func:`neuron_workbench.artifacts.load` raises for bad input. It is a
+    :class:`~neuron_workbench.errors.WorkbenchUsageError`, so the command line prints it as one line
+    and exits with code 2, and the magics show it as a usage error.
+    """
+
+    def __init__(self, message: str) -> None:
+        # One line, always: file names or JSON snippets must not break it.
+        super().__init__(" ".join(str(message).split()))
+
+
+def tensor_entry(role: str) -> str:
+    """The zip entry name of ``role``'s tensors."""
+    return f"{TENSOR_DIR}{role}.safetensors"
+
+
+def dumps(data: Any) -> bytes:
+    """Serialize JSON-ready ``data`` (strict: no NaN/Infinity) as UTF-8 bytes."""
+    return json.dumps(data, ensure_ascii=False, allow_nan=False, indent=1).encode("utf-8")
+
+
+class _JsonProblem(ValueError):
+    pass
+
+
+def _check_depth(text: str, limit: int) -> None:
+    """Refuse nesting deeper than ``limit`` before ``json.loads`` could recurse that deep."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise _JsonProblem(f"nested deeper than {limit} levels")
+        elif char in "]}":
+            depth -= 1
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _JsonProblem(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise _JsonProblem(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes, where: str) -> Any:
+    """Decode UTF-8 JSON from an untrusted source, with a depth limit, no duplicate keys, no NaN.
+
+    Raises
+    ------
+    ArtifactError
+        Naming ``where`` and the problem.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{where} is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        _check_depth(text, MAX_JSON_DEPTH)
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except _JsonProblem as exc:
+        raise ArtifactError(f"{where} is not acceptable JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(
+            f"{where} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except (RecursionError, ValueError) as exc:  # int too large to convert, and similar
+        raise ArtifactError(f"{where} is not valid JSON: {exc}") from None
+
+
+# --- manifest validation ------------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """A manifest problem; becomes an ArtifactError naming the file."""
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number"
+    )
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise _Invalid(f"{where} lacks {key!r}")
+    return data[key]
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+    # bool is an int in Python but never a valid count or size here.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise _Invalid(f"{where} must be {what}, not a boolean")
+    if not isinstance(value, kind):
+        raise _Invalid(f"{where} must be {what}, not {_type_name(value)}")
+    return value
+
+
+def _optional_int(value: Any, where: str) -> None:
+    if value is not None:
+        _expect(value, int, where, "an integer or null")
+        if value < 0:
+            raise _Invalid(f"{where} must not be negative")
+
+
+def _check_version(manifest: Mapping[str, Any]) -> None:
+    if manifest.get("format") != FORMAT:
+        raise _Invalid(f"is not a neuron-workbench run artifact (format is not {FORMAT!r})")
+    version = _require(manifest, "format_version", "the manifest")
+    _expect(version, int, "format_version", "an integer")
+    if version > FORMAT_VERSION:
+        raise _Invalid(
+            f"was written by a newer neuron-workbench (artifact format {version}; this version reads "
+            f"format {FORMAT_VERSION}): upgrade neuron-workbench to read it"
+        )
+    if version < FORMAT_VERSION:
+        raise _Invalid(
+            f"uses artifact format {version}, which this neuron-workbench no longer reads "
+            f"(it reads format {FORMAT_VERSION}): record the run again"
+        )
+
+
+def _check_backend(data: Any, where: str) -> None:
+    _expect(data, dict, where, "an object")
+    for key in ("name", "device"):
+        _expect(_require(data, key, where), str, f"{where}.{key}", "a string")
+    _expect(data.get("device_name", ""), str, f"{where}.device_name", "a string")
+    _expect(data.get("emulated", False), bool, f"{where}.emulated", "a boolean")
+    _expect(data.get("details", {}), dict, f"{where}.details", "an object")
+
+
+def _check_error(data: Any, where: str) -> None:
+    if data is None:
+        return
+    _expect(data, dict, where, "an object or null")
+    for key in ("type", "message"):
+        _expect(_require(data, key, where), str, f"{where}.{key}", "a string")
+    _optional_int(data.get("lineno"), f"{where}.lineno")
+    _expect(data.get("line", ""), str, f"{where}.line", "a string")
+
+
+def _check_leaf(leaf: Any, where: str) -> None:
+    _expect(leaf, dict, where, "an object")
+    _expect(_require(leaf, "path", where), str, f"{where}.path", "a string")
+    kind = _require(leaf, "kind", where)
+    if kind not in LEAF_KINDS:
+        raise _Invalid(f"{where}.kind must be one of {', '.join(LEAF_KINDS)}")
+    if kind == "none":
+        return
+    if kind != "tensor":
+        value = _require(leaf, "value", where)
+        expected: dict[str, tuple[type | tuple[type, ...], str]] = {
+            "bool": (bool, "a boolean"),
+            "int": (int, "an integer"),
+            "float": ((int, float, str), "a number or 'nan'/'inf'/'-inf'"),
+            "complex": (list, "a list [real, imag]"),
+            "str": (str, "a string"),
+            "bytes": (str, "a base64 string"),
+        }
+        kind_type, what = expected[kind]
+        _expect(value, kind_type, f"{where}.value", what)
+        if kind == "float" and isinstance(value, str) and value not in ("nan", "inf", "-inf"):
+            raise _Invalid(f"{where}.value must be a number or 'nan'/'inf'/'-inf'")
+        if kind == "complex":
+            if len(value) != 2:
+                raise _Invalid(f"{where}.value must be a list [real, imag]")
+            for index, part in enumerate(value):
+                _expect(part, (int, float, str), f"{where}.value[{index}]", "a number")
+                if isinstance(part, str) and part not in ("nan", "inf", "-inf"):
+                    raise _Invalid(f"{where}.value[{index}] must be a number")
+        return
+    _expect(_require(leaf, "key", where), str, f"{where}.key", "a string")
+    dtype = _require(leaf, "dtype", where)
+    if dtype not in DTYPES:
+        raise _Invalid(f"{where}.dtype {str(dtype)[:40]!r} is not a supported tensor dtype")
+    shape = _expect(_require(leaf, "shape", where), list, f"{where}.shape", "a list of sizes")
+    if len(shape) > MAX_DIMS:
+        raise _Invalid(f"{where}.shape has more than {MAX_DIMS} dimensions")
+    for index, size in enumerate(shape):
+        _expect(size, int, f"{where}.shape[{index}]", "an integer")
+        if size < 0:
+            raise _Invalid(f"{where}.shape[{index}] must not be negative")
+    nbytes = _expect(_require(leaf, "nbytes", where), int, f"{where}.nbytes", "an integer")
+    numel = 1
+    for size in shape:
+        numel *= size
+    if nbytes != numel * DTYPES[dtype].itemsize:
+        raise _Invalid(f"{where}.nbytes ({nbytes}) does not match its dtype and shape")
+    if leaf.get("container", "torch") not in ("torch", "numpy"):
+        raise _Invalid(f"{where}.container must be 'torch' or 'numpy'")
+
+
+def _check_run(role: str, run: Any) -> None:
+    where = f"runs.{role}"
+    _expect(run, dict, where, "an object")
+    _check_backend(_require(run, "backend", where), f"{where}.backend")
+    _check_error(run.get("error"), f"{where}.error")
+    fallbacks = _expect(run.get("fallbacks", []), list, f"{where}.fallbacks", "a list")
+    for index, event in enumerate(fallbacks):
+        _expect(event, dict, f"{where}.fallbacks[{index}]", "an object")
+    memory = _expect(run.get("memory", {}), dict, f"{where}.memory", "an object")
+    for key in ("current_bytes", "peak_bytes"):
+        _optional_int(memory.get(key), f"{where}.memory.{key}")
+    wall = run.get("wall_time_s")
+    if wall is not None:
+        _expect(wall, (int, float), f"{where}.wall_time_s", "a number or null")
+    names = _expect(run.get("shared_names", []), list, f"{where}.shared_names", "a list")
+    for index, name in enumerate(names):
+        _expect(name, str, f"{where}.shared_names[{index}]", "a string")
+    for key in ("stdout", "stderr"):
+        _expect(run.get(key, ""), str, f"{where}.{key}", "a string")
+    _expect(run.get("extras", {}), dict, f"{where}.extras", "an object")
+    tensor_file = run.get("tensor_file")
+    if tensor_file is not None and tensor_file != tensor_entry(role):
+        raise _Invalid(f"{where}.tensor_file must be {tensor_entry(role)!r} or null")
+    outputs = _expect(_require(run, "outputs", where), list, f"{where}.outputs", "a list")
+    if len(outputs) > MAX_OUTPUTS:
+        raise _Invalid(f"{where}.outputs has more than {MAX_OUTPUTS} entries")
+    keys: set[str] = set()
+    paths: set[str] = set()
+    for index, leaf in enumerate(outputs):
+        _check_leaf(leaf, f"{where}.outputs[{index}]")
+        if leaf["path"] in paths:
+            raise _Invalid(f"{where}.outputs[{index}] repeats the path {leaf['path'][:60]!r}")
+        paths.add(leaf["path"])
+        if leaf["kind"] == "tensor":
+            if tensor_file is None:
+                raise _Invalid(f"{where} has tensor outputs but no tensor_file")
+            if leaf["key"] in keys:
+                raise _Invalid(f"{where}.outputs[{index}] repeats the tensor key")
+            keys.add(leaf["key"])
+
+
+def validate_manifest(manifest: Any, name: str) -> None:
+    """Check the manifest's layout, types and sizes; raise :class:`ArtifactError` naming ``name``.
+
+    Top-level keys: ``format``, ``format_version``, ``workbench_version``, ``created``,
+    ``environment`` (object), ``cell`` (``source``, ``sha256``), ``runs`` (role → run) and ``report``
+    (object or null). Each run: ``backend``, ``error``, ``fallbacks``, ``memory``, ``wall_time_s``,
+    ``shared_names``, ``stdout``, ``stderr``, ``extras``, ``tensor_file`` and ``outputs`` (a list of
+    leaves: ``path``, ``kind`` and either ``value`` or, for tensors, ``key``, ``dtype``, ``shape``,
+    ``nbytes``, ``container``).
+    """
+    try:
+        _expect(manifest, dict, "the manifest", "an object")
+        _check_version(manifest)
+        _expect(manifest.get("workbench_version", ""), str, "workbench_version", "a string")
+        _expect(manifest.get("created", ""), str, "created", "a string")
+        _expect(manifest.get("environment", {}), dict, "environment", "an object")
+        cell = _expect(_require(manifest, "cell", "the manifest"), dict, "cell", "an object")
+        _expect(_require(cell, "source", "cell"), str, "cell.source", "a string")
+        sha = _expect(_require(cell, "sha256", "cell"), str, "cell.sha256", "a string")
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise _Invalid("cell.sha256 must be 64 lowercase hex digits")
+        runs = _expect(_require(manifest, "runs", "the manifest"), dict, "runs", "an object")
+        if not runs:
+            raise _Invalid("holds no runs")
+        if len(runs) > MAX_ROLES:
+            raise _Invalid(f"holds more than {MAX_ROLES} runs")
+        for role, run in runs.items():
+            if not ROLE_PATTERN.fullmatch(role):
+                raise _Invalid(f"run role {role[:40]!r} is not a valid role name")
+            _check_run(role, run)
+        report = manifest.get("report")
+        if report is not None:
+            _expect(report, dict, "report", "an object or null")
+    except _Invalid as exc:
+        raise ArtifactError(f"{name}: {exc}") from None
