@@ -100,22 +100,108 @@ def test_default_tolerance_takes_the_loosest_dtype():
     assert default_tolerance(torch.int64).rtol == 0
 
 
-floats = st.floats(allow_nan=True, allow_infinity=True, width=32)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(floats, min_size=1, max_size=12),
-    st.lists(floats, min_size=1, max_size=12),
-    st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.bool]
+values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([0.0, -0.0, 1.0, -1.0, 1e-6, 65504.0, 3.0e38]),
 )
-def test_pass_fail_agrees_with_assert_close(a, b, dtype):
-    n = min(len(a), len(b))
-    ref = torch.tensor(a[:n], dtype=torch.float32).to(dtype)
-    target = torch.tensor(b[:n], dtype=torch.float32).to(dtype)
+tolerances = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from([0.0, 1e-6, 1e-3, 0.1]), st.sampled_from([0.0, 1e-8, 1e-5, 0.5])),
+)
+
+
+@st.composite
+def tensor_pairs(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(st.sampled_from([(), (1,), (7,), (3, 4), (2, 1, 5)]))
+    n = 1
+    for size in shape:
+        n *= size
+    a = draw(st.lists(values, min_size=n, max_size=n))
+    # the target is the reference perturbed element-wise, sometimes a lot, sometimes not at all
+    noise = draw(st.lists(st.sampled_from([0.0, 0.0, 1e-7, 1e-4, 1e-2, 1.0, float("nan")]),
+                          min_size=n, max_size=n))
+    ref = torch.tensor(a, dtype=torch.float64).reshape(shape)
+    target = ref * (1 + torch.tensor(noise, dtype=torch.float64).reshape(shape))
+    if dtype.is_floating_point:
+        return ref.to(dtype), target.to(dtype)
+    lim = 1000
+    return (ref.nan_to_num(0).clamp(-lim, lim).to(dtype),
+            target.nan_to_num(0).clamp(-lim, lim).to(dtype))
+
+
+def _assert_close_passes(target, ref, **tol):
     try:
-        torch.testing.assert_close(target, ref, equal_nan=True)
-        expected = True
+        torch.testing.assert_close(target, ref, equal_nan=True, **tol)
+        return True
     except AssertionError:
-        expected = False
-    assert one(ref, target).passed == expected
+        return False
+
+
+@settings(max_examples=1000, deadline=None)
+@given(tensor_pairs(), tolerances)
+def test_pass_fail_agrees_with_assert_close_and_tight_tolerances_pass(pair, tol):
+    ref, target = pair
+    kw = {} if tol is None else {"rtol": tol[0], "atol": tol[1]}
+    d = one(ref, target, **kw)
+    assert d.passed == _assert_close_passes(target, ref, **kw)
+    if d.tight_atol is not None:
+        assert _assert_close_passes(target, ref, rtol=d.tolerance.rtol, atol=d.tight_atol)
+    if d.tight_rtol is not None:
+        assert _assert_close_passes(target, ref, rtol=d.tight_rtol, atol=d.tolerance.atol)
+
+
+def test_metrics_of_a_known_difference():
+    ref = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    target = torch.tensor([1.0, 2.0, 3.0, 4.4])
+    d = one(ref, target)
+    assert d.status == "differ" and d.mismatched == 1 and d.mismatch_pct == 25.0
+    assert d.max_abs == pytest.approx(0.4, rel=1e-5)
+    assert d.mean_abs == pytest.approx(0.1, rel=1e-5)
+    assert d.max_rel == pytest.approx(0.1, rel=1e-5)
+    assert d.rmse == pytest.approx(0.2, rel=1e-5)
+    expected_cos = float(ref @ target / (ref.norm() * target.norm()))
+    assert d.cosine == pytest.approx(expected_cos, rel=1e-6)
+    assert d.snr_db == pytest.approx(10 * math.log10(30 / 0.16), rel=1e-5)
+    assert d.worst_index == (3,) and d.worst_target == pytest.approx(4.4)
+    # rtol stays 1.3e-6: atol must cover 0.4 - 1.3e-6 * 4
+    assert d.tight_atol == pytest.approx(0.4 - 1.3e-6 * 4, rel=1e-4)
+
+
+def test_chunked_reduction_matches_a_single_chunk():
+    from neuron_workbench.compare.metrics import tensor_stats
+    from neuron_workbench.compare.tolerances import Tolerance
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(10_000, generator=g)
+    target = ref + 1e-4 * torch.randn(10_000, generator=g)
+    target[1234] = float("nan")
+    tol = Tolerance(1e-4, 1e-5)
+    whole = tensor_stats(ref, target, tol, chunk_elements=1 << 20)
+    chunked = tensor_stats(ref, target, tol, chunk_elements=777)
+    for field in ("mismatched", "nan_mismatches", "worst_index"):
+        assert getattr(whole, field) == getattr(chunked, field)
+    for field in ("max_abs", "mean_abs", "max_rel", "rmse", "cosine", "snr_db"):
+        assert getattr(whole, field) == pytest.approx(getattr(chunked, field), rel=1e-9)
+
+
+def test_presets_and_per_output_overrides():
+    from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy, parse_override
+
+    ref = {"logits": torch.zeros(3), "model": {"w": torch.zeros(2), "b": torch.zeros(2)}}
+    target = {"logits": torch.full((3,), 5e-5), "model": {"w": torch.full((2,), 5e-5),
+                                                          "b": torch.full((2,), 5e-5)}}
+    assert not compare_outputs(ref, target).passed  # 5e-5 > atol 1e-5
+    policy = TolerancePolicy(preset="strict", per_output=(parse_override("logits=0,1e-4"),
+                                                          ("model['w']", Tolerance(0, 1e-4))))
+    comparison = compare_outputs(ref, target, policy=policy)
+    assert {d.path: d.status for d in comparison.diffs} == {
+        "logits": "match", "model['w']": "match", "model['b']": "differ"}
+    assert comparison.diffs[2].tolerance == Tolerance(0.0, 0.0)  # the strict preset
+    glob = TolerancePolicy(per_output=(("model*", Tolerance(0, 1e-3)),))
+    assert compare_outputs(ref, target, policy=glob).failures[0].path == "logits"
+    with pytest.raises(WorkbenchUsageError):
+        TolerancePolicy(preset="loose")
+    with pytest.raises(WorkbenchUsageError):
+        parse_override("logits=1e-3")

@@ -80,3 +80,38 @@ def test_set_default_device_is_not_leaked_by_a_run(ip):
     )
     assert torch.get_default_device().type == "cpu"
     assert ip.user_ns["q"].device.type == "cpu"
+
+
+def test_facts_note_random_draws_dropout_autocast_and_accumulating_scatters():
+    neuron = get_backend("neuron")
+    with neuron.session(), cuda_remapped_to(neuron) as facts:
+        x = torch.randn(4, 3, device="cuda")
+        torch.nn.functional.dropout(x, 0.5, training=True)
+        torch.nn.functional.dropout(x, 0.5, training=False)
+        torch.zeros(3, device="cuda").index_add_(0, torch.tensor([0, 0], device="cuda"), torch.ones(2, device="cuda"))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pass
+    assert facts.random_ops == {"torch.randn": 1, "torch.nn.functional.dropout": 1}
+    assert facts.dropout_in_training == 1
+    assert facts.nondeterministic_ops == {"Tensor.index_add_": 1}
+    assert facts.autocast_dtypes == ["bfloat16"]
+
+
+def test_rng_on_cpu_draws_from_the_host_generator_and_moves_the_numbers():
+    from neuron_workbench import emulator
+
+    neuron = get_backend("neuron")
+    torch.manual_seed(5)
+    expected = torch.randn(3, 2)
+    mask_expected = torch.empty(8).bernoulli_(0.5)
+    with neuron.session(), emulator.record_fallbacks() as log:
+        with cuda_remapped_to(neuron, rng_on_cpu=True) as facts:
+            torch.manual_seed(5)
+            drawn = torch.randn(3, 2, device="cuda")
+            ones = torch.ones(8, device="cuda")
+            dropped = torch.nn.functional.dropout(ones, 0.5, training=True)
+    assert facts.rng_on_cpu and drawn.device.type == "neuron"
+    assert torch.equal(drawn.cpu(), expected)
+    assert torch.equal(dropped.cpu(), mask_expected * 2)
+    # the draws happened on the host, so the device never had to fall back for them
+    assert "aten::normal_" not in log.ops() and "aten::bernoulli_" not in log.ops()

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from neuron_workbench.compare.flatten import iter_leaves
+from neuron_workbench.compare.metrics import tensor_stats
 from neuron_workbench.compare.tolerances import (
     EXACT,
     PYTHON_FLOAT_DTYPE,
     Tolerance,
-    check_pair,
-    resolve,
+    TolerancePolicy,
 )
 
 #: Every status an output can have; only ``match`` passes.
@@ -34,18 +34,27 @@ class OutputDiff:
         One of :data:`STATUSES`.
     kind : str
         ``tensor``, ``number``, ``text`` or ``none``.
-    max_abs, max_rel : float or None
-        Largest absolute and relative difference over elements that are finite on both sides.
+    tolerance : Tolerance
+        The ``rtol``/``atol`` the output was judged with.
+    max_abs, mean_abs, max_rel, rmse : float or None
+        Error statistics over elements finite on both sides.
+    cosine, snr_db : float or None
+        Cosine similarity of the two tensors, and the reference's signal-to-error ratio in dB.
     mismatched, numel : int
         Elements outside tolerance, and elements compared.
+    nan_mismatches, inf_mismatches : int
+        Elements whose NaN or infinity placement (or sign) differs.
     worst_index : tuple of int or None
         The element that exceeds its allowed difference the most (or the largest difference).
-    worst_ref, worst_target : float or None
-        The two values at ``worst_index``.
-    allowed_at_worst : float or None
-        ``atol + rtol * |ref|`` at ``worst_index``.
+    worst_ref, worst_target, allowed_at_worst : float or None
+        The two values there, and ``atol + rtol * |ref|`` there.
+    tight_rtol, tight_atol : float or None
+        The smallest ``atol`` that passes with this ``rtol``, and the smallest ``rtol`` that passes
+        with this ``atol``; ``None`` when no tolerance can pass.
     detail : str
         One line explaining a non-numeric status (shapes, dtypes, a missing output).
+    hints : list of str
+        Likely causes of the difference, from what is known about the two runs.
     """
 
     path: str
@@ -58,27 +67,42 @@ class OutputDiff:
     target_shape: tuple[int, ...] | None = None
     numel: int = 0
     mismatched: int = 0
+    nan_mismatches: int = 0
+    inf_mismatches: int = 0
     max_abs: float | None = None
+    mean_abs: float | None = None
     max_rel: float | None = None
+    rmse: float | None = None
+    cosine: float | None = None
+    snr_db: float | None = None
     worst_index: tuple[int, ...] | None = None
     worst_ref: float | None = None
     worst_target: float | None = None
     allowed_at_worst: float | None = None
+    tight_rtol: float | None = None
+    tight_atol: float | None = None
     detail: str = ""
+    hints: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         """True when the status is ``match``."""
         return self.status == "match"
 
+    @property
+    def mismatch_pct(self) -> float:
+        """Mismatched elements as a percentage of the compared ones."""
+        return 100.0 * self.mismatched / self.numel if self.numel else 0.0
+
     def headline(self) -> str:
         """A short, deterministic description of why this output failed (empty when it passed)."""
         if self.passed:
             return ""
-        if self.status in ("differ", "nan-mismatch") and self.max_abs is not None:
+        if self.status == "nan-mismatch":
+            count = self.nan_mismatches + self.inf_mismatches
+            return f"{self.path} NaN/Inf placement differs ({count} elements)"
+        if self.status == "differ" and self.max_abs is not None:
             allowed = self.allowed_at_worst if self.allowed_at_worst is not None else 0.0
-            if self.status == "nan-mismatch":
-                return f"{self.path} NaN/Inf placement differs ({self.mismatched} elements)"
             return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
         return f"{self.path} {self.detail or self.status}"
 
@@ -96,13 +120,28 @@ class OutputDiff:
             "target_shape": list(self.target_shape) if self.target_shape is not None else None,
             "numel": self.numel,
             "mismatched": self.mismatched,
-            "max_abs": _finite_or_none(self.max_abs),
-            "max_rel": _finite_or_none(self.max_rel),
+            "mismatch_pct": self.mismatch_pct,
+            "nan_mismatches": self.nan_mismatches,
+            "inf_mismatches": self.inf_mismatches,
+            **{
+                key: _finite_or_none(getattr(self, key))
+                for key in (
+                    "max_abs",
+                    "mean_abs",
+                    "max_rel",
+                    "rmse",
+                    "cosine",
+                    "snr_db",
+                    "worst_ref",
+                    "worst_target",
+                    "allowed_at_worst",
+                    "tight_rtol",
+                    "tight_atol",
+                )
+            },
             "worst_index": list(self.worst_index) if self.worst_index is not None else None,
-            "worst_ref": _finite_or_none(self.worst_ref),
-            "worst_target": _finite_or_none(self.worst_target),
-            "allowed_at_worst": _finite_or_none(self.allowed_at_worst),
             "detail": self.detail,
+            "hints": list(self.hints),
         }
 
 
@@ -143,6 +182,7 @@ def compare_outputs(
     *,
     rtol: float | None = None,
     atol: float | None = None,
+    policy: TolerancePolicy | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
 
@@ -151,14 +191,19 @@ def compare_outputs(
     ref, target : mapping of str to object
         Output name to value (tensors, modules, containers, numbers, strings) for each run.
     rtol, atol : float, optional
-        Override the per-dtype defaults; give both or neither.
+        One tolerance pair for every output (both or neither); shorthand for a policy.
+    policy : TolerancePolicy, optional
+        Preset and per-output overrides; ``rtol``/``atol`` must not be given with it.
 
     Returns
     -------
     Comparison
         One :class:`OutputDiff` per leaf present in either run. Mismatches are data, never raised.
     """
-    check_pair(rtol, atol)
+    if policy is None:
+        policy = TolerancePolicy(rtol=rtol, atol=atol)
+    elif rtol is not None or atol is not None:
+        raise ValueError("give rtol/atol or a policy, not both")
     ref_leaves = dict(iter_leaves(ref))
     target_leaves = dict(iter_leaves(target))
     paths = list(ref_leaves) + [p for p in target_leaves if p not in ref_leaves]
@@ -170,19 +215,20 @@ def compare_outputs(
                 OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
             )
             continue
-        diffs.append(compare_leaf(path, ref_leaves[path], target_leaves[path], rtol, atol))
+        diffs.append(compare_leaf(path, ref_leaves[path], target_leaves[path], policy))
     return Comparison(diffs)
 
 
 def compare_leaf(
-    path: str, ref: Any, target: Any, rtol: float | None = None, atol: float | None = None
+    path: str, ref: Any, target: Any, policy: TolerancePolicy | None = None
 ) -> OutputDiff:
     """Compare one leaf pair; never raises for a value problem (it becomes status ``error``)."""
+    policy = policy or TolerancePolicy()
     try:
         ref_t, target_t = _as_tensor(ref), _as_tensor(target)
         if ref_t is not None and target_t is not None:
             kind = "tensor" if isinstance(ref, torch.Tensor) or _is_array(ref) else "number"
-            return _compare_tensors(path, kind, ref_t, target_t, rtol, atol)
+            return _compare_tensors(path, kind, ref_t, target_t, policy)
         if ref_t is not None or target_t is not None:
             return OutputDiff(
                 path,
@@ -225,18 +271,13 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
 
 
 def _compare_tensors(
-    path: str,
-    kind: str,
-    ref: torch.Tensor,
-    target: torch.Tensor,
-    rtol: float | None,
-    atol: float | None,
+    path: str, kind: str, ref: torch.Tensor, target: torch.Tensor, policy: TolerancePolicy
 ) -> OutputDiff:
     ref_dtype, target_dtype = ref.dtype, target.dtype
     tol_dtypes = (ref_dtype, target_dtype)
     if kind == "number" and ref_dtype == torch.float64:
         tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
-    tolerance = resolve(*tol_dtypes, rtol, atol)
+    tolerance = policy.for_output(path, *tol_dtypes)
     diff = OutputDiff(
         path,
         "match",
@@ -255,66 +296,35 @@ def _compare_tensors(
         diff.status = "dtype"
         diff.detail = f"dtype {diff.ref_dtype} vs {diff.target_dtype}"
         return diff
-    a = ref.cpu() if ref.device.type != "cpu" else ref
-    b = target.to(a.device) if target.device != a.device else target
+    # Emulated device tensors are compared through their host copy; a CUDA pair stays on the GPU.
+    a = ref if ref.device.type in ("cpu", "cuda") else ref.cpu()
+    b = target if target.device == a.device else target.to(a.device)
     diff.numel = a.numel()
     if diff.numel == 0:
         return diff
     if torch.equal(a, b):
         # Bitwise-equal outputs (the common case between the CPU and the emulator) need no metrics.
-        diff.max_abs = diff.max_rel = 0.0
+        diff.max_abs = diff.mean_abs = diff.max_rel = diff.rmse = 0.0
+        diff.cosine, diff.snr_db = 1.0, math.inf
+        diff.tight_rtol = diff.tight_atol = 0.0
         return diff
-    if a.is_complex():
-        compute = torch.complex128
-    else:
-        compute = torch.float64 if a.dtype == torch.float64 else torch.float32
-    a_c = a.to(compute) if a.dtype != compute else a
-    b_c = b.to(compute) if b.dtype != compute else b
-    if a.is_floating_point() or a.is_complex():
-        close = torch.isclose(b_c, a_c, rtol=tolerance.rtol, atol=tolerance.atol, equal_nan=True)
-        nan_a, nan_b = torch.isnan(a_c), torch.isnan(b_c)
-        nan_mismatch = int((nan_a != nan_b).sum())
-    else:
-        close = a == b
-        nan_mismatch = 0
-    mismatched = int((~close).sum())
-    delta = (b_c - a_c).abs()
-    finite = torch.isfinite(delta)
-    magnitude = a_c.abs()
-    if bool(finite.any()):
-        finite_delta = torch.where(finite, delta, torch.zeros((), dtype=delta.dtype))
-        diff.max_abs = float(finite_delta.max())
-        nonzero = finite & (magnitude > 0)
-        if bool(nonzero.any()):
-            rel = torch.where(nonzero, finite_delta / torch.where(nonzero, magnitude, 1), 0)
-            diff.max_rel = float(rel.max())
-        else:
-            diff.max_rel = 0.0 if diff.max_abs == 0 else math.inf
-    allowed = tolerance.atol + tolerance.rtol * magnitude
-    excess = torch.where(finite, delta - allowed, torch.full((), math.inf, dtype=delta.real.dtype))
-    excess = torch.where(close, torch.full((), -math.inf, dtype=excess.dtype), excess)
-    flat = (
-        int(excess.reshape(-1).argmax())
-        if mismatched
-        else int(delta.reshape(-1).nan_to_num(0).argmax())
-    )
-    index = (
-        tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
-    )
-    diff.worst_index = index
-    diff.worst_ref = _scalar(a_c.reshape(-1)[flat])
-    diff.worst_target = _scalar(b_c.reshape(-1)[flat])
-    diff.allowed_at_worst = float(allowed.reshape(-1)[flat])
-    diff.mismatched = mismatched
-    if nan_mismatch:
+    stats = tensor_stats(a, b, tolerance)
+    diff.mismatched = stats.mismatched
+    diff.nan_mismatches, diff.inf_mismatches = stats.nan_mismatches, stats.inf_mismatches
+    diff.max_abs, diff.mean_abs, diff.max_rel = stats.max_abs, stats.mean_abs, stats.max_rel
+    diff.rmse, diff.cosine, diff.snr_db = stats.rmse, stats.cosine, stats.snr_db
+    diff.tight_rtol, diff.tight_atol = stats.tight_rtol, stats.tight_atol
+    if not a.is_complex():
+        shape = a.shape
+        diff.worst_index = (
+            tuple(int(i) for i in torch.unravel_index(torch.tensor(stats.worst_index), shape))
+            if a.dim()
+            else ()
+        )
+        diff.worst_ref, diff.worst_target = stats.worst_ref, stats.worst_target
+        diff.allowed_at_worst = stats.allowed_at_worst
+    if stats.nan_mismatches or stats.inf_mismatches:
         diff.status = "nan-mismatch"
-        diff.mismatched = max(mismatched, nan_mismatch)
-    elif mismatched:
+    elif stats.mismatched:
         diff.status = "differ"
     return diff
-
-
-def _scalar(value: torch.Tensor) -> float:
-    if value.is_complex():
-        return float(value.abs())
-    return float(value)

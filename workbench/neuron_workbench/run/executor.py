@@ -96,8 +96,10 @@ class RunSpec:
         resident: ResidentObjects | None = None,
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
         instruments: dict[str, Instrument] | None = None,
+        rng_on_cpu: bool = False,
     ) -> None:
         self.program = program
+        self.rng_on_cpu = rng_on_cpu
         self.instruments = dict(instruments or {})
         self.namespace = namespace
         self.seed = seed
@@ -140,7 +142,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         with contextlib.ExitStack() as stack:
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
-            stack.enter_context(cuda_remapped_to(backend))
+            facts = stack.enter_context(cuda_remapped_to(backend, rng_on_cpu=spec.rng_on_cpu))
             observed = {
                 name: stack.enter_context(instrument(backend))
                 for name, instrument in spec.instruments.items()
@@ -158,6 +160,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
         run.fallbacks = recording.events
         run.extras = observed
+        run.facts = facts
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = torch.get_rng_state()

@@ -69,6 +69,42 @@ class RunError:
 
 
 @dataclass
+class RunFacts:
+    """What a run did that can explain numeric differences (noticed while remapping CUDA).
+
+    Attributes
+    ----------
+    random_ops : dict of str to int
+        Random draws by function (``torch.randn``, ``Tensor.normal_``, dropout in training...).
+    dropout_in_training : int
+        Dropout calls with ``training=True`` and ``p > 0``.
+    nondeterministic_ops : dict of str to int
+        Accumulating scatters (``index_add_``, ``scatter_add_``, ``index_put_(accumulate=True)``),
+        whose result order, and so rounding, varies on GPUs and accelerators.
+    autocast_dtypes : list of str
+        Lower-precision dtypes of the autocast regions the cell entered.
+    rng_on_cpu : bool
+        Whether random numbers were drawn from the CPU generator (``--rng cpu``).
+    """
+
+    random_ops: dict[str, int] = field(default_factory=dict)
+    dropout_in_training: int = 0
+    nondeterministic_ops: dict[str, int] = field(default_factory=dict)
+    autocast_dtypes: list[str] = field(default_factory=list)
+    rng_on_cpu: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "random_ops": dict(self.random_ops),
+            "dropout_in_training": self.dropout_in_training,
+            "nondeterministic_ops": dict(self.nondeterministic_ops),
+            "autocast_dtypes": list(self.autocast_dtypes),
+            "rng_on_cpu": self.rng_on_cpu,
+        }
+
+
+@dataclass
 class Run:
     """The outcome of executing a cell once on one backend.
 
@@ -91,6 +127,7 @@ class Run:
     bindings: dict[str, Any] = field(default_factory=dict, repr=False)
     deleted: list[str] = field(default_factory=list)
     rng_state: Any = field(default=None, repr=False)
+    facts: RunFacts = field(default_factory=RunFacts)
     #: What each instrument of the run recorded, by instrument name (see ``RunSpec.instruments``).
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
 

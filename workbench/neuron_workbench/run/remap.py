@@ -28,6 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from neuron_workbench.backends.base import Backend
+from neuron_workbench.run.records import RunFacts
 
 _CUDA_STRING = re.compile(r"cuda(?::(\d+))?")
 
@@ -54,11 +55,21 @@ def remap_device(value: Any, target: str) -> Any:
 
 
 class _CudaToDeviceMode(TorchFunctionMode):
-    """Rewrites CUDA device arguments of torch calls to the run's device type."""
+    """Rewrites CUDA device arguments of torch calls to the run's device type.
 
-    def __init__(self, target: str) -> None:
+    It also notes what a numerics report wants to know (random draws, dropout in training,
+    non-deterministic accumulation) and, with ``rng_on_cpu``, draws random numbers from the CPU
+    generator and moves them, so two different devices see the same numbers.
+    """
+
+    def __init__(
+        self, target: str, facts: RunFacts, *, remap: bool = True, rng_on_cpu: bool = False
+    ):
         super().__init__()
         self.target = target
+        self.facts = facts
+        self.remap = remap
+        self.rng_on_cpu = rng_on_cpu
 
     def __torch_function__(
         self,
@@ -68,28 +79,159 @@ class _CudaToDeviceMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func is _TENSOR_CUDA:
-            return _tensor_cuda_to(self.target, *args, **kwargs)
-        if func is _TENSOR_PIN_MEMORY:
-            # Page-locking host memory only matters for CUDA copies; emulated and CPU runs skip it.
-            return args[0]
-        if getattr(func, "__self__", None) is _IS_CUDA_DESCRIPTOR:
-            return args[0].device.type == self.target
-        target = self.target
-        for arg in args:
-            kind = type(arg)
-            if kind is str or kind is torch.device:
-                args = tuple(remap_device(a, target) for a in args)
-                break
-        device = kwargs.get("device")
-        if device is not None:
-            kwargs["device"] = remap_device(device, target)
+        if self.remap:
+            if func is _TENSOR_CUDA:
+                return _tensor_cuda_to(self.target, *args, **kwargs)
+            if func is _TENSOR_PIN_MEMORY:
+                # Page-locking host memory only matters for CUDA copies; emulated and CPU runs skip it.
+                return args[0]
+            if getattr(func, "__self__", None) is _IS_CUDA_DESCRIPTOR:
+                return args[0].device.type == self.target
+            target = self.target
+            for arg in args:
+                kind = type(arg)
+                if kind is str or kind is torch.device:
+                    args = tuple(remap_device(a, target) for a in args)
+                    break
+            device = kwargs.get("device")
+            if device is not None:
+                kwargs["device"] = remap_device(device, target)
+        if func in _NOTEWORTHY:
+            return self._noteworthy(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _noteworthy(
+        self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        name = _qualified_name(func)
+        facts = self.facts
+        if func in _NONDETERMINISTIC:
+            if (
+                func not in _ACCUMULATE_ONLY
+                or kwargs.get("accumulate")
+                or (len(args) > 3 and args[3])
+            ):
+                facts.nondeterministic_ops[name] = facts.nondeterministic_ops.get(name, 0) + 1
+            return func(*args, **kwargs)
+        if func in _DROPOUTS:
+            training = kwargs.get("training", args[2] if len(args) > 2 else True)
+            p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+            if training and p > 0:
+                facts.dropout_in_training += 1
+                facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+                if self.rng_on_cpu and func is _F_DROPOUT and args[0].device.type != "cpu":
+                    return _dropout_from_cpu(args[0], float(p), bool(kwargs.get("inplace", False)))
+            return func(*args, **kwargs)
+        facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+        if self.rng_on_cpu:
+            return _draw_on_cpu(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _qualified_name(func: Callable[..., Any]) -> str:
+    owner = getattr(func, "__objclass__", None) or getattr(func, "__self__", None)
+    name = getattr(func, "__name__", repr(func))
+    if isinstance(owner, type) and issubclass(owner, torch._C.TensorBase):
+        return f"Tensor.{name}"
+    module = getattr(func, "__module__", None) or "torch"
+    return f"{module}.{name}" if module.startswith("torch.nn") else f"torch.{name}"
+
+
+def _draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Draw with the CPU generator, then place the numbers where the cell asked for them."""
+    if func in _RANDOM_FACTORIES:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
+        if func in _RANDOM_LIKE and args and args[0].device.type != "cpu":
+            like = args[0]
+            return func(like.cpu(), *args[1:], **kwargs).to(like.device)
+        return func(*args, **kwargs)
+    # in-place draws (Tensor.normal_ ... and torch.nn.init's random initialisers)
+    tensor = args[0]
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu":
+        return func(*args, **kwargs)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+    func(host, *args[1:], **kwargs)
+    with torch.no_grad():
+        tensor.copy_(host)
+    return tensor
+
+
+def _dropout_from_cpu(x: torch.Tensor, p: float, inplace: bool) -> torch.Tensor:
+    keep = torch.empty(x.shape, dtype=x.dtype, device="cpu").bernoulli_(1 - p).to(x.device)
+    scaled = keep / (1 - p) if p < 1 else keep
+    return x.mul_(scaled) if inplace else x * scaled
 
 
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
+_F_DROPOUT = torch.nn.functional.dropout
+
+_RANDOM_LIKE = frozenset({torch.randn_like, torch.rand_like, torch.randint_like})
+_RANDOM_FACTORIES = frozenset(
+    {
+        torch.randn,
+        torch.rand,
+        torch.randint,
+        torch.randperm,
+        torch.normal,
+        torch.bernoulli,
+        torch.multinomial,
+        torch.poisson,
+        *_RANDOM_LIKE,
+    }
+)
+_RANDOM_IN_PLACE = frozenset(
+    {
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.bernoulli_,
+        torch.Tensor.random_,
+        torch.Tensor.exponential_,
+        torch.Tensor.geometric_,
+        torch.Tensor.log_normal_,
+        torch.Tensor.cauchy_,
+        torch.nn.init.uniform_,
+        torch.nn.init.normal_,
+        torch.nn.init.trunc_normal_,
+        torch.nn.init.kaiming_uniform_,
+        torch.nn.init.kaiming_normal_,
+        torch.nn.init.xavier_uniform_,
+        torch.nn.init.xavier_normal_,
+        torch.nn.init.orthogonal_,
+        torch.nn.init.sparse_,
+    }
+)
+_DROPOUTS = frozenset(
+    {
+        _F_DROPOUT,
+        torch.nn.functional.dropout1d,
+        torch.nn.functional.dropout2d,
+        torch.nn.functional.dropout3d,
+        torch.nn.functional.alpha_dropout,
+        torch.nn.functional.feature_alpha_dropout,
+    }
+)
+# Accumulating scatters are non-deterministic on GPUs and accelerators when indices repeat.
+_ACCUMULATE_ONLY = frozenset({torch.Tensor.index_put_, torch.index_put, torch.Tensor.put_})
+_NONDETERMINISTIC = frozenset(
+    {
+        torch.Tensor.index_add_,
+        torch.index_add,
+        torch.Tensor.index_add,
+        torch.Tensor.scatter_add_,
+        torch.scatter_add,
+        torch.Tensor.scatter_add,
+        torch.Tensor.scatter_reduce_,
+        torch.scatter_reduce,
+        torch.Tensor.index_reduce_,
+        torch.bincount,
+        *_ACCUMULATE_ONLY,
+    }
+)
+_NOTEWORTHY = _RANDOM_FACTORIES | _RANDOM_IN_PLACE | _DROPOUTS | _NONDETERMINISTIC
 
 
 def _tensor_cuda_to(
@@ -226,7 +368,9 @@ def _patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[No
                 setattr(owner, name, value)
 
 
-def _autocast_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
+def _autocast_init(
+    target: str, original: Callable[..., None], facts: RunFacts
+) -> Callable[..., None]:
     def __init__(  # noqa: N807 - it replaces autocast.__init__
         self: Any,
         device_type: str,
@@ -239,6 +383,10 @@ def _autocast_init(target: str, original: Callable[..., None]) -> Callable[..., 
             if dtype is None:
                 dtype = torch.float16  # what the cell gets on CUDA
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if enabled:
+            used = str(self.fast_dtype).removeprefix("torch.")
+            if used not in facts.autocast_dtypes:
+                facts.autocast_dtypes.append(used)
 
     return __init__
 
@@ -251,11 +399,20 @@ def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..
 
 
 @contextlib.contextmanager
-def cuda_remapped_to(backend: Backend) -> Iterator[None]:
-    """Run the body with CUDA device uses redirected to ``backend`` (a no-op for ``cuda``)."""
+def cuda_remapped_to(backend: Backend, *, rng_on_cpu: bool = False) -> Iterator[RunFacts]:
+    """Run the body with CUDA device uses redirected to ``backend``; yield what was noticed.
+
+    On the ``cuda`` backend itself devices are left alone (and nothing is intercepted unless
+    ``rng_on_cpu`` asks for random numbers to come from the CPU generator).
+    """
     target = backend.device_type
+    facts = RunFacts(rng_on_cpu=rng_on_cpu)
     if target == "cuda":
-        yield
+        if rng_on_cpu:
+            with _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True):
+                yield facts
+        else:
+            yield facts
         return
     autocast_cls = torch.amp.autocast_mode.autocast
     scaler_cls = torch.amp.grad_scaler.GradScaler
@@ -264,7 +421,7 @@ def cuda_remapped_to(backend: Backend) -> Iterator[None]:
         stack.enter_context(_patched_attributes(torch, {"cuda": shim}))
         stack.enter_context(
             _patched_attributes(
-                autocast_cls, {"__init__": _autocast_init(target, autocast_cls.__init__)}
+                autocast_cls, {"__init__": _autocast_init(target, autocast_cls.__init__, facts)}
             )
         )
         stack.enter_context(
@@ -272,5 +429,5 @@ def cuda_remapped_to(backend: Backend) -> Iterator[None]:
                 scaler_cls, {"__init__": _grad_scaler_init(target, scaler_cls.__init__)}
             )
         )
-        stack.enter_context(_CudaToDeviceMode(target))
-        yield
+        stack.enter_context(_CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu))
+        yield facts
