@@ -325,6 +325,7 @@ def _check_run(role: str, run: Any) -> None:
     for key in ("stdout", "stderr"):
         _expect(run.get(key, ""), str, f"{where}.{key}", "a string")
     _expect(run.get("extras", {}), dict, f"{where}.extras", "an object")
+    _expect(run.get("steps", []), list, f"{where}.steps", "a list")
     tensor_file = run.get("tensor_file")
     if tensor_file is not None and tensor_file != tensor_entry(role):
         raise _Invalid(f"{where}.tensor_file must be {tensor_entry(role)!r} or null")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import os
 import struct
@@ -303,7 +304,7 @@ def _build_run(
     memory = data.get("memory", {})
     error = data.get("error")
     wall = data.get("wall_time_s")
-    return Run(
+    run = Run(
         backend=BackendInfo.from_dict(data["backend"]),
         error=RunError.from_dict(error) if error is not None else None,
         outputs=outputs,
@@ -315,6 +316,23 @@ def _build_run(
         shared_names=list(data.get("shared_names", [])),
         extras=dict(data.get("extras", {})),
     )
+    _restore_optional_fields(run, data)
+    return run
+
+
+def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
+    """Set ``facts`` and ``steps`` on Run versions that have them (best effort: they are context)."""
+    facts = data.get("facts")
+    current = getattr(run, "facts", None)
+    if isinstance(facts, dict) and dataclasses.is_dataclass(current):
+        known = {f.name for f in dataclasses.fields(current)}
+        try:
+            run.facts = type(current)(**{k: v for k, v in facts.items() if k in known})
+        except (TypeError, ValueError):
+            pass
+    steps = data.get("steps")
+    if isinstance(steps, list) and hasattr(run, "steps"):
+        run.steps = [dict(step) for step in steps if isinstance(step, dict)]
 
 
 def load(path: str | os.PathLike[str]) -> RunArtifact:

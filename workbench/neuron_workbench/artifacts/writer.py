@@ -203,6 +203,9 @@ def _run_manifest(role: str, run: Run) -> tuple[dict[str, Any], dict[str, torch.
         "stderr": run.stderr,
         "extras": extras,
         "extras_skipped": extras_skipped,
+        # Newer Run fields, kept when present (facts explain numeric differences; steps: a curve).
+        "facts": _lenient_json(getattr(run, "facts", None)),
+        "steps": _lenient_json(getattr(run, "steps", None)) or [],
         "tensor_file": tensor_entry(role) if tensors else None,
         "outputs": leaves,
         "skipped_outputs": skipped,
@@ -220,6 +223,12 @@ def environment() -> dict[str, Any]:
         "machine": platform.machine(),
         "workbench": __version__,
     }
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _zip_info(name: str, compress: int) -> zipfile.ZipInfo:
@@ -301,6 +310,8 @@ def save(
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        # mkstemp creates 0600; give the artifact the permissions a normal new file would get.
+        os.chmod(tmp_name, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             with zipfile.ZipFile(handle, "w") as archive:
                 archive.writestr(

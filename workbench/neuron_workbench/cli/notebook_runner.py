@@ -1,16 +1,26 @@
-"""Execute a notebook headless in a real kernel and collect every ``%%neuron`` report it produced."""
+"""Execute a notebook headless in a real kernel and collect every ``%%neuron`` report it produced.
+
+Also the report files every command writes (the run JSON document, JUnit XML), so ``run`` and
+``compare`` produce the same shapes.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Callable
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.report import REPORT_MIME
+
+#: ``schema_version`` of the ``run --json`` document (``run.schema.json``).
+RUN_SCHEMA_VERSION = 1
 
 _SETUP_TAG = "neuron-workbench-setup"
 
@@ -22,6 +32,10 @@ class NotebookRun:
     path: str
     reports: list[dict[str, Any]] = field(default_factory=list)
     cell_errors: list[dict[str, Any]] = field(default_factory=list)
+    #: ``notebook`` or ``script``.
+    kind: str = "notebook"
+    #: Code cells executed (1 for a script).
+    cells: int = 0
 
     def verdict_counts(self) -> dict[str, int]:
         """Number of reports per verdict."""
@@ -30,13 +44,39 @@ class NotebookRun:
             counts[report["verdict"]] = counts.get(report["verdict"], 0) + 1
         return counts
 
+    def fallback_reports(self) -> int:
+        """Number of reports whose target fell back to CPU."""
+        return sum(1 for report in self.reports if report.get("fallback_ops"))
 
-def _setup_source(ref: str | None, target: str | None) -> str:
+    def exit_code(self, strict: bool) -> int:
+        """3 when ``strict`` and ops fell back, else 1 when anything failed or raised, else 0."""
+        if strict and self.fallback_reports():
+            return 3
+        counts = self.verdict_counts()
+        failed = counts.get("FAIL", 0) + counts.get("ERROR", 0) + len(self.cell_errors)
+        return 1 if failed else 0
+
+
+def _setup_source(
+    ref: str | None,
+    target: str | None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int | None = None,
+    record_dir: str | None = None,
+) -> str:
     lines = ["%load_ext neuron_workbench"]
     if ref:
         lines.append(f"%config NeuronMagics.ref = {ref!r}")
     if target:
         lines.append(f"%config NeuronMagics.target = {target!r}")
+    if rtol is not None and atol is not None:
+        lines.append(f"%config NeuronMagics.rtol = {float(rtol)!r}")
+        lines.append(f"%config NeuronMagics.atol = {float(atol)!r}")
+    if seed is not None:
+        lines.append(f"%config NeuronMagics.seed = {int(seed)!r}")
+    if record_dir:
+        lines.append(f"%config NeuronMagics.record_dir = {record_dir!r}")
     return "\n".join(lines)
 
 
@@ -47,10 +87,15 @@ def run_notebook(
     target: str | None = None,
     timeout: int = 900,
     progress: Callable[[int, int], None] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int | None = None,
+    record_dir: str | None = None,
 ) -> NotebookRun:
-    """Execute ``path`` with the extension loaded and ``ref``/``target`` as the magic's defaults.
+    """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
     Cells that raise outside ``%%neuron`` do not stop the run; they are listed in ``cell_errors``.
+    ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -67,7 +112,9 @@ def run_notebook(
             from neuron_workbench.backends import get_backend
 
             get_backend(name)  # unknown names are usage errors before a kernel starts
-    setup = nbformat.v4.new_code_cell(_setup_source(ref, target), metadata={"tags": [_SETUP_TAG]})
+    setup = nbformat.v4.new_code_cell(
+        _setup_source(ref, target, rtol, atol, seed, record_dir), metadata={"tags": [_SETUP_TAG]}
+    )
     nb.cells.insert(0, setup)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     client = NotebookClient(
@@ -85,8 +132,21 @@ def run_notebook(
                 progress(code_cells.index(cell_index), total)
 
         client.on_cell_executed = on_cell_executed
-    client.execute()
-    result = NotebookRun(str(path))
+    try:
+        client.execute()
+    except Exception as exc:  # no kernel, a dead kernel, a timeout: one line, exit 2
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WorkbenchUsageError(
+            f"{path}: the notebook could not be executed: {type(exc).__name__}: {first}"
+        ) from None
+    setup_cell = nb.cells[code_cells[0]]
+    for output in setup_cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            raise WorkbenchUsageError(
+                f"{path}: loading neuron_workbench in the kernel failed: "
+                f"{output.get('ename', '')}: {output.get('evalue', '')}"
+            )
+    result = NotebookRun(str(path), kind="notebook", cells=len(code_cells) - 1)
     for position, index in enumerate(code_cells[1:], start=1):
         cell = nb.cells[index]
         for output in cell.get("outputs", []):
@@ -100,11 +160,13 @@ def run_notebook(
                 report["cell_index"] = position
                 result.reports.append(report)
             elif output.get("output_type") == "error":
-                result.cell_errors.append({
-                    "cell_index": position,
-                    "type": output.get("ename", ""),
-                    "message": output.get("evalue", ""),
-                })
+                result.cell_errors.append(
+                    {
+                        "cell_index": position,
+                        "type": output.get("ename", ""),
+                        "message": output.get("evalue", ""),
+                    }
+                )
     return result
 
 
@@ -114,3 +176,235 @@ def terminal_progress(done: int, total: int) -> None:
         end = "\n" if done >= total else ""
         sys.stderr.write(f"\rcell {done}/{total}{end}")
         sys.stderr.flush()
+
+
+def read_script(path: str | Path) -> str:
+    """The text of a Python script, or a one-line usage error."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkbenchUsageError(f"no such script: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkbenchUsageError(f"{path} is not a readable UTF-8 script: {exc}") from None
+
+
+def compile_script(path: str | Path, source: str) -> Any:
+    """Compile a whole script as one cell; syntax errors name the script."""
+    from neuron_workbench.run import compile_cell
+
+    try:
+        return compile_cell(source, filename=str(path))
+    except WorkbenchUsageError as exc:
+        raise WorkbenchUsageError(f"{path}: {exc}".replace("in the cell, ", "")) from None
+
+
+class script_context:  # noqa: N801 - used like a function in a with-statement
+    """``sys.argv`` and ``sys.path[0]`` as when running ``python SCRIPT``, restored afterwards."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __enter__(self) -> None:
+        self._argv, self._sys_path = list(sys.argv), list(sys.path)
+        sys.argv = [str(self.path)]
+        sys.path.insert(0, str(self.path.resolve().parent))
+
+    def __exit__(self, *exc: object) -> None:
+        sys.argv[:], sys.path[:] = self._argv, self._sys_path
+
+
+def script_namespace(path: str | Path) -> dict[str, Any]:
+    """The globals a script starts with: it runs as ``__main__``."""
+    return {"__name__": "__main__", "__file__": str(path)}
+
+
+def run_script(
+    path: str | Path,
+    *,
+    ref: str | None = None,
+    target: str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    record_dir: str | None = None,
+) -> NotebookRun:
+    """Run a CUDA-style script as one ``%%neuron`` cell in this process and collect its report.
+
+    ``record_dir`` saves both runs (and the report) as ``DIR/<script stem>.nwrun.zip``.
+    """
+    from neuron_workbench.backends import default_reference, get_backend
+    from neuron_workbench.errors import BackendUnavailable
+    from neuron_workbench.report.driver import CompareOptions, compare_cell
+
+    source = read_script(path)
+    options = CompareOptions(
+        ref=ref or default_reference(),
+        target=target or "neuron",
+        rtol=rtol,
+        atol=atol,
+        seed=seed,
+    )
+    options.validate()
+    program = compile_script(path, source)
+    for name in (options.ref, options.target):
+        availability = get_backend(name).availability()
+        if not availability:
+            raise BackendUnavailable(availability.reason)
+    # PyTorch's autograd engine only learns of devices registered before its first backward pass,
+    # so the target's emulator is installed before the reference run can call backward().
+    with get_backend(options.target).session():
+        pass
+    if progress is not None:
+        progress(f"running {Path(path).name} on {options.ref} and {options.target}")
+    with script_context(path):
+        result = compare_cell(program, script_namespace(path), options)
+    report = result.report
+    data = report.to_dict()
+    data["label"] = Path(path).name
+    data["cell_index"] = 1
+    if record_dir:
+        from neuron_workbench.artifacts import save
+
+        save(
+            Path(record_dir) / f"{Path(path).stem}.nwrun.zip",
+            runs={"ref": report.ref, "target": report.target},
+            cell_source=source,
+            report=report.to_dict(),
+        )
+    return NotebookRun(str(path), reports=[data], kind="script", cells=1)
+
+
+def terminal_message(text: str) -> None:
+    """Show a progress message on a terminal (nothing when stderr is not one)."""
+    if sys.stderr.isatty():
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+# --- report files ---------------------------------------------------------------------------------
+
+
+def run_document(result: NotebookRun, *, strict: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``run --json`` document (documented by ``report/run.schema.json``)."""
+    counts = result.verdict_counts()
+    return {
+        "schema_version": RUN_SCHEMA_VERSION,
+        "kind": "neuron-workbench.run",
+        "workbench_version": __version__,
+        "input": {"path": result.path, "kind": result.kind, "cells": result.cells},
+        "options": dict(options),
+        "summary": {
+            "reports": len(result.reports),
+            "verdicts": {verdict: counts.get(verdict, 0) for verdict in ("PASS", "FAIL", "ERROR")},
+            "fallback_reports": result.fallback_reports(),
+            "cell_errors": len(result.cell_errors),
+            "strict": strict,
+            "exit_code": result.exit_code(strict),
+        },
+        "reports": result.reports,
+        "cell_errors": result.cell_errors,
+    }
+
+
+# Characters XML 1.0 cannot hold at all (escaping does not help): most C0 controls, surrogates.
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(value: Any) -> str:
+    return _XML_INVALID.sub("\ufffd", "" if value is None else str(value))
+
+
+def _report_time(report: dict[str, Any]) -> str:
+    total = 0.0
+    for role in ("ref", "target"):
+        seconds = (report.get(role) or {}).get("wall_time_s")
+        if isinstance(seconds, int | float):
+            total += seconds
+    return f"{total:.3f}"
+
+
+def _failure_text(report: dict[str, Any]) -> str:
+    lines = [report.get("summary", "")]
+    for out in report.get("outputs", []):
+        if out.get("status") != "match":
+            detail = out.get("detail") or ""
+            max_abs = out.get("max_abs")
+            numbers = f" max|Δ| {max_abs}" if max_abs is not None else ""
+            lines.append(f"{out.get('path')}: {out.get('status')}{numbers} {detail}".rstrip())
+    for role in ("ref", "target"):
+        error = (report.get(role) or {}).get("error")
+        if error:
+            lines.append(f"{role} raised {error.get('type')}: {error.get('message')}")
+    if report.get("fallback_ops"):
+        lines.append("fell back to CPU: " + ", ".join(report["fallback_ops"]))
+    for warning in report.get("warnings", []):
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def junit_xml(
+    suite: str, reports: Sequence[dict[str, Any]], cell_errors: Sequence[dict[str, Any]] = ()
+) -> str:
+    """JUnit XML with one ``<testcase>`` per report (``cell N``), FAIL as failure, ERROR as error.
+
+    Cells that raised outside ``%%neuron`` are test cases with an ``<error>`` too. ElementTree does
+    the escaping; characters XML cannot hold at all are replaced.
+    """
+    cases: list[tuple[int, ET.Element]] = []
+    failures = errors = 0
+    for report in reports:
+        index = int(report.get("cell_index", len(cases) + 1))
+        case = ET.Element(
+            "testcase",
+            classname=_xml_text(suite),
+            name=f"cell {index}",
+            time=_report_time(report),
+        )
+        verdict = report.get("verdict")
+        summary = _xml_text(report.get("summary", ""))
+        if verdict in ("FAIL", "ERROR"):
+            tag = "failure" if verdict == "FAIL" else "error"
+            failures += verdict == "FAIL"
+            errors += verdict == "ERROR"
+            element = ET.SubElement(case, tag, message=summary, type=str(verdict))
+            element.text = _xml_text(_failure_text(report))
+        ET.SubElement(case, "system-out").text = summary
+        cases.append((index, case))
+    for error in cell_errors:
+        index = int(error.get("cell_index", 0))
+        case = ET.Element("testcase", classname=_xml_text(suite), name=f"cell {index}", time="0")
+        element = ET.SubElement(
+            case,
+            "error",
+            message=_xml_text(f"{error.get('type', '')}: {error.get('message', '')}"),
+            type=_xml_text(error.get("type", "")),
+        )
+        element.text = _xml_text(error.get("message", ""))
+        errors += 1
+        cases.append((index, case))
+    root = ET.Element("testsuites", name="neuron-workbench")
+    suite_element = ET.SubElement(
+        root,
+        "testsuite",
+        name=_xml_text(suite),
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+    )
+    for _, case in sorted(cases, key=lambda item: item[0]):
+        suite_element.append(case)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a report file, creating its folder; failures are one-line usage errors."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise WorkbenchUsageError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -1,4 +1,10 @@
-"""``neuron-workbench run NOTEBOOK``: execute a notebook headless and report its ``%%neuron`` cells."""
+"""``neuron-workbench run NOTEBOOK|SCRIPT``: run every ``%%neuron`` comparison headless, for CI.
+
+A notebook executes in a real Jupyter kernel with the extension loaded; a ``.py`` script written for
+CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies). Exit codes: 0 all passed,
+1 a comparison failed or a cell raised, 3 ``--strict`` and ops fell back to CPU, 2 usage or input
+errors (one line on stderr).
+"""
 
 from __future__ import annotations
 
@@ -6,72 +12,122 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from neuron_workbench.cli.main import EXIT_FAILED, EXIT_FALLBACK, EXIT_OK
 from neuron_workbench.errors import WorkbenchUsageError
 
 NAME = "run"
-HELP = "Execute a notebook headless with the workbench loaded and report every %%neuron cell."
+HELP = (
+    "Execute a notebook (in a real kernel) or a CUDA script with the workbench and report every "
+    "%%neuron comparison (exit 0 pass, 1 fail, 3 --strict with fallbacks, 2 bad input)."
+)
+
+
+def add_tolerance_options(parser: argparse.ArgumentParser) -> None:
+    """``--rtol`` and ``--atol`` (both or neither)."""
+    parser.add_argument("--rtol", type=float, metavar="R", help="relative tolerance (with --atol)")
+    parser.add_argument("--atol", type=float, metavar="A", help="absolute tolerance (with --rtol)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
-    parser.add_argument("path", help="the notebook (.ipynb) to execute")
+    parser.add_argument("path", help="the notebook (.ipynb) or script (.py) to run")
     parser.add_argument("--ref", metavar="BACKEND", help="reference backend for every cell")
     parser.add_argument("--target", metavar="BACKEND", help="target backend for every cell")
+    add_tolerance_options(parser)
+    parser.add_argument("--seed", type=int, help="seed at the start of each run (default 0)")
     parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
     parser.add_argument("--json", metavar="FILE", help="write every report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
+    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per cell)")
+    parser.add_argument(
+        "--record",
+        metavar="DIR",
+        help="save each comparison's runs as artifacts in DIR (scripts; notebooks when the "
+        "magic supports NeuronMagics.record_dir)",
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell (default 900)")
 
 
-def _write(path: str, text: str) -> None:
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise WorkbenchUsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+def _notebook_supports_record_dir() -> bool:
+    from neuron_workbench.magics.neuron import NeuronMagics
+
+    return NeuronMagics.class_traits().get("record_dir") is not None
 
 
 def run(args: argparse.Namespace) -> int:
     """Execute, print one verdict line per report, write the files; return the exit code."""
-    from neuron_workbench.cli.notebook_runner import run_notebook, terminal_progress
+    from neuron_workbench.cli.notebook_runner import (
+        junit_xml,
+        run_document,
+        run_notebook,
+        run_script,
+        terminal_message,
+        terminal_progress,
+        write_text,
+    )
+    from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
-    if not args.path.endswith(".ipynb"):
-        raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb)")
-    result = run_notebook(
-        args.path,
-        ref=args.ref,
-        target=args.target,
-        timeout=args.timeout,
-        progress=terminal_progress,
-    )
+    check_pair(args.rtol, args.atol)
+    suffix = Path(args.path).suffix.lower()
+    if suffix not in (".ipynb", ".py"):
+        raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb) or a script (.py)")
+    if args.timeout <= 0:
+        raise WorkbenchUsageError("--timeout must be a positive number of seconds")
+    if suffix == ".ipynb":
+        if args.record and not _notebook_supports_record_dir():
+            raise WorkbenchUsageError(
+                "--record for notebooks needs NeuronMagics.record_dir, which this version lacks"
+            )
+        result = run_notebook(
+            args.path,
+            ref=args.ref,
+            target=args.target,
+            rtol=args.rtol,
+            atol=args.atol,
+            seed=args.seed,
+            timeout=args.timeout,
+            progress=terminal_progress,
+            record_dir=str(Path(args.record).resolve()) if args.record else None,
+        )
+    else:
+        result = run_script(
+            args.path,
+            ref=args.ref,
+            target=args.target,
+            rtol=args.rtol,
+            atol=args.atol,
+            seed=args.seed if args.seed is not None else 0,
+            progress=terminal_message,
+            record_dir=args.record,
+        )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
     for error in result.cell_errors:
-        sys.stdout.write(f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n")
+        sys.stdout.write(
+            f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
+        )
     counts = result.verdict_counts()
-    fallback_cells = sum(1 for r in result.reports if r.get("fallback_ops"))
     summary = (
         f"{len(result.reports)} reports: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("PASS", "FAIL", "ERROR"))
-        + f"; {fallback_cells} with CPU fallbacks; {len(result.cell_errors)} cell errors"
+        + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
+    options: dict[str, Any] = {
+        "ref": args.ref,
+        "target": args.target,
+        "rtol": args.rtol,
+        "atol": args.atol,
+        "seed": args.seed,
+    }
+    name = Path(result.path).name
     if args.json:
-        payload = {
-            "schema_version": 1,
-            "notebook": result.path,
-            "summary": {"verdicts": counts, "cell_errors": len(result.cell_errors)},
-            "reports": result.reports,
-            "cell_errors": result.cell_errors,
-        }
-        _write(args.json, json.dumps(payload, indent=2) + "\n")
+        document = run_document(result, strict=args.strict, options=options)
+        write_text(args.json, json.dumps(document, indent=2) + "\n")
     if args.html:
-        _write(args.html, render_page(result.reports, title=f"neuron-workbench: {result.path}"))
-    if args.strict and fallback_cells:
-        return EXIT_FALLBACK
-    failed = counts.get("FAIL", 0) + counts.get("ERROR", 0) + len(result.cell_errors)
-    return EXIT_FAILED if failed else EXIT_OK
+        write_text(args.html, render_page(result.reports, title=f"neuron-workbench: {name}"))
+    if args.junit:
+        write_text(args.junit, junit_xml(name, result.reports, result.cell_errors))
+    return result.exit_code(args.strict)

@@ -1,0 +1,102 @@
+"""``neuron-workbench compare A B``: compare two recorded runs (artifacts) without executing anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NAME = "compare"
+HELP = (
+    "Compare two run artifacts: A's reference run against B's target run "
+    "(exit 0 pass, 1 fail or error, 3 --strict with fallbacks, 2 bad input)."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the subcommand's options."""
+    from neuron_workbench.cli.commands.run import add_tolerance_options
+
+    parser.add_argument("reference", help="artifact with the reference run (its 'ref' or only run)")
+    parser.add_argument("target", help="artifact with the target run (its 'target' or only run)")
+    add_tolerance_options(parser)
+    parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
+    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase)")
+
+
+def pick_run(artifact: Any, role: str) -> Any:
+    """``artifact``'s run in ``role``, else its only run; a usage error when ambiguous."""
+    from neuron_workbench.artifacts import ArtifactError
+
+    if role in artifact.runs:
+        return artifact.runs[role]
+    if len(artifact.runs) == 1:
+        return next(iter(artifact.runs.values()))
+    raise ArtifactError(
+        f"{artifact.path}: holds runs {', '.join(sorted(artifact.runs))} and none is {role!r}"
+    )
+
+
+def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) -> Any:
+    """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs."""
+    from neuron_workbench.artifacts import source_mismatch_warning
+    from neuron_workbench.compare import compare_outputs
+    from neuron_workbench.report.report import Report
+
+    ref = pick_run(ref_artifact, "ref")
+    target = pick_run(target_artifact, "target")
+    comparison = None
+    if ref.ok and target.ok:
+        comparison = compare_outputs(ref.outputs, target.outputs, rtol=rtol, atol=atol)
+    warnings = []
+    mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
+    if mismatch:
+        warnings.append(mismatch)
+    warnings += [
+        f"{name!r} could not be deep-copied, so both runs used the same object"
+        for name in sorted(set(ref.shared_names) | set(target.shared_names))
+    ]
+    return Report(
+        ref=ref,
+        target=target,
+        comparison=comparison,
+        cell_source=target_artifact.cell_source,
+        options={
+            "rtol": rtol,
+            "atol": atol,
+            "ref_artifact": str(ref_artifact.path),
+            "target_artifact": str(target_artifact.path),
+        },
+        warnings=warnings,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load both artifacts, compare, print the verdict line, write the files; return the exit code."""
+    from neuron_workbench.artifacts import load
+    from neuron_workbench.cli.notebook_runner import NotebookRun, junit_xml, write_text
+    from neuron_workbench.compare.tolerances import check_pair
+    from neuron_workbench.report.html import render_page
+
+    check_pair(args.rtol, args.atol)
+    ref_artifact = load(args.reference)
+    target_artifact = load(args.target)
+    report = build_report(ref_artifact, target_artifact, args.rtol, args.atol)
+    for warning in report.warnings:
+        sys.stderr.write(f"warning: {warning}\n")
+    sys.stdout.write(report.summary() + "\n")
+    data = report.to_dict()
+    data["label"] = f"{Path(args.reference).name} vs {Path(args.target).name}"
+    data["cell_index"] = 1
+    if args.json:
+        write_text(args.json, json.dumps(data, indent=2) + "\n")
+    if args.html:
+        write_text(args.html, render_page([data], title=f"neuron-workbench: {data['label']}"))
+    if args.junit:
+        write_text(args.junit, junit_xml(Path(args.target).name, [data]))
+    result = NotebookRun(str(args.target), reports=[data], kind="artifacts", cells=1)
+    return result.exit_code(args.strict)

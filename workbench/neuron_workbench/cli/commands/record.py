@@ -1,0 +1,73 @@
+"""``neuron-workbench record SCRIPT.py --backend B -o PATH``: record a reference run to compare later.
+
+CUDA and Trainium never share a host: run this on the GPU machine, copy the artifact, and run
+``neuron-workbench compare`` (or ``%%neuron --against PATH``) on the Trainium machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAME = "record"
+HELP = "Run a CUDA script once on one backend and save its outputs as a run artifact (role 'ref')."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the subcommand's options."""
+    parser.add_argument("script", help="the script (.py) to run, written for CUDA")
+    parser.add_argument(
+        "--backend", metavar="BACKEND", help="backend to run on (default: cuda if usable, else cpu)"
+    )
+    parser.add_argument(
+        "-o", "--output", metavar="PATH", required=True, help="artifact file to write (*.nwrun.zip)"
+    )
+    parser.add_argument(
+        "--role", default="ref", help="role of the run in the artifact (default ref)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed at the start of the run")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the script, save the artifact, print one line; 0 when it ran, 1 when it raised."""
+    from neuron_workbench.artifacts import save
+    from neuron_workbench.artifacts._format import ROLE_PATTERN
+    from neuron_workbench.backends import default_reference, get_backend
+    from neuron_workbench.cli.notebook_runner import (
+        compile_script,
+        read_script,
+        script_context,
+        script_namespace,
+        terminal_message,
+    )
+    from neuron_workbench.errors import WorkbenchUsageError
+    from neuron_workbench.run import RunSpec, execute
+
+    if not ROLE_PATTERN.fullmatch(args.role):
+        raise WorkbenchUsageError(f"--role {args.role!r}: lowercase letters, digits, _ and -")
+    if not args.script.endswith(".py"):
+        raise WorkbenchUsageError(f"{args.script}: expected a Python script (.py)")
+    backend = get_backend(args.backend or default_reference())
+    source = read_script(args.script)
+    program = compile_script(args.script, source)
+    terminal_message(f"running {Path(args.script).name} on {backend.name}")
+    with script_context(args.script):
+        recorded = execute(
+            RunSpec(program, script_namespace(args.script), seed=args.seed), backend, run_id="ref"
+        )
+    path = save(args.output, runs={args.role: recorded}, cell_source=source)
+    label = recorded.backend.label
+    if recorded.error is not None:
+        where = f" (line {recorded.error.lineno})" if recorded.error.lineno else ""
+        sys.stdout.write(
+            f"recorded {label} run that raised {recorded.error.summary}{where} -> {path}\n"
+        )
+        return 1
+    from neuron_workbench.compare.flatten import iter_leaves
+
+    outputs = sum(1 for _ in iter_leaves(recorded.outputs))
+    fallback_ops = recorded.fallback_ops()
+    extra = f"; {len(fallback_ops)} ops fell back to CPU" if fallback_ops else ""
+    sys.stdout.write(f"recorded {label} run: {outputs} outputs{extra} -> {path}\n")
+    return 0

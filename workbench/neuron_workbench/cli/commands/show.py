@@ -1,0 +1,96 @@
+"""``neuron-workbench show ARTIFACT``: what a run artifact holds, without running anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+NAME = "show"
+HELP = "Summarize a run artifact: runs, backends (emulated or real), outputs, fallbacks, versions."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the subcommand's options."""
+    parser.add_argument("artifact", help="the artifact file (*.nwrun.zip)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def summarize(artifact: Any) -> dict[str, Any]:
+    """JSON-ready summary of a loaded artifact."""
+    runs = {}
+    for role, run_data in artifact.manifest["runs"].items():
+        run = artifact.runs[role]
+        leaves = run_data["outputs"]
+        runs[role] = {
+            "backend": run.backend.name,
+            "emulated": run.backend.emulated,
+            "device": run.backend.device,
+            "device_name": run.backend.device_name,
+            "ok": run.ok,
+            "error": run.error.summary if run.error is not None else None,
+            "outputs": len(leaves),
+            "tensors": sum(1 for leaf in leaves if leaf["kind"] == "tensor"),
+            "tensor_bytes": sum(leaf["nbytes"] for leaf in leaves if leaf["kind"] == "tensor"),
+            "skipped_outputs": len(run_data.get("skipped_outputs", [])),
+            "fallback_ops": run.fallback_ops(),
+            "wall_time_s": run.wall_time_s,
+            "extras": sorted(run.extras),
+        }
+    report = artifact.report
+    return {
+        "path": str(artifact.path),
+        "format_version": artifact.manifest["format_version"],
+        "workbench_version": artifact.manifest.get("workbench_version", ""),
+        "created": artifact.created,
+        "environment": artifact.environment,
+        "cell": {
+            "sha256": artifact.cell_sha256,
+            "lines": len(artifact.cell_source.splitlines()),
+        },
+        "runs": runs,
+        "report": None
+        if report is None
+        else {"verdict": report.get("verdict"), "summary": report.get("summary")},
+    }
+
+
+def _text(summary: dict[str, Any]) -> list[str]:
+    env = summary["environment"]
+    lines = [
+        f"artifact {summary['path']}",
+        f"  format {summary['format_version']}, neuron-workbench "
+        f"{summary['workbench_version']}, created {summary['created']}",
+        f"  recorded with torch {env.get('torch', '?')}, python {env.get('python', '?')} "
+        f"on {env.get('platform', '?')}",
+        f"  cell sha256 {summary['cell']['sha256'][:16]}, {summary['cell']['lines']} lines",
+    ]
+    for role, run in summary["runs"].items():
+        kind = "emulated" if run["emulated"] else "real"
+        status = "ran" if run["ok"] else f"raised {run['error']}"
+        lines.append(
+            f"  run {role}: {run['backend']} ({kind}) on {run['device']} [{run['device_name']}], "
+            f"{status}; {run['outputs']} outputs ({run['tensors']} tensors, "
+            f"{run['tensor_bytes']} bytes)"
+        )
+        if run["fallback_ops"]:
+            lines.append(f"    fell back to CPU: {', '.join(run['fallback_ops'])}")
+        if run["skipped_outputs"]:
+            lines.append(f"    {run['skipped_outputs']} outputs could not be stored")
+    if summary["report"]:
+        lines.append(f"  report: {summary['report']['summary']}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load (validating) and print the summary; exit 0, or 2 for a bad artifact."""
+    from neuron_workbench.artifacts import load
+
+    summary = summarize(load(args.artifact))
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n".join(_text(summary)) + "\n")
+    return 0
