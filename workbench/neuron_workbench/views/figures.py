@@ -1,0 +1,304 @@
+"""Plotly figures of a report, built from ``Report.to_dict()`` data only (saved reports look the same).
+
+Each builder returns a plain ``go.Figure``; the widget view wraps them in ``go.FigureWidget`` and the
+static view embeds their JSON. Emulated timings are labelled as host CPU time on every axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
+
+__all__ = [
+    "call_sites",
+    "fallback_bar",
+    "fallback_rows",
+    "memory_bars",
+    "module_treemap",
+    "op_time_bars",
+    "profile_frame",
+]
+
+_REF_COLOR = "#57606a"
+_TARGET_COLOR = "#0969da"
+_FALLBACK_COLOR = "#cf222e"
+_FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12}
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        font=_FONT,
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.12},
+    )
+    return fig
+
+
+def _empty(title: str, message: str, height: int = 180) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+        font={"size": 13, "color": "#57606a"},
+    )  # fmt: skip
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height)
+
+
+def _target_label(data: dict[str, Any]) -> str:
+    backend = data.get("target", {}).get("backend", {})
+    name = str(backend.get("name", "target"))
+    return f"{name} (emulated)" if backend.get("emulated") else name
+
+
+def _ref_label(data: dict[str, Any]) -> str:
+    backend = data.get("ref", {}).get("backend", {})
+    name = str(backend.get("name", "ref"))
+    return f"{name} (emulated)" if backend.get("emulated") else name
+
+
+def _time_kind(run: dict[str, Any]) -> str:
+    profile = run.get("profile") or {}
+    if profile.get("time_kind"):
+        return str(profile["time_kind"])
+    if run.get("time_kind"):
+        return str(run["time_kind"])
+    return "host CPU time" if run.get("backend", {}).get("emulated") else "wall time"
+
+
+def fallback_rows(data: dict[str, Any]) -> list[FallbackRow]:
+    """The target run's fallback events of a report, aggregated per op (most frequent first)."""
+    return fallback_table(list(data.get("target", {}).get("fallbacks", [])))
+
+
+def fallback_bar(data: dict[str, Any]) -> go.Figure:
+    """CPU-fallback ops of the target run: calls (left) and host CPU time (right), one bar each.
+
+    Bars carry the op's call sites as ``customdata`` (for click handlers and hover text).
+    """
+    rows = fallback_rows(data)
+    target = _target_label(data)
+    title = f"CPU fallbacks on {target}"
+    if not rows:
+        return _empty(title, f"No op fell back to CPU on {target}.")
+    rows = rows[::-1]  # plotly draws the first category at the bottom
+    ops = [row.op for row in rows]
+    sites = ["<br>".join(f"{file}:{line}" for file, line in row.sites) or "backward / library code"
+             for row in rows]  # fmt: skip
+    fig = make_subplots(
+        rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
+        subplot_titles=("calls that ran on the CPU", "host CPU time (ms)"),
+    )  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            name="calls", y=ops, x=[row.count or 0 for row in rows], orientation="h",
+            marker_color=_FALLBACK_COLOR, customdata=sites, text=[row.count for row in rows],
+            textposition="auto",
+            hovertemplate="<b>%{y}</b><br>%{x} calls on CPU<br>%{customdata}<extra></extra>",
+        ),
+        row=1, col=1,
+    )  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            name="host CPU time (ms)", y=ops,
+            x=[(row.cpu_time_s or 0.0) * 1e3 for row in rows], orientation="h",
+            marker_color="#bc4c00", customdata=sites,
+            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms host CPU time<br>%{customdata}<extra></extra>",
+        ),
+        row=1, col=2,
+    )  # fmt: skip
+    fig.update_yaxes(automargin=True, row=1, col=1)
+    fig.update_layout(showlegend=False, bargap=0.25)
+    return _layout(fig, title + " — time is host CPU time", 140 + 34 * len(rows))
+
+
+def module_treemap(data: dict[str, Any]) -> go.Figure:
+    """Treemap module → op of the target's CPU fallbacks, sized by calls."""
+    events = list(data.get("target", {}).get("fallbacks", []))
+    target = _target_label(data)
+    title = f"Fallbacks by module on {target}"
+    if not events:
+        return _empty(title, "No fallbacks.")
+    per: dict[tuple[str, str], list[float]] = {}
+    types: dict[str, str] = {}
+    for event in events:
+        module = str(event.get("module") or "")
+        if event.get("phase") == "backward" and not module:
+            module = "(backward)"
+        module = module or "(top level)"
+        if event.get("module_type"):
+            types.setdefault(module, str(event["module_type"]))
+        key = (module, normalize_op(event["op"]))
+        acc = per.setdefault(key, [0.0, 0.0])
+        acc[0] += float(event.get("count") or 1)
+        acc[1] += float(event.get("cpu_time_s") or 0.0)
+    root = f"{target} fallbacks"
+    ids, labels, parents, values, times = [root], [root], [""], [0.0], [0.0]
+    modules: dict[str, int] = {}
+    for (module, op), (count, seconds) in sorted(per.items()):
+        if module not in modules:
+            modules[module] = len(ids)
+            label = f"{module} ({types[module]})" if module in types else module
+            ids.append(f"m:{module}")
+            labels.append(label)
+            parents.append(root)
+            values.append(0.0)
+            times.append(0.0)
+        index = modules[module]
+        values[index] += count
+        times[index] += seconds
+        values[0] += count
+        times[0] += seconds
+        ids.append(f"o:{module}/{op}")
+        labels.append(op)
+        parents.append(f"m:{module}")
+        values.append(count)
+        times.append(seconds)
+    fig = go.Figure(
+        go.Treemap(
+            ids=ids, labels=labels, parents=parents,
+            values=values, branchvalues="total",
+            customdata=[t * 1e3 for t in times],
+            hovertemplate="<b>%{label}</b><br>%{value} calls<br>%{customdata:.3f} ms host CPU time"
+                          "<extra></extra>",
+        )
+    )  # fmt: skip
+    return _layout(fig, title + " (size: calls)", 360)
+
+
+def profile_frame(data: dict[str, Any], phase: str = "steady") -> Any:
+    """The report's two op profiles joined by op (``trace.profile.profile_diff``), or None."""
+    ref = data.get("ref", {}).get("profile")
+    target = data.get("target", {}).get("profile")
+    if not ref or not target:
+        return None
+    from neuron_workbench.trace.profile import profile_diff
+
+    return profile_diff(ref, target, data.get("fallback_ops", []), phase=phase)
+
+
+def op_time_bars(data: dict[str, Any], n: int = 15) -> go.Figure:
+    """Per-op time of the reference and the target side by side (top ``n`` by the larger time).
+
+    Target bars of ops that fell back to the CPU are drawn in red.
+    """
+    title = "Op time, reference vs target"
+    df = profile_frame(data)
+    if df is None or df.empty:
+        return _empty(title, "No op profile: run the cell with %%neuron --profile.")
+    df = df.assign(_key=df[["ref_time_s", "target_time_s"]].max(axis=1))
+    df = df.sort_values(["_key", "op"], ascending=[False, True]).head(n).iloc[::-1]
+    ops = list(df["op"])
+    ref_kind, target_kind = _time_kind(data["ref"]), _time_kind(data["target"])
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            name=f"{_ref_label(data)} ({ref_kind})", y=ops, x=df["ref_time_s"] * 1e3,
+            orientation="h", marker_color=_REF_COLOR, customdata=df["ref_calls"],
+            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>ref</extra>",
+        )
+    )  # fmt: skip
+    colors = [_FALLBACK_COLOR if fb else _TARGET_COLOR for fb in df["fallback"]]
+    fig.add_trace(
+        go.Bar(
+            name=f"{_target_label(data)} ({target_kind})", y=ops, x=df["target_time_s"] * 1e3,
+            orientation="h", marker_color=colors, customdata=df["target_calls"],
+            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>target</extra>",
+        )
+    )  # fmt: skip
+    fig.update_layout(barmode="group", bargap=0.2)
+    fig.update_xaxes(title_text=f"ms — ref: {ref_kind}; target: {target_kind} (red: CPU fallback)")
+    fig.update_yaxes(automargin=True)
+    return _layout(fig, title, 160 + 30 * len(ops))
+
+
+def memory_bars(data: dict[str, Any]) -> go.Figure:
+    """Peak device memory and bytes allocated by ops, per backend (bytes where known)."""
+    roles = [("ref", _ref_label(data)), ("target", _target_label(data))]
+    peaks, allocated, names, notes = [], [], [], []
+    for role, label in roles:
+        run = data.get(role, {})
+        profile = run.get("profile") or {}
+        peak = profile.get("peak_memory_bytes")
+        if peak is None:
+            peak = (run.get("memory") or {}).get("peak_bytes")
+        names.append(label)
+        peaks.append(peak)
+        allocated.append(profile.get("bytes_allocated") if profile else None)
+        notes.append("n/a" if peak is None else "")
+    title = "Memory per backend"
+    if all(p is None for p in peaks) and all(a is None for a in allocated):
+        return _empty(title, "No memory statistics (the CPU keeps none; use --profile).")
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            name="peak device memory", x=names, y=[p or 0 for p in peaks],
+            text=[_fmt_bytes(p) for p in peaks], textposition="auto", marker_color=_TARGET_COLOR,
+        )
+    )  # fmt: skip
+    if any(a is not None for a in allocated):
+        fig.add_trace(
+            go.Bar(
+                name="bytes allocated by ops (sum)", x=names, y=[a or 0 for a in allocated],
+                text=[_fmt_bytes(a) for a in allocated], textposition="auto",
+                marker_color=_REF_COLOR,
+            )
+        )  # fmt: skip
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="bytes")
+    return _layout(fig, title, 300)
+
+
+def _fmt_bytes(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def call_sites(data: dict[str, Any], op: str) -> list[dict[str, Any]]:
+    """Where ``op`` was called from: fallback event sites first, then the op profiles' first sites.
+
+    Each entry has ``file``, ``line``, ``function``, ``module``, ``role`` and ``source``.
+    """
+    name = normalize_op(op)
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    for event in data.get("target", {}).get("fallbacks", []):
+        if normalize_op(event["op"]) != name:
+            continue
+        site = event.get("site") or {}
+        key = (str(site.get("file", "")), int(site.get("line") or 0))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            {"file": key[0], "line": key[1], "function": site.get("function", ""),
+             "module": event.get("module", ""), "role": "target",
+             "source": f"fallback ({event.get('phase', '')})"}
+        )  # fmt: skip
+    for role in ("ref", "target"):
+        for row in (data.get(role, {}).get("profile") or {}).get("rows", []):
+            if row.get("op") != name or not row.get("site"):
+                continue
+            site = row["site"]
+            key = (str(site.get("file", "")), int(site.get("line") or 0))
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(
+                {"file": key[0], "line": key[1], "function": site.get("function", ""),
+                 "module": row.get("module", ""), "role": role, "source": "op profile (first call)"}
+            )  # fmt: skip
+    return out

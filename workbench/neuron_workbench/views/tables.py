@@ -1,0 +1,356 @@
+"""HTML fragments of the report views (summary, numerics, layers, ops, fallbacks), from report data.
+
+Every value from the user's code goes through :func:`esc`; the fragments run no script.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from neuron_workbench.report.html import esc
+from neuron_workbench.trace.fallback import fallback_table
+
+__all__ = [
+    "STYLE",
+    "fallbacks_html",
+    "layers_html",
+    "migration_html",
+    "numerics_html",
+    "ops_html",
+    "sites_html",
+    "summary_html",
+]
+
+_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
+
+STYLE = """<style>
+.nw-view{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4}
+.nw-view table{border-collapse:collapse;margin:4px 0}
+.nw-view th,.nw-view td{border:1px solid #d0d7de;padding:2px 8px;text-align:left;vertical-align:top}
+.nw-view th{background:#f6f8fa}
+.nw-view td.num{text-align:right;font-variant-numeric:tabular-nums}
+.nw-view .bad{color:#cf222e;font-weight:600}
+.nw-view .ok{color:#1a7f37}
+.nw-view .note{color:#57606a}
+.nw-view .nw-verdict{display:inline-block;color:#fff;font-weight:600;border-radius:4px;
+ padding:1px 8px;margin-right:8px}
+.nw-view code{font-size:12px}
+</style>"""
+
+
+def _fmt_ms(seconds: Any) -> str:
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return ""
+    return f"{float(seconds) * 1e3:.3f}"
+
+
+def _fmt_num(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return esc(value)
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.3g}"
+    return esc(value)
+
+
+def fmt_bytes(value: Any) -> str:
+    """``12.3 KiB``; ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Iterable[int] = ()
+) -> str:
+    """An HTML table; cells are already-escaped HTML, headers are escaped here."""
+    num = set(numeric)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td{' class=num' if i in num else ''}>{cell}</td>" for i, cell in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _label(run: dict[str, Any]) -> str:
+    backend = run.get("backend", {})
+    name = str(backend.get("name", "?"))
+    return f"{name} (emulated)" if backend.get("emulated") else name
+
+
+def _time_kind(run: dict[str, Any]) -> str:
+    profile = run.get("profile") or {}
+    return str(
+        profile.get("time_kind")
+        or run.get("time_kind")
+        or ("host CPU time" if run.get("backend", {}).get("emulated") else "wall time")
+    )
+
+
+def summary_html(data: dict[str, Any]) -> str:
+    """Verdict, both backends (time labelled with its kind, peak memory, fallbacks), warnings."""
+    verdict = str(data.get("verdict", "?"))
+    color = _COLORS.get(verdict, "#57606a")
+    parts = [
+        f'<div class="nw-view nw-summary"><span class="nw-verdict" style="background:{color}">'
+        f"{esc(verdict)}</span><b>{esc(data.get('title', ''))}</b>"
+        f'<div class="note">{esc(data.get("summary", ""))}</div>'
+    ]
+    rows = []
+    for role in ("ref", "target"):
+        run = data.get(role, {})
+        backend = run.get("backend", {})
+        seconds = run.get("wall_time_s")
+        time = f"{seconds * 1e3:.1f} ms ({esc(_time_kind(run))})" if seconds is not None else "n/a"
+        profile = run.get("profile") or {}
+        peak = profile.get("peak_memory_bytes")
+        if peak is None:
+            peak = (run.get("memory") or {}).get("peak_bytes")
+        status = "ok" if run.get("ok", True) else "raised"
+        ops = {str(e.get("op")) for e in run.get("fallbacks", [])}
+        rows.append(
+            [esc(role), esc(_label(run)), esc(backend.get("device", "")), esc(status), time,
+             esc(fmt_bytes(peak)), esc(len(ops))]
+        )  # fmt: skip
+    parts.append(
+        table(["role", "backend", "device", "status", "cell time", "peak memory", "fallback ops"],
+              rows, numeric=(4, 5, 6))
+    )  # fmt: skip
+    counts = data.get("counts") or {}
+    if counts:
+        parts.append(
+            "<div>outputs: "
+            + ", ".join(f"{esc(k)} {esc(v)}" for k, v in sorted(counts.items()))
+            + "</div>"
+        )
+    if any(
+        r.get("backend", {}).get("emulated") for r in (data.get("ref", {}), data.get("target", {}))
+    ):
+        parts.append(
+            '<div class="note">Emulated devices run on the host CPU: their times are host CPU time,'
+            " never Trainium or TPU performance.</div>"
+        )
+    for warning in data.get("warnings", []):
+        parts.append(f'<div class="note">warning: {esc(warning)}</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def numerics_html(data: dict[str, Any]) -> str:
+    """One row per compared output, failures first."""
+    outputs = list(data.get("outputs", []))
+    if not outputs:
+        return (
+            '<div class="nw-view nw-numerics note">No outputs were compared (a run raised).</div>'
+        )
+    outputs.sort(key=lambda d: (d.get("status") == "match", str(d.get("path"))))
+    rows = []
+    for d in outputs:
+        status = str(d.get("status", ""))
+        cls = "ok" if status == "match" else "bad"
+        shape = d.get("ref_shape")
+        mism = d.get("mismatched")
+        numel = d.get("numel")
+        rows.append(
+            [f"<code>{esc(d.get('path'))}</code>", f'<span class="{cls}">{esc(status)}</span>',
+             esc(d.get("kind", "")), esc(d.get("ref_dtype") or ""), esc(d.get("target_dtype") or ""),
+             esc(shape if shape is not None else ""), _fmt_num(d.get("max_abs")),
+             _fmt_num(d.get("max_rel")),
+             "" if mism is None else f"{esc(mism)} / {esc(numel)}",
+             f"rtol {_fmt_num(d.get('rtol'))}, atol {_fmt_num(d.get('atol'))}"]
+        )  # fmt: skip
+    return '<div class="nw-view nw-numerics">' + table(
+        ["output", "status", "kind", "ref dtype", "target dtype", "shape", "max |Δ|",
+         "max rel", "mismatched", "tolerance"],
+        rows, numeric=(6, 7, 8),
+    ) + "</div>"  # fmt: skip
+
+
+def layers_html(data: dict[str, Any]) -> str:
+    """Layer-by-layer divergence when the report has it, else how to get it."""
+    layers = data.get("layers")
+    if not layers:
+        return (
+            '<div class="nw-view nw-layers note">No layer-by-layer comparison was recorded for '
+            "this cell.</div>"
+        )
+    entries = layers.get("layers", []) if isinstance(layers, dict) else list(layers)
+    first = layers.get("first_divergence") if isinstance(layers, dict) else None
+    head = ""
+    if first:
+        head = (
+            f'<div class="bad">first divergence: <code>{esc(first.get("module"))}</code> '
+            f"({esc(first.get('module_type', ''))})</div>"
+        )
+    rows = []
+    for entry in entries:
+        born = entry.get("born")
+        diverged = entry.get("diverged")
+        state = "born here" if born else ("diverged" if diverged else "ok")
+        cls = "bad" if diverged else "ok"
+        rows.append(
+            [esc(entry.get("order", "")), f"<code>{esc(entry.get('module', ''))}</code>",
+             esc(entry.get("module_type", "")), _fmt_num(entry.get("error")),
+             f'<span class="{cls}">{esc(state)}</span>']
+        )  # fmt: skip
+    return (
+        '<div class="nw-view nw-layers">'
+        + head
+        + table(["#", "module", "type", "error", "state"], rows, numeric=(0, 3))
+        + "</div>"
+    )
+
+
+def ops_html(data: dict[str, Any], n: int = 25) -> str:
+    """The top ``n`` ops of the joined profiles, with each side's time kind in the header."""
+    from neuron_workbench.views.figures import profile_frame
+
+    df = profile_frame(data)
+    if df is None:
+        return (
+            '<div class="nw-view nw-ops note">No op profile: run the cell with '
+            "<code>%%neuron --profile</code>.</div>"
+        )
+    ref, target = data["ref"], data["target"]
+    ref_kind, target_kind = _time_kind(ref), _time_kind(target)
+    rows = []
+    for rec in df.head(n).to_dict("records"):
+        op = esc(rec["op"])
+        rows.append(
+            [f"<code>{op}</code>" + (' <span class="bad">CPU fallback</span>' if rec["fallback"] else ""),
+             _fmt_ms(rec["ref_time_s"]), _fmt_ms(rec["target_time_s"]), _fmt_num(rec["ratio"]),
+             esc(rec["ref_calls"]), esc(rec["target_calls"]), esc(fmt_bytes(rec["ref_bytes"])),
+             esc(fmt_bytes(rec["target_bytes"])), esc(rec["target_shapes"] or rec["ref_shapes"])]
+        )  # fmt: skip
+    notes = []
+    for role, run in (("ref", ref), ("target", target)):
+        profile = run.get("profile") or {}
+        total = profile.get("total_time_s")
+        iterations = profile.get("iterations", 1)
+        line = f"{esc(role)} {esc(_label(run))}: {esc(_time_kind(run))}"
+        if total is not None:
+            line += f", {_fmt_ms(total)} ms in ops"
+        if iterations and iterations > 1:
+            times = profile.get("iteration_times_s") or []
+            first = _fmt_ms(times[0]) if times else "?"
+            steady = _fmt_ms(sum(times[1:]) / len(times[1:])) if len(times) > 1 else "?"
+            line += (
+                f"; {esc(iterations)} iterations: first call {first} ms, steady state "
+                f"{steady} ms per iteration (table: steady state)"
+            )
+        notes.append(f"<div>{line}</div>")
+    return (
+        '<div class="nw-view nw-ops">'
+        + "".join(notes)
+        + table(
+            [
+                "op",
+                f"ref ms ({ref_kind})",
+                f"target ms ({target_kind})",
+                "ratio",
+                "ref calls",
+                "target calls",
+                "ref bytes",
+                "target bytes",
+                "input shapes",
+            ],
+            rows,
+            numeric=(1, 2, 3, 4, 5, 6, 7),
+        )  # fmt: skip
+        + f'<div class="note">{len(df)} ops in all; showing the {min(n, len(df))} slowest on the '
+        "target. Emulated times are host CPU time.</div></div>"
+    )
+
+
+def fallbacks_html(data: dict[str, Any]) -> str:
+    """The target's fallback ops: count, host CPU time, shapes, dtypes, source lines, modules."""
+    target = data.get("target", {})
+    rows = fallback_table(list(target.get("fallbacks", [])))
+    label = _label(target)
+    if not rows:
+        return f'<div class="nw-view nw-fallbacks ok">No op fell back to CPU on {esc(label)}.</div>'
+    body = []
+    for row in rows:
+        sites = (
+            "<br>".join(
+                f"<code>{esc(file)}:{esc(line)}</code> in {esc(func)}"
+                for (file, line), func in zip(row.sites, row.functions)
+            )
+            or '<span class="note">backward / library code</span>'
+        )
+        modules = ", ".join(f"<code>{esc(m or '(top level)')}</code>" for m in row.modules)
+        if row.module_types:
+            modules += f" ({esc(', '.join(row.module_types))})"
+        body.append(
+            [f"<code>{esc(row.op)}</code>", esc("?" if row.count is None else row.count),
+             _fmt_ms(row.cpu_time_s), esc("; ".join(row.shapes)), esc(", ".join(row.dtypes)),
+             sites, modules, esc(", ".join(row.phases))]
+        )  # fmt: skip
+    head = (
+        f'<div class="bad">{len(rows)} op{"s" if len(rows) != 1 else ""} fell back to CPU on '
+        f"{esc(label)}: {esc(', '.join(r.op for r in rows))}</div>"
+    )
+    return (
+        '<div class="nw-view nw-fallbacks">'
+        + head
+        + table(
+            [
+                "op",
+                "calls",
+                "host CPU ms",
+                "input shapes",
+                "dtypes",
+                "source lines",
+                "modules",
+                "phase",
+            ],
+            body,
+            numeric=(1, 2),
+        )  # fmt: skip
+        + "</div>"
+    )
+
+
+def sites_html(op: str, sites: list[dict[str, Any]]) -> str:
+    """Call sites of one op (the pane under a clicked bar)."""
+    if not sites:
+        return (
+            f'<div class="nw-view nw-sites note">No user source line recorded for '
+            f"<code>{esc(op)}</code> (called from backward or library code).</div>"
+        )
+    items = "".join(
+        f"<li><code>{esc(s['file'])}:{esc(s['line'])}</code> in {esc(s.get('function', ''))}"
+        + (f" — module <code>{esc(s['module'])}</code>" if s.get("module") else "")
+        + f' <span class="note">({esc(s.get("role", ""))}, {esc(s.get("source", ""))})</span></li>'
+        for s in sites
+    )
+    return f'<div class="nw-view nw-sites"><b>Call sites of <code>{esc(op)}</code></b><ul>{items}</ul></div>'
+
+
+def migration_html(data: dict[str, Any]) -> str:
+    """Scanner findings of the cell, when the report has them."""
+    migration = data.get("migration")
+    findings = migration.get("findings", []) if isinstance(migration, dict) else migration or []
+    if not findings:
+        return '<div class="nw-view nw-migration ok">The scanner found nothing to migrate.</div>'
+    rows = [
+        [esc(f.get("rule", f.get("id", ""))), esc(f.get("severity", "")), esc(f.get("line", "")),
+         esc(f.get("message", "")), "yes" if f.get("fix") or f.get("fixable") else ""]
+        for f in findings if isinstance(f, dict)
+    ]  # fmt: skip
+    return '<div class="nw-view nw-migration">' + table(
+        ["rule", "severity", "line", "message", "auto-fix"], rows, numeric=(2,)
+    ) + "</div>"  # fmt: skip

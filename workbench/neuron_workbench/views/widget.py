@@ -1,0 +1,199 @@
+"""``ReportView``: an ipywidgets Tab (Summary | Numerics | Layers | Ops | Fallbacks) of one report.
+
+Built from ``Report.to_dict()`` data only, so a saved report renders the same. Tabs are filled when
+first selected (each Plotly ``FigureWidget`` carries the plotly.js bundle to the browser, so only
+the visible ones are made). Clicking an op's bar shows the lines that called it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from neuron_workbench.views import figures, tables
+
+__all__ = ["TAB_TITLES", "ReportView", "report_data", "static_html"]
+
+#: Tab titles, in order (``Migration`` is added when the report has scanner findings).
+TAB_TITLES = ("Summary", "Numerics", "Layers", "Ops", "Fallbacks")
+
+
+def report_data(report_or_dict: Any) -> dict[str, Any]:
+    """The report's JSON data from a ``Report`` (``to_dict()``) or the data itself."""
+    if isinstance(report_or_dict, dict):
+        return report_or_dict
+    to_dict = getattr(report_or_dict, "to_dict", None)
+    if to_dict is None:
+        raise TypeError(f"expected a Report or its to_dict() data, got {type(report_or_dict)!r}")
+    return to_dict()
+
+
+class ReportView(W.Tab):
+    """Tabbed, interactive view of one ``%%neuron`` report.
+
+    Parameters
+    ----------
+    report_or_dict : Report or dict
+        The report, or its ``to_dict()`` data (e.g. loaded from a saved JSON file).
+
+    Attributes
+    ----------
+    data : dict
+        The report data everything is built from.
+    figures : dict of str to go.FigureWidget
+        The figures built so far: ``memory``, ``op_time``, ``fallback_bar``, ``treemap``.
+    sites : dict of str to ipywidgets.HTML
+        The call-site panes of the Ops and Fallbacks tabs (filled by :meth:`show_call_sites`).
+    """
+
+    def __init__(self, report_or_dict: Any, **kwargs: Any) -> None:
+        data = report_data(report_or_dict)
+        titles = list(TAB_TITLES) + (["Migration"] if data.get("migration") else [])
+        builders: list[Callable[[], list[W.Widget]]] = [
+            self._summary, self._numerics, self._layers, self._ops, self._fallbacks,
+        ]  # fmt: skip
+        if data.get("migration"):
+            builders.append(self._migration)
+        children = [W.VBox(layout=W.Layout(padding="6px")) for _ in titles]
+        super().__init__(children=children, titles=titles, **kwargs)
+        self.data = data
+        self.figures: dict[str, go.FigureWidget] = {}
+        self.sites = {"ops": W.HTML(), "fallbacks": W.HTML()}
+        self.selected_op: str | None = None
+        self._builders = builders
+        self._built: set[int] = set()
+        self.add_class("nw-report-view")
+        self.observe(self._on_select, names="selected_index")
+        self.selected_index = 0
+        self._build(0)
+
+    # -- tabs ----------------------------------------------------------------------------------
+    def _on_select(self, change: dict[str, Any]) -> None:
+        index = change.get("new")
+        if index is not None:
+            self._build(int(index))
+
+    def _build(self, index: int) -> None:
+        if index in self._built or not 0 <= index < len(self._builders):
+            return
+        self._built.add(index)
+        self.children[index].children = tuple(self._builders[index]())
+
+    def build_all(self) -> ReportView:
+        """Fill every tab now (they are otherwise filled on first selection); returns self."""
+        for index in range(len(self._builders)):
+            self._build(index)
+        return self
+
+    def _html(self, body: str) -> W.HTML:
+        return W.HTML(tables.STYLE + body)
+
+    def _figure(self, key: str, fig: go.Figure) -> go.FigureWidget:
+        widget = go.FigureWidget(fig)
+        self.figures[key] = widget
+        return widget
+
+    def _summary(self) -> list[W.Widget]:
+        return [
+            self._html(tables.summary_html(self.data)),
+            self._figure("memory", figures.memory_bars(self.data)),
+        ]
+
+    def _numerics(self) -> list[W.Widget]:
+        return [self._html(tables.numerics_html(self.data))]
+
+    def _layers(self) -> list[W.Widget]:
+        return [self._html(tables.layers_html(self.data))]
+
+    def _ops(self) -> list[W.Widget]:
+        widgets: list[W.Widget] = [self._html(tables.ops_html(self.data))]
+        if figures.profile_frame(self.data) is not None:
+            fig = self._figure("op_time", figures.op_time_bars(self.data))
+            self._on_bar_click(fig, "ops")
+            widgets[:0] = [fig, self.sites["ops"]]
+        return widgets
+
+    def _fallbacks(self) -> list[W.Widget]:
+        widgets: list[W.Widget] = [self._html(tables.fallbacks_html(self.data))]
+        if self.data.get("target", {}).get("fallbacks"):
+            bar = self._figure("fallback_bar", figures.fallback_bar(self.data))
+            self._on_bar_click(bar, "fallbacks")
+            widgets += [
+                bar,
+                self.sites["fallbacks"],
+                self._figure("treemap", figures.module_treemap(self.data)),
+            ]
+        return widgets
+
+    def _migration(self) -> list[W.Widget]:
+        return [self._html(tables.migration_html(self.data))]
+
+    # -- interaction ---------------------------------------------------------------------------
+    def _on_bar_click(self, fig: go.FigureWidget, pane: str) -> None:
+        def clicked(trace: Any, points: Any, state: Any) -> None:
+            if points.point_inds:
+                self.show_call_sites(str(trace.y[points.point_inds[0]]), pane)
+
+        for trace in fig.data:
+            trace.on_click(clicked)
+        self.sites[pane].value = (
+            tables.STYLE
+            + '<div class="nw-view note">Click a bar to see where the op is called.</div>'
+        )
+
+    def show_call_sites(self, op: str, pane: str = "fallbacks") -> None:
+        """Show the source lines that called ``op`` in the ``ops`` or ``fallbacks`` pane."""
+        self.selected_op = op
+        self.sites[pane].value = tables.STYLE + tables.sites_html(
+            op, figures.call_sites(self.data, op)
+        )
+
+    # -- static fallback -----------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = super()._repr_mimebundle_(**kwargs) or {}
+        bundle["text/plain"] = str(self.data.get("summary", ""))
+        bundle["text/html"] = static_html(self.data)
+        return bundle
+
+
+def _static_figures(data: dict[str, Any]) -> list[go.Figure]:
+    out = []
+    if data.get("target", {}).get("fallbacks"):
+        out += [figures.fallback_bar(data), figures.module_treemap(data)]
+    if figures.profile_frame(data) is not None:
+        out.append(figures.op_time_bars(data))
+    out.append(figures.memory_bars(data))
+    return out
+
+
+def static_html(data: dict[str, Any]) -> str:
+    """The charts (plotly.js from its CDN) and the op table, for nbconvert HTML and previews.
+
+    This is what renderers without a live kernel show instead of the widget; the report's own
+    HTML (verdict, outputs, fallback table) is displayed separately by the magic. Div ids are
+    derived from the data, so re-rendering the same report gives the same HTML.
+    """
+    digest = hashlib.sha256(
+        json.dumps(data.get("summary", "")).encode() + json.dumps(data.get("cell", {})).encode()
+    ).hexdigest()[:12]
+    parts = [tables.STYLE, '<div class="nw-view nw-static">']
+    for index, fig in enumerate(_static_figures(data)):
+        parts.append(
+            pio.to_html(
+                fig,
+                include_plotlyjs="cdn" if index == 0 else False,
+                full_html=False,
+                div_id=f"nw-{digest}-{index}",
+                config={"displaylogo": False},
+            )
+        )
+    if figures.profile_frame(data) is not None:
+        parts.append(tables.ops_html(data, n=15))
+    parts.append("</div>")
+    return "".join(parts)
