@@ -12,8 +12,15 @@ from IPython.utils.capture import capture_output
 from traitlets import Enum, Float, Int, Unicode
 
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
+from neuron_workbench.compare.tolerances import PRESETS, parse_override
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.report.driver import KEEP_CHOICES, CompareOptions, compare_cell
+from neuron_workbench.report.driver import (
+    KEEP_CHOICES,
+    RNG_CHOICES,
+    WHAT_IF_CHOICES,
+    CompareOptions,
+    compare_cell,
+)
 from neuron_workbench.run import ResidentObjects, compile_cell
 
 
@@ -29,6 +36,19 @@ def prepare_target(name: str) -> None:
                 pass
     except WorkbenchError:
         pass
+
+
+def _migration_findings(cell: str, target: str) -> dict[str, Any] | None:
+    """The scanner's findings for the cell source (the report's Migration tab)."""
+    if target not in ("neuron", "tpu"):
+        return None
+    from neuron_workbench.scan import scan_cell
+
+    report = scan_cell(cell, target=target)
+    data = report.to_dict()
+    data["html"] = report.to_html()
+    data["text"] = report.to_text()
+    return data
 
 
 def _capture() -> Any:
@@ -52,6 +72,12 @@ class NeuronMagics(Magics):
     keep = Enum(
         KEEP_CHOICES, default_value="ref", help="Whose results stay in the namespace afterwards."
     ).tag(config=True)
+    preset = Enum(
+        tuple(PRESETS), default_value="default", help="Tolerance preset for every comparison."
+    ).tag(config=True)
+    rng = Enum(RNG_CHOICES, default_value="device", help="Where random numbers are drawn.").tag(
+        config=True
+    )
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -66,6 +92,49 @@ class NeuronMagics(Magics):
     @argument("--atol", type=float, help="absolute tolerance; give --rtol too")
     @argument("--seed", type=int, help="seed for torch/random/numpy at the start of each run")
     @argument("--keep", choices=KEEP_CHOICES, help="whose results stay in the namespace")
+    @argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        help="tolerance preset: "
+        + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()),
+    )
+    @argument(
+        "--tol",
+        action="append",
+        default=[],
+        metavar="PATH=RTOL,ATOL",
+        help="tolerance for one output, a prefix (model) or a glob (model.*.grad); repeatable",
+    )
+    @argument(
+        "--layers",
+        action="store_true",
+        help="record per-module statistics and name the first module where outputs diverge",
+    )
+    @argument(
+        "--layers-full",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="keep the full outputs of these modules (name or glob) for an element-wise look",
+    )
+    @argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="run the cell N times per backend as consecutive training steps; compare per step",
+    )
+    @argument(
+        "--rng",
+        choices=RNG_CHOICES,
+        help="cpu: draw random numbers on the CPU and move them, so both runs see the same ones",
+    )
+    @argument(
+        "--what-if",
+        choices=WHAT_IF_CHOICES,
+        dest="what_if",
+        help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
+    )
+    @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
     @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
     @cell_magic
     def neuron(self, line: str, cell: str) -> Any:
@@ -108,6 +177,13 @@ class NeuronMagics(Magics):
                 else (None if args.rtol is not None else self.atol),
                 seed=args.seed if args.seed is not None else self.seed,
                 keep=args.keep or self.keep,
+                preset=args.preset or self.preset,
+                per_output=tuple(parse_override(text) for text in args.tol),
+                layers=bool(args.layers or args.layers_full),
+                layers_full=tuple(args.layers_full),
+                repeat=args.steps if args.steps is not None else 1,
+                rng=args.rng or self.rng,
+                what_if=args.what_if,
             )
             options.validate()
             shell = self.shell
@@ -123,6 +199,8 @@ class NeuronMagics(Magics):
         except WorkbenchUsageError as exc:
             raise UsageError(str(exc)) from None
         report = result.report
+        if not args.no_scan:
+            report.migration = _migration_findings(cell, options.target)
         kept = result.captured.get(options.keep)
         if kept is not None:
             kept.show()  # what the cell printed, once (the kept run's copy)

@@ -3,46 +3,108 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, MutableMapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_workbench.backends import get_backend
+from neuron_workbench.backends import Backend, get_backend
 from neuron_workbench.compare import compare_outputs
-from neuron_workbench.compare.tolerances import check_pair
+from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.report.hints import hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
     CellProgram,
     ResidentObjects,
+    Run,
     RunSpec,
     commit,
     execute,
     mark_resident,
 )
-from neuron_workbench.run.executor import Captured, capture_text
+from neuron_workbench.run.executor import Captured, Instrument, capture_text
 
 KEEP_CHOICES = ("ref", "target")
+RNG_CHOICES = ("device", "cpu")
+WHAT_IF_CHOICES = ("bf16-matmul",)
 
 
 @dataclass(frozen=True)
 class CompareOptions:
-    """Settings of one comparison (also recorded in the report)."""
+    """Settings of one comparison (also recorded in the report).
+
+    Attributes
+    ----------
+    ref, target : str
+        Backend names.
+    rtol, atol : float or None
+        One tolerance for every output (both or neither).
+    preset : str
+        Tolerance preset (see ``compare.tolerances.PRESETS``).
+    per_output : tuple of (str, Tolerance)
+        Tolerance overrides by output path or glob.
+    seed : int
+        Seed at the start of each run.
+    keep : str
+        Whose results stay in the namespace: ``ref`` or ``target``.
+    layers : bool
+        Record per-module statistics and find the first diverging module.
+    layers_full : tuple of str
+        Module-name globs whose full outputs are kept for an element-wise look.
+    repeat : int
+        Run the cell this many times per backend, as consecutive steps (``--steps``).
+    rng : str
+        ``device`` (each device's generator) or ``cpu`` (draw on the CPU and move).
+    what_if : str or None
+        ``bf16-matmul``: round float32 matmul/conv inputs to bfloat16 on the emulated target.
+    """
 
     ref: str = "cpu"
     target: str = "neuron"
     rtol: float | None = None
     atol: float | None = None
+    preset: str = "default"
+    per_output: tuple[tuple[str, Tolerance], ...] = ()
     seed: int = 0
     keep: str = "ref"
+    layers: bool = False
+    layers_full: tuple[str, ...] = ()
+    repeat: int = 1
+    rng: str = "device"
+    what_if: str | None = None
+
+    def policy(self) -> TolerancePolicy:
+        """The tolerance policy these options describe."""
+        return TolerancePolicy(self.preset, self.rtol, self.atol, self.per_output)
 
     def validate(self) -> None:
-        """Raise :class:`WorkbenchUsageError` for unknown backends, a lone tolerance, a bad keep."""
+        """Raise :class:`WorkbenchUsageError` for anything a run could not honour."""
         get_backend(self.ref)
         get_backend(self.target)
-        check_pair(self.rtol, self.atol)
+        self.policy()
         if self.keep not in KEEP_CHOICES:
             raise WorkbenchUsageError(f"--keep must be one of {', '.join(KEEP_CHOICES)}")
+        if self.rng not in RNG_CHOICES:
+            raise WorkbenchUsageError(f"--rng must be one of {', '.join(RNG_CHOICES)}")
+        if self.repeat < 1:
+            raise WorkbenchUsageError("--steps must be at least 1")
+        if self.what_if is not None and self.what_if not in WHAT_IF_CHOICES:
+            raise WorkbenchUsageError(f"--what-if must be one of {', '.join(WHAT_IF_CHOICES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "ref": self.ref,
+            "target": self.target,
+            "seed": self.seed,
+            "keep": self.keep,
+            "tolerance": self.policy().to_dict(),
+            "layers": self.layers,
+            "layers_full": list(self.layers_full),
+            "steps": self.repeat,
+            "rng": self.rng,
+            "what_if": self.what_if,
+        }
 
 
 @dataclass
@@ -52,6 +114,29 @@ class CellComparison:
     report: Report
     captured: dict[str, Captured]
     last_value: Any = None
+    extra_instruments: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _what_if(backend: Backend, what_if: str | None) -> Iterator[None]:
+    """Switch an emulated target's what-if numerics policy on for one run."""
+    if what_if is None:
+        yield
+        return
+    if not backend.availability().emulated:
+        raise WorkbenchUsageError(
+            f"--what-if {what_if} needs an emulated target; {backend.name} is real"
+        )
+    from neuron_workbench import emulator
+
+    with backend.session():
+        status = emulator.status()
+        before = bool(status.numerics.get("bf16_matmul")) if status else False
+        emulator.configure(bf16_matmul=True)
+        try:
+            yield
+        finally:
+            emulator.configure(bf16_matmul=before)
 
 
 def compare_cell(
@@ -62,37 +147,74 @@ def compare_cell(
     hidden: frozenset[str] = frozenset(),
     resident: ResidentObjects | None = None,
     capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+    instruments: dict[str, Instrument] | None = None,
+    reference: Run | None = None,
 ) -> CellComparison:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
+
+    Parameters
+    ----------
+    instruments : dict, optional
+        Extra run instruments (profilers), on top of the ones the options ask for.
+    reference : Run, optional
+        A recorded reference run to compare against instead of executing one.
 
     Raises
     ------
     BackendUnavailable
-        When either backend cannot run here (before anything is executed).
+        When a backend cannot run here (before anything is executed).
     """
     options.validate()
+    policy = options.policy()
     ref_backend = get_backend(options.ref)
     target_backend = get_backend(options.target)
-    for backend in (ref_backend, target_backend):
+    for backend in (target_backend,) if reference is not None else (ref_backend, target_backend):
         availability = backend.availability()
         if not availability:
             raise BackendUnavailable(availability.reason)
+    all_instruments = dict(instruments or {})
+    if options.layers:
+        from neuron_workbench.trace.layers import layer_instrument
+
+        all_instruments["layers"] = layer_instrument(options.layers_full)
     resident = resident if resident is not None else ResidentObjects()
     spec = RunSpec(
-        program, namespace, seed=options.seed, hidden=hidden, resident=resident, capture=capture
+        program,
+        namespace,
+        seed=options.seed,
+        hidden=hidden,
+        resident=resident,
+        capture=capture,
+        instruments=all_instruments,
+        rng_on_cpu=options.rng == "cpu",
+        repeat=options.repeat,
     )
-    ref_run = execute(spec, ref_backend, run_id="ref")
-    target_run = execute(spec, target_backend, run_id="target")
+    ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
+    with _what_if(target_backend, options.what_if):
+        target_run = execute(spec, target_backend, run_id="target")
     comparison = None
+    layers = None
     last_value = None
     if ref_run.ok and target_run.ok:
-        comparison = compare_outputs(
-            ref_run.outputs, target_run.outputs, rtol=options.rtol, atol=options.atol
-        )
-        kept, other = (ref_run, target_run) if options.keep == "ref" else (target_run, ref_run)
+        comparison = compare_outputs(ref_run.outputs, target_run.outputs, policy=policy)
+        for diff in comparison.failures:
+            diff.hints = hints_for(diff, ref_run, target_run)
+        if reference is not None or options.keep == "target":
+            kept, other = target_run, ref_run
+        else:
+            kept, other = ref_run, target_run
         commit(namespace, kept)
         mark_resident(resident, kept, other)
         last_value = kept.last_value
+        if options.layers and "layers" in ref_run.extras and "layers" in target_run.extras:
+            from neuron_workbench.trace.layers import compare_layers, full_output_diffs
+
+            layers = compare_layers(
+                _trace_of(ref_run.extras["layers"]), _trace_of(target_run.extras["layers"]), policy
+            )
+            layers.full_diffs = full_output_diffs(
+                _trace_of(ref_run.extras["layers"]), _trace_of(target_run.extras["layers"]), policy
+            )
     warnings = [
         f"{name!r} could not be deep-copied, so both runs used the same object"
         for name in sorted(set(ref_run.shared_names) | set(target_run.shared_names))
@@ -102,7 +224,17 @@ def compare_cell(
         target=target_run,
         comparison=comparison,
         cell_source=program.source,
-        options=asdict(options),
+        options=options.to_dict(),
         warnings=warnings,
+        layers=layers,
     )
     return CellComparison(report, spec.captured, last_value)
+
+
+def _trace_of(recorded: Any) -> Any:
+    # A live run holds the recorder; a recorded run (from an artifact) holds the trace's dict.
+    from neuron_workbench.trace.layers import LayerTrace
+
+    if isinstance(recorded, dict):
+        return LayerTrace.from_dict(recorded)
+    return getattr(recorded, "trace", recorded)

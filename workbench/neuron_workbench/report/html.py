@@ -231,6 +231,63 @@ def render_report_html(data: dict[str, Any]) -> str:
         ]
     elif not errors:
         parts.append('<div class="note">The cell bound no outputs to compare.</div>')
+    first = data.get("first_divergence")
+    if first:
+        kind = "born" if first.get("born") else "diverged (no single origin found)"
+        parts.append(
+            f"<h4>First divergence</h4><div>Module <code>{esc(first['module'])}</code> "
+            f"(call {esc(first['call'])}, {esc(first['module_type'])}): {esc(kind)} here; its "
+            "inputs were within tolerance and its output was not.</div>"
+        )
+    layers = (data.get("layers") or {}).get("layers") or []
+    diverged = [d for d in layers if d.get("diverged")]
+    if layers:
+        rows = [
+            [
+                esc(d["order"]),
+                f"<code>{esc(d['module'])}</code>",
+                esc(d["call"]),
+                esc(d["module_type"]),
+                esc(_fmt_float(d["error"])),
+                '<span class="bad">born</span>' if d["born"] else esc("propagated"),
+            ]
+            for d in diverged[:30]
+        ]
+        parts.append(
+            f"<h4>Layers</h4><div class='note'>{len(layers)} module calls compared, "
+            f"{len(diverged)} diverged.</div>"
+        )
+        if rows:
+            parts.append(
+                _table(["order", "module", "call", "type", "error", "origin"], rows, numeric={0, 4})
+            )
+    training = data.get("training")
+    if training:
+        rows = []
+        for name, series in training["series"].items():
+            for step, (a, b, d) in enumerate(
+                zip(series["ref"], series["target"], series["abs_diff"])
+            ):
+                rows.append(
+                    [
+                        f"<code>{esc(name)}</code>",
+                        esc(step + 1),
+                        esc(_fmt_float(a)),
+                        esc(_fmt_float(b)),
+                        esc(_fmt_float(d)),
+                    ]
+                )
+        parts += [
+            "<h4>Training steps</h4>",
+            _table(["value", "step", "reference", "target", "|Δ|"], rows, numeric={1, 2, 3, 4}),
+        ]
+    hinted = [o for o in data.get("outputs", []) if o.get("hints")]
+    if hinted:
+        items = "".join(
+            f"<li><code>{esc(o['path'])}</code>: " + "; ".join(esc(h) for h in o["hints"]) + "</li>"
+            for o in hinted[:20]
+        )
+        parts.append(f"<h4>Likely causes</h4><ul>{items}</ul>")
     events = data["target"].get("fallbacks", [])
     if events:
         parts += [
@@ -241,6 +298,12 @@ def render_report_html(data: dict[str, Any]) -> str:
                 numeric={1},
             ),
         ]
+    migration = data.get("migration")
+    if migration and migration.get("findings"):
+        parts.append(
+            f"<h4>Migration findings ({len(migration['findings'])})</h4>"
+            f"<pre>{esc(migration.get('text', ''))}</pre>"
+        )
     for warning in data.get("warnings", []):
         parts.append(f'<div class="note">⚠ {esc(warning)}</div>')
     for role in ("ref", "target"):

@@ -33,6 +33,18 @@ class Report:
     cell_source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: Per-module comparison (``--layers``); see :mod:`neuron_workbench.trace.layers`.
+    layers: Any = None
+    #: Migration findings for the cell's source (scanner data), shown in the Migration tab.
+    migration: dict[str, Any] | None = None
+
+    @property
+    def first_divergence(self) -> Any:
+        """The module call where a difference was born (``.module``, ``.call``, ``.error``), or None.
+
+        Only known with ``--layers``.
+        """
+        return self.layers.first if self.layers is not None else None
 
     @property
     def verdict(self) -> str:
@@ -73,6 +85,9 @@ class Report:
         fallback_ops = self.target.fallback_ops()
         if fallback_ops:
             body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"
+        first = self.first_divergence
+        if verdict == "FAIL" and first is not None:
+            body += f"; first divergence at {first.label}"
         return f"{verdict} {self.title} — {body}"
 
     def __repr__(self) -> str:
@@ -96,6 +111,10 @@ class Report:
             "outputs": [d.to_dict() for d in self.comparison.diffs] if self.comparison else [],
             "counts": self.comparison.counts() if self.comparison else {},
             "fallback_ops": self.target.fallback_ops(),
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "layers": self.layers.to_dict() if self.layers is not None else None,
+            "training": _training(self.ref, self.target),
+            "migration": self.migration,
             "warnings": list(self.warnings),
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
@@ -117,8 +136,32 @@ class Report:
         }
 
 
+def _training(ref: Run, target: Run) -> dict[str, Any] | None:
+    """Per-step scalars of both runs (``--steps N``), for loss curves and per-step divergence."""
+    if not ref.steps or not target.steps:
+        return None
+    names = [n for n in ref.steps[0] if all(n in step for step in ref.steps + target.steps)]
+    series = {}
+    for name in names:
+        a = [step[name] for step in ref.steps]
+        b = [step[name] for step in target.steps]
+        series[name] = {"ref": a, "target": b, "abs_diff": [abs(y - x) for x, y in zip(a, b)]}
+    return {"steps": len(ref.steps), "series": series}
+
+
 def _run_dict(run: Run) -> dict[str, Any]:
+    extras = {}
+    for name, value in run.extras.items():
+        data = value.result() if hasattr(value, "result") else value
+        if hasattr(data, "to_dict"):
+            extras[name] = data.to_dict()
+        elif hasattr(data, "trace") and hasattr(data.trace, "to_dict"):
+            extras[name] = data.trace.to_dict()
+        elif isinstance(data, dict | list):
+            extras[name] = data
     return {
+        "facts": run.facts.to_dict(),
+        **extras,
         "backend": run.backend.to_dict(),
         "ok": run.ok,
         "error": run.error.to_dict() if run.error else None,

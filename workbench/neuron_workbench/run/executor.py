@@ -97,8 +97,12 @@ class RunSpec:
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
         instruments: dict[str, Instrument] | None = None,
         rng_on_cpu: bool = False,
+        repeat: int = 1,
     ) -> None:
+        if repeat < 1:
+            raise ValueError("repeat must be at least 1")
         self.program = program
+        self.repeat = repeat
         self.rng_on_cpu = rng_on_cpu
         self.instruments = dict(instruments or {})
         self.namespace = namespace
@@ -150,16 +154,24 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             seed_everything(spec.seed)
             backend.reset_peak_memory()
             start = time.perf_counter()
-            exec(spec.program.body, ns)
-            last_value = None
-            if spec.program.last_expr is not None:
-                last_value = eval(spec.program.last_expr, ns)
+            steps: list[dict[str, float]] = []
+            for step in range(spec.repeat):
+                if step:
+                    for recorder in observed.values():
+                        getattr(recorder, "next_iteration", lambda: None)()
+                exec(spec.program.body, ns)
+                last_value = None
+                if spec.program.last_expr is not None:
+                    last_value = eval(spec.program.last_expr, ns)
+                if spec.repeat > 1:
+                    steps.append(_step_scalars(ns, before_run, last_value, spec.hidden))
             backend.synchronize()
             wall = time.perf_counter() - start
             memory = backend.memory_stats()
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
         run.fallbacks = recording.events
         run.extras = observed
+        run.steps = steps
         run.facts = facts
         run.memory = memory
         run.wall_time_s = wall
@@ -191,6 +203,26 @@ def _default_device_setting() -> torch.device | None:
     """
     context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
     return None if context is None else context.device
+
+
+def _step_scalars(
+    ns: MutableMapping[str, Any], before_run: dict[str, Any], last_value: Any, hidden: frozenset[str]
+) -> dict[str, float]:
+    """The scalar values (a loss, an accuracy) the cell bound, after one repetition."""
+    missing = object()
+    values = {
+        name: value
+        for name, value in ns.items()
+        if before_run.get(name, missing) is not value and _is_output_name(name, hidden)
+    }
+    values[LAST_EXPRESSION] = last_value
+    scalars = {}
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+            scalars[name] = float(value.detach().cpu())
+        elif isinstance(value, float | int) and not isinstance(value, bool):
+            scalars[name] = float(value)
+    return scalars
 
 
 def _collect(

@@ -103,6 +103,9 @@ def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
     elif isinstance(value, torch.nn.Module):
         yield from value.parameters()
         yield from value.buffers()
+    elif isinstance(value, torch.optim.Optimizer):
+        for state in value.state.values():
+            yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))
     elif isinstance(value, list | tuple | set | frozenset):
         for item in value:
             yield from tensors_in(item, depth + 1)

@@ -1,0 +1,151 @@
+"""%%neuron's numerics options end to end: layers, training parity, what-if, rng, tolerances."""
+
+import torch
+
+from neuron_workbench.testing import run_cell
+
+MODEL = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Float64Sensitive(nn.Module):
+    def forward(self, x):
+        return ((x.double() + 1e8) - 1e8).float()
+
+def deep_model(k):
+    layers = [Float64Sensitive() if i == k else (nn.Linear(8, 8) if i % 2 == 0 else nn.Tanh())
+              for i in range(20)]
+    return nn.Sequential(*layers)
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        return self.fc(torch.flatten(x, 1))
+"""
+
+TRAIN_SETUP = """
+torch.manual_seed(0)
+model = SmallCNN()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+images = torch.randn(8, 3, 8, 8)
+labels = torch.randint(0, 10, (8,))
+"""
+
+TRAIN_STEP = """
+model.to("cuda")
+optimizer.zero_grad()
+loss = F.cross_entropy(model(images.cuda()), labels.cuda())
+loss.backward()
+optimizer.step()
+"""
+
+
+def test_layers_name_the_module_where_the_difference_is_born(ip):
+    run_cell(ip, MODEL)
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --layers -o r\n"
+        "torch.manual_seed(0)\nnet = deep_model(7).cuda()\nout = net(torch.randn(4, 8, device='cuda') * 3)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL"
+    assert report.first_divergence.module == "7" and report.first_divergence.born
+    assert report.summary().endswith("first divergence at 7")
+    layers = report.to_dict()["layers"]["layers"]
+    born = [d["module"] for d in layers if d["born"]]
+    propagated = [d["module"] for d in layers if d["diverged"] and not d["born"]]
+    assert born == ["7"]
+    assert set(propagated) == {str(i) for i in range(8, 20)} | {"Sequential"}
+    # `out` is float32 (the float64 happened inside module 7), so no float64 hint is claimed for it
+    out = next(d for d in report.comparison.failures if d.path == "out")
+    assert not any("float64" in h for h in out.hints)
+
+
+def test_float64_output_gets_the_neuron_float64_hint(ip):
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron -o r\nimport torch\n"
+        "total = (torch.full((3,), 0.3, dtype=torch.float64, device='cuda') + 1e8) - 1e8",
+    )
+    diff = ip.user_ns["r"].comparison.failures[0]
+    assert diff.path == "total"
+    assert any(h.startswith("float64 is computed as float32 on neuron") for h in diff.hints)
+    assert diff.tight_atol is not None and diff.tight_atol > 0
+
+
+def test_training_parity_three_steps_fp32_passes(ip):
+    run_cell(ip, MODEL)
+    run_cell(ip, TRAIN_SETUP)
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --steps 3 -o r\n{TRAIN_STEP}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    training = report.to_dict()["training"]
+    assert training["steps"] == 3 and training["series"]["loss"]["abs_diff"] == [0.0, 0.0, 0.0]
+    losses = training["series"]["loss"]["ref"]
+    assert losses[2] < losses[0]  # three real optimizer steps happened
+    assert "model.fc.weight" in {d.path for d in report.comparison.diffs}
+
+
+def test_training_parity_with_bf16_what_if_fails_at_the_first_conv_with_the_bf16_hint(ip):
+    run_cell(ip, MODEL)
+    run_cell(ip, TRAIN_SETUP)
+    run_cell(
+        ip,
+        f"%%neuron --ref cpu --target neuron --steps 3 --layers --what-if bf16-matmul -o r\n{TRAIN_STEP}",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL"
+    assert report.first_divergence.module == "conv1"
+    assert report.summary().endswith("first divergence at conv1")
+    hints = [h for d in report.comparison.failures for h in d.hints]
+    assert any("bf16 what-if policy" in h for h in hints)
+    series = report.to_dict()["training"]["series"]["loss"]["abs_diff"]
+    assert series[0] > 0
+    # the policy is switched off again after the run
+    run_cell(ip, f"%%neuron --ref cpu --target neuron -o r2\n{TRAIN_STEP}")
+    assert ip.user_ns["r2"].verdict == "PASS"
+
+
+def test_per_output_tolerance_and_presets(ip):
+    cell = (
+        "import torch\nclose = torch.ones(3, device='cuda') * "
+        "(1.0 if torch.zeros(1, device='cuda').device.type == 'cpu' else 1.0001)\nexact = torch.ones(2)"
+    )
+    run_cell(ip, f"%%neuron --ref cpu --target neuron -o r\n{cell}")
+    assert ip.user_ns["r"].verdict == "FAIL"
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --tol close=1e-3,0 -o r\n{cell}")
+    assert ip.user_ns["r"].verdict == "PASS"
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --preset fp32-accelerator -o r\n{cell}")
+    assert ip.user_ns["r"].verdict == "PASS"
+    assert ip.user_ns["r"].to_dict()["options"]["tolerance"]["preset"] == "fp32-accelerator"
+
+
+def test_dropout_in_training_is_flagged_and_rng_cpu_is_recorded(ip):
+    cell = (
+        "import torch\nx = torch.ones(64, device='cuda')\n"
+        "y = torch.nn.functional.dropout(x, 0.5, training=True) "
+        "+ (0.0 if torch.zeros(1, device='cuda').device.type == 'cpu' else 1e-3)"
+    )
+    run_cell(ip, f"%%neuron --ref cpu --target neuron -o r\n{cell}")
+    diff = ip.user_ns["r"].comparison.failures[0]
+    assert any(h.startswith("dropout ran in training mode") for h in diff.hints)
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --rng cpu -o r\n{cell}")
+    assert ip.user_ns["r"].to_dict()["target"]["facts"]["rng_on_cpu"] is True
+
+
+def test_migration_findings_are_attached(ip):
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron -o r\nimport torch\nt = torch.ones(2).cuda()\ntorch.cuda.synchronize()",
+    )
+    migration = ip.user_ns["r"].to_dict()["migration"]
+    rules = {f["rule_id"] for f in migration["findings"]}
+    assert {"NW102", "NW103"} <= rules

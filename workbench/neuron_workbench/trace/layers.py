@@ -1,0 +1,428 @@
+"""Per-module output statistics of a run, and where two runs first diverge.
+
+``--layers`` records every ``nn.Module`` call's inputs and output as a few statistics (shape,
+dtype, norm, extremes, NaN/Inf counts and a fixed sample of elements), not as tensors, so memory
+stays bounded however large the model is. Aligning two runs' records by module name and call index
+finds the first module whose output is out of tolerance while its inputs were not: where the
+divergence was *born*, as opposed to modules that only *propagate* it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
+
+#: Elements sampled per tensor (evenly spaced over the flattened tensor, the same in both runs).
+SAMPLE_SIZE = 32
+
+
+@dataclass
+class TensorSummary:
+    """Statistics of one tensor (see the module docstring)."""
+
+    shape: list[int]
+    dtype: str
+    numel: int
+    norm: float
+    min: float
+    max: float
+    nan: int
+    inf: int
+    sample: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (non-finite numbers as strings)."""
+        return {
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "numel": self.numel,
+            "norm": _json_float(self.norm),
+            "min": _json_float(self.min),
+            "max": _json_float(self.max),
+            "nan": self.nan,
+            "inf": self.inf,
+            "sample": [_json_float(v) for v in self.sample],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TensorSummary:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            list(data["shape"]),
+            str(data["dtype"]),
+            int(data["numel"]),
+            float(data["norm"]),
+            float(data["min"]),
+            float(data["max"]),
+            int(data["nan"]),
+            int(data["inf"]),
+            [float(v) for v in data["sample"]],
+        )
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    # The emulated device keeps its numbers in a CPU payload (``elem``): read it directly, so the
+    # statistics neither create fallback events nor show up in the op profile.
+    payload = getattr(t, "elem", None)
+    return payload if isinstance(payload, torch.Tensor) else t
+
+
+def summarize(t: torch.Tensor) -> TensorSummary:
+    """Summarize a tensor without keeping it."""
+    data = _host(t.detach())
+    flat = data.reshape(-1)
+    n = flat.numel()
+    values = (
+        flat.to(torch.float64)
+        if (flat.is_floating_point() or not flat.is_complex())
+        else flat.abs().to(torch.float64)
+    )
+    if n:
+        finite = torch.isfinite(values)
+        nan = int(torch.isnan(values).sum())
+        inf = int((~finite).sum()) - nan
+        clean = torch.where(finite, values, 0)
+        norm = float(clean.norm())
+        vmin, vmax = float(values.min()), float(values.max())
+        step = max(n // SAMPLE_SIZE, 1)
+        sample = values[::step][:SAMPLE_SIZE].tolist()
+    else:
+        nan = inf = 0
+        norm, vmin, vmax, sample = 0.0, 0.0, 0.0, []
+    return TensorSummary(
+        list(data.shape),
+        str(data.dtype).removeprefix("torch."),
+        n,
+        norm,
+        vmin,
+        vmax,
+        nan,
+        inf,
+        sample,
+    )
+
+
+def summaries_differ(ref: TensorSummary, target: TensorSummary, tol: Tolerance) -> float | None:
+    """``None`` when the two summaries agree within ``tol``, else a size of the difference.
+
+    The size is the largest of the sampled elements' absolute difference and the norms' difference,
+    for plotting error against module order.
+    """
+    if ref.shape != target.shape or ref.dtype != target.dtype:
+        return math.inf
+    if ref.nan != target.nan or ref.inf != target.inf:
+        return math.inf
+    worst = 0.0
+    bad = False
+    for a, b in zip(ref.sample, target.sample):
+        if math.isnan(a) and math.isnan(b) or a == b:
+            continue
+        d = abs(b - a)
+        worst = max(worst, d if math.isfinite(d) else math.inf)
+        if not d <= tol.atol + tol.rtol * abs(a):
+            bad = True
+    norm_gap = abs(target.norm - ref.norm)
+    worst = max(worst, norm_gap)
+    if norm_gap > tol.atol * math.sqrt(max(ref.numel, 1)) + tol.rtol * ref.norm:
+        bad = True
+    for a, b in ((ref.min, target.min), (ref.max, target.max)):
+        if math.isfinite(a) and math.isfinite(b) and abs(b - a) > tol.atol + tol.rtol * abs(a):
+            bad = True
+    return worst if bad else None
+
+
+@dataclass
+class LayerCall:
+    """One call of one module during a run."""
+
+    module: str
+    call: int
+    module_type: str
+    parent: int | None
+    inputs: list[TensorSummary] = field(default_factory=list)
+    output: TensorSummary | None = None
+    full_output: torch.Tensor | None = field(default=None, repr=False)
+
+    def key(self) -> tuple[str, int]:
+        """How calls align between runs: qualified module name and call index."""
+        return (self.module, self.call)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (without the optional full tensor)."""
+        return {
+            "module": self.module,
+            "call": self.call,
+            "module_type": self.module_type,
+            "parent": self.parent,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "output": self.output.to_dict() if self.output else None,
+        }
+
+
+@dataclass
+class LayerTrace:
+    """Every module call of a run, in the order the calls finished."""
+
+    calls: list[LayerCall] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"calls": [c.to_dict() for c in self.calls]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerTrace:
+        """Inverse of :meth:`to_dict`."""
+        calls = []
+        for c in data.get("calls", []):
+            call = LayerCall(c["module"], int(c["call"]), c.get("module_type", ""), c.get("parent"))
+            call.inputs = [TensorSummary.from_dict(s) for s in c.get("inputs", [])]
+            call.output = TensorSummary.from_dict(c["output"]) if c.get("output") else None
+            calls.append(call)
+        return cls(calls)
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    if isinstance(value, dict):
+        for item in value.values():
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return (
+        getattr(value, "last_hidden_state", None) if hasattr(value, "last_hidden_state") else None
+    )
+
+
+class LayerRecorder:
+    """Global module hooks that fill a :class:`LayerTrace` (see :func:`layer_recorder`)."""
+
+    def __init__(self, full: tuple[str, ...] = ()) -> None:
+        self.trace = LayerTrace()
+        self.full = full
+        self._stack: list[tuple[torch.nn.Module, str, int]] = []  # module, name, record slot
+        self._names: dict[tuple[int, int], str] = {}
+        self._counts: dict[str, int] = {}
+        self._pending: dict[int, LayerCall] = {}
+
+    def _name_of(self, module: torch.nn.Module) -> str:
+        if not self._stack:
+            return type(module).__name__
+        parent, parent_name, _ = self._stack[-1]
+        key = (id(parent), id(module))
+        if key not in self._names:
+            found = next((n for n, m in parent.named_modules() if m is module and n), None)
+            local = found if found is not None else f"<{type(module).__name__}>"
+            root = len(self._stack) == 1
+            self._names[key] = local if root else f"{parent_name}.{local}"
+        return self._names[key]
+
+    def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        """Push the module and summarize its tensor inputs."""
+        name = self._name_of(module)
+        call = self._counts.get(name, 0)
+        self._counts[name] = call + 1
+        parent = self._stack[-1][2] if self._stack else None
+        record = LayerCall(name, call, type(module).__name__, parent)
+        record.inputs = [summarize(a) for a in args if isinstance(a, torch.Tensor)]
+        slot = id(record)
+        self._pending[slot] = record
+        self._stack.append((module, name, slot))
+
+    def hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Pop the module and summarize its output."""
+        if not self._stack or self._stack[-1][0] is not module:
+            return  # a hook installed mid-call; ignore the unmatched end
+        _, name, slot = self._stack.pop()
+        record = self._pending.pop(slot)
+        out = _first_tensor(output)
+        if out is not None:
+            record.output = summarize(out)
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
+                record.full_output = _host(out.detach()).clone().cpu()
+        record.parent = self._index_of_parent(record.parent)
+        self.trace.calls.append(record)
+
+    def _index_of_parent(self, parent_slot: int | None) -> int | None:
+        # Parents finish after their children; store the parent's slot id until then, and resolve
+        # it to a list index in finalize().
+        return parent_slot
+
+    def finalize(self) -> None:
+        """Turn parent slots into indices of ``trace.calls``."""
+        index = {id(c): i for i, c in enumerate(self.trace.calls)}
+        for call in self.trace.calls:
+            call.parent = index.get(call.parent) if call.parent is not None else None
+
+
+@contextlib.contextmanager
+def layer_recorder_for(full: tuple[str, ...] = ()) -> Iterator[LayerRecorder]:
+    """Record every module call in the body (global forward hooks, removed on exit)."""
+    recorder = LayerRecorder(full)
+    from torch.nn.modules import module as nn_module
+
+    pre = nn_module.register_module_forward_pre_hook(recorder.pre_hook)
+    post = nn_module.register_module_forward_hook(recorder.hook)
+    try:
+        yield recorder
+    finally:
+        pre.remove()
+        post.remove()
+        recorder.finalize()
+
+
+def layer_instrument(full: tuple[str, ...] = ()) -> Any:
+    """An executor instrument (``RunSpec.instruments``) recording module calls into a trace."""
+
+    def instrument(backend: Any) -> contextlib.AbstractContextManager[LayerRecorder]:
+        return layer_recorder_for(full)
+
+    return instrument
+
+
+@dataclass
+class LayerDivergence:
+    """How one module call compares between the reference and the target run."""
+
+    module: str
+    call: int
+    module_type: str
+    order: int
+    error: float
+    diverged: bool
+    inputs_diverged: bool
+    born: bool
+
+    @property
+    def label(self) -> str:
+        """``features.3`` or ``features.3#2`` for a module's third call."""
+        return self.module if self.call == 0 else f"{self.module}#{self.call}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "module": self.module,
+            "call": self.call,
+            "module_type": self.module_type,
+            "order": self.order,
+            "error": _json_float(self.error),
+            "diverged": self.diverged,
+            "inputs_diverged": self.inputs_diverged,
+            "born": self.born,
+        }
+
+
+@dataclass
+class LayerComparison:
+    """Per-call divergence in execution order, and the first call where a divergence was born.
+
+    ``full_diffs`` holds element-wise comparisons of the modules kept whole (``--layers-full``).
+    """
+
+    layers: list[LayerDivergence]
+    first: LayerDivergence | None
+    full_diffs: list[Any] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "layers": [d.to_dict() for d in self.layers],
+            "first_divergence": self.first.to_dict() if self.first else None,
+            "full_outputs": [d.to_dict() for d in self.full_diffs],
+        }
+
+
+def full_output_diffs(
+    ref: LayerTrace, target: LayerTrace, policy: TolerancePolicy | None = None
+) -> list[Any]:
+    """Element-wise comparisons of the module outputs both runs kept whole."""
+    from neuron_workbench.compare.compare import compare_leaf
+
+    by_key = {c.key(): c for c in target.calls}
+    diffs = []
+    for call in ref.calls:
+        other = by_key.get(call.key())
+        if call.full_output is None or other is None or other.full_output is None:
+            continue
+        label = call.module if call.call == 0 else f"{call.module}#{call.call}"
+        diffs.append(compare_leaf(f"<{label} output>", call.full_output, other.full_output, policy))
+    return diffs
+
+
+def compare_layers(
+    ref: LayerTrace, target: LayerTrace, policy: TolerancePolicy | None = None
+) -> LayerComparison:
+    """Align two traces by (module, call) and find where a divergence is born.
+
+    A call *diverged* when its output summary is out of tolerance (the dtype's default tolerance,
+    or the policy's preset). It is *born* there when, in addition, none of its inputs diverged and
+    none of the calls nested inside it (its submodules) was born: a container that merely holds the
+    culprit is not where the difference appeared.
+    """
+    policy = policy or TolerancePolicy()
+    by_key = {c.key(): c for c in target.calls}
+    layers: list[LayerDivergence] = []
+    for order, call in enumerate(ref.calls):
+        other = by_key.get(call.key())
+        if other is None or call.output is None or other.output is None:
+            continue
+        dtype = getattr(torch, call.output.dtype, None)
+        tol = policy.for_output(call.module, dtype, dtype)
+        error = summaries_differ(call.output, other.output, tol)
+        inputs_bad = len(call.inputs) != len(other.inputs) or any(
+            summaries_differ(
+                a, b, policy.for_output(call.module, getattr(torch, a.dtype, None), None)
+            )
+            is not None
+            for a, b in zip(call.inputs, other.inputs)
+        )
+        layers.append(
+            LayerDivergence(
+                call.module,
+                call.call,
+                call.module_type,
+                order,
+                0.0 if error is None else error,
+                error is not None,
+                inputs_bad,
+                False,
+            )
+        )
+    # Born: diverged, inputs fine, and no nested call already born.
+    index_of = {(d.module, d.call): i for i, d in enumerate(layers)}
+    ref_parent = {
+        (c.module, c.call): (ref.calls[c.parent].module, ref.calls[c.parent].call)
+        if c.parent is not None
+        else None
+        for c in ref.calls
+    }
+    has_born_child: set[tuple[str, int]] = set()
+    for d in layers:  # children finish before their parents, so they come first
+        key = (d.module, d.call)
+        d.born = d.diverged and not d.inputs_diverged and key not in has_born_child
+        if d.born or key in has_born_child:
+            parent = ref_parent.get(key)
+            while parent is not None and parent in index_of:
+                has_born_child.add(parent)
+                parent = ref_parent.get(parent)
+    first = next((d for d in layers if d.born), None)
+    if first is None:
+        first = next((d for d in layers if d.diverged), None)
+    return LayerComparison(layers, first)
