@@ -277,3 +277,8 @@ def test_neuron_backends_lists_every_backend(ip):
     lines = repr(result.result).splitlines()
     assert [line.split()[0] for line in lines] == ["cpu", "cuda", "neuron", "tpu"]
     assert "available" in lines[0]
+
+
+def test_load_ext_registers_the_scan_magics_too(ip):
+    assert ip.find_line_magic("neuron_scan") is not None
+    assert ip.find_cell_magic("neuron_migrate") is not None

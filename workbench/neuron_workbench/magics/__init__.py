@@ -6,7 +6,10 @@ import importlib
 from typing import Any
 
 #: Magics classes registered by ``%load_ext neuron_workbench``, as (module, class name).
-MAGICS = (("neuron_workbench.magics.neuron", "NeuronMagics"),)
+MAGICS = (
+    ("neuron_workbench.magics.neuron", "NeuronMagics"),
+    ("neuron_workbench.magics.scan", "ScanMagics"),
+)
 
 
 def register(shell: Any) -> None:
