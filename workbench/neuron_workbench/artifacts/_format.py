@@ -286,7 +286,7 @@ def _check_leaf(leaf: Any, where: str) -> None:
         return
     _expect(_require(leaf, "key", where), str, f"{where}.key", "a string")
     dtype = _require(leaf, "dtype", where)
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise _Invalid(f"{where}.dtype {str(dtype)[:40]!r} is not a supported tensor dtype")
     shape = _expect(_require(leaf, "shape", where), list, f"{where}.shape", "a list of sizes")
     if len(shape) > MAX_DIMS:

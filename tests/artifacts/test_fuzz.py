@@ -1,0 +1,107 @@
+"""Property: whatever the manifest or the bytes hold, load() succeeds or raises ArtifactError."""
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from artifact_builders import manifest_of, read_entries, write_zip
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from neuron_workbench.artifacts import ArtifactError, load
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+    | st.sampled_from(["float32", "bfloat16", "tensor", "ref", "tensors/ref.safetensors", "../x"]),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+SETTINGS = settings(
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    with tempfile.TemporaryDirectory() as folder:
+        yield Path(folder)
+
+
+def _paths(value, prefix=()):
+    """Every location in a JSON document, as key/index tuples."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+
+
+def _load_only_artifact_errors(path):
+    try:
+        artifact = load(path)
+    except ArtifactError as exc:
+        assert "\n" not in str(exc)
+        return None
+    return artifact
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzzed_manifests_raise_only_artifact_error(small_artifact, scratch, data):
+    entries = read_entries(small_artifact)
+    manifest = manifest_of(small_artifact)
+    mutated = copy.deepcopy(manifest)
+    for _ in range(data.draw(st.integers(1, 3))):
+        locations = [p for p in _paths(mutated) if p]
+        location = data.draw(st.sampled_from(locations))
+        parent = mutated
+        for key in location[:-1]:
+            parent = parent[key]
+        action = data.draw(st.sampled_from(["replace", "delete", "add"]))
+        if action == "delete" and isinstance(parent, dict):
+            del parent[location[-1]]
+        elif action == "add" and isinstance(parent, dict):
+            parent[data.draw(st.text(max_size=8))] = data.draw(json_values)
+        else:
+            parent[location[-1]] = data.draw(json_values)
+    payload = json.dumps(mutated).encode()
+    entries.pop("mimetype")
+    entries["manifest.json"] = payload
+    path = scratch / "fuzz.zip"
+    write_zip(path, entries)
+    artifact = _load_only_artifact_errors(path)
+    if artifact is not None:  # what loaded is what the manifest says
+        assert set(artifact.runs) == set(mutated["runs"])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzzed_bytes_raise_only_artifact_error(small_artifact, scratch, data):
+    raw = bytearray(small_artifact.read_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        kind = data.draw(st.sampled_from(["flip", "cut", "insert", "splat"]))
+        at = data.draw(st.integers(0, max(len(raw) - 1, 0)))
+        if kind == "flip" and raw:
+            raw[at] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del raw[at:]
+        elif kind == "insert":
+            raw[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+        else:
+            blob = data.draw(st.binary(min_size=1, max_size=8))
+            raw[at : at + len(blob)] = blob
+    path = scratch / "bytes.zip"
+    path.write_bytes(bytes(raw))
+    _load_only_artifact_errors(path)
