@@ -103,7 +103,14 @@ class OutputDiff:
             return f"{self.path} NaN/Inf placement differs ({count} elements)"
         if self.status == "differ" and self.max_abs is not None:
             allowed = self.allowed_at_worst if self.allowed_at_worst is not None else 0.0
-            return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
+            if self.worst_ref is None or self.worst_target is None:
+                return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
+            worst = abs(self.worst_target - self.worst_ref)
+            if math.isclose(worst, self.max_abs, rel_tol=1e-9, abs_tol=0.0):
+                return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
+            # The element furthest outside its tolerance is not the one with the largest |Δ|.
+            at = list(self.worst_index or ())
+            return f"{self.path} |Δ| {worst:.1e} > {allowed:.1e} at {at} (max|Δ| {self.max_abs:.1e})"
         return f"{self.path} {self.detail or self.status}"
 
     def to_dict(self) -> dict[str, Any]:
