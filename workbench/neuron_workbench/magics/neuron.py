@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -9,7 +11,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from IPython.utils.capture import capture_output
-from traitlets import Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
@@ -36,6 +38,19 @@ def prepare_target(name: str) -> None:
                 pass
     except WorkbenchError:
         pass
+
+
+def _recorded_reference(path: str | None, cell: str) -> tuple[Any, str | None]:
+    """The reference run recorded in the artifact at ``path`` (``--against``), and a warning."""
+    if not path:
+        return None, None
+    from neuron_workbench import artifacts
+
+    artifact = artifacts.load(path)
+    run = artifact.runs.get("ref") or next(iter(artifact.runs.values()), None)
+    if run is None:
+        raise WorkbenchUsageError(f"{path}: the artifact holds no run")
+    return run, artifacts.source_mismatch_warning(artifact, cell)
 
 
 def _migration_findings(cell: str, target: str) -> dict[str, Any] | None:
@@ -78,6 +93,11 @@ class NeuronMagics(Magics):
     rng = Enum(RNG_CHOICES, default_value="device", help="Where random numbers are drawn.").tag(
         config=True
     )
+    record_dir = Unicode(
+        "",
+        help="If set, every %%neuron cell saves its runs to DIR/cell-<execution count>.nwrun.zip.",
+    ).tag(config=True)
+    strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -134,6 +154,33 @@ class NeuronMagics(Magics):
         dest="what_if",
         help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
     )
+    @argument(
+        "--profile",
+        action="store_true",
+        help="record an op-level profile (time, calls, memory) of both runs; emulated timings are "
+        "host CPU time",
+    )
+    @argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="run the cell N times per backend; profiles separate the first call from the rest",
+    )
+    @argument("--strict", action="store_true", help="fail the cell if any op fell back to CPU")
+    @argument(
+        "--allow-fallback",
+        metavar="OPS",
+        default="",
+        help="comma-separated ops that may fall back under --strict (aten::sort or sort)",
+    )
+    @argument(
+        "--record", metavar="PATH", help="save both runs and the report to this artifact file"
+    )
+    @argument(
+        "--against",
+        metavar="PATH",
+        help="use the reference run recorded in this artifact instead of executing one",
+    )
     @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
     @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
     @cell_magic
@@ -181,13 +228,21 @@ class NeuronMagics(Magics):
                 per_output=tuple(parse_override(text) for text in args.tol),
                 layers=bool(args.layers or args.layers_full),
                 layers_full=tuple(args.layers_full),
-                repeat=args.steps if args.steps is not None else 1,
+                repeat=max(args.steps or 1, args.repeat or 1),
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
             )
             options.validate()
             shell = self.shell
             program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
+            reference, warning = _recorded_reference(args.against, cell)
+            if reference is not None:
+                options = dataclasses.replace(options, ref=reference.backend.name, keep="target")
+            instruments = {}
+            if args.profile:
+                from neuron_workbench.trace.profile import op_profiler
+
+                instruments["profile"] = op_profiler
             result = compare_cell(
                 program,
                 shell.user_ns,
@@ -195,10 +250,28 @@ class NeuronMagics(Magics):
                 hidden=frozenset(shell.user_ns_hidden),
                 resident=self._resident,
                 capture=_capture,
+                instruments=instruments,
+                reference=reference,
             )
+            report = result.report
+            if warning:
+                report.warnings.append(warning)
+            record_to = args.record or (
+                str(Path(self.record_dir) / f"cell-{shell.execution_count}.nwrun.zip")
+                if self.record_dir
+                else None
+            )
+            if record_to:
+                from neuron_workbench import artifacts
+
+                runs = (
+                    {"target": report.target}
+                    if reference is not None
+                    else {"ref": report.ref, "target": report.target}
+                )
+                artifacts.save(record_to, runs=runs, cell_source=cell, report=report.to_dict())
         except WorkbenchUsageError as exc:
             raise UsageError(str(exc)) from None
-        report = result.report
         if not args.no_scan:
             report.migration = _migration_findings(cell, options.target)
         kept = result.captured.get(options.keep)
@@ -207,6 +280,16 @@ class NeuronMagics(Magics):
         if args.output:
             self.shell.user_ns[args.output] = report
         display(report)
+        from neuron_workbench.views import show_report
+
+        show_report(report)
+        if args.strict or self.strict:
+            from neuron_workbench.trace.fallback import strict_message, strict_violations
+
+            allowed = [op.strip() for op in args.allow_fallback.split(",") if op.strip()]
+            violations = strict_violations(report.target.fallbacks, allowed)
+            if violations:
+                raise UsageError(strict_message(violations, report.target.backend.name))
         return result.last_value
 
     @line_magic

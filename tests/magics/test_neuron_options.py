@@ -1,0 +1,54 @@
+"""%%neuron options that hand off to other packages: --profile, --strict, --record/--against."""
+
+from IPython.core.error import UsageError
+
+from neuron_workbench.testing import run_cell
+
+FALLBACK_CELL = """import torch
+values, order = torch.sort(torch.tensor([3.0, 1.0, 2.0], device="cuda"))
+pooled = torch.nn.functional.max_pool2d(torch.ones(1, 1, 4, 4, device="cuda"), 2)
+"""
+
+
+def test_profile_adds_op_rows_for_both_runs(ip):
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --profile -o r\n{FALLBACK_CELL}")
+    data = ip.user_ns["r"].to_dict()
+    for role in ("ref", "target"):
+        ops = {row["op"] for row in data[role]["profile"]["rows"]}
+        assert "aten::sort" in ops
+    assert data["target"]["profile"]["time_kind"] == "host CPU time"
+
+
+def test_strict_fails_the_cell_and_allow_fallback_exempts_ops(ip):
+    result = run_cell(ip, f"%%neuron --ref cpu --target neuron --strict -o r\n{FALLBACK_CELL}", allow_error=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert message.startswith("strict mode: 2 ops fell back to CPU on neuron: ")
+    assert "aten::sort" in message and "aten::max_pool2d_with_indices" in message
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --strict "
+        f"--allow-fallback aten::sort,max_pool2d_with_indices -o r\n{FALLBACK_CELL}",
+    )
+    assert ip.user_ns["r"].verdict == "PASS"
+
+
+def test_record_then_against_reproduces_the_verdict(ip, tmp_path):
+    cell = ("import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n"
+            "shifted = x + (0.0 if x.device.type == 'cpu' else 1e-3)\nsame = x * 2")
+    path = tmp_path / "run.nwrun.zip"
+    run_cell(ip, f"%%neuron --ref cpu --target neuron --record {path} -o live\n{cell}")
+    assert path.is_file()
+    run_cell(ip, f"%%neuron --target neuron --against {path} -o replay\n{cell}")
+    live, replay = ip.user_ns["live"], ip.user_ns["replay"]
+    assert live.verdict == replay.verdict == "FAIL"
+    assert [d.status for d in live.comparison.diffs] == [d.status for d in replay.comparison.diffs]
+    assert replay.ref.backend.name == "cpu" and not replay.warnings
+    run_cell(ip, f"%%neuron --target neuron --against {path} -o changed\n{cell}\nextra = 1")
+    assert any("source" in w for w in ip.user_ns["changed"].warnings)
+
+
+def test_against_a_missing_file_is_a_one_line_usage_error(ip, tmp_path):
+    result = run_cell(ip, f"%%neuron --against {tmp_path / 'nope.zip'}\nx = 1", allow_error=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "\n" not in str(result.error_in_exec)
