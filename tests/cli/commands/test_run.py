@@ -1,14 +1,35 @@
-"""``neuron-workbench run`` executes a real notebook in a real kernel."""
+"""``neuron-workbench run`` executes a real notebook in a real kernel, or a CUDA script in-process.
+
+One notebook with three ``%%neuron`` cells (a pass, a numeric failure, a fallback) is executed twice
+per module: once plain (exit 1) and once ``--strict`` with every report file (exit 3).
+"""
 
 import json
+import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
+from importlib import resources
 
+import jsonschema
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
+from neuron_workbench.artifacts import load
+from neuron_workbench.cli.main import main
+from neuron_workbench.report.html import esc
+from neuron_workbench.testing import run_cell
+from referencing import Registry, Resource
 
-PASS_CELL = "%%neuron\nimport torch\nok = torch.ones(3, device='cuda') * 2"
+PROBE = "<script>alert('x')</script>"
+PASS_CELL = (
+    "%%neuron\n"
+    f"# {PROBE} in the source\n"
+    "import torch\n"
+    "ok = torch.ones(3, device='cuda') * 2\n"
+    f"probe = {{{PROBE!r}: torch.ones(2, device='cuda'), '<img src=x onerror=alert(1)>': 1}}\n"
+    f"print({PROBE!r})"
+)
 FAIL_CELL = (
     "%%neuron\nflag = torch.tensor([1.0]) + "
     "(1.0 if torch.zeros(1, device='cuda').device.type != 'cpu' else 0.0)"
@@ -26,13 +47,28 @@ def write_notebook(path, *sources):
     nbformat.write(nb, path)
 
 
-def cli(*args):
+def cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "neuron_workbench.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=cwd,
     )
+
+
+def schema(name):
+    return json.loads(resources.files("neuron_workbench.report").joinpath(name).read_text())
+
+
+def validator(name):
+    report, run = schema("report.schema.json"), schema("run.schema.json")
+    registry = Registry().with_resources(
+        [(s["$id"], Resource.from_contents(s)) for s in (report, run)]
+    )
+    chosen = report if name == "report" else run
+    jsonschema.Draft202012Validator.check_schema(chosen)
+    return jsonschema.Draft202012Validator(chosen, registry=registry)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +78,10 @@ def three_cells(tmp_path_factory):
     return path
 
 
-def test_run_reports_every_cell_and_exits_1_on_a_failure(three_cells, tmp_path):
-    json_path, html_path = tmp_path / "r.json", tmp_path / "r.html"
+@pytest.fixture(scope="module")
+def strict_run(three_cells, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    files = {kind: out / f"r.{kind}" for kind in ("json", "html", "xml")}
     done = cli(
         "run",
         str(three_cells),
@@ -51,37 +89,193 @@ def test_run_reports_every_cell_and_exits_1_on_a_failure(three_cells, tmp_path):
         "cpu",
         "--target",
         "neuron",
+        "--strict",
         "--json",
-        str(json_path),
+        str(files["json"]),
         "--html",
-        str(html_path),
+        str(files["html"]),
+        "--junit",
+        str(files["xml"]),
     )
+    return done, files
+
+
+def test_run_reports_every_cell_and_exits_1_on_a_failure(three_cells):
+    done = cli("run", str(three_cells), "--ref", "cpu", "--target", "neuron")
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("cell 1: PASS neuron (emulated) vs cpu")
     assert lines[1].startswith("cell 2: FAIL neuron (emulated) vs cpu")
     assert lines[2].startswith("cell 3: PASS neuron (emulated) vs cpu")
     assert lines[2].endswith("1 op fell back to CPU")
-    data = json.loads(json_path.read_text())
-    assert [r["verdict"] for r in data["reports"]] == ["PASS", "FAIL", "PASS"]
-    assert data["reports"][2]["fallback_ops"] == ["aten::sort"]
-    html = html_path.read_text()
-    assert html.count('class="nw-report"') == 3 and "aten::sort" in html
+    assert lines[3] == "3 reports: 2 PASS, 1 FAIL, 0 ERROR; 1 with CPU fallbacks; 0 cell errors"
+    assert "cell 1/3" not in done.stderr  # progress only on a terminal
 
 
-def test_strict_exits_3_when_ops_fell_back(three_cells):
-    done = cli("run", str(three_cells), "--ref", "cpu", "--strict")
+def test_strict_exits_3_when_ops_fell_back(strict_run):
+    done, _ = strict_run
     assert done.returncode == 3, done.stdout + done.stderr
 
 
-def test_usage_errors_exit_2_with_one_line(tmp_path):
-    missing = cli("run", str(tmp_path / "missing.ipynb"))
-    assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [
-        f"neuron-workbench: error: no such notebook: {tmp_path / 'missing.ipynb'}"
-    ]
+def test_json_html_and_junit_agree(strict_run):
+    _, files = strict_run
+    data = json.loads(files["json"].read_text())
+    validator("run").validate(data)
+    for report in data["reports"]:
+        validator("report").validate(report)
+    assert data["input"] == {"path": data["input"]["path"], "kind": "notebook", "cells": 3}
+    assert data["summary"]["verdicts"] == {"PASS": 2, "FAIL": 1, "ERROR": 0}
+    assert data["summary"]["exit_code"] == 3 and data["summary"]["fallback_reports"] == 1
+    reports = data["reports"]
+    assert [r["verdict"] for r in reports] == ["PASS", "FAIL", "PASS"]
+    assert [r["label"] for r in reports] == ["cell 1", "cell 2", "cell 3"]
+    assert reports[2]["fallback_ops"] == ["aten::sort"]
+    assert reports[2]["target"]["fallbacks"][0]["count"] == 1
+    assert reports[0]["target"]["backend"]["emulated"] is True
+    assert reports[0]["ref"]["backend"]["emulated"] is False
+
+    suite = ET.parse(files["xml"]).getroot().find("testsuite")
+    assert suite.get("name") == "three.ipynb"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "0")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["cell 1", "cell 2", "cell 3"]
+    assert {c.get("classname") for c in cases} == {"three.ipynb"}
+    assert [c.find("failure") is not None for c in cases] == [False, True, False]
+    assert cases[1].find("failure").get("message") == reports[1]["summary"]
+    assert [c.find("system-out").text for c in cases] == [r["summary"] for r in reports]
+
+    html = files["html"].read_text()
+    assert html.count('class="nw-report"') == 3
+    verdicts = re.findall(r'<span class="nw-verdict"[^>]*>(\w+)</span>', html)
+    assert verdicts == ["PASS", "FAIL", "PASS"]
+    for report in reports:
+        assert esc(report["summary"].split(" ", 1)[1]) in html
+
+
+def test_html_of_script_probes_has_no_live_markup(strict_run):
+    _, files = strict_run
+    html = files["html"].read_text()
+    lowered = html.lower()
+    assert "<script" not in lowered and "<img" not in lowered
+    assert not re.search(r"<[^>]*\bonerror", lowered)  # no tag carries an event handler
+    assert esc(f"probe[{PROBE!r}]") in html  # the output path, shown escaped
+    assert esc(PROBE) in html  # the printed text, shown escaped
+    # And the JUnit XML still parses with the probe in it.
+    ET.parse(files["xml"])
+
+
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.ipynb")]) == 2
+    assert capsys.readouterr().err == (
+        f"neuron-workbench: error: no such notebook: {tmp_path / 'missing.ipynb'}\n"
+    )
     path = tmp_path / "x.ipynb"
     write_notebook(path, "x = 1")
-    bad = cli("run", str(path), "--target", "gpu9000")
-    assert bad.returncode == 2 and "unknown backend 'gpu9000'" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    assert main(["run", str(path), "--target", "gpu9000"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend 'gpu9000'" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["notes.txt"], "notes.txt: expected a notebook (.ipynb) or a script (.py)"),
+        (["x.py", "--rtol", "1e-3"], "give --rtol and --atol together, or neither"),
+        (["missing.py"], "no such script: missing.py"),
+        (["broken.py"], "broken.py: syntax error line 2: "),
+        (["broken.ipynb"], "broken.ipynb is not a readable notebook"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("x = 1\n")
+    (tmp_path / "broken.py").write_text("x = 1\ny = (\n")
+    (tmp_path / "broken.ipynb").write_text("{not json")
+    assert main(["run", *args]) == 2
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and out.err.startswith("neuron-workbench: error: ")
+    assert message in out.err, out.err
+
+
+SCRIPT = """\
+import torch
+import torch.nn.functional as F
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 2).to(device)
+x = torch.randn(8, 4, device=device)
+loss = F.mse_loss(model(x), torch.zeros(8, 2, device=device))
+loss.backward()
+if __name__ == "__main__":
+    ran_as_main = True
+"""
+
+
+def test_script_runs_as_one_cell_with_the_cuda_remap(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "sorty.py").write_text(SCRIPT + "values, order = torch.sort(x[:, 0])\n")
+    (tmp_path / "drift.py").write_text(
+        SCRIPT + "flag = loss.detach().cpu() + (1.0 if x.device.type != 'cpu' else 0.0)\n"
+    )
+    code = main(
+        [
+            "run",
+            "train.py",
+            "--ref",
+            "cpu",
+            "--json",
+            "t.json",
+            "--junit",
+            "t.xml",
+            "--record",
+            "rec",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, out
+    assert out[0].startswith("train.py: PASS neuron (emulated) vs cpu — 7 outputs, 7 match")
+    document = json.loads((tmp_path / "t.json").read_text())
+    validator("run").validate(document)
+    assert document["input"] == {"path": "train.py", "kind": "script", "cells": 1}
+    paths = [o["path"] for o in document["reports"][0]["outputs"]]
+    assert "model.weight.grad" in paths and "ran_as_main" in paths
+    case = ET.parse(tmp_path / "t.xml").getroot().find("testsuite/testcase")
+    assert (case.get("classname"), case.get("name")) == ("train.py", "cell 1")
+    recorded = load(tmp_path / "rec" / "train.nwrun.zip")
+    assert set(recorded.runs) == {"ref", "target"}
+    assert recorded.report["summary"] == document["reports"][0]["summary"]
+
+    assert document["reports"][0]["fallback_ops"]  # the emulator runs some ops on the CPU
+    assert main(["run", "train.py", "--ref", "cpu", "--strict"]) == 3
+    assert main(["run", "drift.py", "--ref", "cpu", "--junit", "d.xml"]) == 1
+    assert capsys.readouterr().out.splitlines()[-2].startswith("drift.py: FAIL")
+    failure = ET.parse(tmp_path / "d.xml").getroot().find("testsuite/testcase/failure")
+    assert failure.get("message").startswith("FAIL neuron (emulated) vs cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "d.xml",
+        "drift.py",
+        "rec",
+        "sorty.py",
+        "t.json",
+        "t.xml",
+        "train.py",
+    ]
+
+
+def test_script_run_in_a_fresh_process_installs_the_target_before_backward(tmp_path):
+    # The reference (cpu) run calls backward() first; the target's emulated device must already be
+    # registered with autograd, or the target run's backward would fail.
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = cli("run", "train.py", "--ref", "cpu", "--target", "neuron", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu")
+
+
+def test_a_live_magic_report_follows_the_schema(ip):
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron --ref cpu -o report\nv, i = torch.sort(torch.randn(4, device='cuda'))")
+    data = ip.user_ns["report"].to_dict()
+    validator("report").validate(data)
+    broken = dict(data, verdict="MAYBE")
+    assert not validator("report").is_valid(broken)
