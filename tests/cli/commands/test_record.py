@@ -1,0 +1,79 @@
+"""``neuron-workbench record SCRIPT.py --backend B -o PATH`` saves a one-run artifact."""
+
+import pytest
+import torch
+from neuron_workbench.artifacts import load
+from neuron_workbench.cli.main import main
+
+SCRIPT = """\
+import torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(3, 2).to(device)
+x = torch.randn(4, 3, device=device)
+loss = model(x).square().mean()
+loss.backward()
+values, order = torch.sort(x[:, 0])
+print("loss", round(float(loss), 3))
+"""
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return tmp_path / "train.py"
+
+
+def test_records_a_reference_run_with_the_cuda_remap(script, capsys):
+    assert main(["record", "train.py", "--backend", "cpu", "-o", "out/ref.nwrun.zip"]) == 0
+    assert capsys.readouterr().out == "recorded cpu run: 10 outputs -> out/ref.nwrun.zip\n"
+    artifact = load("out/ref.nwrun.zip")
+    assert list(artifact.runs) == ["ref"] and artifact.cell_source == SCRIPT
+    run = artifact.runs["ref"]
+    assert run.backend.name == "cpu" and not run.backend.emulated and run.ok
+    assert run.stdout.startswith("loss ")
+    assert set(run.outputs) >= {"model.weight", "model.weight.grad", "x", "loss", "values", "order"}
+    # Seeded like %%neuron (seed 0): the same script gives the same bits again.
+    torch.manual_seed(0)
+    torch.nn.Linear(3, 2)
+    expected_x = torch.randn(4, 3)
+    assert torch.equal(run.outputs["x"], expected_x)
+
+
+def test_records_on_the_emulated_target_with_its_fallbacks(script, capsys):
+    assert (
+        main(["record", "train.py", "--backend", "neuron", "-o", "t.nwrun.zip", "--role", "target"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("recorded neuron (emulated) run: 10 outputs; ") and "fell back to CPU" in out
+    )
+    run = load("t.nwrun.zip").runs["target"]
+    assert run.backend.emulated and "aten::sort" in run.fallback_ops()
+    assert run.outputs["x"].device.type == "cpu"
+
+
+def test_a_script_that_raises_is_recorded_and_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.py").write_text("import torch\nx = torch.ones(2)\nraise ValueError('nope')\n")
+    assert main(["record", "bad.py", "--backend", "cpu", "-o", "bad.nwrun.zip"]) == 1
+    assert "raised ValueError: nope (line 3)" in capsys.readouterr().out
+    run = load("bad.nwrun.zip").runs["ref"]
+    assert run.error.type == "ValueError" and run.error.lineno == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train.py", "--backend", "gpu9000", "-o", "x.zip"], "unknown backend 'gpu9000'"),
+        (["missing.py", "-o", "x.zip"], "no such script: missing.py"),
+        (["notes.txt", "-o", "x.zip"], "expected a Python script (.py)"),
+        (["train.py", "--role", "../x", "-o", "x.zip"], "--role '../x'"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(script, capsys, args, message):
+    assert main(["record", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
