@@ -124,14 +124,16 @@ def run_notebook(
         allow_errors=True,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
-    if progress is not None:
-        total = len(code_cells) - 1
+    total = len(code_cells) - 1
+    replies: dict[int, dict[str, Any]] = {}
 
-        def on_cell_executed(cell: Any, cell_index: int, **_: Any) -> None:
-            if cell_index in code_cells[1:]:
-                progress(code_cells.index(cell_index), total)
+    def on_cell_executed(cell: Any, cell_index: int, **kwargs: Any) -> None:
+        reply = kwargs.get("execute_reply") or {}
+        replies[cell_index] = dict(reply.get("content", {}))
+        if progress is not None and cell_index in code_cells[1:]:
+            progress(code_cells.index(cell_index), total)
 
-        client.on_cell_executed = on_cell_executed
+    client.on_cell_executed = on_cell_executed
     try:
         client.execute()
     except Exception as exc:  # no kernel, a dead kernel, a timeout: one line, exit 2
@@ -149,6 +151,7 @@ def run_notebook(
     result = NotebookRun(str(path), kind="notebook", cells=len(code_cells) - 1)
     for position, index in enumerate(code_cells[1:], start=1):
         cell = nb.cells[index]
+        errors_before = len(result.cell_errors)
         for output in cell.get("outputs", []):
             data = output.get("data", {})
             if REPORT_MIME in data:
@@ -167,6 +170,17 @@ def run_notebook(
                         "message": output.get("evalue", ""),
                     }
                 )
+        reply = replies.get(index, {})
+        if reply.get("status") == "error" and len(result.cell_errors) == errors_before:
+            # IPython prints a UsageError (a bad %%neuron flag, an unavailable backend) to stderr
+            # instead of an error output; only the execute reply says the cell failed.
+            result.cell_errors.append(
+                {
+                    "cell_index": position,
+                    "type": str(reply.get("ename", "")),
+                    "message": str(reply.get("evalue", "")),
+                }
+            )
     return result
 
 

@@ -1,0 +1,146 @@
+"""run_notebook executes a real kernel; the report files (run document, JUnit) built from it."""
+
+import xml.etree.ElementTree as ET
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from neuron_workbench.artifacts import load
+from neuron_workbench.cli.notebook_runner import (
+    NotebookRun,
+    junit_xml,
+    run_document,
+    run_notebook,
+)
+from neuron_workbench.errors import WorkbenchUsageError
+
+CELLS = [
+    "import torch",
+    "%%neuron\nok = torch.ones(3, device='cuda') * 2",
+    "raise ValueError('bad <script>alert(1)</script> \\x1b[31m value')",
+    "%%neuron --target gpu9000\nx = 1",
+]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("nb")
+    nb = new_notebook(cells=[new_markdown_cell("# title"), *[new_code_cell(c) for c in CELLS]])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    path = folder / "mixed.ipynb"
+    nbformat.write(nb, path)
+    seen = []
+    result = run_notebook(
+        path,
+        ref="cpu",
+        target="neuron",
+        rtol=1e-3,
+        atol=1e-4,
+        record_dir=str(folder / "rec"),
+        progress=lambda done, total: seen.append((done, total)),
+    )
+    return result, seen, folder
+
+
+def test_reports_cell_errors_and_progress(executed):
+    result, seen, _ = executed
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert result.kind == "notebook" and result.cells == 4
+    assert [(r["label"], r["verdict"]) for r in result.reports] == [("cell 2", "PASS")]
+    options = result.reports[0]["options"]
+    assert (
+        options.get("tolerance", options)["rtol"] == 1e-3
+    )  # the magic's defaults came from the CLI
+    assert [(e["cell_index"], e["type"]) for e in result.cell_errors] == [
+        (3, "ValueError"),
+        (4, "UsageError"),
+    ]
+    assert "unknown backend 'gpu9000'" in result.cell_errors[1]["message"]
+    assert result.exit_code(strict=False) == 1
+
+
+def test_record_dir_saves_each_neuron_cell(executed):
+    _, _, folder = executed
+    saved = sorted((folder / "rec").iterdir())
+    assert len(saved) == 1 and saved[0].name.endswith(".nwrun.zip")
+    artifact = load(saved[0])
+    assert set(artifact.runs) == {"ref", "target"} and artifact.report["verdict"] == "PASS"
+    assert artifact.cell_source.strip() == "ok = torch.ones(3, device='cuda') * 2"
+
+
+def test_junit_has_a_case_per_report_and_per_cell_error(executed):
+    result, _, _ = executed
+    root = ET.fromstring(
+        junit_xml("mixed.ipynb", result.reports, result.cell_errors).split("\n", 1)[1]
+    )
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "0", "2")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["cell 2", "cell 3", "cell 4"]
+    error = cases[1].find("error")
+    assert error.get("type") == "ValueError"
+    assert "<script>alert(1)</script>" in error.get(
+        "message"
+    )  # escaped on disk, intact when parsed
+    assert "\x1b" not in error.get("message")  # XML cannot hold ESC; replaced
+
+
+def test_run_document_counts(executed):
+    result, _, _ = executed
+    doc = run_document(result, strict=True, options={"ref": "cpu"})
+    assert doc["summary"] == {
+        "reports": 1,
+        "verdicts": {"PASS": 1, "FAIL": 0, "ERROR": 0},
+        "fallback_reports": 0,
+        "cell_errors": 2,
+        "strict": True,
+        "exit_code": 1,
+    }
+
+
+def test_exit_code_precedence():
+    fallback = {"verdict": "PASS", "fallback_ops": ["aten::sort"]}
+    failed = {"verdict": "FAIL", "fallback_ops": []}
+    assert NotebookRun("x", reports=[fallback]).exit_code(strict=False) == 0
+    assert NotebookRun("x", reports=[fallback]).exit_code(strict=True) == 3
+    assert NotebookRun("x", reports=[fallback, failed]).exit_code(strict=False) == 1
+    assert NotebookRun("x", reports=[fallback, failed]).exit_code(strict=True) == 3
+    assert NotebookRun("x", reports=[{"verdict": "ERROR"}]).exit_code(strict=True) == 1
+
+
+def test_junit_escapes_and_labels_failures_and_errors():
+    reports = [
+        {
+            "cell_index": 2,
+            "verdict": "FAIL",
+            "summary": 'FAIL a & b <c> "d"',
+            "outputs": [{"path": "out['<x>']", "status": "differ", "max_abs": 1.0, "detail": ""}],
+        },
+        {
+            "cell_index": 1,
+            "verdict": "ERROR",
+            "summary": "ERROR boom",
+            "ref": {"error": {"type": "E", "message": "m"}},
+        },
+    ]
+    text = junit_xml("suite <1>", reports)
+    assert "<c>" not in text and "&lt;c&gt;" in text
+    suite = ET.fromstring(text.split("\n", 1)[1]).find("testsuite")
+    assert suite.get("name") == "suite <1>"
+    first, second = suite.findall("testcase")
+    assert first.get("name") == "cell 1" and first.find("error").get("message") == "ERROR boom"
+    assert "ref raised E: m" in first.find("error").text
+    assert second.find("failure").get("message") == 'FAIL a & b <c> "d"'
+    assert "out['<x>']: differ max|Δ| 1.0" in second.find("failure").text
+
+
+def test_unreadable_notebooks_are_usage_errors(tmp_path):
+    (tmp_path / "bad.ipynb").write_text("{")
+    with pytest.raises(WorkbenchUsageError, match="is not a readable notebook"):
+        run_notebook(tmp_path / "bad.ipynb")
+    with pytest.raises(WorkbenchUsageError, match="no such notebook"):
+        run_notebook(tmp_path / "none.ipynb")
