@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     outputs = sum(1 for _ in iter_leaves(recorded.outputs))
     fallback_ops = recorded.fallback_ops()
-    extra = f"; {len(fallback_ops)} ops fell back to CPU" if fallback_ops else ""
+    count = len(fallback_ops)
+    extra = f"; {count} op{'s' if count != 1 else ''} fell back to CPU" if fallback_ops else ""
     sys.stdout.write(f"recorded {label} run: {outputs} outputs{extra} -> {path}\n")
     return 0
