@@ -80,3 +80,14 @@ def test_summary_is_bounded_and_counts_non_finite():
     t[4] = float("inf")
     s = summarize(t)
     assert s.numel == 10_000 and s.nan == 1 and s.inf == 1 and len(s.sample) == 32
+
+
+def test_in_place_modules_are_summarized_after_they_ran():
+    from neuron_workbench.trace.layers import layer_recorder_for
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True))
+    with torch.no_grad(), layer_recorder_for() as recorder:
+        model(torch.randn(8, 4) - 5)
+    calls = {c.module: c for c in recorder.trace.calls}
+    assert calls["0"].output.min < 0  # the linear output, before ReLU changed it in place
+    assert calls["1"].output.min == 0  # the same tensor after ReLU

@@ -152,6 +152,8 @@ def _training(ref: Run, target: Run) -> dict[str, Any] | None:
 def _run_dict(run: Run) -> dict[str, Any]:
     extras = {}
     for name, value in run.extras.items():
+        if name == "layers":
+            continue  # per-run traces are large; the report carries their comparison instead
         data = value.result() if hasattr(value, "result") else value
         if hasattr(data, "to_dict"):
             extras[name] = data.to_dict()

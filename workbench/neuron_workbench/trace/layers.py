@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 
@@ -80,38 +82,41 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 
 
 def summarize(t: torch.Tensor) -> TensorSummary:
-    """Summarize a tensor without keeping it."""
+    """Summarize a tensor without keeping it (three small reductions and a strided sample).
+
+    The reductions run with torch-function and dispatch modes switched off, so the CUDA remapping
+    does not intercept them and an op profiler of the same run does not count them.
+    """
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        return _summarize(t)
+
+
+def _summarize(t: torch.Tensor) -> TensorSummary:
     data = _host(t.detach())
     flat = data.reshape(-1)
     n = flat.numel()
-    values = (
-        flat.to(torch.float64)
-        if (flat.is_floating_point() or not flat.is_complex())
-        else flat.abs().to(torch.float64)
-    )
-    if n:
-        finite = torch.isfinite(values)
-        nan = int(torch.isnan(values).sum())
-        inf = int((~finite).sum()) - nan
-        clean = torch.where(finite, values, 0)
-        norm = float(clean.norm())
-        vmin, vmax = float(values.min()), float(values.max())
-        step = max(n // SAMPLE_SIZE, 1)
-        sample = values[::step][:SAMPLE_SIZE].tolist()
-    else:
+    dtype = str(data.dtype).removeprefix("torch.")
+    if n == 0:
+        return TensorSummary(list(data.shape), dtype, 0, 0.0, 0.0, 0.0, 0, 0, [])
+    if flat.is_complex():
+        flat = flat.abs()
+    elif not flat.is_floating_point():
+        flat = flat.to(torch.float64)  # integers and booleans: exact below 2**53
+    norm = float(torch.linalg.vector_norm(flat))
+    if math.isfinite(norm):
         nan = inf = 0
-        norm, vmin, vmax, sample = 0.0, 0.0, 0.0, []
-    return TensorSummary(
-        list(data.shape),
-        str(data.dtype).removeprefix("torch."),
-        n,
-        norm,
-        vmin,
-        vmax,
-        nan,
-        inf,
-        sample,
-    )
+        low, high = torch.aminmax(flat)
+        vmin, vmax = float(low), float(high)
+    else:  # NaN/Inf present (or float32 overflow): the slower, exact route
+        wide = flat.to(torch.float64)
+        finite = torch.isfinite(wide)
+        nan = int(torch.isnan(wide).sum())
+        inf = int((~finite).sum()) - nan
+        norm = float(torch.where(finite, wide, 0).norm())
+        vmin, vmax = float(wide.min()), float(wide.max())
+    step = max(n // SAMPLE_SIZE, 1)
+    sample = flat[::step][:SAMPLE_SIZE].tolist()
+    return TensorSummary(list(data.shape), dtype, n, norm, vmin, vmax, nan, inf, sample)
 
 
 def summaries_differ(ref: TensorSummary, target: TensorSummary, tol: Tolerance) -> float | None:
@@ -219,19 +224,41 @@ class LayerRecorder:
         self.full = full
         self._stack: list[tuple[torch.nn.Module, str, int]] = []  # module, name, record slot
         self._names: dict[tuple[int, int], str] = {}
+        self._roots: dict[int, dict[int, str]] = {}
         self._counts: dict[str, int] = {}
         self._pending: dict[int, LayerCall] = {}
+        # A module's input is usually the previous module's output: summarize each tensor once.
+        self._summaries: dict[int, tuple[Any, int, TensorSummary]] = {}
+
+    def _summary(self, t: torch.Tensor) -> TensorSummary:
+        # Keyed by identity and in-place version: ReLU(inplace=True) returns its input, changed.
+        cached = self._summaries.get(id(t))
+        if cached is not None and cached[0]() is t and cached[1] == t._version:
+            return cached[2]
+        summary = summarize(t)
+        try:
+            self._summaries[id(t)] = (weakref.ref(t), t._version, summary)
+        except TypeError:
+            pass
+        return summary
 
     def _name_of(self, module: torch.nn.Module) -> str:
         if not self._stack:
+            # A root call: name every submodule once, as named_modules() does (features.3).
+            root_id = id(module)
+            if root_id not in self._roots:
+                self._roots[root_id] = {id(m): n for n, m in module.named_modules() if n}
             return type(module).__name__
-        parent, parent_name, _ = self._stack[-1]
+        root_names = self._roots[id(self._stack[0][0])]
+        name = root_names.get(id(module))
+        if name is not None:
+            return name
+        parent, parent_name, _ = self._stack[-1]  # not registered under the root: name by parent
         key = (id(parent), id(module))
         if key not in self._names:
             found = next((n for n, m in parent.named_modules() if m is module and n), None)
             local = found if found is not None else f"<{type(module).__name__}>"
-            root = len(self._stack) == 1
-            self._names[key] = local if root else f"{parent_name}.{local}"
+            self._names[key] = local if len(self._stack) == 1 else f"{parent_name}.{local}"
         return self._names[key]
 
     def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -241,7 +268,7 @@ class LayerRecorder:
         self._counts[name] = call + 1
         parent = self._stack[-1][2] if self._stack else None
         record = LayerCall(name, call, type(module).__name__, parent)
-        record.inputs = [summarize(a) for a in args if isinstance(a, torch.Tensor)]
+        record.inputs = [self._summary(a) for a in args if isinstance(a, torch.Tensor)]
         slot = id(record)
         self._pending[slot] = record
         self._stack.append((module, name, slot))
@@ -254,7 +281,7 @@ class LayerRecorder:
         record = self._pending.pop(slot)
         out = _first_tensor(output)
         if out is not None:
-            record.output = summarize(out)
+            record.output = self._summary(out)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
                 record.full_output = _host(out.detach()).clone().cpu()
         record.parent = self._index_of_parent(record.parent)
