@@ -91,3 +91,39 @@ def test_in_place_modules_are_summarized_after_they_ran():
     calls = {c.module: c for c in recorder.trace.calls}
     assert calls["0"].output.min < 0  # the linear output, before ReLU changed it in place
     assert calls["1"].output.min == 0  # the same tensor after ReLU
+
+
+class _Float64Gradient(torch.autograd.Function):
+    """Identity forward; the backward adds and removes 1e8 in float64 (float32 on neuron)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ((grad.double() + 1e8) - 1e8).float()
+
+
+class BackwardSensitive(nn.Module):
+    def forward(self, x):
+        return _Float64Gradient.apply(x)
+
+
+def test_gradient_divergence_is_born_where_backward_differs():
+    ns = {"__name__": "__main__", "torch": torch, "make_model": make_model,
+          "culprit": BackwardSensitive}
+    program = compile_cell(
+        "torch.manual_seed(0)\nmodel = make_model(9, culprit).to('cuda')\n"
+        "loss = model(torch.randn(4, 8, device='cuda')).pow(2).sum()\nloss.backward()"
+    )
+    spec = RunSpec(program, ns, instruments={"layers": layer_instrument()})
+    ref = execute(spec, get_backend("cpu"))
+    target = execute(spec, get_backend("neuron"))
+    assert ref.ok and target.ok
+    result = compare_layers(ref.extras["layers"].trace, target.extras["layers"].trace)
+    by_module = {d.module: d for d in result.layers}
+    assert not any(d.diverged for d in result.layers)  # the forward pass matches exactly
+    assert result.first_backward is not None and result.first_backward.module == "9"
+    assert not by_module["9"].grad_diverged and by_module["8"].grad_diverged
+    assert not any(by_module[str(i)].grad_diverged for i in range(9, 20))

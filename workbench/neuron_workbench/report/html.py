@@ -239,6 +239,14 @@ def render_report_html(data: dict[str, Any]) -> str:
             f"(call {esc(first['call'])}, {esc(first['module_type'])}): {esc(kind)} here; its "
             "inputs were within tolerance and its output was not.</div>"
         )
+    backward = (data.get("layers") or {}).get("first_backward_divergence")
+    if backward:
+        parts.append(
+            f"<div>Backward: the gradient first diverges in the backward of module "
+            f"<code>{esc(backward['module'])}</code> (call {esc(backward['call'])}, "
+            f"{esc(backward['module_type'])}): its output gradient matched, its input gradient "
+            "did not.</div>"
+        )
     layers = (data.get("layers") or {}).get("layers") or []
     diverged = [d for d in layers if d.get("diverged")]
     if layers:

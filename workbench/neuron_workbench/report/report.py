@@ -86,8 +86,11 @@ class Report:
         if fallback_ops:
             body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"
         first = self.first_divergence
+        backward = self.layers.first_backward if self.layers is not None else None
         if verdict == "FAIL" and first is not None:
             body += f"; first divergence at {first.label}"
+        elif verdict == "FAIL" and backward is not None:
+            body += f"; first divergence at {backward.label} (backward)"
         return f"{verdict} {self.title} — {body}"
 
     def __repr__(self) -> str:

@@ -159,6 +159,10 @@ class LayerCall:
     inputs: list[TensorSummary] = field(default_factory=list)
     output: TensorSummary | None = None
     full_output: torch.Tensor | None = field(default=None, repr=False)
+    #: Summary of the gradient with respect to the output, filled in during backward.
+    grad_output: TensorSummary | None = None
+    #: (module, call) of the calls that produced this call's tensor inputs (None: from outside).
+    producers: list[tuple[str, int] | None] = field(default_factory=list)
 
     def key(self) -> tuple[str, int]:
         """How calls align between runs: qualified module name and call index."""
@@ -194,6 +198,9 @@ class LayerTrace:
             call = LayerCall(c["module"], int(c["call"]), c.get("module_type", ""), c.get("parent"))
             call.inputs = [TensorSummary.from_dict(s) for s in c.get("inputs", [])]
             call.output = TensorSummary.from_dict(c["output"]) if c.get("output") else None
+            grad = c.get("grad_output")
+            call.grad_output = TensorSummary.from_dict(grad) if grad else None
+            call.producers = [tuple(p) if p else None for p in c.get("producers", [])]
             calls.append(call)
         return cls(calls)
 
@@ -225,6 +232,7 @@ class LayerRecorder:
         self._stack: list[tuple[torch.nn.Module, str, int]] = []  # module, name, record slot
         self._names: dict[tuple[int, int], str] = {}
         self._roots: dict[int, dict[int, str]] = {}
+        self._made_by: dict[int, tuple[Any, tuple[str, int]]] = {}
         self._counts: dict[str, int] = {}
         self._pending: dict[int, LayerCall] = {}
         # A module's input is usually the previous module's output: summarize each tensor once.
@@ -241,6 +249,20 @@ class LayerRecorder:
         except TypeError:
             pass
         return summary
+
+    def _producer(self, t: torch.Tensor) -> tuple[str, int] | None:
+        made = self._made_by.get(id(t))
+        return made[1] if made is not None and made[0]() is t else None
+
+    def _watch_gradient(self, out: torch.Tensor, record: LayerCall) -> None:
+        """Summarize the gradient w.r.t. this output when backward reaches it (never alters it)."""
+
+        def on_gradient(grad: torch.Tensor) -> None:
+            record.grad_output = summarize(grad)
+
+        # Some outputs (views of leaves, outputs of no-grad modules) refuse hooks; skip those.
+        with contextlib.suppress(RuntimeError):
+            out.register_hook(on_gradient)
 
     def _name_of(self, module: torch.nn.Module) -> str:
         if not self._stack:
@@ -268,7 +290,9 @@ class LayerRecorder:
         self._counts[name] = call + 1
         parent = self._stack[-1][2] if self._stack else None
         record = LayerCall(name, call, type(module).__name__, parent)
-        record.inputs = [self._summary(a) for a in args if isinstance(a, torch.Tensor)]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        record.inputs = [self._summary(a) for a in tensors]
+        record.producers = [self._producer(a) for a in tensors]
         slot = id(record)
         self._pending[slot] = record
         self._stack.append((module, name, slot))
@@ -282,6 +306,10 @@ class LayerRecorder:
         out = _first_tensor(output)
         if out is not None:
             record.output = self._summary(out)
+            with contextlib.suppress(TypeError):
+                self._made_by[id(out)] = (weakref.ref(out), record.key())
+            if out.requires_grad and torch.is_grad_enabled():
+                self._watch_gradient(out, record)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
                 record.full_output = _host(out.detach()).clone().cpu()
         record.parent = self._index_of_parent(record.parent)
@@ -336,6 +364,9 @@ class LayerDivergence:
     diverged: bool
     inputs_diverged: bool
     born: bool
+    grad_error: float | None = None
+    grad_diverged: bool = False
+    grad_born: bool = False
 
     @property
     def label(self) -> str:
@@ -366,12 +397,17 @@ class LayerComparison:
     layers: list[LayerDivergence]
     first: LayerDivergence | None
     full_diffs: list[Any] = field(default_factory=list)
+    #: The call whose backward turned matching output gradients into diverging input gradients.
+    first_backward: LayerDivergence | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
             "layers": [d.to_dict() for d in self.layers],
             "first_divergence": self.first.to_dict() if self.first else None,
+            "first_backward_divergence": self.first_backward.to_dict()
+            if self.first_backward
+            else None,
             "full_outputs": [d.to_dict() for d in self.full_diffs],
         }
 
@@ -452,4 +488,43 @@ def compare_layers(
     first = next((d for d in layers if d.born), None)
     if first is None:
         first = next((d for d in layers if d.diverged), None)
-    return LayerComparison(layers, first)
+    first_backward = _gradient_divergence(ref, by_key, layers, policy)
+    return LayerComparison(layers, first, first_backward=first_backward)
+
+
+def _gradient_divergence(
+    ref: LayerTrace,
+    target_by_key: dict[tuple[str, int], LayerCall],
+    layers: list[LayerDivergence],
+    policy: TolerancePolicy,
+) -> LayerDivergence | None:
+    """Mark gradient divergence per call and return where, going backward, it was born.
+
+    The gradient w.r.t. a call's input is the gradient w.r.t. the output of the call that produced
+    that input. A call's backward *created* a divergence when the gradient of its output matched
+    but the gradient of an input did not.
+    """
+    grad_bad: dict[tuple[str, int], bool] = {}
+    calls = {c.key(): c for c in ref.calls}
+    for d in layers:
+        call, other = calls[(d.module, d.call)], target_by_key.get((d.module, d.call))
+        if call.grad_output is None or other is None or other.grad_output is None:
+            continue
+        dtype = getattr(torch, call.grad_output.dtype, None)
+        error = summaries_differ(
+            call.grad_output, other.grad_output, policy.for_output(d.module, dtype, dtype)
+        )
+        d.grad_error = 0.0 if error is None else error
+        d.grad_diverged = error is not None
+        grad_bad[(d.module, d.call)] = d.grad_diverged
+    born = []
+    for d in layers:
+        key = (d.module, d.call)
+        if key not in grad_bad or grad_bad[key]:
+            continue
+        producers = [p for p in calls[key].producers if p is not None]
+        if any(grad_bad.get(tuple(p), False) for p in producers):
+            d.grad_born = True
+            born.append(d)
+    # Backward runs in reverse order of the forward pass: the last-finished call comes first.
+    return max(born, key=lambda d: d.order) if born else None
