@@ -44,17 +44,23 @@ def test_migration_tab_only_with_scanner_findings(data):
     findings = {
         "findings": [
             {
-                "rule": "NW001",
+                "rule_id": "NW103",
                 "severity": "warning",
                 "line": 2,
-                "message": "torch.cuda.Stream has no neuron equivalent",
+                "message": "`torch.cuda.Stream` needs CUDA",
+                "suggestion": "use `torch.neuron.Stream`",
+                "fixable": True,
             }
         ]
     }
     view = ReportView({**data, "migration": findings})
     assert view.titles[-1] == "Migration" and len(view.children) == 6
     view.selected_index = 5
-    assert "torch.cuda.Stream" in view.children[5].children[0].value
+    html = view.children[5].children[0].value
+    assert "torch.cuda.Stream" in html and "NW103" in html and "torch.neuron.Stream" in html
+    empty = ReportView({**data, "migration": {"findings": []}})
+    empty.selected_index = 5
+    assert "nothing to migrate" in empty.children[5].children[0].value
 
 
 def test_layers_tab_renders_a_layer_comparison(data):

@@ -33,7 +33,7 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         height=height,
-        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        margin={"l": 10, "r": 10, "t": 70, "b": 40},
         font=_FONT,
         template="plotly_white",
         legend={"orientation": "h", "y": -0.12},
@@ -101,7 +101,7 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
             name="calls", y=ops, x=[row.count or 0 for row in rows], orientation="h",
             marker_color=_FALLBACK_COLOR, customdata=sites, text=[row.count for row in rows],
             textposition="auto",
-            hovertemplate="<b>%{y}</b><br>%{x} calls on CPU<br>%{customdata}<extra></extra>",
+            hovertemplate="<b>%{y}</b><br>%{x} call(s) on CPU<br>%{customdata}<extra></extra>",
         ),
         row=1, col=1,
     )  # fmt: skip
@@ -116,7 +116,7 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
     )  # fmt: skip
     fig.update_yaxes(automargin=True, row=1, col=1)
     fig.update_layout(showlegend=False, bargap=0.25)
-    return _layout(fig, title + " — time is host CPU time", 140 + 34 * len(rows))
+    return _layout(fig, title, 140 + 34 * len(rows))
 
 
 def module_treemap(data: dict[str, Any]) -> go.Figure:
@@ -145,7 +145,13 @@ def module_treemap(data: dict[str, Any]) -> go.Figure:
     for (module, op), (count, seconds) in sorted(per.items()):
         if module not in modules:
             modules[module] = len(ids)
-            label = f"{module} ({types[module]})" if module in types else module
+            label = module
+            if module in types:
+                label = (
+                    f"{types[module]} {module}"
+                    if module.startswith("(")
+                    else f"{module} ({types[module]})"
+                )
             ids.append(f"m:{module}")
             labels.append(label)
             parents.append(root)

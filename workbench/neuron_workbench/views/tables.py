@@ -27,7 +27,8 @@ _COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
 
 STYLE = """<style>
 .nw-view{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4}
-.nw-view table{border-collapse:collapse;margin:4px 0}
+.nw-view table{border-collapse:collapse;margin:4px 0;max-width:100%}
+.nw-view code.nw-path{word-break:break-all}
 .nw-view th,.nw-view td{border:1px solid #d0d7de;padding:2px 8px;text-align:left;vertical-align:top}
 .nw-view th{background:#f6f8fa}
 .nw-view td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -286,12 +287,12 @@ def fallbacks_html(data: dict[str, Any]) -> str:
     for row in rows:
         sites = (
             "<br>".join(
-                f"<code>{esc(file)}:{esc(line)}</code> in {esc(func)}"
+                f'<code class="nw-path">{esc(file)}:{esc(line)}</code> in {esc(func)}'
                 for (file, line), func in zip(row.sites, row.functions)
             )
             or '<span class="note">backward / library code</span>'
         )
-        modules = ", ".join(f"<code>{esc(m or '(top level)')}</code>" for m in row.modules)
+        modules = ", ".join(f"<code>{esc(m)}</code>" if m else "top level" for m in row.modules)
         if row.module_types:
             modules += f" ({esc(', '.join(row.module_types))})"
         body.append(
@@ -341,16 +342,25 @@ def sites_html(op: str, sites: list[dict[str, Any]]) -> str:
 
 
 def migration_html(data: dict[str, Any]) -> str:
-    """Scanner findings of the cell, when the report has them."""
+    """Scanner findings of the cell (what to change for the target), when the report has them."""
     migration = data.get("migration")
     findings = migration.get("findings", []) if isinstance(migration, dict) else migration or []
     if not findings:
         return '<div class="nw-view nw-migration ok">The scanner found nothing to migrate.</div>'
     rows = [
-        [esc(f.get("rule", f.get("id", ""))), esc(f.get("severity", "")), esc(f.get("line", "")),
-         esc(f.get("message", "")), "yes" if f.get("fix") or f.get("fixable") else ""]
-        for f in findings if isinstance(f, dict)
+        [esc(f.get("line", "")), esc(f.get("rule_id", f.get("rule", ""))),
+         esc(f.get("severity", "")), esc(f.get("message", "")), esc(f.get("suggestion", "")),
+         "yes" if f.get("fixable") else ""]
+        for f in findings
+        if isinstance(f, dict)
     ]  # fmt: skip
-    return '<div class="nw-view nw-migration">' + table(
-        ["rule", "severity", "line", "message", "auto-fix"], rows, numeric=(2,)
-    ) + "</div>"  # fmt: skip
+    summary = migration.get("summary") if isinstance(migration, dict) else None
+    head = f'<div class="note">{esc(summary)}</div>' if isinstance(summary, str) else ""
+    return (
+        '<div class="nw-view nw-migration">'
+        + head
+        + table(
+            ["line", "rule", "severity", "message", "suggestion", "auto-fix"], rows, numeric=(0,)
+        )
+        + '<div class="note"><code>%neuron_migrate</code> applies the fixable ones.</div></div>'
+    )

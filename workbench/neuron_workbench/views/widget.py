@@ -92,7 +92,7 @@ class ReportView(W.Tab):
         return self
 
     def _html(self, body: str) -> W.HTML:
-        return W.HTML(tables.STYLE + body)
+        return W.HTML(tables.STYLE + body, layout=W.Layout(width="100%", overflow="auto"))
 
     def _figure(self, key: str, fig: go.Figure) -> go.FigureWidget:
         widget = go.FigureWidget(fig)
