@@ -1,0 +1,97 @@
+"""%%neuron --profile against plain %%neuron on the same training-step cell, in the same run.
+
+Two figures, each the minimum over interleaved rounds after a warm-up round:
+- cpu/cpu: ``%%neuron --ref cpu --target cpu --profile`` against the same magic without
+  ``--profile``; everything the op profiler adds (dispatch-mode recorder on every op of both runs,
+  building the profiles, embedding them in the report data) and nothing else.
+- cpu/neuron: the same on the emulated neuron target, where the emulator's own per-op cost is in
+  both sides.
+The recorder only exists while ``--profile`` is given; the plain magic runs none of its code.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from neuron_workbench import emulate
+
+emulate("neuron")  # before any backward pass in this process
+
+from neuron_workbench.testing import run_cell, testing_shell  # noqa: E402
+
+ROUNDS = 15
+SETUP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(32 * 32 * 32, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+torch.manual_seed(0)
+initial = SmallCNN().state_dict()
+"""
+CELL = """model = SmallCNN()
+model.load_state_dict(initial)
+model.to("cuda")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+images = torch.randn(32, 3, 32, 32, device="cuda")
+labels = torch.randint(0, 10, (32,), device="cuda")
+optimizer.zero_grad()
+loss = F.cross_entropy(model(images), labels)
+loss.backward()
+optimizer.step()
+"""
+
+
+def best_of_interleaved(baseline, candidate) -> tuple[float, float]:
+    """Minimum time of each, alternating rounds so machine noise hits both alike."""
+    baseline(), candidate()
+    base, cand = [], []
+    for _ in range(ROUNDS):
+        for fn, times in ((baseline, base), (candidate, cand)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return min(base), min(cand)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    shell = testing_shell()
+    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the terminal printing
+    run_cell(shell, SETUP)
+
+    def magic(target: str, flags: str = "") -> None:
+        run_cell(shell, f"%%neuron --ref cpu --target {target} --no-scan {flags}\n" + CELL)
+
+    ops = {}
+
+    def count_ops() -> None:
+        run_cell(shell, f"%%neuron --ref cpu --target cpu --no-scan --profile -o _r\n{CELL}")
+        profile = shell.user_ns["_r"].ref.extras["profile"].result()
+        ops["calls"] = sum(row.calls for row in profile.rows)
+
+    count_ops()
+    for target in ("cpu", "neuron"):
+        plain, profiled = best_of_interleaved(
+            lambda t=target: magic(t), lambda t=target: magic(t, "--profile")
+        )
+        extra_us = (profiled - plain) / (2 * ops["calls"]) * 1e6
+        print(
+            f"--profile overhead, cpu vs {target}: {profiled / plain:.2f}x "
+            f"(%%neuron --profile {profiled * 1e3:.1f} ms vs %%neuron {plain * 1e3:.1f} ms; "
+            f"{ops['calls']} ops per run, about {extra_us:.0f} us more per op)"
+        )
+
+
+if __name__ == "__main__":
+    main()
