@@ -3,6 +3,9 @@ import importlib.util
 import pytest
 import torch
 
+# Fixture notebooks are inputs of tests (the scanner's), not guided notebooks for nbval to run.
+collect_ignore_glob = ["**/fixtures/*", "**/fixtures/**/*"]
+
 
 def _real_backend(name: str) -> bool:
     return importlib.util.find_spec(f"torch_{'neuronx' if name == 'neuron' else name}") is not None
