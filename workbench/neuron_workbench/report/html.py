@@ -211,24 +211,30 @@ def render_report_html(data: dict[str, Any]) -> str:
             )
         parts += ["<h4>Errors</h4>", _table(["backend", "type", "message", "line", "source"], rows)]
     if data.get("outputs"):
-        parts += [
-            "<h4>Outputs</h4>",
-            _table(
-                [
-                    "output",
-                    "status",
-                    "dtype",
-                    "shape",
-                    "max |Δ|",
-                    "max rel",
-                    "mismatched",
-                    "rtol / atol",
-                    "worst element / detail",
-                ],
-                _output_rows(data["outputs"]),
-                numeric={4, 5, 6},
-            ),
+        headers = [
+            "output",
+            "status",
+            "dtype",
+            "shape",
+            "max |Δ|",
+            "max rel",
+            "mismatched",
+            "rtol / atol",
+            "worst element / detail",
         ]
+        failing = [o for o in data["outputs"] if o["status"] != "match"]
+        matching = [o for o in data["outputs"] if o["status"] == "match"]
+        parts.append("<h4>Outputs</h4>")
+        if failing:
+            parts.append(_table(headers, _output_rows(failing), numeric={4, 5, 6}))
+        if matching:
+            # Matching outputs can run to hundreds of parameters: keep them one click away.
+            table = _table(headers, _output_rows(matching), numeric={4, 5, 6})
+            opened = " open" if not failing and len(matching) <= 12 else ""
+            parts.append(
+                f"<details{opened}><summary>{len(matching)} matching output"
+                f"{'' if len(matching) == 1 else 's'}</summary>{table}</details>"
+            )
     elif not errors:
         parts.append('<div class="note">The cell bound no outputs to compare.</div>')
     first = data.get("first_divergence")
