@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
 
@@ -35,9 +34,13 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
         height=height,
         margin={"l": 10, "r": 10, "t": 70, "b": 40},
         font=_FONT,
-        template="plotly_white",
+        # Styled by hand: assigning a named template costs 15-35 ms per figure, on every cell.
+        plot_bgcolor="white",
+        paper_bgcolor="white",
         legend={"orientation": "h", "y": -0.12},
     )
+    fig.update_xaxes(gridcolor="#eaeef2", zerolinecolor="#d0d7de")
+    fig.update_yaxes(gridcolor="#eaeef2", zerolinecolor="#d0d7de")
     return fig
 
 
@@ -92,29 +95,34 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
     ops = [row.op for row in rows]
     sites = ["<br>".join(f"{file}:{line}" for file, line in row.sites) or "backward / library code"
              for row in rows]  # fmt: skip
-    fig = make_subplots(
-        rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-        subplot_titles=("calls that ran on the CPU", "host CPU time (ms)"),
-    )  # fmt: skip
+    # Two panels sharing the op axis (laid out by hand: make_subplots costs ~30 ms per figure).
+    fig = go.Figure()
     fig.add_trace(
         go.Bar(
             name="calls", y=ops, x=[row.count or 0 for row in rows], orientation="h",
             marker_color=_FALLBACK_COLOR, customdata=sites, text=[row.count for row in rows],
-            textposition="auto",
+            textposition="auto", xaxis="x", yaxis="y",
             hovertemplate="<b>%{y}</b><br>%{x} call(s) on CPU<br>%{customdata}<extra></extra>",
-        ),
-        row=1, col=1,
+        )
     )  # fmt: skip
     fig.add_trace(
         go.Bar(
             name="host CPU time (ms)", y=ops,
             x=[(row.cpu_time_s or 0.0) * 1e3 for row in rows], orientation="h",
-            marker_color="#bc4c00", customdata=sites,
+            marker_color="#bc4c00", customdata=sites, xaxis="x2", yaxis="y",
             hovertemplate="<b>%{y}</b><br>%{x:.3f} ms host CPU time<br>%{customdata}<extra></extra>",
-        ),
-        row=1, col=2,
+        )
     )  # fmt: skip
-    fig.update_yaxes(automargin=True, row=1, col=1)
+    fig.update_layout(
+        xaxis={"domain": [0.0, 0.485]},
+        xaxis2={"domain": [0.515, 1.0], "anchor": "y"},
+        annotations=[
+            {"text": text, "x": x, "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center",
+             "yanchor": "bottom", "showarrow": False, "font": {"size": 13}}
+            for text, x in (("calls that ran on the CPU", 0.2425), ("host CPU time (ms)", 0.7575))
+        ],
+    )  # fmt: skip
+    fig.update_yaxes(automargin=True)
     fig.update_layout(showlegend=False, bargap=0.25)
     return _layout(fig, title, 140 + 34 * len(rows))
 

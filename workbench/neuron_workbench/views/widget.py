@@ -47,7 +47,8 @@ class ReportView(W.Tab):
     data : dict
         The report data everything is built from.
     figures : dict of str to go.FigureWidget
-        The figures built so far: ``memory``, ``op_time``, ``fallback_bar``, ``treemap``.
+        The figures built so far: ``op_time`` and ``memory`` (Ops tab), ``fallback_bar`` and
+        ``treemap`` (Fallbacks tab).
     sites : dict of str to ipywidgets.HTML
         The call-site panes of the Ops and Fallbacks tabs (filled by :meth:`show_call_sites`).
     """
@@ -100,10 +101,8 @@ class ReportView(W.Tab):
         return widget
 
     def _summary(self) -> list[W.Widget]:
-        return [
-            self._html(tables.summary_html(self.data)),
-            self._figure("memory", figures.memory_bars(self.data)),
-        ]
+        # HTML only: the summary is shown first, and a FigureWidget costs every cell time.
+        return [self._html(tables.summary_html(self.data))]
 
     def _numerics(self) -> list[W.Widget]:
         return [self._html(tables.numerics_html(self.data))]
@@ -117,6 +116,7 @@ class ReportView(W.Tab):
             fig = self._figure("op_time", figures.op_time_bars(self.data))
             self._on_bar_click(fig, "ops")
             widgets[:0] = [fig, self.sites["ops"]]
+        widgets.append(self._figure("memory", figures.memory_bars(self.data)))
         return widgets
 
     def _fallbacks(self) -> list[W.Widget]:
@@ -163,12 +163,13 @@ class ReportView(W.Tab):
 
 
 def _static_figures(data: dict[str, Any]) -> list[go.Figure]:
+    # Only the charts that carry information the report's own HTML tables do not show well; each
+    # costs display time on every cell.
     out = []
     if data.get("target", {}).get("fallbacks"):
-        out += [figures.fallback_bar(data), figures.module_treemap(data)]
+        out.append(figures.fallback_bar(data))
     if figures.profile_frame(data) is not None:
         out.append(figures.op_time_bars(data))
-    out.append(figures.memory_bars(data))
     return out
 
 
