@@ -10,11 +10,14 @@ from artifact_builders import manifest_of, read_entries, write_zip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from neuron_workbench.artifacts import ArtifactError, load
+from neuron_workbench.cli.commands.compare import build_report
+from neuron_workbench.cli.commands.show import summarize
+from neuron_workbench.report.html import render_page
 
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.integers() | st.sampled_from([10**400, -(10**400), 2**64])
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
     | st.sampled_from(["float32", "bfloat16", "tensor", "ref", "tensors/ref.safetensors", "../x"]),
@@ -29,6 +32,35 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+@pytest.fixture(scope="module")
+def tiny_artifact(tmp_path_factory):
+    """A small artifact with every leaf kind, so each example is cheap."""
+    import torch
+    from neuron_workbench.artifacts import save
+    from neuron_workbench.backends import BackendInfo
+    from neuron_workbench.run import Run
+
+    outputs = {"x": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([True]), "n": 1, "f": 0.5}
+    outputs |= {
+        "s": "text",
+        "z": 1j,
+        "raw": b"\x01",
+        "none": None,
+        "c": torch.ones(1, dtype=torch.complex128),
+    }
+    ref = Run(BackendInfo("cpu", "cpu", "host"), outputs=outputs)
+    target = Run(
+        BackendInfo("neuron", "neuron:0", "emulated", True, {"profile": "p"}),
+        outputs={"x": torch.zeros(2, 3)},
+        fallbacks=[{"op": "aten::sort", "count": 1, "site": {"file": "<cell>", "line": 2}}],
+        wall_time_s=0.1,
+    )
+    path = tmp_path_factory.mktemp("fuzz") / "tiny.nwrun.zip"
+    return save(
+        path, runs={"ref": ref, "target": target}, cell_source="x = 1", report={"verdict": "PASS"}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +91,9 @@ def _load_only_artifact_errors(path):
 
 @SETTINGS
 @given(data=st.data())
-def test_fuzzed_manifests_raise_only_artifact_error(small_artifact, scratch, data):
-    entries = read_entries(small_artifact)
-    manifest = manifest_of(small_artifact)
+def test_fuzzed_manifests_raise_only_artifact_error(tiny_artifact, scratch, data):
+    entries = read_entries(tiny_artifact)
+    manifest = manifest_of(tiny_artifact)
     mutated = copy.deepcopy(manifest)
     for _ in range(data.draw(st.integers(1, 3))):
         locations = [p for p in _paths(mutated) if p]
@@ -82,14 +114,18 @@ def test_fuzzed_manifests_raise_only_artifact_error(small_artifact, scratch, dat
     path = scratch / "fuzz.zip"
     write_zip(path, entries)
     artifact = _load_only_artifact_errors(path)
-    if artifact is not None:  # what loaded is what the manifest says
+    if artifact is not None:  # what loaded is what the manifest says, and the commands can use it
         assert set(artifact.runs) == set(mutated["runs"])
+        summarize(artifact)
+        if len(artifact.runs) <= 2:
+            data = build_report(artifact, artifact, None, None).to_dict()
+            render_page([data])
 
 
 @SETTINGS
 @given(data=st.data())
-def test_fuzzed_bytes_raise_only_artifact_error(small_artifact, scratch, data):
-    raw = bytearray(small_artifact.read_bytes())
+def test_fuzzed_bytes_raise_only_artifact_error(tiny_artifact, scratch, data):
+    raw = bytearray(tiny_artifact.read_bytes())
     for _ in range(data.draw(st.integers(1, 4))):
         kind = data.draw(st.sampled_from(["flip", "cut", "insert", "splat"]))
         at = data.draw(st.integers(0, max(len(raw) - 1, 0)))

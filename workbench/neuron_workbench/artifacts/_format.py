@@ -211,11 +211,20 @@ def _expect(value: Any, kind: type | tuple[type, ...], where: str, what: str) ->
     return value
 
 
+def _finite_number(value: Any, where: str) -> None:
+    # A JSON integer can have thousands of digits; float() of it would overflow later.
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise _Invalid(f"{where} is out of range") from None
+
+
 def _optional_int(value: Any, where: str) -> None:
     if value is not None:
         _expect(value, int, where, "an integer or null")
-        if value < 0:
-            raise _Invalid(f"{where} must not be negative")
+        if not 0 <= value < 2**63:
+            raise _Invalid(f"{where} must be a non-negative 64-bit integer")
 
 
 def _check_version(manifest: Mapping[str, Any]) -> None:
@@ -276,6 +285,8 @@ def _check_leaf(leaf: Any, where: str) -> None:
         _expect(value, kind_type, f"{where}.value", what)
         if kind == "float" and isinstance(value, str) and value not in ("nan", "inf", "-inf"):
             raise _Invalid(f"{where}.value must be a number or 'nan'/'inf'/'-inf'")
+        if kind == "float":
+            _finite_number(value, f"{where}.value")
         if kind == "complex":
             if len(value) != 2:
                 raise _Invalid(f"{where}.value must be a list [real, imag]")
@@ -283,6 +294,7 @@ def _check_leaf(leaf: Any, where: str) -> None:
                 _expect(part, (int, float, str), f"{where}.value[{index}]", "a number")
                 if isinstance(part, str) and part not in ("nan", "inf", "-inf"):
                     raise _Invalid(f"{where}.value[{index}] must be a number")
+                _finite_number(part, f"{where}.value[{index}]")
         return
     _expect(_require(leaf, "key", where), str, f"{where}.key", "a string")
     dtype = _require(leaf, "dtype", where)
@@ -312,13 +324,20 @@ def _check_run(role: str, run: Any) -> None:
     _check_error(run.get("error"), f"{where}.error")
     fallbacks = _expect(run.get("fallbacks", []), list, f"{where}.fallbacks", "a list")
     for index, event in enumerate(fallbacks):
-        _expect(event, dict, f"{where}.fallbacks[{index}]", "an object")
+        at = f"{where}.fallbacks[{index}]"
+        _expect(event, dict, at, "an object")
+        _expect(_require(event, "op", at), str, f"{at}.op", "a string")
+        count = event.get("count", 0)
+        _expect(count, int, f"{at}.count", "an integer")
+        if not 0 <= count < 2**63:
+            raise _Invalid(f"{at}.count must be a non-negative 64-bit integer")
     memory = _expect(run.get("memory", {}), dict, f"{where}.memory", "an object")
     for key in ("current_bytes", "peak_bytes"):
         _optional_int(memory.get(key), f"{where}.memory.{key}")
     wall = run.get("wall_time_s")
     if wall is not None:
         _expect(wall, (int, float), f"{where}.wall_time_s", "a number or null")
+        _finite_number(wall, f"{where}.wall_time_s")
     names = _expect(run.get("shared_names", []), list, f"{where}.shared_names", "a list")
     for index, name in enumerate(names):
         _expect(name, str, f"{where}.shared_names[{index}]", "a string")
@@ -326,6 +345,16 @@ def _check_run(role: str, run: Any) -> None:
         _expect(run.get(key, ""), str, f"{where}.{key}", "a string")
     _expect(run.get("extras", {}), dict, f"{where}.extras", "an object")
     _expect(run.get("steps", []), list, f"{where}.steps", "a list")
+    for key in ("extras_skipped", "skipped_outputs"):
+        items = _expect(run.get(key, []), list, f"{where}.{key}", "a list")
+        for index, item in enumerate(items):
+            # Names of extras, or {"path", "reason"} of outputs that could not be stored.
+            _expect(
+                item,
+                str if key == "extras_skipped" else dict,
+                f"{where}.{key}[{index}]",
+                "a string" if key == "extras_skipped" else "an object",
+            )
     tensor_file = run.get("tensor_file")
     if tensor_file is not None and tensor_file != tensor_entry(role):
         raise _Invalid(f"{where}.tensor_file must be {tensor_entry(role)!r} or null")

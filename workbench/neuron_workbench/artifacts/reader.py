@@ -178,7 +178,14 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, limit: int
     try:
         with archive.open(info) as stream:
             data = stream.read(limit + 1 if info.file_size <= limit else limit)
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+    except (
+        zipfile.BadZipFile,
+        zlib.error,
+        EOFError,
+        OSError,
+        ValueError,
+        NotImplementedError,
+    ) as exc:
         raise ArtifactError(f"{name}: entry {info.filename!r} is corrupt: {exc}") from None
     if len(data) > info.file_size:
         raise ArtifactError(f"{name}: entry {info.filename!r} is larger than it declares")
@@ -198,7 +205,14 @@ def _tensor_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -
                     f"{info.file_size}-byte entry (not safetensors, or corrupt)"
                 )
             raw = stream.read(header_len)
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, struct.error) as exc:
+    except (
+        zipfile.BadZipFile,
+        zlib.error,
+        EOFError,
+        OSError,
+        struct.error,
+        NotImplementedError,  # "zip file version 8.4" and other features zipfile lacks
+    ) as exc:
         raise ArtifactError(f"{name}: {entry} is corrupt: {exc}") from None
     if len(raw) != header_len:
         raise ArtifactError(f"{name}: {entry} is truncated")
@@ -320,19 +334,48 @@ def _build_run(
     return run
 
 
+def _like(value: Any, default: Any) -> bool:
+    """Whether JSON ``value`` has the shape of a dataclass field's ``default`` value."""
+    if isinstance(default, bool) or default is None:
+        return isinstance(value, bool) if isinstance(default, bool) else value is None
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, dict):  # counters by name (RunFacts.random_ops)
+        return isinstance(value, dict) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value.values()
+        )
+    if isinstance(default, list):  # names (RunFacts.autocast_dtypes)
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return False
+
+
 def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
-    """Set ``facts`` and ``steps`` on Run versions that have them (best effort: they are context)."""
+    """Set ``facts`` and ``steps`` on Run versions that have them.
+
+    Both are context for hints, so a value of the wrong shape is dropped rather than refused.
+    """
     facts = data.get("facts")
     current = getattr(run, "facts", None)
     if isinstance(facts, dict) and dataclasses.is_dataclass(current):
-        known = {f.name for f in dataclasses.fields(current)}
+        values = {}
+        for item in dataclasses.fields(current):
+            if item.name in facts and _like(facts[item.name], getattr(current, item.name)):
+                values[item.name] = facts[item.name]
         try:
-            run.facts = type(current)(**{k: v for k, v in facts.items() if k in known})
+            run.facts = type(current)(**values)
         except (TypeError, ValueError):
             pass
     steps = data.get("steps")
     if isinstance(steps, list) and hasattr(run, "steps"):
-        run.steps = [dict(step) for step in steps if isinstance(step, dict)]
+        run.steps = [
+            {str(k): v for k, v in step.items() if isinstance(v, float)}
+            for step in steps
+            if isinstance(step, dict)
+        ]
 
 
 def load(path: str | os.PathLike[str]) -> RunArtifact:
@@ -363,7 +406,14 @@ def load(path: str | os.PathLike[str]) -> RunArtifact:
         handle.seek(0)
         try:
             archive = zipfile.ZipFile(handle)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
+        except (
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            EOFError,
+            OSError,
+            ValueError,
+            NotImplementedError,
+        ) as exc:
             raise ArtifactError(f"{name} is truncated or corrupt ({exc})") from None
         with archive:
             return _load_archive(archive, file, name, size)
