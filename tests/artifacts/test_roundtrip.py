@@ -215,3 +215,33 @@ def test_against_a_recording_reproduces_the_live_verdict(tmp_path, cell):
     assert comparison.passed == live.comparison.passed
     assert [d.status for d in comparison.diffs] == [d.status for d in live.comparison.diffs]
     assert recorded.report["verdict"] == live.verdict
+
+
+def test_layer_statistics_and_op_profile_are_kept(tmp_path):
+    from neuron_workbench.cli.commands.compare import build_report
+    from neuron_workbench.trace.profile import op_profiler
+
+    cell = (
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).cuda()\n"
+        "y = m(torch.randn(2, 4, device='cuda'))\n"
+    )
+    live = compare_cell(
+        compile_cell(cell),
+        {"torch": torch},
+        CompareOptions(ref="cpu", target="neuron", layers=True),
+        instruments={"profile": op_profiler},
+    ).report
+    path = save(
+        tmp_path / "l.nwrun.zip",
+        runs={"ref": live.ref, "target": live.target},
+        cell_source=cell,
+        report=live.to_dict(),
+    )
+    artifact = load(path)
+    for role in ("ref", "target"):
+        extras = artifact.runs[role].extras
+        assert isinstance(extras["layers"], dict) and isinstance(extras["profile"], dict)
+        assert extras["profile"] == live.to_dict()[role]["profile"]
+    again = build_report(artifact, artifact, None, None).to_dict()
+    assert again["layers"] == live.to_dict()["layers"]
+    assert again["verdict"] == live.verdict

@@ -176,6 +176,11 @@ def _extras(run: Run) -> tuple[dict[str, Any], list[str]]:
     skipped: list[str] = []
     for name, value in run.extras.items():
         try:
+            # The same unwrapping the report does: a profiler's result(), a recorder's trace.
+            if callable(getattr(value, "result", None)):
+                value = value.result()
+            if not hasattr(value, "to_dict") and hasattr(getattr(value, "trace", None), "to_dict"):
+                value = value.trace
             if hasattr(value, "to_dict") and callable(value.to_dict):
                 value = value.to_dict()
             if not isinstance(value, Mapping | list | tuple):
