@@ -17,7 +17,8 @@ from neuron_workbench.report.html import render_page
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers() | st.sampled_from([10**400, -(10**400), 2**64])
+    | st.integers()
+    | st.sampled_from([10**400, -(10**400), 2**64])
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
     | st.sampled_from(["float32", "bfloat16", "tensor", "ref", "tensors/ref.safetensors", "../x"]),
