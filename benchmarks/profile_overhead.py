@@ -7,6 +7,10 @@ Two figures, each the minimum over interleaved rounds after a warm-up round:
 - cpu/neuron: the same on the emulated neuron target, where the emulator's own per-op cost is in
   both sides.
 The recorder only exists while ``--profile`` is given; the plain magic runs none of its code.
+
+A third line measures what a Jupyter kernel adds to every cell: building the ``ReportView`` and its
+display bundle (static charts included) for a report with fallbacks, against the plain magic.
+(The testing shell used here has no frontend, so ``show_report`` itself displays nothing.)
 """
 
 from __future__ import annotations
@@ -91,6 +95,20 @@ def main() -> None:
             f"(%%neuron --profile {profiled * 1e3:.1f} ms vs %%neuron {plain * 1e3:.1f} ms; "
             f"{ops['calls']} ops per run, about {extra_us:.0f} us more per op)"
         )
+
+    from neuron_workbench.views.widget import ReportView
+
+    run_cell(shell, f"%%neuron --ref cpu --target neuron --no-scan -o _plain\n{CELL}")
+    report = shell.user_ns["_plain"]
+    ReportView(report)._repr_mimebundle_()  # plotly's one-time start-up, paid by the first cell
+    plain, viewed = best_of_interleaved(
+        lambda: magic("neuron"),
+        lambda: (magic("neuron"), ReportView(report)._repr_mimebundle_()),
+    )
+    print(
+        f"report view per cell (kernel only), cpu vs neuron: {viewed / plain:.2f}x "
+        f"(%%neuron + ReportView {viewed * 1e3:.1f} ms vs %%neuron {plain * 1e3:.1f} ms)"
+    )
 
 
 if __name__ == "__main__":
