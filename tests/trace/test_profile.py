@@ -51,7 +51,8 @@ def test_bytes_count_fresh_outputs_only(profiled_runs):
     # conv output [2, 4, 14, 14] float32, twice
     assert profile.row("convolution").bytes_allocated == 2 * 2 * 4 * 14 * 14 * 4
     # max_pool2d_with_indices returns values (f32) and indices (i64) of [2, 4, 7, 7]
-    assert profile.row("aten::max_pool2d_with_indices").bytes_allocated == 2 * (2 * 4 * 7 * 7) * (4 + 8)
+    pool_bytes = 2 * (2 * 4 * 7 * 7) * (4 + 8)
+    assert profile.row("aten::max_pool2d_with_indices").bytes_allocated == pool_bytes
     # views allocate nothing
     assert profile.row("aten::view").bytes_allocated == 0
     assert profile.row("aten::t").bytes_allocated == 0
