@@ -279,3 +279,23 @@ def test_a_live_magic_report_follows_the_schema(ip):
     validator("report").validate(data)
     broken = dict(data, verdict="MAYBE")
     assert not validator("report").is_valid(broken)
+
+
+def test_notebook_on_emulated_tpu_gets_the_tpu_numerics_and_its_missing_op_error(tmp_path):
+    # The target must reach the kernel before the extension installs an emulated device.
+    path = tmp_path / "tpu.ipynb"
+    write_notebook(
+        path,
+        "%%neuron\nimport torch\nm = torch.nn.Linear(4, 2).cuda()\ny = m(torch.ones(3, 4, device='cuda'))",
+        "%%neuron\nv = torch.special.i0(torch.ones(3, device='cuda'))",
+    )
+    json_path = tmp_path / "tpu.json"
+    done = cli("run", str(path), "--ref", "cpu", "--target", "tpu", "--json", str(json_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    reports = json.loads(json_path.read_text())["reports"]
+    assert [r["target"]["backend"]["name"] for r in reports] == ["tpu", "tpu"]
+    hints = [h for o in reports[0]["outputs"] for h in o["hints"]]
+    assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in hints)
+    assert reports[1]["target"]["error"]["message"] == (
+        "operator 'aten::i0' is not implemented for TPU. Please file a feature request"
+    )

@@ -65,18 +65,22 @@ def _setup_source(
     seed: int | None = None,
     record_dir: str | None = None,
 ) -> str:
-    lines = ["%load_ext neuron_workbench"]
-    if ref:
-        lines.append(f"%config NeuronMagics.ref = {ref!r}")
-    if target:
-        lines.append(f"%config NeuronMagics.target = {target!r}")
+    # Settings go into the shell's config *before* the extension loads: loading installs the
+    # target's emulated device, and a process can emulate only one device.
+    settings = {
+        "ref": ref,
+        "target": target,
+        "seed": None if seed is None else int(seed),
+        "record_dir": record_dir or None,
+    }
     if rtol is not None and atol is not None:
-        lines.append(f"%config NeuronMagics.rtol = {float(rtol)!r}")
-        lines.append(f"%config NeuronMagics.atol = {float(atol)!r}")
-    if seed is not None:
-        lines.append(f"%config NeuronMagics.seed = {int(seed)!r}")
-    if record_dir:
-        lines.append(f"%config NeuronMagics.record_dir = {record_dir!r}")
+        settings.update(rtol=float(rtol), atol=float(atol))
+    lines = [
+        f"get_ipython().config.NeuronMagics.{name} = {value!r}"
+        for name, value in settings.items()
+        if value is not None
+    ]
+    lines.append("%load_ext neuron_workbench")
     return "\n".join(lines)
 
 

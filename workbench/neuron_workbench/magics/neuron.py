@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from IPython.utils.capture import capture_output
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
@@ -80,7 +81,16 @@ class NeuronMagics(Magics):
     ref = Unicode(
         "", help="Reference backend; empty means cuda when a GPU is usable, else cpu."
     ).tag(config=True)
-    target = Unicode("neuron", help="Target backend: neuron or tpu (or cpu/cuda).").tag(config=True)
+    target = Unicode(
+        help="Target backend: neuron or tpu (or cpu/cuda). Default: $NEURON_WORKBENCH_TARGET, "
+        "else the device named by $NEURON_WORKBENCH_EMULATE, else neuron."
+    ).tag(config=True)
+
+    @default("target")
+    def _default_target(self) -> str:
+        env = os.environ
+        return env.get("NEURON_WORKBENCH_TARGET") or env.get("NEURON_WORKBENCH_EMULATE") or "neuron"
+
     rtol = Float(None, allow_none=True, help="Relative tolerance (give atol too).").tag(config=True)
     atol = Float(None, allow_none=True, help="Absolute tolerance (give rtol too).").tag(config=True)
     seed = Int(0, help="Seed of torch, random and numpy at the start of each run.").tag(config=True)

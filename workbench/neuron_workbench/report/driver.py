@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_workbench.backends import Backend, get_backend
-from neuron_workbench.compare import compare_outputs
+from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
 from neuron_workbench.report.hints import hints_for
@@ -23,6 +23,9 @@ from neuron_workbench.run import (
     mark_resident,
 )
 from neuron_workbench.run.executor import Captured, Instrument, capture_text
+
+if TYPE_CHECKING:
+    from neuron_workbench.trace.layers import LayerComparison
 
 KEEP_CHOICES = ("ref", "target")
 RNG_CHOICES = ("device", "cpu")
@@ -192,13 +195,17 @@ def compare_cell(
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
     with _what_if(target_backend, options.what_if):
         target_run = execute(spec, target_backend, run_id="target")
-    comparison = None
-    layers = None
+    if not target_run.backend.emulated and target_run.fallbacks and "profile" in target_run.extras:
+        # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
+        from neuron_workbench.trace.fallback import cross_check
+
+        profile = target_run.extras["profile"]
+        target_run.fallbacks = cross_check(
+            target_run.fallbacks, getattr(profile, "result", lambda: profile)()
+        )
+    comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
     if ref_run.ok and target_run.ok:
-        comparison = compare_outputs(ref_run.outputs, target_run.outputs, policy=policy)
-        for diff in comparison.failures:
-            diff.hints = hints_for(diff, ref_run, target_run)
         if reference is not None or options.keep == "target":
             kept, other = target_run, ref_run
         else:
@@ -206,15 +213,6 @@ def compare_cell(
         commit(namespace, kept)
         mark_resident(resident, kept, other)
         last_value = kept.last_value
-        if options.layers and "layers" in ref_run.extras and "layers" in target_run.extras:
-            from neuron_workbench.trace.layers import compare_layers, full_output_diffs
-
-            layers = compare_layers(
-                _trace_of(ref_run.extras["layers"]), _trace_of(target_run.extras["layers"]), policy
-            )
-            layers.full_diffs = full_output_diffs(
-                _trace_of(ref_run.extras["layers"]), _trace_of(target_run.extras["layers"]), policy
-            )
     warnings = [
         f"{name!r} could not be deep-copied, so both runs used the same object"
         for name in sorted(set(ref_run.shared_names) | set(target_run.shared_names))
@@ -231,10 +229,40 @@ def compare_cell(
     return CellComparison(report, spec.captured, last_value)
 
 
+def compare_runs(
+    ref: Run, target: Run, policy: TolerancePolicy | None = None
+) -> tuple[Comparison | None, LayerComparison | None]:
+    """Compare two finished runs, live or recorded: outputs with hints, and layers if both have them.
+
+    Returns ``(None, None)`` when either run raised.
+    """
+    if not (ref.ok and target.ok):
+        return None, None
+    policy = policy or TolerancePolicy()
+    comparison = compare_outputs(ref.outputs, target.outputs, policy=policy)
+    for diff in comparison.failures:
+        diff.hints = hints_for(diff, ref, target)
+    layers = None
+    if "layers" in ref.extras and "layers" in target.extras:
+        from neuron_workbench.trace.layers import compare_layers, full_output_diffs
+
+        ref_trace, target_trace = (
+            _trace_of(ref.extras["layers"]),
+            _trace_of(target.extras["layers"]),
+        )
+        if ref_trace is not None and target_trace is not None:
+            layers = compare_layers(ref_trace, target_trace, policy)
+            layers.full_diffs = full_output_diffs(ref_trace, target_trace, policy)
+    return comparison, layers
+
+
 def _trace_of(recorded: Any) -> Any:
     # A live run holds the recorder; a recorded run (from an artifact) holds the trace's dict.
     from neuron_workbench.trace.layers import LayerTrace
 
     if isinstance(recorded, dict):
-        return LayerTrace.from_dict(recorded)
+        try:
+            return LayerTrace.from_dict(recorded)
+        except (KeyError, TypeError, ValueError):  # a trace from another version: context only
+            return None
     return getattr(recorded, "trace", recorded)

@@ -116,15 +116,16 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func in _DROPOUTS:
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-            if training and p > 0:
+            if training and p > 0 and args[0].device.type != "cpu":
                 facts.dropout_in_training += 1
                 facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
-                if self.rng_on_cpu and func is _F_DROPOUT and args[0].device.type != "cpu":
+                if self.rng_on_cpu and func is _F_DROPOUT:
                     return _dropout_from_cpu(args[0], float(p), bool(kwargs.get("inplace", False)))
             return func(*args, **kwargs)
-        facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
-        if self.rng_on_cpu:
-            return _draw_on_cpu(func, args, kwargs)
+        if _draws_on_device(func, args, kwargs):
+            facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+            if self.rng_on_cpu:
+                return _draw_on_cpu(func, args, kwargs)
         return func(*args, **kwargs)
 
 
@@ -135,6 +136,19 @@ def _qualified_name(func: Callable[..., Any]) -> str:
         return f"Tensor.{name}"
     module = getattr(func, "__module__", None) or "torch"
     return f"{module}.{name}" if module.startswith("torch.nn") else f"torch.{name}"
+
+
+def _draws_on_device(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a random call draws on an accelerator (CPU draws are the same on both runs)."""
+    if func in _RANDOM_FACTORIES:
+        device = kwargs.get("device")
+        if device is not None:
+            return torch.device(device).type != "cpu"
+        if func in _RANDOM_LIKE and args and isinstance(args[0], torch.Tensor):
+            return args[0].device.type != "cpu"
+        return torch.get_default_device().type != "cpu"
+    tensor = args[0] if args else None
+    return isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu"
 
 
 def _draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -44,20 +44,14 @@ def pick_run(artifact: Any, role: str) -> Any:
 def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs."""
     from neuron_workbench.artifacts import source_mismatch_warning
-    from neuron_workbench.compare import compare_outputs
-    from neuron_workbench.report.hints import hints_for
+    from neuron_workbench.compare.tolerances import TolerancePolicy
+    from neuron_workbench.report.driver import compare_runs
     from neuron_workbench.report.report import Report
 
     ref = pick_run(ref_artifact, "ref")
     target = pick_run(target_artifact, "target")
-    comparison = None
-    layers = None
-    if ref.ok and target.ok:
-        # As %%neuron does for a live comparison: hints on failures, layers when both recorded them.
-        comparison = compare_outputs(ref.outputs, target.outputs, rtol=rtol, atol=atol)
-        for diff in comparison.failures:
-            diff.hints = hints_for(diff, ref, target)
-        layers = _layers(ref, target, rtol, atol)
+    # As %%neuron does for a live comparison: hints on failures, layers when both recorded them.
+    comparison, layers = compare_runs(ref, target, TolerancePolicy(rtol=rtol, atol=atol))
     warnings = []
     mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
     if mismatch:
@@ -80,22 +74,6 @@ def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) 
         warnings=warnings,
         layers=layers,
     )
-
-
-def _layers(ref: Any, target: Any, rtol: Any, atol: Any) -> Any:
-    """The per-module comparison when both runs recorded layer statistics (``--layers``)."""
-    ref_trace, target_trace = ref.extras.get("layers"), target.extras.get("layers")
-    if not (isinstance(ref_trace, dict) and isinstance(target_trace, dict)):
-        return None
-    from neuron_workbench.compare.tolerances import TolerancePolicy
-    from neuron_workbench.trace.layers import LayerTrace, compare_layers
-
-    try:
-        ref_layers = LayerTrace.from_dict(ref_trace)
-        target_layers = LayerTrace.from_dict(target_trace)
-    except Exception:  # a trace from another version is context, not a reason to fail
-        return None
-    return compare_layers(ref_layers, target_layers, TolerancePolicy(rtol=rtol, atol=atol))
 
 
 def run(args: argparse.Namespace) -> int:
