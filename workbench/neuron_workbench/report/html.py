@@ -43,7 +43,8 @@ def _fmt_float(value: Any) -> str:
     return f"{value:.3g}"
 
 
-def _fmt_bytes(value: Any) -> str:
+def format_bytes(value: Any) -> str:
+    """``12.3 KiB``; ``n/a`` for None."""
     if value is None:
         return "n/a"
     size = float(value)
@@ -91,7 +92,7 @@ def _backend_rows(data: dict[str, Any]) -> list[list[str]]:
                 esc(f"{emulated}: {backend.get('device_name', '')}"),
                 status,
                 esc(_fmt_time(run)),
-                esc(_fmt_bytes((run.get("memory") or {}).get("peak_bytes"))),
+                esc(format_bytes((run.get("memory") or {}).get("peak_bytes"))),
                 esc(len({str(e.get("op")) for e in run.get("fallbacks", [])})),
             ]
         )

@@ -10,6 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from neuron_workbench.report.html import format_bytes
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
 
 __all__ = [
@@ -254,31 +255,20 @@ def memory_bars(data: dict[str, Any]) -> go.Figure:
     fig.add_trace(
         go.Bar(
             name="peak device memory", x=names, y=[p or 0 for p in peaks],
-            text=[_fmt_bytes(p) for p in peaks], textposition="auto", marker_color=_TARGET_COLOR,
+            text=[format_bytes(p) for p in peaks], textposition="auto", marker_color=_TARGET_COLOR,
         )
     )  # fmt: skip
     if any(a is not None for a in allocated):
         fig.add_trace(
             go.Bar(
                 name="bytes allocated by ops (sum)", x=names, y=[a or 0 for a in allocated],
-                text=[_fmt_bytes(a) for a in allocated], textposition="auto",
+                text=[format_bytes(a) for a in allocated], textposition="auto",
                 marker_color=_REF_COLOR,
             )
         )  # fmt: skip
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="bytes")
     return _layout(fig, title, 300)
-
-
-def _fmt_bytes(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def call_sites(data: dict[str, Any], op: str) -> list[dict[str, Any]]:

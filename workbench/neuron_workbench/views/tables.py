@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuron_workbench.report.html import esc
+from neuron_workbench.report.html import esc, format_bytes
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
@@ -55,18 +55,6 @@ def _fmt_num(value: Any) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.3g}"
     return esc(value)
-
-
-def fmt_bytes(value: Any) -> str:
-    """``12.3 KiB``; ``n/a`` for None."""
-    if value is None:
-        return "n/a"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def table(
@@ -124,7 +112,7 @@ def summary_html(data: dict[str, Any]) -> str:
         ops = {str(e.get("op")) for e in run.get("fallbacks", [])}
         rows.append(
             [esc(role), esc(_label(run)), esc(backend.get("device", "")), esc(status), time,
-             esc(fmt_bytes(peak)), esc(len(ops))]
+             esc(format_bytes(peak)), esc(len(ops))]
         )  # fmt: skip
     parts.append(
         table(["role", "backend", "device", "status", "cell time", "peak memory", "fallback ops"],
@@ -233,8 +221,8 @@ def ops_html(data: dict[str, Any], n: int = 25) -> str:
         rows.append(
             [f"<code>{op}</code>" + (' <span class="bad">CPU fallback</span>' if rec["fallback"] else ""),
              _fmt_ms(rec["ref_time_s"]), _fmt_ms(rec["target_time_s"]), _fmt_num(rec["ratio"]),
-             esc(rec["ref_calls"]), esc(rec["target_calls"]), esc(fmt_bytes(rec["ref_bytes"])),
-             esc(fmt_bytes(rec["target_bytes"])), esc(rec["target_shapes"] or rec["ref_shapes"])]
+             esc(rec["ref_calls"]), esc(rec["target_calls"]), esc(format_bytes(rec["ref_bytes"])),
+             esc(format_bytes(rec["target_bytes"])), esc(rec["target_shapes"] or rec["ref_shapes"])]
         )  # fmt: skip
     notes = []
     for role, run in (("ref", ref), ("target", target)):
