@@ -12,7 +12,6 @@ import gc
 import time
 
 import torch
-
 from neuron_workbench import emulate
 
 emulate("neuron")  # before any backward pass in this process

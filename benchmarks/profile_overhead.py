@@ -15,57 +15,16 @@ display bundle (static charts included) for a report with fallbacks, against the
 
 from __future__ import annotations
 
-import time
-
 import torch
 from neuron_workbench import emulate
 
 emulate("neuron")  # before any backward pass in this process
 
+from _workload import SETUP, best_of_interleaved, cell_for  # noqa: E402
 from neuron_workbench.testing import run_cell, testing_shell  # noqa: E402
 
 ROUNDS = 15
-SETUP = """
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU())
-        self.head = nn.Linear(32 * 32 * 32, 10)
-
-    def forward(self, x):
-        return self.head(torch.flatten(self.features(x), 1))
-
-torch.manual_seed(0)
-initial = SmallCNN().state_dict()
-"""
-CELL = """model = SmallCNN()
-model.load_state_dict(initial)
-model.to("cuda")
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-images = torch.randn(32, 3, 32, 32, device="cuda")
-labels = torch.randint(0, 10, (32,), device="cuda")
-optimizer.zero_grad()
-loss = F.cross_entropy(model(images), labels)
-loss.backward()
-optimizer.step()
-"""
-
-
-def best_of_interleaved(baseline, candidate) -> tuple[float, float]:
-    """Minimum time of each, alternating rounds so machine noise hits both alike."""
-    baseline(), candidate()
-    base, cand = [], []
-    for _ in range(ROUNDS):
-        for fn, times in ((baseline, base), (candidate, cand)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return min(base), min(cand)
+CELL = cell_for("cuda")
 
 
 def main() -> None:
@@ -87,7 +46,7 @@ def main() -> None:
     count_ops()
     for target in ("cpu", "neuron"):
         plain, profiled = best_of_interleaved(
-            lambda t=target: magic(t), lambda t=target: magic(t, "--profile")
+            lambda t=target: magic(t), lambda t=target: magic(t, "--profile"), ROUNDS
         )
         extra_us = (profiled - plain) / (2 * ops["calls"]) * 1e6
         print(
@@ -104,6 +63,7 @@ def main() -> None:
     plain, viewed = best_of_interleaved(
         lambda: magic("neuron"),
         lambda: (magic("neuron"), ReportView(report)._repr_mimebundle_()),
+        ROUNDS,
     )
     print(
         f"report view per cell (kernel only), cpu vs neuron: {viewed / plain:.2f}x "

@@ -16,7 +16,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run.py" and not p.name.startswith("_"))
+    scripts = sorted(
+        p for p in HERE.glob("*.py") if p.name != "run.py" and not p.name.startswith("_")
+    )
     if argv:
         scripts = [p for p in scripts if p.stem in argv]
     status = 0
