@@ -14,11 +14,44 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.neuron-workbench-installed"
 want="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+if ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "==> installing $TORCH_SPEC"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
+  echo "==> installing neuron-workbench and its test dependencies"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+  echo "$want" > "$stamp"
 fi
-echo "==> installing $TORCH_SPEC"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
-echo "==> installing neuron-workbench and its test dependencies"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
-echo "$want" > "$stamp"
+
+# The JupyterLab extension (extensions/neuron-workbench-lab): built from npm-registry packages with
+# the venv's jlpm (jupyter-builder) when its output is missing or older than its sources, then put
+# where JupyterLab finds it. Editable installs do not copy setuptools data-files, hence the copy;
+# a regular `pip install .` ships the same files through pyproject's data-files.
+EXT=extensions/neuron-workbench-lab
+EXT_OUT=workbench/neuron_workbench/labextension
+EXT_DEST="$VENV/share/jupyter/labextensions/neuron-workbench-lab"
+ext_sources=("$EXT/package.json" "$EXT/yarn.lock" "$EXT/.yarnrc.yml" "$EXT/src" "$EXT/style" "$EXT/schema")
+if ! [ -f "$EXT_OUT/package.json" ] || [ -n "$(find "${ext_sources[@]}" -newer "$EXT_OUT/package.json" -print -quit)" ]; then
+  if command -v node >/dev/null 2>&1; then
+    echo "==> building the JupyterLab extension ($EXT)"
+    (
+      export PATH="$PWD/$VENV/bin:$PATH"
+      cd "$EXT"
+      log=$(mktemp)
+      if ! { jlpm install --immutable && rm -rf "../../$EXT_OUT" && jlpm build; } >"$log" 2>&1; then
+        cat "$log" >&2
+        exit 1
+      fi
+      rm -f "$log"
+    )
+  else
+    echo "==> Node.js not found: the JupyterLab extension is not built (the Python side works without it)" >&2
+  fi
+fi
+if [ -f "$EXT_OUT/package.json" ] && ! diff -rq "$EXT_OUT" "$EXT_DEST" >/dev/null 2>&1; then
+  rm -rf "$EXT_DEST"
+  mkdir -p "$(dirname "$EXT_DEST")"
+  cp -r "$EXT_OUT" "$EXT_DEST"
+fi
+if [ -d "$EXT_DEST" ]; then
+  cp "$EXT/install.json" "$EXT_DEST/install.json"
+fi

@@ -1,0 +1,415 @@
+// neuron-workbench JupyterLab plugins: porting dashboard, "compare this cell" command, status bar.
+import { ILabShell } from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { OutputArea } from '@jupyterlab/outputarea';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+import { MIME_TYPE, el, fallbackCounts, firstDivergence, worstOutput } from './report';
+
+const PLUGIN_ID = 'neuron-workbench-lab:plugin';
+const COMPARE = 'neuron-workbench:compare-cell';
+const DASHBOARD = 'neuron-workbench:open-dashboard';
+const MAGIC_RE = /^\s*%%neuron\b/;
+
+export const neuronIcon = new LabIcon({
+  name: 'neuron-workbench:compare',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16" height="16">' +
+    '<g class="jp-icon3" fill="#616161"><path d="M4 7h11V4l5 4.5-5 4.5V10H4z"/>' +
+    '<path d="M20 17H9v3l-5-4.5L9 11v3h11z" opacity="0.6"/></g></svg>'
+});
+
+// Evaluated in the kernel (silently, as a user expression): the configured ref/target, or None
+// when the magics are not loaded. Nothing is imported unless %load_ext neuron_workbench ran.
+const KERNEL_QUERY =
+  "(lambda ip: None if 'NeuronMagics' not in ip.magics_manager.registry else " +
+  "(lambda m, r: (lambda t, a: {'ref': m.ref or r.default_reference(), 'target': t, " +
+  "'emulated': bool(a.emulated), 'available': bool(a)})(m.target, r.get_backend(m.target).availability()))" +
+  "(ip.magics_manager.registry['NeuronMagics'], " +
+  "__import__('neuron_workbench.backends.registry', fromlist=['get_backend'])))(get_ipython())";
+const LOAD_EXT =
+  "get_ipython().extension_manager.load_extension('neuron_workbench') " +
+  "if 'neuron_workbench' not in get_ipython().extension_manager.loaded else None";
+
+/** The last report among a cell model's outputs, or null. */
+export function reportOfCell(cellModel) {
+  const outputs = cellModel.outputs;
+  if (!outputs) {
+    return null;
+  }
+  let found = null;
+  for (let i = 0; i < outputs.length; i++) {
+    const data = outputs.get(i).data || {};
+    if (data[MIME_TYPE]) {
+      found = data[MIME_TYPE];
+    }
+  }
+  return typeof found === 'string' ? JSON.parse(found) : found;
+}
+
+/** Every %%neuron cell of a notebook (or cell with a report): index, report. */
+export function neuronCells(notebook) {
+  const rows = [];
+  const cells = notebook.model ? notebook.model.cells : null;
+  if (!cells) {
+    return rows;
+  }
+  for (let i = 0; i < cells.length; i++) {
+    const cell = cells.get(i);
+    if (cell.type !== 'code') {
+      continue;
+    }
+    const source = cell.sharedModel.getSource();
+    let report = null;
+    try {
+      report = reportOfCell(cell);
+    } catch (err) {
+      report = null;
+    }
+    if (report || MAGIC_RE.test(source)) {
+      rows.push({ index: i, count: cell.executionCount, report, source });
+    }
+  }
+  return rows;
+}
+
+/** "12 cells: 9 PASS, 2 FAIL, 1 ERROR; 7 fallback ops" (+ ", 1 not run" when some are). */
+export function summaryLine(rows) {
+  const n = { PASS: 0, FAIL: 0, ERROR: 0 };
+  let fallbacks = 0;
+  let notRun = 0;
+  for (const row of rows) {
+    if (!row.report) {
+      notRun++;
+      continue;
+    }
+    n[row.report.verdict] = (n[row.report.verdict] || 0) + 1;
+    fallbacks += fallbackCounts(row.report).length;
+  }
+  const cells = `${rows.length} cell${rows.length === 1 ? '' : 's'}`;
+  const parts = `${n.PASS} PASS, ${n.FAIL} FAIL, ${n.ERROR} ERROR${notRun ? `, ${notRun} not run` : ''}`;
+  return `${cells}: ${parts}; ${fallbacks} fallback op${fallbacks === 1 ? '' : 's'}`;
+}
+
+class Dashboard extends Widget {
+  constructor(tracker) {
+    super();
+    this.id = 'neuron-workbench-dashboard';
+    this.title.icon = neuronIcon;
+    this.title.caption = 'Porting dashboard (%%neuron cells)';
+    this.addClass('nw-lab-dashboard');
+    this._tracker = tracker;
+    this._timer = 0;
+    this._connected = new WeakSet();
+    tracker.currentChanged.connect(() => this._watch(), this);
+    this._watch();
+  }
+
+  _watch() {
+    const panel = this._tracker.currentWidget;
+    if (panel && !this._connected.has(panel)) {
+      this._connected.add(panel);
+      panel.content.modelContentChanged.connect(this.schedule, this);
+      panel.context.ready.then(() => {
+        if (panel.content.model) {
+          panel.content.model.contentChanged.connect(this.schedule, this);
+          panel.content.model.cells.changed.connect(this.schedule, this);
+        }
+        this.schedule();
+      });
+    }
+    this.schedule();
+  }
+
+  schedule() {
+    if (this._timer) {
+      return;
+    }
+    this._timer = window.setTimeout(() => {
+      this._timer = 0;
+      this.refresh();
+    }, 150);
+  }
+
+  onAfterShow() {
+    this.refresh();
+  }
+
+  refresh() {
+    const node = this.node;
+    node.textContent = '';
+    node.appendChild(el('div', 'nw-lab-dash-heading', 'Porting dashboard'));
+    const panel = this._tracker.currentWidget;
+    if (!panel || !panel.content.model) {
+      node.appendChild(el('div', 'nw-lab-dash-empty', 'Open a notebook to see its %%neuron cells.'));
+      return;
+    }
+    const notebook = panel.content;
+    const rows = neuronCells(notebook);
+    node.appendChild(el('div', 'nw-lab-dash-notebook', panel.context.path));
+    node.appendChild(el('div', 'nw-lab-dash-summary', summaryLine(rows)));
+    if (!rows.length) {
+      node.appendChild(el('div', 'nw-lab-dash-empty', 'No %%neuron cells in this notebook yet. Start a cell with %%neuron, or run the command "Compare this cell on the target" (Alt+Shift+N).'));
+      return;
+    }
+    const list = el('div', 'nw-lab-dash-list');
+    for (const row of rows) {
+      const r = row.report;
+      const verdict = r ? r.verdict : 'not run';
+      const item = el('div', 'nw-lab-dash-row');
+      item.dataset.cellIndex = String(row.index);
+      item.dataset.verdict = verdict;
+      item.title = r ? `${r.summary}\n(click to go to the cell)` : 'not run yet (click to go to the cell)';
+      const fb = r ? fallbackCounts(r).length : null;
+      const head = el('div', 'nw-lab-dash-head', null, [
+        el('span', `nw-lab-badge nw-lab-badge-${r ? verdict : 'none'}`, verdict),
+        el('span', 'nw-lab-dash-cell', `cell ${row.index + 1}${row.count ? ` [${row.count}]` : ''}`),
+        r ? el('span', 'nw-lab-dash-title', r.title || '') : null
+      ]);
+      item.appendChild(head);
+      if (r) {
+        const n = (r.outputs || []).length;
+        const matched = (r.counts && r.counts.match) || 0;
+        item.appendChild(el('div', 'nw-lab-dash-detail', null, [
+          el('span', `nw-lab-dash-fallbacks ${fb ? 'nw-lab-warn' : ''}`, `${fb} fallback op${fb === 1 ? '' : 's'}`),
+          el('span', 'nw-lab-dash-key', ` · ${matched}/${n} outputs match`)
+        ]));
+        const worst = worstOutput(r);
+        const first = firstDivergence(r);
+        if (worst) {
+          item.appendChild(el('div', 'nw-lab-dash-detail', null, [
+            el('span', 'nw-lab-dash-key', 'worst: '), el('span', 'nw-lab-dash-worst', worst)]));
+        }
+        if (first) {
+          item.appendChild(el('div', 'nw-lab-dash-detail', null, [
+            el('span', 'nw-lab-dash-key', 'first divergence: '), el('span', 'nw-lab-dash-first', first)]));
+        }
+      } else {
+        item.appendChild(el('div', 'nw-lab-dash-detail nw-lab-dash-ok', 'not run yet'));
+      }
+      item.addEventListener('click', () => this._goto(notebook, row.index));
+      list.appendChild(item);
+    }
+    node.appendChild(list);
+    if (this.refreshed) {
+      this.refreshed();
+    }
+  }
+
+  _goto(notebook, index) {
+    notebook.activeCellIndex = index;
+    notebook.mode = 'command';
+    const done = () => {
+      const cell = notebook.widgets[index];
+      if (cell && cell.node.scrollIntoView) {
+        cell.node.scrollIntoView({ block: 'start' });
+      }
+    };
+    if (notebook.scrollToItem) {
+      notebook.scrollToItem(index, 'start').then(done, done);
+    } else {
+      done();
+    }
+    notebook.node.focus();
+  }
+}
+
+/** Run the active cell through %%neuron; the cell's source stays as the user wrote it. */
+async function compareCell(tracker) {
+  const panel = tracker.currentWidget;
+  if (!panel) {
+    return;
+  }
+  const notebook = panel.content;
+  const cell = notebook.activeCell;
+  if (!cell || cell.model.type !== 'code') {
+    return;
+  }
+  const ctx = panel.sessionContext;
+  await ctx.ready;
+  if (!ctx.session || !ctx.session.kernel) {
+    const ok = await ctx.startKernel();
+    if (ok === false && !(ctx.session && ctx.session.kernel)) {
+      return;
+    }
+  }
+  const source = cell.model.sharedModel.getSource();
+  if (MAGIC_RE.test(source)) {
+    return NotebookActions.run(notebook, ctx);
+  }
+  const kernel = ctx.session.kernel;
+  // Load the magics quietly (no output in the cell), then run the wrapped source into the cell.
+  await kernel.requestExecute({ code: LOAD_EXT, silent: true, store_history: false }).done;
+  cell.outputHidden = false;
+  cell.setPrompt('*');
+  try {
+    const reply = await OutputArea.execute(`%%neuron\n${source}`, cell.outputArea, ctx, {
+      neuron_workbench: { compare: true }
+    });
+    if (reply && reply.content) {
+      cell.model.executionCount = reply.content.execution_count;
+    }
+  } catch (err) {
+    cell.setPrompt('');
+    throw err;
+  }
+}
+
+const plugin = {
+  id: PLUGIN_ID,
+  description: 'neuron-workbench porting dashboard, compare command and status bar',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ICommandPalette, ILabShell, IStatusBar],
+  activate: (app, tracker, palette, labShell, statusBar) => {
+    const dashboard = new Dashboard(tracker);
+    app.shell.add(dashboard, 'right', { rank: 600 });
+
+    app.commands.addCommand(COMPARE, {
+      label: 'Compare this cell on the target',
+      caption: 'Run the active cell through %%neuron (reference vs target) without editing it',
+      icon: args => (args.toolbar ? neuronIcon : undefined),
+      isEnabled: () => {
+        const cell = tracker.activeCell;
+        return !!cell && cell.model.type === 'code';
+      },
+      execute: () => compareCell(tracker)
+    });
+    app.commands.addCommand(DASHBOARD, {
+      label: 'Show the porting dashboard',
+      caption: 'Every %%neuron cell of the notebook with its verdict',
+      execute: () => app.shell.activateById(dashboard.id)
+    });
+    if (palette) {
+      palette.addItem({ command: COMPARE, category: 'neuron-workbench' });
+      palette.addItem({ command: DASHBOARD, category: 'neuron-workbench' });
+    }
+
+    // Refresh the dashboard and status bar when cells finish running.
+    NotebookActions.executed.connect(() => {
+      dashboard.schedule();
+      status.schedule(true);
+    });
+    dashboard.refreshed = () => status.schedule(false);
+
+    const status = new StatusItem(tracker);
+    if (statusBar) {
+      statusBar.registerStatusItem('neuron-workbench-lab:status', {
+        item: status,
+        align: 'left',
+        rank: 4,
+        isActive: () => !!tracker.currentWidget
+      });
+    }
+  }
+};
+
+/** `cpu → neuron (emulated)`: asked from the kernel, else read from the notebook's last report. */
+class StatusItem extends Widget {
+  constructor(tracker) {
+    super();
+    this.addClass('nw-lab-statusbar');
+    this.addClass('jp-StatusBar-TextItem');
+    this._tracker = tracker;
+    this._timer = 0;
+    this._connected = new WeakSet();
+    this._cache = new WeakMap();
+    tracker.currentChanged.connect(() => {
+      this._connect(tracker.currentWidget);
+      this.schedule(true);
+    }, this);
+    tracker.widgetAdded.connect((_, panel) => this._connect(panel), this);
+    tracker.forEach(panel => this._connect(panel));
+    this.schedule(true);
+  }
+
+  _connect(panel) {
+    if (!panel || this._connected.has(panel)) {
+      return;
+    }
+    this._connected.add(panel);
+    panel.sessionContext.kernelChanged.connect(() => this.schedule(true), this);
+    panel.sessionContext.statusChanged.connect((_, status) => {
+      if (status === 'restarting' || status === 'autorestarting') {
+        this._cache = new WeakMap(); // %load_ext is gone with the old process
+        this.schedule(true);
+      }
+    }, this);
+  }
+
+  schedule(ask = false, delay = 300) {
+    this._ask = this._ask || ask;
+    if (this._timer) {
+      return;
+    }
+    this._timer = window.setTimeout(() => {
+      this._timer = 0;
+      const askNow = this._ask;
+      this._ask = false;
+      void this.refresh(askNow);
+    }, delay);
+  }
+
+  async refresh(ask) {
+    const panel = this._tracker.currentWidget;
+    if (!panel) {
+      this.node.textContent = '';
+      return;
+    }
+    const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+    if (ask && kernel && kernel.status !== 'idle' && kernel.status !== 'dead') {
+      // Ask once the kernel is idle (a cell is running, or it is starting).
+      this.schedule(true, 1000);
+    } else if (ask && kernel && !this._asking) {
+      this._asking = true;
+      try {
+        const future = kernel.requestExecute({ code: '', silent: true, store_history: false, user_expressions: { nw: KERNEL_QUERY } });
+        const reply = await future.done;
+        const value = reply.content.user_expressions && reply.content.user_expressions.nw;
+        let answer = null;
+        if (value && value.status === 'ok') {
+          const text = value.data['text/plain'];
+          if (text && text !== 'None') {
+            // A Python dict repr of names and booleans: make it JSON.
+            answer = JSON.parse(text.replace(/'/g, '"').replace(/\bTrue\b/g, 'true').replace(/\bFalse\b/g, 'false'));
+            answer.source = 'kernel';
+          }
+        }
+        this._cache.set(kernel, answer);
+      } catch (err) {
+        this._cache.delete(kernel);
+      } finally {
+        this._asking = false;
+      }
+    }
+    let info = kernel ? this._cache.get(kernel) || null : null;
+    if (!info) {
+      const rows = panel.content.model ? neuronCells(panel.content).filter(r => r.report) : [];
+      const last = rows.length ? rows[rows.length - 1].report : null;
+      if (last && last.target && last.ref) {
+        info = {
+          ref: last.ref.backend.name,
+          target: last.target.backend.name,
+          emulated: !!last.target.backend.emulated,
+          available: true,
+          source: 'report'
+        };
+      }
+    }
+    if (!info) {
+      this.node.textContent = '';
+      this.node.title = '';
+      return;
+    }
+    const state = info.emulated ? ' (emulated)' : info.available ? '' : ' (unavailable)';
+    this.node.textContent = `⇄ ${info.ref} → ${info.target}${state}`;
+    this.node.dataset.source = info.source;
+    this.node.title = info.source === 'kernel'
+      ? 'neuron-workbench: reference → target of %%neuron in this kernel (%config NeuronMagics.ref/target)'
+      : 'neuron-workbench: reference → target of the last report in this notebook (no kernel answer)';
+  }
+}
+
+export default [plugin];

@@ -1,0 +1,278 @@
+"""The JupyterLab extension (extensions/neuron-workbench-lab) in a real JupyterLab + Debian chromium.
+
+A notebook with three ``%%neuron`` cells (pass, numeric fail, fallback) and one plain cell is run:
+the porting dashboard lists the three verdicts, the "Compare this cell on the target" shortcut runs
+the plain cell through ``%%neuron`` without editing it, and the status bar names ``ref → target``.
+The notebook is saved and opened again in a second JupyterLab that has no kernel at all: every
+report still renders from the saved output. Screenshots go to ``test-artifacts/``.
+
+The server helper is the one of ``tests/views/test_browser.py``, loaded as a private copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "_nw_lab_browser_helpers", Path(__file__).resolve().parents[1] / "views" / "test_browser.py"
+)
+lab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lab)
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+MIME = "application/vnd.neuron-workbench.report+json"
+EXTENSION = "neuron-workbench-lab"
+INSTALLED = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / EXTENSION / "package.json"
+
+SETUP = "%load_ext neuron_workbench\nimport torch"
+PASS_CELL = '%%neuron\nx = torch.ones(3, device="cuda") * 2\ny = x + 1'
+FAIL_CELL = (
+    "%%neuron\n"
+    'big = torch.tensor([1e8, 2.0], dtype=torch.float64, device="cuda")\n'
+    "delta = (big + 1.0) - big"
+)
+FALLBACK_CELL = (
+    '%%neuron --profile\nv = torch.randn(8, device="cuda")\nvalues, order = torch.sort(v)'
+)
+PLAIN_CELL = 'w = torch.full((2, 2), 3.0, device="cuda")\nz = w @ w'
+FALLBACK_OPS = {"aten::normal_", "aten::sort"}
+
+needs_extension = pytest.mark.skipif(
+    not INSTALLED.exists(),
+    reason=f"{EXTENSION} is not built (scripts/setup_env.sh builds it; it needs Node.js)",
+)
+
+
+@needs_extension
+def test_labextension_is_listed_enabled():
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyterlab.labextensions", "list"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    line = next((ln for ln in text.splitlines() if EXTENSION in ln), "")
+    assert "enabled" in line and "OK" in line, text
+
+
+def _rows(page):
+    return page.locator("#neuron-workbench-dashboard .nw-lab-dash-row")
+
+
+def _wait_rows(page, verdicts, timeout=120_000):
+    page.wait_for_function(
+        """want => {
+          const rows = [...document.querySelectorAll('#neuron-workbench-dashboard .nw-lab-dash-row')];
+          return JSON.stringify(rows.map(r => r.dataset.verdict)) === JSON.stringify(want);
+        }""",
+        arg=verdicts,
+        timeout=timeout,
+    )
+
+
+def _open_dashboard(page):
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="neuron-workbench-dashboard"]')
+    tab.wait_for(timeout=30_000)
+    tab.click()
+    page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary").wait_for(timeout=30_000)
+
+
+def _saved(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def _check_reports(page, expected):
+    """Each rendered report: verdict badge and, where expected, fallback/op names."""
+    reports = page.locator(".jp-OutputArea-output .nw-lab-report")
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.jp-OutputArea-output .nw-lab-report').length"
+        f" === {len(expected)}",
+        timeout=60_000,
+    )
+    for i, verdict in enumerate(expected):
+        report = reports.nth(i)
+        assert report.get_attribute("data-verdict") == verdict
+        assert report.locator(".nw-lab-badge").inner_text() == verdict
+    fail = reports.nth(1)
+    assert "delta" in fail.locator(".nw-lab-outputs").inner_text()
+    assert "output delta" in fail.locator(".nw-lab-first-divergence").inner_text()
+    fallback = reports.nth(2)
+    ops = set(fallback.locator(".nw-lab-fallback-chart .nw-lab-chartlabel").all_inner_texts())
+    assert ops == FALLBACK_OPS, ops
+    ab = set(fallback.locator(".nw-lab-ops-chart .nw-lab-chartlabel").all_inner_texts())
+    assert {"aten::sort", "aten::randn"} <= ab, ab
+    # the static HTML is not shown next to the native renderer
+    assert page.locator(".jp-OutputArea-output .nw-report").count() == 0
+
+
+@needs_extension
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
+                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    started = time.monotonic()
+    saved: Path | None = None
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=lab.CHROMIUM, args=lab.CHROMIUM_ARGS)
+        page = None
+        try:
+            # 1. Run the notebook with a kernel.
+            with lab.jupyter_lab(tmp_path / "live") as (url, root):
+                lab.write_notebook(root / "port.ipynb",
+                                   [SETUP, PASS_CELL, FAIL_CELL, FALLBACK_CELL, PLAIN_CELL])  # fmt: skip
+                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(f"{url}/lab/tree/port.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+                page.locator(".jp-StatusBar-TextItem", has_text="(ipykernel) | Idle").wait_for(
+                    timeout=60_000
+                )
+                _open_dashboard(page)
+                summary = page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary")
+                assert summary.inner_text() == (
+                    "3 cells: 0 PASS, 0 FAIL, 0 ERROR, 3 not run; 0 fallback ops"
+                )
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                _wait_rows(page, ["PASS", "FAIL", "PASS"])
+                assert summary.inner_text() == "3 cells: 2 PASS, 1 FAIL, 0 ERROR; 2 fallback ops"
+                rows = _rows(page)
+                fallbacks = [rows.nth(i).locator(".nw-lab-dash-fallbacks").inner_text()
+                             for i in range(3)]  # fmt: skip
+                assert fallbacks == ["0 fallback ops", "0 fallback ops", "2 fallback ops"]
+                assert (
+                    rows.nth(1).locator(".nw-lab-dash-worst").inner_text() == "delta max|Δ| 1.0e+00"
+                )
+                assert rows.nth(1).locator(".nw-lab-dash-first").inner_text() == "output delta"
+                _check_reports(page, ["PASS", "FAIL", "PASS"])
+
+                # Status bar: ref → target, asked from the kernel.
+                page.locator(
+                    '.nw-lab-statusbar[data-source="kernel"]', has_text="cpu → neuron (emulated)"
+                ).wait_for(timeout=30_000)
+
+                # The plain cell through the magic: keyboard shortcut on the active cell.
+                cells = page.locator(".jp-Notebook .jp-Cell")
+                cells.nth(4).locator(".jp-InputPrompt").click()
+                toolbar_button = page.locator(
+                    '.jp-cell-toolbar [data-command="neuron-workbench:compare-cell"]'
+                )
+                toolbar_button.first.wait_for(timeout=15_000)
+                page.keyboard.press("Alt+Shift+N")
+                _wait_rows(page, ["PASS", "FAIL", "PASS", "PASS"])
+                assert cells.nth(4).locator(".nw-lab-report").count() == 1
+                assert cells.nth(4).locator(".jp-InputArea-editor").inner_text().strip() == (
+                    PLAIN_CELL
+                )
+
+                # Command palette lists the command.
+                page.keyboard.press("Control+Shift+C")
+                page.locator(".jp-mod-left .lm-CommandPalette-input, .lm-CommandPalette-input") \
+                    .first.fill("Compare this cell")  # fmt: skip
+                palette_item = page.locator(
+                    ".lm-CommandPalette-item", has_text="Compare this cell on the target"
+                )
+                palette_item.first.wait_for(timeout=10_000)
+                page.keyboard.press("Escape")
+
+                # Clicking a dashboard row makes that cell active.
+                rows.nth(1).click()
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')]"
+                    ".findIndex(c => c.classList.contains('jp-mod-active')) === 2",
+                    timeout=10_000,
+                )
+                rows.nth(2).click()
+                time.sleep(0.5)
+                page.screenshot(path=str(ARTIFACTS / "lab_dashboard.png"))
+
+                # Save and check the file: four reports, the plain cell's source untouched.
+                cells.nth(2).locator(".jp-InputPrompt").click()
+                page.keyboard.press("Control+s")
+                path = root / "port.ipynb"
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(Exception):
+                        nb = _saved(path)
+                        if sum(MIME in o.get("data", {}) for c in nb.cells
+                               for o in c.get("outputs", [])) == 4:  # fmt: skip
+                            break
+                    time.sleep(0.5)
+                nb = _saved(path)
+                assert [c.source for c in nb.cells] == [
+                    SETUP,
+                    PASS_CELL,
+                    FAIL_CELL,
+                    FALLBACK_CELL,
+                    PLAIN_CELL,
+                ]
+                assert sum(MIME in o.get("data", {}) for c in nb.cells
+                           for o in c.get("outputs", [])) == 4  # fmt: skip
+                saved = tmp_path / "saved.ipynb"
+                saved.write_text(path.read_text())
+                assert not [e for e in errors if "neuron" in e.lower()], errors
+                page.close()
+
+            # 2. A fresh JupyterLab with no kernel to start: the reports render from the file.
+            config = tmp_path / "offline" / "config"
+            config.mkdir(parents=True)
+            (config / "jupyter_server_config.json").write_text(
+                json.dumps({"KernelSpecManager": {"allowed_kernelspecs": ["no-such-kernel"]}})
+            )
+            with lab.jupyter_lab(tmp_path / "offline") as (url, root):
+                (root / "port.ipynb").write_text(saved.read_text())
+                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                page.goto(f"{url}/lab/tree/port.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+                # JupyterLab may ask for a kernel; decline.
+                with contextlib.suppress(Exception):
+                    dialog = page.locator(".jp-Dialog")
+                    dialog.wait_for(timeout=5_000)
+                    no_kernel = dialog.locator("button", has_text="No Kernel")
+                    if no_kernel.count():
+                        no_kernel.first.click()
+                    else:
+                        page.keyboard.press("Escape")
+                _check_reports(page, ["PASS", "FAIL", "PASS", "PASS"])
+                assert lab._get(f"{url}/api/kernels") == []
+                _open_dashboard(page)
+                _wait_rows(page, ["PASS", "FAIL", "PASS", "PASS"], timeout=30_000)
+                summary = page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary")
+                assert summary.inner_text() == "4 cells: 3 PASS, 1 FAIL, 0 ERROR; 2 fallback ops"
+                # Status bar falls back to the last report of the notebook.
+                page.locator(
+                    '.nw-lab-statusbar[data-source="report"]', has_text="cpu → neuron (emulated)"
+                ).wait_for(timeout=30_000)
+                report = page.locator(".jp-OutputArea-output .nw-lab-report").nth(2)
+                report.evaluate("el => el.scrollIntoView({block: 'start'})")
+                time.sleep(0.3)
+                page.screenshot(path=str(ARTIFACTS / "lab_report_after_reload.png"))
+                report.screenshot(path=str(ARTIFACTS / "lab_report_fallback.png"))
+                fail = page.locator(".jp-OutputArea-output .nw-lab-report").nth(1)
+                fail.screenshot(path=str(ARTIFACTS / "lab_report_fail.png"))
+                assert lab._get(f"{url}/api/kernels") == []
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "lab_extension_failure.png"))
+            for name in ("live", "offline"):
+                with contextlib.suppress(Exception):
+                    (ARTIFACTS / f"lab_extension_failure_{name}.log").write_bytes(
+                        (tmp_path / name / "lab.log").read_bytes()
+                    )
+            raise
+        finally:
+            browser.close()
+    assert time.monotonic() - started < 240
