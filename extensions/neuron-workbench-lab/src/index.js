@@ -230,8 +230,12 @@ async function compareCell(tracker) {
   const ctx = panel.sessionContext;
   await ctx.ready;
   if (!ctx.session || !ctx.session.kernel) {
-    const ok = await ctx.startKernel();
-    if (ok === false && !(ctx.session && ctx.session.kernel)) {
+    try {
+      await ctx.startKernel();
+    } catch (err) {
+      console.warn('neuron-workbench: no kernel to compare the cell in', err);
+    }
+    if (!ctx.session || !ctx.session.kernel) {
       return;
     }
   }
