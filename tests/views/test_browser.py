@@ -57,7 +57,7 @@ class TinyNet(nn.Module):
         return torch.sort(logits, dim=1).values
 
 images = torch.randn(4, 3, 16, 16)"""
-PROFILE_CELL = """%%neuron --profile
+PROFILE_CELL = """%%neuron --profile --widget
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 model = TinyNet().to(device)
 out = model(images.to(device))

@@ -108,6 +108,12 @@ class NeuronMagics(Magics):
         help="If set, every %%neuron cell saves its runs to DIR/cell-<execution count>.nwrun.zip.",
     ).tag(config=True)
     strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
+    widget = Bool(
+        False,
+        help="Also show the interactive report widget (tabs, Plotly charts) under each report. "
+        "JupyterLab renders the report natively through the neuron-workbench-lab extension, also "
+        "after a reload; the widget needs a live kernel.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -190,6 +196,11 @@ class NeuronMagics(Magics):
         "--against",
         metavar="PATH",
         help="use the reference run recorded in this artifact instead of executing one",
+    )
+    @argument(
+        "--widget",
+        action="store_true",
+        help="also show the interactive report widget (Summary/Numerics/Layers/Ops/Fallbacks tabs)",
     )
     @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
     @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
@@ -290,9 +301,10 @@ class NeuronMagics(Magics):
         if args.output:
             self.shell.user_ns[args.output] = report
         display(report)
-        from neuron_workbench.views import show_report
+        if args.widget or self.widget:
+            from neuron_workbench.views import show_report
 
-        show_report(report)
+            show_report(report)
         if args.strict or self.strict:
             from neuron_workbench.trace.fallback import strict_message, strict_violations
 
