@@ -17,6 +17,8 @@ __all__ = [
     "call_sites",
     "fallback_bar",
     "fallback_rows",
+    "layer_errors",
+    "loss_curves",
     "memory_bars",
     "module_treemap",
     "op_time_bars",
@@ -126,6 +128,98 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
     fig.update_yaxes(automargin=True)
     fig.update_layout(showlegend=False, bargap=0.25)
     return _layout(fig, title, 140 + 34 * len(rows))
+
+
+def layer_errors(data: dict[str, Any]) -> go.Figure | None:
+    """Divergence per module call in execution order (``--layers``); None without layer data.
+
+    Bars are the size of each call's output difference, red where the divergence was born, amber
+    where it was only propagated; a second trace shows the output-gradient difference when the
+    cell ran backward.
+    """
+    layers = (data.get("layers") or {}).get("layers") or []
+    if not layers:
+        return None
+    labels = [f"{d['order']}: {d['module']}" + (f"#{d['call']}" if d.get("call") else "")
+              for d in layers]  # fmt: skip
+
+    def size(value: Any) -> float:
+        value = float(value) if value is not None and value != "inf" else float("inf")
+        return value if value != float("inf") else 1e30
+
+    colors = [_FALLBACK_COLOR if d["born"] else ("#bf8700" if d["diverged"] else _REF_COLOR)
+              for d in layers]  # fmt: skip
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            name="output difference", x=labels, y=[max(size(d["error"]), 1e-30) for d in layers],
+            marker_color=colors,
+            customdata=[("born here" if d["born"] else "propagated" if d["diverged"] else "ok")
+                        for d in layers],
+            hovertemplate="<b>%{x}</b><br>difference %{y:.3g}<br>%{customdata}<extra></extra>",
+        )
+    )  # fmt: skip
+    if any(d.get("grad_error") is not None for d in layers):
+        fig.add_trace(
+            go.Scatter(
+                name="output-gradient difference", x=labels, mode="markers",
+                y=[max(size(d.get("grad_error")), 1e-30) if d.get("grad_error") is not None
+                   else None for d in layers],
+                marker={"color": _TARGET_COLOR, "symbol": "diamond", "size": 8},
+            )
+        )  # fmt: skip
+    first = (data.get("layers") or {}).get("first_divergence")
+    title = "Difference per module, in execution order" + (
+        f" (born at {first['module']})" if first else ""
+    )
+    fig.update_yaxes(type="log", title_text="difference (log)")
+    fig.update_xaxes(tickangle=-45, automargin=True)
+    return _layout(fig, title, 380)
+
+
+def loss_curves(data: dict[str, Any]) -> go.Figure | None:
+    """Per-step values of both runs (``--steps N``), and their difference; None without steps."""
+    training = data.get("training")
+    if not training or not training.get("series"):
+        return None
+    series = training["series"]
+    name = "loss" if "loss" in series else next(iter(series))
+    values = series[name]
+    steps = list(range(1, len(values["ref"]) + 1))
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            name=f"{name}: {_ref_label(data)}",
+            x=steps,
+            y=values["ref"],
+            mode="lines+markers",
+            line={"color": _REF_COLOR},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            name=f"{name}: {_target_label(data)}",
+            x=steps,
+            y=values["target"],
+            mode="lines+markers",
+            line={"color": _TARGET_COLOR, "dash": "dot"},
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            name="|Δ| per step",
+            x=steps,
+            y=values["abs_diff"],
+            yaxis="y2",
+            marker_color=_FALLBACK_COLOR,
+            opacity=0.35,
+        )
+    )
+    fig.update_layout(
+        xaxis={"title": {"text": "step"}, "dtick": 1},
+        yaxis2={"overlaying": "y", "side": "right", "title": {"text": "|Δ|"}, "showgrid": False},
+    )
+    return _layout(fig, f"Training parity over {len(steps)} steps: {name}", 320)
 
 
 def module_treemap(data: dict[str, Any]) -> go.Figure:

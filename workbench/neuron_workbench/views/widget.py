@@ -105,10 +105,18 @@ class ReportView(W.Tab):
         return [self._html(tables.summary_html(self.data))]
 
     def _numerics(self) -> list[W.Widget]:
-        return [self._html(tables.numerics_html(self.data))]
+        widgets: list[W.Widget] = [self._html(tables.numerics_html(self.data))]
+        curves = figures.loss_curves(self.data)
+        if curves is not None:
+            widgets.append(self._figure("loss_curves", curves))
+        return widgets
 
     def _layers(self) -> list[W.Widget]:
-        return [self._html(tables.layers_html(self.data))]
+        widgets: list[W.Widget] = [self._html(tables.layers_html(self.data))]
+        chart = figures.layer_errors(self.data)
+        if chart is not None:
+            widgets.append(self._figure("layer_errors", chart))
+        return widgets
 
     def _ops(self) -> list[W.Widget]:
         widgets: list[W.Widget] = [self._html(tables.ops_html(self.data))]
