@@ -52,3 +52,18 @@ def test_against_a_missing_file_is_a_one_line_usage_error(ip, tmp_path):
     result = run_cell(ip, f"%%neuron --against {tmp_path / 'nope.zip'}\nx = 1", allow_error=True)
     assert isinstance(result.error_in_exec, UsageError)
     assert "\n" not in str(result.error_in_exec)
+
+
+def test_layer_statistics_do_not_show_up_in_the_op_profile(ip):
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --profile --layers -o r\nimport torch\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).cuda()\n"
+        "out = net(torch.ones(2, 4, device='cuda'))",
+    )
+    data = ip.user_ns["r"].to_dict()
+    assert len(data["layers"]["layers"]) == 3
+    for role in ("ref", "target"):
+        ops = {row["op"] for row in data[role]["profile"]["rows"]}
+        assert "aten::addmm" in ops
+        assert not ops & {"aten::linalg_vector_norm", "aten::aminmax"}

@@ -48,3 +48,13 @@ def test_names_bound_before_use_are_not_inputs():
     assert "uses_model" in names
     late = compile_cell("uses_model()\nmodel = 3")
     assert "model" in referenced_names(late, ns)
+
+
+def test_calls_backward_sees_the_cell_and_the_functions_it_reaches():
+    from neuron_workbench.run.cell import calls_backward
+
+    ns = {"__name__": "__main__"}
+    exec("def step(loss):\n    loss.backward()\n\ndef predict(x):\n    return x\n", ns)
+    assert calls_backward(compile_cell("loss.backward()"), ns)
+    assert calls_backward(compile_cell("step(loss)"), ns)
+    assert not calls_backward(compile_cell("y = predict(x)"), ns)

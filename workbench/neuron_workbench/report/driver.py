@@ -177,9 +177,12 @@ def compare_cell(
             raise BackendUnavailable(availability.reason)
     all_instruments = dict(instruments or {})
     if options.layers:
+        from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument
 
-        all_instruments["layers"] = layer_instrument(options.layers_full)
+        # Gradient hooks cost a little per module call: only when the cell runs a backward pass.
+        gradients = options.repeat > 1 or calls_backward(program, namespace)
+        all_instruments["layers"] = layer_instrument(options.layers_full, gradients)
     resident = resident if resident is not None else ResidentObjects()
     spec = RunSpec(
         program,

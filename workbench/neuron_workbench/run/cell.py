@@ -171,3 +171,17 @@ def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[
             # a function reached after the cell rebound a name sees the cell's value, not the old one
             todo.extend((n, bound) for n in _code_names(func.__code__) if n not in seen)
     return seen
+
+
+def calls_backward(program: CellProgram, namespace: Mapping[str, Any]) -> bool:
+    """Whether the cell, or a notebook function it reaches, mentions ``backward``.
+
+    A cheap static test used to decide whether gradients are worth watching (``--layers``).
+    """
+    if "backward" in program.source:
+        return True
+    for name in referenced_names(program, namespace):
+        for func in _user_functions(namespace.get(name), namespace):
+            if "backward" in set(_code_names(func.__code__)):
+                return True
+    return False

@@ -87,7 +87,10 @@ def summarize(t: torch.Tensor) -> TensorSummary:
     The reductions run with torch-function and dispatch modes switched off, so the CUDA remapping
     does not intercept them and an op profiler of the same run does not count them.
     """
-    with torch._C.DisableTorchFunction(), _disable_current_modes():
+    with torch._C.DisableTorchFunction():
+        if torch._C._len_torch_dispatch_stack():  # an op profiler is recording this run
+            with _disable_current_modes():
+                return _summarize(t)
         return _summarize(t)
 
 
@@ -226,9 +229,10 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 class LayerRecorder:
     """Global module hooks that fill a :class:`LayerTrace` (see :func:`layer_recorder`)."""
 
-    def __init__(self, full: tuple[str, ...] = ()) -> None:
+    def __init__(self, full: tuple[str, ...] = (), gradients: bool = True) -> None:
         self.trace = LayerTrace()
         self.full = full
+        self.gradients = gradients
         self._stack: list[tuple[torch.nn.Module, str, int]] = []  # module, name, record slot
         self._names: dict[tuple[int, int], str] = {}
         self._roots: dict[int, dict[int, str]] = {}
@@ -308,7 +312,7 @@ class LayerRecorder:
             record.output = self._summary(out)
             with contextlib.suppress(TypeError):
                 self._made_by[id(out)] = (weakref.ref(out), record.key())
-            if out.requires_grad and torch.is_grad_enabled():
+            if self.gradients and out.requires_grad and torch.is_grad_enabled():
                 self._watch_gradient(out, record)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
                 record.full_output = _host(out.detach()).clone().cpu()
@@ -328,9 +332,15 @@ class LayerRecorder:
 
 
 @contextlib.contextmanager
-def layer_recorder_for(full: tuple[str, ...] = ()) -> Iterator[LayerRecorder]:
-    """Record every module call in the body (global forward hooks, removed on exit)."""
-    recorder = LayerRecorder(full)
+def layer_recorder_for(
+    full: tuple[str, ...] = (), gradients: bool = True
+) -> Iterator[LayerRecorder]:
+    """Record every module call in the body (global forward hooks, removed on exit).
+
+    With ``gradients``, each output that requires grad also gets a tensor hook that summarizes
+    its gradient when a backward pass reaches it.
+    """
+    recorder = LayerRecorder(full, gradients)
     from torch.nn.modules import module as nn_module
 
     pre = nn_module.register_module_forward_pre_hook(recorder.pre_hook)
@@ -343,11 +353,11 @@ def layer_recorder_for(full: tuple[str, ...] = ()) -> Iterator[LayerRecorder]:
         recorder.finalize()
 
 
-def layer_instrument(full: tuple[str, ...] = ()) -> Any:
+def layer_instrument(full: tuple[str, ...] = (), gradients: bool = True) -> Any:
     """An executor instrument (``RunSpec.instruments``) recording module calls into a trace."""
 
     def instrument(backend: Any) -> contextlib.AbstractContextManager[LayerRecorder]:
-        return layer_recorder_for(full)
+        return layer_recorder_for(full, gradients)
 
     return instrument
 
