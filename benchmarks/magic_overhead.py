@@ -13,6 +13,7 @@ Each figure is the minimum over rounds, after a warm-up round.
 from __future__ import annotations
 
 import torch
+
 from neuron_workbench import emulate
 
 emulate("neuron")  # before any backward pass in this process

@@ -12,6 +12,7 @@ import gc
 import time
 
 import torch
+
 from neuron_workbench import emulate
 
 emulate("neuron")  # before any backward pass in this process

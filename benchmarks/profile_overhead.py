@@ -16,6 +16,7 @@ display bundle (static charts included) for a report with fallbacks, against the
 from __future__ import annotations
 
 import torch
+
 from neuron_workbench import emulate
 
 emulate("neuron")  # before any backward pass in this process

@@ -4,6 +4,7 @@ import json
 import zipfile
 
 import torch
+
 from neuron_workbench.artifacts import MEDIA_TYPE
 from neuron_workbench.backends import get_backend
 from neuron_workbench.run import RunSpec, compile_cell, execute

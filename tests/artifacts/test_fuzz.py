@@ -9,6 +9,7 @@ import pytest
 from artifact_builders import manifest_of, read_entries, write_zip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from neuron_workbench.artifacts import ArtifactError, load
 from neuron_workbench.cli.commands.compare import build_report
 from neuron_workbench.cli.commands.show import summarize
@@ -39,6 +40,7 @@ SETTINGS = settings(
 def tiny_artifact(tmp_path_factory):
     """A small artifact with every leaf kind, so each example is cheap."""
     import torch
+
     from neuron_workbench.artifacts import save
     from neuron_workbench.backends import BackendInfo
     from neuron_workbench.run import Run

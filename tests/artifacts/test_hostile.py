@@ -15,6 +15,7 @@ import zipfile
 import pytest
 import torch
 from artifact_builders import manifest_of, read_entries, rewrite, write_zip
+
 from neuron_workbench.artifacts import ArtifactError, load
 from neuron_workbench.cli.main import main
 

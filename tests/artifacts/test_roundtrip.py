@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from artifact_builders import CELL, bits, manifest_of, run_cell
+
 from neuron_workbench.artifacts import (
     FORMAT_VERSION,
     MEDIA_TYPE,

@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.notebook_runner import (
     NotebookRun,

@@ -120,15 +120,20 @@ def tensor_pairs(draw):
         n *= size
     a = draw(st.lists(values, min_size=n, max_size=n))
     # the target is the reference perturbed element-wise, sometimes a lot, sometimes not at all
-    noise = draw(st.lists(st.sampled_from([0.0, 0.0, 1e-7, 1e-4, 1e-2, 1.0, float("nan")]),
-                          min_size=n, max_size=n))
+    noise = draw(
+        st.lists(
+            st.sampled_from([0.0, 0.0, 1e-7, 1e-4, 1e-2, 1.0, float("nan")]), min_size=n, max_size=n
+        )
+    )
     ref = torch.tensor(a, dtype=torch.float64).reshape(shape)
     target = ref * (1 + torch.tensor(noise, dtype=torch.float64).reshape(shape))
     if dtype.is_floating_point:
         return ref.to(dtype), target.to(dtype)
     lim = 1000
-    return (ref.nan_to_num(0).clamp(-lim, lim).to(dtype),
-            target.nan_to_num(0).clamp(-lim, lim).to(dtype))
+    return (
+        ref.nan_to_num(0).clamp(-lim, lim).to(dtype),
+        target.nan_to_num(0).clamp(-lim, lim).to(dtype),
+    )
 
 
 def _assert_close_passes(target, ref, **tol):
@@ -190,14 +195,21 @@ def test_presets_and_per_output_overrides():
     from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy, parse_override
 
     ref = {"logits": torch.zeros(3), "model": {"w": torch.zeros(2), "b": torch.zeros(2)}}
-    target = {"logits": torch.full((3,), 5e-5), "model": {"w": torch.full((2,), 5e-5),
-                                                          "b": torch.full((2,), 5e-5)}}
+    target = {
+        "logits": torch.full((3,), 5e-5),
+        "model": {"w": torch.full((2,), 5e-5), "b": torch.full((2,), 5e-5)},
+    }
     assert not compare_outputs(ref, target).passed  # 5e-5 > atol 1e-5
-    policy = TolerancePolicy(preset="strict", per_output=(parse_override("logits=0,1e-4"),
-                                                          ("model['w']", Tolerance(0, 1e-4))))
+    policy = TolerancePolicy(
+        preset="strict",
+        per_output=(parse_override("logits=0,1e-4"), ("model['w']", Tolerance(0, 1e-4))),
+    )
     comparison = compare_outputs(ref, target, policy=policy)
     assert {d.path: d.status for d in comparison.diffs} == {
-        "logits": "match", "model['w']": "match", "model['b']": "differ"}
+        "logits": "match",
+        "model['w']": "match",
+        "model['b']": "differ",
+    }
     assert comparison.diffs[2].tolerance == Tolerance(0.0, 0.0)  # the strict preset
     glob = TolerancePolicy(per_output=(("model*", Tolerance(0, 1e-3)),))
     assert compare_outputs(ref, target, policy=glob).failures[0].path == "logits"

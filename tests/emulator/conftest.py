@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from neuron_workbench.emulator import emulate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+
 from neuron_workbench.cli.main import main
 
 SCRIPT = textwrap.dedent(

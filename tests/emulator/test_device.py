@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import io
 
-import neuron_workbench
 import pytest
 import torch
 import torch.nn as nn
+
+import neuron_workbench
 from neuron_workbench.emulator import (
     EmulatorStatus,
     can_emulate,

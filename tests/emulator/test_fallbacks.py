@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+
 from neuron_workbench.emulator import FallbackEvent, SourceSite, process_log, record_fallbacks
 
 HERE = str(Path(__file__).resolve())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from neuron_workbench.emulator import configure, status
 
 

@@ -1,7 +1,5 @@
 """%%neuron's numerics options end to end: layers, training parity, what-if, rng, tolerances."""
 
-import torch
-
 from neuron_workbench.testing import run_cell
 
 MODEL = """

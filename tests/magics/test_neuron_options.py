@@ -20,7 +20,9 @@ def test_profile_adds_op_rows_for_both_runs(ip):
 
 
 def test_strict_fails_the_cell_and_allow_fallback_exempts_ops(ip):
-    result = run_cell(ip, f"%%neuron --ref cpu --target neuron --strict -o r\n{FALLBACK_CELL}", allow_error=True)
+    result = run_cell(
+        ip, f"%%neuron --ref cpu --target neuron --strict -o r\n{FALLBACK_CELL}", allow_error=True
+    )
     assert isinstance(result.error_in_exec, UsageError)
     message = str(result.error_in_exec)
     assert message.startswith("strict mode: 2 ops fell back to CPU on neuron: ")
@@ -34,8 +36,10 @@ def test_strict_fails_the_cell_and_allow_fallback_exempts_ops(ip):
 
 
 def test_record_then_against_reproduces_the_verdict(ip, tmp_path):
-    cell = ("import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n"
-            "shifted = x + (0.0 if x.device.type == 'cpu' else 1e-3)\nsame = x * 2")
+    cell = (
+        "import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n"
+        "shifted = x + (0.0 if x.device.type == 'cpu' else 1e-3)\nsame = x * 2"
+    )
     path = tmp_path / "run.nwrun.zip"
     run_cell(ip, f"%%neuron --ref cpu --target neuron --record {path} -o live\n{cell}")
     assert path.is_file()

@@ -3,6 +3,7 @@
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+
 from neuron_workbench.magics.scan import ScanMagics
 from neuron_workbench.scan import Migration, ScanReport
 

@@ -88,7 +88,9 @@ def test_facts_note_random_draws_dropout_autocast_and_accumulating_scatters():
         x = torch.randn(4, 3, device="cuda")
         torch.nn.functional.dropout(x, 0.5, training=True)
         torch.nn.functional.dropout(x, 0.5, training=False)
-        torch.zeros(3, device="cuda").index_add_(0, torch.tensor([0, 0], device="cuda"), torch.ones(2, device="cuda"))
+        torch.zeros(3, device="cuda").index_add_(
+            0, torch.tensor([0, 0], device="cuda"), torch.ones(2, device="cuda")
+        )
         with torch.autocast("cuda", dtype=torch.bfloat16):
             pass
     assert facts.random_ops == {"torch.randn": 1, "torch.nn.functional.dropout": 1}

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from neuron_workbench.scan import scan_path, scan_paths
 
 SCRIPTS = sorted((Path(__file__).parent / "fixtures" / "scripts").glob("*.py"))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.scan import migrate_path, migrate_source, scan_source
 

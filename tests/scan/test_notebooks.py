@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.scan import ScanSyntaxError, migrate_path, scan_path, scan_paths
 

@@ -3,6 +3,7 @@
 import textwrap
 
 import pytest
+
 from neuron_workbench.scan import RULES, Finding, get_rule, scan_source
 
 # rule id -> (positive snippets, negative snippets). Each snippet is a whole module.

@@ -1,10 +1,11 @@
 """Fixtures of the trace tests."""
 
 import pytest
+from trace_model import CELL, make_namespace
+
 from neuron_workbench.backends import get_backend
 from neuron_workbench.run import RunSpec, compile_cell, execute
 from neuron_workbench.trace.profile import op_profiler
-from trace_model import CELL, make_namespace
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,6 @@
 import pytest
+from trace_model import CELL_FORWARD_LINE, CELL_SORT_LINES, EXPECTED_FALLBACKS, pool_line
+
 from neuron_workbench.trace.fallback import (
     cross_check,
     fallback_table,
@@ -6,7 +8,6 @@ from neuron_workbench.trace.fallback import (
     strict_message,
     strict_violations,
 )
-from trace_model import CELL_FORWARD_LINE, CELL_SORT_LINES, EXPECTED_FALLBACKS, pool_line
 
 
 def test_fallback_report_lists_exactly_the_non_native_ops_with_counts(profiled_runs):

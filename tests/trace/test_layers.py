@@ -111,8 +111,12 @@ class BackwardSensitive(nn.Module):
 
 
 def test_gradient_divergence_is_born_where_backward_differs():
-    ns = {"__name__": "__main__", "torch": torch, "make_model": make_model,
-          "culprit": BackwardSensitive}
+    ns = {
+        "__name__": "__main__",
+        "torch": torch,
+        "make_model": make_model,
+        "culprit": BackwardSensitive,
+    }
     program = compile_cell(
         "torch.manual_seed(0)\nmodel = make_model(9, culprit).to('cuda')\n"
         "loss = model(torch.randn(4, 8, device='cuda')).pow(2).sum()\nloss.backward()"

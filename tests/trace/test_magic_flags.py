@@ -2,8 +2,9 @@
 
 import pytest
 from IPython.core.error import UsageError
-from neuron_workbench.testing import run_cell
 from trace_model import EXPECTED_FALLBACKS, PoolNet
+
+from neuron_workbench.testing import run_cell
 
 CELL = """model = PoolNet().to("cuda")
 x = images.to("cuda")

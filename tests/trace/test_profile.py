@@ -3,6 +3,8 @@ import math
 
 import pandas as pd
 import torch
+from trace_model import EXPECTED_FALLBACKS
+
 from neuron_workbench.backends import get_backend
 from neuron_workbench.trace.profile import (
     DIFF_COLUMNS,
@@ -13,7 +15,6 @@ from neuron_workbench.trace.profile import (
     top_ops,
     write_chrome_trace,
 )
-from trace_model import EXPECTED_FALLBACKS
 
 # Ops of the cell and their exact call counts, the same on both backends: the dispatch recorder
 # sees each op once even on the emulated device (no wrapper/inner doubling).

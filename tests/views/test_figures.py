@@ -1,9 +1,10 @@
 import json
 
 import plotly.graph_objects as go
+from view_model import FALLBACK_OPS
+
 from neuron_workbench.trace.fallback import fallback_table
 from neuron_workbench.views import figures
-from view_model import FALLBACK_OPS
 
 
 def test_report_data_embeds_both_profiles(data):

@@ -19,7 +19,10 @@ deep = nn.Sequential(*[Float64Sensitive() if i == 5 else nn.Linear(8, 8) for i i
 
 def test_layer_error_chart_marks_the_born_module(ip):
     run_cell(ip, DEEP)
-    run_cell(ip, "%%neuron --ref cpu --target neuron --layers -o r\nout = deep.cuda()(torch.randn(4, 8, device='cuda'))")
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --layers -o r\nout = deep.cuda()(torch.randn(4, 8, device='cuda'))",
+    )
     data = ip.user_ns["r"].to_dict()
     fig = figures.layer_errors(data)
     bars = fig.data[0]
@@ -32,7 +35,10 @@ def test_layer_error_chart_marks_the_born_module(ip):
 
 def test_loss_curves_overlay_both_runs(ip):
     run_cell(ip, "import torch\nw = torch.ones(3)")
-    run_cell(ip, "%%neuron --ref cpu --target neuron --steps 3 -o r\nw = w.to('cuda') * 2\nloss = w.sum()")
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --steps 3 -o r\nw = w.to('cuda') * 2\nloss = w.sum()",
+    )
     data = ip.user_ns["r"].to_dict()
     fig = figures.loss_curves(data)
     assert list(fig.data[0].y) == [6.0, 12.0, 24.0] == list(fig.data[1].y)

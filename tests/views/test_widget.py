@@ -3,13 +3,14 @@ import pathlib
 import re
 
 import ipywidgets as W
-import neuron_workbench
 import plotly.graph_objects as go
 import pytest
-from neuron_workbench import views
-from neuron_workbench.views.widget import TAB_TITLES, ReportView, static_html
 from plotly.callbacks import InputDeviceState, Points
 from view_model import FALLBACK_OPS
+
+import neuron_workbench
+from neuron_workbench import views
+from neuron_workbench.views.widget import TAB_TITLES, ReportView, static_html
 
 
 def test_tab_titles_and_lazy_tabs(report):

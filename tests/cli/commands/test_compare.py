@@ -4,6 +4,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.main import main
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.main import main
 

@@ -15,11 +15,12 @@ import jsonschema
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
+from referencing import Registry, Resource
+
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.main import main
 from neuron_workbench.report.html import esc
 from neuron_workbench.testing import run_cell
-from referencing import Registry, Resource
 
 PROBE = "<script>alert('x')</script>"
 PASS_CELL = (

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from neuron_workbench.cli.main import main
 
 REPO = Path(__file__).resolve().parents[3]

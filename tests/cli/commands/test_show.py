@@ -9,6 +9,7 @@ from neuron_workbench.run import Run, RunError
 
 def make_artifact(path):
     import torch
+
     from neuron_workbench.artifacts import save
 
     ref = Run(BackendInfo("cuda", "cuda:0", "NVIDIA H100"), outputs={"x": torch.ones(4), "n": 2})
