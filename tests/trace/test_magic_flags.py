@@ -2,20 +2,9 @@
 
 import pytest
 from IPython.core.error import UsageError
-from trace_model import EXPECTED_FALLBACKS, PoolNet
+from trace_model import CELL, EXPECTED_FALLBACKS, PoolNet
 
 from neuron_workbench.testing import run_cell
-
-CELL = """model = PoolNet().to("cuda")
-x = images.to("cuda")
-for _ in range(2):
-    logits = model(x)
-loss = logits.sum()
-loss.backward()
-ranked = torch.sort(logits, dim=1)
-ranked = torch.sort(logits, dim=0)
-ranked = torch.sort(logits, dim=1)
-"""
 
 
 @pytest.fixture

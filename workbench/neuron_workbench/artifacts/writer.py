@@ -34,7 +34,7 @@ from neuron_workbench.artifacts._format import (
     tensor_entry,
 )
 from neuron_workbench.compare.flatten import iter_leaves
-from neuron_workbench.run.records import Run
+from neuron_workbench.run.records import Run, recorded
 
 # JSON values the writer nests below this depth inside the manifest (whose own structure adds a few
 # levels) always stay under the reader's depth limit.
@@ -176,11 +176,7 @@ def _extras(run: Run) -> tuple[dict[str, Any], list[str]]:
     skipped: list[str] = []
     for name, value in run.extras.items():
         try:
-            # The same unwrapping the report does: a profiler's result(), a recorder's trace.
-            if callable(getattr(value, "result", None)):
-                value = value.result()
-            if not hasattr(value, "to_dict") and hasattr(getattr(value, "trace", None), "to_dict"):
-                value = value.trace
+            value = recorded(value)
             if hasattr(value, "to_dict") and callable(value.to_dict):
                 value = value.to_dict()
             if not isinstance(value, Mapping | list | tuple):

@@ -110,7 +110,9 @@ class OutputDiff:
                 return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
             # The element furthest outside its tolerance is not the one with the largest |Δ|.
             at = list(self.worst_index or ())
-            return f"{self.path} |Δ| {worst:.1e} > {allowed:.1e} at {at} (max|Δ| {self.max_abs:.1e})"
+            return (
+                f"{self.path} |Δ| {worst:.1e} > {allowed:.1e} at {at} (max|Δ| {self.max_abs:.1e})"
+            )
         return f"{self.path} {self.detail or self.status}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from neuron_workbench.run import (
     mark_resident,
 )
 from neuron_workbench.run.executor import Captured, Instrument, capture_text
+from neuron_workbench.run.records import recorded
 
 if TYPE_CHECKING:
     from neuron_workbench.trace.layers import LayerComparison
@@ -202,9 +203,8 @@ def compare_cell(
         # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
         from neuron_workbench.trace.fallback import cross_check
 
-        profile = target_run.extras["profile"]
         target_run.fallbacks = cross_check(
-            target_run.fallbacks, getattr(profile, "result", lambda: profile)()
+            target_run.fallbacks, recorded(target_run.extras["profile"])
         )
     comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
@@ -259,13 +259,14 @@ def compare_runs(
     return comparison, layers
 
 
-def _trace_of(recorded: Any) -> Any:
+def _trace_of(value: Any) -> Any:
     # A live run holds the recorder; a recorded run (from an artifact) holds the trace's dict.
     from neuron_workbench.trace.layers import LayerTrace
 
-    if isinstance(recorded, dict):
+    data = recorded(value)
+    if isinstance(data, dict):
         try:
-            return LayerTrace.from_dict(recorded)
+            return LayerTrace.from_dict(data)
         except (KeyError, TypeError, ValueError):  # a trace from another version: context only
             return None
-    return getattr(recorded, "trace", recorded)
+    return data

@@ -8,7 +8,7 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.compare import Comparison
-from neuron_workbench.run.records import Run
+from neuron_workbench.run.records import Run, recorded
 
 #: MIME type of the machine-readable report in a cell's output (see ``report.schema.json``).
 REPORT_MIME = "application/vnd.neuron-workbench.report+json"
@@ -157,11 +157,9 @@ def _run_dict(run: Run) -> dict[str, Any]:
     for name, value in run.extras.items():
         if name == "layers":
             continue  # per-run traces are large; the report carries their comparison instead
-        data = value.result() if hasattr(value, "result") else value
+        data = recorded(value)
         if hasattr(data, "to_dict"):
             extras[name] = data.to_dict()
-        elif hasattr(data, "trace") and hasattr(data.trace, "to_dict"):
-            extras[name] = data.trace.to_dict()
         elif isinstance(data, dict | list):
             extras[name] = data
     return {

@@ -205,16 +205,26 @@ def _default_device_setting() -> torch.device | None:
     return None if context is None else context.device
 
 
-def _step_scalars(
-    ns: MutableMapping[str, Any], before_run: dict[str, Any], last_value: Any, hidden: frozenset[str]
-) -> dict[str, float]:
-    """The scalar values (a loss, an accuracy) the cell bound, after one repetition."""
+def _rebound(
+    ns: MutableMapping[str, Any], before_run: dict[str, Any], hidden: frozenset[str]
+) -> list[str]:
+    """User-visible names the cell bound or rebound (identity changed since the run began)."""
     missing = object()
-    values = {
-        name: value
+    return [
+        name
         for name, value in ns.items()
         if before_run.get(name, missing) is not value and _is_output_name(name, hidden)
-    }
+    ]
+
+
+def _step_scalars(
+    ns: MutableMapping[str, Any],
+    before_run: dict[str, Any],
+    last_value: Any,
+    hidden: frozenset[str],
+) -> dict[str, float]:
+    """The scalar values (a loss, an accuracy) the cell bound, after one repetition."""
+    values = {name: ns[name] for name in _rebound(ns, before_run, hidden)}
     values[LAST_EXPRESSION] = last_value
     scalars = {}
     for name, value in values.items():
@@ -236,11 +246,7 @@ def _collect(
 ) -> Run:
     missing = object()
     hidden = spec.hidden
-    rebound = [
-        name
-        for name, value in ns.items()
-        if before_run.get(name, missing) is not value and _is_output_name(name, hidden)
-    ]
+    rebound = _rebound(ns, before_run, hidden)
     mutated = [
         name
         for name, value in copies.items()

@@ -68,6 +68,19 @@ class RunError:
         )
 
 
+def recorded(value: Any) -> Any:
+    """What an instrument recorded: a recorder's ``result()`` or ``trace``, else ``value`` itself.
+
+    ``Run.extras`` keeps what each instrument's context yielded (a recorder for live runs, plain
+    data for runs loaded from an artifact); reports, artifacts and comparisons read it through here.
+    """
+    if callable(getattr(value, "result", None)):
+        value = value.result()
+    if not hasattr(value, "to_dict") and hasattr(getattr(value, "trace", None), "to_dict"):
+        value = value.trace
+    return value
+
+
 @dataclass
 class RunFacts:
     """What a run did that can explain numeric differences (noticed while remapping CUDA).

@@ -138,7 +138,9 @@ def _qualified_name(func: Callable[..., Any]) -> str:
     return f"{module}.{name}" if module.startswith("torch.nn") else f"torch.{name}"
 
 
-def _draws_on_device(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _draws_on_device(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bool:
     """Whether a random call draws on an accelerator (CPU draws are the same on both runs)."""
     if func in _RANDOM_FACTORIES:
         device = kwargs.get("device")

@@ -233,12 +233,11 @@ class LayerRecorder:
         self.trace = LayerTrace()
         self.full = full
         self.gradients = gradients
-        self._stack: list[tuple[torch.nn.Module, str, int]] = []  # module, name, record slot
+        self._stack: list[tuple[torch.nn.Module, str, LayerCall]] = []
         self._names: dict[tuple[int, int], str] = {}
         self._roots: dict[int, dict[int, str]] = {}
         self._made_by: dict[int, tuple[Any, tuple[str, int]]] = {}
         self._counts: dict[str, int] = {}
-        self._pending: dict[int, LayerCall] = {}
         # A module's input is usually the previous module's output: summarize each tensor once.
         self._summaries: dict[int, tuple[Any, int, TensorSummary]] = {}
 
@@ -292,21 +291,19 @@ class LayerRecorder:
         name = self._name_of(module)
         call = self._counts.get(name, 0)
         self._counts[name] = call + 1
-        parent = self._stack[-1][2] if self._stack else None
+        # Parents finish after their children: hold the parent record's id until finalize().
+        parent = id(self._stack[-1][2]) if self._stack else None
         record = LayerCall(name, call, type(module).__name__, parent)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         record.inputs = [self._summary(a) for a in tensors]
         record.producers = [self._producer(a) for a in tensors]
-        slot = id(record)
-        self._pending[slot] = record
-        self._stack.append((module, name, slot))
+        self._stack.append((module, name, record))
 
     def hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Pop the module and summarize its output."""
         if not self._stack or self._stack[-1][0] is not module:
             return  # a hook installed mid-call; ignore the unmatched end
-        _, name, slot = self._stack.pop()
-        record = self._pending.pop(slot)
+        _, name, record = self._stack.pop()
         out = _first_tensor(output)
         if out is not None:
             record.output = self._summary(out)
@@ -316,16 +313,10 @@ class LayerRecorder:
                 self._watch_gradient(out, record)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
                 record.full_output = _host(out.detach()).clone().cpu()
-        record.parent = self._index_of_parent(record.parent)
         self.trace.calls.append(record)
 
-    def _index_of_parent(self, parent_slot: int | None) -> int | None:
-        # Parents finish after their children; store the parent's slot id until then, and resolve
-        # it to a list index in finalize().
-        return parent_slot
-
     def finalize(self) -> None:
-        """Turn parent slots into indices of ``trace.calls``."""
+        """Turn parent record ids into indices of ``trace.calls``."""
         index = {id(c): i for i, c in enumerate(self.trace.calls)}
         for call in self.trace.calls:
             call.parent = index.get(call.parent) if call.parent is not None else None
