@@ -64,6 +64,7 @@ def _setup_source(
     atol: float | None = None,
     seed: int | None = None,
     record_dir: str | None = None,
+    executor: str | None = None,
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
@@ -72,6 +73,7 @@ def _setup_source(
         "target": target,
         "seed": None if seed is None else int(seed),
         "record_dir": record_dir or None,
+        "executor": executor,
     }
     if rtol is not None and atol is not None:
         settings.update(rtol=float(rtol), atol=float(atol))
@@ -95,6 +97,7 @@ def run_notebook(
     atol: float | None = None,
     seed: int | None = None,
     record_dir: str | None = None,
+    executor: str | None = None,
 ) -> NotebookRun:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
@@ -117,7 +120,8 @@ def run_notebook(
 
             get_backend(name)  # unknown names are usage errors before a kernel starts
     setup = nbformat.v4.new_code_cell(
-        _setup_source(ref, target, rtol, atol, seed, record_dir), metadata={"tags": [_SETUP_TAG]}
+        _setup_source(ref, target, rtol, atol, seed, record_dir, executor),
+        metadata={"tags": [_SETUP_TAG]},
     )
     nb.cells.insert(0, setup)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -247,50 +251,49 @@ def run_script(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     record_dir: str | None = None,
+    executor: str = "inprocess",
+    timeout: float | None = None,
 ) -> NotebookRun:
-    """Run a CUDA-style script as one ``%%neuron`` cell in this process and collect its report.
+    """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
-    ``record_dir`` saves both runs (and the report) as ``DIR/<script stem>.nwrun.zip``.
+    The reference runs in this process; the target too, or in a worker process with
+    ``executor="worker"``. ``record_dir`` saves both runs (and the report) as
+    ``DIR/<script stem>.nwrun.zip``.
     """
-    from neuron_workbench.backends import default_reference, get_backend
-    from neuron_workbench.errors import BackendUnavailable
-    from neuron_workbench.report.driver import CompareOptions, compare_cell
+    from neuron_workbench.backends import default_reference
+    from neuron_workbench.report.driver import CompareOptions
+    from neuron_workbench.report.session import CellOptions, Session, prepare_target
 
     source = read_script(path)
-    options = CompareOptions(
-        ref=ref or default_reference(),
-        target=target or "neuron",
-        rtol=rtol,
-        atol=atol,
-        seed=seed,
+    options = CellOptions(
+        compare=CompareOptions(
+            ref=ref or default_reference(),
+            target=target or "neuron",
+            rtol=rtol,
+            atol=atol,
+            seed=seed,
+        ),
+        record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
+        scan=False,
+        executor=executor,
+        timeout=timeout,
     )
     options.validate()
     program = compile_script(path, source)
-    for name in (options.ref, options.target):
-        availability = get_backend(name).availability()
-        if not availability:
-            raise BackendUnavailable(availability.reason)
     # PyTorch's autograd engine only learns of devices registered before its first backward pass,
-    # so the target's emulator is installed before the reference run can call backward().
-    with get_backend(options.target).session():
-        pass
+    # so an in-process emulated target is installed before the reference run can call backward().
+    prepare_target(options.compare.target, executor)
     if progress is not None:
-        progress(f"running {Path(path).name} on {options.ref} and {options.target}")
-    with script_context(path):
-        result = compare_cell(program, script_namespace(path), options)
-    report = result.report
-    data = report.to_dict()
+        progress(f"running {Path(path).name} on {options.compare.ref} and {options.compare.target}")
+    session = Session()
+    try:
+        with script_context(path):
+            result = session.run_cell(source, script_namespace(path), options, program=program)
+    finally:
+        session.close()
+    data = result.report.to_dict()
     data["label"] = Path(path).name
     data["cell_index"] = 1
-    if record_dir:
-        from neuron_workbench.artifacts import save
-
-        save(
-            Path(record_dir) / f"{Path(path).stem}.nwrun.zip",
-            runs={"ref": report.ref, "target": report.target},
-            cell_source=source,
-            report=report.to_dict(),
-        )
     return NotebookRun(str(path), reports=[data], kind="script", cells=1)
 
 

@@ -15,8 +15,9 @@ MAGICS = (
 def register(shell: Any) -> None:
     """Register every workbench magic on ``shell`` and make it configurable with ``%config``.
 
-    The default target's emulated device (if it will be emulated) is installed right away: PyTorch's
-    autograd engine only learns about devices registered before its first backward pass.
+    With the in-process executor, the default target's emulated device (if it will be emulated) is
+    installed right away: PyTorch's autograd engine only learns about devices registered before its
+    first backward pass. With the worker executor the kernel installs nothing.
     """
     instances = []
     for module_name, class_name in MAGICS:
@@ -28,4 +29,4 @@ def register(shell: Any) -> None:
         instances.append(instance)
     from neuron_workbench.magics.neuron import prepare_target
 
-    prepare_target(instances[0].target)
+    prepare_target(instances[0].target, instances[0].executor)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -22,49 +21,16 @@ from neuron_workbench.report.driver import (
     RNG_CHOICES,
     WHAT_IF_CHOICES,
     CompareOptions,
-    compare_cell,
 )
-from neuron_workbench.run import ResidentObjects, compile_cell
+from neuron_workbench.report.session import (
+    EXECUTOR_CHOICES,
+    CellOptions,
+    Session,
+    prepare_target,
+)
+from neuron_workbench.run import compile_cell
 
-
-def prepare_target(name: str) -> None:
-    """Activate ``name`` once if it is an emulated device; problems surface later, in the magic."""
-    from neuron_workbench.backends import get_backend
-    from neuron_workbench.errors import WorkbenchError
-
-    try:
-        backend = get_backend(name)
-        if backend.availability().emulated:
-            with backend.session():
-                pass
-    except WorkbenchError:
-        pass
-
-
-def _recorded_reference(path: str | None, cell: str) -> tuple[Any, str | None]:
-    """The reference run recorded in the artifact at ``path`` (``--against``), and a warning."""
-    if not path:
-        return None, None
-    from neuron_workbench import artifacts
-
-    artifact = artifacts.load(path)
-    run = artifact.runs.get("ref") or next(iter(artifact.runs.values()), None)
-    if run is None:
-        raise WorkbenchUsageError(f"{path}: the artifact holds no run")
-    return run, artifacts.source_mismatch_warning(artifact, cell)
-
-
-def _migration_findings(cell: str, target: str) -> dict[str, Any] | None:
-    """The scanner's findings for the cell source (the report's Migration tab)."""
-    if target not in ("neuron", "tpu"):
-        return None
-    from neuron_workbench.scan import scan_cell
-
-    report = scan_cell(cell, target=target)
-    data = report.to_dict()
-    data["html"] = report.to_html()
-    data["text"] = report.to_text()
-    return data
+__all__ = ["NeuronMagics", "prepare_target"]
 
 
 def _capture() -> Any:
@@ -115,9 +81,19 @@ class NeuronMagics(Magics):
         "after a reload; the widget needs a live kernel.",
     ).tag(config=True)
 
+    executor = Enum(
+        EXECUTOR_CHOICES,
+        default_value="inprocess",
+        help="Where the target runs: inprocess (this kernel) or worker (a child process per "
+        "target that owns the device; crashes and hangs stay out of the kernel).",
+    ).tag(config=True)
+    timeout = Float(
+        None, allow_none=True, help="Seconds a worker target run may take before it is ended."
+    ).tag(config=True)
+
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._resident = ResidentObjects()
+        self.session = Session()
 
     @magic_arguments()
     @argument(
@@ -203,6 +179,18 @@ class NeuronMagics(Magics):
         help="also show the interactive report widget (Summary/Numerics/Layers/Ops/Fallbacks tabs)",
     )
     @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
+    @argument(
+        "--executor",
+        choices=EXECUTOR_CHOICES,
+        help="inprocess: run the target in this kernel; worker: in a child process that owns the "
+        "device (one per target, reused; a crash or hang there never touches the kernel)",
+    )
+    @argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="end a worker target run after S seconds and report it (needs --executor worker)",
+    )
     @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
     @cell_magic
     def neuron(self, line: str, cell: str) -> Any:
@@ -234,7 +222,7 @@ class NeuronMagics(Magics):
         """
         args = parse_argstring(self.neuron, line)
         try:
-            options = CompareOptions(
+            compare = CompareOptions(
                 ref=args.ref or self.ref or default_reference(),
                 target=args.target or self.target,
                 rtol=args.rtol
@@ -253,49 +241,39 @@ class NeuronMagics(Magics):
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
             )
-            options.validate()
             shell = self.shell
+            options = CellOptions(
+                compare=compare,
+                profile=args.profile,
+                strict=bool(args.strict or self.strict),
+                allow_fallback=tuple(
+                    op.strip() for op in args.allow_fallback.split(",") if op.strip()
+                ),
+                record=args.record
+                or (
+                    str(Path(self.record_dir) / f"cell-{shell.execution_count}.nwrun.zip")
+                    if self.record_dir
+                    else None
+                ),
+                against=args.against,
+                scan=not args.no_scan,
+                executor=args.executor or self.executor,
+                timeout=args.timeout if args.timeout is not None else self.timeout,
+            )
+            options.validate()
             program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
-            reference, warning = _recorded_reference(args.against, cell)
-            if reference is not None:
-                options = dataclasses.replace(options, ref=reference.backend.name, keep="target")
-            instruments = {}
-            if args.profile:
-                from neuron_workbench.trace.profile import op_profiler
-
-                instruments["profile"] = op_profiler
-            result = compare_cell(
-                program,
+            result = self.session.run_cell(
+                cell,
                 shell.user_ns,
                 options,
+                program=program,
                 hidden=frozenset(shell.user_ns_hidden),
-                resident=self._resident,
                 capture=_capture,
-                instruments=instruments,
-                reference=reference,
             )
-            report = result.report
-            if warning:
-                report.warnings.append(warning)
-            record_to = args.record or (
-                str(Path(self.record_dir) / f"cell-{shell.execution_count}.nwrun.zip")
-                if self.record_dir
-                else None
-            )
-            if record_to:
-                from neuron_workbench import artifacts
-
-                runs = (
-                    {"target": report.target}
-                    if reference is not None
-                    else {"ref": report.ref, "target": report.target}
-                )
-                artifacts.save(record_to, runs=runs, cell_source=cell, report=report.to_dict())
         except WorkbenchUsageError as exc:
             raise UsageError(str(exc)) from None
-        if not args.no_scan:
-            report.migration = _migration_findings(cell, options.target)
-        kept = result.captured.get(options.keep)
+        report = result.report
+        kept = result.captured.get(report.options.get("keep", compare.keep))
         if kept is not None:
             kept.show()  # what the cell printed, once (the kept run's copy)
         if args.output:
@@ -305,13 +283,8 @@ class NeuronMagics(Magics):
             from neuron_workbench.views import show_report
 
             show_report(report)
-        if args.strict or self.strict:
-            from neuron_workbench.trace.fallback import strict_message, strict_violations
-
-            allowed = [op.strip() for op in args.allow_fallback.split(",") if op.strip()]
-            violations = strict_violations(report.target.fallbacks, allowed)
-            if violations:
-                raise UsageError(strict_message(violations, report.target.backend.name))
+        if result.strict_violation:
+            raise UsageError(result.strict_violation)
         return result.last_value
 
     @line_magic
@@ -320,3 +293,43 @@ class NeuronMagics(Magics):
         if line.strip():
             raise UsageError("%neuron_backends takes no arguments")
         return BackendStatusTable()
+
+    @line_magic
+    def neuron_workers(self, line: str = "") -> WorkerTable:
+        """List the target worker processes, or restart one: ``%neuron_workers restart neuron``.
+
+        Each row: target, process id, resident memory, cells run since the worker started.
+        """
+        words = line.split()
+        if words and (words[0] != "restart" or len(words) != 2):
+            raise UsageError("usage: %neuron_workers [restart TARGET]")
+        if words:
+            from neuron_workbench.backends import get_backend
+
+            try:
+                target = get_backend(words[1]).name
+            except WorkbenchUsageError as exc:
+                raise UsageError(str(exc)) from None
+            self.session.workers.restart(target)
+        return WorkerTable(self.session.workers.rows())
+
+
+class WorkerTable:
+    """What ``%neuron_workers`` shows: one line per target worker."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def lines(self) -> list[str]:
+        """``target  pid  memory  cells`` per worker (or a note that none has started)."""
+        if not self.rows:
+            return ["no worker processes (run a cell with --executor worker)"]
+        out = []
+        for row in self.rows:
+            memory = f"{row.memory_bytes / 2**20:.0f} MiB" if row.memory_bytes else "-"
+            pid = str(row.pid) if row.alive else "stopped"
+            out.append(f"{row.target:<7} pid {pid:<8} {memory:>9}  {row.cells_run} cells run")
+        return out
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())

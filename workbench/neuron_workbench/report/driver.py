@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from neuron_workbench.backends import Backend, get_backend
+from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
@@ -22,7 +22,13 @@ from neuron_workbench.run import (
     execute,
     mark_resident,
 )
-from neuron_workbench.run.executor import Captured, Instrument, capture_text
+from neuron_workbench.run.executor import (
+    Captured,
+    Executor,
+    InProcessExecutor,
+    Instrument,
+    capture_text,
+)
 from neuron_workbench.run.records import recorded
 
 if TYPE_CHECKING:
@@ -121,28 +127,6 @@ class CellComparison:
     extra_instruments: dict[str, Any] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _what_if(backend: Backend, what_if: str | None) -> Iterator[None]:
-    """Switch an emulated target's what-if numerics policy on for one run."""
-    if what_if is None:
-        yield
-        return
-    if not backend.availability().emulated:
-        raise WorkbenchUsageError(
-            f"--what-if {what_if} needs an emulated target; {backend.name} is real"
-        )
-    from neuron_workbench import emulator
-
-    with backend.session():
-        status = emulator.status()
-        before = bool(status.numerics.get("bf16_matmul")) if status else False
-        emulator.configure(bf16_matmul=True)
-        try:
-            yield
-        finally:
-            emulator.configure(bf16_matmul=before)
-
-
 def compare_cell(
     program: CellProgram,
     namespace: MutableMapping[str, Any],
@@ -153,6 +137,7 @@ def compare_cell(
     capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
     instruments: dict[str, Instrument] | None = None,
     reference: Run | None = None,
+    executor: Executor | None = None,
 ) -> CellComparison:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
 
@@ -162,6 +147,8 @@ def compare_cell(
         Extra run instruments (profilers), on top of the ones the options ask for.
     reference : Run, optional
         A recorded reference run to compare against instead of executing one.
+    executor : Executor, optional
+        Where the target run happens (default: in this process).
 
     Raises
     ------
@@ -172,8 +159,9 @@ def compare_cell(
     policy = options.policy()
     ref_backend = get_backend(options.ref)
     target_backend = get_backend(options.target)
-    for backend in (target_backend,) if reference is not None else (ref_backend, target_backend):
-        availability = backend.availability()
+    executor = executor if executor is not None else InProcessExecutor()
+    checks = [] if reference is not None else [ref_backend.availability()]
+    for availability in [*checks, executor.availability(target_backend)]:
         if not availability:
             raise BackendUnavailable(availability.reason)
     all_instruments = dict(instruments or {})
@@ -197,8 +185,7 @@ def compare_cell(
         repeat=options.repeat,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
-    with _what_if(target_backend, options.what_if):
-        target_run = execute(spec, target_backend, run_id="target")
+    target_run = executor.run(spec, target_backend, run_id="target", what_if=options.what_if)
     if not target_run.backend.emulated and target_run.fallbacks and "profile" in target_run.extras:
         # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
         from neuron_workbench.trace.fallback import cross_check

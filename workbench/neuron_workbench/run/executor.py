@@ -23,6 +23,8 @@ from neuron_workbench.run.namespace import (
     ResidentObjects,
     isolate,
     move_to_device,
+    needs_copy,
+    on_accelerator,
     version_signature,
 )
 from neuron_workbench.run.records import Run, RunError
@@ -98,6 +100,7 @@ class RunSpec:
         instruments: dict[str, Instrument] | None = None,
         rng_on_cpu: bool = False,
         repeat: int = 1,
+        isolate_inputs: bool = True,
     ) -> None:
         if repeat < 1:
             raise ValueError("repeat must be at least 1")
@@ -111,10 +114,67 @@ class RunSpec:
         self.resident = resident if resident is not None else ResidentObjects()
         self.capture = capture
         self.captured: dict[str, Captured] = {}
+        #: False when the namespace is already a private copy (a worker's): no deep copies.
+        self.isolate_inputs = isolate_inputs
 
 
 def _is_output_name(name: str, hidden: frozenset[str]) -> bool:
     return not (name in hidden or name.startswith("__") or name.startswith("_i"))
+
+
+@contextlib.contextmanager
+def what_if_policy(backend: Backend, what_if: str | None) -> Iterator[None]:
+    """Switch an emulated target's what-if numerics policy (``bf16-matmul``) on for one run."""
+    if what_if is None:
+        yield
+        return
+    from neuron_workbench.errors import WorkbenchUsageError
+
+    if not backend.availability().emulated:
+        raise WorkbenchUsageError(
+            f"--what-if {what_if} needs an emulated target; {backend.name} is real"
+        )
+    from neuron_workbench import emulator
+
+    with backend.session():
+        status = emulator.status()
+        before = bool(status.numerics.get("bf16_matmul")) if status else False
+        emulator.configure(bf16_matmul=True)
+        try:
+            yield
+        finally:
+            emulator.configure(bf16_matmul=before)
+
+
+class Executor(Protocol):
+    """Where a run happens: in this process, or in a worker process that owns the device."""
+
+    name: str
+
+    def availability(self, backend: Backend) -> Any:
+        """Whether ``backend`` can run on this executor (an ``Availability``)."""
+
+    def run(
+        self, spec: RunSpec, backend: Backend, *, run_id: str, what_if: str | None = None
+    ) -> Run:
+        """Execute ``spec`` once on ``backend``."""
+
+
+class InProcessExecutor:
+    """Runs in this process (the kernel): today's behaviour, and the only one for cpu/cuda."""
+
+    name = "inprocess"
+
+    def availability(self, backend: Backend) -> Any:
+        """Whether ``backend`` can run in this process."""
+        return backend.availability()
+
+    def run(
+        self, spec: RunSpec, backend: Backend, *, run_id: str, what_if: str | None = None
+    ) -> Run:
+        """Execute ``spec`` on ``backend`` here."""
+        with what_if_policy(backend, what_if):
+            return execute(spec, backend, run_id=run_id)
 
 
 def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Run:
@@ -137,7 +197,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     shared: list[str] = []
     try:
         inputs = referenced_names(spec.program, ns)
-        copies, shared = isolate(ns, inputs)
+        if spec.isolate_inputs:
+            copies, shared = isolate(ns, inputs)
+        else:
+            copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
         for name, value in copies.items():
             copies[name] = move_to_device(value, backend.device, force=saved[name] in spec.resident)
         ns.update(copies)
@@ -292,8 +355,8 @@ def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
 
     for name, value in kept.bindings.items():
         counterpart = other.bindings.get(name)
-        on_device = any(t.device.type != "cpu" for t in tensors_in(counterpart)) or any(
-            t.device.type != "cpu" for t in tensors_in(value)
+        on_device = any(on_accelerator(t) for t in tensors_in(counterpart)) or any(
+            on_accelerator(t) for t in tensors_in(value)
         )
         if on_device:
             resident.add(value)

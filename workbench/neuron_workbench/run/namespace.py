@@ -94,6 +94,15 @@ def _moved_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+#: Attribute a host tensor carries when it was sent back from a target worker's device (its device).
+ORIGIN_ATTR = "_workbench_device"
+
+
+def on_accelerator(tensor: torch.Tensor) -> bool:
+    """Whether the cell had put ``tensor`` on a device (it is there, or a worker sent it back)."""
+    return tensor.device.type != "cpu" or ORIGIN_ATTR in getattr(tensor, "__dict__", ())
+
+
 def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
     """Tensors directly reachable from ``value`` through modules and containers (bounded depth)."""
     if depth > 8:

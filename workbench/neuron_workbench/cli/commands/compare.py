@@ -43,37 +43,9 @@ def pick_run(artifact: Any, role: str) -> Any:
 
 def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs."""
-    from neuron_workbench.artifacts import source_mismatch_warning
-    from neuron_workbench.compare.tolerances import TolerancePolicy
-    from neuron_workbench.report.driver import compare_runs
-    from neuron_workbench.report.report import Report
+    from neuron_workbench.report.session import compare_recorded
 
-    ref = pick_run(ref_artifact, "ref")
-    target = pick_run(target_artifact, "target")
-    # As %%neuron does for a live comparison: hints on failures, layers when both recorded them.
-    comparison, layers = compare_runs(ref, target, TolerancePolicy(rtol=rtol, atol=atol))
-    warnings = []
-    mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
-    if mismatch:
-        warnings.append(mismatch)
-    warnings += [
-        f"{name!r} could not be deep-copied, so both runs used the same object"
-        for name in sorted(set(ref.shared_names) | set(target.shared_names))
-    ]
-    return Report(
-        ref=ref,
-        target=target,
-        comparison=comparison,
-        cell_source=target_artifact.cell_source,
-        options={
-            "rtol": rtol,
-            "atol": atol,
-            "ref_artifact": str(ref_artifact.path),
-            "target_artifact": str(target_artifact.path),
-        },
-        warnings=warnings,
-        layers=layers,
-    )
+    return compare_recorded(ref_artifact, target_artifact, rtol=rtol, atol=atol, pick=pick_run)
 
 
 def run(args: argparse.Namespace) -> int:

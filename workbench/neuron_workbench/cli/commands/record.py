@@ -42,19 +42,19 @@ def run(args: argparse.Namespace) -> int:
         terminal_message,
     )
     from neuron_workbench.errors import WorkbenchUsageError
-    from neuron_workbench.run import RunSpec, execute
+    from neuron_workbench.report.session import Session
 
     if not ROLE_PATTERN.fullmatch(args.role):
         raise WorkbenchUsageError(f"--role {args.role!r}: lowercase letters, digits, _ and -")
     if not args.script.endswith(".py"):
         raise WorkbenchUsageError(f"{args.script}: expected a Python script (.py)")
-    backend = get_backend(args.backend or default_reference())
+    backend = get_backend(args.backend or default_reference())  # unknown names fail before running
     source = read_script(args.script)
     program = compile_script(args.script, source)
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
     with script_context(args.script):
-        recorded = execute(
-            RunSpec(program, script_namespace(args.script), seed=args.seed), backend, run_id="ref"
+        recorded = Session().record_run(
+            program, script_namespace(args.script), backend.name, seed=args.seed
         )
     path = save(args.output, runs={args.role: recorded}, cell_source=source)
     label = recorded.backend.label

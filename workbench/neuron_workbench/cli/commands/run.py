@@ -47,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "magic supports NeuronMagics.record_dir)",
     )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell (default 900)")
+    parser.add_argument(
+        "--executor",
+        choices=("inprocess", "worker"),
+        help="where target runs happen: inprocess, or worker (a child process per target)",
+    )
 
 
 def _notebook_supports_record_dir() -> bool:
@@ -90,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             progress=terminal_progress,
             record_dir=str(Path(args.record).resolve()) if args.record else None,
+            executor=args.executor,
         )
     else:
         result = run_script(
@@ -101,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed if args.seed is not None else 0,
             progress=terminal_message,
             record_dir=args.record,
+            executor=args.executor or "inprocess",
+            timeout=float(args.timeout) if args.executor == "worker" else None,
         )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         "rtol": args.rtol,
         "atol": args.atol,
         "seed": args.seed,
+        "executor": args.executor,
     }
     name = Path(result.path).name
     if args.json:

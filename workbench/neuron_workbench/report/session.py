@@ -1,0 +1,303 @@
+"""The one entry point behind ``%%neuron``, ``neuron-workbench run``, ``record`` and ``compare``.
+
+A :class:`Session` takes a cell and every option as data and returns a finished :class:`CellResult`:
+the :class:`~neuron_workbench.report.report.Report` (migration findings attached, artifact written),
+the strict-mode verdict, what each run printed and the cell's last value. Front ends only parse
+their arguments and show or exit; the session owns the per-notebook state (objects the cell put on
+its device, the target worker processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
+from neuron_workbench.report.report import Report
+from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell, execute
+from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
+
+#: Where a target run happens: this process, or a worker process that owns the device.
+EXECUTOR_CHOICES = ("inprocess", "worker")
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """Everything one ``%%neuron`` cell can be asked to do, as data.
+
+    Attributes
+    ----------
+    compare : CompareOptions
+        Backends, tolerances, seed, layers, steps, RNG and what-if settings.
+    profile : bool
+        Record an op-level profile of both runs.
+    strict : bool
+        Fail when the target fell back to CPU (``CellResult.strict_violation``).
+    allow_fallback : tuple of str
+        Ops allowed to fall back under ``strict``.
+    record : str or None
+        Save both runs and the report to this artifact path.
+    against : str or None
+        Compare against the reference run recorded in this artifact instead of running one.
+    scan : bool
+        Attach the migration scanner's findings for the cell source.
+    executor : str
+        ``inprocess`` or ``worker`` (the target runs in a child process that owns its device).
+    timeout : float or None
+        Seconds the target run may take on the ``worker`` executor before it is ended.
+    """
+
+    compare: CompareOptions = field(default_factory=CompareOptions)
+    profile: bool = False
+    strict: bool = False
+    allow_fallback: tuple[str, ...] = ()
+    record: str | None = None
+    against: str | None = None
+    scan: bool = True
+    executor: str = "inprocess"
+    timeout: float | None = None
+
+    def validate(self) -> None:
+        """Raise :class:`WorkbenchUsageError` for settings no run could honour."""
+        self.compare.validate()
+        if self.executor not in EXECUTOR_CHOICES:
+            raise WorkbenchUsageError(f"--executor must be one of {', '.join(EXECUTOR_CHOICES)}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise WorkbenchUsageError("--timeout must be a positive number of seconds")
+        if self.timeout is not None and self.executor != "worker":
+            raise WorkbenchUsageError("--timeout needs --executor worker (a worker can be ended)")
+
+
+@dataclass
+class CellResult:
+    """A finished cell: the report, the strict verdict, what each run printed, the last value."""
+
+    report: Report
+    captured: dict[str, Captured]
+    last_value: Any = None
+    #: The one-line strict-mode failure (``strict`` and ops fell back), else None.
+    strict_violation: str | None = None
+    #: Where the runs were saved (``record``), else None.
+    artifact: Path | None = None
+
+
+def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, str | None]:
+    """The reference run recorded in the artifact at ``path`` (``--against``), and a warning."""
+    if not path:
+        return None, None
+    from neuron_workbench import artifacts
+
+    artifact = artifacts.load(path)
+    run = artifact.runs.get("ref") or next(iter(artifact.runs.values()), None)
+    if run is None:
+        raise WorkbenchUsageError(f"{path}: the artifact holds no run")
+    return run, artifacts.source_mismatch_warning(artifact, cell_source)
+
+
+def migration_findings(cell_source: str, target: str) -> dict[str, Any] | None:
+    """The scanner's findings for the cell source (the report's Migration tab)."""
+    if target not in ("neuron", "tpu"):
+        return None
+    from neuron_workbench.scan import scan_cell
+
+    report = scan_cell(cell_source, target=target)
+    data = report.to_dict()
+    data["html"] = report.to_html()
+    data["text"] = report.to_text()
+    return data
+
+
+def prepare_target(name: str, executor: str = "inprocess") -> None:
+    """Install an emulated in-process target early (before the first backward pass).
+
+    With the ``worker`` executor nothing is installed here: the target lives in its worker.
+    """
+    if executor != "inprocess":
+        return
+    from neuron_workbench.backends import get_backend
+    from neuron_workbench.errors import WorkbenchError
+
+    try:
+        backend = get_backend(name)
+        if backend.availability().emulated:
+            with backend.session():
+                pass
+    except WorkbenchError:
+        pass
+
+
+class Session:
+    """Per-notebook (or per-command) state and the way every front end runs a cell."""
+
+    def __init__(self) -> None:
+        self.resident = ResidentObjects()
+        self._workers: Any = None
+
+    @property
+    def workers(self) -> Any:
+        """The :class:`~neuron_workbench.run.worker.WorkerPool` of this session."""
+        if self._workers is None:
+            from neuron_workbench.run.worker import WorkerPool
+
+            self._workers = WorkerPool()
+        return self._workers
+
+    def executor(self, name: str, timeout: float | None = None) -> Executor:
+        """The executor called ``name`` (``inprocess`` or ``worker``)."""
+        if name == "worker":
+            from neuron_workbench.run.worker import WorkerExecutor
+
+            return WorkerExecutor(self.workers, timeout=timeout)
+        return InProcessExecutor()
+
+    def close(self) -> None:
+        """End the session's worker processes."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def run_cell(
+        self,
+        source: str,
+        namespace: MutableMapping[str, Any],
+        options: CellOptions,
+        *,
+        program: CellProgram | None = None,
+        hidden: frozenset[str] = frozenset(),
+        capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+    ) -> CellResult:
+        """Run ``source`` on the reference and the target, compare, and finish the report.
+
+        Parameters
+        ----------
+        source : str
+            The cell as the user wrote it (scanned, recorded, compared with ``against``).
+        namespace : dict
+            The notebook's (or script's) globals; the kept run's results are committed there.
+        options : CellOptions
+            Every setting of the cell.
+        program : CellProgram, optional
+            The compiled cell (front ends compile with their own transforms); compiled from
+            ``source`` when omitted.
+
+        Raises
+        ------
+        WorkbenchUsageError
+            Bad options, an unreadable artifact, a value the worker cannot receive.
+        BackendUnavailable
+            When a backend cannot run here (before anything is executed).
+        """
+        options.validate()
+        compare = options.compare
+        program = program if program is not None else compile_cell(source)
+        reference, warning = recorded_reference(options.against, source)
+        if reference is not None:
+            import dataclasses
+
+            compare = dataclasses.replace(compare, ref=reference.backend.name, keep="target")
+        instruments = {}
+        if options.profile:
+            from neuron_workbench.trace.profile import op_profiler
+
+            instruments["profile"] = op_profiler
+        result = compare_cell(
+            program,
+            namespace,
+            compare,
+            hidden=hidden,
+            resident=self.resident,
+            capture=capture,
+            instruments=instruments,
+            reference=reference,
+            executor=self.executor(options.executor, options.timeout),
+        )
+        report = result.report
+        if warning:
+            report.warnings.append(warning)
+        artifact = None
+        if options.record:
+            from neuron_workbench import artifacts
+
+            runs = (
+                {"target": report.target}
+                if reference is not None
+                else {"ref": report.ref, "target": report.target}
+            )
+            artifact = artifacts.save(
+                options.record, runs=runs, cell_source=source, report=report.to_dict()
+            )
+        if options.scan:
+            report.migration = migration_findings(source, compare.target)
+        violation = None
+        if options.strict:
+            from neuron_workbench.trace.fallback import strict_message, strict_violations
+
+            violations = strict_violations(report.target.fallbacks, list(options.allow_fallback))
+            if violations:
+                violation = strict_message(violations, report.target.backend.name)
+        return CellResult(
+            report,
+            result.captured,
+            result.last_value,
+            strict_violation=violation,
+            artifact=Path(artifact) if artifact is not None else None,
+        )
+
+    def record_run(
+        self,
+        program: CellProgram,
+        namespace: MutableMapping[str, Any],
+        backend_name: str,
+        *,
+        seed: int = 0,
+    ) -> Run:
+        """Run ``program`` once on one backend, in this process (``neuron-workbench record``)."""
+        from neuron_workbench.backends import get_backend
+
+        backend = get_backend(backend_name)
+        return execute(RunSpec(program, namespace, seed=seed), backend, run_id="ref")
+
+
+def compare_recorded(
+    ref_artifact: Any,
+    target_artifact: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    pick: Callable[[Any, str], Run],
+) -> Report:
+    """The :class:`Report` of two recorded runs (``neuron-workbench compare``), as for a live cell.
+
+    ``pick(artifact, role)`` chooses each artifact's run.
+    """
+    from neuron_workbench.artifacts import source_mismatch_warning
+    from neuron_workbench.compare.tolerances import TolerancePolicy
+
+    ref = pick(ref_artifact, "ref")
+    target = pick(target_artifact, "target")
+    comparison, layers = compare_runs(ref, target, TolerancePolicy(rtol=rtol, atol=atol))
+    warnings = []
+    mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
+    if mismatch:
+        warnings.append(mismatch)
+    warnings += [
+        f"{name!r} could not be deep-copied, so both runs used the same object"
+        for name in sorted(set(ref.shared_names) | set(target.shared_names))
+    ]
+    return Report(
+        ref=ref,
+        target=target,
+        comparison=comparison,
+        cell_source=target_artifact.cell_source,
+        options={
+            "rtol": rtol,
+            "atol": atol,
+            "ref_artifact": str(ref_artifact.path),
+            "target_artifact": str(target_artifact.path),
+        },
+        warnings=warnings,
+        layers=layers,
+    )

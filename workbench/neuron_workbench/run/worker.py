@@ -1,0 +1,629 @@
+"""Run a cell's target side in a child process that owns the target device (the ``worker`` executor).
+
+The kernel never installs the emulator (or loads a vendor SDK's device) itself: each target gets a
+spawned Python process, started once and reused. What the cell reads is shipped with
+``cloudpickle`` (notebook functions and classes by value, importable modules by reference, with the
+kernel's ``sys.path`` and working directory mirrored); the finished :class:`~.records.Run` comes back
+with its tensors moved to the host. A worker that dies (a signal, ``os._exit``, the OOM killer) or
+overruns ``timeout`` becomes an ERROR run naming the signal, the last op it dispatched and the cell
+line, and the next cell gets a fresh worker; the kernel and its namespace are never touched.
+
+The last dispatched op is written to a small memory-mapped file by a dispatch mode (one slice
+assignment per op), so it survives the crash; the cell line comes from :mod:`faulthandler`'s dump.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import linecache
+import mmap
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+import torch
+
+from neuron_workbench.backends.base import Availability, Backend, BackendInfo
+from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.run.namespace import ORIGIN_ATTR, ResidentObjects, on_accelerator, tensors_in
+from neuron_workbench.run.records import Run, RunError
+
+#: Environment variable set (to the target's name) in every worker process.
+WORKER_ENV = "NEURON_WORKBENCH_WORKER"
+#: Bytes of the memory-mapped record of the last dispatched op.
+_OP_SLOT = 128
+#: Seconds a fresh worker may take to import torch and install its device.
+START_TIMEOUT_S = 180.0
+_EXECUTOR_HINT = "run the cell with --executor inprocess"
+
+# ---- transport -----------------------------------------------------------------------------------
+
+
+def _rebuild_tensor(
+    data: torch.Tensor,
+    requires_grad: bool,
+    grad: torch.Tensor | None,
+    parameter: bool,
+    state: dict[str, Any],
+) -> torch.Tensor:
+    tensor: torch.Tensor = (
+        torch.nn.Parameter(data, requires_grad=requires_grad)
+        if parameter
+        else data.requires_grad_(requires_grad)
+    )
+    if grad is not None:
+        tensor.grad = grad
+    if state:
+        tensor.__dict__.update(state)
+    return tensor
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, plus tensors that carry their gradient and leave any device for the host.
+
+    A tensor on an accelerator (emulated or real) travels as a host copy marked with the device it
+    came from, so the receiving side still knows the cell had put it there.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
+            on_device = obj.device.type not in ("cpu", "meta")
+            if on_device or type(obj) in _PLAIN_TENSOR_TYPES:
+                data = obj.detach()
+                if on_device:
+                    # a device tensor's attributes belong to its backend (the emulator's payload)
+                    data = data.to("cpu")
+                    state = {ORIGIN_ATTR: str(obj.device)}
+                else:
+                    state = {k: v for k, v in vars(obj).items() if not k.startswith("_backward")}
+                return (
+                    _rebuild_tensor,
+                    (
+                        _PlainData(data),
+                        obj.requires_grad,
+                        obj.grad if obj.is_leaf else None,
+                        isinstance(obj, torch.nn.Parameter) or "_is_param" in vars(obj),
+                        state,
+                    ),
+                )
+        return super().reducer_override(obj)
+
+
+_PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
+
+
+class _PlainData:
+    """A host tensor pickled by PyTorch's own reduction (storage bytes, no gradient)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> Any:
+        return self.tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise ``obj`` for the other side of a worker pipe."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """Inverse of :func:`dumps`."""
+    return pickle.loads(data)
+
+
+_ANCHOR_CODE = (lambda: None).__code__
+
+
+def _anchor(namespace: Mapping[str, Any]) -> types.FunctionType:
+    # A function whose globals are the namespace: cloudpickle gives every notebook function it
+    # ships in one message the same globals dict, and this function's copy leads the worker to it.
+    return types.FunctionType(_ANCHOR_CODE, namespace, "anchor")  # type: ignore[arg-type]
+
+
+def _describe(value: Any) -> str:
+    kind = type(value).__name__
+    return f"a {kind}" if kind[0].lower() not in "aeiou" else f"an {kind}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def pack_request(
+    request: dict[str, Any], values: dict[str, Any], namespace: Mapping[str, Any], target: str
+) -> bytes:
+    """The run request with ``values``; a one-line usage error names what cannot be shipped."""
+    message = dict(request, values=values, anchor=_anchor(namespace))
+    try:
+        return dumps(message)
+    except Exception as exc:
+        for name in sorted(values):
+            try:
+                dumps({"anchor": message["anchor"], name: values[name]})
+            except Exception as item_exc:
+                raise WorkbenchUsageError(
+                    f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
+                    f"process ({_first_line(item_exc)}); {_EXECUTOR_HINT}"
+                ) from None
+        raise WorkbenchUsageError(
+            f"the cell cannot be sent to the {target} worker process ({_first_line(exc)}); "
+            f"{_EXECUTOR_HINT}"
+        ) from None
+
+
+# ---- the worker process --------------------------------------------------------------------------
+
+
+class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """Writes the name of every dispatched op into a memory map (survives the process)."""
+
+    def __init__(self, slot: mmap.mmap) -> None:
+        super().__init__()
+        self._slot = slot
+        self._names: dict[Any, bytes] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = self._names.get(func)
+        if name is None:
+            raw = str(func._schema.name).encode()[: _OP_SLOT - 1]
+            name = self._names[func] = raw.ljust(_OP_SLOT, b"\0")
+        self._slot[0:_OP_SLOT] = name
+        return func(*args, **(kwargs or {}))
+
+
+def _serve(fd: int, folder: str) -> None:
+    """Worker main loop: set up, then answer run requests until the pipe closes."""
+    import faulthandler
+
+    conn = Connection(fd)
+    init = pickle.loads(conn.recv_bytes())
+    sys.path[:] = list(init["sys_path"])
+    with contextlib.suppress(OSError):
+        os.chdir(init["cwd"])
+    faults = open(os.path.join(folder, "faults.log"), "w")  # noqa: SIM115 - open for the process
+    faulthandler.enable(file=faults, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=faults, all_threads=True, chain=False)
+    with open(os.path.join(folder, "lastop"), "r+b") as handle:
+        slot = mmap.mmap(handle.fileno(), _OP_SLOT)
+    from neuron_workbench.backends import get_backend
+
+    backend = get_backend(init["target"])
+    hello: dict[str, Any] = {"pid": os.getpid()}
+    try:
+        availability = backend.availability()
+        if availability:
+            with backend.session():  # install the emulated device before any backward pass
+                pass
+        hello["availability"] = availability
+        hello["info"] = backend.info() if availability else None
+    except Exception as exc:
+        hello["availability"] = Availability(False, f"{backend.name} worker: {_first_line(exc)}")
+        hello["info"] = None
+    conn.send_bytes(dumps(hello))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            request = loads(data)
+        except Exception as exc:
+            conn.send_bytes(
+                dumps(
+                    {
+                        "usage_error": f"the {backend.name} worker could not load what the cell "
+                        f"reads ({_first_line(exc)}); {_EXECUTOR_HINT}"
+                    }
+                )
+            )
+            continue
+        conn.send_bytes(_run_request(request, backend, slot))
+
+
+def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> bytes:
+    from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
+
+    program = request["program"]
+    linecache.cache[program.filename] = (
+        len(program.source),
+        None,
+        program.source.splitlines(keepends=True),
+        program.filename,
+    )
+    namespace = request["anchor"].__globals__
+    namespace.setdefault("__name__", "__main__")
+    namespace.update(request["values"])
+    resident = ResidentObjects()
+    for name in request["force"]:
+        if name in namespace:
+            resident.add(namespace[name])
+    spec = RunSpec(
+        program,
+        namespace,
+        seed=request["seed"],
+        hidden=request["hidden"],
+        resident=resident,
+        instruments=request["instruments"],
+        rng_on_cpu=request["rng_on_cpu"],
+        repeat=request["repeat"],
+        isolate_inputs=False,
+    )
+    with what_if_policy(backend, request["what_if"]), _LastOpMode(slot):
+        run = execute(spec, backend, run_id="target")
+    slot[0:_OP_SLOT] = bytes(_OP_SLOT)
+    from neuron_workbench.run.records import recorded
+
+    run.extras = {name: recorded(value) for name, value in run.extras.items()}
+    try:
+        return dumps({"run": run})
+    except Exception:
+        dropped = []
+        for field_name in ("outputs", "bindings"):
+            values = getattr(run, field_name)
+            for name in list(values):
+                try:
+                    dumps(values[name])
+                except Exception:
+                    values.pop(name)
+                    dropped.append(name)
+        try:
+            dumps(run.last_value)
+        except Exception:
+            run.last_value = None
+        note = "".join(
+            f"neuron-workbench: {name!r} could not be sent back from the {backend.name} worker "
+            "process; it is left out of the comparison\n"
+            for name in sorted(set(dropped))
+        )
+        run.stderr += note
+        return dumps({"run": run})
+
+
+# ---- the kernel side -----------------------------------------------------------------------------
+
+_BOOT = (
+    "import sys; sys.path[:0] = {paths!r}; "
+    "from neuron_workbench.run.worker import _serve; _serve({fd}, {folder!r})"
+)
+
+
+class WorkerDied(Exception):
+    """The worker process ended (or was ended) while running a cell."""
+
+
+def _signal_name(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-returncode).name
+        return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _package_root() -> str:
+    import neuron_workbench
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(neuron_workbench.__file__)))
+
+
+class TargetWorker:
+    """One worker process that owns ``target``'s device; started lazily, restarted after a death."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.cells_run = 0
+        self.info: BackendInfo | None = None
+        self.availability: Availability | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._folder: str | None = None
+        self.started_s: float | None = None
+
+    # -- lifecycle --
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (None before it started)."""
+        return self._process.pid if self._process is not None else None
+
+    def memory_bytes(self) -> int | None:
+        """Resident set size of the worker (Linux ``/proc``), or None."""
+        if not self.alive:
+            return None
+        try:
+            with open(f"/proc/{self.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def start(self) -> None:
+        """Spawn the process and wait until its device is ready (or known unavailable)."""
+        self.stop()
+        started = time.perf_counter()
+        self._folder = tempfile.mkdtemp(prefix=f"neuron-workbench-{self.target}-")
+        with open(os.path.join(self._folder, "lastop"), "wb") as handle:
+            handle.write(bytes(_OP_SLOT))
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["NEURON_WORKBENCH_EMULATE"] = self.target if self.target in ("neuron", "tpu") else ""
+        env[WORKER_ENV] = self.target
+        # a notebook's inline plotting backend means nothing in the worker
+        env.pop("MPLBACKEND", None)
+        boot = _BOOT.format(paths=[_package_root()], fd=theirs.fileno(), folder=self._folder)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", boot],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send_bytes(
+            pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd(), "target": self.target})
+        )
+        try:
+            hello = self._receive(START_TIMEOUT_S)
+        except WorkerDied as exc:
+            self.stop()
+            raise BackendUnavailable(
+                f"the {self.target} worker process failed to start: {exc}"
+            ) from None
+        self.availability = hello["availability"]
+        self.info = hello["info"]
+        self.cells_run = 0
+        self.started_s = time.perf_counter() - started
+
+    def stop(self) -> None:
+        """End the process (if any) and remove its files."""
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=10)
+            self._process = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def ensure_started(self) -> None:
+        """Start the worker unless it is running."""
+        if not self.alive:
+            self.start()
+
+    # -- running --
+
+    def _receive(self, timeout: float | None) -> Any:
+        assert self._conn is not None and self._process is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 0.25 if deadline is None else min(0.25, max(0.0, deadline - time.monotonic()))
+            try:
+                if self._conn.poll(wait):
+                    return loads(self._conn.recv_bytes())
+            except (EOFError, OSError):
+                pass  # the pipe closed: the process died; the poll below says how
+            if self._process.poll() is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(timeout=2)
+                raise WorkerDied(f"target process died ({_signal_name(self._process.returncode)})")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+
+    def run(self, message: bytes, *, timeout: float | None, cell_filename: str) -> Any:
+        """Send one packed request and return the worker's answer.
+
+        Raises
+        ------
+        WorkerDied
+            With the one-line message (signal or timeout, last op, cell line); the worker is gone.
+        """
+        self.ensure_started()
+        assert self._conn is not None
+        try:
+            self._conn.send_bytes(message)
+            answer = self._receive(timeout)
+        except TimeoutError:
+            self._dump_stacks()
+            where = self._where(cell_filename)
+            self.stop()
+            raise WorkerDied(
+                f"target process timed out after {timeout:g} s{where}; it was ended"
+            ) from None
+        except WorkerDied as exc:
+            where = self._where(cell_filename)
+            self.stop()
+            raise WorkerDied(f"{exc}{where}") from None
+        except BaseException:  # KeyboardInterrupt: the worker's state is unknown; start afresh
+            self.stop()
+            raise
+        self.cells_run += 1
+        return answer
+
+    def _dump_stacks(self) -> None:
+        # faulthandler in the worker writes every thread's stack on SIGUSR1, even mid C call.
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(OSError):
+                self._process.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+
+    def _where(self, cell_filename: str) -> str:
+        """`` while running aten::op at cell line N`` from the files the worker left."""
+        if self._folder is None:
+            return ""
+        text = ""
+        with contextlib.suppress(OSError):
+            with open(os.path.join(self._folder, "lastop"), "rb") as handle:
+                op = handle.read(_OP_SLOT).split(b"\0", 1)[0].decode(errors="replace")
+            text += f" while running {op}" if op else ""
+        with contextlib.suppress(OSError):
+            with open(os.path.join(self._folder, "faults.log"), errors="replace") as handle:
+                dump = handle.read()[-200_000:]
+            # The cell's top-level frame; faulthandler may print exec'd code as <dynamic-code>.
+            names = f"(?:{re.escape(cell_filename)}|<dynamic-code>)"
+            pattern = re.compile(r'File "' + names + r'", line (\d+) in <module>')
+            match = pattern.search(dump)
+            if match:
+                text += f" at cell line {match.group(1)}"
+        return text
+
+
+@dataclass
+class WorkerRow:
+    """One line of ``%neuron_workers``."""
+
+    target: str
+    pid: int | None
+    alive: bool
+    memory_bytes: int | None
+    cells_run: int
+
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in list(_POOLS):
+        pool.close()
+
+
+class WorkerPool:
+    """The workers of one session, one per target, started on first use."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, TargetWorker] = {}
+        _POOLS.add(self)
+
+    def get(self, target: str) -> TargetWorker:
+        """The worker for ``target`` (created, not yet started, on first use)."""
+        if target not in self._workers:
+            self._workers[target] = TargetWorker(target)
+        return self._workers[target]
+
+    def rows(self) -> list[WorkerRow]:
+        """Every worker with its state."""
+        return [
+            WorkerRow(w.target, w.pid if w.alive else None, w.alive, w.memory_bytes(), w.cells_run)
+            for w in self._workers.values()
+        ]
+
+    def restart(self, target: str) -> TargetWorker:
+        """Stop ``target``'s worker and start a fresh one."""
+        worker = self.get(target)
+        worker.start()
+        return worker
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for worker in self._workers.values():
+            worker.stop()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class WorkerExecutor:
+    """Executes the target run of a cell in the pool's worker for that target."""
+
+    name = "worker"
+
+    def __init__(self, pool: WorkerPool | None = None, timeout: float | None = None) -> None:
+        self.pool = pool if pool is not None else WorkerPool()
+        self.timeout = timeout
+
+    def availability(self, backend: Backend) -> Availability:
+        """Whether ``backend`` can run in its worker (starts the worker)."""
+        worker = self.pool.get(backend.name)
+        try:
+            worker.ensure_started()
+        except BackendUnavailable as exc:
+            return Availability(False, str(exc))
+        assert worker.availability is not None
+        return worker.availability
+
+    def run(self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None) -> Run:
+        """Run ``spec`` on ``backend`` in its worker and return the :class:`Run` it sent back."""
+        from neuron_workbench.run.cell import referenced_names
+
+        worker = self.pool.get(backend.name)
+        worker.ensure_started()
+        namespace = spec.namespace
+        names = sorted(n for n in referenced_names(spec.program, namespace) if n in namespace)
+        values = {name: namespace[name] for name in names}
+        force = [
+            name
+            for name, value in values.items()
+            if value in spec.resident or any(on_accelerator(t) for t in tensors_in(value))
+        ]
+        request = {
+            "program": spec.program,
+            "seed": spec.seed,
+            "hidden": frozenset(spec.hidden) & (set(names) | set(spec.program.body.co_names)),
+            "force": force,
+            "instruments": spec.instruments,
+            "rng_on_cpu": spec.rng_on_cpu,
+            "repeat": spec.repeat,
+            "what_if": what_if,
+        }
+        message = pack_request(request, values, namespace, backend.name)
+        info = worker.info or backend.info()
+        try:
+            answer = worker.run(message, timeout=self.timeout, cell_filename=spec.program.filename)
+        except WorkerDied as exc:
+            # The message names the cell line itself; no lineno, so reports do not repeat it.
+            return Run(backend=info, error=RunError("TargetProcessDied", str(exc)))
+        if "usage_error" in answer:
+            raise WorkbenchUsageError(answer["usage_error"])
+        run: Run = answer["run"]
+        spec.captured[run_id] = _Printed(run.stdout, run.stderr)
+        return run
+
+
+class _Printed:
+    """What a worker run printed, replayable in the kernel."""
+
+    def __init__(self, stdout: str, stderr: str) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def show(self) -> None:
+        sys.stdout.write(self.stdout)
+        sys.stderr.write(self.stderr)
