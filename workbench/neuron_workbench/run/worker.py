@@ -224,9 +224,16 @@ def _serve(fd: int, folder: str) -> None:
     conn.send_bytes(dumps(hello))
     while True:
         try:
+            # the kernel's import path and folder as of this cell, then the request itself
+            where = pickle.loads(conn.recv_bytes())
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        if where["sys_path"] != sys.path:
+            sys.path[:] = where["sys_path"]
+        if where["cwd"] != os.getcwd():
+            with contextlib.suppress(OSError):
+                os.chdir(where["cwd"])
         try:
             request = loads(data)
         except Exception as exc:
@@ -457,6 +464,8 @@ class TargetWorker:
         self.ensure_started()
         assert self._conn is not None
         try:
+            where = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+            self._conn.send_bytes(pickle.dumps(where))
             self._conn.send_bytes(message)
             answer = self._receive(timeout)
         except TimeoutError:

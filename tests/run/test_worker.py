@@ -1,0 +1,184 @@
+"""The worker executor: target runs in a child process, shipped with cloudpickle, crashes contained."""
+
+import textwrap
+import time
+
+import pytest
+import torch
+
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.report.driver import CompareOptions
+from neuron_workbench.report.session import CellOptions, Session
+from neuron_workbench.run.worker import dumps, loads
+
+NOTEBOOK = """
+import os
+import time
+import torch
+import torch.nn as nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def train_step():
+    # reads the global `model`: each run must see its own copy
+    loss = model(torch.ones(3, 4, device="cuda")).sum()
+    loss.backward()
+    return loss
+"""
+
+#: A module the worker imports by reference: its op aborts the process, but only in a worker.
+ABORTING_OPS = """
+import ctypes
+import os
+
+import torch
+
+
+@torch.library.custom_op("nwtest_worker::boom", mutates_args=())
+def boom(x: torch.Tensor) -> torch.Tensor:
+    if os.environ.get("NEURON_WORKBENCH_WORKER"):
+        ctypes.CDLL(None).abort()
+    return x.clone()
+"""
+
+
+@pytest.fixture(scope="module")
+def session():
+    session = Session()
+    yield session
+    session.close()
+
+
+@pytest.fixture
+def namespace():
+    ns = {"__name__": "__main__"}
+    exec(NOTEBOOK, ns)
+    return ns
+
+
+def compare(source, ns, session, target="neuron", timeout=None):
+    options = CellOptions(
+        compare=CompareOptions(ref="cpu", target=target),
+        executor="worker",
+        timeout=timeout,
+        scan=False,
+    )
+    return session.run_cell(textwrap.dedent(source).lstrip("\n"), ns, options)
+
+
+def test_tensors_travel_with_grads_parameters_and_their_device():
+    model = torch.nn.Linear(4, 2)
+    model(torch.randn(3, 4)).sum().backward()
+    loss = (model.weight * 2).sum()
+    copy = loads(dumps({"model": model, "loss": loss}))
+    assert isinstance(copy["model"].weight, torch.nn.Parameter)
+    assert torch.equal(copy["model"].weight.grad, model.weight.grad)
+    assert copy["loss"].requires_grad and torch.equal(copy["loss"], loss.detach())
+    on_device = loads(dumps(torch.ones(2, device="neuron")))
+    assert on_device.device.type == "cpu"
+    assert on_device._workbench_device == "neuron:0"
+
+
+def test_cell_runs_in_a_reused_worker_and_leaves_the_namespace_alone(session, namespace):
+    result = compare(
+        """
+        model = Tiny().cuda()
+        loss = train_step()
+        print("on", loss.device)
+        grad = model.fc.weight.grad
+        """,
+        namespace,
+        session,
+    )
+    report = result.report
+    assert report.verdict == "PASS", report.summary()
+    assert report.target.backend.emulated and report.target.backend.name == "neuron"
+    assert "model.fc.weight.grad" in [d.path for d in report.comparison.diffs]
+    assert report.target.stdout == "on neuron:0\n"
+    assert result.captured["target"].stdout == "on neuron:0\n"
+    # the reference's results are kept (on the CPU, remembered as device-resident)
+    assert namespace["model"].fc.weight.device.type == "cpu"
+    worker = session.workers.get("neuron")
+    pid, cells = worker.pid, worker.cells_run
+    result = compare("out = model(torch.ones(1, 4, device='cuda'))", namespace, session)
+    assert result.report.verdict == "PASS", result.report.summary()
+    assert worker.pid == pid and worker.cells_run == cells + 1
+
+
+def test_unshippable_value_is_a_one_line_error_naming_it(session, namespace):
+    namespace["numbers"] = (i for i in range(3))
+    with pytest.raises(WorkbenchUsageError) as caught:
+        compare("first = next(numbers)", namespace, session)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("'numbers' (a generator) cannot be sent to the neuron worker")
+    assert message.endswith("run the cell with --executor inprocess")
+
+
+def test_an_aborting_op_is_an_error_naming_signal_op_and_line(
+    session, namespace, tmp_path, monkeypatch
+):
+    (tmp_path / "nwtest_worker_ops.py").write_text(ABORTING_OPS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import nwtest_worker_ops
+
+    namespace["nwtest_worker_ops"] = nwtest_worker_ops
+    namespace["kept"] = torch.arange(3.0)
+    before = dict(namespace)
+    result = compare(
+        """
+        x = torch.ones(3, device="cuda")
+        y = x * 2
+        z = nwtest_worker_ops.boom(y)
+        """,
+        namespace,
+        session,
+    )
+    report = result.report
+    assert report.verdict == "ERROR"
+    assert report.ref.ok
+    assert report.target.error.message == (
+        "target process died (SIGABRT) while running nwtest_worker::boom at cell line 3"
+    )
+    assert "neuron raised TargetProcessDied: target process died (SIGABRT)" in report.summary()
+    assert namespace == before  # nothing committed, nothing lost
+    result = compare("w = kept.cuda() * 2", namespace, session)
+    assert result.report.verdict == "PASS", result.report.summary()
+
+
+def test_a_hung_target_is_ended_at_the_timeout(namespace):
+    session = Session()
+    try:
+        compare("warm = torch.ones(1, device='cuda')", namespace, session)  # start the worker
+        start = time.monotonic()
+        result = compare(
+            """
+            x = torch.ones(2, device="cuda")
+            if os.environ.get("NEURON_WORKBENCH_WORKER"):
+                time.sleep(600)
+            """,
+            namespace,
+            session,
+            timeout=3,
+        )
+        elapsed = time.monotonic() - start
+    finally:
+        session.close()
+    assert elapsed < 10
+    message = result.report.target.error.message
+    assert message.startswith("target process timed out after 3 s while running aten::")
+    assert message.endswith("at cell line 3; it was ended")
+
+
+def test_tpu_runs_in_its_own_worker_next_to_an_emulated_neuron_process(session, namespace):
+    # this test process emulates neuron (conftest), so tpu can only run in a worker
+    result = compare("y = torch.ones(4, device='cuda').cumsum(0)", namespace, session, "tpu")
+    assert result.report.verdict == "PASS", result.report.summary()
+    assert result.report.target.backend.name == "tpu"
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
