@@ -1,0 +1,101 @@
+"""%%neuron --executor worker: targets in worker processes, in a shell and in a real notebook kernel."""
+
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from nbformat.v4 import new_code_cell, new_notebook
+
+from neuron_workbench.cli.notebook_runner import run_notebook
+from neuron_workbench.testing import run_cell
+
+#: A module the kernel imports from the notebook's folder; its op aborts the process in a worker.
+ABORTING_OPS = """
+import ctypes
+import os
+
+import torch
+
+
+@torch.library.custom_op("nwtest_nb::boom", mutates_args=())
+def boom(x: torch.Tensor) -> torch.Tensor:
+    if os.environ.get("NEURON_WORKBENCH_WORKER"):
+        ctypes.CDLL(None).abort()
+    return x.clone()
+"""
+
+
+def test_neuron_and_tpu_cells_run_side_by_side_in_workers(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(4.0)")
+    run_cell(ip, "%%neuron --executor worker --target tpu -o r_tpu\ny = base.cuda().cumsum(0)")
+    run_cell(ip, "%%neuron --executor worker --target neuron -o r_neuron\nz = base.cuda() * 2")
+    assert ip.user_ns["r_tpu"].verdict == "PASS", ip.user_ns["r_tpu"].summary()
+    assert ip.user_ns["r_tpu"].target.backend.name == "tpu"
+    assert ip.user_ns["r_neuron"].verdict == "PASS", ip.user_ns["r_neuron"].summary()
+    table = ip.run_line_magic("neuron_workers", "")
+    rows = {row.target: row for row in table.rows}
+    assert {"tpu", "neuron"} <= set(rows) and all(row.alive for row in rows.values())
+    assert rows["tpu"].cells_run >= 1 and rows["tpu"].memory_bytes > 0
+    assert "tpu" in repr(table) and "cells run" in repr(table)
+    restarted = ip.run_line_magic("neuron_workers", "restart tpu")
+    new_rows = {row.target: row for row in restarted.rows}
+    assert new_rows["tpu"].pid != rows["tpu"].pid and new_rows["tpu"].cells_run == 0
+
+
+def test_config_selects_the_worker_executor(ip):
+    run_cell(ip, "import torch")
+    run_cell(ip, "%config NeuronMagics.executor = 'worker'")
+    try:
+        run_cell(ip, "%%neuron --target tpu -o r\nq = torch.ones(2, device='cuda') + 1")
+    finally:
+        run_cell(ip, "%config NeuronMagics.executor = 'inprocess'")
+    assert ip.user_ns["r"].target.backend.name == "tpu" and ip.user_ns["r"].verdict == "PASS"
+
+
+def test_unshippable_object_is_a_one_line_usage_error(ip):
+    run_cell(ip, "import torch\nnumbers = (i for i in range(3))")
+    with pytest.raises(UsageError) as caught:
+        run_cell(ip, "%%neuron --executor worker\nfirst = next(numbers)")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'numbers' (a generator) cannot be sent to the neuron worker process" in message
+    assert message.endswith("run the cell with --executor inprocess")
+    assert "first" not in ip.user_ns
+
+
+def test_timeout_needs_the_worker_executor(ip):
+    with pytest.raises(UsageError, match="--timeout needs --executor worker"):
+        run_cell(ip, "%%neuron --executor inprocess --timeout 5\nx = 1")
+
+
+@pytest.mark.slow
+def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(tmp_path):
+    (tmp_path / "nwtest_nb_ops.py").write_text(ABORTING_OPS)
+    cells = [
+        "import torch\nimport nwtest_nb_ops\nkept = torch.arange(4.0)",
+        "%%neuron --target neuron\ny = torch.ones(3, device='cuda') * 2",
+        "%%neuron --target tpu\nz = torch.ones(3, device='cuda').cumsum(0)",
+        "%%neuron --target neuron\nx = torch.ones(3, device='cuda')\nw = nwtest_nb_ops.boom(x)",
+        "%%neuron --target neuron\nv = kept.cuda() * 3",
+        # the kernel never installed a PrivateUse1 backend; the aborted cell left no trace
+        "assert torch._C._get_privateuse1_backend_name() == 'privateuseone'\n"
+        "assert torch.equal(kept, torch.arange(4.0)) and 'w' not in globals()\n"
+        "assert torch.equal(v, torch.arange(4.0) * 3)",
+    ]
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    path = tmp_path / "workers.ipynb"
+    nbformat.write(nb, path)
+    result = run_notebook(path, ref="cpu", executor="worker")
+    assert result.cell_errors == []
+    verdicts = [(r["cell_index"], r["verdict"]) for r in result.reports]
+    assert verdicts == [(2, "PASS"), (3, "PASS"), (4, "ERROR"), (5, "PASS")]
+    assert result.reports[1]["title"] == "tpu (emulated) vs cpu"
+    crashed = result.reports[2]
+    assert crashed["target"]["error"]["message"] == (
+        "target process died (SIGABRT) while running nwtest_nb::boom at cell line 2"
+    )
+    assert crashed["ref"]["ok"]
