@@ -108,8 +108,13 @@ class _Pickler(cloudpickle.Pickler):
 _PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
 
 
+def _rebuild_data(raw: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    flat = torch.from_numpy(raw)
+    return flat.view(dtype).reshape(shape) if flat.numel() else torch.empty(shape, dtype=dtype)
+
+
 class _PlainData:
-    """A host tensor pickled by PyTorch's own reduction (storage bytes, no gradient)."""
+    """A host tensor's values as raw bytes (a NumPy array pickles them in one copy, any dtype)."""
 
     __slots__ = ("tensor",)
 
@@ -117,7 +122,11 @@ class _PlainData:
         self.tensor = tensor
 
     def __reduce__(self) -> Any:
-        return self.tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        tensor = self.tensor.contiguous()
+        if tensor.numel() == 0 or tensor.dtype.is_complex or tensor.is_quantized:
+            return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        raw = tensor.reshape(-1).view(torch.uint8).numpy()
+        return (_rebuild_data, (raw, tensor.dtype, tuple(tensor.shape)))
 
 
 def dumps(obj: Any) -> bytes:
@@ -193,6 +202,11 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disable guard that costs more than this mode
+# does per op; the mode only writes bytes, so it runs as written.
+_LastOpMode.__torch_dispatch__ = _LastOpMode.__dict__["__torch_dispatch__"].__wrapped__  # type: ignore[attr-defined]
+
+
 def _serve(fd: int, folder: str) -> None:
     """Worker main loop: set up, then answer run requests until the pipe closes."""
     import faulthandler
@@ -224,13 +238,15 @@ def _serve(fd: int, folder: str) -> None:
     conn.send_bytes(dumps(hello))
     while True:
         try:
-            # the kernel's import path and folder as of this cell, then the request itself
+            # the kernel's import path, folder and torch threads as of this cell, then the request
             where = pickle.loads(conn.recv_bytes())
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return
         if where["sys_path"] != sys.path:
             sys.path[:] = where["sys_path"]
+        if where["threads"] != torch.get_num_threads():
+            torch.set_num_threads(where["threads"])
         if where["cwd"] != os.getcwd():
             with contextlib.suppress(OSError):
                 os.chdir(where["cwd"])
@@ -464,7 +480,11 @@ class TargetWorker:
         self.ensure_started()
         assert self._conn is not None
         try:
-            where = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+            where = {
+                "sys_path": list(sys.path),
+                "cwd": os.getcwd(),
+                "threads": torch.get_num_threads(),
+            }
             self._conn.send_bytes(pickle.dumps(where))
             self._conn.send_bytes(message)
             answer = self._receive(timeout)
