@@ -41,6 +41,26 @@ def test_neuron_and_tpu_cells_run_side_by_side_in_workers(ip):
     assert new_rows["tpu"].pid != rows["tpu"].pid and new_rows["tpu"].cells_run == 0
 
 
+def test_one_reference_against_neuron_and_tpu(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(4.0)")
+    run_cell(ip, "%%neuron --target neuron,tpu -o both\nsquares = base.cuda() ** 2")
+    reports = ip.user_ns["both"]
+    assert [r.target.backend.name for r in reports] == ["neuron", "tpu"]
+    assert [r.verdict for r in reports] == ["PASS", "PASS"]
+    assert reports[0].ref is reports[1].ref  # the reference ran once
+    assert reports[1].options["target"] == "tpu"
+    assert torch_equal(ip.user_ns["squares"], [0.0, 1.0, 4.0, 9.0])
+
+
+def test_two_accelerators_in_process_is_a_usage_error(ip):
+    with pytest.raises(UsageError, match="needs --executor worker"):
+        run_cell(ip, "%%neuron --target neuron,tpu --executor inprocess\nx = 1")
+
+
+def torch_equal(tensor, values):
+    return tensor.tolist() == values
+
+
 def test_config_selects_the_worker_executor(ip):
     run_cell(ip, "import torch")
     run_cell(ip, "%config NeuronMagics.executor = 'worker'")
@@ -74,6 +94,7 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
         "import torch\nimport nwtest_nb_ops\nkept = torch.arange(4.0)",
         "%%neuron --target neuron\ny = torch.ones(3, device='cuda') * 2",
         "%%neuron --target tpu\nz = torch.ones(3, device='cuda').cumsum(0)",
+        "%%neuron --target neuron,tpu\nu = torch.ones(3, device='cuda') - 1",
         "%%neuron --target neuron\nx = torch.ones(3, device='cuda')\nw = nwtest_nb_ops.boom(x)",
         "%%neuron --target neuron\nv = kept.cuda() * 3",
         # the kernel never installed a PrivateUse1 backend; the aborted cell left no trace
@@ -92,9 +113,20 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
     result = run_notebook(path, ref="cpu", executor="worker")
     assert result.cell_errors == []
     verdicts = [(r["cell_index"], r["verdict"]) for r in result.reports]
-    assert verdicts == [(2, "PASS"), (3, "PASS"), (4, "ERROR"), (5, "PASS")]
+    assert verdicts == [
+        (2, "PASS"),
+        (3, "PASS"),
+        (4, "PASS"),
+        (4, "PASS"),
+        (5, "ERROR"),
+        (6, "PASS"),
+    ]
     assert result.reports[1]["title"] == "tpu (emulated) vs cpu"
-    crashed = result.reports[2]
+    assert [r["title"] for r in result.reports[2:4]] == [
+        "neuron (emulated) vs cpu",
+        "tpu (emulated) vs cpu",
+    ]
+    crashed = result.reports[4]
     assert crashed["target"]["error"]["message"] == (
         "target process died (SIGABRT) while running nwtest_nb::boom at cell line 2"
     )

@@ -99,7 +99,12 @@ class NeuronMagics(Magics):
     @argument(
         "--ref", metavar="BACKEND", help="reference backend (default: cuda if usable, else cpu)"
     )
-    @argument("--target", metavar="BACKEND", help="target backend (default: neuron)")
+    @argument(
+        "--target",
+        metavar="BACKEND",
+        help="target backend (default: neuron); several, comma-separated (neuron,tpu), are each "
+        "compared against one reference run, in worker processes",
+    )
     @argument("--rtol", type=float, help="relative tolerance; give --atol too")
     @argument("--atol", type=float, help="absolute tolerance; give --rtol too")
     @argument("--seed", type=int, help="seed for torch/random/numpy at the start of each run")
@@ -191,7 +196,12 @@ class NeuronMagics(Magics):
         metavar="S",
         help="end a worker target run after S seconds and report it (needs --executor worker)",
     )
-    @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
+    @argument(
+        "-o",
+        "--output",
+        metavar="NAME",
+        help="store the Report object in this variable (a list of them for several targets)",
+    )
     @cell_magic
     def neuron(self, line: str, cell: str) -> Any:
         """Run the cell on a reference and a target backend, and compare every output.
@@ -222,9 +232,12 @@ class NeuronMagics(Magics):
         """
         args = parse_argstring(self.neuron, line)
         try:
+            targets = [t.strip() for t in (args.target or self.target).split(",") if t.strip()]
+            if not targets:
+                raise WorkbenchUsageError("--target needs a backend name")
             compare = CompareOptions(
                 ref=args.ref or self.ref or default_reference(),
-                target=args.target or self.target,
+                target=targets[0],
                 rtol=args.rtol
                 if args.rtol is not None
                 else (None if args.atol is not None else self.rtol),
@@ -257,8 +270,10 @@ class NeuronMagics(Magics):
                 ),
                 against=args.against,
                 scan=not args.no_scan,
-                executor=args.executor or self.executor,
+                # several targets live in one process each: workers unless asked otherwise
+                executor=args.executor or ("worker" if len(targets) > 1 else self.executor),
                 timeout=args.timeout if args.timeout is not None else self.timeout,
+                extra_targets=tuple(targets[1:]),
             )
             options.validate()
             program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
@@ -277,8 +292,9 @@ class NeuronMagics(Magics):
         if kept is not None:
             kept.show()  # what the cell printed, once (the kept run's copy)
         if args.output:
-            self.shell.user_ns[args.output] = report
-        display(report)
+            self.shell.user_ns[args.output] = report if len(result.reports) == 1 else result.reports
+        for each in result.reports:
+            display(each)
         if args.widget or self.widget:
             from neuron_workbench.views import show_report
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +125,8 @@ class CellComparison:
     captured: dict[str, Captured]
     last_value: Any = None
     extra_instruments: dict[str, Any] = field(default_factory=dict)
+    #: Reports of further targets against the same reference run (``--target neuron,tpu``).
+    extra_reports: list[Report] = field(default_factory=list)
 
 
 def compare_cell(
@@ -138,6 +140,7 @@ def compare_cell(
     instruments: dict[str, Instrument] | None = None,
     reference: Run | None = None,
     executor: Executor | None = None,
+    extra_targets: Sequence[str] = (),
 ) -> CellComparison:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
 
@@ -149,6 +152,9 @@ def compare_cell(
         A recorded reference run to compare against instead of executing one.
     executor : Executor, optional
         Where the target run happens (default: in this process).
+    extra_targets : sequence of str
+        More targets compared against the same reference run (``--target neuron,tpu``); their
+        reports are ``CellComparison.extra_reports``, and only the first target's run can be kept.
 
     Raises
     ------
@@ -160,8 +166,10 @@ def compare_cell(
     ref_backend = get_backend(options.ref)
     target_backend = get_backend(options.target)
     executor = executor if executor is not None else InProcessExecutor()
+    extra_backends = [get_backend(name) for name in extra_targets]
     checks = [] if reference is not None else [ref_backend.availability()]
-    for availability in [*checks, executor.availability(target_backend)]:
+    checks += [executor.availability(backend) for backend in (target_backend, *extra_backends)]
+    for availability in checks:
         if not availability:
             raise BackendUnavailable(availability.reason)
     all_instruments = dict(instruments or {})
@@ -185,14 +193,12 @@ def compare_cell(
         repeat=options.repeat,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
-    target_run = executor.run(spec, target_backend, run_id="target", what_if=options.what_if)
-    if not target_run.backend.emulated and target_run.fallbacks and "profile" in target_run.extras:
-        # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
-        from neuron_workbench.trace.fallback import cross_check
-
-        target_run.fallbacks = cross_check(
-            target_run.fallbacks, recorded(target_run.extras["profile"])
-        )
+    target_run = _run_target(spec, executor, target_backend, "target", options.what_if)
+    # every extra target runs before anything is committed: all start from the same namespace
+    extra_runs = [
+        _run_target(spec, executor, backend, f"target:{backend.name}", options.what_if)
+        for backend in extra_backends
+    ]
     comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
     if ref_run.ok and target_run.ok:
@@ -216,7 +222,33 @@ def compare_cell(
         warnings=warnings,
         layers=layers,
     )
-    return CellComparison(report, spec.captured, last_value)
+    extra_reports = []
+    for extra_run in extra_runs:
+        extra_comparison, extra_layers = compare_runs(ref_run, extra_run, policy)
+        extra_reports.append(
+            Report(
+                ref=ref_run,
+                target=extra_run,
+                comparison=extra_comparison,
+                cell_source=program.source,
+                options={**options.to_dict(), "target": extra_run.backend.name},
+                warnings=list(warnings),
+                layers=extra_layers,
+            )
+        )
+    return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def _run_target(
+    spec: RunSpec, executor: Executor, backend: Any, run_id: str, what_if: str | None
+) -> Run:
+    run = executor.run(spec, backend, run_id=run_id, what_if=what_if)
+    if not run.backend.emulated and run.fallbacks and "profile" in run.extras:
+        # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
+        from neuron_workbench.trace.fallback import cross_check
+
+        run.fallbacks = cross_check(run.fallbacks, recorded(run.extras["profile"]))
+    return run
 
 
 def compare_runs(

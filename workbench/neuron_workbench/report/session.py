@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neuron_workbench.backends import get_backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
 from neuron_workbench.report.report import Report
@@ -49,6 +50,8 @@ class CellOptions:
         ``inprocess`` or ``worker`` (the target runs in a child process that owns its device).
     timeout : float or None
         Seconds the target run may take on the ``worker`` executor before it is ended.
+    extra_targets : tuple of str
+        More targets compared against the same reference run (``--target neuron,tpu``).
     """
 
     compare: CompareOptions = field(default_factory=CompareOptions)
@@ -60,6 +63,7 @@ class CellOptions:
     scan: bool = True
     executor: str = "inprocess"
     timeout: float | None = None
+    extra_targets: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise :class:`WorkbenchUsageError` for settings no run could honour."""
@@ -70,6 +74,17 @@ class CellOptions:
             raise WorkbenchUsageError("--timeout must be a positive number of seconds")
         if self.timeout is not None and self.executor != "worker":
             raise WorkbenchUsageError("--timeout needs --executor worker (a worker can be ended)")
+        targets = (self.compare.target, *self.extra_targets)
+        for name in self.extra_targets:
+            get_backend(name)
+        if len(set(targets)) != len(targets):
+            raise WorkbenchUsageError(f"--target names a backend twice: {','.join(targets)}")
+        accelerators = [name for name in targets if name in ("neuron", "tpu")]
+        if len(accelerators) > 1 and self.executor != "worker":
+            raise WorkbenchUsageError(
+                f"--target {','.join(targets)} needs --executor worker: one process holds one "
+                "accelerator backend"
+            )
 
 
 @dataclass
@@ -83,6 +98,13 @@ class CellResult:
     strict_violation: str | None = None
     #: Where the runs were saved (``record``), else None.
     artifact: Path | None = None
+    #: Reports of the further targets (``extra_targets``), against the same reference run.
+    extra_reports: list[Report] = field(default_factory=list)
+
+    @property
+    def reports(self) -> list[Report]:
+        """Every report of the cell, first target first."""
+        return [self.report, *self.extra_reports]
 
 
 def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, str | None]:
@@ -213,37 +235,42 @@ class Session:
             instruments=instruments,
             reference=reference,
             executor=self.executor(options.executor, options.timeout),
+            extra_targets=options.extra_targets,
         )
         report = result.report
+        reports = [report, *result.extra_reports]
         if warning:
-            report.warnings.append(warning)
+            for each in reports:
+                each.warnings.append(warning)
         artifact = None
         if options.record:
             from neuron_workbench import artifacts
 
-            runs = (
-                {"target": report.target}
-                if reference is not None
-                else {"ref": report.ref, "target": report.target}
-            )
+            runs = {} if reference is not None else {"ref": report.ref}
+            runs["target"] = report.target
+            for extra in result.extra_reports:
+                runs[f"target_{extra.target.backend.name}"] = extra.target
             artifact = artifacts.save(
                 options.record, runs=runs, cell_source=source, report=report.to_dict()
             )
         if options.scan:
-            report.migration = migration_findings(source, compare.target)
+            for each in reports:
+                each.migration = migration_findings(source, each.target.backend.name)
         violation = None
         if options.strict:
             from neuron_workbench.trace.fallback import strict_message, strict_violations
 
-            violations = strict_violations(report.target.fallbacks, list(options.allow_fallback))
-            if violations:
-                violation = strict_message(violations, report.target.backend.name)
+            for each in reports:
+                violations = strict_violations(each.target.fallbacks, list(options.allow_fallback))
+                if violations and violation is None:
+                    violation = strict_message(violations, each.target.backend.name)
         return CellResult(
             report,
             result.captured,
             result.last_value,
             strict_violation=violation,
             artifact=Path(artifact) if artifact is not None else None,
+            extra_reports=result.extra_reports,
         )
 
     def record_run(

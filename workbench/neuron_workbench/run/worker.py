@@ -129,16 +129,49 @@ class _PlainData:
         return (_rebuild_data, (raw, tensor.dtype, tuple(tensor.shape)))
 
 
-def dumps(obj: Any) -> bytes:
+@dataclass
+class Packed:
+    """A pickled message: the pickle stream plus the tensors' bytes, kept out of band (no copy)."""
+
+    data: bytes
+    buffers: list[pickle.PickleBuffer]
+
+
+def dumps(obj: Any) -> Packed:
     """Serialise ``obj`` for the other side of a worker pipe."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
+    stream = io.BytesIO()
+    buffers: list[pickle.PickleBuffer] = []
+    _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return Packed(stream.getvalue(), buffers)
 
 
-def loads(data: bytes) -> Any:
+def loads(packed: Packed) -> Any:
     """Inverse of :func:`dumps`."""
-    return pickle.loads(data)
+    return pickle.loads(packed.data, buffers=packed.buffers)
+
+
+def send(conn: Connection, packed: Packed) -> None:
+    """Write ``packed`` to ``conn``: the buffer sizes, the stream, then each buffer as it is."""
+    raws = [buffer.raw() for buffer in packed.buffers]
+    conn.send_bytes(pickle.dumps([raw.nbytes for raw in raws]))
+    conn.send_bytes(packed.data)
+    for raw in raws:
+        conn.send_bytes(raw)
+
+
+def receive(conn: Connection) -> Packed:
+    """Read one :func:`send` message; buffers land in writable memory that tensors then use."""
+    sizes = pickle.loads(conn.recv_bytes())
+    data = conn.recv_bytes()
+    buffers = []
+    for size in sizes:
+        buffer = bytearray(size)
+        if size:
+            conn.recv_bytes_into(buffer)
+        else:
+            conn.recv_bytes()
+        buffers.append(pickle.PickleBuffer(buffer))
+    return Packed(data, buffers)
 
 
 _ANCHOR_CODE = (lambda: None).__code__
@@ -162,7 +195,7 @@ def _first_line(exc: BaseException) -> str:
 
 def pack_request(
     request: dict[str, Any], values: dict[str, Any], namespace: Mapping[str, Any], target: str
-) -> bytes:
+) -> Packed:
     """The run request with ``values``; a one-line usage error names what cannot be shipped."""
     message = dict(request, values=values, anchor=_anchor(namespace))
     try:
@@ -235,12 +268,12 @@ def _serve(fd: int, folder: str) -> None:
     except Exception as exc:
         hello["availability"] = Availability(False, f"{backend.name} worker: {_first_line(exc)}")
         hello["info"] = None
-    conn.send_bytes(dumps(hello))
+    send(conn, dumps(hello))
     while True:
         try:
             # the kernel's import path, folder and torch threads as of this cell, then the request
             where = pickle.loads(conn.recv_bytes())
-            data = conn.recv_bytes()
+            data = receive(conn)
         except (EOFError, OSError):
             return
         if where["sys_path"] != sys.path:
@@ -253,19 +286,20 @@ def _serve(fd: int, folder: str) -> None:
         try:
             request = loads(data)
         except Exception as exc:
-            conn.send_bytes(
+            send(
+                conn,
                 dumps(
                     {
                         "usage_error": f"the {backend.name} worker could not load what the cell "
                         f"reads ({_first_line(exc)}); {_EXECUTOR_HINT}"
                     }
-                )
+                ),
             )
             continue
-        conn.send_bytes(_run_request(request, backend, slot))
+        send(conn, _run_request(request, backend, slot))
 
 
-def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> bytes:
+def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> Packed:
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
 
     program = request["program"]
@@ -459,7 +493,7 @@ class TargetWorker:
             wait = 0.25 if deadline is None else min(0.25, max(0.0, deadline - time.monotonic()))
             try:
                 if self._conn.poll(wait):
-                    return loads(self._conn.recv_bytes())
+                    return loads(receive(self._conn))
             except (EOFError, OSError):
                 pass  # the pipe closed: the process died; the poll below says how
             if self._process.poll() is not None:
@@ -469,7 +503,7 @@ class TargetWorker:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError
 
-    def run(self, message: bytes, *, timeout: float | None, cell_filename: str) -> Any:
+    def run(self, message: Packed, *, timeout: float | None, cell_filename: str) -> Any:
         """Send one packed request and return the worker's answer.
 
         Raises
@@ -486,7 +520,7 @@ class TargetWorker:
                 "threads": torch.get_num_threads(),
             }
             self._conn.send_bytes(pickle.dumps(where))
-            self._conn.send_bytes(message)
+            send(self._conn, message)
             answer = self._receive(timeout)
         except TimeoutError:
             self._dump_stacks()
