@@ -61,7 +61,8 @@ out.shape[0]
 def test_keep_target_leaves_target_results(ip):
     run_cell(
         ip,
-        "%%neuron --ref cpu --target neuron --keep target\nimport torch\ny = torch.ones(3, device='cuda') * 2",
+        "%%neuron --ref cpu --target neuron --keep target --executor inprocess\n"
+        "import torch\ny = torch.ones(3, device='cuda') * 2",
     )
     assert ip.user_ns["y"].device.type == "neuron"
     assert torch.equal(ip.user_ns["y"].cpu(), torch.full((3,), 2.0))

@@ -61,6 +61,27 @@ def torch_equal(tensor, values):
     return tensor.tolist() == values
 
 
+def test_keep_target_from_a_worker_keeps_host_copies_marked_with_their_device(ip):
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target tpu --keep target --executor worker\n"
+        "import torch\ny = torch.ones(3, device='cuda') * 2",
+    )
+    # the kernel holds no accelerator: the target's tensors come back to the host
+    assert ip.user_ns["y"].device.type == "cpu" and ip.user_ns["y"].tolist() == [2.0] * 3
+    assert ip.user_ns["y"]._workbench_device == "tpu:0"
+
+
+def test_auto_runs_accelerator_targets_in_workers_and_cpu_in_process(ip):
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron --ref cpu --target tpu -o r\nq = torch.ones(2, device='cuda') + 1")
+    assert ip.user_ns["r"].target.backend.name == "tpu" and ip.user_ns["r"].verdict == "PASS"
+    run_cell(ip, "%%neuron --ref cpu --target cpu -o r\nq = torch.ones(2, device='cuda') + 1")
+    assert ip.user_ns["r"].verdict == "PASS"
+    targets = {row.target for row in ip.run_line_magic("neuron_workers", "").rows}
+    assert "tpu" in targets and "cpu" not in targets
+
+
 def test_config_selects_the_worker_executor(ip):
     run_cell(ip, "import torch")
     run_cell(ip, "%config NeuronMagics.executor = 'worker'")

@@ -251,13 +251,13 @@ def run_script(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     record_dir: str | None = None,
-    executor: str = "inprocess",
+    executor: str = "auto",
     timeout: float | None = None,
 ) -> NotebookRun:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
-    The reference runs in this process; the target too, or in a worker process with
-    ``executor="worker"``. ``record_dir`` saves both runs (and the report) as
+    The reference runs in this process; the target in a worker process (``auto`` for neuron and
+    tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
     ``DIR/<script stem>.nwrun.zip``.
     """
     from neuron_workbench.backends import default_reference

@@ -83,10 +83,17 @@ class NeuronMagics(Magics):
 
     executor = Enum(
         EXECUTOR_CHOICES,
-        default_value="inprocess",
-        help="Where the target runs: inprocess (this kernel) or worker (a child process per "
-        "target that owns the device; crashes and hangs stay out of the kernel).",
+        help="Where the target runs: worker (a child process per target that owns the device; "
+        "crashes and hangs stay out of the kernel), inprocess (this kernel), or auto (worker for "
+        "neuron and tpu, inprocess for cpu and cuda). Default: $NEURON_WORKBENCH_EXECUTOR, else "
+        "auto.",
     ).tag(config=True)
+
+    @default("executor")
+    def _default_executor(self) -> str:
+        value = os.environ.get("NEURON_WORKBENCH_EXECUTOR", "").strip().lower()
+        return value if value in EXECUTOR_CHOICES else "auto"
+
     timeout = Float(
         None, allow_none=True, help="Seconds a worker target run may take before it is ended."
     ).tag(config=True)
@@ -103,7 +110,7 @@ class NeuronMagics(Magics):
         "--target",
         metavar="BACKEND",
         help="target backend (default: neuron); several, comma-separated (neuron,tpu), are each "
-        "compared against one reference run, in worker processes",
+        "compared against one reference run",
     )
     @argument("--rtol", type=float, help="relative tolerance; give --atol too")
     @argument("--atol", type=float, help="absolute tolerance; give --rtol too")
@@ -187,8 +194,9 @@ class NeuronMagics(Magics):
     @argument(
         "--executor",
         choices=EXECUTOR_CHOICES,
-        help="inprocess: run the target in this kernel; worker: in a child process that owns the "
-        "device (one per target, reused; a crash or hang there never touches the kernel)",
+        help="worker: run the target in a child process that owns the device (one per target, "
+        "reused; a crash or hang there never touches the kernel); inprocess: in this kernel; "
+        "auto (default): worker for neuron and tpu, inprocess for cpu and cuda",
     )
     @argument(
         "--timeout",
@@ -270,8 +278,7 @@ class NeuronMagics(Magics):
                 ),
                 against=args.against,
                 scan=not args.no_scan,
-                # several targets live in one process each: workers unless asked otherwise
-                executor=args.executor or ("worker" if len(targets) > 1 else self.executor),
+                executor=args.executor or self.executor,
                 timeout=args.timeout if args.timeout is not None else self.timeout,
                 extra_targets=tuple(targets[1:]),
             )

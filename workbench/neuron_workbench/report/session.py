@@ -22,8 +22,18 @@ from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell, execute
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
 
-#: Where a target run happens: this process, or a worker process that owns the device.
-EXECUTOR_CHOICES = ("inprocess", "worker")
+#: Where a target run happens: ``auto`` (a worker for neuron/tpu targets, else this process),
+#: ``inprocess`` (this process), or ``worker`` (a child process per target that owns the device).
+EXECUTOR_CHOICES = ("auto", "inprocess", "worker")
+#: Targets ``auto`` runs in workers: accelerators, emulated or real (one backend per process).
+WORKER_TARGETS = ("neuron", "tpu")
+
+
+def resolve_executor(name: str, targets: tuple[str, ...] | list[str]) -> str:
+    """``inprocess`` or ``worker``: what ``name`` (possibly ``auto``) means for ``targets``."""
+    if name != "auto":
+        return name
+    return "worker" if any(t in WORKER_TARGETS for t in targets) else "inprocess"
 
 
 @dataclass(frozen=True)
@@ -61,9 +71,19 @@ class CellOptions:
     record: str | None = None
     against: str | None = None
     scan: bool = True
-    executor: str = "inprocess"
+    executor: str = "auto"
     timeout: float | None = None
     extra_targets: tuple[str, ...] = ()
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every target, first one first."""
+        return (self.compare.target, *self.extra_targets)
+
+    @property
+    def resolved_executor(self) -> str:
+        """``inprocess`` or ``worker`` (``auto`` decided for these targets)."""
+        return resolve_executor(self.executor, self.targets)
 
     def validate(self) -> None:
         """Raise :class:`WorkbenchUsageError` for settings no run could honour."""
@@ -72,15 +92,15 @@ class CellOptions:
             raise WorkbenchUsageError(f"--executor must be one of {', '.join(EXECUTOR_CHOICES)}")
         if self.timeout is not None and self.timeout <= 0:
             raise WorkbenchUsageError("--timeout must be a positive number of seconds")
-        if self.timeout is not None and self.executor != "worker":
+        if self.timeout is not None and self.resolved_executor != "worker":
             raise WorkbenchUsageError("--timeout needs --executor worker (a worker can be ended)")
-        targets = (self.compare.target, *self.extra_targets)
+        targets = self.targets
         for name in self.extra_targets:
             get_backend(name)
         if len(set(targets)) != len(targets):
             raise WorkbenchUsageError(f"--target names a backend twice: {','.join(targets)}")
         accelerators = [name for name in targets if name in ("neuron", "tpu")]
-        if len(accelerators) > 1 and self.executor != "worker":
+        if len(accelerators) > 1 and self.resolved_executor != "worker":
             raise WorkbenchUsageError(
                 f"--target {','.join(targets)} needs --executor worker: one process holds one "
                 "accelerator backend"
@@ -133,12 +153,13 @@ def migration_findings(cell_source: str, target: str) -> dict[str, Any] | None:
     return data
 
 
-def prepare_target(name: str, executor: str = "inprocess") -> None:
+def prepare_target(name: str, executor: str = "auto") -> None:
     """Install an emulated in-process target early (before the first backward pass).
 
-    With the ``worker`` executor nothing is installed here: the target lives in its worker.
+    When the target runs in a worker (``worker``, or ``auto`` for neuron and tpu) nothing is
+    installed here: this process keeps no accelerator backend.
     """
-    if executor != "inprocess":
+    if resolve_executor(executor, [name.strip().lower()]) != "inprocess":
         return
     from neuron_workbench.backends import get_backend
     from neuron_workbench.errors import WorkbenchError
@@ -234,7 +255,7 @@ class Session:
             capture=capture,
             instruments=instruments,
             reference=reference,
-            executor=self.executor(options.executor, options.timeout),
+            executor=self.executor(options.resolved_executor, options.timeout),
             extra_targets=options.extra_targets,
         )
         report = result.report

@@ -82,6 +82,12 @@ class _Pickler(cloudpickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType):
+            # cloudpickle blanks file names; error reports and crash dumps need the cell's
+            rebuild, args = cloudpickle.cloudpickle._code_reduce(obj)
+            return rebuild, tuple(
+                obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
+            )
         if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
             on_device = obj.device.type not in ("cpu", "meta")
             if on_device or type(obj) in _PLAIN_TENSOR_TYPES:
@@ -327,8 +333,12 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> 
         repeat=request["repeat"],
         isolate_inputs=False,
     )
-    with what_if_policy(backend, request["what_if"]), _LastOpMode(slot):
-        run = execute(spec, backend, run_id="target")
+    try:
+        with what_if_policy(backend, request["what_if"]), _LastOpMode(slot):
+            run = execute(spec, backend, run_id="target")
+    except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
+        slot[0:_OP_SLOT] = bytes(_OP_SLOT)
+        return dumps({"interrupted": True})
     slot[0:_OP_SLOT] = bytes(_OP_SLOT)
     from neuron_workbench.run.records import recorded
 
@@ -435,6 +445,7 @@ class TargetWorker:
         env = dict(os.environ)
         env["NEURON_WORKBENCH_EMULATE"] = self.target if self.target in ("neuron", "tpu") else ""
         env[WORKER_ENV] = self.target
+        env.pop("NEURON_WORKBENCH_EMULATE_REPORT", None)  # the kernel's report is not the worker's
         # a notebook's inline plotting backend means nothing in the worker
         env.pop("MPLBACKEND", None)
         boot = _BOOT.format(paths=[_package_root()], fd=theirs.fileno(), folder=self._folder)
@@ -444,6 +455,8 @@ class TargetWorker:
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 stdin=subprocess.DEVNULL,
+                # its own process group: a notebook interrupt reaches the kernel, which ends it
+                start_new_session=True,
             )
         finally:
             theirs.close()
@@ -673,6 +686,8 @@ class WorkerExecutor:
         except WorkerDied as exc:
             # The message names the cell line itself; no lineno, so reports do not repeat it.
             return Run(backend=info, error=RunError("TargetProcessDied", str(exc)))
+        if "interrupted" in answer:
+            raise KeyboardInterrupt
         if "usage_error" in answer:
             raise WorkbenchUsageError(answer["usage_error"])
         run: Run = answer["run"]

@@ -49,8 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell (default 900)")
     parser.add_argument(
         "--executor",
-        choices=("inprocess", "worker"),
-        help="where target runs happen: inprocess, or worker (a child process per target)",
+        choices=("auto", "inprocess", "worker"),
+        help="where target runs happen: worker (a child process per target), inprocess, or auto "
+        "(default: worker for neuron and tpu)",
     )
 
 
@@ -107,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed if args.seed is not None else 0,
             progress=terminal_message,
             record_dir=args.record,
-            executor=args.executor or "inprocess",
-            timeout=float(args.timeout) if args.executor == "worker" else None,
+            executor=args.executor or "auto",
+            timeout=None,
         )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
