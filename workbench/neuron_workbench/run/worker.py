@@ -74,6 +74,15 @@ def _rebuild_tensor(
     return tensor
 
 
+def _rebuild_device(kind: str, index: int | None) -> torch.device:
+    # An accelerator this process lacks (the kernel holds no device): its values came back as host
+    # copies, so its device reads as the host's too.
+    try:
+        return torch.device(kind, index)
+    except RuntimeError:
+        return torch.device("cpu")
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, plus tensors that carry their gradient and leave any device for the host.
 
@@ -88,6 +97,8 @@ class _Pickler(cloudpickle.Pickler):
             return rebuild, tuple(
                 obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
             )
+        if isinstance(obj, torch.device) and obj.type not in ("cpu", "cuda", "meta"):
+            return _rebuild_device, (obj.type, obj.index)
         if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
             on_device = obj.device.type not in ("cpu", "meta")
             if on_device or type(obj) in _PLAIN_TENSOR_TYPES:
