@@ -212,7 +212,8 @@ HINT_FAMILIES: dict[str, re.Pattern[str]] = {
     "what-if": re.compile(r"bf16 what-if"),
     "optimizer": re.compile(r"(?i)optimi[sz]er.*\beps\b|\beps\b.*optimi[sz]er"),
     "grad-differed": re.compile(r"(?i)gradient already differed"),
-    "attention": re.compile(r"(?i)attention"),
+    # Not bare "attention": module paths in a hint's --tol suggestion contain it (BERT).
+    "attention": re.compile(r"(?i)attention kernel|scaled_dot_product_attention|flash attention"),
     "autocast-lists": re.compile(r"(?i)autocast.*\blists?\b"),
     "autocast": re.compile(r"(?i)autocast"),
     "random": re.compile(r"(?i)random numbers|draws its own|dropout masks|\bmasks\b"),
