@@ -56,16 +56,25 @@ def _rule_explains(failure: dict, target: str) -> bool:
 
 
 def _tpu_lacks(overload: str) -> bool:
-    """Whether TorchTPU 0.2.0 has no kernel for ``aten::name.overload``, even by decomposition.
+    """Whether TorchTPU 0.2.0 has no kernel for ``aten::name.overload``, even through a composite.
 
-    The real dispatcher runs a CompositeImplicitAutograd op's decomposition before the backend sees
-    it, so such an op is never missing on a backend; other ops are missing when their base name is
-    not in the 0.2.0 wheel's registrations.
+    For a backend without a kernel of its own, the real dispatcher runs an op's composite kernel
+    (CompositeImplicitAutograd, CompositeExplicitAutograd[NonFunctional]), so such an op is never
+    the one missing: one of its pieces is. Other ops are missing when their base name is not among
+    the 0.2.0 wheel's registrations.
     """
     name, _, overload_name = overload.removeprefix("aten::").partition(".")
     native, _ = load_coverage(packaged_coverage_path("tpu"))
     op = getattr(getattr(torch.ops.aten, name), overload_name or "default")
-    composite = op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    keys = torch._C.DispatchKey
+    composite = any(
+        op.has_kernel_for_dispatch_key(key)
+        for key in (
+            keys.CompositeImplicitAutograd,
+            keys.CompositeExplicitAutograd,
+            keys.CompositeExplicitAutogradNonFunctional,
+        )
+    )
     return name not in native and not composite
 
 
