@@ -2,7 +2,8 @@
 
 The test starts its own JupyterLab on a free localhost port with isolated config, data, runtime,
 settings and workspace folders, opens a notebook it wrote, runs all cells through the Run menu, and
-checks the DOM: the report's tab widget with its five titles, and, on the Fallbacks tab, the Plotly
+checks the DOM: the report's tab widget (``--widget``: the cell's one view, even with the
+neuron-workbench-lab extension installed) with its titles, and, on the Fallbacks tab, the Plotly
 bar chart naming the ops that fell back. It saves screenshots to ``test-artifacts/``.
 """
 
@@ -184,6 +185,9 @@ def test_profile_cell_renders_report_tabs_and_fallback_chart_in_jupyterlab(tmp_p
 
                 tab = page.locator(".widget-tab").first
                 tab.wait_for(timeout=90_000)
+                # --widget: the widget is the cell's one view, also where the lab extension is
+                assert page.locator(".widget-tab").count() == 1
+                assert page.locator(".jp-OutputArea-output .nw-lab-report").count() == 0
                 labels = tab.locator(".lm-TabBar-tabLabel")
                 assert labels.all_inner_texts() == TAB_TITLES
 

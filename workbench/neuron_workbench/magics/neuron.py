@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from neuron_workbench.report.driver import (
     CompareOptions,
     compare_cell,
 )
+from neuron_workbench.report.html import relabel_run_sites
 from neuron_workbench.run import ResidentObjects, compile_cell
 
 
@@ -71,6 +73,39 @@ def _capture() -> Any:
     return capture_output(stdout=True, stderr=True, display=True)
 
 
+def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, int]]:
+    """Compiled filename of each notebook cell → its execution count (``cell [N]`` in sites).
+
+    IPython records the temporary file every cell is compiled under (``shell.compile``'s
+    ``_filename_map``); the ``%%neuron`` cell's body is compiled under ``own_filename`` and
+    belongs to the cell that is running now, one line below its ``%%neuron`` line.
+    """
+    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    names: dict[str, int | tuple[int, int]] = {
+        str(k): int(v) for k, v in mapping.items() if isinstance(v, int)
+    }
+    # The running cell's count: that of the cell code calling the magic (IPython counts up before a
+    # cell runs, so shell.execution_count is already the next one), else the shell's.
+    frame = sys._getframe(1)
+    count = None
+    while frame is not None and count is None:
+        count = mapping.get(frame.f_code.co_filename)
+        frame = frame.f_back
+    names[own_filename] = (int(count if isinstance(count, int) else shell.execution_count), 1)
+    return names
+
+
+def site_folders(start_dir: str) -> list[str]:
+    """Folders a site's file is shown relative to: the notebook's, then the working directory.
+
+    JupyterLab tells the kernel its notebook's path in ``$JPY_SESSION_NAME``; elsewhere the folder
+    the kernel started in (where nbclient and Jupyter start it: the notebook's) stands in.
+    """
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    notebook_dir = os.path.dirname(session) if os.path.isabs(session) else start_dir
+    return [notebook_dir, os.getcwd()]
+
+
 @magics_class
 class NeuronMagics(Magics):
     """Compare a CUDA-style cell on a reference and a target backend.
@@ -110,14 +145,17 @@ class NeuronMagics(Magics):
     strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
     widget = Bool(
         False,
-        help="Also show the interactive report widget (tabs, Plotly charts) under each report. "
-        "JupyterLab renders the report natively through the neuron-workbench-lab extension, also "
-        "after a reload; the widget needs a live kernel.",
+        help="Show every report as the interactive widget (tabs, Plotly charts), also where the "
+        "neuron-workbench-lab extension would draw its native view (JupyterLab). Without it each "
+        "front end picks its richest view: the extension's in JupyterLab, the widget elsewhere.",
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self._resident = ResidentObjects()
+        self._start_dir = os.getcwd()
+        # (target, cell source) pairs whose migration findings a report showed already.
+        self._scanned: set[tuple[str, str]] = set()
 
     @magic_arguments()
     @argument(
@@ -200,7 +238,8 @@ class NeuronMagics(Magics):
     @argument(
         "--widget",
         action="store_true",
-        help="also show the interactive report widget (Summary/Numerics/Layers/Ops/Fallbacks tabs)",
+        help="show the report as the interactive widget (Summary/Numerics/Layers/Ops/Fallbacks "
+        "tabs) in every front end, JupyterLab included",
     )
     @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
     @argument("-o", "--output", metavar="NAME", help="store the Report object in this variable")
@@ -275,6 +314,10 @@ class NeuronMagics(Magics):
                 reference=reference,
             )
             report = result.report
+            # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
+            cells = cell_filenames(shell, program.filename)
+            for run in (report.ref, report.target):
+                relabel_run_sites(run, cells, site_folders(self._start_dir))
             if warning:
                 report.warnings.append(warning)
             record_to = args.record or (
@@ -295,16 +338,23 @@ class NeuronMagics(Magics):
             raise UsageError(str(exc)) from None
         if not args.no_scan:
             report.migration = _migration_findings(cell, options.target)
+            if report.migration and report.migration.get("findings"):
+                # A rerun of the same cell folds the findings it showed the first time.
+                scanned = (options.target, cell)
+                report.migration["repeat"] = scanned in self._scanned
+                self._scanned.add(scanned)
         kept = result.captured.get(options.keep)
         if kept is not None:
             kept.show()  # what the cell printed, once (the kept run's copy)
         if args.output:
             self.shell.user_ns[args.output] = report
-        display(report)
-        if args.widget or self.widget:
-            from neuron_workbench.views import show_report
+        # One display per cell; each front end picks its richest view (views.report_bundle).
+        from neuron_workbench.views import report_bundle
 
-            show_report(report)
+        data, metadata = report_bundle(
+            report, widget="force" if args.widget or self.widget else "auto"
+        )
+        display(data, metadata=metadata, raw=True)
         if args.strict or self.strict:
             from neuron_workbench.trace.fallback import strict_message, strict_violations
 
