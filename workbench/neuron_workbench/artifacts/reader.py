@@ -348,9 +348,21 @@ def _like(value: Any, default: Any) -> bool:
         return isinstance(value, dict) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value.values()
         )
-    if isinstance(default, list):  # names (RunFacts.autocast_dtypes)
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if isinstance(default, list):  # names (RunFacts.autocast_dtypes) or fingerprints (random_draws)
+        return isinstance(value, list) and all(
+            isinstance(v, str) or (isinstance(v, list) and _json_scalars(v)) for v in value
+        )
     return False
+
+
+def _json_scalars(items: list[Any], depth: int = 0) -> bool:
+    """Whether ``items`` holds only JSON scalars and (shallow) lists of them."""
+    return depth < 3 and all(
+        v is None
+        or isinstance(v, bool | int | float | str)
+        or (isinstance(v, list) and _json_scalars(v, depth + 1))
+        for v in items
+    )
 
 
 def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:

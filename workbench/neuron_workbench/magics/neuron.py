@@ -27,6 +27,7 @@ from neuron_workbench.report.driver import (
 )
 from neuron_workbench.report.html import relabel_run_sites
 from neuron_workbench.run import ResidentObjects, compile_cell
+from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 
 
 def prepare_target(name: str) -> None:
@@ -209,6 +210,13 @@ class NeuronMagics(Magics):
         help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
     )
     @argument(
+        "--ref-precision",
+        choices=REF_PRECISIONS,
+        dest="ref_precision",
+        help="cuda (default): a cpu reference computes as a CUDA GPU would, TF32 matmuls when the "
+        "cell enables them; fp32: full float32 matmuls",
+    )
+    @argument(
         "--profile",
         action="store_true",
         help="record an op-level profile (time, calls, memory) of both runs; emulated timings are "
@@ -256,7 +264,11 @@ class NeuronMagics(Magics):
         are compared with dtype-aware tolerances (``torch.testing.assert_close``'s defaults).
 
         Without Trainium or TPU hardware, ``neuron`` and ``tpu`` are emulated on the host CPU and
-        every report says so.
+        every report says so. Without a GPU the reference is the host CPU standing in for ``cuda``
+        (``cpu (as cuda)``): the cell's CUDA parts get CUDA's semantics (``.cuda()`` copies, CUDA's
+        autocast op lists, pinned memory, foreach optimizers, TF32 when the cell enables it), and
+        the report lists what stays different from a real GPU. Under autocast, floating outputs are
+        judged at the tolerance of the lowest precision they went through.
 
         Examples
         --------
@@ -291,6 +303,7 @@ class NeuronMagics(Magics):
                 repeat=max(args.steps or 1, args.repeat or 1),
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
+                ref_precision=args.ref_precision or "cuda",
             )
             options.validate()
             shell = self.shell
