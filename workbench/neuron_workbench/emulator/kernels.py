@@ -46,12 +46,9 @@ def _check_index(dev: Any) -> None:
         )
 
 
-def pin_memory_error() -> NotImplementedError:
-    """The error for pinned memory, which a Python backend cannot provide."""
-    return NotImplementedError(
-        f"emulated {_core.DEVICE_TYPE}: pinned host memory is not available (a Python backend "
-        "cannot provide a pinned-memory allocator). Use pin_memory=False; it changes only speed."
-    )
+def pin_memory_error() -> RuntimeError:
+    """The error for a device factory asked for pinned memory (CUDA's wording)."""
+    return RuntimeError("Only dense CPU tensors can be pinned")
 
 
 def _factory_ops() -> list[Any]:
@@ -89,6 +86,9 @@ def _make_factory(op: Any) -> Any:
             # (empty + normal_, ...) are checked op by op.
             return op._op_dk(_CEA, *args, **kwargs)
         if not native and not _core.CPU_FALLBACK:
+            layout = _core.sparse_layout_of(base, kwargs)
+            if layout is not None:
+                raise _core.layout_error(layout, overload)
             raise _core.not_implemented_error(overload)
         kw = dict(kwargs)
         kw["device"] = torch.device("cpu")
@@ -97,10 +97,7 @@ def _make_factory(op: Any) -> Any:
         if not native:
             _events.record_event(f"aten::{base}", overload, (), _core._perf() - t0)
         if out.layout != torch.strided:
-            raise NotImplementedError(
-                f"emulated {_core.DEVICE_TYPE}: only strided (dense) tensors are supported, "
-                f"not {out.layout}"
-            )
+            raise _core.layout_error(out.layout, overload)
         return _core.wrap_new(out)
 
     return kernel
@@ -131,6 +128,15 @@ def _backend_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return _core.wrap_new(out)
     return out
+
+
+def _sparse_fallback(default_layout: str | None) -> Any:
+    def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+        base = op._schema.name.split("::", 1)[1]
+        layout = _core.sparse_layout_of(base, kwargs) or default_layout or "sparse compressed"
+        raise _core.layout_error(layout, _core._overload_name(op))
+
+    return fallback
 
 
 # ---- autocast ------------------------------------------------------------------------------
@@ -377,6 +383,10 @@ def register_all() -> None:
     glob = Library("_", "IMPL")
     _LIBS.append(glob)
     glob.fallback(_backend_fallback, "PrivateUse1")
+    # Sparse dispatch keys of the device (e.g. torch.zeros(..., layout=torch.sparse_coo,
+    # device=...)): one fallback that refuses, as TorchTPU's sparse-op fallback does.
+    glob.fallback(_sparse_fallback("torch.sparse_coo"), "SparsePrivateUse1")
+    glob.fallback(_sparse_fallback(None), "SparseCsrPrivateUse1")
     # torch 2.13 has no AutocastPrivateUse1 fallthrough: without it the first op fails.
     glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
 
