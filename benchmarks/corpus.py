@@ -1,6 +1,6 @@
 """The real-model corpus as a table: model x precision x target x cell kind -> verdict, hints.
 
-Usage: .venv/bin/python benchmarks/corpus.py [--json PATH] [--options "--layers"] [ID_PREFIX ...]
+Usage: .venv/bin/python benchmarks/corpus.py [--json PATH] [--options=--layers] [ID_PREFIX ...]
 
 Runs ``tests/corpus/corpus_runner.py`` (unmodified ``transformers`` and PyTorch-examples models as
 CUDA-style cells through ``%%neuron``), one process per emulated target, both in parallel, and
@@ -35,6 +35,8 @@ def table(rows: list[dict]) -> str:
             detail = row["failures"][0]["headline"] + (f" (+{more} more)" if more else "")
         else:
             detail = f"{row['outputs']} outputs match"
+        if row.get("first_divergence"):
+            detail = f"born at {row['first_divergence']}; {detail}"
         lines.append(
             (
                 row["target"],
@@ -58,7 +60,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prefixes", nargs="*", help="row ids starting with these (default: all)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    parser.add_argument("--options", default="", help="extra %%neuron options for every cell")
+    parser.add_argument(
+        "--options",
+        default="",
+        help="extra %%neuron options for every cell, e.g. --options=--layers",
+    )
     args = parser.parse_args(argv)
     cases = [
         case

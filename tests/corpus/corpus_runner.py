@@ -325,8 +325,16 @@ def row_of(report: Any, *, model: str, precision: str, target: str, kind: str) -
         "fallbacks": report.target.fallback_ops(),
         "errors": errors,
         "facts": {"ref": report.ref.facts.to_dict(), "target": report.target.facts.to_dict()},
-        "first_divergence": report.first_divergence.label if report.first_divergence else None,
+        "first_divergence": _first_divergence(report),
     }
+
+
+def _first_divergence(report: Any) -> str | None:
+    """Where ``--layers`` says the difference was born: forward first, else backward."""
+    if report.first_divergence is not None:
+        return report.first_divergence.label
+    backward = getattr(report.layers, "first_backward", None)
+    return f"{backward.label} (backward)" if backward is not None else None
 
 
 def run_cases(
