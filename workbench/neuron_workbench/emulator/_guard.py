@@ -38,7 +38,7 @@ _RT, _RV, _RTB = ctypes.byref(_ET), ctypes.byref(_EV), ctypes.byref(_ETB)
 _taken_lock = threading.Lock()
 _taken: list[tuple[int, BaseException]] = []  # (sequence number, exception), newest last
 _seq = itertools.count(1)
-_MAX_TAKEN = 16
+_MAX_TAKEN = 4  # unclaimed errors (e.g. from a forward-path guard) hold frames: keep few
 
 
 def _as_object(ptr: int | None) -> Any:
