@@ -286,6 +286,8 @@ def worker(args: argparse.Namespace) -> int:
     import neuron_workbench
 
     neuron_workbench.emulate(args.device)
+    if args.exact_64bit:
+        neuron_workbench.emulator.configure(narrow_64bit=False)
     from torch.testing._internal.common_methods_invocations import op_db
 
     resume_op, resume_sample = args.resume
@@ -377,6 +379,8 @@ class _Shard:
         ]  # fmt: skip
         for p in a.ops or ():
             cmd += ["--ops", p]
+        if a.exact_64bit:
+            cmd.append("--exact-64bit")
         if a.abort_on:
             cmd += ["--abort-on", a.abort_on]
         env = dict(os.environ)
@@ -519,6 +523,7 @@ def orchestrate(args: argparse.Namespace) -> dict:
     ops_done = {k for s in shards for k in s.ops_done.values()}
     return {
         "device": args.device,
+        "narrow_64bit": not args.exact_64bit,
         "max_samples_per_op": args.max_samples or None,
         "jobs": args.jobs,
         "ops": len(ops_done),
@@ -558,6 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-timeout", type=float, default=60.0)
     p.add_argument("--startup-timeout", type=float, default=180.0)
     p.add_argument("--total-timeout", type=float, default=1500.0)
+    p.add_argument(
+        "--exact-64bit",
+        action="store_true",
+        help="switch off neuron's float64-as-float32 / int64-as-int32 numerics policy",
+    )
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", help="write the JSON summary here (default: stdout)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
