@@ -139,6 +139,24 @@ def _patch_tpu_precision(mod: Any) -> None:
     torch.get_float32_matmul_precision = get_float32_matmul_precision
 
 
+def _default_to_foreach() -> None:
+    """Optimizers and ``clip_grad_norm_`` take the foreach path for emulated tensors.
+
+    PyTorch picks foreach for tensors of exact type ``Tensor``/``Parameter`` on supported devices
+    (PrivateUse1 is one); emulated tensors are a wrapper subclass, so without this they would take
+    the per-tensor loop that a real device's plain tensors never take.
+    """
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils._foreach_utils as foreach_utils
+
+    for supported in (
+        optimizer_module._foreach_supported_types,
+        foreach_utils._foreach_supported_types,
+    ):
+        if _core.EmulatedTensor not in supported:
+            supported.append(_core.EmulatedTensor)
+
+
 def install(device_type: str, profile: Profile) -> None:
     """Register the emulated device (once per process)."""
     torch.utils.rename_privateuse1_backend(device_type)
@@ -162,6 +180,7 @@ def install(device_type: str, profile: Profile) -> None:
     sys.modules[f"torch.{device_type}"] = mod
     sys.modules[f"torch.{device_type}.memory"] = mod.memory
     kernels.register_all()
+    _default_to_foreach()
     _patch_accelerator(device_type, mod)
     _patch_limits(device_type)
     if device_type == "tpu":

@@ -172,6 +172,12 @@ def hints_for(
             "scaled_dot_product_attention ran: real devices pick different attention kernels "
             "(flash, memory-efficient, math), whose summation order, and so rounding, differs"
         )
+    if (ref.facts.rnn_calls or target.facts.rnn_calls) and (autocast or _real_device(ref, target)):
+        hints.append(
+            "recurrent layers ran (LSTM/GRU/RNN): CUDA runs them as one cuDNN kernel, other "
+            "devices as per-cell matmuls and gate ops, which round differently"
+            + (f", most visibly in {', '.join(autocast)}" if autocast else "")
+        )
     fallback_ops = target.fallback_ops()
     if fallback_ops and not backend.emulated:
         hints.append(

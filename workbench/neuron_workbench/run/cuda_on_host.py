@@ -44,10 +44,12 @@ _MATMULS = frozenset(
 
 
 def tf32_enabled() -> bool:
-    """Whether a CUDA GPU would compute float32 matmuls with TF32 inputs right now."""
-    return bool(torch.backends.cuda.matmul.allow_tf32) or (
-        torch.get_float32_matmul_precision() != "highest"
-    )
+    """Whether a CUDA GPU would compute float32 matmuls with TF32 inputs right now.
+
+    ``torch.set_float32_matmul_precision("high")`` sets the same cuBLAS flag, so the flag alone
+    answers (``get_float32_matmul_precision`` may report an emulated TPU's mode instead).
+    """
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def may_enable_tf32(source: str) -> bool:
@@ -171,6 +173,10 @@ class CudaOnHost:
             self._stack.enter_context(cuda_autocast_lists())
             self._cuda_autocast = True
 
+    def under_cuda_autocast(self) -> bool:
+        """Whether CPU autocast is on with CUDA's lists (the cell entered ``autocast("cuda")``)."""
+        return self._cuda_autocast and torch.is_autocast_enabled("cpu")
+
     def _note_tf32(self) -> None:
         self.used_tf32 = True
 
@@ -210,6 +216,11 @@ class CudaOnHost:
             notes.append(
                 "differs from a GPU: CUDA picks flash, memory-efficient or cuDNN attention kernels; "
                 "this reference used the CPU's scaled_dot_product_attention kernel"
+            )
+        if facts.rnn_calls:
+            notes.append(
+                "differs from a GPU: CUDA runs recurrent layers as one cuDNN kernel; this "
+                "reference runs the CPU's per-cell path (in the lower precision under autocast)"
             )
         if facts.random_ops:
             notes.append(

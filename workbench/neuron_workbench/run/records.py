@@ -102,8 +102,9 @@ class RunFacts:
         In order, each device draw's function and a fingerprint of its first numbers (for dropout,
         where its zeros are), so two runs can tell whether they saw the same random numbers; the
         first :data:`MAX_DRAWS` draws are kept.
-    convolutions, attention_calls : int
-        Convolution and ``scaled_dot_product_attention`` calls (their kernels differ by device).
+    convolutions, attention_calls, rnn_calls : int
+        Convolution, ``scaled_dot_product_attention`` and recurrent-layer (``torch.lstm``, ``gru``,
+        ``rnn_*``) calls: their kernels differ by device.
     notes : list of str
         How the reference stood in for another device (``cpu`` as ``cuda``), and what stays
         different from that device.
@@ -117,6 +118,7 @@ class RunFacts:
     random_draws: list[tuple[Any, ...]] = field(default_factory=list)
     convolutions: int = 0
     attention_calls: int = 0
+    rnn_calls: int = 0
     notes: list[str] = field(default_factory=list)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
@@ -135,6 +137,7 @@ class RunFacts:
             "random_draws": [list(_plain_draw(draw)) for draw in self.random_draws],
             "convolutions": self.convolutions,
             "attention_calls": self.attention_calls,
+            "rnn_calls": self.rnn_calls,
             "notes": list(self.notes),
         }
 

@@ -161,6 +161,17 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func is _SDPA:
             facts.attention_calls += 1
             return func(*args, **kwargs)
+        if func in _RNNS:
+            facts.rnn_calls += 1
+            if self.host is not None and self.host.under_cuda_autocast():
+                # CUDA runs RNNs under autocast in the lower precision (cuDNN's autocast kernel);
+                # the CPU's oneDNN RNN kernel is outside CUDA's lists and would stay in float32.
+                # The generic per-cell path casts like CUDA: its matmuls are on CUDA's lists.
+                dtype = torch.get_autocast_dtype("cpu")
+                args = tuple(_cast_floats(a, dtype) for a in args)
+                with torch.backends.mkldnn.flags(enabled=False):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
         name = _qualified_name(func)
         if func in _NONDETERMINISTIC:
             if (
@@ -173,25 +184,34 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func in _DROPOUTS:
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-            if training and p > 0 and self._on_device(args[0]):
+            if not (training and p > 0):
+                return func(*args, **kwargs)
+            # In a CUDA cell dropout runs where its input is, which on the host standing in for
+            # cuda is "cuda" unless proven otherwise (computed tensors are not tracked).
+            if self.host is not None or self._on_device(args[0]):
                 facts.dropout_in_training += 1
                 facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+                inplace = bool(kwargs.get("inplace", args[3] if len(args) > 3 else False))
                 if self.rng_on_cpu and func is _F_DROPOUT:
-                    out = _dropout_from_cpu(args[0], float(p), bool(kwargs.get("inplace", False)))
+                    out = _dropout_from_cpu(args[0], float(p), inplace)
+                elif self.host is not None and func is _F_DROPOUT and not inplace:
+                    # CUDA (and PrivateUse1) run the fused native_dropout: one rounding of
+                    # x * mask / (1 - p); the CPU's bernoulli_/div_/mul rounds twice in bf16/fp16.
+                    out = torch.ops.aten.native_dropout.default(args[0], float(p), True)[0]
                 else:
                     out = func(*args, **kwargs)
-                facts.note_draw(name, _fingerprint(out, zeros_only=True))
-                return out
-            return func(*args, **kwargs)
-        if _draws_on_device(func, args, kwargs, self._on_device, named_cuda):
-            facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
-            if self.rng_on_cpu:
-                out = _draw_on_cpu(func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
-            facts.note_draw(name, _fingerprint(out))
+            # Every draw is fingerprinted, wherever it ran, so both runs' lists line up.
+            facts.note_draw(name, _fingerprint(out, zeros_only=True))
             return out
-        return func(*args, **kwargs)
+        if _draws_on_device(func, args, kwargs, self._on_device, named_cuda):
+            facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+            out = _draw_on_cpu(func, args, kwargs) if self.rng_on_cpu else func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        facts.note_draw(name, _fingerprint(out))
+        return out
 
     def _on_device(self, tensor: Any) -> bool:
         """Whether ``tensor`` is on the run's device (on the host: known to be on "cuda")."""
@@ -250,6 +270,15 @@ def _fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
         elif head.is_floating_point() or head.is_complex():
             head = head.to(torch.float64)
         return (tuple(value.shape), *head.tolist())
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with its float32 tensors (also inside lists and tuples) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.dtype == torch.float32 else value
+    if isinstance(value, list | tuple):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    return value
 
 
 def _pinned(host: CudaOnHost | None, tensor: torch.Tensor) -> torch.Tensor:
@@ -315,6 +344,7 @@ _CONVOLUTIONS = frozenset(
     }
 )
 _FINGERPRINT_LENGTH = 8
+_RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
 _F_DROPOUT = torch.nn.functional.dropout
 
@@ -386,6 +416,7 @@ _NOTEWORTHY = (
     | _DROPOUTS
     | _NONDETERMINISTIC
     | _CONVOLUTIONS
+    | _RNNS
     | frozenset({_SDPA})
 )
 
