@@ -1,11 +1,17 @@
 """One display per ``%%neuron`` cell (``views.report_bundle``) and source sites people recognise."""
 
 import os
+from pathlib import Path
 
 import pytest
 
 from neuron_workbench.magics.neuron import cell_filenames
-from neuron_workbench.report.html import relabel_site, render_report_html, site_label
+from neuron_workbench.report.html import (
+    library_folders,
+    relabel_site,
+    render_report_html,
+    site_label,
+)
 from neuron_workbench.report.report import REPORT_MIME
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views import WIDGET_VIEW_MIME, report_bundle
@@ -27,18 +33,29 @@ def test_a_notebook_cell_site_reads_cell_and_line():
     assert relabel_site(own, cells) == own
 
 
-def test_files_are_relative_to_the_first_folder_that_holds_them(tmp_path):
+def test_files_are_relative_to_the_deepest_folder_that_holds_them(tmp_path):
     inside = str(tmp_path / "pkg" / "models.py")
     site = {"file": inside, "line": 16, "function": "forward"}
     assert site_label(relabel_site(site, {}, [str(tmp_path)])) == "pkg/models.py:16"
     other = tmp_path.parent / "elsewhere.py"
     assert relabel_site({"file": str(other), "line": 1}, {}, [str(tmp_path)])["file"] == str(other)
-    # the second folder (the working directory) when the first does not hold the file
-    assert relabel_site(site, {}, ["/nonexistent", str(tmp_path / "pkg")])["file"] == "models.py"
+    # the deepest folder wins (a library in a project's virtual environment: its import root)
+    assert relabel_site(site, {}, [str(tmp_path), str(tmp_path / "pkg")])["file"] == "models.py"
     # relative paths, pseudo-files and unknown cells stay as they are
     assert relabel_site({"file": "x.py", "line": 1}, {}, [str(tmp_path)])["file"] == "x.py"
     assert site_label({"file": "<neuron-cell-5>", "line": 2}) == "cell line 2"
     assert site_label({"file": "<stdin>", "line": 2}) == "<stdin>:2"
+
+
+def test_library_files_read_relative_to_their_import_root():
+    import torch
+
+    from neuron_workbench.magics.neuron import site_folders
+
+    library = str(Path(torch.__file__).resolve().parents[1])  # site-packages
+    assert library in library_folders()
+    site = {"file": torch.__file__, "line": 1}
+    assert relabel_site(site, {}, site_folders("/nonexistent"))["file"] == "torch/__init__.py"
 
 
 def test_the_running_cell_count_comes_from_the_calling_cell_code():

@@ -386,10 +386,15 @@ export function layersFigure(report) {
   if (!layers.length) {
     return null;
   }
-  const size = v => {
+  const raw = v => {
     const x = v === null || v === undefined || v === 'inf' ? Infinity : Number(v);
-    return Math.max(isFinite(x) ? x : 1e30, 1e-30);
+    return isFinite(x) ? x : 1e30;
   };
+  // A log axis needs positive values: zeros sit a decade under the smallest difference; when every
+  // module matches exactly the axis is linear and the bars are flat at 0.
+  const positive = layers.flatMap(d => [raw(d.error), raw(d.grad_error ?? 0)]).filter(x => x > 0);
+  const floor = positive.length ? Math.min(...positive) / 10 : 0;
+  const size = v => Math.max(raw(v), floor);
   const labels = layers.map(d => `${d.order}: ${d.module}${d.call ? '#' + d.call : ''}`);
   const data = [{
     type: 'bar', name: 'output difference', x: labels, y: layers.map(d => size(d.error)),
@@ -406,9 +411,12 @@ export function layersFigure(report) {
     });
   }
   const first = report.layers.first_divergence || report.first_divergence;
-  const layout = baseLayout(`Difference per module, in execution order${first ? ` (born at ${first.module})` : ''}`, 380);
+  const note = first ? ` (born at ${first.module})` : positive.length ? '' : ' (every module output matches exactly)';
+  const layout = baseLayout(`Difference per module, in execution order${note}`, 380);
   Object.assign(layout, {
-    yaxis: axis({ type: 'log', title: { text: 'difference (log)' } }),
+    yaxis: axis(positive.length
+      ? { type: 'log', title: { text: 'difference (log)' } }
+      : { title: { text: 'difference' }, range: [0, 1] }),
     xaxis: axis({ tickangle: -45 })
   });
   return { data, layout };
@@ -424,6 +432,7 @@ export function lossFigure(report) {
   const name = 'loss' in series ? 'loss' : Object.keys(series)[0];
   const values = series[name];
   const steps = values.ref.map((_, i) => i + 1);
+  const identical = values.abs_diff.every(v => !v);
   const data = [
     {
       type: 'scatter', mode: 'lines+markers', name: `${name}: ${backendLabel(report.ref)}`, x: steps,
@@ -434,18 +443,26 @@ export function lossFigure(report) {
       type: 'scatter', mode: 'lines+markers', name: `${name}: ${backendLabel(report.target)}`, x: steps,
       y: values.target, line: { color: TARGET_COLOR, dash: 'dot' },
       hovertemplate: 'step %{x}<br>%{y:.8~g}<extra>target</extra>'
-    },
-    {
+    }
+  ];
+  if (!identical) {
+    data.push({
       type: 'bar', name: '|Δ| per step', x: steps, y: values.abs_diff, yaxis: 'y2',
       marker: { color: FALLBACK_COLOR }, opacity: 0.35,
       hovertemplate: 'step %{x}<br>|Δ| %{y:.6~g}<extra></extra>'
-    }
-  ];
-  const layout = baseLayout(`Training parity over ${steps.length} steps: ${name}`, 320);
+    });
+  }
+  const note = identical ? ' (identical on every step)' : '';
+  const layout = baseLayout(`Training parity over ${steps.length} steps: ${name}${note}`, 320);
   Object.assign(layout, {
     xaxis: axis({ title: { text: 'step' }, dtick: 1 }),
     yaxis: axis({}),
-    yaxis2: { overlaying: 'y', side: 'right', title: { text: '|Δ|' }, showgrid: false }
+    yaxis2: {
+      overlaying: 'y', side: 'right', title: { text: '|Δ|' }, showgrid: false, zeroline: false,
+      rangemode: 'nonnegative', exponentformat: 'e', visible: !identical, automargin: true
+    },
+    legend: { orientation: 'h', y: -0.3 },
+    margin: { l: 10, r: identical ? 10 : 20, t: 60, b: 60 }
   });
   return { data, layout };
 }

@@ -332,10 +332,11 @@ def run_script(
         result = compare_cell(program, script_namespace(path), options)
     report = result.report
     # The script's own lines (and files next to it) read relative to its folder, as in a notebook.
-    from neuron_workbench.report.html import relabel_run_sites
+    from neuron_workbench.report.html import library_folders, relabel_run_sites
 
+    folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     for run in (report.ref, report.target):
-        relabel_run_sites(run, {}, [str(Path(path).resolve().parent), os.getcwd()])
+        relabel_run_sites(run, {}, folders)
     data = report.to_dict()
     data["label"] = Path(path).name
     data["cell_index"] = 1

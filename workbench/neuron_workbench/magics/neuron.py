@@ -25,7 +25,7 @@ from neuron_workbench.report.driver import (
     CompareOptions,
     compare_cell,
 )
-from neuron_workbench.report.html import relabel_run_sites
+from neuron_workbench.report.html import library_folders, relabel_run_sites
 from neuron_workbench.run import ResidentObjects, compile_cell
 from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 
@@ -63,7 +63,8 @@ def _migration_findings(cell: str, target: str) -> dict[str, Any] | None:
         return None
     from neuron_workbench.scan import scan_cell
 
-    report = scan_cell(cell, target=target)
+    # Lines count as in the notebook's editor, where line 1 is the %%neuron line.
+    report = scan_cell("\n" + cell, target=target)
     data = report.to_dict()
     data["html"] = report.to_html()
     data["text"] = report.to_text()
@@ -97,14 +98,15 @@ def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, 
 
 
 def site_folders(start_dir: str) -> list[str]:
-    """Folders a site's file is shown relative to: the notebook's, then the working directory.
+    """Folders a site's file is shown relative to: notebook's, working directory, import roots.
 
-    JupyterLab tells the kernel its notebook's path in ``$JPY_SESSION_NAME``; elsewhere the folder
-    the kernel started in (where nbclient and Jupyter start it: the notebook's) stands in.
+    A library's file reads ``transformers/...py:120``. JupyterLab tells the kernel its notebook's
+    path in ``$JPY_SESSION_NAME``; elsewhere the folder the kernel started in (where nbclient and
+    Jupyter start it: the notebook's) stands in.
     """
     session = os.environ.get("JPY_SESSION_NAME", "")
     notebook_dir = os.path.dirname(session) if os.path.isabs(session) else start_dir
-    return [notebook_dir, os.getcwd()]
+    return [notebook_dir, os.getcwd(), *library_folders()]
 
 
 @magics_class

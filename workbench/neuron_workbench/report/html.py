@@ -206,8 +206,10 @@ def relabel_site(
         ``shell.compile._filename_map`` plus the ``%%neuron`` cell's own filename), or → (count,
         lines before the compiled code: 1 for a cell magic's body, under its ``%%`` line).
     folders : sequence of str
-        Folders a file path is shown relative to, first match wins (the notebook's folder, the
-        working directory). Paths outside all of them stay as they are.
+        Folders a file path is shown relative to (the notebook's folder, the working directory,
+        the import roots); the deepest one that holds the file wins, so a library inside a
+        project's virtual environment reads from its import root. Paths outside all of them stay
+        as they are.
 
     Returns
     -------
@@ -227,6 +229,7 @@ def relabel_site(
         return out
     if file.startswith("<") or not os.path.isabs(file):
         return out
+    best = None
     for folder in folders:
         if not folder:
             continue
@@ -234,10 +237,24 @@ def relabel_site(
             relative = os.path.relpath(file, folder)
         except ValueError:  # another drive (Windows)
             continue
-        if relative != os.pardir and not relative.startswith(os.pardir + os.sep):
-            out["file"] = relative.replace(os.sep, "/")
-            return out
+        inside = relative != os.pardir and not relative.startswith(os.pardir + os.sep)
+        if inside and (best is None or len(relative) < len(best)):
+            best = relative
+    if best is not None:
+        out["file"] = best.replace(os.sep, "/")
     return out
+
+
+def library_folders() -> list[str]:
+    """The import roots of this Python (site-packages, the standard library), longest first.
+
+    A site in an installed library reads relative to its root (``transformers/models/...py:120``)
+    instead of naming the machine's virtual environment.
+    """
+    import sys
+
+    roots = {os.path.abspath(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)}
+    return sorted(roots, key=len, reverse=True)
 
 
 def relabel_run_sites(
