@@ -252,7 +252,7 @@ export function treemapFigure(report) {
     values.push(count);
     times.push(seconds);
   }
-  const colors = ids.map(id => (id === root ? '#f6f8fa' : id.startsWith('m:') ? '#ffd8b5' : FALLBACK_COLOR));
+  const colors = ids.map(id => (id === root ? 'rgba(128,128,128,0.1)' : id.startsWith('m:') ? '#ffd8b5' : FALLBACK_COLOR));
   const data = [{
     type: 'treemap', ids, labels, parents, values, branchvalues: 'total',
     marker: { colors, line: { color: '#ffffff', width: 1 } }, tiling: { pad: 3 },

@@ -190,6 +190,26 @@ function sitesPane(cls) {
   ]);
 }
 
+/** The layout in JupyterLab's theme colours (text, grid), so dark themes read too. */
+function themed(layout) {
+  // The theme's variables live on the document (a report may draw before it is attached).
+  const style = window.getComputedStyle(document.body);
+  const fg = style.getPropertyValue('--jp-ui-font-color1').trim();
+  const grid = style.getPropertyValue('--jp-border-color2').trim();
+  const out = { ...layout };
+  if (fg) {
+    out.font = { ...(layout.font || {}), color: fg };
+  }
+  if (grid) {
+    for (const key of Object.keys(out)) {
+      if (/^[xy]axis\d*$/.test(key) && out[key]) {
+        out[key] = { ...out[key], gridcolor: grid };
+      }
+    }
+  }
+  return out;
+}
+
 /**
  * Draw every chart placeholder of a rendered report whose section is open; closed sections draw
  * when first opened. Clicking a bar of the fallback or op-time chart lists the op's call sites.
@@ -205,7 +225,7 @@ export async function drawCharts(root, report, Plotly) {
       div.remove();
       return;
     }
-    await Plotly.newPlot(div, fig.data, fig.layout, PLOT_CONFIG);
+    await Plotly.newPlot(div, fig.data, themed(fig.layout), PLOT_CONFIG);
     div.dataset.drawn = 'yes';
     const pane = div.parentElement && div.parentElement.querySelector('.nw-lab-sites-pane');
     if (pane && typeof div.on === 'function') {
