@@ -348,10 +348,8 @@ def _like(value: Any, default: Any) -> bool:
         return isinstance(value, dict) and all(
             isinstance(v, int) and not isinstance(v, bool) for v in value.values()
         )
-    if isinstance(default, list):  # names (RunFacts.autocast_dtypes) or fingerprints (random_draws)
-        return isinstance(value, list) and all(
-            isinstance(v, str) or (isinstance(v, list) and _json_scalars(v)) for v in value
-        )
+    if isinstance(default, list):  # names (RunFacts.autocast_dtypes)
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
     return False
 
 
@@ -375,8 +373,15 @@ def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
     if isinstance(facts, dict) and dataclasses.is_dataclass(current):
         values = {}
         for item in dataclasses.fields(current):
-            if item.name in facts and _like(facts[item.name], getattr(current, item.name)):
-                values[item.name] = facts[item.name]
+            value = facts.get(item.name)
+            if item.name == "random_draws":  # fingerprints: lists of JSON scalars
+                fits = isinstance(value, list) and all(
+                    isinstance(v, list) and _json_scalars(v) for v in value
+                )
+            else:
+                fits = item.name in facts and _like(value, getattr(current, item.name))
+            if fits:
+                values[item.name] = value
         try:
             run.facts = type(current)(**values)
         except (TypeError, ValueError):

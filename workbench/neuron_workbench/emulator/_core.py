@@ -32,6 +32,7 @@ TPU_WARN_EVERY_CALL = True
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
 _CEANF = DispatchKey.CompositeExplicitAutogradNonFunctional
+_CIA = DispatchKey.CompositeImplicitAutograd
 _perf = time.perf_counter
 
 
@@ -276,7 +277,7 @@ def wrap_new(elem: torch.Tensor) -> EmulatedTensor:
 # ---------------------------------------------------------------------------------------------
 # Per-op plans
 
-K_RUN, K_FALLBACK, K_DECOMP, K_IMPL = 0, 1, 2, 3
+K_RUN, K_FALLBACK, K_DECOMP, K_IMPL, K_IMPLICIT = 0, 1, 2, 3, 4
 
 _PLANS: dict[Any, tuple] = {}
 CPU_IMPLS: dict[Any, Any] = {}  # op -> python impl on CPU payloads (ops without a CPU kernel)
@@ -382,6 +383,14 @@ def _make_plan(func: Any) -> tuple:
         # backend has no kernel of its own: check its pieces op by op. (Structured
         # CompositeExplicitAutogradNonFunctional wrappers only reach the same op's out= form.)
         kind = K_DECOMP
+    elif base not in _NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
+        schema.name + (f".{schema.overload_name}" if schema.overload_name else ""),
+        "CompositeImplicitAutograd",
+    ):
+        # A CompositeImplicitAutograd op called below autograd (from another op's kernel, such as
+        # SDPA's math path calling softmax.int): a backend without a kernel of its own runs the
+        # decomposition, as the real dispatcher does, never a CPU fallback of the whole op.
+        kind = K_IMPLICIT
     else:
         kind = K_FALLBACK
     resync = has_out or base in _RESTRIDE
@@ -468,6 +477,12 @@ def _unwrap_list(seq: Any, exempt: bool) -> Any:
 def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     kind, ret_alias, resync, share, exempt, numerics, to_cpu, base, overload, tensor_slots = plan
 
+    if kind == K_IMPLICIT:
+        if sparse_layout_of(base, kwargs) is None and not any(
+            isinstance(a, torch.Tensor) and a.layout is not _STRIDED for a in args
+        ):
+            return func._op_dk(_CIA, *args, **kwargs)
+        kind = K_FALLBACK  # sparse layouts: the real backend's sparse handling (an error here)
     if kind == K_DECOMP:
         _events.begin_tentative()
         try:

@@ -131,9 +131,15 @@ def hints_for(
             "(what the compiler's --auto-cast would do; TorchNeuron does not by default)"
         )
     precision = str(numerics.get("matmul_precision", ""))
-    if backend.name == "tpu" and precision.startswith("DEFAULT") and not autocast:
+    if backend.name == "tpu" and precision.startswith("DEFAULT"):
+        also = (
+            " (under autocast too: the matmuls it leaves in float32, such as attention's math "
+            "path, which upcasts)"
+            if autocast
+            else ""
+        )
         hints.append(
-            "TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5): "
+            f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}: "
             "torch.set_float32_matmul_precision('highest') gives 6-pass, near-fp32 results"
         )
     tf32 = [run.backend.label for run in (ref, target) if _used_tf32(run)]
