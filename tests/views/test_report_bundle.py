@@ -152,3 +152,16 @@ def test_a_rerun_of_the_same_cell_folds_its_migration_findings(ip, shown):
     html_first, html_again = (data["text/html"] for data, _ in shown[-2:])
     assert "<h4>Migration findings (2)</h4>" in html_first
     assert "unchanged since this cell's first run</summary>" in html_again
+
+
+def test_static_chart_ids_differ_between_runs_of_the_same_cell(data):
+    import re
+
+    from neuron_workbench.views.widget import static_html
+
+    rerun = {**data, "ref": {**data["ref"], "wall_time_s": (data["ref"]["wall_time_s"] or 0) + 1}}
+
+    def ids(report):
+        return re.findall(r'id="(nw-[0-9a-f]+-\d)"', static_html(report))
+
+    assert ids(data) and not set(ids(data)) & set(ids(rerun))

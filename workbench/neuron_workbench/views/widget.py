@@ -215,9 +215,11 @@ def static_html(data: dict[str, Any]) -> str:
     (verdict, outputs, fallback table) comes before it in the same display. Div ids are derived
     from the data, so re-rendering the same report gives the same HTML.
     """
-    digest = hashlib.sha256(
-        json.dumps(data.get("summary", "")).encode() + json.dumps(data.get("cell", {})).encode()
-    ).hexdigest()[:12]
+    # Two cells with the same source and verdict still differ in options and timings; a page
+    # holding both must not get one div id twice.
+    identity = [data.get("summary", ""), data.get("cell", {}), data.get("options", {})]
+    identity += [(data.get(role) or {}).get("wall_time_s") for role in ("ref", "target")]
+    digest = hashlib.sha256(json.dumps(identity, default=str).encode()).hexdigest()[:12]
     parts = [tables.STYLE, '<div class="nw-view nw-static">']
     charts = _static_figures(data)
     if charts:
