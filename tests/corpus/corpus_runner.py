@@ -214,6 +214,7 @@ HINT_FAMILIES: dict[str, re.Pattern[str]] = {
     "grad-differed": re.compile(r"(?i)gradient already differed"),
     # Not bare "attention": module paths in a hint's --tol suggestion contain it (BERT).
     "attention": re.compile(r"(?i)attention kernel|scaled_dot_product_attention|flash attention"),
+    "rnn-kernel": re.compile(r"(?i)recurrent layers ran|cuDNN kernel"),
     "autocast-lists": re.compile(r"(?i)autocast.*\blists?\b"),
     "autocast": re.compile(r"(?i)autocast"),
     "random": re.compile(r"(?i)random numbers|draws its own|dropout masks|\bmasks\b"),
