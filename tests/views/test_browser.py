@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium")
+LAB_EXTENSION = Path(sys.prefix, "share/jupyter/labextensions/neuron-workbench-lab/package.json")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
@@ -240,6 +241,20 @@ def test_profile_cell_renders_report_tabs_and_fallback_chart_in_jupyterlab(tmp_p
                 assert any("host CPU time" in text for text in legend), legend
                 _show_top(tab)
                 page.screenshot(path=str(ARTIFACTS / "browser_report_ops.png"))
+
+                if LAB_EXTENSION.exists():
+                    # The porting dashboard still finds the report (in the output's metadata).
+                    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="neuron-workbench-dashboard"]'
+                                 ).click()  # fmt: skip
+                    summary = page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary")
+                    summary.wait_for(timeout=30_000)
+                    page.wait_for_function(
+                        "el => el.textContent.includes('1 PASS')", arg=summary.element_handle(),
+                        timeout=30_000,
+                    )  # fmt: skip
+                    assert summary.inner_text() == (
+                        "1 cell: 1 PASS, 0 FAIL, 0 ERROR; 3 fallback ops"
+                    )
                 assert not [e for e in page_errors if "widget" in e.lower()], page_errors
                 assert page.locator("text=Error displaying widget").count() == 0
             except BaseException:
