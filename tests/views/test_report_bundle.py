@@ -97,15 +97,17 @@ def test_sites_in_notebook_cells_and_files_read_as_people_know_them(
     (tmp_path / "nw_sorting.py").write_text(
         "import torch\n\n\ndef order(v):\n    return torch.sort(v).indices\n"
     )
-    defined = run_cell(ip, "import torch\nfrom nw_sorting import order\n\ndef top(v):\n"
-                       "    return torch.topk(v, 2).values")  # fmt: skip
+    defined = run_cell(ip, "import torch\nfrom nw_sorting import order\n\ndef middle(v):\n"
+                       "    return torch.median(v)")  # fmt: skip
     result = run_cell(ip, '%%neuron --no-scan -o rep\nv = torch.randn(6, device="cuda")\n'
-                      "i = order(v)\nt = top(v)")  # fmt: skip
+                      "i = order(v)\nm = middle(v)")  # fmt: skip
     data, metadata = shown[-1]
     report = data[REPORT_MIME]
     sites = {event["op"]: site_label(event["site"]) for event in report["target"]["fallbacks"]}
+    # the %%neuron cell's own line (line 1 is the %%neuron line), a file, an earlier cell's function
     assert sites["aten::normal_"] == f"cell [{result.execution_count}], line 2"
     assert sites["aten::sort"] == "nw_sorting.py:5"
+    assert sites["aten::median"] == f"cell [{defined.execution_count}], line 5"
     # the Report object the cell bound says the same as its display (and any artifact)
     kept = {
         e["op"]: site_label(e["site"]) for e in ip.user_ns["rep"].to_dict()["target"]["fallbacks"]
