@@ -206,12 +206,12 @@ def test_capacity_raises_out_of_memory():
     "action,error,match",
     [
         (lambda: torch.Generator(device="neuron"), NotImplementedError, "per-device generators"),
-        (lambda: torch.ones(2).pin_memory(), NotImplementedError, "pinned host memory"),
+        (lambda: torch.ones(2, device="neuron", pin_memory=True), RuntimeError, "dense CPU"),
         (lambda: torch.ones(2, device="neuron:1"), RuntimeError, "single device"),
         (lambda: torch.ones(2).to("neuron:1"), RuntimeError, "single device"),
         (lambda: torch.ones(2, device="neuron").resize_(10), NotImplementedError, "cannot grow"),
     ],
-    ids=["generator", "pin_memory", "factory-index", "to-index", "resize-grow"],
+    ids=["generator", "pin-device-factory", "factory-index", "to-index", "resize-grow"],
 )
 def test_impossible_features_raise_clear_errors(action, error, match):
     with pytest.raises(error, match=match):

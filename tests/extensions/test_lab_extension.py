@@ -1,10 +1,14 @@
 """The JupyterLab extension (extensions/neuron-workbench-lab) in a real JupyterLab + Debian chromium.
 
 A notebook with three ``%%neuron`` cells (pass, numeric fail, fallback) and one plain cell is run:
-the porting dashboard lists the three verdicts, the "Compare this cell on the target" shortcut runs
-the plain cell through ``%%neuron`` without editing it, and the status bar names ``ref → target``.
-The notebook is saved and opened again in a second JupyterLab that has no kernel at all: every
-report still renders from the saved output. Screenshots go to ``test-artifacts/``.
+each cell shows exactly one report, the extension's native view, whose fallback and op-time charts
+are Plotly plots (hover shows the count; a click lists the op's call sites as ``cell [N], line L``,
+and a click on a site selects that line of the cell); the porting dashboard lists the three
+verdicts, the "Compare this cell on the target" shortcut runs the plain cell through ``%%neuron``
+without editing it, and the status bar names ``ref → target``. The notebook is saved and opened
+again in a second JupyterLab that has no kernel at all: every report, Plotly charts included, still
+renders from the saved output. With the extension disabled, the same cell shows the ipywidgets view
+instead. Screenshots go to ``test-artifacts/``.
 
 The server helper is the one of ``tests/views/test_browser.py``, loaded as a private copy.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -90,8 +95,17 @@ def _saved(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
+def _plot_ticks(page, chart):
+    """The y tick labels of a Plotly chart, once it has drawn them."""
+    page.wait_for_function(
+        "el => el.querySelectorAll('.ytick text').length >= 1", arg=chart.element_handle(),
+        timeout=30_000,
+    )  # fmt: skip
+    return set(chart.locator(".yaxislayer-above .ytick text").all_text_contents())
+
+
 def _check_reports(page, expected):
-    """Each rendered report: verdict badge and, where expected, fallback/op names."""
+    """One native report per %%neuron cell: verdict badge, Plotly fallback and op-time charts."""
     reports = page.locator(".jp-OutputArea-output .nw-lab-report")
     page.wait_for_function(
         f"() => document.querySelectorAll('.jp-OutputArea-output .nw-lab-report').length"
@@ -102,16 +116,60 @@ def _check_reports(page, expected):
         report = reports.nth(i)
         assert report.get_attribute("data-verdict") == verdict
         assert report.locator(".nw-lab-badge").inner_text() == verdict
+    # Exactly one view per cell: neither the widget nor the static HTML next to the native view.
+    for cell_outputs in page.locator(".jp-Cell .jp-OutputArea").all():
+        assert cell_outputs.locator(".nw-lab-report").count() <= 1
+    assert page.locator(".jp-OutputArea-output .widget-tab").count() == 0
+    assert page.locator(".jp-OutputArea-output .nw-report").count() == 0
     fail = reports.nth(1)
     assert "delta" in fail.locator(".nw-lab-outputs").inner_text()
     assert "output delta" in fail.locator(".nw-lab-first-divergence").inner_text()
     fallback = reports.nth(2)
-    ops = set(fallback.locator(".nw-lab-fallback-chart .nw-lab-chartlabel").all_inner_texts())
-    assert ops == FALLBACK_OPS, ops
-    ab = set(fallback.locator(".nw-lab-ops-chart .nw-lab-chartlabel").all_inner_texts())
-    assert {"aten::sort", "aten::randn"} <= ab, ab
-    # the static HTML is not shown next to the native renderer
-    assert page.locator(".jp-OutputArea-output .nw-report").count() == 0
+    page.wait_for_function(
+        "el => el.dataset.charts === 'drawn'", arg=fallback.element_handle(), timeout=60_000
+    )
+    chart = fallback.locator(".nw-lab-fallback-chart.js-plotly-plot")
+    assert chart.count() == 1
+    assert _plot_ticks(page, chart) == FALLBACK_OPS
+    assert fallback.locator(".nw-lab-treemap.js-plotly-plot").count() == 1
+    ops_chart = fallback.locator(".nw-lab-ops-chart.js-plotly-plot")
+    assert {"aten::sort", "aten::randn"} <= _plot_ticks(page, ops_chart)
+    # Reports without fallbacks have no fallback chart.
+    assert reports.nth(0).locator(".nw-lab-fallback-chart").count() == 0
+    return fallback
+
+
+def _bar(chart, index):
+    """The centre of bar ``index`` of a chart's first trace (plotly's drag layer takes the clicks)."""
+    bar = chart.locator(".trace.bars").first.locator(".point path").nth(index)
+    bar.scroll_into_view_if_needed()
+    box = bar.bounding_box()
+    return box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+
+
+def _sort_bar_index(chart) -> int:
+    return chart.evaluate("gd => gd.data[0].y.indexOf('aten::sort')")
+
+
+def _hover_and_click_sort(page, fallback, cell_number: int):
+    """Hover the aten::sort bar (its count), click it (its call site), return the sites pane."""
+    chart = fallback.locator(".nw-lab-fallback-chart")
+    x, y = _bar(chart, _sort_bar_index(chart))
+    page.mouse.move(x, y)
+    hover = page.locator(".nw-lab-fallback-chart .hoverlayer .hovertext")
+    hover.first.wait_for(timeout=10_000)
+    text = hover.first.text_content()
+    assert "aten::sort" in text and "1 call(s) ran on the CPU" in text, text
+    assert f"cell [{cell_number}], line 3" in text, text
+    page.mouse.click(x, y)
+    pane = fallback.locator(".nw-lab-fallback-sites")
+    page.wait_for_function(
+        "el => el.dataset.op === 'aten::sort'", arg=pane.element_handle(), timeout=10_000
+    )
+    assert "Call sites of aten::sort" in pane.inner_text()
+    link = pane.locator(".nw-lab-site-link")
+    assert link.first.inner_text() == f"cell [{cell_number}], line 3"
+    return pane
 
 
 @needs_extension
@@ -132,7 +190,7 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
             with lab.jupyter_lab(tmp_path / "live") as (url, root):
                 lab.write_notebook(root / "port.ipynb",
                                    [SETUP, PASS_CELL, FAIL_CELL, FALLBACK_CELL, PLAIN_CELL])  # fmt: skip
-                page = browser.new_page(viewport={"width": 1500, "height": 1100})
+                page = browser.new_page(viewport={"width": 1500, "height": 1500})
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
                 page.goto(f"{url}/lab/tree/port.ipynb")
@@ -157,7 +215,26 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                     rows.nth(1).locator(".nw-lab-dash-worst").inner_text() == "delta max|Δ| 1.0e+00"
                 )
                 assert rows.nth(1).locator(".nw-lab-dash-first").inner_text() == "output delta"
-                _check_reports(page, ["PASS", "FAIL", "PASS"])
+                fallback = _check_reports(page, ["PASS", "FAIL", "PASS"])
+
+                # Hover and click the sort bar; its call site is a link to the cell line.
+                pane = _hover_and_click_sort(page, fallback, cell_number=4)
+                _show_top(fallback)
+                page.screenshot(path=str(ARTIFACTS / "lab_report_live.png"))
+                fallback.screenshot(path=str(ARTIFACTS / "lab_report_fallback_live.png"))
+                cells = page.locator(".jp-Notebook .jp-Cell")
+                cells.nth(0).locator(".jp-InputPrompt").click()  # another cell is active
+                pane.locator(".nw-lab-site-link").first.click()
+                page.wait_for_function(
+                    "() => { const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];"
+                    " const cell = cells[3]; return cell.classList.contains('jp-mod-active')"
+                    " && cell.dataset.nwGotoLine === '3'; }",
+                    timeout=10_000,
+                )
+                # the cursor is on that line (JupyterLab's status bar: "Ln 3, Col 1")
+                page.locator(".jp-StatusBar-TextItem", has_text="Ln 3, Col 1").wait_for(
+                    timeout=10_000
+                )
 
                 # Status bar: ref → target, asked from the kernel.
                 page.locator(
@@ -246,7 +323,8 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                         no_kernel.first.click()
                     else:
                         page.keyboard.press("Escape")
-                _check_reports(page, ["PASS", "FAIL", "PASS", "PASS"])
+                fallback = _check_reports(page, ["PASS", "FAIL", "PASS", "PASS"])
+                _hover_and_click_sort(page, fallback, cell_number=4)
                 assert lab._get(f"{url}/api/kernels") == []
                 _open_dashboard(page)
                 _wait_rows(page, ["PASS", "FAIL", "PASS", "PASS"], timeout=30_000)
@@ -257,8 +335,7 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                     '.nw-lab-statusbar[data-source="report"]', has_text="cpu → neuron (emulated)"
                 ).wait_for(timeout=30_000)
                 report = page.locator(".jp-OutputArea-output .nw-lab-report").nth(2)
-                report.evaluate("el => el.scrollIntoView({block: 'start'})")
-                time.sleep(0.3)
+                _show_top(report)
                 page.screenshot(path=str(ARTIFACTS / "lab_report_after_reload.png"))
                 report.screenshot(path=str(ARTIFACTS / "lab_report_fallback.png"))
                 fail = page.locator(".jp-OutputArea-output .nw-lab-report").nth(1)
@@ -275,4 +352,56 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
             raise
         finally:
             browser.close()
-    assert time.monotonic() - started < 240
+    assert time.monotonic() - started < 300
+
+
+def _show_top(element) -> None:
+    element.evaluate("el => el.scrollIntoView({block: 'start'})")
+    time.sleep(0.4)
+
+
+@needs_extension
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
+                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+def test_with_the_extension_disabled_the_cell_shows_the_widget(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    config = tmp_path / "config"
+    config.mkdir()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config)}
+    subprocess.run(
+        [sys.executable, "-m", "jupyterlab.labextensions", "disable", "--level=user", EXTENSION],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=lab.CHROMIUM, args=lab.CHROMIUM_ARGS)
+        page = None
+        try:
+            with lab.jupyter_lab(tmp_path) as (url, root):
+                lab.write_notebook(root / "plain.ipynb", [SETUP, FALLBACK_CELL])
+                page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                page.goto(f"{url}/lab/tree/plain.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+                page.locator(".jp-StatusBar-TextItem", has_text="(ipykernel) | Idle").wait_for(
+                    timeout=60_000
+                )
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                tab = page.locator(".jp-OutputArea-output .widget-tab")
+                tab.first.wait_for(timeout=90_000)
+                time.sleep(1.0)
+                assert tab.count() == 1
+                assert page.locator(".nw-lab-report").count() == 0  # the extension is off
+                assert page.locator(".jp-OutputArea-output .nw-report").count() == 0
+                summary = tab.locator(".nw-summary").first
+                summary.wait_for(timeout=30_000)
+                assert "2 ops fell back to CPU" in summary.inner_text()
+                page.screenshot(path=str(ARTIFACTS / "lab_extension_disabled_widget.png"))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "lab_extension_disabled_failure.png"))
+            raise
+        finally:
+            browser.close()

@@ -46,7 +46,7 @@ out.shape[0]
     assert report.target.backend.name == "neuron" and report.target.backend.emulated
     assert report.ref.backend.name == "cpu"
     summary = report.summary()
-    assert summary.startswith("PASS neuron (emulated) vs cpu — ")
+    assert summary.startswith("PASS neuron (emulated) vs cpu (as cuda) — ")
     paths = [d.path for d in report.comparison.diffs]
     for expected in ("device", "x", "out", "model.fc1.weight", "model.fc1.weight.grad", "Out"):
         assert expected in paths
@@ -84,7 +84,9 @@ same = torch.arange(4)
     assert set(failed) == {"on_accelerator", "score"}
     assert failed["score"].max_abs == pytest.approx(0.5)
     summary = report.summary()
-    assert summary.startswith("FAIL neuron (emulated) vs cpu — 3 outputs, 1 match, 2 differ: ")
+    assert summary.startswith(
+        "FAIL neuron (emulated) vs cpu (as cuda) — 3 outputs, 1 match, 2 differ: "
+    )
     # a failed comparison still commits the reference run
     assert ip.user_ns["on_accelerator"] is False
 

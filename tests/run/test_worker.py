@@ -184,9 +184,9 @@ def test_tpu_runs_in_its_own_worker_next_to_an_emulated_neuron_process(session, 
     assert torch._C._get_privateuse1_backend_name() == "neuron"
 
 
-def test_a_device_this_process_lacks_comes_back_as_the_host():
-    # the kernel holds no accelerator: a worker's torch.device("tpu") reads as the host's
+def test_a_device_this_process_lacks_comes_back_as_a_generic_accelerator():
+    # the kernel holds no accelerator: a worker's torch.device("tpu") still reads as one
     from neuron_workbench.run.worker import _rebuild_device
 
-    assert _rebuild_device("tpu", 0) == torch.device("cpu")  # this process emulates neuron
+    assert _rebuild_device("tpu", 0) == torch.device("privateuseone", 0)  # this process: neuron
     assert loads(dumps(torch.device("neuron", 0))) == torch.device("neuron", 0)  # emulated here

@@ -2,7 +2,8 @@
 
 The test starts its own JupyterLab on a free localhost port with isolated config, data, runtime,
 settings and workspace folders, opens a notebook it wrote, runs all cells through the Run menu, and
-checks the DOM: the report's tab widget with its five titles, and, on the Fallbacks tab, the Plotly
+checks the DOM: the report's tab widget (``--widget``: the cell's one view, even with the
+neuron-workbench-lab extension installed) with its titles, and, on the Fallbacks tab, the Plotly
 bar chart naming the ops that fell back. It saves screenshots to ``test-artifacts/``.
 """
 
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium")
+LAB_EXTENSION = Path(sys.prefix, "share/jupyter/labextensions/neuron-workbench-lab/package.json")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
@@ -184,6 +186,9 @@ def test_profile_cell_renders_report_tabs_and_fallback_chart_in_jupyterlab(tmp_p
 
                 tab = page.locator(".widget-tab").first
                 tab.wait_for(timeout=90_000)
+                # --widget: the widget is the cell's one view, also where the lab extension is
+                assert page.locator(".widget-tab").count() == 1
+                assert page.locator(".jp-OutputArea-output .nw-lab-report").count() == 0
                 labels = tab.locator(".lm-TabBar-tabLabel")
                 assert labels.all_inner_texts() == TAB_TITLES
 
@@ -236,6 +241,20 @@ def test_profile_cell_renders_report_tabs_and_fallback_chart_in_jupyterlab(tmp_p
                 assert any("host CPU time" in text for text in legend), legend
                 _show_top(tab)
                 page.screenshot(path=str(ARTIFACTS / "browser_report_ops.png"))
+
+                if LAB_EXTENSION.exists():
+                    # The porting dashboard still finds the report (in the output's metadata).
+                    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="neuron-workbench-dashboard"]'
+                                 ).click()  # fmt: skip
+                    summary = page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary")
+                    summary.wait_for(timeout=30_000)
+                    page.wait_for_function(
+                        "el => el.textContent.includes('1 PASS')", arg=summary.element_handle(),
+                        timeout=30_000,
+                    )  # fmt: skip
+                    assert summary.inner_text() == (
+                        "1 cell: 1 PASS, 0 FAIL, 0 ERROR; 3 fallback ops"
+                    )
                 assert not [e for e in page_errors if "widget" in e.lower()], page_errors
                 assert page.locator("text=Error displaying widget").count() == 0
             except BaseException:

@@ -6,7 +6,7 @@ import { OutputArea } from '@jupyterlab/outputarea';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
-import { MIME_TYPE, el, fallbackCounts, firstDivergence, worstOutput } from './report';
+import { GOTO_SITE_EVENT, MIME_TYPE, el, fallbackCounts, firstDivergence, worstOutput } from './report';
 
 const PLUGIN_ID = 'neuron-workbench-lab:plugin';
 const COMPARE = 'neuron-workbench:compare-cell';
@@ -41,9 +41,12 @@ export function reportOfCell(cellModel) {
   }
   let found = null;
   for (let i = 0; i < outputs.length; i++) {
-    const data = outputs.get(i).data || {};
-    if (data[MIME_TYPE]) {
-      found = data[MIME_TYPE];
+    const output = outputs.get(i);
+    const data = output.data || {};
+    // `%%neuron --widget` keeps the report in the output's metadata, so the widget is what shows.
+    const metadata = output.metadata || {};
+    if (data[MIME_TYPE] || metadata[MIME_TYPE]) {
+      found = data[MIME_TYPE] || metadata[MIME_TYPE];
     }
   }
   return typeof found === 'string' ? JSON.parse(found) : found;
@@ -216,6 +219,43 @@ class Dashboard extends Widget {
   }
 }
 
+/**
+ * Go to a call site of a report (`cell [N], line L`): the notebook cell whose execution count is N,
+ * its editor's line L selected. The report's link sends the event; the notebook holding the link is
+ * searched first, then the current one.
+ */
+export async function gotoSite(tracker, event) {
+  const detail = (event && event.detail) || {};
+  const count = Number(detail.cell);
+  const line = Number(detail.line);
+  const target = event && event.target;
+  const panel = tracker.find(p => target instanceof Node && p.node.contains(target)) || tracker.currentWidget;
+  if (!panel || !Number.isFinite(count)) {
+    return false;
+  }
+  const notebook = panel.content;
+  const index = notebook.widgets.findIndex(c => c.model.type === 'code' && c.model.executionCount === count);
+  if (index < 0) {
+    return false;
+  }
+  notebook.activeCellIndex = index;
+  notebook.deselectAll();
+  if (notebook.scrollToItem) {
+    await notebook.scrollToItem(index, 'center').catch(() => undefined);
+  }
+  const cell = notebook.widgets[index];
+  await cell.ready;
+  if (cell.editor && Number.isFinite(line) && line >= 1) {
+    const last = Math.max(0, cell.editor.lineCount - 1);
+    cell.editor.setCursorPosition({ line: Math.min(line - 1, last), column: 0 });
+    notebook.mode = 'edit';
+    cell.editor.focus();
+    cell.node.scrollIntoView({ block: 'nearest' });
+  }
+  cell.node.dataset.nwGotoLine = String(line);
+  return true;
+}
+
 /** Run the active cell through %%neuron; the cell's source stays as the user wrote it. */
 async function compareCell(tracker) {
   const panel = tracker.currentWidget;
@@ -268,6 +308,11 @@ const plugin = {
   requires: [INotebookTracker],
   optional: [ICommandPalette, ILabShell, IStatusBar],
   activate: (app, tracker, palette, labShell, statusBar) => {
+    // Call-site links of the report renderer (a MIME renderer cannot see the notebook itself).
+    document.addEventListener(GOTO_SITE_EVENT, event => {
+      void gotoSite(tracker, event);
+    });
+
     const dashboard = new Dashboard(tracker);
     app.shell.add(dashboard, 'right', { rank: 600 });
 

@@ -1,5 +1,7 @@
-// Pure DOM rendering of a %%neuron report dict (application/vnd.neuron-workbench.report+json).
+// DOM rendering of a %%neuron report dict (application/vnd.neuron-workbench.report+json), with
+// Plotly charts (src/charts.js, drawn by drawCharts once plotly.js has loaded).
 // Everything comes from the saved output: no kernel, no widget state, no network.
+import { CHARTS, PLOT_CONFIG, backendLabel, callSites, fallbackRows } from './charts';
 
 export const MIME_TYPE = 'application/vnd.neuron-workbench.report+json';
 
@@ -72,10 +74,6 @@ export function fmtTime(seconds) {
   return `${seconds.toFixed(2)} s`;
 }
 
-function backendLabel(run) {
-  const b = (run && run.backend) || {};
-  return b.emulated ? `${b.name} (emulated)` : b.name || '?';
-}
 
 /** The failing outputs, worst (largest max relative error, then max |Δ|) first. */
 export function failingOutputs(report) {
@@ -127,49 +125,142 @@ export function firstDivergence(report) {
 
 /** Fallback ops with their total call count on the target, most calls first. */
 export function fallbackCounts(report) {
-  const counts = new Map();
-  const fallbacks = (report.target && report.target.fallbacks) || [];
-  for (const f of fallbacks) {
-    counts.set(f.op, (counts.get(f.op) || 0) + (typeof f.count === 'number' ? f.count : 1));
-  }
-  for (const op of report.fallback_ops || []) {
-    if (!counts.has(op)) {
-      counts.set(op, 0);
-    }
-  }
-  return [...counts.entries()].sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1));
+  return fallbackRows(report).map(row => [row.op, row.count]);
 }
 
-/** A horizontal SVG-free bar chart made of divs: one row per item, label, bar(s), value. */
-function barChart(cls, rows, series, valueText) {
-  // rows: [{label, values: [number, ...]}]; series: [{name, cls}]
-  const max = Math.max(1e-30, ...rows.flatMap(r => r.values.filter(v => isFinite(v))));
-  const chart = el('div', `nw-lab-chart ${cls}`);
-  if (series.length > 1) {
-    const legend = el('div', 'nw-lab-legend');
-    for (const s of series) {
-      legend.appendChild(el('span', `nw-lab-legend-item ${s.cls}`, s.name));
+/** The event a call-site link sends up the DOM; the lab plugin scrolls the notebook there. */
+export const GOTO_SITE_EVENT = 'neuron-workbench:goto-site';
+
+/** List the call sites of `op` in `pane` (cell sites are links to the cell line). */
+export function showCallSites(pane, report, op) {
+  pane.textContent = '';
+  pane.dataset.op = op;
+  const sites = callSites(report, op);
+  pane.appendChild(el('div', 'nw-lab-sites-title', null, [
+    el('span', null, 'Call sites of '), el('code', null, op)
+  ]));
+  if (!sites.length) {
+    pane.appendChild(el('div', 'nw-lab-note', 'No user source line recorded (called from library code).'));
+    return;
+  }
+  const list = el('ul', 'nw-lab-sites');
+  for (const s of sites) {
+    const item = el('li', 'nw-lab-site');
+    let where;
+    if (s.cell !== null && s.line !== null) {
+      where = el('a', 'nw-lab-site-link', s.label);
+      where.href = '#';
+      where.title = 'Go to this line of the notebook';
+      where.dataset.cell = String(s.cell);
+      where.dataset.line = String(s.line);
+      where.addEventListener('click', event => {
+        event.preventDefault();
+        where.dispatchEvent(new CustomEvent(GOTO_SITE_EVENT, {
+          bubbles: true, detail: { cell: s.cell, line: s.line }
+        }));
+      });
+    } else {
+      where = el('code', 'nw-lab-site-file', s.label);
     }
-    chart.appendChild(legend);
+    item.appendChild(where);
+    if (s.function && s.function !== '<module>') {
+      item.appendChild(el('span', null, ` in ${s.function}`));
+    }
+    if (s.module) {
+      item.appendChild(el('span', 'nw-lab-site-module', ` — module ${s.module}${s.moduleType ? ' (' + s.moduleType + ')' : ''}`));
+    }
+    const how = [s.phase, s.role === 'ref' ? 'reference' : '', s.source === 'fallback' ? '' : s.source].filter(Boolean);
+    if (how.length) {
+      item.appendChild(el('span', 'nw-lab-note', ` (${how.join(', ')})`));
+    }
+    list.appendChild(item);
   }
-  for (const row of rows) {
-    const bars = el('div', 'nw-lab-bars');
-    row.values.forEach((v, i) => {
-      const width = isFinite(v) && v > 0 ? Math.max(0.5, (82 * v) / max) : 0;
-      const bar = el('div', `nw-lab-bar ${series[i].cls}`);
-      bar.style.width = `${width}%`;
-      bar.title = `${row.label} — ${series[i].name}: ${valueText(v)}`;
-      const line = el('div', 'nw-lab-barline', null, [
-        bar,
-        el('span', 'nw-lab-barvalue', valueText(v))
-      ]);
-      bars.appendChild(line);
-    });
-    chart.appendChild(
-      el('div', 'nw-lab-chartrow', null, [el('span', 'nw-lab-chartlabel', row.label), bars])
-    );
+  pane.appendChild(list);
+}
+
+function plotDiv(key, cls) {
+  const div = el('div', `nw-lab-plot ${cls || ''}`);
+  div.dataset.chart = key;
+  return div;
+}
+
+function sitesPane(cls) {
+  return el('div', `nw-lab-sites-pane ${cls}`, null, [
+    el('div', 'nw-lab-note', 'Click a bar to list the lines that call the op.')
+  ]);
+}
+
+/** The layout in JupyterLab's theme colours (text, grid), so dark themes read too. */
+function themed(layout) {
+  // The theme's variables live on the document (a report may draw before it is attached).
+  const style = window.getComputedStyle(document.body);
+  const fg = style.getPropertyValue('--jp-ui-font-color1').trim();
+  const grid = style.getPropertyValue('--jp-border-color2').trim();
+  const out = { ...layout };
+  if (fg) {
+    out.font = { ...(layout.font || {}), color: fg };
   }
-  return chart;
+  if (grid) {
+    for (const key of Object.keys(out)) {
+      if (/^[xy]axis\d*$/.test(key) && out[key]) {
+        out[key] = { ...out[key], gridcolor: grid };
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Draw every chart placeholder of a rendered report whose section is open; closed sections draw
+ * when first opened. Clicking a bar of the fallback or op-time chart lists the op's call sites.
+ */
+export async function drawCharts(root, report, Plotly) {
+  const draw = async div => {
+    if (div.dataset.drawn) {
+      return;
+    }
+    div.dataset.drawn = 'pending';
+    const fig = CHARTS[div.dataset.chart](report);
+    if (!fig) {
+      div.remove();
+      return;
+    }
+    await Plotly.newPlot(div, fig.data, themed(fig.layout), PLOT_CONFIG);
+    div.dataset.drawn = 'yes';
+    const pane = div.parentElement && div.parentElement.querySelector('.nw-lab-sites-pane');
+    if (pane && typeof div.on === 'function') {
+      div.on('plotly_click', event => {
+        const point = event && event.points && event.points[0];
+        if (point) {
+          showCallSites(pane, report, String(point.y));
+        }
+      });
+    }
+  };
+  const pending = [];
+  for (const div of root.querySelectorAll('.nw-lab-plot')) {
+    const details = div.closest('details');
+    if (!details || details.open) {
+      pending.push(draw(div));
+    } else {
+      details.addEventListener('toggle', () => {
+        if (details.open) {
+          void draw(div);
+        }
+      });
+    }
+  }
+  await Promise.all(pending);
+  root.dataset.charts = 'drawn';
+}
+
+/** Resize every drawn chart to its container (after the output area is shown or resized). */
+export function resizeCharts(root, Plotly) {
+  for (const div of root.querySelectorAll('.nw-lab-plot[data-drawn="yes"]')) {
+    if (div.offsetWidth > 0) {
+      Plotly.Plots.resize(div);
+    }
+  }
 }
 
 function section(title, children) {
@@ -215,15 +306,6 @@ function outputsTable(report) {
   }
   table.appendChild(body);
   return table;
-}
-
-function profileRows(run) {
-  const rows = new Map();
-  const prof = run && run.profile;
-  for (const r of (prof && prof.rows) || []) {
-    rows.set(r.op, (rows.get(r.op) || 0) + (r.total_time_s || 0));
-  }
-  return rows;
 }
 
 /** Render the report into a fresh element. */
@@ -290,41 +372,68 @@ export function renderReport(report) {
     root.appendChild(outs);
   }
 
-  // Fallback chart.
+  // Fallbacks: by count and by time, call sites on click, module -> op treemap.
   if (fbs.length) {
-    const rows = fbs.map(([op, n]) => ({ label: op, values: [n] }));
-    const chart = barChart('nw-lab-fallback-chart', rows, [{ name: 'calls', cls: 'nw-lab-s-fallback' }], v => `${v} call${v === 1 ? '' : 's'}`);
-    const sites = el('ul', 'nw-lab-sites');
-    for (const f of (report.target && report.target.fallbacks) || []) {
-      const s = f.site;
-      const where = s ? `${s.file}:${s.line}${s.function && s.function !== '<module>' ? ' in ' + s.function : ''}` : 'unknown site';
-      const mod = f.module ? ` — module ${f.module}${f.module_type ? ' (' + f.module_type + ')' : ''}` : '';
-      sites.appendChild(el('li', null, `${f.op} (${f.phase || 'forward'}) at ${where}${mod}`));
-    }
-    const fb = section(`CPU fallbacks on ${backendLabel(report.target)} (${fbs.length} op${fbs.length === 1 ? '' : 's'})`, [chart, sites]);
+    const fb = section(`CPU fallbacks on ${backendLabel(report.target)} (${fbs.length} op${fbs.length === 1 ? '' : 's'})`, [
+      plotDiv('fallbacks', 'nw-lab-fallback-chart'),
+      sitesPane('nw-lab-fallback-sites'),
+      plotDiv('treemap', 'nw-lab-treemap')
+    ]);
     fb.classList.add('nw-lab-fallbacks-section');
     fb.open = true;
     root.appendChild(fb);
   }
 
-  // Op profile A/B.
-  const refOps = profileRows(report.ref);
-  const tgtOps = profileRows(report.target);
-  if (refOps.size || tgtOps.size) {
-    const ops = [...new Set([...refOps.keys(), ...tgtOps.keys()])];
-    ops.sort((a, b) => Math.max(tgtOps.get(b) || 0, refOps.get(b) || 0) - Math.max(tgtOps.get(a) || 0, refOps.get(a) || 0));
-    const top = ops.slice(0, 15);
-    const rows = top.map(op => ({ label: op, values: [refOps.get(op) || 0, tgtOps.get(op) || 0] }));
-    const kind = r => (r && r.profile && r.profile.time_kind) || (r && r.time_kind) || 'time';
-    const chart = barChart('nw-lab-ops-chart', rows, [
-      { name: `${backendLabel(report.ref)} (${kind(report.ref)})`, cls: 'nw-lab-s-ref' },
-      { name: `${backendLabel(report.target)} (${kind(report.target)})`, cls: 'nw-lab-s-target' }
-    ], fmtTime);
-    const more = ops.length > top.length ? el('div', 'nw-lab-note', `${ops.length - top.length} more ops not shown`) : null;
-    const prof = section(`Op profile A/B (top ${top.length} of ${ops.length} ops by time)`, [chart, more]);
+  // Op profile A/B (--profile) and memory per backend.
+  const profiled = !!((report.ref && report.ref.profile) || (report.target && report.target.profile));
+  if (profiled) {
+    const prof = section('Op profile, reference vs target', [
+      plotDiv('ops', 'nw-lab-ops-chart'),
+      sitesPane('nw-lab-ops-sites')
+    ]);
     prof.classList.add('nw-lab-ops-section');
     prof.open = true;
     root.appendChild(prof);
+  }
+  if (CHARTS.memory(report)) {
+    const memory = section('Memory per backend', [plotDiv('memory', 'nw-lab-memory-chart')]);
+    memory.classList.add('nw-lab-memory-section');
+    memory.open = profiled;
+    root.appendChild(memory);
+  }
+
+  // Difference per module (--layers) and loss curves (--steps).
+  if (report.layers && (report.layers.layers || []).length) {
+    const layers = section('Difference per module (--layers)', [plotDiv('layers', 'nw-lab-layers-chart')]);
+    layers.classList.add('nw-lab-layers-section');
+    layers.open = true;
+    root.appendChild(layers);
+  }
+  if (report.training && report.training.series && Object.keys(report.training.series).length) {
+    const loss = section('Training parity (--steps)', [plotDiv('loss', 'nw-lab-loss-chart')]);
+    loss.classList.add('nw-lab-loss-section');
+    loss.open = true;
+    root.appendChild(loss);
+  }
+
+  // Migration findings: open at a cell's first run, folded when a rerun found the same.
+  const migration = report.migration;
+  if (migration && (migration.findings || []).length) {
+    const rows = migration.findings.map(f => el('tr', null, null, [
+      el('td', 'nw-lab-num', f.line ?? ''),
+      el('td', null, f.rule_id || f.rule || ''),
+      el('td', null, f.severity || ''),
+      el('td', null, f.message || ''),
+      el('td', null, f.suggestion || '')
+    ]));
+    const head = el('tr', null, null, ['line', 'rule', 'severity', 'message', 'suggestion'].map(h => el('th', null, h)));
+    const table = el('table', 'nw-lab-table nw-lab-migration', null, [el('thead', null, null, [head]), el('tbody', null, null, rows)]);
+    const n = migration.findings.length;
+    const title = `Migration findings (${n})${migration.repeat ? ', unchanged since this cell\'s first run' : ''}`;
+    const mig = section(title, [table]);
+    mig.classList.add('nw-lab-migration-section');
+    mig.open = !migration.repeat;
+    root.appendChild(mig);
   }
 
   const hints = report.hints || [];
@@ -335,6 +444,6 @@ export function renderReport(report) {
     }
     root.appendChild(section(`Hints (${hints.length})`, [list]));
   }
-  root.appendChild(el('div', 'nw-lab-footer', `neuron-workbench ${report.workbench_version || ''} · native view of the saved report (renders without a kernel)`));
+  root.appendChild(el('div', 'nw-lab-footer', `neuron-workbench ${report.workbench_version || ''} · native view of the saved report (renders without a kernel; hover a bar for exact values)`));
   return root;
 }

@@ -42,7 +42,7 @@ def test_pass_prints_the_verdict_and_writes_reports(recorded, tmp_path, capsys):
     code = main(["compare", str(a), str(b), "--json", str(j), "--html", str(h), "--junit", str(x)])
     out = capsys.readouterr()
     assert code == 0 and out.err == ""
-    assert out.out.startswith("PASS neuron (emulated) vs cpu — 8 outputs, 8 match")
+    assert out.out.startswith("PASS neuron (emulated) vs cpu (as cuda) — 8 outputs, 8 match")
     data = json.loads(j.read_text())
     assert data["summary"] == out.out.strip() and data["verdict"] == "PASS"
     assert data["options"]["ref_artifact"] == str(a) and data["warnings"] == []
@@ -61,7 +61,7 @@ def test_fallbacks_and_strict(recorded, capsys):
 
 def test_numeric_failure_exits_1(recorded, capsys):
     assert main(["compare", str(recorded["drifts", "cpu"]), str(recorded["drifts", "neuron"])]) == 1
-    assert capsys.readouterr().out.startswith("FAIL neuron (emulated) vs cpu")
+    assert capsys.readouterr().out.startswith("FAIL neuron (emulated) vs cpu (as cuda)")
 
 
 def test_a_different_cell_source_is_a_warning_in_the_report(recorded, tmp_path, capsys):

@@ -27,7 +27,9 @@ def script(tmp_path, monkeypatch):
 
 def test_records_a_reference_run_with_the_cuda_remap(script, capsys):
     assert main(["record", "train.py", "--backend", "cpu", "-o", "out/ref.nwrun.zip"]) == 0
-    assert capsys.readouterr().out == "recorded cpu run: 10 outputs -> out/ref.nwrun.zip\n"
+    assert (
+        capsys.readouterr().out == "recorded cpu (as cuda) run: 10 outputs -> out/ref.nwrun.zip\n"
+    )
     artifact = load("out/ref.nwrun.zip")
     assert list(artifact.runs) == ["ref"] and artifact.cell_source == SCRIPT
     run = artifact.runs["ref"]

@@ -105,9 +105,9 @@ def test_run_reports_every_cell_and_exits_1_on_a_failure(three_cells):
     done = cli("run", str(three_cells), "--ref", "cpu", "--target", "neuron")
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("cell 1: PASS neuron (emulated) vs cpu")
-    assert lines[1].startswith("cell 2: FAIL neuron (emulated) vs cpu")
-    assert lines[2].startswith("cell 3: PASS neuron (emulated) vs cpu")
+    assert lines[0].startswith("cell 1: PASS neuron (emulated) vs cpu (as cuda)")
+    assert lines[1].startswith("cell 2: FAIL neuron (emulated) vs cpu (as cuda)")
+    assert lines[2].startswith("cell 3: PASS neuron (emulated) vs cpu (as cuda)")
     assert lines[2].endswith("1 op fell back to CPU")
     assert lines[3] == "3 reports: 2 PASS, 1 FAIL, 0 ERROR; 1 with CPU fallbacks; 0 cell errors"
     assert "cell 1/3" not in done.stderr  # progress only on a terminal
@@ -235,7 +235,9 @@ def test_script_runs_as_one_cell_with_the_cuda_remap(tmp_path, monkeypatch, caps
     )
     out = capsys.readouterr().out.splitlines()
     assert code == 0, out
-    assert out[0].startswith("train.py: PASS neuron (emulated) vs cpu — 7 outputs, 7 match")
+    assert out[0].startswith(
+        "train.py: PASS neuron (emulated) vs cpu (as cuda) — 7 outputs, 7 match"
+    )
     document = json.loads((tmp_path / "t.json").read_text())
     validator("run").validate(document)
     assert document["input"] == {"path": "train.py", "kind": "script", "cells": 1}
@@ -252,7 +254,7 @@ def test_script_runs_as_one_cell_with_the_cuda_remap(tmp_path, monkeypatch, caps
     assert main(["run", "drift.py", "--ref", "cpu", "--junit", "d.xml"]) == 1
     assert capsys.readouterr().out.splitlines()[-2].startswith("drift.py: FAIL")
     failure = ET.parse(tmp_path / "d.xml").getroot().find("testsuite/testcase/failure")
-    assert failure.get("message").startswith("FAIL neuron (emulated) vs cpu")
+    assert failure.get("message").startswith("FAIL neuron (emulated) vs cpu (as cuda)")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "d.xml",
         "drift.py",
@@ -270,7 +272,7 @@ def test_script_run_in_a_fresh_process_installs_the_target_before_backward(tmp_p
     (tmp_path / "train.py").write_text(SCRIPT)
     done = cli("run", "train.py", "--ref", "cpu", "--target", "neuron", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu")
+    assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu (as cuda)")
 
 
 def test_a_live_magic_report_follows_the_schema(ip):

@@ -353,6 +353,16 @@ def _like(value: Any, default: Any) -> bool:
     return False
 
 
+def _json_scalars(items: list[Any], depth: int = 0) -> bool:
+    """Whether ``items`` holds only JSON scalars and (shallow) lists of them."""
+    return depth < 3 and all(
+        v is None
+        or isinstance(v, bool | int | float | str)
+        or (isinstance(v, list) and _json_scalars(v, depth + 1))
+        for v in items
+    )
+
+
 def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
     """Set ``facts`` and ``steps`` on Run versions that have them.
 
@@ -363,8 +373,15 @@ def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
     if isinstance(facts, dict) and dataclasses.is_dataclass(current):
         values = {}
         for item in dataclasses.fields(current):
-            if item.name in facts and _like(facts[item.name], getattr(current, item.name)):
-                values[item.name] = facts[item.name]
+            value = facts.get(item.name)
+            if item.name == "random_draws":  # fingerprints: lists of JSON scalars
+                fits = isinstance(value, list) and all(
+                    isinstance(v, list) and _json_scalars(v) for v in value
+                )
+            else:
+                fits = item.name in facts and _like(value, getattr(current, item.name))
+            if fits:
+                values[item.name] = value
         try:
             run.facts = type(current)(**values)
         except (TypeError, ValueError):

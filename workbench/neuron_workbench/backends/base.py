@@ -54,8 +54,11 @@ class BackendInfo:
 
     @property
     def label(self) -> str:
-        """``neuron (emulated)`` for emulated devices, else the plain name."""
-        return f"{self.name} (emulated)" if self.emulated else self.name
+        """How reports name the backend: ``neuron (emulated)``, ``cpu (as cuda)``, or the name."""
+        if self.emulated:
+            return f"{self.name} (emulated)"
+        stands_in_for = self.details.get("stands_in_for")
+        return f"{self.name} (as {stands_in_for})" if stands_in_for else self.name
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -7,8 +7,11 @@ Also the report files every command writes (the run JSON document, JUnit XML), s
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +89,52 @@ def _setup_source(
     return "\n".join(lines)
 
 
+def _kernel_manager(kernel_name: str) -> Any:
+    """A kernel manager whose kernel talks over local IPC sockets where the platform has them.
+
+    Over TCP, ipykernel warns on the terminal of every ``run`` that the "Kernel is running over TCP
+    without encryption"; Unix-domain sockets in a private temporary folder need no encryption and
+    end the warning. The folder goes away with :func:`_remove_kernel_sockets`.
+    """
+    from jupyter_client.manager import KernelManager
+
+    if sys.platform.startswith("win"):  # no IPC transport there
+        return KernelManager(kernel_name=kernel_name)
+    folder = tempfile.mkdtemp(prefix="nw-kernel-")
+    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(folder, "k"))
+
+
+def _remove_kernel_sockets(manager: Any) -> None:
+    if getattr(manager, "transport", "tcp") == "ipc":
+        shutil.rmtree(os.path.dirname(manager.ip), ignore_errors=True)
+
+
+def renumber_cell_sites(report: dict[str, Any], offset: int) -> dict[str, Any]:
+    """Shift every ``cell [N]`` site of a report's data by ``-offset`` (in place; returns it).
+
+    ``run`` executes a setup cell first, so each notebook cell runs one count later than in a fresh
+    Jupyter "Run All"; its sites should read as they would there.
+    """
+    from neuron_workbench.report.html import cell_file
+
+    for role in ("ref", "target"):
+        run = report.get(role) or {}
+        profile = run.get("profile") or {}
+        sites = [event.get("site") for event in run.get("fallbacks") or []]
+        for table in ("rows", "first_call", "steady"):
+            sites += [row.get("site") for row in profile.get(table) or []]
+        for site in sites:
+            if isinstance(site, dict) and isinstance(site.get("cell"), int):
+                site["cell"] -= offset
+                site["file"] = cell_file(site["cell"])
+    return report
+
+
+def _report_of(output: dict[str, Any]) -> Any:
+    """The report an output carries: in its data, or in its metadata (``%%neuron --widget``)."""
+    return output.get("data", {}).get(REPORT_MIME) or output.get("metadata", {}).get(REPORT_MIME)
+
+
 def run_notebook(
     path: str | Path,
     *,
@@ -132,6 +181,8 @@ def run_notebook(
         allow_errors=True,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
+    # Set after construction: a client given its manager (km=) would leave the kernel running.
+    client.km = manager = _kernel_manager("python3")
     total = len(code_cells) - 1
     replies: dict[int, dict[str, Any]] = {}
 
@@ -149,6 +200,8 @@ def run_notebook(
         raise WorkbenchUsageError(
             f"{path}: the notebook could not be executed: {type(exc).__name__}: {first}"
         ) from None
+    finally:
+        _remove_kernel_sockets(manager)
     setup_cell = nb.cells[code_cells[0]]
     for output in setup_cell.get("outputs", []):
         if output.get("output_type") == "error":
@@ -161,12 +214,11 @@ def run_notebook(
         cell = nb.cells[index]
         errors_before = len(result.cell_errors)
         for output in cell.get("outputs", []):
-            data = output.get("data", {})
-            if REPORT_MIME in data:
-                report = data[REPORT_MIME]
+            report = _report_of(output)
+            if report:
                 if isinstance(report, str):
                     report = json.loads(report)
-                report = dict(report)
+                report = renumber_cell_sites(json.loads(json.dumps(report)), offset=1)
                 report["label"] = f"cell {position}"
                 report["cell_index"] = position
                 result.reports.append(report)
@@ -285,10 +337,20 @@ def run_script(
     prepare_target(options.compare.target, executor)
     if progress is not None:
         progress(f"running {Path(path).name} on {options.compare.ref} and {options.compare.target}")
+    # The script's own lines (and files next to it) read relative to its folder, as in a notebook.
+    from neuron_workbench.report.html import library_folders, relabel_run_sites
+
+    folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     session = Session()
     try:
         with script_context(path):
-            result = session.run_cell(source, script_namespace(path), options, program=program)
+            result = session.run_cell(
+                source,
+                script_namespace(path),
+                options,
+                program=program,
+                relabel=lambda run: relabel_run_sites(run, {}, folders),
+            )
     finally:
         session.close()
     data = result.report.to_dict()

@@ -161,12 +161,17 @@ class TolerancePolicy:
         Overrides by output path: an exact path (``logits``), a prefix of nested outputs
         (``model`` covers ``model.fc.weight``) or a glob (``model.*.grad``). The longest matching
         pattern wins over ``rtol``/``atol`` and the preset.
+    precision_floor : tuple of torch.dtype
+        Lower precisions the runs computed in (autocast's dtypes): a floating output's default
+        tolerance is at least theirs, since it went through them. Only the ``default`` preset
+        applies it; ``rtol``/``atol``, other presets and overrides win.
     """
 
     preset: str = "default"
     rtol: float | None = None
     atol: float | None = None
     per_output: tuple[tuple[str, Tolerance], ...] = ()
+    precision_floor: tuple[torch.dtype, ...] = ()
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -185,7 +190,30 @@ class TolerancePolicy:
             return max(matching, key=lambda item: len(item[0]))[1]
         if self.rtol is not None and self.atol is not None:
             return Tolerance(float(self.rtol), float(self.atol))
+        if self.floors(ref_dtype, target_dtype):
+            return default_tolerance(ref_dtype, target_dtype, *self.precision_floor)
         return default_tolerance(ref_dtype, target_dtype, preset=self.preset)
+
+    def floors(self, *dtypes: torch.dtype | None) -> bool:
+        """Whether :attr:`precision_floor` applies to an output of these dtypes."""
+        return (
+            bool(self.precision_floor)
+            and self.preset == "default"
+            and self.rtol is None
+            and any(d is not None and (d.is_floating_point or d.is_complex) for d in dtypes)
+        )
+
+    def floor_note(self) -> str | None:
+        """One sentence saying that (and how) autocast loosened the default tolerances."""
+        if not (self.precision_floor and self.preset == "default" and self.rtol is None):
+            return None
+        names = ", ".join(str(d).removeprefix("torch.") for d in self.precision_floor)
+        tol = default_tolerance(*self.precision_floor)
+        return (
+            f"autocast ({names}) was active: floating outputs are judged at {names}'s tolerance "
+            f"(rtol {tol.rtol:.1e}, atol {tol.atol:.1e}), the lowest precision they went "
+            "through; --tol, --preset or --rtol/--atol set others"
+        )
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (recorded in reports)."""
@@ -194,14 +222,5 @@ class TolerancePolicy:
             "rtol": self.rtol,
             "atol": self.atol,
             "per_output": {p: [t.rtol, t.atol] for p, t in self.per_output},
+            "precision_floor": [str(d).removeprefix("torch.") for d in self.precision_floor],
         }
-
-
-def resolve(
-    ref_dtype: torch.dtype | None,
-    target_dtype: torch.dtype | None,
-    rtol: float | None = None,
-    atol: float | None = None,
-) -> Tolerance:
-    """The tolerance for one output: the user's pair if given, else the default dtype table."""
-    return TolerancePolicy(rtol=rtol, atol=atol).for_output("", ref_dtype, target_dtype)

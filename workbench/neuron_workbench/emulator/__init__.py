@@ -9,8 +9,9 @@ One PrivateUse1 backend exists per process: a process emulates ``neuron`` or ``t
 and never next to a real torch_neuronx / torch_tpu (which always wins). Installation cannot be
 undone; restart the kernel.
 
-Limits (raise a clear error): per-device ``torch.Generator``, pinned memory, growing a tensor in
-place, device indices other than 0. Emulated timings are host CPU time.
+Limits (raise a clear error): per-device ``torch.Generator``, growing a tensor in place, device
+indices other than 0, sparse and other non-strided layouts. Pinned memory is emulated: a CPU copy
+that reports ``is_pinned()``. Emulated timings are host CPU time.
 """
 
 from __future__ import annotations

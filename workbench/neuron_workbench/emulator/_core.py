@@ -32,6 +32,7 @@ TPU_WARN_EVERY_CALL = True
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
 _CEANF = DispatchKey.CompositeExplicitAutogradNonFunctional
+_CIA = DispatchKey.CompositeImplicitAutograd
 _perf = time.perf_counter
 
 
@@ -197,10 +198,52 @@ class EmulatedTensor(torch.Tensor):
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+_set_conj = torch._C._set_conj
+_STRIDED = torch.strided
+_set_neg = torch._C._set_neg
 _Emu = EmulatedTensor
 
 
+class _LayoutError(Exception):
+    def __init__(self, layout: Any) -> None:
+        self.layout = layout
+
+
+# Vendor text for non-strided layouts (shared/notes/torchtpu.md §3; shared/coverage/).
+_LAYOUT_BEHAVIOUR = {
+    "tpu": "sparse operators are not supported on TPU yet (TorchTPU's sparse-op fallback)",
+    "neuron": "TorchNeuron's registered coverage has no op for sparse tensors (its kernels are "
+    "registered for dense PrivateUse1 tensors only)",
+}
+
+
+def layout_error(layout: Any, overload: str | None) -> NotImplementedError:
+    """The one-line error for a sparse (or other non-strided) tensor on the emulated device."""
+    op = f" by {overload}" if overload else ""
+    behaviour = _LAYOUT_BEHAVIOUR.get(DEVICE_TYPE, "the real backend supports strided tensors")
+    return NotImplementedError(
+        f"emulated {DEVICE_TYPE}: a {layout} tensor cannot be created on {DEVICE}{op}: {behaviour}. "
+        "Keep it on CPU, or call .to_dense() before moving it to the device."
+    )
+
+
+def sparse_layout_of(base: str, kwargs: dict) -> Any:
+    """The non-strided layout an op is about to create (by its layout= or its name), else None."""
+    layout = kwargs.get("layout")
+    if layout is not None and layout != _STRIDED:
+        return layout
+    if "sparse" not in base:
+        return None
+    for tag, lay in (("csr", "torch.sparse_csr"), ("csc", "torch.sparse_csc"),
+                     ("bsr", "torch.sparse_bsr"), ("bsc", "torch.sparse_bsc")):  # fmt: skip
+        if tag in base:
+            return lay
+    return "torch.sparse_coo"
+
+
 def _wrap(elem: torch.Tensor, acct: _Alloc | None, requires_grad: bool = False) -> EmulatedTensor:
+    if elem.layout is not _STRIDED:
+        raise _LayoutError(elem.layout)
     if acct is None:
         acct = _Alloc(elem.untyped_storage().nbytes() if elem.layout == torch.strided else 0)
     r = _make_wrapper(
@@ -216,6 +259,13 @@ def _wrap(elem: torch.Tensor, acct: _Alloc | None, requires_grad: bool = False) 
     d = r.__dict__
     d["elem"] = elem
     d["_acct"] = acct
+    if elem.is_complex() and elem.is_conj():
+        # Lazy conjugation is a bit on the tensor: the wrapper must carry the payload's, or
+        # composites that test it (real, view_as_real in the backward of hfft) see a
+        # different tensor than the kernel that runs on the payload.
+        _set_conj(r, True)
+    if elem.is_neg():
+        _set_neg(r, True)
     return r
 
 
@@ -227,7 +277,7 @@ def wrap_new(elem: torch.Tensor) -> EmulatedTensor:
 # ---------------------------------------------------------------------------------------------
 # Per-op plans
 
-K_RUN, K_FALLBACK, K_DECOMP, K_IMPL = 0, 1, 2, 3
+K_RUN, K_FALLBACK, K_DECOMP, K_IMPL, K_IMPLICIT = 0, 1, 2, 3, 4
 
 _PLANS: dict[Any, tuple] = {}
 CPU_IMPLS: dict[Any, Any] = {}  # op -> python impl on CPU payloads (ops without a CPU kernel)
@@ -333,6 +383,14 @@ def _make_plan(func: Any) -> tuple:
         # backend has no kernel of its own: check its pieces op by op. (Structured
         # CompositeExplicitAutogradNonFunctional wrappers only reach the same op's out= form.)
         kind = K_DECOMP
+    elif base not in _NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
+        schema.name + (f".{schema.overload_name}" if schema.overload_name else ""),
+        "CompositeImplicitAutograd",
+    ):
+        # A CompositeImplicitAutograd op called below autograd (from another op's kernel, such as
+        # SDPA's math path calling softmax.int): a backend without a kernel of its own runs the
+        # decomposition, as the real dispatcher does, never a CPU fallback of the whole op.
+        kind = K_IMPLICIT
     else:
         kind = K_FALLBACK
     resync = has_out or base in _RESTRIDE
@@ -352,6 +410,11 @@ def _make_plan(func: Any) -> tuple:
         base,
     )
     to_cpu = base == "_to_copy"
+    # Positional arguments typed plain Tensor: a wrapped number (the 0-dim tensor C++ makes of a
+    # Python scalar) reaches Python as a number there (see _rewrap_numbers).
+    tensor_slots = tuple(
+        i for i, a in enumerate(args_info) if not a.kwarg_only and str(a.type) == "Tensor"
+    )
     plan = (
         kind,
         tuple(ret_alias),
@@ -362,6 +425,7 @@ def _make_plan(func: Any) -> tuple:
         to_cpu,
         base,
         _overload_name(func),
+        tensor_slots,
     )
     _PLANS[func] = plan
     return plan
@@ -411,8 +475,14 @@ def _unwrap_list(seq: Any, exempt: bool) -> Any:
 
 
 def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
-    kind, ret_alias, resync, share, exempt, numerics, to_cpu, base, overload = plan
+    kind, ret_alias, resync, share, exempt, numerics, to_cpu, base, overload, tensor_slots = plan
 
+    if kind == K_IMPLICIT:
+        if sparse_layout_of(base, kwargs) is None and not any(
+            isinstance(a, torch.Tensor) and a.layout is not _STRIDED for a in args
+        ):
+            return func._op_dk(_CIA, *args, **kwargs)
+        kind = K_FALLBACK  # sparse layouts: the real backend's sparse handling (an error here)
     if kind == K_DECOMP:
         _events.begin_tentative()
         try:
@@ -470,6 +540,10 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             ckw[k] = v
 
     if kind == K_FALLBACK and not CPU_FALLBACK:
+        layout = sparse_layout_of(base, ckw)
+        if layout is not None:
+            # The real backend routes these to its sparse handling, not the op fallback.
+            raise layout_error(layout, overload)
         raise not_implemented_error(overload)
 
     # numerics policy
@@ -480,6 +554,10 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
 
     t0 = _perf()
     fn = CPU_IMPLS[func] if kind == K_IMPL else func
+    for i in tensor_slots:
+        if i < len(cargs) and type(cargs[i]) in _NUMBERS:
+            fn = _rewrap_numbers(func, fn, cargs, tensor_slots)
+            break
     if matmul is not None and MATMUL_PASSES:
         out = _matmul_passes(fn, base, matmul, cargs, ckw)
     else:
@@ -501,37 +579,69 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             return out
 
     # wrap, keeping identity for in-place and out= results
-    if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
-        alias = ret_alias[0] if ret_alias else None
-        if alias is not None:
-            orig = args[alias[1]] if alias[0] == "a" else kwargs[alias[1]]
-            if resync and type(orig) is _Emu:
-                _resync(orig)
-            return orig
-        if share and first is not None:
-            return _wrap(out, first.__dict__["_acct"])
-        return _wrap(out, None)
-    if type(out) is tuple or type(out) is list:
-        res = []
-        acct = first.__dict__["_acct"] if share and first is not None else None
-        for i, o in enumerate(out):
-            alias = ret_alias[i] if i < len(ret_alias) else None
+    try:
+        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+            alias = ret_alias[0] if ret_alias else None
             if alias is not None:
                 orig = args[alias[1]] if alias[0] == "a" else kwargs[alias[1]]
                 if resync and type(orig) is _Emu:
                     _resync(orig)
-                res.append(orig)
-            elif isinstance(o, torch.Tensor):
-                res.append(_wrap(o, acct))
-            elif type(o) is list:
-                res.append([_wrap(x, acct) if isinstance(x, torch.Tensor) else x for x in o])
-            else:
-                res.append(o)
-        return tuple(res) if type(out) is tuple else res
+                return orig
+            if share and first is not None:
+                return _wrap(out, first.__dict__["_acct"])
+            return _wrap(out, None)
+        if type(out) is tuple or type(out) is list:
+            res = []
+            acct = first.__dict__["_acct"] if share and first is not None else None
+            for i, o in enumerate(out):
+                alias = ret_alias[i] if i < len(ret_alias) else None
+                if alias is not None:
+                    orig = args[alias[1]] if alias[0] == "a" else kwargs[alias[1]]
+                    if resync and type(orig) is _Emu:
+                        _resync(orig)
+                    res.append(orig)
+                elif isinstance(o, torch.Tensor):
+                    res.append(_wrap(o, acct))
+                elif type(o) is list:
+                    res.append([_wrap(x, acct) if isinstance(x, torch.Tensor) else x for x in o])
+                else:
+                    res.append(o)
+            return tuple(res) if type(out) is tuple else res
+    except _LayoutError as exc:
+        raise layout_error(exc.layout, overload) from None
     if out is None and ret_alias:
         # ops like _foreach_add_ return nothing but mutate
         return None
     return out
+
+
+_NUMBERS = (int, float, bool, complex)
+
+
+def _rewrap_numbers(func: Any, fn: Any, cargs: list, tensor_slots: tuple) -> Any:
+    """The callable that accepts a Python number where ``func`` wants a Tensor.
+
+    A composite that runs on the device (e.g. ``copysign.Scalar``) calls the Tensor overload with
+    a wrapped number; Python receives it as a number, and most overloads refuse a number for a
+    Tensor argument. The overload packet resolves it the way C++ meant it (the ``.Scalar``
+    overload wraps the number with the same type-promotion rules). Without such an overload, a
+    0-dim tensor stands in (promotion can differ for mixed categories).
+    """
+    if fn is not func:
+        return fn
+    packet = getattr(getattr(torch.ops, func.namespace), func._schema.name.split("::", 1)[1])
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return packet(*args, **kwargs)
+        except RuntimeError:
+            args = list(args)
+            for i in tensor_slots:
+                if i < len(args) and type(args[i]) in _NUMBERS:
+                    args[i] = torch.tensor(args[i])
+            return func(*args, **kwargs)
+
+    return call
 
 
 def _resync(w: EmulatedTensor) -> None:

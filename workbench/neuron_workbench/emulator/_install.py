@@ -3,7 +3,8 @@
 Order matters and nothing can be undone within a process: rename PrivateUse1, generate the
 ``Tensor.neuron()``-style methods, register ``torch.<device>``, the ``_acc`` hook and device guard,
 then the library kernels and a few Python-level patches (``torch.accelerator`` pieces the C++ side
-cannot serve, pinned memory and per-device generators, which must fail with a clear message).
+cannot serve, pinned memory (emulated as a CPU copy that reports ``is_pinned``) and per-device
+generators, which must fail with a clear message).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.emulator import _core, device_module, kernels
+from neuron_workbench.emulator import _core, _guard, _pinned, device_module, kernels
 from neuron_workbench.emulator.profiles import Profile
 from neuron_workbench.errors import BackendUnavailable
 
@@ -27,12 +28,6 @@ class _Hook(torch._C._acc.PrivateUse1Hooks):
 
     def is_built(self) -> bool:
         return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    # Mandatory: without a device guard every .to(device) fails ("not linked with support").
-    def type_(self) -> Any:
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 _accel_patched = False
@@ -92,15 +87,8 @@ def _patch_accelerator(device_type: str, mod: Any) -> None:
 
 def _patch_limits(device_type: str) -> None:
     # Pinned memory: PrivateUse1 becomes the pinning target and a Python backend has no pinned
-    # allocator. Fail with a message that names the limit instead of a hooks-interface error.
-    def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
-        raise kernels.pin_memory_error()
-
-    def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
-        return False
-
-    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign]
-    torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign]
+    # allocator; pin in name only (a CPU copy that reports is_pinned), which changes only speed.
+    _pinned.install()
 
     base = torch.Generator
     if getattr(base, "_neuron_workbench", False):
@@ -151,6 +139,24 @@ def _patch_tpu_precision(mod: Any) -> None:
     torch.get_float32_matmul_precision = get_float32_matmul_precision
 
 
+def _default_to_foreach() -> None:
+    """Optimizers and ``clip_grad_norm_`` take the foreach path for emulated tensors.
+
+    PyTorch picks foreach for tensors of exact type ``Tensor``/``Parameter`` on supported devices
+    (PrivateUse1 is one); emulated tensors are a wrapper subclass, so without this they would take
+    the per-tensor loop that a real device's plain tensors never take.
+    """
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils._foreach_utils as foreach_utils
+
+    for supported in (
+        optimizer_module._foreach_supported_types,
+        foreach_utils._foreach_supported_types,
+    ):
+        if _core.EmulatedTensor not in supported:
+            supported.append(_core.EmulatedTensor)
+
+
 def install(device_type: str, profile: Profile) -> None:
     """Register the emulated device (once per process)."""
     torch.utils.rename_privateuse1_backend(device_type)
@@ -161,7 +167,8 @@ def install(device_type: str, profile: Profile) -> None:
             f"emulated {device_type} is not available: another PrivateUse1 hook is registered "
             "(a real backend owns the device); restart without it"
         )
-    torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+    torch._C._acc.register_python_privateuseone_device_guard(_guard.DeviceGuard())
+    _guard.install_engine_proxy()
     try:
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_storage=False, for_packed_sequence=True
@@ -173,6 +180,7 @@ def install(device_type: str, profile: Profile) -> None:
     sys.modules[f"torch.{device_type}"] = mod
     sys.modules[f"torch.{device_type}.memory"] = mod.memory
     kernels.register_all()
+    _default_to_foreach()
     _patch_accelerator(device_type, mod)
     _patch_limits(device_type)
     if device_type == "tpu":

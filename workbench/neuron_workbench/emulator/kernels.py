@@ -46,12 +46,9 @@ def _check_index(dev: Any) -> None:
         )
 
 
-def pin_memory_error() -> NotImplementedError:
-    """The error for pinned memory, which a Python backend cannot provide."""
-    return NotImplementedError(
-        f"emulated {_core.DEVICE_TYPE}: pinned host memory is not available (a Python backend "
-        "cannot provide a pinned-memory allocator). Use pin_memory=False; it changes only speed."
-    )
+def pin_memory_error() -> RuntimeError:
+    """The error for a device factory asked for pinned memory (CUDA's wording)."""
+    return RuntimeError("Only dense CPU tensors can be pinned")
 
 
 def _factory_ops() -> list[Any]:
@@ -89,6 +86,9 @@ def _make_factory(op: Any) -> Any:
             # (empty + normal_, ...) are checked op by op.
             return op._op_dk(_CEA, *args, **kwargs)
         if not native and not _core.CPU_FALLBACK:
+            layout = _core.sparse_layout_of(base, kwargs)
+            if layout is not None:
+                raise _core.layout_error(layout, overload)
             raise _core.not_implemented_error(overload)
         kw = dict(kwargs)
         kw["device"] = torch.device("cpu")
@@ -97,10 +97,7 @@ def _make_factory(op: Any) -> Any:
         if not native:
             _events.record_event(f"aten::{base}", overload, (), _core._perf() - t0)
         if out.layout != torch.strided:
-            raise NotImplementedError(
-                f"emulated {_core.DEVICE_TYPE}: only strided (dense) tensors are supported, "
-                f"not {out.layout}"
-            )
+            raise _core.layout_error(out.layout, overload)
         return _core.wrap_new(out)
 
     return kernel
@@ -131,6 +128,15 @@ def _backend_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return _core.wrap_new(out)
     return out
+
+
+def _sparse_fallback(default_layout: str | None) -> Any:
+    def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+        base = op._schema.name.split("::", 1)[1]
+        layout = _core.sparse_layout_of(base, kwargs) or default_layout or "sparse compressed"
+        raise _core.layout_error(layout, _core._overload_name(op))
+
+    return fallback
 
 
 # ---- autocast ------------------------------------------------------------------------------
@@ -264,7 +270,7 @@ def _sdpa(
     # overrideable op, which TorchNeuron and TorchTPU register.
     choice = -1
     mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
-    if not enable_gqa and not mask_grad:
+    if not mask_grad:
         choice = torch._fused_sdp_choice(
             _payload(query),
             _payload(key),
@@ -273,7 +279,11 @@ def _sdpa(
             dropout_p,
             is_causal,
             scale=scale,
+            enable_gqa=enable_gqa,
         )
+    # Grouped-query attention (fewer key/value heads) goes to the fused op as it is: CPU's flash
+    # kernel shares each key/value head among its group of query heads and sums their gradients in
+    # float32, which expanding the heads first would not reproduce.
     if choice == _FLASH:
         if attn_mask is not None and attn_mask.dtype == torch.bool:
             attn_mask = torch.where(
@@ -365,6 +375,42 @@ def _gru_cell(
     return hy, input_gates.new_empty(0)
 
 
+def _native_composites() -> list[str]:
+    """Overloads of natively registered ops that also have a CompositeImplicitAutograd kernel.
+
+    Ops such as ``silu_backward`` have per-backend kernels *and* a math decomposition for backends
+    without one. The real backend registers them, so its autograd runs the op itself; without a
+    PrivateUse1 kernel the dispatcher would decompose them above the emulator (other ops, other
+    rounding). Only ops with a CPU kernel qualify (they have an autograd formula of their own).
+    """
+    names = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        name = qualified[len("aten::") :]
+        if name.partition(".")[0] not in _core.NATIVE:
+            continue
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        if (
+            has(qualified, "CompositeImplicitAutograd")
+            and has(qualified, "CPU")
+            and not has(qualified, "PrivateUse1")
+        ):
+            names.append(name)
+    return names
+
+
+def _unreachable_native(op_name: str) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        # Emulated tensors carry the Python key, which dispatches before PrivateUse1.
+        raise RuntimeError(
+            f"emulated {_core.DEVICE_TYPE}: {op_name} reached its placeholder kernel without an "
+            "emulated tensor argument"
+        )
+
+    return kernel
+
+
 def register_all() -> None:
     """Register every kernel (once per process; the caller guards re-entry)."""
     pu1 = Library("aten", "IMPL", "PrivateUse1")
@@ -373,10 +419,16 @@ def register_all() -> None:
         pu1.impl(_core._overload_name(op)[6:], _make_factory(op))
     pu1.impl("_copy_from", _copy_from)
     pu1.impl("_copy_from_and_resize", _copy_from_and_resize)
+    for name in _native_composites():
+        pu1.impl(name, _unreachable_native(name))
 
     glob = Library("_", "IMPL")
     _LIBS.append(glob)
     glob.fallback(_backend_fallback, "PrivateUse1")
+    # Sparse dispatch keys of the device (e.g. torch.zeros(..., layout=torch.sparse_coo,
+    # device=...)): one fallback that refuses, as TorchTPU's sparse-op fallback does.
+    glob.fallback(_sparse_fallback("torch.sparse_coo"), "SparsePrivateUse1")
+    glob.fallback(_sparse_fallback(None), "SparseCsrPrivateUse1")
     # torch 2.13 has no AutocastPrivateUse1 fallthrough: without it the first op fails.
     glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
 

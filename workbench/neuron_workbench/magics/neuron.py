@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from neuron_workbench.report.driver import (
     WHAT_IF_CHOICES,
     CompareOptions,
 )
+from neuron_workbench.report.html import library_folders, relabel_run_sites
 from neuron_workbench.report.session import (
     EXECUTOR_CHOICES,
     CellOptions,
@@ -29,12 +31,47 @@ from neuron_workbench.report.session import (
     prepare_target,
 )
 from neuron_workbench.run import compile_cell
+from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 
 __all__ = ["NeuronMagics", "prepare_target"]
 
 
 def _capture() -> Any:
     return capture_output(stdout=True, stderr=True, display=True)
+
+
+def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, int]]:
+    """Compiled filename of each notebook cell → its execution count (``cell [N]`` in sites).
+
+    IPython records the temporary file every cell is compiled under (``shell.compile``'s
+    ``_filename_map``); the ``%%neuron`` cell's body is compiled under ``own_filename`` and
+    belongs to the cell that is running now, one line below its ``%%neuron`` line.
+    """
+    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    names: dict[str, int | tuple[int, int]] = {
+        str(k): int(v) for k, v in mapping.items() if isinstance(v, int)
+    }
+    # The running cell's count: that of the cell code calling the magic (IPython counts up before a
+    # cell runs, so shell.execution_count is already the next one), else the shell's.
+    frame = sys._getframe(1)
+    count = None
+    while frame is not None and count is None:
+        count = mapping.get(frame.f_code.co_filename)
+        frame = frame.f_back
+    names[own_filename] = (int(count if isinstance(count, int) else shell.execution_count), 1)
+    return names
+
+
+def site_folders(start_dir: str) -> list[str]:
+    """Folders a site's file is shown relative to: notebook's, working directory, import roots.
+
+    A library's file reads ``transformers/...py:120``. JupyterLab tells the kernel its notebook's
+    path in ``$JPY_SESSION_NAME``; elsewhere the folder the kernel started in (where nbclient and
+    Jupyter start it: the notebook's) stands in.
+    """
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    notebook_dir = os.path.dirname(session) if os.path.isabs(session) else start_dir
+    return [notebook_dir, os.getcwd(), *library_folders()]
 
 
 @magics_class
@@ -76,9 +113,9 @@ class NeuronMagics(Magics):
     strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
     widget = Bool(
         False,
-        help="Also show the interactive report widget (tabs, Plotly charts) under each report. "
-        "JupyterLab renders the report natively through the neuron-workbench-lab extension, also "
-        "after a reload; the widget needs a live kernel.",
+        help="Show every report as the interactive widget (tabs, Plotly charts), also where the "
+        "neuron-workbench-lab extension would draw its native view (JupyterLab). Without it each "
+        "front end picks its richest view: the extension's in JupyterLab, the widget elsewhere.",
     ).tag(config=True)
 
     executor = Enum(
@@ -101,6 +138,7 @@ class NeuronMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self.session = Session()
+        self._start_dir = os.getcwd()
 
     @magic_arguments()
     @argument(
@@ -159,6 +197,13 @@ class NeuronMagics(Magics):
         help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
     )
     @argument(
+        "--ref-precision",
+        choices=REF_PRECISIONS,
+        dest="ref_precision",
+        help="cuda (default): a cpu reference computes as a CUDA GPU would, TF32 matmuls when the "
+        "cell enables them; fp32: full float32 matmuls",
+    )
+    @argument(
         "--profile",
         action="store_true",
         help="record an op-level profile (time, calls, memory) of both runs; emulated timings are "
@@ -188,7 +233,8 @@ class NeuronMagics(Magics):
     @argument(
         "--widget",
         action="store_true",
-        help="also show the interactive report widget (Summary/Numerics/Layers/Ops/Fallbacks tabs)",
+        help="show the report as the interactive widget (Summary/Numerics/Layers/Ops/Fallbacks "
+        "tabs) in every front end, JupyterLab included",
     )
     @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
     @argument(
@@ -223,7 +269,11 @@ class NeuronMagics(Magics):
         are compared with dtype-aware tolerances (``torch.testing.assert_close``'s defaults).
 
         Without Trainium or TPU hardware, ``neuron`` and ``tpu`` are emulated on the host CPU and
-        every report says so.
+        every report says so. Without a GPU the reference is the host CPU standing in for ``cuda``
+        (``cpu (as cuda)``): the cell's CUDA parts get CUDA's semantics (``.cuda()`` copies, CUDA's
+        autocast op lists, pinned memory, foreach optimizers, TF32 when the cell enables it), and
+        the report lists what stays different from a real GPU. Under autocast, floating outputs are
+        judged at the tolerance of the lowest precision they went through.
 
         Examples
         --------
@@ -261,6 +311,7 @@ class NeuronMagics(Magics):
                 repeat=max(args.steps or 1, args.repeat or 1),
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
+                ref_precision=args.ref_precision or "cuda",
             )
             shell = self.shell
             options = CellOptions(
@@ -278,12 +329,17 @@ class NeuronMagics(Magics):
                 ),
                 against=args.against,
                 scan=not args.no_scan,
+                # the scanner counts lines as the editor does: line 1 is the %%neuron line
+                source_first_line=2,
                 executor=args.executor or self.executor,
                 timeout=args.timeout if args.timeout is not None else self.timeout,
                 extra_targets=tuple(targets[1:]),
             )
             options.validate()
             program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
+            # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
+            cells = cell_filenames(shell, program.filename)
+            folders = site_folders(self._start_dir)
             result = self.session.run_cell(
                 cell,
                 shell.user_ns,
@@ -291,6 +347,7 @@ class NeuronMagics(Magics):
                 program=program,
                 hidden=frozenset(shell.user_ns_hidden),
                 capture=_capture,
+                relabel=lambda run: relabel_run_sites(run, cells, folders),
             )
         except WorkbenchUsageError as exc:
             raise UsageError(str(exc)) from None
@@ -300,12 +357,14 @@ class NeuronMagics(Magics):
             kept.show()  # what the cell printed, once (the kept run's copy)
         if args.output:
             self.shell.user_ns[args.output] = report if len(result.reports) == 1 else result.reports
-        for each in result.reports:
-            display(each)
-        if args.widget or self.widget:
-            from neuron_workbench.views import show_report
+        # One display per report; each front end picks its richest view (views.report_bundle).
+        from neuron_workbench.views import report_bundle
 
-            show_report(report)
+        for each in result.reports:
+            data, metadata = report_bundle(
+                each, widget="force" if args.widget or self.widget else "auto"
+            )
+            display(data, metadata=metadata, raw=True)
         if result.strict_violation:
             raise UsageError(result.strict_violation)
         return result.last_value

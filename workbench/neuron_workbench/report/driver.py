@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
-from neuron_workbench.report.hints import hints_for
+from neuron_workbench.report.hints import Evidence, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
     CellProgram,
@@ -22,6 +25,7 @@ from neuron_workbench.run import (
     execute,
     mark_resident,
 )
+from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 from neuron_workbench.run.executor import (
     Captured,
     Executor,
@@ -67,6 +71,9 @@ class CompareOptions:
         ``device`` (each device's generator) or ``cpu`` (draw on the CPU and move).
     what_if : str or None
         ``bf16-matmul``: round float32 matmul/conv inputs to bfloat16 on the emulated target.
+    ref_precision : str
+        ``cuda``: a cpu reference computes as a CUDA GPU would (TF32 matmuls when the cell enables
+        them); ``fp32``: full float32 matmuls.
     """
 
     ref: str = "cpu"
@@ -82,6 +89,7 @@ class CompareOptions:
     repeat: int = 1
     rng: str = "device"
     what_if: str | None = None
+    ref_precision: str = "cuda"
 
     def policy(self) -> TolerancePolicy:
         """The tolerance policy these options describe."""
@@ -100,6 +108,8 @@ class CompareOptions:
             raise WorkbenchUsageError("--steps must be at least 1")
         if self.what_if is not None and self.what_if not in WHAT_IF_CHOICES:
             raise WorkbenchUsageError(f"--what-if must be one of {', '.join(WHAT_IF_CHOICES)}")
+        if self.ref_precision not in REF_PRECISIONS:
+            raise WorkbenchUsageError(f"--ref-precision must be one of {', '.join(REF_PRECISIONS)}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -114,6 +124,7 @@ class CompareOptions:
             "steps": self.repeat,
             "rng": self.rng,
             "what_if": self.what_if,
+            "ref_precision": self.ref_precision,
         }
 
 
@@ -172,7 +183,10 @@ def compare_cell(
     for availability in checks:
         if not availability:
             raise BackendUnavailable(availability.reason)
-    all_instruments = dict(instruments or {})
+    from neuron_workbench.trace.optimizer import optimizer_instrument
+
+    # Gradients at every optimizer.step(): evidence for the optimizer hints, copied only on a step.
+    all_instruments = {"optimizer": optimizer_instrument, **(instruments or {})}
     if options.layers:
         from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument
@@ -191,6 +205,7 @@ def compare_cell(
         instruments=all_instruments,
         rng_on_cpu=options.rng == "cpu",
         repeat=options.repeat,
+        ref_precision=options.ref_precision,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
     target_run = _run_target(spec, executor, target_backend, "target", options.what_if)
@@ -221,6 +236,7 @@ def compare_cell(
         options=options.to_dict(),
         warnings=warnings,
         layers=layers,
+        notes=comparison_notes(ref_run, target_run, policy),
     )
     extra_reports = []
     for extra_run in extra_runs:
@@ -234,6 +250,7 @@ def compare_cell(
                 options={**options.to_dict(), "target": extra_run.backend.name},
                 warnings=list(warnings),
                 layers=extra_layers,
+                notes=comparison_notes(ref_run, extra_run, policy),
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
@@ -260,10 +277,12 @@ def compare_runs(
     """
     if not (ref.ok and target.ok):
         return None, None
-    policy = policy or TolerancePolicy()
+    policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
+    _complete_outputs(ref, target)
     comparison = compare_outputs(ref.outputs, target.outputs, policy=policy)
+    evidence = Evidence(ref, target, policy)
     for diff in comparison.failures:
-        diff.hints = hints_for(diff, ref, target)
+        diff.hints = hints_for(diff, ref, target, evidence)
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
         from neuron_workbench.trace.layers import compare_layers, full_output_diffs
@@ -276,6 +295,43 @@ def compare_runs(
             layers = compare_layers(ref_trace, target_trace, policy)
             layers.full_diffs = full_output_diffs(ref_trace, target_trace, policy)
     return comparison, layers
+
+
+def _complete_outputs(ref: Run, target: Run) -> None:
+    """Compare an input one run changed in place with the other run's final value of it.
+
+    Moving a module to a device can read as an in-place change on one backend and not on another
+    (an emulated device swaps parameter tensors; CPU and CUDA swap their ``.data``); either way the
+    cell's effect is the object's final state, which every run keeps in its bindings.
+    """
+    for run, other in ((ref, target), (target, ref)):
+        for name in other.outputs:
+            if name not in run.outputs and name in run.bindings:
+                run.outputs[name] = run.bindings[name]
+
+
+def with_precision_floor(policy: TolerancePolicy, ref: Run, target: Run) -> TolerancePolicy:
+    """``policy`` with the autocast dtypes either run computed in as its precision floor."""
+    names = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
+    floor = tuple(
+        getattr(torch, n) for n in names if isinstance(getattr(torch, n, None), torch.dtype)
+    )
+    return dataclasses.replace(policy, precision_floor=floor) if floor else policy
+
+
+def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> list[str]:
+    """What the report says about how the runs were compared, beyond the verdict.
+
+    The tolerance floor autocast implies, and how a reference stood in for another device (with
+    what stays different from it).
+    """
+    notes = []
+    floor = with_precision_floor(policy or TolerancePolicy(), ref, target).floor_note()
+    if floor:
+        notes.append(floor)
+    notes.extend(f"{ref.backend.label}: {note}" for note in ref.facts.notes)
+    notes.extend(f"{target.backend.label}: {note}" for note in target.facts.notes)
+    return notes
 
 
 def _trace_of(value: Any) -> Any:

@@ -1,45 +1,129 @@
-"""Likely causes of a numeric difference, from what is known about the two runs.
+"""Likely causes of a numeric difference, each backed by what the two runs did.
 
-Each hint is a sentence a user can act on, citing the vendor fact it rests on
-(``shared/notes/torchneuron.md``, ``shared/notes/torchtpu.md``). Hints are suggestions, never
-verdicts: they name what *could* explain a difference given the dtypes and what the runs did.
+A hint is given only when the runs' evidence supports it: a documented target rule that applies to
+the output's dtype (``shared/notes/torchneuron.md``, ``shared/notes/torchtpu.md``), random numbers
+that really differed, an optimizer step whose gradients matched but whose update magnified them, a
+kernel choice that differs between real devices. A failing output with no supported cause says
+"cause not identified" rather than guessing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from neuron_workbench.compare import OutputDiff
-from neuron_workbench.run.records import Run
+from neuron_workbench.compare.flatten import iter_leaves
+from neuron_workbench.compare.tolerances import TolerancePolicy
+from neuron_workbench.run.records import Run, recorded, same_random_numbers
 
 _FLOAT64 = ("float64", "complex128")
 _INT64 = ("int64",)
+_LOWER = ("bfloat16", "float16")
+
+CAUSE_NOT_IDENTIFIED = (
+    "cause not identified: no documented target rule, random draw, optimizer or kernel difference "
+    "explains it; run with --layers to find the module where it is born"
+)
 
 
-def hints_for(diff: OutputDiff, ref: Run, target: Run) -> list[str]:
-    """Hints for one failing output (empty for a passing one)."""
+class Evidence:
+    """What both runs recorded, looked up once per comparison and shared by every failing output."""
+
+    def __init__(self, ref: Run, target: Run, policy: TolerancePolicy | None = None) -> None:
+        self.ref = ref
+        self.target = target
+        self.policy = policy or TolerancePolicy()
+        self.same_random = same_random_numbers(ref.facts, target.facts)
+        self._leaves: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    def leaves(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each run's outputs by path (built on first use)."""
+        if self._leaves is None:
+            self._leaves = (
+                dict(iter_leaves(self.ref.outputs)),
+                dict(iter_leaves(self.target.outputs)),
+            )
+        return self._leaves
+
+    def optimizer_hint(self, diff: OutputDiff) -> str | None:
+        """Optimizer evidence for a failing parameter: gradients at ``step()``, and the update's gain."""
+        ref_steps = recorded(self.ref.extras.get("optimizer"))
+        target_steps = recorded(self.target.extras.get("optimizer"))
+        if not (hasattr(ref_steps, "at_step") and hasattr(target_steps, "at_step")):
+            return None
+        ref_leaves, target_leaves = self.leaves()
+        ref_at = ref_steps.at_step(ref_leaves.get(diff.path))
+        target_at = target_steps.at_step(target_leaves.get(diff.path))
+        if ref_at is None or target_at is None or ref_at.grad is None or target_at.grad is None:
+            return None
+        if ref_at.grad.shape != target_at.grad.shape:
+            return None
+        ref_grad = ref_at.grad.double()
+        grad_delta = (target_at.grad.double() - ref_grad).abs()
+        tol = self.policy.for_output(f"{diff.path}.grad", ref_at.grad.dtype, target_at.grad.dtype)
+        allowed = tol.atol + tol.rtol * ref_grad.abs()
+        outside = int((grad_delta > allowed).sum())
+        max_delta = float(grad_delta.max()) if grad_delta.numel() else 0.0
+        step = f"{ref_at.optimizer}.step()"
+        if outside:
+            return (
+                f"the gradient already differed at {step} ({outside} of {grad_delta.numel()} "
+                f"elements outside tolerance, max|Δ| {max_delta:.1e}): the difference comes from "
+                "the forward or backward pass, not the optimizer; --layers finds the module"
+            )
+        index = diff.worst_index
+        if index is None or len(index) != ref_grad.dim():
+            return None
+        sensitivity = ref_at.update_sensitivity(index)
+        if sensitivity is None or ref_at.eps is None:
+            return None
+        g = float(ref_grad[index])
+        dg = float(grad_delta[index])
+        predicted = sensitivity * dg
+        observed = abs((diff.worst_target or 0.0) - (diff.worst_ref or 0.0))
+        if observed == 0.0 or predicted < 0.1 * observed:
+            return None
+        at = list(index)
+        return (
+            f"optimizer amplification: gradients matched within tolerance at {step} (max|Δ| "
+            f"{max_delta:.1e}), but {ref_at.optimizer} divides each update by sqrt(v)+eps; at "
+            f"{at} |grad| is {abs(g):.1e} against eps {ref_at.eps:.0e}, so a gradient difference "
+            f"of {dg:.1e} moves the weight by about {predicted:.1e} (observed {observed:.1e}). "
+            "Float32 rounding, not a porting error: compare gradients, or loosen this output "
+            f"(--tol {diff.path}=RTOL,ATOL)"
+        )
+
+
+def hints_for(
+    diff: OutputDiff, ref: Run, target: Run, evidence: Evidence | None = None
+) -> list[str]:
+    """Hints for one failing output (empty for a passing one); never a guess."""
     if diff.passed:
         return []
+    evidence = evidence or Evidence(ref, target)
     hints: list[str] = []
     backend = target.backend
     numerics = backend.details.get("numerics", {}) if backend.emulated else {}
     on_neuron = backend.name == "neuron"
-    facts = target.facts
-    if on_neuron and diff.ref_dtype in _FLOAT64:
+    dtypes = {diff.ref_dtype, diff.target_dtype}
+    if on_neuron and dtypes & set(_FLOAT64):
         hints.append(
             "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits "
             "and back; torchneuron.md §7): expect float32 precision, or compute this in float32 "
             "on purpose"
         )
-    if on_neuron and diff.ref_dtype in _INT64:
+    if on_neuron and dtypes & set(_INT64):
         hints.append(
             "int64 arithmetic runs as int32 on neuron (torchneuron.md §7): values beyond ±2^31 "
             "wrap around; keep indices and counters within int32"
         )
-    for dtype in facts.autocast_dtypes:
+    autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
+    if autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
         hints.append(
-            f"autocast ({dtype}) was active: matmuls and convolutions ran in {dtype}, so compare "
-            "with a lower-precision tolerance (--preset bf16-autocast)"
+            f"autocast op lists differ: this output is {diff.ref_dtype} on {ref.backend.label} "
+            f"but {diff.target_dtype} on {backend.label}, so the two backends cast different ops "
+            f"under autocast ({', '.join(autocast)})"
         )
     if numerics.get("bf16_matmul"):
         hints.append(
@@ -48,34 +132,76 @@ def hints_for(diff: OutputDiff, ref: Run, target: Run) -> list[str]:
         )
     precision = str(numerics.get("matmul_precision", ""))
     if backend.name == "tpu" and precision.startswith("DEFAULT"):
+        also = (
+            " (under autocast too: the matmuls it leaves in float32, such as attention's math "
+            "path, which upcasts)"
+            if autocast
+            else ""
+        )
         hints.append(
-            "TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5): "
+            f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}: "
             "torch.set_float32_matmul_precision('highest') gives 6-pass, near-fp32 results"
         )
-    if facts.nondeterministic_ops:
-        ops = ", ".join(sorted(facts.nondeterministic_ops))
+    tf32 = [run.backend.label for run in (ref, target) if _used_tf32(run)]
+    if tf32:
+        hints.append(
+            f"TF32: {', '.join(tf32)} rounded float32 matmul inputs to 10 mantissa bits, as the "
+            "cell enabled (allow_tf32 / set_float32_matmul_precision); --ref-precision fp32 turns "
+            "it off on a cpu reference"
+        )
+    if ref.facts.nondeterministic_ops or target.facts.nondeterministic_ops:
+        ops = ", ".join(
+            sorted(set(ref.facts.nondeterministic_ops) | set(target.facts.nondeterministic_ops))
+        )
         hints.append(
             f"accumulating scatters ran ({ops}): with repeated indices their summation order, and "
             "so their rounding, differs between devices"
         )
-    if facts.dropout_in_training:
+    if evidence.same_random is not True and not (ref.facts.rng_on_cpu and target.facts.rng_on_cpu):
+        drew = sorted(set(ref.facts.random_ops) | set(target.facts.random_ops))
+        if drew:
+            seen = "differed" if evidence.same_random is False else "cannot be compared"
+            way_out = (
+                "call model.eval() for a comparison, or --rng cpu to share the masks"
+                if ref.facts.dropout_in_training or target.facts.dropout_in_training
+                else "--rng cpu draws them on the CPU for both runs"
+            )
+            hints.append(
+                f"random numbers drawn on the device {seen} between the runs "
+                f"({_short_list(drew)}): {way_out}"
+            )
+    optimizer = evidence.optimizer_hint(diff)
+    if optimizer:
+        hints.append(optimizer)
+    if (ref.facts.attention_calls or target.facts.attention_calls) and _real_device(ref, target):
         hints.append(
-            "dropout ran in training mode: each device draws its own masks; call model.eval() "
-            "for a comparison, or --rng cpu to share the masks"
+            "scaled_dot_product_attention ran: real devices pick different attention kernels "
+            "(flash, memory-efficient, math), whose summation order, and so rounding, differs"
         )
-    elif facts.random_ops and not facts.rng_on_cpu:
-        ops = ", ".join(sorted(facts.random_ops))
+    if (ref.facts.rnn_calls or target.facts.rnn_calls) and (autocast or _real_device(ref, target)):
         hints.append(
-            f"random numbers were drawn on the device ({ops}): generators differ between devices; "
-            "--rng cpu draws them on the CPU for both runs"
+            "recurrent layers ran (LSTM/GRU/RNN): CUDA runs them as one cuDNN kernel, other "
+            "devices as per-cell matmuls and gate ops, which round differently"
+            + (f", most visibly in {', '.join(autocast)}" if autocast else "")
         )
     fallback_ops = target.fallback_ops()
-    if fallback_ops:
+    if fallback_ops and not backend.emulated:
         hints.append(
             f"{len(fallback_ops)} op(s) ran on the CPU instead of {backend.name} "
             f"({_short_list(fallback_ops)}); their results come from CPU kernels"
         )
+    if not hints:
+        hints.append(CAUSE_NOT_IDENTIFIED)
     return hints
+
+
+def _used_tf32(run: Run) -> bool:
+    return any("TF32" in note and "differs" not in note for note in run.facts.notes)
+
+
+def _real_device(*runs: Run) -> bool:
+    """Whether either run was on a real accelerator (whose attention kernels are its own)."""
+    return any(r.backend.name not in ("cpu",) and not r.backend.emulated for r in runs)
 
 
 def _short_list(items: Iterable[str], limit: int = 3) -> str:

@@ -37,6 +37,9 @@ class Report:
     layers: Any = None
     #: Migration findings for the cell's source (scanner data), shown in the Migration tab.
     migration: dict[str, Any] | None = None
+    #: How the runs were compared beyond the verdict: autocast's tolerance floor, and how a
+    #: reference stood in for another device (``cpu (as cuda)``) with what stays different.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def first_divergence(self) -> Any:
@@ -119,6 +122,7 @@ class Report:
             "training": _training(self.ref, self.target),
             "migration": self.migration,
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }

@@ -62,6 +62,9 @@ class CellOptions:
         Seconds the target run may take on the ``worker`` executor before it is ended.
     extra_targets : tuple of str
         More targets compared against the same reference run (``--target neuron,tpu``).
+    source_first_line : int
+        Line number the user sees for the source's first line (2 in a ``%%neuron`` cell), so
+        migration findings name the lines of the editor.
     """
 
     compare: CompareOptions = field(default_factory=CompareOptions)
@@ -74,6 +77,7 @@ class CellOptions:
     executor: str = "auto"
     timeout: float | None = None
     extra_targets: tuple[str, ...] = ()
+    source_first_line: int = 1
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -140,13 +144,16 @@ def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, 
     return run, artifacts.source_mismatch_warning(artifact, cell_source)
 
 
-def migration_findings(cell_source: str, target: str) -> dict[str, Any] | None:
-    """The scanner's findings for the cell source (the report's Migration tab)."""
+def migration_findings(cell_source: str, target: str, first_line: int = 1) -> dict[str, Any] | None:
+    """The scanner's findings for the cell source (the report's Migration tab).
+
+    ``first_line`` is the line number the source's first line has where the user reads it.
+    """
     if target not in ("neuron", "tpu"):
         return None
     from neuron_workbench.scan import scan_cell
 
-    report = scan_cell(cell_source, target=target)
+    report = scan_cell("\n" * (first_line - 1) + cell_source, target=target)
     data = report.to_dict()
     data["html"] = report.to_html()
     data["text"] = report.to_text()
@@ -179,6 +186,8 @@ class Session:
     def __init__(self) -> None:
         self.resident = ResidentObjects()
         self._workers: Any = None
+        # (target, cell source) pairs whose migration findings a report showed already.
+        self._scanned: set[tuple[str, str]] = set()
 
     @property
     def workers(self) -> Any:
@@ -211,6 +220,7 @@ class Session:
         program: CellProgram | None = None,
         hidden: frozenset[str] = frozenset(),
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+        relabel: Callable[[Run], None] | None = None,
     ) -> CellResult:
         """Run ``source`` on the reference and the target, compare, and finish the report.
 
@@ -225,6 +235,8 @@ class Session:
         program : CellProgram, optional
             The compiled cell (front ends compile with their own transforms); compiled from
             ``source`` when omitted.
+        relabel : callable, optional
+            Called on every run before anything is saved (the magic names sites ``cell [N]``).
 
         Raises
         ------
@@ -260,6 +272,9 @@ class Session:
         )
         report = result.report
         reports = [report, *result.extra_reports]
+        if relabel is not None:
+            for run in [report.ref, *(each.target for each in reports)]:
+                relabel(run)
         if warning:
             for each in reports:
                 each.warnings.append(warning)
@@ -276,7 +291,12 @@ class Session:
             )
         if options.scan:
             for each in reports:
-                each.migration = migration_findings(source, each.target.backend.name)
+                target = each.target.backend.name
+                each.migration = migration_findings(source, target, options.source_first_line)
+                if each.migration and each.migration.get("findings"):
+                    # A rerun of the same cell folds the findings it showed the first time.
+                    each.migration["repeat"] = (target, source) in self._scanned
+                    self._scanned.add((target, source))
         violation = None
         if options.strict:
             from neuron_workbench.trace.fallback import strict_message, strict_violations

@@ -19,12 +19,14 @@ import torch
 
 from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
+from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.namespace import (
     ResidentObjects,
     isolate,
     move_to_device,
     needs_copy,
     on_accelerator,
+    tensors_in,
     version_signature,
 )
 from neuron_workbench.run.records import Run, RunError
@@ -101,10 +103,12 @@ class RunSpec:
         rng_on_cpu: bool = False,
         repeat: int = 1,
         isolate_inputs: bool = True,
+        ref_precision: str = "cuda",
     ) -> None:
         if repeat < 1:
             raise ValueError("repeat must be at least 1")
         self.program = program
+        self.ref_precision = ref_precision
         self.repeat = repeat
         self.rng_on_cpu = rng_on_cpu
         self.instruments = dict(instruments or {})
@@ -203,13 +207,41 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
         for name, value in copies.items():
             copies[name] = move_to_device(value, backend.device, force=saved[name] in spec.resident)
+        # A device object an earlier cell built as "cuda" (kept as the reference's cpu device)
+        # means this run's device.
+        cuda_devices = {
+            name: ns[name]
+            for name in inputs
+            if type(ns.get(name)) is torch.device and ns[name] in spec.resident
+        }
+        if backend.device_type != "cpu":
+            copies.update({name: backend.device for name in cuda_devices})
         ns.update(copies)
         before_run = dict(ns)
         versions = {name: version_signature(value) for name, value in copies.items()}
+        host = None
+        if backend.device_type == "cpu":
+            # The host stands in for cuda: tensors earlier cells put on "cuda" count as being there.
+            resident = [
+                tensor
+                for name, value in copies.items()
+                if saved[name] in spec.resident
+                for tensor in tensors_in(value)
+            ]
+            host = CudaOnHost(resident, precision=spec.ref_precision)
+            for device in cuda_devices.values():
+                host.remember_cuda_device(device)
         with contextlib.ExitStack() as stack:
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
-            facts = stack.enter_context(cuda_remapped_to(backend, rng_on_cpu=spec.rng_on_cpu))
+            facts = stack.enter_context(
+                cuda_remapped_to(
+                    backend,
+                    rng_on_cpu=spec.rng_on_cpu,
+                    host=host,
+                    may_enable_tf32=host is not None and may_enable_tf32(spec.program.source),
+                )
+            )
             observed = {
                 name: stack.enter_context(instrument(backend))
                 for name, instrument in spec.instruments.items()
@@ -351,12 +383,14 @@ def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
     When one run is on the CPU, its tensors cannot show which of them the cell meant for "cuda";
     the accelerator run's placement of the same name can.
     """
-    from neuron_workbench.run.namespace import tensors_in
-
     for name, value in kept.bindings.items():
         counterpart = other.bindings.get(name)
         on_device = any(on_accelerator(t) for t in tensors_in(counterpart)) or any(
             on_accelerator(t) for t in tensors_in(value)
+        )
+        # a device object the cell built as "cuda" (the CPU run holds it as a cpu device)
+        on_device = on_device or (
+            type(counterpart) is torch.device and counterpart.type not in ("cpu", "meta")
         )
         if on_device:
             resident.add(value)

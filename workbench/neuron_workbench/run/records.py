@@ -98,6 +98,16 @@ class RunFacts:
         Lower-precision dtypes of the autocast regions the cell entered.
     rng_on_cpu : bool
         Whether random numbers were drawn from the CPU generator (``--rng cpu``).
+    random_draws : list of tuple
+        In order, each device draw's function and a fingerprint of its first numbers (for dropout,
+        where its zeros are), so two runs can tell whether they saw the same random numbers; the
+        first :data:`MAX_DRAWS` draws are kept.
+    convolutions, attention_calls, rnn_calls : int
+        Convolution, ``scaled_dot_product_attention`` and recurrent-layer (``torch.lstm``, ``gru``,
+        ``rnn_*``) calls: their kernels differ by device.
+    notes : list of str
+        How the reference stood in for another device (``cpu`` as ``cuda``), and what stays
+        different from that device.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -105,6 +115,16 @@ class RunFacts:
     nondeterministic_ops: dict[str, int] = field(default_factory=dict)
     autocast_dtypes: list[str] = field(default_factory=list)
     rng_on_cpu: bool = False
+    random_draws: list[tuple[Any, ...]] = field(default_factory=list)
+    convolutions: int = 0
+    attention_calls: int = 0
+    rnn_calls: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
+        """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
+        if len(self.random_draws) < MAX_DRAWS:
+            self.random_draws.append((name, *fingerprint))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -114,7 +134,35 @@ class RunFacts:
             "nondeterministic_ops": dict(self.nondeterministic_ops),
             "autocast_dtypes": list(self.autocast_dtypes),
             "rng_on_cpu": self.rng_on_cpu,
+            "random_draws": [list(_plain_draw(draw)) for draw in self.random_draws],
+            "convolutions": self.convolutions,
+            "attention_calls": self.attention_calls,
+            "rnn_calls": self.rnn_calls,
+            "notes": list(self.notes),
         }
+
+
+#: Device random draws whose fingerprints a run keeps.
+MAX_DRAWS = 256
+
+
+def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
+    """Whether two runs drew the same random numbers: True, False, or None when unknown.
+
+    Unknown when either run recorded no fingerprints although it drew (a real CUDA run, whose draws
+    are not intercepted, or a run loaded from an artifact).
+    """
+    drew_a, drew_b = bool(a.random_ops), bool(b.random_ops)
+    if not drew_a and not drew_b:
+        return True
+    if (drew_a and not a.random_draws) or (drew_b and not b.random_draws):
+        return None
+    return [_plain_draw(d) for d in a.random_draws] == [_plain_draw(d) for d in b.random_draws]
+
+
+def _plain_draw(draw: Any) -> tuple[Any, ...]:
+    """A draw's fingerprint as nested tuples (a recorded one comes back from JSON as lists)."""
+    return tuple(_plain_draw(item) if isinstance(item, list | tuple) else item for item in draw)
 
 
 @dataclass

@@ -12,6 +12,10 @@ What is remapped, and how:
   ``cuda``) get the run's device type; autocast keeps CUDA's default dtype, float16, unless the cell
   names one.
 
+When the ``cpu`` backend stands in for ``cuda``, the CUDA parts of the cell also get CUDA's semantics
+(copies on ``.cuda()``, CUDA's autocast lists, pinned memory, foreach optimizers, TF32 when the cell
+enables it): see :mod:`neuron_workbench.run.cuda_on_host`.
+
 Everything is restored on exit. On the ``cuda`` backend itself nothing is changed.
 """
 
@@ -28,6 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from neuron_workbench.backends.base import Backend
+from neuron_workbench.run.cuda_on_host import CudaOnHost
 from neuron_workbench.run.records import RunFacts
 
 _CUDA_STRING = re.compile(r"cuda(?::(\d+))?")
@@ -63,13 +68,20 @@ class _CudaToDeviceMode(TorchFunctionMode):
     """
 
     def __init__(
-        self, target: str, facts: RunFacts, *, remap: bool = True, rng_on_cpu: bool = False
+        self,
+        target: str,
+        facts: RunFacts,
+        *,
+        remap: bool = True,
+        rng_on_cpu: bool = False,
+        host: CudaOnHost | None = None,
     ):
         super().__init__()
         self.target = target
         self.facts = facts
         self.remap = remap
         self.rng_on_cpu = rng_on_cpu
+        self.host = host
 
     def __torch_function__(
         self,
@@ -80,31 +92,87 @@ class _CudaToDeviceMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self.remap:
+            host = self.host
             if func is _TENSOR_CUDA:
-                return _tensor_cuda_to(self.target, *args, **kwargs)
+                result = _tensor_cuda_to(self.target, *args, **kwargs)
+                if host is not None:
+                    result = host.moved(args[0], result)
+                return result
             if func is _TENSOR_PIN_MEMORY:
-                # Page-locking host memory only matters for CUDA copies; emulated and CPU runs skip it.
-                return args[0]
+                return _pinned(host, args[0])
+            if func is _TENSOR_IS_PINNED and host is not None:
+                return host.is_pinned(args[0])
             if getattr(func, "__self__", None) is _IS_CUDA_DESCRIPTOR:
                 return args[0].device.type == self.target
             target = self.target
+            cuda_named = False
             for arg in args:
                 kind = type(arg)
                 if kind is str or kind is torch.device:
-                    args = tuple(remap_device(a, target) for a in args)
+                    remapped = tuple(remap_device(a, target) for a in args)
+                    cuda_named = any(a is not b for a, b in zip(args, remapped))
+                    if host is not None and not cuda_named:
+                        cuda_named = any(host.names_cuda(a) for a in args)
+                    args = remapped
                     break
             device = kwargs.get("device")
             if device is not None:
                 kwargs["device"] = remap_device(device, target)
+                cuda_named = cuda_named or kwargs["device"] is not device
+                if host is not None and not cuda_named:
+                    cuda_named = host.names_cuda(device)
+            if cuda_named and host is not None:
+                return self._on_host_device(host, func, args, kwargs)
         if func in _NOTEWORTHY:
             return self._noteworthy(func, args, kwargs)
         return func(*args, **kwargs)
 
-    def _noteworthy(
-        self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    def _on_host_device(
+        self, host: CudaOnHost, func: Callable[..., Any], args: tuple[Any, ...], kwargs: Any
     ) -> Any:
-        name = _qualified_name(func)
+        """A call that named "cuda", on the host standing in for it: copy where CUDA copies."""
+        result = (
+            self._noteworthy(func, args, kwargs, named_cuda=True)
+            if func in _NOTEWORTHY
+            else func(*args, **kwargs)
+        )
+        if func is torch.device:
+            return host.remember_cuda_device(result)
+        if func is _TENSOR_TO:
+            return host.moved(args[0], result)
+        if func in _AS_TENSOR and args:
+            source = args[0]
+            on_device = isinstance(source, torch.Tensor) and host.on_device(source)
+            if not on_device and isinstance(result, torch.Tensor) and _may_share_memory(source):
+                result = result.clone()
+        return host.mark(result)
+
+    def _noteworthy(
+        self,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        named_cuda: bool = False,
+    ) -> Any:
         facts = self.facts
+        if func in _CONVOLUTIONS:
+            facts.convolutions += 1
+            return func(*args, **kwargs)
+        if func is _SDPA:
+            facts.attention_calls += 1
+            return func(*args, **kwargs)
+        if func in _RNNS:
+            facts.rnn_calls += 1
+            if self.host is not None and self.host.under_cuda_autocast():
+                # CUDA runs RNNs under autocast in the lower precision (cuDNN's autocast kernel);
+                # the CPU's oneDNN RNN kernel is outside CUDA's lists and would stay in float32.
+                # The generic per-cell path casts like CUDA: its matmuls are on CUDA's lists.
+                dtype = torch.get_autocast_dtype("cpu")
+                args = tuple(_cast_floats(a, dtype) for a in args)
+                with torch.backends.mkldnn.flags(enabled=False):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        name = _qualified_name(func)
         if func in _NONDETERMINISTIC:
             if (
                 func not in _ACCUMULATE_ONLY
@@ -116,17 +184,42 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func in _DROPOUTS:
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-            if training and p > 0 and args[0].device.type != "cpu":
+            if not (training and p > 0):
+                return func(*args, **kwargs)
+            # In a CUDA cell dropout runs where its input is, which on the host standing in for
+            # cuda is "cuda" unless proven otherwise (computed tensors are not tracked).
+            if self.host is not None or self._on_device(args[0]):
                 facts.dropout_in_training += 1
                 facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+                inplace = bool(kwargs.get("inplace", args[3] if len(args) > 3 else False))
                 if self.rng_on_cpu and func is _F_DROPOUT:
-                    return _dropout_from_cpu(args[0], float(p), bool(kwargs.get("inplace", False)))
-            return func(*args, **kwargs)
-        if _draws_on_device(func, args, kwargs):
+                    out = _dropout_from_cpu(args[0], float(p), inplace)
+                elif self.host is not None and func is _F_DROPOUT and not inplace:
+                    # CUDA (and PrivateUse1) run the fused native_dropout: one rounding of
+                    # x * mask / (1 - p); the CPU's bernoulli_/div_/mul rounds twice in bf16/fp16.
+                    out = torch.ops.aten.native_dropout.default(args[0], float(p), True)[0]
+                else:
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+            # Every draw is fingerprinted, wherever it ran, so both runs' lists line up.
+            facts.note_draw(name, _fingerprint(out, zeros_only=True))
+            return out
+        if _draws_on_device(func, args, kwargs, self._on_device, named_cuda):
             facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
-            if self.rng_on_cpu:
-                return _draw_on_cpu(func, args, kwargs)
-        return func(*args, **kwargs)
+            out = _draw_on_cpu(func, args, kwargs) if self.rng_on_cpu else func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        facts.note_draw(name, _fingerprint(out))
+        return out
+
+    def _on_device(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is on the run's device (on the host: known to be on "cuda")."""
+        if not isinstance(tensor, torch.Tensor):
+            return False
+        if self.host is not None:
+            return self.host.on_device(tensor)
+        return tensor.device.type != "cpu"
 
 
 def _qualified_name(func: Callable[..., Any]) -> str:
@@ -139,18 +232,69 @@ def _qualified_name(func: Callable[..., Any]) -> str:
 
 
 def _draws_on_device(
-    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_device: Callable[[Any], bool],
+    named_cuda: bool = False,
 ) -> bool:
-    """Whether a random call draws on an accelerator (CPU draws are the same on both runs)."""
+    """Whether a random call draws on an accelerator (CPU draws are the same on both runs).
+
+    ``on_device`` tells whether a tensor is on the run's device; ``named_cuda`` whether the call
+    asked for "cuda" (on the host standing in for cuda, the device argument now says "cpu").
+    """
     if func in _RANDOM_FACTORIES:
         device = kwargs.get("device")
         if device is not None:
-            return torch.device(device).type != "cpu"
+            return named_cuda or torch.device(device).type != "cpu"
         if func in _RANDOM_LIKE and args and isinstance(args[0], torch.Tensor):
-            return args[0].device.type != "cpu"
+            return on_device(args[0])
         return torch.get_default_device().type != "cpu"
-    tensor = args[0] if args else None
-    return isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu"
+    return bool(args) and on_device(args[0])
+
+
+def _fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
+    """A few leading numbers of a random draw (or, for dropout, where its zeros are).
+
+    Comparing the two runs' fingerprints tells whether both saw the same random numbers. It is read
+    with every mode off, so profiles and fallback reports never see it.
+    """
+    if not isinstance(value, torch.Tensor):
+        return ()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        head = value.detach().reshape(-1)[:_FINGERPRINT_LENGTH].to("cpu")
+        if zeros_only:
+            head = head == 0
+        elif head.is_floating_point() or head.is_complex():
+            head = head.to(torch.float64)
+        return (tuple(value.shape), *head.tolist())
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with its float32 tensors (also inside lists and tuples) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.dtype == torch.float32 else value
+    if isinstance(value, list | tuple):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    return value
+
+
+def _pinned(host: CudaOnHost | None, tensor: torch.Tensor) -> torch.Tensor:
+    if host is not None:
+        return host.pin(tensor)
+    # A real accelerator pins for real; a device without a pinned allocator gets an unpinned copy
+    # (pinning only changes the speed of host-to-device copies).
+    try:
+        return _TENSOR_PIN_MEMORY(tensor)
+    except (RuntimeError, NotImplementedError):
+        return tensor.clone()
+
+
+def _may_share_memory(source: Any) -> bool:
+    """Whether ``torch.as_tensor(source)`` on the CPU can return memory ``source`` owns."""
+    return isinstance(source, torch.Tensor) or type(source).__module__ == "numpy"
 
 
 def _draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -181,7 +325,26 @@ def _dropout_from_cpu(x: torch.Tensor, p: float, inplace: bool) -> torch.Tensor:
 
 
 _TENSOR_CUDA = torch.Tensor.cuda
+_TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
+_TENSOR_IS_PINNED = torch.Tensor.is_pinned
+_AS_TENSOR = frozenset({torch.as_tensor, torch.asarray})
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_CONVOLUTIONS = frozenset(
+    {
+        torch.conv1d,
+        torch.conv2d,
+        torch.conv3d,
+        torch.conv_transpose1d,
+        torch.conv_transpose2d,
+        torch.conv_transpose3d,
+        torch.nn.functional.conv1d,
+        torch.nn.functional.conv2d,
+        torch.nn.functional.conv3d,
+    }
+)
+_FINGERPRINT_LENGTH = 8
+_RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
 _F_DROPOUT = torch.nn.functional.dropout
 
@@ -247,7 +410,15 @@ _NONDETERMINISTIC = frozenset(
         *_ACCUMULATE_ONLY,
     }
 )
-_NOTEWORTHY = _RANDOM_FACTORIES | _RANDOM_IN_PLACE | _DROPOUTS | _NONDETERMINISTIC
+_NOTEWORTHY = (
+    _RANDOM_FACTORIES
+    | _RANDOM_IN_PLACE
+    | _DROPOUTS
+    | _NONDETERMINISTIC
+    | _CONVOLUTIONS
+    | _RNNS
+    | frozenset({_SDPA})
+)
 
 
 def _tensor_cuda_to(
@@ -385,7 +556,7 @@ def _patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[No
 
 
 def _autocast_init(
-    target: str, original: Callable[..., None], facts: RunFacts
+    target: str, original: Callable[..., None], facts: RunFacts, host: CudaOnHost | None
 ) -> Callable[..., None]:
     def __init__(  # noqa: N807 - it replaces autocast.__init__
         self: Any,
@@ -394,10 +565,13 @@ def _autocast_init(
         enabled: bool = True,
         cache_enabled: bool | None = None,
     ) -> None:
-        if device_type == "cuda":
+        as_cuda = device_type == "cuda"
+        if as_cuda:
             device_type = target
             if dtype is None:
                 dtype = torch.float16  # what the cell gets on CUDA
+            if host is not None and enabled:
+                host.use_cuda_autocast_lists()
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         if enabled:
             used = str(self.fast_dtype).removeprefix("torch.")
@@ -415,11 +589,19 @@ def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..
 
 
 @contextlib.contextmanager
-def cuda_remapped_to(backend: Backend, *, rng_on_cpu: bool = False) -> Iterator[RunFacts]:
+def cuda_remapped_to(
+    backend: Backend,
+    *,
+    rng_on_cpu: bool = False,
+    host: CudaOnHost | None = None,
+    may_enable_tf32: bool = False,
+) -> Iterator[RunFacts]:
     """Run the body with CUDA device uses redirected to ``backend``; yield what was noticed.
 
     On the ``cuda`` backend itself devices are left alone (and nothing is intercepted unless
-    ``rng_on_cpu`` asks for random numbers to come from the CPU generator).
+    ``rng_on_cpu`` asks for random numbers to come from the CPU generator). ``host``, on the ``cpu``
+    backend, gives the CUDA parts of the cell CUDA's semantics; ``may_enable_tf32`` says the cell
+    may turn TF32 on (see :meth:`CudaOnHost.active`).
     """
     target = backend.device_type
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
@@ -430,14 +612,19 @@ def cuda_remapped_to(backend: Backend, *, rng_on_cpu: bool = False) -> Iterator[
         else:
             yield facts
         return
+    if target != "cpu":
+        host = None
     autocast_cls = torch.amp.autocast_mode.autocast
     scaler_cls = torch.amp.grad_scaler.GradScaler
     with contextlib.ExitStack() as stack:
+        if host is not None:
+            stack.enter_context(host.active(may_enable_tf32))
         shim = _CudaModuleShim(torch.cuda, _cuda_module_shims(backend))
         stack.enter_context(_patched_attributes(torch, {"cuda": shim}))
         stack.enter_context(
             _patched_attributes(
-                autocast_cls, {"__init__": _autocast_init(target, autocast_cls.__init__, facts)}
+                autocast_cls,
+                {"__init__": _autocast_init(target, autocast_cls.__init__, facts, host)},
             )
         )
         stack.enter_context(
@@ -445,5 +632,9 @@ def cuda_remapped_to(backend: Backend, *, rng_on_cpu: bool = False) -> Iterator[
                 scaler_cls, {"__init__": _grad_scaler_init(target, scaler_cls.__init__)}
             )
         )
-        stack.enter_context(_CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu))
-        yield facts
+        stack.enter_context(_CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host))
+        try:
+            yield facts
+        finally:
+            if host is not None:
+                facts.notes = host.notes(facts)

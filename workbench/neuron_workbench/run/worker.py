@@ -75,12 +75,12 @@ def _rebuild_tensor(
 
 
 def _rebuild_device(kind: str, index: int | None) -> torch.device:
-    # An accelerator this process lacks (the kernel holds no device): its values came back as host
-    # copies, so its device reads as the host's too.
+    # An accelerator this process lacks (the kernel holds no device): "privateuseone" still says
+    # the cell meant an accelerator, so the next cell's runs put the value on their own device.
     try:
         return torch.device(kind, index)
     except RuntimeError:
-        return torch.device("cpu")
+        return torch.device("privateuseone", index)
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -343,6 +343,7 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> 
         rng_on_cpu=request["rng_on_cpu"],
         repeat=request["repeat"],
         isolate_inputs=False,
+        ref_precision=request["ref_precision"],
     )
     try:
         with what_if_policy(backend, request["what_if"]), _LastOpMode(slot):
@@ -689,6 +690,7 @@ class WorkerExecutor:
             "rng_on_cpu": spec.rng_on_cpu,
             "repeat": spec.repeat,
             "what_if": what_if,
+            "ref_precision": getattr(spec, "ref_precision", "cuda"),
         }
         message = pack_request(request, values, namespace, backend.name)
         info = worker.info or backend.info()

@@ -1,8 +1,10 @@
 """Interactive and static views of reports: the only layer that imports plotly and ipywidgets.
 
+- :func:`report_bundle`: the one display of a ``%%neuron`` report, a MIME bundle every front end
+  picks its richest view from (see there);
 - :class:`ReportView`: an ipywidgets ``Tab`` (Summary | Numerics | Layers | Ops | Fallbacks, plus
   Migration when the report has scanner findings) with Plotly ``FigureWidget`` charts;
-- :func:`show_report`: what the magic calls after displaying a report;
+- :func:`show_report`: display the widget alone;
 - :mod:`neuron_workbench.views.figures`: plain ``go.Figure`` builders from report data.
 """
 
@@ -11,7 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["ReportView", "show_report", "widgets_can_render"]
+__all__ = ["WIDGET_VIEW_MIME", "ReportView", "report_bundle", "show_report", "widgets_can_render"]
+
+#: MIME type of an ipywidgets view in a display bundle.
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def __getattr__(name: str) -> Any:
@@ -57,3 +62,71 @@ def show_report(report: Any) -> None:
         sys.stderr.write(
             f"neuron-workbench: report view unavailable: {type(exc).__name__}: {exc}\n"
         )
+
+
+def report_bundle(report: Any, *, widget: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The MIME bundle (data, metadata) of one report: one display, each front end picks a view.
+
+    The bundle carries, for ``widget="auto"``:
+
+    - ``application/vnd.neuron-workbench.report+json``, the report's data: JupyterLab with the
+      neuron-workbench-lab extension draws it natively (Plotly charts, click-to-source), also after
+      a reload without a kernel. That renderer's rank (-20) is ahead of the widget manager's (-10),
+      so JupyterLab shows this one view and never the widget as well;
+    - ``application/vnd.jupyter.widget-view+json``, the :class:`ReportView` (only in a kernel,
+      where a front end can talk to it): classic Notebook, VS Code, Colab and JupyterLab without
+      the extension show it;
+    - ``text/html``: the report's HTML plus static Plotly charts (plotly.js from its CDN) for
+      nbconvert and previews; nbconvert passes over the widget view when the notebook stores no
+      widget state;
+    - ``text/plain``: the one-line verdict.
+
+    ``widget="force"`` (``%%neuron --widget``) leaves the report's data out of ``data`` and puts it
+    in ``metadata`` instead, so every front end shows the widget (and the extension's porting
+    dashboard still finds the report). ``widget="none"`` leaves the widget out.
+
+    Parameters
+    ----------
+    report : Report or dict
+        The report, or its ``to_dict()`` data.
+    widget : {"auto", "force", "none"}
+        Whether the widget view is in the bundle, and whether it must win.
+
+    Returns
+    -------
+    data, metadata : dict
+        For ``IPython.display.display(data, metadata=metadata, raw=True)``.
+    """
+    from neuron_workbench.report.html import render_report_html
+    from neuron_workbench.report.report import REPORT_MIME
+
+    if widget not in ("auto", "force", "none"):
+        raise ValueError(f"widget must be 'auto', 'force' or 'none', not {widget!r}")
+    to_dict = getattr(report, "to_dict", None)
+    data_dict = to_dict() if to_dict is not None else dict(report)
+    html = render_report_html(data_dict)
+    try:
+        from neuron_workbench.views.widget import static_html
+
+        html += static_html(data_dict)
+    except Exception as exc:  # the charts are an extra; the report's own HTML stands alone
+        sys.stderr.write(
+            f"neuron-workbench: static charts unavailable: {type(exc).__name__}: {exc}\n"
+        )
+    data: dict[str, Any] = {"text/plain": str(data_dict.get("summary", "")), "text/html": html}
+    metadata: dict[str, Any] = {}
+    if widget == "force":
+        metadata[REPORT_MIME] = data_dict
+    else:
+        data[REPORT_MIME] = data_dict
+    if widget != "none" and widgets_can_render():
+        try:
+            from neuron_workbench.views.widget import ReportView
+
+            view = ReportView(data_dict)
+            data[WIDGET_VIEW_MIME] = view.model_view_data()
+        except Exception as exc:  # the other views are in the bundle already
+            sys.stderr.write(
+                f"neuron-workbench: report view unavailable: {type(exc).__name__}: {exc}\n"
+            )
+    return data, metadata

@@ -10,7 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from neuron_workbench.report.html import format_bytes
+from neuron_workbench.report.html import format_bytes, site_label
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
 
 __all__ = [
@@ -96,7 +96,7 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
         return _empty(title, f"No op fell back to CPU on {target}.")
     rows = rows[::-1]  # plotly draws the first category at the bottom
     ops = [row.op for row in rows]
-    sites = ["<br>".join(f"{file}:{line}" for file, line in row.sites) or "backward / library code"
+    sites = ["<br>".join(site_label(file, line) for file, line in row.sites) or "backward / library code"
              for row in rows]  # fmt: skip
     # Two panels sharing the op axis (laid out by hand: make_subplots costs ~30 ms per figure).
     fig = go.Figure()

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuron_workbench.report.html import esc, format_bytes
+from neuron_workbench.report.html import esc, format_bytes, site_label
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
@@ -275,7 +275,7 @@ def fallbacks_html(data: dict[str, Any]) -> str:
     for row in rows:
         sites = (
             "<br>".join(
-                f'<code class="nw-path">{esc(file)}:{esc(line)}</code> in {esc(func)}'
+                f'<code class="nw-path">{esc(site_label(file, line))}</code> in {esc(func)}'
                 for (file, line), func in zip(row.sites, row.functions)
             )
             or '<span class="note">backward / library code</span>'
@@ -321,7 +321,7 @@ def sites_html(op: str, sites: list[dict[str, Any]]) -> str:
             f"<code>{esc(op)}</code> (called from backward or library code).</div>"
         )
     items = "".join(
-        f"<li><code>{esc(s['file'])}:{esc(s['line'])}</code> in {esc(s.get('function', ''))}"
+        f"<li><code>{esc(site_label(s))}</code> in {esc(s.get('function', ''))}"
         + (f" — module <code>{esc(s['module'])}</code>" if s.get("module") else "")
         + f' <span class="note">({esc(s.get("role", ""))}, {esc(s.get("source", ""))})</span></li>'
         for s in sites

@@ -1,0 +1,65 @@
+"""Where the emulated device must take the path a real device takes, so results match CPU's."""
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+
+def _sdpa_grads(device):
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 16).bfloat16()
+    k = torch.randn(2, 2, 16, 16).bfloat16()
+    v = torch.randn(2, 2, 16, 16).bfloat16()
+    q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.float().sum().backward()
+    return [t.cpu().float() for t in (out, q.grad, k.grad, v.grad)]
+
+
+def test_grouped_query_attention_takes_cpus_flash_kernel():
+    # CPU's flash kernel shares each key/value head among its query heads and sums their
+    # gradients in float32; expanding the heads first would round differently in bfloat16.
+    for a, b in zip(_sdpa_grads("cpu"), _sdpa_grads("neuron")):
+        assert torch.equal(a, b)
+
+
+def test_composites_the_backend_registers_run_as_one_op():
+    # silu_backward has both a CPU kernel and a math decomposition; TorchNeuron registers it, so
+    # autograd must call it rather than decompose it (other ops, other rounding in bfloat16).
+    x = torch.randn(1000).bfloat16()
+    grads = []
+    for device in ("cpu", "neuron"):
+        t = x.clone().to(device).requires_grad_()
+        F.silu(t).float().sum().backward()
+        grads.append(t.grad.cpu())
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_optimizers_default_to_foreach_on_the_emulated_device():
+    import torch.optim.optimizer as optimizer_module
+
+    w = torch.nn.Parameter(torch.ones(3, device="neuron"))
+    assert optimizer_module._default_to_fused_or_foreach([w], False) == (False, True)
+
+
+def test_implicit_composites_below_autograd_decompose_on_tpu(run_py):
+    # SDPA's math path (dropout in training) calls softmax.int from inside another kernel, below
+    # autograd: the real dispatcher decomposes it (to _softmax, which TorchTPU has); it must not
+    # surface as a missing op.
+    done = run_py(
+        """
+        import json, torch, neuron_workbench
+        neuron_workbench.emulate("tpu")
+        torch.manual_seed(0)
+        q = torch.randn(2, 2, 8, 16, device="tpu", requires_grad=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+        out.sum().backward()
+        print(json.dumps({"shape": list(out.shape), "grad": q.grad is not None}))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "shape": [2, 2, 8, 16],
+        "grad": True,
+    }

@@ -1,0 +1,115 @@
+"""The extension's Plotly figure builders (src/charts.js) on real report data, run by Node.js.
+
+The browser test checks the drawn charts; this one checks every builder's figure (what each chart
+plots, what its hover says, what a click lists) quickly, including the ``--layers`` and ``--steps``
+charts, on a report the workbench really produced.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHARTS = ROOT / "extensions" / "neuron-workbench-lab" / "src" / "charts.js"
+NODE = shutil.which("node")
+
+sys.path.insert(0, str(ROOT / "tests" / "views"))
+from view_model import FALLBACK_OPS, make_report  # noqa: E402
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+
+HARNESS = """
+import * as charts from './charts.mjs';
+const report = JSON.parse(await new Promise(resolve => {
+  let text = ''; process.stdin.on('data', d => (text += d)); process.stdin.on('end', () => resolve(text));
+}));
+const out = {};
+for (const [key, build] of Object.entries(charts.CHARTS)) {
+  out[key] = build(report);
+}
+out.sites = Object.fromEntries(charts.fallbackRows(report).map(r => [r.op, charts.callSites(report, r.op)]));
+out.labels = [charts.siteLabel({file: 'cell [7]', line: 3}), charts.siteLabel({file: 'models.py', line: 16}),
+              charts.siteLabel({file: '<neuron-cell-2>', line: 4})];
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def _figures(tmp_path, data):
+    shutil.copy(CHARTS, tmp_path / "charts.mjs")
+    (tmp_path / "harness.mjs").write_text(HARNESS)
+    done = subprocess.run(
+        [NODE, str(tmp_path / "harness.mjs")], input=json.dumps(data), capture_output=True,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def _relabelled(data):
+    """The report as the magic relabels it: files relative to the folder that holds them."""
+    from neuron_workbench.report.html import relabel_site
+
+    for event in data["target"]["fallbacks"]:
+        if event.get("site"):
+            event["site"] = relabel_site(event["site"], {}, [str(ROOT / "tests" / "views")])
+    return data
+
+
+def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
+    data = _relabelled(make_report().to_dict())
+    figs = _figures(tmp_path, data)
+    calls, time = figs["fallbacks"]["data"]
+    assert sorted(calls["y"]) == FALLBACK_OPS and calls["type"] == time["type"] == "bar"
+    assert time["xaxis"] == "x2"  # by count and by time, side by side
+    assert "call(s) ran on the CPU" in calls["hovertemplate"]
+    sort_index = calls["y"].index("aten::sort")
+    assert calls["x"][sort_index] == sum(
+        e["count"] for e in data["target"]["fallbacks"] if e["op"] == "aten::sort"
+    )
+    assert calls["customdata"][sort_index] == "view_model.py:19"
+    sites = figs["sites"]["aten::sort"]
+    assert sites[0]["label"] == "view_model.py:19" and sites[0]["cell"] is None
+    pool = figs["sites"]["aten::max_pool2d_with_indices"]
+    assert {s["module"] for s in pool} == {"features.2"}
+    assert pool[0]["moduleType"] == "MaxPool2d" and pool[0]["label"] == "view_model.py:18"
+    treemap = figs["treemap"]["data"][0]
+    assert treemap["type"] == "treemap" and set(FALLBACK_OPS) <= set(treemap["labels"])
+    assert treemap["values"][0] == sum(e["count"] for e in data["target"]["fallbacks"])
+    ref, native, fallback = figs["ops"]["data"]
+    assert {"aten::addmm", "aten::sort"} <= set(ref["y"])
+    # the target's ops that fell back are their own (red) trace in the same slot
+    fell_back = {op for op, x in zip(fallback["y"], fallback["x"]) if x is not None}
+    assert "aten::sort" in fell_back and not fell_back & {"aten::addmm", "aten::convolution"}
+    assert native["offsetgroup"] == fallback["offsetgroup"] == "target"
+    memory = figs["memory"]["data"]
+    assert memory[0]["x"] == ["cpu", "neuron (emulated)"]
+    assert figs["layers"] is None and figs["loss"] is None  # no --layers, no --steps
+    assert figs["labels"] == ["cell [7], line 3", "models.py:16", "cell line 4"]
+
+
+def test_layers_and_loss_figures(tmp_path):
+    data = make_report().to_dict()
+    data["layers"] = {
+        "layers": [
+            {"order": 0, "module": "features.0", "call": 0, "module_type": "Conv2d",
+             "error": 0.0, "born": False, "diverged": False, "grad_error": None},
+            {"order": 1, "module": "head", "call": 0, "module_type": "Linear",
+             "error": 2.5e-3, "born": True, "diverged": True, "grad_error": 1e-4},
+        ],
+        "first_divergence": {"module": "head"},
+    }  # fmt: skip
+    data["training"] = {"steps": 3, "series": {"loss": {
+        "ref": [1.0, 0.9, 0.8], "target": [1.0, 0.91, 0.79], "abs_diff": [0.0, 0.01, 0.01]}}}  # fmt: skip
+    figs = _figures(tmp_path, data)
+    bars, grads = figs["layers"]["data"]
+    assert bars["x"] == ["0: features.0", "1: head"] and bars["y"][1] == 2.5e-3
+    assert 0 < bars["y"][0] < 2.5e-3  # an exact match sits under the smallest difference
+    assert figs["layers"]["layout"]["yaxis"]["type"] == "log"
+    assert "born at head" in figs["layers"]["layout"]["title"]["text"]
+    assert grads["y"] == [None, 1e-4]
+    ref, target, diff = figs["loss"]["data"]
+    assert ref["y"] == [1.0, 0.9, 0.8] and target["y"] == [1.0, 0.91, 0.79]
+    assert diff["yaxis"] == "y2" and diff["y"] == [0.0, 0.01, 0.01]

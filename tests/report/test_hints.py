@@ -1,0 +1,96 @@
+"""Hints come from evidence: each one is backed by what the two runs recorded, or none is given."""
+
+from neuron_workbench.report.hints import CAUSE_NOT_IDENTIFIED
+from neuron_workbench.testing import run_cell
+
+# 1e-8 survives `1 + x - 1` in float64 but not in float32 (which emulated neuron computes float64
+# as): the gradient differs by 1e-8, far inside float32's atol, yet AdamW's first step divides it
+# by |grad| + eps = 2e-8, so the weight moves by lr/2 on the reference and not at all on the target.
+AMPLIFIED_STEP = """
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(64, device="cuda"))
+opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.0)
+x = torch.randn(64, device="cuda")
+tiny = (torch.full((64,), 1e-8, device="cuda").double() + 1.0 - 1.0).float()
+loss = (w * tiny).sum() + (w * x).sum() * 0
+loss.backward()
+opt.step()
+opt.zero_grad(set_to_none=True)
+"""
+
+
+def _failures(ip, cell, flags=""):
+    ip.run_cell(f"%%neuron -o r {flags}\n{cell}")
+    report = ip.user_ns["r"]
+    return report, {d.path: d for d in report.comparison.failures}
+
+
+def test_optimizer_amplification_is_named_with_its_evidence(ip):
+    run_cell(ip, "import torch")
+    report, failures = _failures(ip, AMPLIFIED_STEP)
+    assert report.verdict == "FAIL"
+    weight = failures["w"]
+    joined = " | ".join(weight.hints)
+    assert "optimizer amplification" in joined
+    assert "gradients matched within tolerance at AdamW.step()" in joined
+    assert "eps 1e-08" in joined
+    # the random inputs were the same numbers on both runs: no RNG hint
+    assert not any("random numbers drawn" in h for h in weight.hints)
+    assert CAUSE_NOT_IDENTIFIED not in weight.hints
+
+
+def test_a_gradient_that_already_differed_is_blamed_on_the_pass_not_the_optimizer(ip):
+    run_cell(ip, "import torch")
+    # 0.3 survives `+ 1e8 - 1e8` in float64, not in float32: the gradients differ by 0.3
+    cell = AMPLIFIED_STEP.replace("1e-8, device", "0.3, device").replace(
+        ".double() + 1.0 - 1.0", ".double() + 1e8 - 1e8"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    hints = " | ".join(failures["w"].hints)
+    assert "the gradient already differed at AdamW.step()" in hints
+    assert "optimizer amplification" not in hints
+
+
+COUNTER = "import torch\ndef counter(_calls=[0]):\n    _calls[0] += 1\n    return _calls[0]"
+
+
+def test_random_numbers_that_differ_get_the_rng_hint(ip):
+    # A function is shared by both runs (never copied): its counter seeds each run differently,
+    # standing in for two devices' generators. The fingerprints differ, so the hint is supported.
+    run_cell(ip, COUNTER)
+    cell = "torch.manual_seed(counter())\nnoise = torch.randn(16, device='cuda')\nout = noise * 2"
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    assert any("random numbers drawn on the device differed" in h for h in failures["out"].hints)
+
+
+def test_matching_random_numbers_give_no_rng_hint_and_unknown_causes_say_so(ip):
+    run_cell(ip, COUNTER)
+    # the draws match (same seed); a difference the workbench cannot explain says so
+    cell = "noise = torch.randn(8, device='cuda')\nout = noise + (0.5 if counter() == 2 else 0.0)"
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    assert failures["out"].hints == [CAUSE_NOT_IDENTIFIED]
+
+
+def test_autocast_outputs_use_the_lowest_precision_tolerance(ip):
+    run_cell(ip, "import torch")
+    report, _ = _failures(
+        ip,
+        "x = torch.randn(8, 8, device='cuda')\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = (x @ x).float()\n"
+        "z = x * 2",
+    )
+    assert report.verdict == "PASS", report.summary()
+    tolerances = {d.path: d.tolerance for d in report.comparison.diffs}
+    assert tolerances["y"].rtol == 1.6e-2
+    assert tolerances["z"].rtol == 1.6e-2  # the floor applies to every floating output
+    assert any("autocast (bfloat16) was active" in note for note in report.notes)
+    report, _ = _failures(
+        ip,
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    y = torch.ones(2, device='cuda') @ torch.ones(2, device='cuda')",
+        flags="--preset strict",
+    )
+    assert all(d.tolerance.rtol == 0.0 for d in report.comparison.diffs)

@@ -1,0 +1,198 @@
+"""The cpu reference behaves like CUDA for the CUDA parts of a cell (issue: CUDA-faithful reference).
+
+Each test runs the real ``%%neuron`` magic with the default reference (the host CPU standing in for
+cuda) against the emulated neuron target, on cells written as a CUDA user writes them.
+"""
+
+import torch
+
+from neuron_workbench.run.cuda_on_host import CudaOnHost, round_to_tf32, tf32_enabled
+from neuron_workbench.testing import run_cell
+
+
+def _report(ip, cell):
+    ip.run_cell("%%neuron -o r\n" + cell)
+    return ip.user_ns["r"]
+
+
+def test_cuda_copy_does_not_alias_the_notebook_tensor(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(5.0)")
+    report = _report(ip, "y = base.cuda().mul_(2)\nz = base.to('cuda').add_(1)")
+    assert report.verdict == "PASS", report.summary()
+    assert torch.equal(ip.user_ns["base"], torch.arange(5.0))
+    assert torch.equal(ip.user_ns["y"], torch.arange(5.0) * 2)
+    assert report.summary().startswith("PASS neuron (emulated) vs cpu (as cuda)")
+
+
+def test_requires_grad_on_a_moved_copy_leaves_the_input_alone(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(4.0)")
+    report = _report(
+        ip,
+        "device = torch.device('cuda')\nw = base.to(device).requires_grad_()\n"
+        "loss = (w * w).sum()\nloss.backward()",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert not ip.user_ns["base"].requires_grad
+    assert "base" not in [d.path for d in report.comparison.diffs]
+
+
+def test_a_tensor_already_on_cuda_is_not_copied_again(ip):
+    # On CUDA, .to("cuda") of a CUDA tensor returns the tensor itself: in-place ops reach it.
+    run_cell(ip, "import torch")
+    report = _report(
+        ip,
+        "x = torch.zeros(3, device='cuda')\ny = x.to('cuda')\ny.add_(1)\n"
+        "a = torch.ones(2).cuda()\nb = a.cuda()\nb.mul_(3)",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert torch.equal(ip.user_ns["x"], torch.ones(3))
+    assert torch.equal(ip.user_ns["a"], torch.full((2,), 3.0))
+
+
+def test_a_device_object_built_as_cuda_keeps_meaning_cuda_in_later_cells(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(3.0)")
+    report = _report(ip, "device = torch.device('cuda')\nw = base.to(device)\nw.add_(1)")
+    assert report.verdict == "PASS", report.summary()
+    report = _report(ip, "v = base.to(device)\nv.mul_(5)\nu = w.to(device)\nu.add_(1)")
+    assert report.verdict == "PASS", report.summary()
+    assert torch.equal(ip.user_ns["base"], torch.arange(3.0))
+    # w was on "cuda" already: moving it again returns it, so the in-place add reached it
+    assert torch.equal(ip.user_ns["w"], torch.arange(3.0) + 2)
+
+
+def test_as_tensor_on_cuda_copies_numpy_memory(ip):
+    run_cell(ip, "import numpy as np\nimport torch\narr = np.arange(3.0)")
+    report = _report(ip, "t = torch.as_tensor(arr, device='cuda')\nt.add_(10)")
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["arr"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_module_to_cuda_copies_parameters_but_keeps_them(ip):
+    run_cell(ip, "import torch\nnet = torch.nn.Linear(3, 2)\nw0 = net.weight")
+    report = _report(ip, "net.to('cuda')\nout = net(torch.ones(1, 3, device='cuda'))")
+    assert report.verdict == "PASS", report.summary()
+    # the parameter object is the same, as Module.to keeps it on CUDA
+    assert ip.user_ns["net"].weight is not None
+
+
+def test_cuda_autocast_uses_cuda_op_lists(ip):
+    run_cell(ip, "import torch")
+    report = _report(
+        ip,
+        "x = torch.randn(4, 8).cuda()\nw = torch.randn(8, 8).cuda()\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    h = x @ w\n    y = torch.softmax(h, -1)\n    n = torch.nn.functional.layer_norm(h, (8,))",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["h"].dtype == torch.bfloat16
+    assert ip.user_ns["y"].dtype == torch.float32  # CPU autocast would give bfloat16
+    assert ip.user_ns["n"].dtype == torch.float32
+    assert any("CUDA's op lists" in note for note in report.notes)
+    # the override ends with the run: plain CPU autocast keeps CPU's lists
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = torch.randn(2, 2)
+        assert torch.softmax(a @ a, -1).dtype == torch.bfloat16
+
+
+def test_cpu_autocast_in_a_cell_keeps_cpu_lists(ip):
+    run_cell(ip, "import torch")
+    report = _report(
+        ip,
+        "x = torch.randn(4, 8)\nwith torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "    y = torch.softmax(x @ x.T, -1)",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["y"].dtype == torch.bfloat16
+
+
+def test_pin_memory_copies_and_reports_pinned(ip):
+    run_cell(ip, "import torch\nt = torch.arange(4.0)")
+    report = _report(
+        ip,
+        "p = t.pin_memory()\npinned = p.is_pinned()\nbefore = t.is_pinned()\n"
+        "u = p.to('cuda', non_blocking=True)\np.add_(1)",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["pinned"] is True
+    assert ip.user_ns["before"] is False
+    assert torch.equal(ip.user_ns["t"], torch.arange(4.0))
+
+
+def test_dataloader_with_pinned_memory_and_shuffle_passes(ip):
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "torch.manual_seed(0)\n"
+        "ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))\n"
+        "loader = DataLoader(ds, batch_size=8, shuffle=True, pin_memory=True)\n"
+        "model = torch.nn.Linear(4, 3)",
+    )
+    report = _report(
+        ip,
+        "model.cuda()\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "for xb, yb in loader:\n"
+        "    xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)\n"
+        "    loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
+        "    opt.zero_grad(set_to_none=True)\n    loss.backward()\n    opt.step()",
+    )
+    assert report.verdict == "PASS", report.summary()
+
+
+def test_optimizers_default_to_foreach_as_on_cuda(ip):
+    run_cell(ip, "import torch\nimport torch.optim.optimizer as oo")
+    report = _report(
+        ip,
+        "w = torch.nn.Parameter(torch.ones(3, device='cuda'))\n"
+        "fused, foreach = oo._default_to_fused_or_foreach([w], False)\n"
+        "opt = torch.optim.AdamW([w])\nw.sum().backward()\nopt.step()",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["foreach"] is True
+    assert any("foreach" in note for note in report.notes)
+    import torch.optim.optimizer as oo
+
+    assert oo._default_to_fused_or_foreach([torch.ones(1)], False) == (False, False)
+
+
+def test_tf32_rounding_when_the_cell_enables_it(ip):
+    run_cell(ip, "import torch")
+    cell = (
+        "torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "a = torch.full((1, 1), 1.0 + 2**-12, device='cuda')\n"
+        "b = torch.full((1, 1), 1000.0, device='cuda')\n"
+        "c = a @ b\ntorch.backends.cuda.matmul.allow_tf32 = False"
+    )
+    report = _report(ip, cell)
+    # the reference rounded to TF32 (10 mantissa bits), the emulated target computed in float32
+    assert ip.user_ns["c"].item() == 1000.0
+    assert report.verdict == "FAIL"
+    failure = report.comparison.failures[0]
+    assert failure.path == "c"
+    assert any(h.startswith("TF32: cpu (as cuda)") for h in failure.hints)
+    ip.run_cell("%%neuron -o r --ref-precision fp32\n" + cell)
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    assert ip.user_ns["c"].item() > 1000.2
+    assert not tf32_enabled()
+
+
+def test_round_to_tf32_keeps_ten_mantissa_bits():
+    x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11, 1.0 + 2**-12, float("inf"), float("nan"), -3.0])
+    out = round_to_tf32(x)
+    assert out[0] == 1.0 + 2**-10  # representable
+    assert out[1] == 1.0 + 2**-10  # tie rounds away from zero
+    assert out[2] == 1.0
+    assert torch.isinf(out[3]) and torch.isnan(out[4]) and out[5] == -3.0
+
+
+def test_residency_and_pinning_bookkeeping():
+    resident = torch.ones(2)
+    host = CudaOnHost([resident])
+    assert host.on_device(resident)
+    moved = host.moved(resident, resident)
+    assert moved is resident
+    fresh = torch.zeros(2)
+    copy = host.moved(fresh, fresh)
+    assert copy is not fresh and host.on_device(copy) and torch.equal(copy, fresh)
+    pinned = host.pin(fresh)
+    assert pinned is not fresh and host.is_pinned(pinned) and not host.is_pinned(fresh)
+    assert host.pin(pinned) is pinned

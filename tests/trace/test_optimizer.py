@@ -1,0 +1,45 @@
+"""Gradients and second moments recorded at every optimizer.step()."""
+
+import torch
+
+from neuron_workbench.trace.optimizer import OptimizerRecorder
+
+
+def test_gradients_are_read_before_the_step_and_survive_zero_grad():
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+    opt = torch.optim.AdamW([w], lr=1e-3)
+    recorder = OptimizerRecorder()
+    with recorder.recording():
+        for _ in range(2):
+            (w * torch.tensor([0.5, 1e-9, -4.0])).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    steps = recorder.result()
+    assert steps.calls == 2
+    at = steps.at_step(w)
+    assert at.optimizer == "AdamW" and at.step == 1 and at.eps == 1e-8
+    assert torch.equal(at.grad, torch.tensor([0.5, 1e-9, -4.0]))
+    assert at.second_moment is not None  # the state as the second step began
+    assert steps.at_step(torch.nn.Parameter(torch.ones(3))) is None
+    assert steps.to_dict() == {
+        "calls": 2,
+        "optimizers": [{"type": "AdamW", "lr": 1e-3, "eps": 1e-8, "betas": [0.9, 0.999]}],
+        "skipped": "",
+    }
+    # the hook is gone after the context
+    opt.step()
+    assert recorder.result().calls == 2
+
+
+def test_first_step_sensitivity_peaks_where_grad_is_near_eps():
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([w], lr=1e-3, eps=1e-8)
+    recorder = OptimizerRecorder()
+    with recorder.recording():
+        (w * torch.tensor([1e-8, 1.0])).sum().backward()
+        opt.step()
+    at = recorder.result().at_step(w)
+    near_eps, large = at.update_sensitivity((0,)), at.update_sensitivity((1,))
+    # lr * eps / (|g| + eps)^2, with g = 1e-8 as float32
+    assert abs(near_eps - 1e-3 * 1e-8 / (2e-8) ** 2) < 1e-3
+    assert large < near_eps * 1e-10

@@ -1,0 +1,252 @@
+"""The host CPU standing in for a CUDA GPU: CUDA's semantics for the CUDA parts of a cell.
+
+A cell written for CUDA behaves differently on the CPU in ways that have nothing to do with the port
+being checked (``shared/notes/ecosystem.md`` §8). While the ``cpu`` backend stands in for ``cuda``:
+
+- ``.cuda()``, ``.to("cuda")``, ``torch.as_tensor(..., device="cuda")`` return a copy, as a
+  host-to-device copy does (on the CPU they would return the tensor itself, so an in-place op on the
+  "moved" tensor would change the original); a tensor already "on cuda" is returned as it is;
+- ``pin_memory()`` returns a pinned copy and ``is_pinned()`` answers as CUDA would;
+- ``torch.autocast("cuda")`` casts the ops CUDA's autocast lists name (see
+  :mod:`neuron_workbench.backends.cuda_autocast`), not CPU's;
+- optimizers and gradient clipping default to the ``foreach`` implementation, as on CUDA tensors;
+- with TF32 enabled by the cell (``torch.backends.cuda.matmul.allow_tf32 = True`` or
+  ``torch.set_float32_matmul_precision("high")``) float32 matmuls round their inputs to TF32, as an
+  Ampere or newer GPU does (``--ref-precision fp32`` turns this off).
+
+What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from neuron_workbench.run.records import RunFacts
+
+#: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
+REF_PRECISIONS = ("cuda", "fp32")
+
+_MATMULS = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.baddbmm.default,
+        torch.ops.aten.addbmm.default,
+    }
+)
+
+
+def tf32_enabled() -> bool:
+    """Whether a CUDA GPU would compute float32 matmuls with TF32 inputs right now.
+
+    ``torch.set_float32_matmul_precision("high")`` sets the same cuBLAS flag, so the flag alone
+    answers (``get_float32_matmul_precision`` may report an emulated TPU's mode instead).
+    """
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def may_enable_tf32(source: str) -> bool:
+    """Whether a cell with this source may compute with TF32 (it is on, or the cell names it)."""
+    return tf32_enabled() or "tf32" in source or "float32_matmul_precision" in source
+
+
+def round_to_tf32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (float32) with its mantissa rounded to TF32's 10 bits, to nearest, ties away."""
+    bits = tensor.contiguous().view(torch.int32)
+    rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(tensor), rounded, tensor)
+
+
+class _Tf32Matmuls(TorchDispatchMode):
+    """Rounds float32 matmul inputs to TF32 while the cell has TF32 enabled (forward and backward)."""
+
+    def __init__(self, on_use: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_use = on_use
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _MATMULS and tf32_enabled():
+            self._on_use()
+            args = tuple(
+                round_to_tf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
+                for a in args
+            )
+        return func(*args, **kwargs)
+
+
+def device_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy made the way a host-to-device copy is: allocate, then ``copy_`` (differentiable).
+
+    Unlike ``clone()`` it leaves the copy's version counter at 1, as on a device, so a module moved
+    to "cuda" reads as changed in place on every backend alike.
+    """
+    out = torch.empty_like(tensor)
+    return out.copy_(tensor)
+
+
+class CudaOnHost:
+    """One run's bookkeeping of the host CPU acting as a CUDA device.
+
+    Parameters
+    ----------
+    resident : iterable of Tensor
+        Tensors the run starts with that earlier cells placed on "cuda" (moving them again is a
+        no-op on CUDA, so it must return them, not copies).
+    precision : str
+        ``cuda`` (TF32 matmuls when the cell enables them) or ``fp32``.
+    """
+
+    def __init__(self, resident: Iterable[torch.Tensor] = (), precision: str = "cuda") -> None:
+        self._resident: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # torch.device objects cannot be weakly referenced; the run holds them (a few at most).
+        self._cuda_devices: dict[int, torch.device] = {}
+        for tensor in resident:
+            self._resident[tensor] = True
+        self.precision = precision
+        self._stack = contextlib.ExitStack()
+        self._cuda_autocast = False
+        self.used_tf32 = False
+        self.used_foreach_default = False
+
+    # -- placement -------------------------------------------------------------------------------
+    def on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is known to be on "cuda" (moved or created there in this session)."""
+        return tensor in self._resident
+
+    def mark(self, value: Any) -> Any:
+        """Remember the tensor ``value`` as being on "cuda"; return it."""
+        if isinstance(value, torch.Tensor):
+            self._resident[value] = True
+        return value
+
+    def moved(self, source: torch.Tensor, result: torch.Tensor) -> Any:
+        """What moving ``source`` to "cuda" gives: ``result``, or a copy where CUDA would copy.
+
+        A parameter moved by ``Module.to`` keeps its identity on CUDA (its ``.data`` is swapped), so
+        the parameter itself counts as on the device from then on.
+        """
+        if result is source and not self.on_device(source):
+            result = device_copy(source)
+        if isinstance(source, torch.nn.Parameter):
+            self._resident[source] = True
+        return self.mark(result)
+
+    def remember_cuda_device(self, device: torch.device) -> torch.device:
+        """Note that ``device`` (now a CPU device object) is what the cell built as ``"cuda"``."""
+        self._cuda_devices[id(device)] = device
+        return device
+
+    def names_cuda(self, value: Any) -> bool:
+        """Whether ``value`` is a device object the cell built as ``torch.device("cuda")``."""
+        return type(value) is torch.device and self._cuda_devices.get(id(value)) is value
+
+    # -- pinned memory ---------------------------------------------------------------------------
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A pinned copy of ``tensor`` (the tensor itself when it is pinned already)."""
+        if tensor in self._pinned:
+            return tensor
+        pinned = tensor.clone()
+        self._pinned[pinned] = True
+        return pinned
+
+    def is_pinned(self, tensor: torch.Tensor) -> bool:
+        """What ``tensor.is_pinned()`` answers on a CUDA machine."""
+        return tensor in self._pinned
+
+    # -- numerics --------------------------------------------------------------------------------
+    def use_cuda_autocast_lists(self) -> None:
+        """From now until the run ends, CPU autocast casts what CUDA autocast casts."""
+        if not self._cuda_autocast:
+            from neuron_workbench.backends.cuda_autocast import cuda_autocast_lists
+
+            self._stack.enter_context(cuda_autocast_lists())
+            self._cuda_autocast = True
+
+    def under_cuda_autocast(self) -> bool:
+        """Whether CPU autocast is on with CUDA's lists (the cell entered ``autocast("cuda")``)."""
+        return self._cuda_autocast and torch.is_autocast_enabled("cpu")
+
+    def _note_tf32(self) -> None:
+        self.used_tf32 = True
+
+    @contextlib.contextmanager
+    def active(self, may_enable_tf32: bool) -> Iterator[CudaOnHost]:
+        """Apply the run-long parts (foreach defaults, TF32) around the cell; undo them after.
+
+        ``may_enable_tf32``: the cell mentions TF32 settings, or they are on already. The TF32
+        dispatch mode costs a little per op, so it is only entered then.
+        """
+        with self._stack:
+            self._stack.enter_context(_foreach_by_default(self))
+            if self.precision == "cuda" and may_enable_tf32:
+                self._stack.enter_context(_Tf32Matmuls(self._note_tf32))
+            yield self
+
+    # -- report ----------------------------------------------------------------------------------
+    def notes(self, facts: RunFacts) -> list[str]:
+        """What this reference did as CUDA would, and what stays different from a real GPU."""
+        notes = []
+        if self._cuda_autocast:
+            notes.append(
+                "autocast('cuda') used CUDA's op lists (softmax, norms, losses in float32)"
+            )
+        if self.used_tf32:
+            notes.append("float32 matmuls rounded their inputs to TF32, as the cell enabled")
+        elif self.precision == "fp32":
+            notes.append("float32 matmuls in full float32 (--ref-precision fp32)")
+        if self.used_foreach_default:
+            notes.append("optimizers used the foreach implementation CUDA tensors default to")
+        if facts.convolutions:
+            notes.append(
+                "differs from a GPU: Ampere and newer GPUs compute float32 convolutions with TF32 "
+                "inputs by default (torch.backends.cudnn.allow_tf32); this reference uses float32"
+            )
+        if facts.attention_calls:
+            notes.append(
+                "differs from a GPU: CUDA picks flash, memory-efficient or cuDNN attention kernels; "
+                "this reference used the CPU's scaled_dot_product_attention kernel"
+            )
+        if facts.rnn_calls:
+            notes.append(
+                "differs from a GPU: CUDA runs recurrent layers as one cuDNN kernel; this "
+                "reference runs the CPU's per-cell path (in the lower precision under autocast)"
+            )
+        if facts.random_ops:
+            notes.append(
+                "differs from a GPU: CUDA's generator (Philox) draws other numbers than the CPU's; "
+                "this reference draws the CPU's (--rng cpu gives every device the CPU's numbers)"
+            )
+        return notes
+
+
+@contextlib.contextmanager
+def _foreach_by_default(host: CudaOnHost) -> Iterator[None]:
+    """Optimizers and ``clip_grad_norm_`` pick ``foreach`` for CPU tensors, as for CUDA tensors."""
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils._foreach_utils as foreach_utils
+
+    original = foreach_utils._get_foreach_kernels_supported_devices
+
+    def supported() -> list[str]:
+        host.used_foreach_default = True
+        return [*original(), "cpu"]
+
+    saved = optimizer_module._get_foreach_kernels_supported_devices
+    optimizer_module._get_foreach_kernels_supported_devices = supported
+    foreach_utils._get_foreach_kernels_supported_devices = supported
+    try:
+        yield
+    finally:
+        optimizer_module._get_foreach_kernels_supported_devices = saved
+        foreach_utils._get_foreach_kernels_supported_devices = original

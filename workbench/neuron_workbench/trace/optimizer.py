@@ -1,0 +1,164 @@
+"""What each ``optimizer.step()`` of a run saw: gradients and second moments, at the step.
+
+Gradients are read in a global step pre-hook, so ``zero_grad(set_to_none=True)`` after the step
+cannot hide them. A weight that differs after a step whose gradients matched points at the
+optimizer itself (Adam-style updates divide by ``sqrt(v) + eps`` and magnify small gradient
+differences where ``v`` is tiny); the report's hints use this record as their evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Above this many parameter elements per step, nothing is copied (memory would double).
+MAX_ELEMENTS = 20_000_000
+
+#: Optimizers whose update divides by ``sqrt(second moment) + eps``.
+DIVIDES_BY_SQRT_V = frozenset(
+    {"Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "RMSprop", "Adadelta", "SparseAdam"}
+)
+
+
+@dataclass
+class ParamAtStep:
+    """One parameter at the last ``step()`` of its optimizer (host copies, float32 or wider)."""
+
+    optimizer: str
+    ordinal: int
+    index: int
+    grad: torch.Tensor | None
+    second_moment: torch.Tensor | None
+    step: int
+    lr: float
+    eps: float | None
+    beta1: float | None
+    beta2: float | None
+
+    def update_sensitivity(self, index: tuple[int, ...]) -> float | None:
+        """How much one unit of gradient difference moves this element's update (Adam-style).
+
+        ``lr * (1 - beta1) / (1 - beta1**t) / (sqrt(v_hat) + eps)`` with ``v_hat`` the bias-corrected
+        second moment after the step, or ``lr * eps / (|g| + eps)**2`` on the first step (where
+        ``m_hat = g`` and ``v_hat = g**2``, so the update is ``lr * g / (|g| + eps)``).
+        """
+        if self.grad is None or self.eps is None or self.optimizer not in DIVIDES_BY_SQRT_V:
+            return None
+        g = abs(float(self.grad[index]))
+        beta1 = self.beta1 if self.beta1 is not None else 0.9
+        beta2 = self.beta2 if self.beta2 is not None else 0.999
+        t = self.step + 1
+        if self.step == 0 or self.second_moment is None:
+            return self.lr * self.eps / (g + self.eps) ** 2
+        v = beta2 * float(self.second_moment[index]) + (1 - beta2) * g * g
+        v_hat = v / (1 - beta2**t)
+        return self.lr * (1 - beta1) / (1 - beta1**t) / (math.sqrt(v_hat) + self.eps)
+
+
+@dataclass
+class OptimizerSteps:
+    """Every parameter's state at its optimizer's last step in one run."""
+
+    calls: int = 0
+    skipped: str = ""
+    params: dict[int, tuple[Any, ParamAtStep]] = field(default_factory=dict, repr=False)
+    optimizers: list[dict[str, Any]] = field(default_factory=list)
+
+    def at_step(self, param: Any) -> ParamAtStep | None:
+        """The record of ``param`` (the very tensor object), or None."""
+        entry = self.params.get(id(param))
+        return entry[1] if entry is not None and entry[0] is param else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (no tensors)."""
+        return {"calls": self.calls, "optimizers": list(self.optimizers), "skipped": self.skipped}
+
+
+class OptimizerRecorder:
+    """Records :class:`OptimizerSteps` while active (a run instrument)."""
+
+    def __init__(self) -> None:
+        self._steps = OptimizerSteps()
+        self._ordinals: dict[int, int] = {}
+
+    def result(self) -> OptimizerSteps:
+        """What was recorded."""
+        return self._steps
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        steps = self._steps
+        steps.calls += 1
+        ordinal = self._ordinals.setdefault(id(optimizer), len(self._ordinals))
+        name = type(optimizer).__name__
+        params = [(g, p) for g in optimizer.param_groups for p in g["params"]]
+        if sum(p.numel() for _, p in params) > MAX_ELEMENTS:
+            steps.skipped = f"{name} has over {MAX_ELEMENTS:,} parameter elements: not copied"
+            return
+        if ordinal == len(steps.optimizers):
+            group = optimizer.param_groups[0] if optimizer.param_groups else {}
+            steps.optimizers.append(
+                {"type": name, **{k: _plain(group.get(k)) for k in ("lr", "eps", "betas")}}
+            )
+        with _disable_current_modes(), torch.no_grad():
+            for index, (group, param) in enumerate(params):
+                state = optimizer.state.get(param, {})
+                second = state.get("exp_avg_sq", state.get("square_avg"))
+                betas = group.get("betas") or (None, None)
+                steps.params[id(param)] = (
+                    param,
+                    ParamAtStep(
+                        optimizer=name,
+                        ordinal=ordinal,
+                        index=index,
+                        grad=_host_copy(param.grad),
+                        second_moment=_host_copy(second),
+                        step=int(_plain(state.get("step", 0)) or 0),
+                        lr=float(_plain(group.get("lr", 0.0)) or 0.0),
+                        eps=_optional_float(group.get("eps")),
+                        beta1=_optional_float(betas[0]),
+                        beta2=_optional_float(betas[1]),
+                    ),
+                )
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[OptimizerRecorder]:
+        """Install the global step pre-hook for the body."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(self._pre_step)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+
+def optimizer_instrument(backend: Any) -> contextlib.AbstractContextManager[OptimizerRecorder]:
+    """Run instrument (see ``run.executor.Instrument``) recording every optimizer step."""
+    return OptimizerRecorder().recording()
+
+
+def _host_copy(tensor: Any) -> torch.Tensor | None:
+    if not isinstance(tensor, torch.Tensor) or tensor.is_sparse:
+        return None
+    copy = tensor.detach().to("cpu", copy=True)
+    return copy.float() if copy.dtype in (torch.float16, torch.bfloat16) else copy
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _optional_float(value: Any) -> float | None:
+    value = _plain(value)
+    return float(value) if isinstance(value, int | float) else None
