@@ -82,6 +82,16 @@ def test_auto_runs_accelerator_targets_in_workers_and_cpu_in_process(ip):
     assert "tpu" in targets and "cpu" not in targets
 
 
+def test_rebinding_a_name_to_the_same_text_is_no_new_output(ip):
+    # the worker must see the names a cell rebinds, as an in-process run does
+    run_cell(ip, "import torch")
+    cell = '%%neuron --executor worker -o r\ndevice = "cuda"\ny = torch.ones(2).to(device)'
+    run_cell(ip, cell)
+    run_cell(ip, cell)
+    assert [d.path for d in ip.user_ns["r"].comparison.diffs] == ["y"]
+    assert ip.user_ns["r"].verdict == "PASS"
+
+
 def test_config_selects_the_worker_executor(ip):
     run_cell(ip, "import torch")
     run_cell(ip, "%config NeuronMagics.executor = 'worker'")

@@ -19,7 +19,7 @@ from neuron_workbench.backends import get_backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
 from neuron_workbench.report.report import Report
-from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell, execute
+from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
 
 #: Where a target run happens: ``auto`` (a worker for neuron/tpu targets, else this process),
@@ -321,12 +321,26 @@ class Session:
         backend_name: str,
         *,
         seed: int = 0,
+        executor: str = "auto",
     ) -> Run:
-        """Run ``program`` once on one backend, in this process (``neuron-workbench record``)."""
-        from neuron_workbench.backends import get_backend
+        """Run ``program`` once on one backend (``neuron-workbench record``).
+
+        Like a cell's target, an accelerator run happens in a worker under ``auto``: a process that
+        already ran a backward pass cannot install an emulated device any more.
+
+        Raises
+        ------
+        BackendUnavailable
+            When the backend cannot run here.
+        """
+        from neuron_workbench.errors import BackendUnavailable
 
         backend = get_backend(backend_name)
-        return execute(RunSpec(program, namespace, seed=seed), backend, run_id="ref")
+        runner = self.executor(resolve_executor(executor, [backend.name]))
+        availability = runner.availability(backend)
+        if not availability:
+            raise BackendUnavailable(availability.reason)
+        return runner.run(RunSpec(program, namespace, seed=seed), backend, run_id="ref")
 
 
 def compare_recorded(

@@ -328,7 +328,14 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> 
     )
     namespace = request["anchor"].__globals__
     namespace.setdefault("__name__", "__main__")
-    namespace.update(request["values"])
+    # Strings are interned as the kernel's were: `device = "cuda"` rebinding the same text must
+    # not look like a new binding (runs find their outputs by identity).
+    namespace.update(
+        {
+            name: sys.intern(value) if type(value) is str else value
+            for name, value in request["values"].items()
+        }
+    )
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:
@@ -648,6 +655,9 @@ class WorkerPool:
             self.close()
 
 
+_ATOMS = (str, int, float, bool, bytes, complex, type(None))
+
+
 class WorkerExecutor:
     """Executes the target run of a cell in the pool's worker for that target."""
 
@@ -674,7 +684,13 @@ class WorkerExecutor:
         worker = self.pool.get(backend.name)
         worker.ensure_started()
         namespace = spec.namespace
-        names = sorted(n for n in referenced_names(spec.program, namespace) if n in namespace)
+        names = set(referenced_names(spec.program, namespace))
+        # Plain values the cell may rebind without reading: in this process a run finds its outputs
+        # by identity against the whole namespace, so `device = "cuda"` twice is no new binding.
+        names |= {
+            name for name in spec.program.body.co_names if type(namespace.get(name)) in _ATOMS
+        }
+        names = sorted(n for n in names if n in namespace)
         values = {name: namespace[name] for name in names}
         force = [
             name

@@ -53,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
     program = compile_script(args.script, source)
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
     with script_context(args.script):
-        recorded = Session().record_run(
-            program, script_namespace(args.script), backend.name, seed=args.seed
-        )
+        session = Session()
+        try:
+            recorded = session.record_run(
+                program, script_namespace(args.script), backend.name, seed=args.seed
+            )
+        finally:
+            session.close()
     path = save(args.output, runs={args.role: recorded}, cell_source=source)
     label = recorded.backend.label
     if recorded.error is not None:

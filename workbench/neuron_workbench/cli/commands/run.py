@@ -46,7 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="save each comparison's runs as artifacts in DIR (scripts; notebooks when the "
         "magic supports NeuronMagics.record_dir)",
     )
-    parser.add_argument("--timeout", type=int, default=900, help="seconds per cell (default 900)")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=900,
+        help="seconds per cell, or per target run of a script in a worker (default 900)",
+    )
     parser.add_argument(
         "--executor",
         choices=("auto", "inprocess", "worker"),
@@ -74,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
+    from neuron_workbench.report.session import resolve_executor
 
     check_pair(args.rtol, args.atol)
     suffix = Path(args.path).suffix.lower()
@@ -109,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
             progress=terminal_message,
             record_dir=args.record,
             executor=args.executor or "auto",
-            timeout=None,
+            # a hung target in a worker is ended after --timeout, like a hung notebook cell
+            timeout=float(args.timeout)
+            if resolve_executor(args.executor or "auto", [args.target or "neuron"]) == "worker"
+            else None,
         )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
