@@ -92,6 +92,14 @@ def test_rebinding_a_name_to_the_same_text_is_no_new_output(ip):
     assert ip.user_ns["r"].verdict == "PASS"
 
 
+def test_display_in_a_worker_cell_prints(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip, "%%neuron --executor worker --keep target -o r\nz = torch.ones(1)\ndisplay('shown')"
+    )
+    assert ip.user_ns["r"].verdict == "PASS" and ip.user_ns["r"].target.stdout == "shown\n"
+
+
 def test_config_selects_the_worker_executor(ip):
     run_cell(ip, "import torch")
     run_cell(ip, "%config NeuronMagics.executor = 'worker'")

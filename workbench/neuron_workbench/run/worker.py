@@ -271,6 +271,11 @@ def _serve(fd: int, folder: str) -> None:
     faulthandler.register(signal.SIGUSR1, file=faults, all_threads=True, chain=False)
     with open(os.path.join(folder, "lastop"), "r+b") as handle:
         slot = mmap.mmap(handle.fileno(), _OP_SLOT)
+    import builtins
+
+    if not hasattr(builtins, "display"):
+        # IPython puts display() among the builtins; here a displayed object is printed instead.
+        builtins.display = lambda *objects, **kwargs: print(*objects)  # type: ignore[attr-defined]
     from neuron_workbench.backends import get_backend
 
     backend = get_backend(init["target"])
