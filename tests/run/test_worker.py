@@ -176,6 +176,23 @@ def test_a_hung_target_is_ended_at_the_timeout(namespace):
     assert message.endswith("at cell line 3; it was ended")
 
 
+def test_a_worker_that_exits_is_reported_and_replaced(session, namespace):
+    result = compare(
+        """
+        x = torch.ones(2, device="cuda") + 1
+        if os.environ.get("NEURON_WORKBENCH_WORKER"):
+            os._exit(3)
+        """,
+        namespace,
+        session,
+    )
+    # os._exit leaves no stack dump: the op is known, the line is not
+    assert result.report.target.error.message == (
+        "target process died (exit status 3) while running aten::add"
+    )
+    assert compare("y = torch.ones(2, device='cuda')", namespace, session).report.verdict == "PASS"
+
+
 def test_tpu_runs_in_its_own_worker_next_to_an_emulated_neuron_process(session, namespace):
     # this test process emulates neuron (conftest), so tpu can only run in a worker
     result = compare("y = torch.ones(4, device='cuda').cumsum(0)", namespace, session, "tpu")

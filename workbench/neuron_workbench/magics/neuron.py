@@ -275,6 +275,12 @@ class NeuronMagics(Magics):
         the report lists what stays different from a real GPU. Under autocast, floating outputs are
         judged at the tolerance of the lowest precision they went through.
 
+        ``neuron`` and ``tpu`` targets run in a worker process per target (``--executor auto``, the
+        default): the kernel installs no device, a crash or a hang (``--timeout S``) there becomes
+        an ERROR report, and both targets can be compared in one notebook (``--target
+        neuron,tpu``). What the cell reads is shipped to the worker; results come back as host
+        copies. ``%neuron_workers`` lists the workers; ``--executor inprocess`` runs in the kernel.
+
         Examples
         --------
         ::
