@@ -207,3 +207,47 @@ def test_a_device_this_process_lacks_comes_back_as_a_generic_accelerator():
 
     assert _rebuild_device("tpu", 0) == torch.device("privateuseone", 0)  # this process: neuron
     assert loads(dumps(torch.device("neuron", 0))) == torch.device("neuron", 0)  # emulated here
+
+
+KERNEL_THAT_HANGS = """
+import os, time, torch
+from neuron_workbench.report.driver import CompareOptions
+from neuron_workbench.report.session import CellOptions, Session
+session = Session()
+worker = session.workers.get("neuron")
+worker.ensure_started()
+print(worker.pid, flush=True)
+ns = {"__name__": "__main__", "torch": torch, "os": os, "time": time}
+cell = "x = torch.ones(1, device='cuda')\\nif os.environ.get('NEURON_WORKBENCH_WORKER'):\\n    time.sleep(600)"
+options = CellOptions(compare=CompareOptions(ref="cpu", target="neuron"), scan=False)
+session.run_cell(cell, ns, options)
+"""
+
+
+def test_a_worker_ends_when_its_kernel_is_killed_mid_cell():
+    import os
+    import subprocess
+    import sys
+
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL_THAT_HANGS], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid = int(kernel.stdout.readline())
+        time.sleep(2)  # the worker is now inside the hung cell
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(pid)
+
+
+def _running(pid):
+    """Whether ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except OSError:
+        return False

@@ -257,11 +257,26 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
 _LastOpMode.__torch_dispatch__ = _LastOpMode.__dict__["__torch_dispatch__"].__wrapped__  # type: ignore[attr-defined]
 
 
+def _exit_with_parent() -> None:
+    """End this process when the kernel that started it is gone, even in the middle of a cell."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="neuron-workbench-parent-watch", daemon=True).start()
+
+
 def _serve(fd: int, folder: str) -> None:
     """Worker main loop: set up, then answer run requests until the pipe closes."""
     import faulthandler
 
     conn = Connection(fd)
+    _exit_with_parent()
     init = pickle.loads(conn.recv_bytes())
     sys.path[:] = list(init["sys_path"])
     with contextlib.suppress(OSError):
