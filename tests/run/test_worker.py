@@ -225,7 +225,6 @@ session.run_cell(cell, ns, options)
 
 
 def test_a_worker_ends_when_its_kernel_is_killed_mid_cell():
-    import os
     import subprocess
     import sys
 
