@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from neuron_workbench.backends import cuda_rnn
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.run.cuda_on_host import CudaOnHost
 from neuron_workbench.run.records import RunFacts
@@ -164,9 +165,12 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func in _RNNS:
             facts.rnn_calls += 1
             if self.host is not None and self.host.under_cuda_autocast():
-                # CUDA runs RNNs under autocast in the lower precision (cuDNN's autocast kernel);
-                # the CPU's oneDNN RNN kernel is outside CUDA's lists and would stay in float32.
-                # The generic per-cell path casts like CUDA: its matmuls are on CUDA's lists.
+                # CUDA runs RNNs under autocast in the lower precision; the CPU's oneDNN RNN kernel
+                # is outside CUDA's lists and would stay in float32. Take the path ATen takes on a
+                # GPU-like device (per-step matmuls, fused cells), as the emulated targets do.
+                device_path = cuda_rnn.device_path(func, args)
+                if device_path is not None:
+                    return device_path()
                 dtype = torch.get_autocast_dtype("cpu")
                 args = tuple(_cast_floats(a, dtype) for a in args)
                 with torch.backends.mkldnn.flags(enabled=False):
@@ -324,11 +328,16 @@ def _dropout_from_cpu(x: torch.Tensor, p: float, inplace: bool) -> torch.Tensor:
     return x.mul_(scaled) if inplace else x * scaled
 
 
+def _original(func: Any) -> Any:
+    """The function the dispatcher reports for ``func`` (the emulator wraps some factories)."""
+    return getattr(func, "__wrapped__", func)
+
+
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
 _TENSOR_IS_PINNED = torch.Tensor.is_pinned
-_AS_TENSOR = frozenset({torch.as_tensor, torch.asarray})
+_AS_TENSOR = frozenset({_original(torch.as_tensor), _original(torch.asarray)})
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _CONVOLUTIONS = frozenset(
     {
@@ -348,17 +357,24 @@ _RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
 _F_DROPOUT = torch.nn.functional.dropout
 
-_RANDOM_LIKE = frozenset({torch.randn_like, torch.rand_like, torch.randint_like})
+_RANDOM_LIKE = frozenset(
+    _original(f) for f in (torch.randn_like, torch.rand_like, torch.randint_like)
+)
 _RANDOM_FACTORIES = frozenset(
     {
-        torch.randn,
-        torch.rand,
-        torch.randint,
-        torch.randperm,
-        torch.normal,
-        torch.bernoulli,
-        torch.multinomial,
-        torch.poisson,
+        *(
+            _original(f)
+            for f in (
+                torch.randn,
+                torch.rand,
+                torch.randint,
+                torch.randperm,
+                torch.normal,
+                torch.bernoulli,
+                torch.multinomial,
+                torch.poisson,
+            )
+        ),
         *_RANDOM_LIKE,
     }
 )
