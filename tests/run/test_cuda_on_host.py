@@ -209,3 +209,20 @@ def test_lstm_under_cuda_autocast_runs_in_lower_precision_on_both(ip):
     )
     assert report.verdict == "PASS", report.summary()
     assert ip.user_ns["out"].dtype == torch.bfloat16
+
+
+def test_sparse_tensor_on_the_target_is_a_one_line_error(ip):
+    run_cell(ip, "import torch")
+    report = _report(
+        ip,
+        "i = torch.tensor([[0, 1], [1, 0]])\n"
+        "s = torch.sparse_coo_tensor(i, torch.tensor([1.0, 2.0]), (2, 2)).cuda()\n"
+        "y = s.to_dense() * 2",
+    )
+    assert report.verdict == "ERROR"
+    assert report.ref.ok  # the reference (as CUDA) takes sparse tensors
+    error = report.target.error
+    assert error.type == "NotImplementedError" and error.lineno == 2
+    assert "\n" not in error.message
+    assert "torch.sparse_coo" in error.message and "aten::" in error.message
+    assert "coverage has no op for sparse tensors" in error.message

@@ -335,10 +335,11 @@ class NeuronMagics(Magics):
                 relabel_run_sites(run, cells, site_folders(self._start_dir))
             if warning:
                 report.warnings.append(warning)
+            # The running cell's number, as its sites read it (not shell.execution_count, which
+            # IPython has already moved to the next cell).
+            count = cells[program.filename][0]
             record_to = args.record or (
-                str(Path(self.record_dir) / f"cell-{shell.execution_count}.nwrun.zip")
-                if self.record_dir
-                else None
+                str(Path(self.record_dir) / f"cell-{count}.nwrun.zip") if self.record_dir else None
             )
             if record_to:
                 from neuron_workbench import artifacts
