@@ -44,3 +44,11 @@ def test_emulated_capabilities_name_the_coverage():
     assert caps["coverage"] == "neuron-2026-04 (195 native ops)"
     assert get_backend("neuron").kind() == "emulated"
     assert get_backend("neuron").fake_description() == ""
+
+
+def test_recorder_leaves_torch_compile_on():
+    from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
+
+    with DispatchCallRecorder().recording():
+        # Dynamo skips compiling every frame while a mode that does not ignore it is active.
+        assert any_torch_dispatch_mode_on_stack() is False

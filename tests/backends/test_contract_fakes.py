@@ -65,7 +65,10 @@ NEURON_SCRIPT = (
     COMMON
     + f"NEURON_CELL = {NEURON_CELL!r}\n"
     + r"""
+from neuron_workbench.backends.registry import BackendStatusTable
+
 out = {"cell": report(NEURON_CELL), "kind": get_backend("neuron").kind()}
+out["status_line"] = [line for line in BackendStatusTable().lines() if line.startswith("neuron")]
 if "torch_neuronx" in sys.modules:
     import torch_neuronx
 
@@ -190,6 +193,8 @@ def test_neuron_reports_say_fake(neuron_runs):
     assert "fake torch_neuronx" in fake["cell"]["html"]
     assert "fake torch_neuronx" not in emu["cell"]["html"]
     assert fake["cell"]["summary"].startswith("PASS neuron vs ")
+    assert fake["status_line"][0].startswith("neuron  available (FAKE: fake torch_neuronx")
+    assert emu["status_line"][0] == "neuron  available (emulated on the host CPU)"
 
 
 def test_fake_torch_neuronx_op_tracking(neuron_runs):

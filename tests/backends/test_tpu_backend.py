@@ -19,6 +19,7 @@ def test_full_list_is_an_option_or_the_environment(monkeypatch):
     assert get_backend("tpu").list_fallbacks is True
     assert get_backend("tpu", list_fallbacks=False).list_fallbacks is False
     assert "full list" in get_backend("tpu")._extra_details()["fallback_mode"]
+    assert get_backend("tpu", list_fallbacks=False)._extra_details() == {}
 
 
 def test_an_option_the_backend_lacks_is_a_usage_error():

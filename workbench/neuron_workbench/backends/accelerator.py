@@ -177,6 +177,13 @@ class DispatchCallRecorder:
         recorder = self
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # Otherwise torch.compile skips every frame while the mode is on (the cell's
+                # compiled code would run eagerly); a compiled graph's fallbacks are still
+                # named by the SDK.
+                return True
+
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:

@@ -73,6 +73,9 @@ class BackendStatusTable:
         for name, avail in self.rows:
             if avail:
                 status = "available (emulated on the host CPU)" if avail.emulated else "available"
+                fake = getattr(get_backend(name), "fake_description", lambda: "")()
+                if fake and not avail.emulated:
+                    status = f"available (FAKE: {fake})"
             else:
                 status = avail.reason
             out.append(f"{name:<7} {status}")

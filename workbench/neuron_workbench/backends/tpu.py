@@ -149,11 +149,10 @@ class TpuBackend(AcceleratorBackend):
         )
 
     def _extra_details(self) -> dict[str, Any]:
-        return {
-            "fallback_mode": "full list (CPU fallback on for the run)"
-            if self.list_fallbacks
-            else "TorchTPU default (a missing op raises)"
-        }
+        # Only the non-default mode is named, so default reports read as before.
+        if not self.list_fallbacks:
+            return {}
+        return {"fallback_mode": "full list (CPU fallback on for the run)"}
 
     @contextlib.contextmanager
     def _emulated_fallback_mode(self) -> Iterator[None]:
