@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,9 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def execute(path: Path) -> None:
     """Execute one notebook in its own folder and write it back with outputs."""
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(
+    client = NotebookClient(
         nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    ).execute()
+    )
+    with tempfile.TemporaryDirectory() as sockets:
+        # A local-socket kernel: no "Kernel is running over TCP without encryption" warning. Set
+        # after construction (passing km= makes nbclient leave the kernel running).
+        client.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "k"))
+        client.execute()
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
     print(f"executed {path.relative_to(ROOT)}")

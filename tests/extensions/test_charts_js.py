@@ -85,7 +85,7 @@ def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
     assert "aten::sort" in fell_back and not fell_back & {"aten::addmm", "aten::convolution"}
     assert native["offsetgroup"] == fallback["offsetgroup"] == "target"
     memory = figs["memory"]["data"]
-    assert memory[0]["x"] == ["cpu", "neuron (emulated)"]
+    assert memory[0]["x"] == ["cpu (as cuda)", "neuron (emulated)"]
     assert figs["layers"] is None and figs["loss"] is None  # no --layers, no --steps
     assert figs["labels"] == ["cell [7], line 3", "models.py:16", "cell line 4"]
 

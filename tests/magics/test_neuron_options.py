@@ -71,3 +71,11 @@ def test_layer_statistics_do_not_show_up_in_the_op_profile(ip):
         ops = {row["op"] for row in data[role]["profile"]["rows"]}
         assert "aten::addmm" in ops
         assert not ops & {"aten::linalg_vector_norm", "aten::aminmax"}
+
+
+def test_record_dir_names_the_file_after_the_running_cell(ip, tmp_path):
+    ip.run_cell(f"%config NeuronMagics.record_dir = {str(tmp_path)!r}")
+    count = ip.execution_count  # the number this cell runs as (In[count])
+    ip.run_cell("%%neuron\nimport torch\nx = torch.ones(2).cuda() * 2", store_history=True)
+    assert [p.name for p in tmp_path.iterdir()] == [f"cell-{count}.nwrun.zip"]
+    ip.run_cell("%config NeuronMagics.record_dir = ''")

@@ -196,3 +196,33 @@ def test_residency_and_pinning_bookkeeping():
     pinned = host.pin(fresh)
     assert pinned is not fresh and host.is_pinned(pinned) and not host.is_pinned(fresh)
     assert host.pin(pinned) is pinned
+
+
+def test_lstm_under_cuda_autocast_runs_in_lower_precision_on_both(ip):
+    # CPU autocast leaves oneDNN's LSTM in float32; CUDA (and the emulated device) give bfloat16.
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nrnn = torch.nn.LSTM(8, 16, num_layers=2)")
+    report = _report(
+        ip,
+        "rnn.cuda()\nx = torch.randn(5, 3, 8, device='cuda')\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    out, (h, c) = rnn(x)\n"
+        "out.float().sum().backward()",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["out"].dtype == torch.bfloat16
+
+
+def test_sparse_tensor_on_the_target_is_a_one_line_error(ip):
+    run_cell(ip, "import torch")
+    report = _report(
+        ip,
+        "i = torch.tensor([[0, 1], [1, 0]])\n"
+        "s = torch.sparse_coo_tensor(i, torch.tensor([1.0, 2.0]), (2, 2)).cuda()\n"
+        "y = s.to_dense() * 2",
+    )
+    assert report.verdict == "ERROR"
+    assert report.ref.ok  # the reference (as CUDA) takes sparse tensors
+    error = report.target.error
+    assert error.type == "NotImplementedError" and error.lineno == 2
+    assert "\n" not in error.message
+    assert "torch.sparse_coo" in error.message and "aten::" in error.message
+    assert "coverage has no op for sparse tensors" in error.message

@@ -73,7 +73,7 @@ def test_op_time_bars_without_profile_tell_how_to_get_one(data):
 def test_memory_bars_use_the_profiles_peak(data):
     fig = figures.memory_bars(data)
     peak, allocated = fig.data
-    assert list(peak.x) == ["cpu", "neuron (emulated)"]
+    assert list(peak.x) == ["cpu (as cuda)", "neuron (emulated)"]
     assert peak.y[1] == data["target"]["profile"]["peak_memory_bytes"] > 0
     assert peak.text[0] == "n/a"  # the CPU keeps no allocator statistics
     assert list(allocated.y) == [

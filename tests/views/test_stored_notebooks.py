@@ -31,23 +31,7 @@ def _outputs(path: Path):
             yield index, json.dumps(output)
 
 
-# Stored before sites were relabelled; scripts/execute_notebooks.py refreshes them (then drop it here).
-STORED_BEFORE_RELABELLING = {"00_quickstart.ipynb"}
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            p,
-            marks=pytest.mark.xfail(reason="stored outputs predate site relabelling; re-execute"),
-        )
-        if p.name in STORED_BEFORE_RELABELLING
-        else p
-        for p in NOTEBOOKS
-    ],
-    ids=lambda p: p.name,
-)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_stored_outputs_hold_no_machine_specific_paths(path):
     found = [
         (index, match.group(0), text[max(0, match.start() - 60) : match.end() + 40])

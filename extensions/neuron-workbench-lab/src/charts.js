@@ -47,7 +47,12 @@ export function siteCell(site) {
 
 export function backendLabel(run) {
   const b = (run && run.backend) || {};
-  return b.emulated ? `${b.name} (emulated)` : b.name || '?';
+  if (b.emulated) {
+    return `${b.name} (emulated)`;
+  }
+  // the host CPU standing in for a GPU reads "cpu (as cuda)", as in the Python report
+  const standsIn = b.details && b.details.stands_in_for;
+  return standsIn ? `${b.name} (as ${standsIn})` : b.name || '?';
 }
 
 function timeKind(run) {

@@ -364,6 +364,17 @@ export function renderReport(report) {
     root.appendChild(el('div', 'nw-lab-warning', `warning: ${warning}`));
   }
 
+  // How the runs were compared: autocast's tolerance floor, a cpu reference standing in for cuda
+  // and what stays different from a real GPU.
+  const notes = report.notes || [];
+  if (notes.length) {
+    const list = el('ul', 'nw-lab-notes');
+    for (const note of notes) {
+      list.appendChild(el('li', null, String(note)));
+    }
+    root.appendChild(section(`Notes (${notes.length})`, [list]));
+  }
+
   // Per-output table, open when something failed or there are few outputs.
   if (nOut) {
     const outs = section(`Outputs (${nOut})`, [outputsTable(report)]);

@@ -3,13 +3,21 @@
 With the vendor's backend loaded (``torch_neuronx`` / ``torch_tpu`` autoload at ``import torch`` on
 hardware), the real device is used. Otherwise the workbench's emulated device is installed on first
 use, and every report labels it as emulated.
+
+On a real device the adapter calls only what ``shared/notes/`` documents for that SDK
+(:attr:`AcceleratorBackend.documented_calls`); anything else goes through PyTorch's generic
+``torch.accelerator`` API, guarded, or is reported as "not available" (:meth:`capabilities`).
+An SDK package that marks itself as a test fake (``__neuron_workbench_fake__``) is treated as real
+by every code path, and every report it produces says "fake".
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-from collections.abc import Iterator
+import importlib
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from neuron_workbench.backends.base import (
@@ -19,6 +27,13 @@ from neuron_workbench.backends.base import (
     FallbackRecording,
     MemoryStats,
 )
+
+#: What :meth:`AcceleratorBackend.capabilities` says when neither the SDK's documented API nor
+#: PyTorch's generic one can do something.
+NOT_AVAILABLE = "not available"
+
+#: The attribute a test fake of an SDK package sets (a one-line description of the fake).
+FAKE_MARKER = "__neuron_workbench_fake__"
 
 _BACKWARD_PROBED: dict[str, str] = {}
 
@@ -55,11 +70,176 @@ def _check_emulated_backward(device_type: str) -> None:
         raise BackendUnavailable(_BACKWARD_PROBED[device_type])
 
 
+# ---- counting op calls at dispatch level (counts and sites for name-only fallback signals) ------
+
+# Host/device plumbing that is never reported as a fallback: skip the stack walk for it.
+_PLUMBING = frozenset(
+    {
+        "_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense", "empty",
+        "empty_strided", "detach", "alias", "view", "as_strided", "_reshape_alias", "clone",
+        "lift_fresh", "set_", "resize_", "_unsafe_view", "is_pinned", "record_stream",
+    }
+)  # fmt: skip
+
+
+def base_op_name(name: str) -> str:
+    """``aten::add.Tensor`` → ``aten::add`` (names without a namespace get ``aten::``)."""
+    name = str(name).strip()
+    if "::" not in name:
+        name = f"aten::{name}"
+    namespace, _, rest = name.partition("::")
+    return f"{namespace}::{rest.split('.', 1)[0]}"
+
+
+class DispatchCallRecorder:
+    """Counts every ATen op call of a run, keyed as the emulator keys its fallback events.
+
+    A real SDK names the ops that fell back (TorchNeuron's ``get_fallback_ops()``, TorchTPU's
+    per-call warnings) but not how often or from which line. This recorder sits at the Python
+    dispatch key (a ``TorchDispatchMode``, like TorchTPU's ``OpTracer``), so it sees each op as
+    the backend receives it; :meth:`events_for` keeps the ops the SDK named. Attribution (user
+    line, ``nn.Module``, forward/backward, autograd node) is the emulator's, so events from a
+    real device and from the emulated one read the same.
+
+    Parameters
+    ----------
+    skip : callable, optional
+        ``skip(func) -> bool``: ops that can never be fallbacks (e.g. ones with a device kernel
+        where a kernel rules a fallback out); they are counted without a stack walk.
+    """
+
+    def __init__(self, skip: Callable[[Any], bool] | None = None) -> None:
+        self._skip = skip
+        self._skipped: dict[Any, bool] = {}
+        self._events: dict[tuple, Any] = {}
+        self._forward_by_seq: dict[int, tuple] = {}
+        self.calls = 0
+
+    def _note(self, func: Any, args: Any, seq: int | None, seconds: float) -> None:
+        import torch
+
+        from neuron_workbench.emulator.events import FallbackEvent, find_site_and_module
+
+        self.calls += 1
+        skipped = self._skipped.get(func)
+        if skipped is None:
+            base = func._schema.name.split("::", 1)[-1]
+            skipped = base in _PLUMBING or bool(self._skip is not None and self._skip(func))
+            self._skipped[func] = skipped
+        if skipped:
+            return
+        s = func._schema
+        overload = f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            phase, node_name = "backward", node.name()
+            site, module, module_type = self._forward_by_seq.get(
+                node._sequence_nr(), (None, "", "")
+            )
+        else:
+            phase, node_name = "forward", ""
+            site, module, module_type = find_site_and_module(3)
+            if seq is not None:
+                self._forward_by_seq[seq] = (site, module, module_type)
+        key = (overload, site, phase, module, node_name)
+        event = self._events.get(key)
+        if event is not None:
+            event.count += 1
+            event.cpu_time_s += seconds
+            return
+        shapes: list[list[int]] = []
+        dtypes: list[str] = []
+        for a in args:
+            for t in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(t, torch.Tensor):
+                    shapes.append(list(t.shape))
+                    dtypes.append(str(t.dtype))
+        self._events[key] = FallbackEvent(
+            op=base_op_name(overload),
+            overload=overload,
+            count=1,
+            shapes=shapes,
+            dtypes=dtypes,
+            cpu_time_s=seconds,
+            phase=phase,
+            site=site,
+            module=module,
+            module_type=module_type,
+            autograd_node=node_name,
+        )
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[DispatchCallRecorder]:
+        """Record while the block runs (the mode reaches backward passes through autograd)."""
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        recorder = self
+
+        class _Mode(TorchDispatchMode):
+            @classmethod
+            def ignore_compile_internals(cls) -> bool:
+                # Otherwise torch.compile skips every frame while the mode is on (the cell's
+                # compiled code would run eagerly); a compiled graph's fallbacks are still
+                # named by the SDK.
+                return True
+
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                seq = None
+                if torch.is_grad_enabled() and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad for a in args
+                ):
+                    # The autograd node of this op (if any) was made just before dispatch got here.
+                    seq = torch._C._autograd._get_sequence_nr() - 1
+                t0 = time.perf_counter()
+                out = func(*args, **(kwargs or {}))
+                recorder._note(func, args, seq, time.perf_counter() - t0)
+                return out
+
+        with _Mode():
+            yield self
+
+    def events_for(self, names: Iterable[str], source: str) -> list[dict[str, Any]]:
+        """Event dicts of the calls to the ops in ``names`` (any overload spelling).
+
+        Ops the SDK named but the recorder never saw (reached inside another op's kernel) get one
+        event with ``count`` None and no site.
+        """
+        wanted = {base_op_name(n): str(n) for n in names}
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for event in self._events.values():
+            if event.op in wanted:
+                seen.add(event.op)
+                out.append({**event.to_dict(), "source": source})
+        for op in sorted(set(wanted) - seen):
+            out.append(
+                {
+                    "op": op,
+                    "overload": wanted[op],
+                    "count": None,
+                    "site": None,
+                    "phase": "",
+                    "source": f"{source} (not seen at dispatch: no count or site)",
+                }
+            )
+        return out
+
+
+# ---- the adapter -------------------------------------------------------------------------------
+
+
 class AcceleratorBackend(Backend):
     """A PrivateUse1 device that is either real (vendor SDK) or emulated (pure Python)."""
 
     #: Import name of the vendor's PyTorch backend package.
     sdk_module: str = ""
+    #: Its distribution name on PyPI (for the version).
+    sdk_distribution: str = ""
+    #: ``torch.<device>`` functions the notes document for the real SDK; nothing else is called.
+    documented_calls: frozenset[str] = frozenset()
 
     def _real_backend_loaded(self) -> bool:
         """True when the vendor backend, not our emulator, owns PrivateUse1 as this device."""
@@ -76,19 +256,136 @@ class AcceleratorBackend(Backend):
         """Whether runs on this backend go to the emulated device."""
         return not self._real_backend_loaded()
 
+    def sdk(self) -> Any:
+        """The vendor package (imported lazily), or None when it cannot be imported."""
+        module = sys.modules.get(self.sdk_module)
+        if module is not None:
+            return module
+        try:
+            return importlib.import_module(self.sdk_module)
+        except Exception:  # a broken SDK install is reported by availability(), not raised here
+            return None
+
+    def fake_description(self) -> str:
+        """The test fake's description when the loaded SDK is a fake, else ``""``."""
+        if self.is_emulated():
+            return ""
+        return str(getattr(self.sdk(), FAKE_MARKER, "") or "")
+
+    def sdk_version(self) -> str:
+        """The installed SDK's version (``""`` when not installed)."""
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        for name in (self.sdk_distribution, self.sdk_module):
+            if name:
+                with contextlib.suppress(PackageNotFoundError, ValueError):
+                    return dist_version(name)
+        return ""
+
+    def kind(self) -> str:
+        """``real``, ``fake`` (a test stand-in for the SDK) or ``emulated``."""
+        if self.is_emulated():
+            return "emulated"
+        return "fake" if self.fake_description() else "real"
+
+    # -- documented calls, guarded -------------------------------------------------------------
+    def _documented(self, name: str) -> Callable[..., Any] | None:
+        """``torch.<device>.<name>`` if the notes document it and it exists, else None."""
+        if name not in self.documented_calls:
+            return None
+        fn = getattr(self._device_module(), name, None)
+        return fn if callable(fn) else None
+
+    @staticmethod
+    def _generic(name: str) -> Callable[..., Any] | None:
+        import torch
+
+        accelerator = getattr(torch, "accelerator", None)
+        fn = getattr(accelerator, name, None)
+        return fn if callable(fn) else None
+
+    def _device_call(self, name: str, *args: Any) -> tuple[bool, Any]:
+        """Call a documented ``torch.<device>`` function, else ``torch.accelerator``'s.
+
+        Returns ``(True, value)`` or ``(False, None)`` when neither exists or works here.
+        """
+        for fn in (self._documented(name), self._generic(name)):
+            if fn is None:
+                continue
+            try:
+                return True, fn(*args)
+            except (RuntimeError, NotImplementedError, AttributeError, TypeError, ValueError):
+                continue
+        return False, None
+
+    def capabilities(self) -> dict[str, str]:
+        """What this backend can do here, and through which call (or ``"not available"``).
+
+        Keys: ``devices``, ``synchronize``, ``memory``, ``seed``, ``fallback tracking`` (and
+        ``coverage``, the op-coverage profile, when emulated).
+        """
+        if self.is_emulated():
+            from neuron_workbench.emulator import status
+            from neuron_workbench.emulator.profiles import load_profile
+
+            st = status()
+            if st is not None and st.device == self.name:
+                coverage = f"{st.profile} ({st.native_ops} native ops)"
+            else:
+                profile = load_profile(self.name, None)
+                coverage = f"{profile.name} ({len(profile.native_ops)} native ops)"
+            return {
+                "devices": "1 (emulated)",
+                "coverage": coverage,
+                "synchronize": "emulated (synchronous)",
+                "memory": "emulator accounting of live device tensors",
+                "seed": "host generator (the emulated device draws from it)",
+                "fallback tracking": "emulator events (counts, sites)",
+            }
+        caps: dict[str, str] = {}
+        ok, count = self._device_call("device_count")
+        caps["devices"] = str(count) if ok else NOT_AVAILABLE
+        for key, call in (("synchronize", "synchronize"), ("memory", "memory_allocated")):
+            if self._documented(call) is not None:
+                caps[key] = f"torch.{self.name}.{call}"
+            elif self._device_call(call)[0]:
+                caps[key] = f"torch.accelerator.{call}"
+            else:
+                caps[key] = NOT_AVAILABLE
+        caps["seed"] = (
+            f"torch.{self.name}.manual_seed_all"
+            if self._documented("manual_seed_all") is not None
+            else f"{NOT_AVAILABLE} (host generator only)"
+        )
+        caps["fallback tracking"] = self._fallback_tracking_how()
+        return caps
+
+    def _fallback_tracking_how(self) -> str:
+        """How the real SDK's fallbacks are found (subclasses say); base: not available."""
+        return NOT_AVAILABLE
+
+    def _not_available(self) -> list[str]:
+        return sorted(k for k, v in self.capabilities().items() if v.startswith(NOT_AVAILABLE))
+
+    # -- Backend hooks -------------------------------------------------------------------------
     def _availability_impl(self) -> Availability:
         if self._real_backend_loaded():
-            import torch
-
-            module = getattr(torch, self.name, None)
-            if module is not None and module.is_available():
-                return Availability(True)
-            return Availability(
-                False,
-                f"{self.name} is not available: {self.sdk_module} is loaded but sees no device",
-            )
+            documented = self._documented("is_available")
+            if documented is not None:
+                if documented():
+                    return Availability(True)
+                return Availability(
+                    False,
+                    f"{self.name} is not available: {self.sdk_module} is loaded but sees no device",
+                )
+            # Nothing documented to ask: the SDK renames PrivateUse1 only when it found hardware.
+            return Availability(True)
         from neuron_workbench import emulator
 
+        status = emulator.status()
+        if status is not None and status.device == self.name:
+            return Availability(True, emulated=True)
         ok, reason = emulator.can_emulate(self.name)
         if ok:
             return Availability(True, emulated=True)
@@ -98,7 +395,9 @@ class AcceleratorBackend(Backend):
         if self.is_emulated():
             from neuron_workbench import emulator
 
-            emulator.emulate(self.name)
+            status = emulator.status()
+            if status is None or status.device != self.name:
+                emulator.emulate(self.name)
             _check_emulated_backward(self.name)
 
     def _device_module(self) -> Any:
@@ -123,6 +422,7 @@ class AcceleratorBackend(Backend):
                     numerics=dict(status.numerics),
                     timings="host CPU time",
                 )
+            details.update(self._extra_details())
             return BackendInfo(
                 name=self.name,
                 device=f"{self.name}:0",
@@ -130,50 +430,73 @@ class AcceleratorBackend(Backend):
                 emulated=True,
                 details=details,
             )
-        module = self._device_module()
-        sdk = importlib.util.find_spec(self.sdk_module)
-        version = ""
-        if sdk is not None:
-            from importlib.metadata import PackageNotFoundError
-            from importlib.metadata import version as dist_version
-
-            with contextlib.suppress(PackageNotFoundError):
-                version = dist_version(self.sdk_module.replace("_", "-"))
-        name = getattr(module, "get_device_name", lambda *a: f"{self.name}:0")(0)
+        name = self._real_device_name()
+        details = {
+            "torch": torch.__version__,
+            self.sdk_module: self.sdk_version(),
+            "kind": self.kind(),
+            "not_available": self._not_available(),
+        }
+        fake = self.fake_description()
+        if fake:
+            details["fake"] = fake
+            name = f"{name} (fake {self.sdk_module} {details[self.sdk_module]})".replace("  ", " ")
+        details.update(self._extra_details())
         return BackendInfo(
-            name=self.name,
-            device=f"{self.name}:0",
-            device_name=str(name),
-            details={"torch": torch.__version__, self.sdk_module: version},
+            name=self.name, device=f"{self.name}:0", device_name=name, details=details
         )
 
+    def _real_device_name(self) -> str:
+        props = self._documented("get_device_properties")
+        if props is not None:
+            with contextlib.suppress(Exception):
+                return str(props(0).name)
+        get_name = self._documented("get_device_name")
+        if get_name is not None:
+            with contextlib.suppress(Exception):
+                return str(get_name(0))
+        return f"{self.name}:0"
+
+    def _extra_details(self) -> dict[str, Any]:
+        """Backend-specific facts for :class:`BackendInfo` (subclasses add)."""
+        return {}
+
     def _synchronize_impl(self) -> None:
-        self._device_module().synchronize()
+        if self.is_emulated():
+            self._device_module().synchronize()
+            return
+        self._device_call("synchronize")
 
     def _manual_seed_impl(self, seed: int) -> None:
-        # The emulator shares the host generator; a real device has its own.
+        # The emulator shares the host generator; a real device has its own (if the SDK documents
+        # how to seed it).
         if not self.is_emulated():
-            self._device_module().manual_seed_all(seed)
+            fn = self._documented("manual_seed_all")
+            if fn is not None:
+                fn(seed)
 
     def _memory_stats_impl(self) -> MemoryStats:
-        module = self._device_module()
-        try:
+        if self.is_emulated():
+            module = self._device_module()
             return MemoryStats(int(module.memory_allocated()), int(module.max_memory_allocated()))
-        except (AttributeError, RuntimeError):
-            return MemoryStats()
+        ok, current = self._device_call("memory_allocated")
+        ok_peak, peak = self._device_call("max_memory_allocated")
+        return MemoryStats(int(current) if ok else None, int(peak) if ok_peak else None)
 
     def _reset_peak_memory_impl(self) -> None:
-        with contextlib.suppress(AttributeError, RuntimeError):
+        if self.is_emulated():
             self._device_module().reset_peak_memory_stats()
+            return
+        self._device_call("reset_peak_memory_stats")
 
     @contextlib.contextmanager
     def fallback_recording(self) -> Iterator[FallbackRecording]:  # type: ignore[override]
-        """Record CPU fallbacks: the emulator's events, or the vendor's op tracking."""
+        """Record CPU fallbacks: the emulator's events, or the vendor's signals plus counts."""
         recording = FallbackRecording()
         if self.is_emulated():
             from neuron_workbench import emulator
 
-            with emulator.record_fallbacks() as log:
+            with self._emulated_fallback_mode(), emulator.record_fallbacks() as log:
                 try:
                     yield recording
                 finally:
@@ -181,6 +504,10 @@ class AcceleratorBackend(Backend):
             return
         with self._real_fallback_tracking(recording):
             yield recording
+
+    def _emulated_fallback_mode(self) -> contextlib.AbstractContextManager[None]:
+        """Emulator policy for one recorded run (subclasses may switch the fallback on)."""
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _real_fallback_tracking(self, recording: FallbackRecording) -> Iterator[None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.backends.cpu import CpuBackend
 from neuron_workbench.backends.cuda import CudaBackend
@@ -20,19 +22,33 @@ _BACKENDS: dict[str, type[Backend]] = {
 BACKEND_NAMES: tuple[str, ...] = tuple(_BACKENDS)
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, **options: Any) -> Backend:
     """Return the adapter for ``name`` (``cpu``, ``cuda``, ``neuron`` or ``tpu``).
+
+    Parameters
+    ----------
+    name : str
+        The backend name.
+    **options
+        Adapter options, e.g. ``list_fallbacks=True`` for ``tpu`` (run with the CPU fallback on
+        and list every missing op).
 
     Raises
     ------
     WorkbenchUsageError
-        For an unknown name; the message lists the known ones.
+        For an unknown name (the message lists the known ones) or an option the backend lacks.
     """
     key = name.strip().lower()
     if key not in _BACKENDS:
         known = ", ".join(BACKEND_NAMES)
         raise WorkbenchUsageError(f"unknown backend {name!r}; choose one of: {known}")
-    return _BACKENDS[key]()
+    if not options:
+        return _BACKENDS[key]()
+    try:
+        return _BACKENDS[key](**options)
+    except TypeError:
+        given = ", ".join(sorted(options))
+        raise WorkbenchUsageError(f"backend {key!r} takes no option {given}") from None
 
 
 def backend_table() -> list[tuple[str, Availability]]:
@@ -57,6 +73,9 @@ class BackendStatusTable:
         for name, avail in self.rows:
             if avail:
                 status = "available (emulated on the host CPU)" if avail.emulated else "available"
+                fake = getattr(get_backend(name), "fake_description", lambda: "")()
+                if fake and not avail.emulated:
+                    status = f"available (FAKE: {fake})"
             else:
                 status = avail.reason
             out.append(f"{name:<7} {status}")

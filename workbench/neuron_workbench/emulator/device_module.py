@@ -1,7 +1,10 @@
 """``torch.neuron`` / ``torch.tpu`` for the emulated device.
 
 Mirrors TorchNeuron's module (``shared/notes/torchneuron.md`` §4; nested ``memory_stats`` of §9) and,
-for ``tpu``, adds TorchTPU's precision modes and CPU-fallback toggle (``torchtpu.md`` §3, §5).
+for ``tpu``, adds TorchTPU's precision modes and CPU-fallback toggle (``torchtpu.md`` §3, §5). The
+toggle is also where TorchTPU keeps it, ``torch_tpu._internal.execution_mode.enable_cpu_fallback``:
+with the emulated tpu installed and no real ``torch_tpu`` on the path, ``import torch_tpu`` gives a
+small stand-in that holds only that switch (so code written for TorchTPU runs unchanged).
 Streams and events are no-ops (the emulated device is synchronous); RNG is the CPU default generator,
 so seeds give the same numbers as on CPU.
 """
@@ -10,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.abc
+import importlib.util
+import sys
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -253,6 +259,72 @@ class _ExecutionMode:
         _core.reset_plans()
 
 
+class _ExecutionModeModule(types.ModuleType):
+    """The emulated ``torch_tpu._internal.execution_mode``: TorchTPU's switch at its real place."""
+
+    #: Marks the module as the emulator's stand-in, not the real TorchTPU.
+    __neuron_workbench_emulated__ = True
+
+    @property
+    def enable_cpu_fallback(self) -> bool:
+        """Whether ops TorchTPU lacks run on CPU (False by default, as on the real backend)."""
+        return _core.CPU_FALLBACK
+
+    @enable_cpu_fallback.setter
+    def enable_cpu_fallback(self, value: bool) -> None:
+        _core.CPU_FALLBACK = bool(value)
+        _core.reset_plans()
+
+
+def _enable_cpu_fallback(value: bool) -> None:
+    """Backing setter of ``enable_cpu_fallback`` (named as in TorchTPU 0.2.0)."""
+    _core.CPU_FALLBACK = bool(value)
+    _core.reset_plans()
+
+
+def _is_cpu_fallback_enabled() -> bool:
+    """Backing getter of ``enable_cpu_fallback`` (named as in TorchTPU 0.2.0)."""
+    return _core.CPU_FALLBACK
+
+
+_TORCH_TPU = ("torch_tpu", "torch_tpu._internal", "torch_tpu._internal.execution_mode")
+
+
+class _EmulatedTorchTpuFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the stand-in ``torch_tpu`` when no real one is importable (last on ``sys.meta_path``)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _TORCH_TPU or _core.DEVICE_TYPE != "tpu":
+            return None
+        return importlib.util.spec_from_loader(
+            fullname, self, is_package=fullname != _TORCH_TPU[-1]
+        )
+
+    def create_module(self, spec: Any) -> types.ModuleType | None:
+        if spec.name == _TORCH_TPU[-1]:
+            return _ExecutionModeModule(spec.name)
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__doc__ = (
+            "Emulated TorchTPU stand-in (neuron_workbench): only the CPU-fallback switch "
+            "torch_tpu._internal.execution_mode.enable_cpu_fallback; this is not torch_tpu."
+        )
+        module.__neuron_workbench_emulated__ = True  # type: ignore[attr-defined]
+        if module.__name__ == _TORCH_TPU[-1]:
+            module._enable_cpu_fallback = _enable_cpu_fallback  # type: ignore[attr-defined]
+            module._is_cpu_fallback_enabled = _is_cpu_fallback_enabled  # type: ignore[attr-defined]
+        else:
+            # `import torch_tpu` then `torch_tpu._internal.execution_mode...` works, as with the wheel.
+            child = _TORCH_TPU[_TORCH_TPU.index(module.__name__) + 1]
+            setattr(module, child.rsplit(".", 1)[1], importlib.import_module(child))
+
+
+def _offer_torch_tpu_switch() -> None:
+    if not any(isinstance(f, _EmulatedTorchTpuFinder) for f in sys.meta_path):
+        sys.meta_path.append(_EmulatedTorchTpuFinder())
+
+
 def build(device_type: str, status: Any) -> types.ModuleType:
     """Create the ``torch.<device>`` module object."""
     m = types.ModuleType(f"torch.{device_type}")
@@ -380,4 +452,5 @@ def build(device_type: str, status: Any) -> types.ModuleType:
         m.get_precision = get_precision
         m.set_precision = set_precision
         m.execution_mode = _ExecutionMode()
+        _offer_torch_tpu_switch()
     return m

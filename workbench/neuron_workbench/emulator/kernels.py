@@ -18,6 +18,7 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch.library import Library
 
+from neuron_workbench.backends.cuda_rnn import fused_gru_cell, fused_lstm_cell
 from neuron_workbench.emulator import _core
 from neuron_workbench.emulator import events as _events
 
@@ -343,38 +344,6 @@ def _sdpa_fused_backward_cpu(
     return gq, gk, gv, gb
 
 
-def _lstm_cell(
-    input_gates: Any, hidden_gates: Any, cx: Any, input_bias: Any = None, hidden_bias: Any = None
-) -> Any:
-    # The CUDA-only fused cell, as primitive ops that autograd differentiates (CPU's formula).
-    gates = input_gates + hidden_gates
-    if input_bias is not None:
-        gates = gates + input_bias
-    if hidden_bias is not None:
-        gates = gates + hidden_bias
-    i, f, g, o = gates.chunk(4, 1)
-    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-    cy = f * cx + i * g
-    hy = o * cy.tanh()
-    return hy, cy, gates.new_empty(0)
-
-
-def _gru_cell(
-    input_gates: Any, hidden_gates: Any, hx: Any, input_bias: Any = None, hidden_bias: Any = None
-) -> Any:
-    if input_bias is not None:
-        input_gates = input_gates + input_bias
-    if hidden_bias is not None:
-        hidden_gates = hidden_gates + hidden_bias
-    ir, ii, in_ = input_gates.chunk(3, 1)
-    hr, hi, hn = hidden_gates.chunk(3, 1)
-    r = (ir + hr).sigmoid()
-    z = (ii + hi).sigmoid()
-    n = (in_ + r * hn).tanh()
-    hy = n + z * (hx - n)
-    return hy, input_gates.new_empty(0)
-
-
 def _native_composites() -> list[str]:
     """Overloads of natively registered ops that also have a CompositeImplicitAutograd kernel.
 
@@ -453,8 +422,8 @@ def register_all() -> None:
     ag = Library("aten", "IMPL", "AutogradPrivateUse1")
     _LIBS.append(ag)
     ag.impl("scaled_dot_product_attention", _sdpa)
-    ag.impl("_thnn_fused_lstm_cell", _lstm_cell)
-    ag.impl("_thnn_fused_gru_cell", _gru_cell)
+    ag.impl("_thnn_fused_lstm_cell", fused_lstm_cell)
+    ag.impl("_thnn_fused_gru_cell", fused_gru_cell)
 
     _core.CPU_IMPLS[_SDPA_FUSED] = _sdpa_fused_cpu
     _core.CPU_IMPLS[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default] = (

@@ -320,6 +320,12 @@ class NeuronMagics(Magics):
                 ref_precision=args.ref_precision or "cuda",
             )
             shell = self.shell
+            program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
+            # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
+            cells = cell_filenames(shell, program.filename)
+            # The running cell's number, as its sites read it (not shell.execution_count, which
+            # IPython has already moved to the next cell).
+            count = cells[program.filename][0]
             options = CellOptions(
                 compare=compare,
                 profile=args.profile,
@@ -329,7 +335,7 @@ class NeuronMagics(Magics):
                 ),
                 record=args.record
                 or (
-                    str(Path(self.record_dir) / f"cell-{shell.execution_count}.nwrun.zip")
+                    str(Path(self.record_dir) / f"cell-{count}.nwrun.zip")
                     if self.record_dir
                     else None
                 ),
@@ -342,9 +348,6 @@ class NeuronMagics(Magics):
                 extra_targets=tuple(targets[1:]),
             )
             options.validate()
-            program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
-            # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
-            cells = cell_filenames(shell, program.filename)
             folders = site_folders(self._start_dir)
             result = self.session.run_cell(
                 cell,

@@ -115,6 +115,8 @@ def _emulation_notes(data: dict[str, Any]) -> str:
             + (f": {provenance}" if provenance else "")
             + "). Its timings are host CPU time, not device performance."
         )
+    # How the runs were compared: autocast's tolerance floor, a reference standing in for cuda.
+    notes.extend(str(n) for n in data.get("notes") or [])
     return "".join(f'<div class="note">{esc(n)}</div>' for n in notes)
 
 

@@ -23,16 +23,27 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from neuron_workbench.backends import cuda_rnn
 from neuron_workbench.backends.base import Backend
+from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
 from neuron_workbench.run.cuda_on_host import CudaOnHost
+from neuron_workbench.run.random_draws import (
+    DROPOUTS,
+    F_DROPOUT,
+    RANDOM_FACTORIES,
+    RANDOM_IN_PLACE,
+    draw_on_cpu,
+    draws_on_device,
+    dropout_from_cpu,
+    fingerprint,
+    original_function,
+)
 from neuron_workbench.run.records import RunFacts
 
 _CUDA_STRING = re.compile(r"cuda(?::(\d+))?")
@@ -164,9 +175,12 @@ class _CudaToDeviceMode(TorchFunctionMode):
         if func in _RNNS:
             facts.rnn_calls += 1
             if self.host is not None and self.host.under_cuda_autocast():
-                # CUDA runs RNNs under autocast in the lower precision (cuDNN's autocast kernel);
-                # the CPU's oneDNN RNN kernel is outside CUDA's lists and would stay in float32.
-                # The generic per-cell path casts like CUDA: its matmuls are on CUDA's lists.
+                # CUDA runs RNNs under autocast in the lower precision; the CPU's oneDNN RNN kernel
+                # is outside CUDA's lists and would stay in float32. Take the path ATen takes on a
+                # GPU-like device (per-step matmuls, fused cells), as the emulated targets do.
+                device_path = cuda_rnn.device_path(func, args)
+                if device_path is not None:
+                    return device_path()
                 dtype = torch.get_autocast_dtype("cpu")
                 args = tuple(_cast_floats(a, dtype) for a in args)
                 with torch.backends.mkldnn.flags(enabled=False):
@@ -181,7 +195,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
             ):
                 facts.nondeterministic_ops[name] = facts.nondeterministic_ops.get(name, 0) + 1
             return func(*args, **kwargs)
-        if func in _DROPOUTS:
+        if func in DROPOUTS:
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
             if not (training and p > 0):
@@ -192,9 +206,9 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 facts.dropout_in_training += 1
                 facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
                 inplace = bool(kwargs.get("inplace", args[3] if len(args) > 3 else False))
-                if self.rng_on_cpu and func is _F_DROPOUT:
-                    out = _dropout_from_cpu(args[0], float(p), inplace)
-                elif self.host is not None and func is _F_DROPOUT and not inplace:
+                if self.rng_on_cpu and func is F_DROPOUT:
+                    out = dropout_from_cpu(args[0], float(p), inplace)
+                elif self.host is not None and func is F_DROPOUT and not inplace:
                     # CUDA (and PrivateUse1) run the fused native_dropout: one rounding of
                     # x * mask / (1 - p); the CPU's bernoulli_/div_/mul rounds twice in bf16/fp16.
                     out = torch.ops.aten.native_dropout.default(args[0], float(p), True)[0]
@@ -203,14 +217,14 @@ class _CudaToDeviceMode(TorchFunctionMode):
             else:
                 out = func(*args, **kwargs)
             # Every draw is fingerprinted, wherever it ran, so both runs' lists line up.
-            facts.note_draw(name, _fingerprint(out, zeros_only=True))
+            facts.note_draw(name, fingerprint(out, zeros_only=True))
             return out
-        if _draws_on_device(func, args, kwargs, self._on_device, named_cuda):
+        if draws_on_device(func, args, kwargs, self._on_device, named_cuda):
             facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
-            out = _draw_on_cpu(func, args, kwargs) if self.rng_on_cpu else func(*args, **kwargs)
+            out = draw_on_cpu(func, args, kwargs) if self.rng_on_cpu else func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        facts.note_draw(name, _fingerprint(out))
+        facts.note_draw(name, fingerprint(out))
         return out
 
     def _on_device(self, tensor: Any) -> bool:
@@ -229,47 +243,6 @@ def _qualified_name(func: Callable[..., Any]) -> str:
         return f"Tensor.{name}"
     module = getattr(func, "__module__", None) or "torch"
     return f"{module}.{name}" if module.startswith("torch.nn") else f"torch.{name}"
-
-
-def _draws_on_device(
-    func: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    on_device: Callable[[Any], bool],
-    named_cuda: bool = False,
-) -> bool:
-    """Whether a random call draws on an accelerator (CPU draws are the same on both runs).
-
-    ``on_device`` tells whether a tensor is on the run's device; ``named_cuda`` whether the call
-    asked for "cuda" (on the host standing in for cuda, the device argument now says "cpu").
-    """
-    if func in _RANDOM_FACTORIES:
-        device = kwargs.get("device")
-        if device is not None:
-            return named_cuda or torch.device(device).type != "cpu"
-        if func in _RANDOM_LIKE and args and isinstance(args[0], torch.Tensor):
-            return on_device(args[0])
-        return torch.get_default_device().type != "cpu"
-    return bool(args) and on_device(args[0])
-
-
-def _fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
-    """A few leading numbers of a random draw (or, for dropout, where its zeros are).
-
-    Comparing the two runs' fingerprints tells whether both saw the same random numbers. It is read
-    with every mode off, so profiles and fallback reports never see it.
-    """
-    if not isinstance(value, torch.Tensor):
-        return ()
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes(), torch.no_grad():
-        head = value.detach().reshape(-1)[:_FINGERPRINT_LENGTH].to("cpu")
-        if zeros_only:
-            head = head == 0
-        elif head.is_floating_point() or head.is_complex():
-            head = head.to(torch.float64)
-        return (tuple(value.shape), *head.tolist())
 
 
 def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
@@ -297,38 +270,11 @@ def _may_share_memory(source: Any) -> bool:
     return isinstance(source, torch.Tensor) or type(source).__module__ == "numpy"
 
 
-def _draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Draw with the CPU generator, then place the numbers where the cell asked for them."""
-    if func in _RANDOM_FACTORIES:
-        device = kwargs.get("device")
-        if device is not None and torch.device(device).type != "cpu":
-            return func(*args, **{**kwargs, "device": "cpu"}).to(device)
-        if func in _RANDOM_LIKE and args and args[0].device.type != "cpu":
-            like = args[0]
-            return func(like.cpu(), *args[1:], **kwargs).to(like.device)
-        return func(*args, **kwargs)
-    # in-place draws (Tensor.normal_ ... and torch.nn.init's random initialisers)
-    tensor = args[0]
-    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu":
-        return func(*args, **kwargs)
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
-    func(host, *args[1:], **kwargs)
-    with torch.no_grad():
-        tensor.copy_(host)
-    return tensor
-
-
-def _dropout_from_cpu(x: torch.Tensor, p: float, inplace: bool) -> torch.Tensor:
-    keep = torch.empty(x.shape, dtype=x.dtype, device="cpu").bernoulli_(1 - p).to(x.device)
-    scaled = keep / (1 - p) if p < 1 else keep
-    return x.mul_(scaled) if inplace else x * scaled
-
-
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
 _TENSOR_IS_PINNED = torch.Tensor.is_pinned
-_AS_TENSOR = frozenset({torch.as_tensor, torch.asarray})
+_AS_TENSOR = frozenset({original_function(torch.as_tensor), original_function(torch.asarray)})
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _CONVOLUTIONS = frozenset(
     {
@@ -343,56 +289,9 @@ _CONVOLUTIONS = frozenset(
         torch.nn.functional.conv3d,
     }
 )
-_FINGERPRINT_LENGTH = 8
 _RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
-_F_DROPOUT = torch.nn.functional.dropout
 
-_RANDOM_LIKE = frozenset({torch.randn_like, torch.rand_like, torch.randint_like})
-_RANDOM_FACTORIES = frozenset(
-    {
-        torch.randn,
-        torch.rand,
-        torch.randint,
-        torch.randperm,
-        torch.normal,
-        torch.bernoulli,
-        torch.multinomial,
-        torch.poisson,
-        *_RANDOM_LIKE,
-    }
-)
-_RANDOM_IN_PLACE = frozenset(
-    {
-        torch.Tensor.normal_,
-        torch.Tensor.uniform_,
-        torch.Tensor.bernoulli_,
-        torch.Tensor.random_,
-        torch.Tensor.exponential_,
-        torch.Tensor.geometric_,
-        torch.Tensor.log_normal_,
-        torch.Tensor.cauchy_,
-        torch.nn.init.uniform_,
-        torch.nn.init.normal_,
-        torch.nn.init.trunc_normal_,
-        torch.nn.init.kaiming_uniform_,
-        torch.nn.init.kaiming_normal_,
-        torch.nn.init.xavier_uniform_,
-        torch.nn.init.xavier_normal_,
-        torch.nn.init.orthogonal_,
-        torch.nn.init.sparse_,
-    }
-)
-_DROPOUTS = frozenset(
-    {
-        _F_DROPOUT,
-        torch.nn.functional.dropout1d,
-        torch.nn.functional.dropout2d,
-        torch.nn.functional.dropout3d,
-        torch.nn.functional.alpha_dropout,
-        torch.nn.functional.feature_alpha_dropout,
-    }
-)
 # Accumulating scatters are non-deterministic on GPUs and accelerators when indices repeat.
 _ACCUMULATE_ONLY = frozenset({torch.Tensor.index_put_, torch.index_put, torch.Tensor.put_})
 _NONDETERMINISTIC = frozenset(
@@ -411,9 +310,9 @@ _NONDETERMINISTIC = frozenset(
     }
 )
 _NOTEWORTHY = (
-    _RANDOM_FACTORIES
-    | _RANDOM_IN_PLACE
-    | _DROPOUTS
+    RANDOM_FACTORIES
+    | RANDOM_IN_PLACE
+    | DROPOUTS
     | _NONDETERMINISTIC
     | _CONVOLUTIONS
     | _RNNS
@@ -431,128 +330,6 @@ def _tensor_cuda_to(
     index = device.index if isinstance(device, torch.device) else device
     where = target if index is None or target == "cpu" else f"{target}:{index}"
     return tensor.to(where, non_blocking=non_blocking, memory_format=memory_format)
-
-
-class HostEvent:
-    """Stand-in for ``torch.cuda.Event``: records host time, since the run is synchronous here."""
-
-    def __init__(
-        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
-    ):
-        self.enable_timing = enable_timing
-        self._time: float | None = None
-
-    def record(self, stream: Any = None) -> None:
-        """Mark the current host time."""
-        self._time = time.perf_counter()
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def query(self) -> bool:
-        """Always complete."""
-        return True
-
-    def wait(self, stream: Any = None) -> None:
-        """Nothing to wait for."""
-
-    def elapsed_time(self, end_event: HostEvent) -> float:
-        """Milliseconds between two recorded events (host time)."""
-        if self._time is None or end_event._time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._time - self._time) * 1000.0
-
-
-def _cuda_module_shims(backend: Backend) -> dict[str, Any]:
-    """``torch.cuda`` attribute replacements that forward to ``backend``."""
-
-    def synchronize(device: Any = None) -> None:
-        backend.synchronize()
-
-    def memory_allocated(device: Any = None) -> int:
-        return backend.memory_stats().current_bytes or 0
-
-    def max_memory_allocated(device: Any = None) -> int:
-        return backend.memory_stats().peak_bytes or 0
-
-    def reset_peak_memory_stats(device: Any = None) -> None:
-        backend.reset_peak_memory()
-
-    def get_device_name(device: Any = None) -> str:
-        return backend.info().device_name
-
-    def manual_seed(seed: int) -> None:
-        # Not torch.manual_seed: it calls torch.cuda.manual_seed_all, which is this function.
-        backend.manual_seed(int(seed))
-
-    def init() -> None:
-        return None
-
-    def set_device(device: Any) -> None:
-        return None
-
-    def empty_cache() -> None:
-        return None
-
-    return {
-        "is_available": lambda: True,
-        "is_initialized": lambda: True,
-        "init": init,
-        "device_count": lambda: 1,
-        "current_device": lambda: 0,
-        "set_device": set_device,
-        "synchronize": synchronize,
-        "manual_seed": manual_seed,
-        "manual_seed_all": manual_seed,
-        "seed": torch.seed,
-        "seed_all": torch.seed,
-        "initial_seed": torch.initial_seed,
-        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
-        "set_rng_state": lambda new_state, device="cuda": torch.set_rng_state(new_state),
-        "memory_allocated": memory_allocated,
-        "max_memory_allocated": max_memory_allocated,
-        "memory_reserved": memory_allocated,
-        "max_memory_reserved": max_memory_allocated,
-        "reset_peak_memory_stats": reset_peak_memory_stats,
-        "reset_max_memory_allocated": reset_peak_memory_stats,
-        "empty_cache": empty_cache,
-        "get_device_name": get_device_name,
-        "is_bf16_supported": lambda *args, **kwargs: True,
-        "Event": HostEvent,
-    }
-
-
-class _CudaModuleShim(types.ModuleType):
-    """What ``torch.cuda`` resolves to during a run: the shims, then the real module for the rest.
-
-    Only the ``torch.cuda`` attribute of the ``torch`` package is swapped, never
-    ``sys.modules["torch.cuda"]``: PyTorch internals (TorchDynamo's tracing rules, for one) look
-    functions up there and must keep seeing the real ones.
-    """
-
-    def __init__(self, real: types.ModuleType, shims: dict[str, Any]) -> None:
-        super().__init__(real.__name__, real.__doc__)
-        self.__dict__.update(shims)
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-@contextlib.contextmanager
-def _patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
-    missing = object()
-    saved = {name: getattr(owner, name, missing) for name in replacements}
-    try:
-        for name, value in replacements.items():
-            setattr(owner, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is missing:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
 
 
 def _autocast_init(
@@ -619,16 +396,16 @@ def cuda_remapped_to(
     with contextlib.ExitStack() as stack:
         if host is not None:
             stack.enter_context(host.active(may_enable_tf32))
-        shim = _CudaModuleShim(torch.cuda, _cuda_module_shims(backend))
-        stack.enter_context(_patched_attributes(torch, {"cuda": shim}))
+        shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend))
+        stack.enter_context(patched_attributes(torch, {"cuda": shim}))
         stack.enter_context(
-            _patched_attributes(
+            patched_attributes(
                 autocast_cls,
                 {"__init__": _autocast_init(target, autocast_cls.__init__, facts, host)},
             )
         )
         stack.enter_context(
-            _patched_attributes(
+            patched_attributes(
                 scaler_cls, {"__init__": _grad_scaler_init(target, scaler_cls.__init__)}
             )
         )

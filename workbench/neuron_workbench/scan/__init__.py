@@ -4,8 +4,9 @@
 >>> [f.rule_id for f in scan_source('x = torch.zeros(2, device="cuda")')]
 ['NW101']
 
-The rules are in :data:`RULES` (ids are stable; see ``README.md`` in this folder). Parsing uses the
-standard :mod:`ast` module, rewriting uses libcst; nothing here imports torch or IPython.
+The rules are in :data:`RULES` (ids are stable; see ``README.md`` in this folder); the devices
+suggestions can be written for are in :data:`TARGETS`. Parsing uses the standard :mod:`ast`
+module, rewriting uses libcst; nothing here imports torch or IPython.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from neuron_workbench.scan.api import (
     scan_source,
     unified_diff,
 )
+from neuron_workbench.scan.checks import TARGETS
 from neuron_workbench.scan.findings import (
     SCHEMA_VERSION,
     Finding,
@@ -34,6 +36,7 @@ __all__ = [
     "RULES",
     "SCHEMA_VERSION",
     "SEVERITY_ORDER",
+    "TARGETS",
     "Finding",
     "Migration",
     "Rule",

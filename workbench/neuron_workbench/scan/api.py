@@ -12,8 +12,10 @@ from pathlib import Path
 import libcst as cst
 
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.scan.analyzer import TARGETS, Context, Fix, analyze, collect_context
+from neuron_workbench.scan.analyzer import analyze
 from neuron_workbench.scan.cells import code_cells, mask_ipython, read_notebook, unmask
+from neuron_workbench.scan.checks import TARGETS, Fix
+from neuron_workbench.scan.context import Context, collect_context
 from neuron_workbench.scan.findings import Finding, Migration, ScanSyntaxError
 from neuron_workbench.scan.migrate import apply_fixes
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.scan.rules import SEVERITY_ORDER, Severity
+from neuron_workbench.scan.rule import SEVERITY_ORDER, Severity
 
 SCHEMA_VERSION = 1
 

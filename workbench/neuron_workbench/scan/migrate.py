@@ -1,6 +1,6 @@
 """Apply the scanner's mechanical fixes with libcst, preserving formatting and comments.
 
-The scanner (:mod:`.analyzer`) decides what is safe; this module only rewrites the nodes it was given,
+The checks (:mod:`.checks`) decide what is safe; this module only rewrites the nodes it was given,
 matched by node type and character span. Everything else in the file is left byte for byte.
 """
 
@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from neuron_workbench.scan.analyzer import _CUDA_AUTOCAST_POSITIONAL, Fix
+from neuron_workbench.scan.checks.amp import CUDA_AUTOCAST_POSITIONAL
+from neuron_workbench.scan.checks.base import Fix
 
 _Key = tuple[str, tuple[int, int], tuple[int, int]]
 
@@ -103,7 +104,7 @@ class _Transformer(cst.CSTTransformer):
             for i, arg in enumerate(updated.args):
                 if arg.keyword is None and arg.star == "":
                     arg = arg.with_changes(
-                        keyword=cst.Name(_CUDA_AUTOCAST_POSITIONAL[i]),
+                        keyword=cst.Name(CUDA_AUTOCAST_POSITIONAL[i]),
                         equal=cst.AssignEqual(
                             whitespace_before=cst.SimpleWhitespace(""),
                             whitespace_after=cst.SimpleWhitespace(""),

@@ -47,6 +47,50 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     return fig
 
 
+_GRID = {"gridcolor": "#eaeef2", "zerolinecolor": "#d0d7de"}
+
+
+def _layout_spec(
+    spec: dict[str, Any], title: str, height: int, axes: tuple[str, ...] = ("xaxis", "yaxis")
+) -> dict[str, Any]:
+    """:func:`_layout` for a plain figure spec (``{"data": [...], "layout": {...}}``)."""
+    layout = spec.setdefault("layout", {})
+    layout.update(
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 70, "b": 40},
+        font=_FONT,
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        legend={"orientation": "h", "y": -0.12},
+    )
+    for axis in axes:
+        layout.setdefault(axis, {}).update(_GRID)
+    return spec
+
+
+def _empty_spec(title: str, message: str, height: int = 180) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "data": [],
+        "layout": {
+            "annotations": [
+                {
+                    "text": message,
+                    "showarrow": False,
+                    "x": 0.5,
+                    "y": 0.5,
+                    "xref": "paper",
+                    "yref": "paper",
+                    "font": {"size": 13, "color": "#57606a"},
+                }
+            ],  # fmt: skip
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+        },
+    }
+    return _layout_spec(spec, title, height)
+
+
 def _empty(title: str, message: str, height: int = 180) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(
@@ -67,7 +111,10 @@ def _target_label(data: dict[str, Any]) -> str:
 def _ref_label(data: dict[str, Any]) -> str:
     backend = data.get("ref", {}).get("backend", {})
     name = str(backend.get("name", "ref"))
-    return f"{name} (emulated)" if backend.get("emulated") else name
+    stands_in_for = (backend.get("details") or {}).get("stands_in_for")
+    if backend.get("emulated"):
+        return f"{name} (emulated)"
+    return f"{name} (as {stands_in_for})" if stands_in_for else name
 
 
 def _time_kind(run: dict[str, Any]) -> str:
@@ -89,45 +136,52 @@ def fallback_bar(data: dict[str, Any]) -> go.Figure:
 
     Bars carry the op's call sites as ``customdata`` (for click handlers and hover text).
     """
+    return go.Figure(fallback_bar_spec(data))
+
+
+def fallback_bar_spec(data: dict[str, Any]) -> dict[str, Any]:
+    """:func:`fallback_bar` as a plain plotly spec.
+
+    Static HTML needs no figure objects, whose validation costs milliseconds on every cell.
+    """
     rows = fallback_rows(data)
     target = _target_label(data)
     title = f"CPU fallbacks on {target}"
     if not rows:
-        return _empty(title, f"No op fell back to CPU on {target}.")
+        return _empty_spec(title, f"No op fell back to CPU on {target}.")
     rows = rows[::-1]  # plotly draws the first category at the bottom
     ops = [row.op for row in rows]
     sites = ["<br>".join(site_label(file, line) for file, line in row.sites) or "backward / library code"
              for row in rows]  # fmt: skip
     # Two panels sharing the op axis (laid out by hand: make_subplots costs ~30 ms per figure).
-    fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            name="calls", y=ops, x=[row.count or 0 for row in rows], orientation="h",
-            marker_color=_FALLBACK_COLOR, customdata=sites, text=[row.count for row in rows],
-            textposition="auto", xaxis="x", yaxis="y",
-            hovertemplate="<b>%{y}</b><br>%{x} call(s) on CPU<br>%{customdata}<extra></extra>",
-        )
-    )  # fmt: skip
-    fig.add_trace(
-        go.Bar(
-            name="host CPU time (ms)", y=ops,
-            x=[(row.cpu_time_s or 0.0) * 1e3 for row in rows], orientation="h",
-            marker_color="#bc4c00", customdata=sites, xaxis="x2", yaxis="y",
-            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms host CPU time<br>%{customdata}<extra></extra>",
-        )
-    )  # fmt: skip
-    fig.update_layout(
-        xaxis={"domain": [0.0, 0.485]},
-        xaxis2={"domain": [0.515, 1.0], "anchor": "y"},
-        annotations=[
-            {"text": text, "x": x, "y": 1.0, "xref": "paper", "yref": "paper", "xanchor": "center",
-             "yanchor": "bottom", "showarrow": False, "font": {"size": 13}}
-            for text, x in (("calls that ran on the CPU", 0.2425), ("host CPU time (ms)", 0.7575))
+    spec: dict[str, Any] = {
+        "data": [
+            {"type": "bar", "name": "calls", "y": ops, "x": [row.count or 0 for row in rows],
+             "orientation": "h", "marker": {"color": _FALLBACK_COLOR}, "customdata": sites,
+             "text": [row.count for row in rows], "textposition": "auto", "xaxis": "x",
+             "yaxis": "y",
+             "hovertemplate": "<b>%{y}</b><br>%{x} call(s) on CPU<br>%{customdata}<extra></extra>"},
+            {"type": "bar", "name": "host CPU time (ms)", "y": ops,
+             "x": [(row.cpu_time_s or 0.0) * 1e3 for row in rows], "orientation": "h",
+             "marker": {"color": "#bc4c00"}, "customdata": sites, "xaxis": "x2", "yaxis": "y",
+             "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms host CPU time<br>%{customdata}"
+                              "<extra></extra>"},
         ],
-    )  # fmt: skip
-    fig.update_yaxes(automargin=True)
-    fig.update_layout(showlegend=False, bargap=0.25)
-    return _layout(fig, title, 140 + 34 * len(rows))
+        "layout": {
+            "xaxis": {"domain": [0.0, 0.485]},
+            "xaxis2": {"domain": [0.515, 1.0], "anchor": "y"},
+            "yaxis": {"automargin": True},
+            "annotations": [
+                {"text": text, "x": x, "y": 1.0, "xref": "paper", "yref": "paper",
+                 "xanchor": "center", "yanchor": "bottom", "showarrow": False,
+                 "font": {"size": 13}}
+                for text, x in (("calls that ran on the CPU", 0.2425), ("host CPU time (ms)", 0.7575))
+            ],
+            "showlegend": False,
+            "bargap": 0.25,
+        },
+    }  # fmt: skip
+    return _layout_spec(spec, title, 140 + 34 * len(rows), axes=("xaxis", "xaxis2", "yaxis"))
 
 
 def layer_errors(data: dict[str, Any]) -> go.Figure | None:
@@ -298,34 +352,43 @@ def op_time_bars(data: dict[str, Any], n: int = 15) -> go.Figure:
 
     Target bars of ops that fell back to the CPU are drawn in red.
     """
+    return go.Figure(op_time_bars_spec(data, n))
+
+
+def op_time_bars_spec(data: dict[str, Any], n: int = 15) -> dict[str, Any]:
+    """:func:`op_time_bars` as a plain plotly spec (for static HTML)."""
     title = "Op time, reference vs target"
     df = profile_frame(data)
     if df is None or df.empty:
-        return _empty(title, "No op profile: run the cell with %%neuron --profile.")
+        return _empty_spec(title, "No op profile: run the cell with %%neuron --profile.")
     df = df.assign(_key=df[["ref_time_s", "target_time_s"]].max(axis=1))
     df = df.sort_values(["_key", "op"], ascending=[False, True]).head(n).iloc[::-1]
     ops = list(df["op"])
     ref_kind, target_kind = _time_kind(data["ref"]), _time_kind(data["target"])
-    fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            name=f"{_ref_label(data)} ({ref_kind})", y=ops, x=df["ref_time_s"] * 1e3,
-            orientation="h", marker_color=_REF_COLOR, customdata=df["ref_calls"],
-            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>ref</extra>",
-        )
-    )  # fmt: skip
     colors = [_FALLBACK_COLOR if fb else _TARGET_COLOR for fb in df["fallback"]]
-    fig.add_trace(
-        go.Bar(
-            name=f"{_target_label(data)} ({target_kind})", y=ops, x=df["target_time_s"] * 1e3,
-            orientation="h", marker_color=colors, customdata=df["target_calls"],
-            hovertemplate="<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>target</extra>",
-        )
-    )  # fmt: skip
-    fig.update_layout(barmode="group", bargap=0.2)
-    fig.update_xaxes(title_text=f"ms — ref: {ref_kind}; target: {target_kind} (red: CPU fallback)")
-    fig.update_yaxes(automargin=True)
-    return _layout(fig, title, 160 + 30 * len(ops))
+    spec: dict[str, Any] = {
+        "data": [
+            {"type": "bar", "name": f"{_ref_label(data)} ({ref_kind})", "y": ops,
+             "x": [float(v) * 1e3 for v in df["ref_time_s"]], "orientation": "h",
+             "marker": {"color": _REF_COLOR}, "customdata": [int(v) for v in df["ref_calls"]],
+             "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>ref</extra>"},
+            {"type": "bar", "name": f"{_target_label(data)} ({target_kind})", "y": ops,
+             "x": [float(v) * 1e3 for v in df["target_time_s"]], "orientation": "h",
+             "marker": {"color": colors}, "customdata": [int(v) for v in df["target_calls"]],
+             "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls"
+                              "<extra>target</extra>"},
+        ],
+        "layout": {
+            "barmode": "group",
+            "bargap": 0.2,
+            "xaxis": {
+                "title": {"text": f"ms — ref: {ref_kind}; target: {target_kind} "
+                                  "(red: CPU fallback)"}
+            },
+            "yaxis": {"automargin": True},
+        },
+    }  # fmt: skip
+    return _layout_spec(spec, title, 160 + 30 * len(ops))
 
 
 def memory_bars(data: dict[str, Any]) -> go.Figure:

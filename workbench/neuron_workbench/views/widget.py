@@ -175,25 +175,25 @@ class ReportView(W.Tab):
         return bundle
 
 
-def _static_figures(data: dict[str, Any]) -> list[go.Figure]:
-    # Only the charts that carry information the report's own HTML tables do not show well; each
-    # costs display time on every cell.
+def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
+    # Only the charts that carry information the report's own HTML tables do not show well, as
+    # plain specs: figure objects would cost milliseconds of validation on every displayed cell.
     out = []
     if data.get("target", {}).get("fallbacks"):
-        out.append(figures.fallback_bar(data))
+        out.append(figures.fallback_bar_spec(data))
     if figures.profile_frame(data) is not None:
-        out.append(figures.op_time_bars(data))
+        out.append(figures.op_time_bars_spec(data))
     return out
 
 
-def _plot_html(fig: go.Figure, div_id: str) -> str:
+def _plot_html(fig: go.Figure | dict[str, Any], div_id: str) -> str:
     """One figure as a div and a ``Plotly.newPlot`` call (plotly.js loaded once by the caller).
 
     Written by hand rather than with ``plotly.io.to_html``: that costs ~10 ms per figure on every
     cell and embeds the whole default template (~7 KB) in each; the figures are styled by hand.
     """
-    spec = fig.to_plotly_json()
-    spec["layout"].pop("template", None)
+    spec = dict(fig) if isinstance(fig, dict) else fig.to_plotly_json()
+    spec["layout"] = {k: v for k, v in spec.get("layout", {}).items() if k != "template"}
     height = int(spec["layout"].get("height") or 360)
 
     def js(value: Any) -> str:

@@ -1,0 +1,54 @@
+"""The dispatch-level call recorder that gives real SDKs' fallback names their counts and lines."""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_workbench.backends import get_backend
+from neuron_workbench.backends.accelerator import DispatchCallRecorder, base_op_name
+
+
+def test_base_op_name():
+    assert base_op_name("aten::add.Tensor") == "aten::add"
+    assert base_op_name("sort") == "aten::sort"
+    assert base_op_name("tpu::_max_pool2d") == "tpu::_max_pool2d"
+
+
+def test_recorder_counts_calls_of_the_named_ops_per_line():
+    with get_backend("neuron").session():
+        x = torch.randn(4, 6, device="neuron", requires_grad=True)
+        recorder = DispatchCallRecorder()
+        with recorder.recording():
+            for _ in range(2):
+                x.argmax(dim=1)
+            x.sort(dim=1).values.sum().backward()
+        events = recorder.events_for(
+            ["aten::argmax.default", "aten::sort.stable", "aten::never_called"], source="test"
+        )
+    by_op = {}
+    for event in events:
+        by_op.setdefault(event["op"], []).append(event)
+    (argmax,) = by_op["aten::argmax"]
+    assert argmax["count"] == 2 and argmax["phase"] == "forward"
+    assert argmax["site"]["file"] == __file__ and argmax["shapes"] == [[4, 6]]
+    (sort,) = by_op["aten::sort"]
+    assert sort["site"]["line"] == argmax["site"]["line"] + 1
+    (missing,) = by_op["aten::never_called"]
+    assert missing["count"] is None and missing["site"] is None
+    assert "not seen at dispatch" in missing["source"]
+    assert recorder.calls > 3
+
+
+def test_emulated_capabilities_name_the_coverage():
+    caps = get_backend("neuron").capabilities()
+    assert caps["coverage"] == "neuron-2026-04 (195 native ops)"
+    assert get_backend("neuron").kind() == "emulated"
+    assert get_backend("neuron").fake_description() == ""
+
+
+def test_recorder_leaves_torch_compile_on():
+    from torch.utils._python_dispatch import any_torch_dispatch_mode_on_stack
+
+    with DispatchCallRecorder().recording():
+        # Dynamo skips compiling every frame while a mode that does not ignore it is active.
+        assert any_torch_dispatch_mode_on_stack() is False

@@ -1,0 +1,72 @@
+"""Device placement (NW101, NW102, NW106): each rule fires on its snippets and not on look-alikes."""
+
+from neuron_workbench.scan.checks import devices
+
+AREA = devices.AREA
+
+# rule id -> (positive snippets, look-alike snippets). Each snippet is a whole module.
+CASES = {
+    "NW101": (
+        [
+            'import torch\nx = torch.zeros(2, device="cuda")',
+            'import torch\nd = torch.device("cuda:1")',
+            'x = y.to("cuda")',
+            'device = "cuda"',
+            'DEVICE = "cuda" if ok else "cpu"',
+            'd = "cuda" if torch.cuda.is_available() else "cpu"',
+            'import torch\nm = torch.load("m.pt", map_location="cuda:0")',
+            'import torch\nd = torch.device(f"cuda:{rank}")',
+            "if x.device.type == 'cuda':\n    pass",
+            'def f(device="cuda"):\n    pass',
+            'cfg = {"device": "cuda"}',
+            'parser.add_argument("--device", default="cuda")',
+            'dev = "cuda:0"\nmodel.to(dev)',
+            'import torch\ntorch.set_default_device("cuda")',
+        ],
+        [
+            'print("cuda")',
+            'log.info("using cuda")',
+            '# device = "cuda"\nx = 1',
+            'names = ["cuda", "cpu"]',
+            'x = y.to("cpu")',
+            'device = "cudax"',
+            'msg = "cuda:0 is busy"',
+            'cuda = "cuda"',
+            'd = torch.device("neuron")',
+            'x = f"cuda {n}"',
+        ],
+    ),
+    "NW102": (
+        [
+            "x = t.cuda()",
+            "m = Net().cuda(0)",
+            "y = x.cuda(non_blocking=True)",
+            "class M(nn.Module):\n    def go(self):\n        return self.cuda()",
+        ],
+        [
+            "def cuda():\n    return 1\n\ncuda()",
+            "cuda = True",
+            "x = args.cuda",
+            "x = t.to('neuron')",
+            "import torch\nok = torch.cuda",
+        ],
+    ),
+    "NW106": (
+        ["ok = x.is_cuda", "if not t.is_cuda:\n    pass"],
+        ["ok = x.is_neuron", "is_cuda = False", "ok = is_cuda"],
+    ),
+}
+
+
+def test_cases_cover_every_rule_of_the_area():
+    assert set(CASES) == {rule.id for rule in AREA.rules}
+    for rule_id, (positives, lookalikes) in CASES.items():
+        assert positives and lookalikes, rule_id
+
+
+def test_rule_fires(rule_id, positive, rule_ids):
+    assert rule_id in rule_ids(positive)
+
+
+def test_rule_stays_silent_on_lookalike(rule_id, lookalike, rule_ids):
+    assert rule_id not in rule_ids(lookalike)

@@ -1,0 +1,51 @@
+"""Custom GPU code (NW160, NW161): each rule fires on its snippets and not on look-alikes."""
+
+from neuron_workbench.scan.checks import kernels
+
+AREA = kernels.AREA
+
+# rule id -> (positive snippets, look-alike snippets). Each snippet is a whole module.
+CASES = {
+    "NW160": (
+        [
+            "from torch.utils.cpp_extension import load_inline\n"
+            "e = load_inline('x', cpp_sources=c, cuda_sources=k)",
+            "from torch.utils.cpp_extension import load\ne = load('x', ['a.cpp', 'k.cu'])",
+            "from torch.utils.cpp_extension import CUDAExtension\ne = CUDAExtension('x', ['k.cu'])",
+            "import torch.utils.cpp_extension as ext\ne = ext.load('x', ['a.cpp'], with_cuda=True)",
+        ],
+        [
+            "from torch.utils.cpp_extension import load_inline\n"
+            "e = load_inline('x', cpp_sources=c, functions=['f'])",
+            "from torch.utils.cpp_extension import load\ne = load('x', ['a.cpp'])",
+            "e = load_inline('x', cuda_sources=k)",
+        ],
+    ),
+    "NW161": (
+        [
+            "import triton\n@triton.jit\ndef k(x):\n    pass",
+            "from numba import cuda\n@cuda.jit\ndef k(x):\n    pass",
+            "import cupy\nk = cupy.RawKernel(src, 'k')",
+            "import triton\n@triton.autotune(configs=[], key=[])\ndef k(x):\n    pass",
+        ],
+        [
+            "import torch\n@torch.jit.script\ndef f(x):\n    return x",
+            "from numba import jit\n@jit\ndef f(x):\n    return x",
+            "@jit\ndef f(x):\n    return x",
+        ],
+    ),
+}
+
+
+def test_cases_cover_every_rule_of_the_area():
+    assert set(CASES) == {rule.id for rule in AREA.rules}
+    for rule_id, (positives, lookalikes) in CASES.items():
+        assert positives and lookalikes, rule_id
+
+
+def test_rule_fires(rule_id, positive, rule_ids):
+    assert rule_id in rule_ids(positive)
+
+
+def test_rule_stays_silent_on_lookalike(rule_id, lookalike, rule_ids):
+    assert rule_id not in rule_ids(lookalike)

@@ -1,0 +1,200 @@
+"""Recurrent layers the way PyTorch runs them on a GPU-like device, written with primitive ops.
+
+Off the CPU, ``torch.lstm``/``torch.gru`` step through time with two matmuls per step and a fused
+cell kernel (``_thnn_fused_lstm_cell``/``_thnn_fused_gru_cell``) that accumulates in float32 and
+rounds its outputs once to the input's precision. On the CPU they pre-compute input projections,
+use unfused cells, and under autocast oneDNN's kernel, which CUDA's autocast lists do not cast.
+
+The emulated devices register the fused cells from here, and the host standing in for ``cuda``
+runs whole layers through :func:`lstm_device_path`/:func:`gru_device_path` under autocast, so both
+sides of a comparison compute recurrent layers alike. (CUDA itself runs cuDNN's RNN kernel when
+cuDNN is enabled; no CPU reproduces its internal summation order.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.float32 if t.dtype in _LOW else t.dtype
+
+
+def fused_lstm_cell(
+    input_gates: torch.Tensor,
+    hidden_gates: torch.Tensor,
+    cx: torch.Tensor,
+    input_bias: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_thnn_fused_lstm_cell``: gates summed and activated in float32, outputs rounded once."""
+    acc = _acc(input_gates)
+    gates = input_gates.to(acc) + hidden_gates.to(acc)
+    if input_bias is not None:
+        gates = gates + input_bias.to(acc)
+    if hidden_bias is not None:
+        gates = gates + hidden_bias.to(acc)
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx.to(acc) + i * g
+    hy = o * cy.tanh()
+    dtype = input_gates.dtype
+    return hy.to(dtype), cy.to(dtype), gates.new_empty(0)
+
+
+def fused_gru_cell(
+    input_gates: torch.Tensor,
+    hidden_gates: torch.Tensor,
+    hx: torch.Tensor,
+    input_bias: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_thnn_fused_gru_cell``, in float32 with outputs rounded once."""
+    acc = _acc(input_gates)
+    ig, hg = input_gates.to(acc), hidden_gates.to(acc)
+    if input_bias is not None:
+        ig = ig + input_bias.to(acc)
+    if hidden_bias is not None:
+        hg = hg + hidden_bias.to(acc)
+    ir, ii, in_ = ig.chunk(3, 1)
+    hr, hi, hn = hg.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (ii + hi).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx.to(acc) - n)
+    return hy.to(input_gates.dtype), input_gates.new_empty(0)
+
+
+def _autocast_cast(*tensors: Any) -> list[Any]:
+    """What autocast's lower-precision policy does to a fused cell's inputs."""
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return [
+        t.to(dtype)
+        if dtype is not None and isinstance(t, torch.Tensor) and t.dtype == torch.float32
+        else t
+        for t in tensors
+    ]
+
+
+def _layers(
+    input: torch.Tensor,
+    hidden: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    step: Callable[..., tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """The layer/direction/time loops of ATen's device path; ``step`` is one cell update."""
+    if batch_first:
+        input = input.transpose(0, 1)
+    directions = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    finals: list[list[torch.Tensor]] = [[] for _ in hidden]
+    layer_input = input
+    for layer in range(num_layers):
+        outputs = []
+        for direction in range(directions):
+            index = layer * directions + direction
+            w_ih, w_hh, *biases = params[index * per : (index + 1) * per]
+            b_ih, b_hh = biases if has_biases else (None, None)
+            state = [h[index] for h in hidden]
+            steps = range(layer_input.size(0))
+            out: list[torch.Tensor] = [layer_input[0]] * layer_input.size(0)
+            for t in reversed(steps) if direction else steps:
+                igates = torch.matmul(layer_input[t], w_ih.t())
+                hgates = torch.matmul(state[0], w_hh.t())
+                state = list(step(igates, hgates, state, b_ih, b_hh))
+                out[t] = state[0]
+            outputs.append(torch.stack(out))
+            for slot, value in zip(finals, state):
+                slot.append(value)
+        layer_input = outputs[0] if directions == 1 else torch.cat(outputs, -1)
+        if dropout and train and layer < num_layers - 1:
+            layer_input = torch.nn.functional.dropout(layer_input, dropout, training=True)
+    output = layer_input.transpose(0, 1) if batch_first else layer_input
+    return output, finals
+
+
+def lstm_device_path(
+    input: torch.Tensor,
+    hx: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.lstm`` (padded input, no projections) as ATen runs it on a GPU-like device."""
+
+    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+        hy, cy, _ = fused_lstm_cell(*_autocast_cast(igates, hgates, state[1], b_ih, b_hh))
+        return hy, cy
+
+    output, (hs, cs) = _layers(
+        input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, step
+    )
+    return output, torch.stack(hs), torch.stack(cs)
+
+
+def gru_device_path(
+    input: torch.Tensor,
+    hx: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.gru`` (padded input) as ATen runs it on a GPU-like device."""
+
+    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+        hy, _ = fused_gru_cell(*_autocast_cast(igates, hgates, state[0], b_ih, b_hh))
+        return (hy,)
+
+    output, (hs,) = _layers(
+        input,
+        [hx],
+        params,
+        has_biases,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        batch_first,
+        step,
+    )
+    return output, torch.stack(hs)
+
+
+def device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """A call of the device path for ``torch.lstm``/``torch.gru`` with these arguments, if it has one.
+
+    Only the padded-input forms without LSTM projections qualify (the packed-sequence overloads and
+    ``proj_size`` keep PyTorch's own path).
+    """
+    # input forms: (input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+    # batch_first); the packed forms put batch_sizes second and parameters fourth.
+    if len(args) != 9 or not isinstance(args[2], list | tuple):
+        return None
+    params, has_biases, num_layers, bidirectional = args[2], args[3], args[4], args[7]
+    per = 4 if has_biases else 2
+    if len(params) != per * num_layers * (2 if bidirectional else 1):
+        return None  # projections (proj_size) add a weight per layer
+    if func is torch.lstm and isinstance(args[1], list | tuple) and len(args[1]) == 2:
+        return lambda: lstm_device_path(*args)
+    if func is torch.gru and isinstance(args[1], torch.Tensor):
+        return lambda: gru_device_path(*args)
+    return None
