@@ -250,3 +250,21 @@ def _running(pid):
             return "State:\tZ" not in status.read()
     except OSError:
         return False
+
+
+def test_the_kernels_environment_as_of_the_cell_reaches_the_worker(session, namespace, monkeypatch):
+    monkeypatch.setenv("NWB_TEST_SETTING", "on")
+    result = compare("setting = os.environ.get('NWB_TEST_SETTING')", namespace, session)
+    assert result.report.verdict == "PASS", result.report.summary()
+    assert result.report.target.outputs["setting"] == "on"
+
+
+def test_auto_keeps_a_device_this_process_already_holds():
+    from neuron_workbench.report.session import resolve_executor
+
+    # this test process emulates neuron (conftest); tpu can only run elsewhere
+    assert resolve_executor("auto", ["neuron"]) == "inprocess"
+    assert resolve_executor("auto", ["tpu"]) == "worker"
+    assert resolve_executor("auto", ["neuron", "tpu"]) == "worker"
+    assert resolve_executor("auto", ["cpu"]) == "inprocess"
+    assert resolve_executor("inprocess", ["tpu"]) == "inprocess"

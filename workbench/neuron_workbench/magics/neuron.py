@@ -122,8 +122,8 @@ class NeuronMagics(Magics):
         EXECUTOR_CHOICES,
         help="Where the target runs: worker (a child process per target that owns the device; "
         "crashes and hangs stay out of the kernel), inprocess (this kernel), or auto (worker for "
-        "neuron and tpu, inprocess for cpu and cuda). Default: $NEURON_WORKBENCH_EXECUTOR, else "
-        "auto.",
+        "neuron and tpu unless the kernel already holds that device, inprocess for cpu and "
+        "cuda). Default: $NEURON_WORKBENCH_EXECUTOR, else auto.",
     ).tag(config=True)
 
     @default("executor")
@@ -242,7 +242,8 @@ class NeuronMagics(Magics):
         choices=EXECUTOR_CHOICES,
         help="worker: run the target in a child process that owns the device (one per target, "
         "reused; a crash or hang there never touches the kernel); inprocess: in this kernel; "
-        "auto (default): worker for neuron and tpu, inprocess for cpu and cuda",
+        "auto (default): worker for neuron and tpu (unless the kernel already holds that "
+        "device), inprocess for cpu and cuda",
     )
     @argument(
         "--timeout",

@@ -30,10 +30,23 @@ WORKER_TARGETS = ("neuron", "tpu")
 
 
 def resolve_executor(name: str, targets: tuple[str, ...] | list[str]) -> str:
-    """``inprocess`` or ``worker``: what ``name`` (possibly ``auto``) means for ``targets``."""
+    """``inprocess`` or ``worker``: what ``name`` (possibly ``auto``) means for ``targets``.
+
+    ``auto`` picks a worker for a neuron or tpu target unless this process already holds that
+    device (its SDK, or the emulator, loaded at ``import torch``): then the device and the
+    settings made on it in the notebook are here.
+    """
     if name != "auto":
         return name
-    return "worker" if any(t in WORKER_TARGETS for t in targets) else "inprocess"
+    return "worker" if any(_needs_worker(t) for t in targets) else "inprocess"
+
+
+def _needs_worker(target: str) -> bool:
+    if target not in WORKER_TARGETS:
+        return False
+    import torch
+
+    return bool(torch._C._get_privateuse1_backend_name() != target)
 
 
 @dataclass(frozen=True)

@@ -257,6 +257,19 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
 _LastOpMode.__torch_dispatch__ = _LastOpMode.__dict__["__torch_dispatch__"].__wrapped__  # type: ignore[attr-defined]
 
 
+#: Variables a worker keeps as it was started: its device, that it is a worker, no inline plots.
+_OWN_ENV = ("NEURON_WORKBENCH_EMULATE", "NEURON_WORKBENCH_EMULATE_REPORT", "MPLBACKEND", WORKER_ENV)
+
+
+def _mirror_environment(kernel: dict[str, str]) -> None:
+    """The kernel's environment as of this cell (``%env`` settings reach the run), less ours."""
+    for name in [n for n in os.environ if n not in kernel and n not in _OWN_ENV]:
+        del os.environ[name]
+    for name, value in kernel.items():
+        if name not in _OWN_ENV and os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 def _exit_with_parent() -> None:
     """End this process when the kernel that started it is gone, even in the middle of a cell."""
     import threading
@@ -315,6 +328,7 @@ def _serve(fd: int, folder: str) -> None:
             return
         if where["sys_path"] != sys.path:
             sys.path[:] = where["sys_path"]
+        _mirror_environment(where["environ"])
         if where["threads"] != torch.get_num_threads():
             torch.set_num_threads(where["threads"])
         if where["cwd"] != os.getcwd():
@@ -570,6 +584,7 @@ class TargetWorker:
                 "sys_path": list(sys.path),
                 "cwd": os.getcwd(),
                 "threads": torch.get_num_threads(),
+                "environ": dict(os.environ),
             }
             self._conn.send_bytes(pickle.dumps(where))
             send(self._conn, message)
