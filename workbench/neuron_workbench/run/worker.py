@@ -347,7 +347,16 @@ def _serve(fd: int, folder: str) -> None:
                 ),
             )
             continue
-        send(conn, _run_request(request, backend, slot))
+        try:
+            answer = _run_request(request, backend, slot)
+        except Exception as exc:  # the workbench failed around the cell: say so, keep serving
+            answer = dumps(
+                {
+                    "usage_error": f"the {backend.name} worker failed: {_first_line(exc)}; "
+                    f"{_EXECUTOR_HINT}"
+                }
+            )
+        send(conn, answer)
 
 
 def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> Packed:
