@@ -349,6 +349,8 @@ def _serve(fd: int, folder: str) -> None:
             continue
         try:
             answer = _run_request(request, backend, slot)
+        except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
+            answer = dumps({"usage_error": str(exc)})
         except Exception as exc:  # the workbench failed around the cell: say so, keep serving
             answer = dumps(
                 {
