@@ -1,7 +1,10 @@
 """%%neuron --executor worker: targets in worker processes, in a shell and in a real notebook kernel."""
 
+import time
+
 import nbformat
 import pytest
+import torch
 from IPython.core.error import UsageError
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -119,6 +122,26 @@ def test_unshippable_object_is_a_one_line_usage_error(ip):
     assert "'numbers' (a generator) cannot be sent to the neuron worker process" in message
     assert message.endswith("run the cell with --executor inprocess")
     assert "first" not in ip.user_ns
+
+
+def test_a_hung_target_with_timeout_5_is_reported_within_10_seconds(ip):
+    run_cell(ip, "import os, time, torch\nkept = torch.ones(2)")
+    run_cell(ip, "%%neuron --executor worker --target tpu\nwarm = torch.ones(1, device='cuda')")
+    start = time.monotonic()
+    run_cell(
+        ip,
+        "%%neuron --executor worker --target tpu --timeout 5 -o r\n"
+        "x = kept.cuda() * 2\n"
+        "if os.environ.get('NEURON_WORKBENCH_WORKER'):\n"
+        "    time.sleep(600)\n",
+    )
+    assert time.monotonic() - start < 10
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.ok
+    assert report.target.error.message == (
+        "target process timed out after 5 s while running aten::mul at cell line 3; it was ended"
+    )
+    assert "x" not in ip.user_ns and torch.equal(ip.user_ns["kept"], torch.ones(2))
 
 
 def test_timeout_needs_the_worker_executor(ip):
