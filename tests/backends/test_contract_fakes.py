@@ -72,6 +72,11 @@ out["status_line"] = [line for line in BackendStatusTable().lines() if line.star
 if "torch_neuronx" in sys.modules:
     import torch_neuronx
 
+    shell.run_cell("del r\nimport gc\ngc.collect()")  # the first report holds its device tensors
+    os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"] = "1"
+    out["cell_per_op"] = report(NEURON_CELL)
+    del os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"]
+
     torch_neuronx.clear_op_tracking()
     x = torch.arange(6.0, device="neuron")
     y = x.argmax()
@@ -181,6 +186,15 @@ def test_neuron_fake_gives_the_emulators_fallback_counts_and_sites(neuron_runs):
     # normal_ runs inside randn's kernel: the SDK names it, a dispatch recorder cannot count it.
     (inner,) = [e for e in fake["fallbacks"] if e["count"] is None]
     assert inner["op"] == "aten::normal_" and "not seen at dispatch" in inner["source"]
+
+
+def test_neuron_per_op_tracking_counts_fallbacks_inside_other_ops(neuron_runs):
+    emu, fake = neuron_runs["emulated"]["cell"], neuron_runs["fake"]["cell_per_op"]
+    assert fake["verdict"] == "PASS" and fake["memory"] == emu["memory"]
+    assert all(event["count"] is not None for event in fake["fallbacks"])
+    assert _by_op(fake["fallbacks"]) == _by_op(emu["fallbacks"])
+    assert _by_op(fake["fallbacks"])["aten::normal_"][0] == 2  # randn on lines 2 and 7
+    assert "per op" in fake["backend"]["details"]["fallback_tracking"]
 
 
 def test_neuron_reports_say_fake(neuron_runs):
