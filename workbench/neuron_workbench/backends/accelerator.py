@@ -465,7 +465,7 @@ class AcceleratorBackend(Backend):
                 emulated=True,
                 details=details,
             )
-        name = self._real_device_name()
+        name = self.real_device_name()
         details = {
             "torch": torch.__version__,
             self.sdk_module: self.sdk_version(),
@@ -481,7 +481,8 @@ class AcceleratorBackend(Backend):
             name=self.name, device=f"{self.name}:0", device_name=name, details=details
         )
 
-    def _real_device_name(self) -> str:
+    def real_device_name(self) -> str:
+        """The real (or fake) device's name from documented calls, else ``<device>:0``."""
         props = self._documented("get_device_properties")
         if props is not None:
             with contextlib.suppress(Exception):
