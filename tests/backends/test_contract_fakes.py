@@ -35,6 +35,14 @@ x = torch.randn(4, 4, device="cuda")
 a = torch.special.i0(x)
 """
 
+TPU_CELL_SWITCHING = """%%neuron --target tpu -o r
+import torch_tpu
+torch_tpu._internal.execution_mode.enable_cpu_fallback = True
+x = torch.randn(4, 4, device="cuda")
+a = torch.special.i0(x)
+torch_tpu._internal.execution_mode.enable_cpu_fallback = False
+"""
+
 COMMON = r"""
 import json, os, sys, tempfile
 import torch
@@ -94,6 +102,7 @@ print(json.dumps(out, default=str))
 TPU_SCRIPT = (
     COMMON
     + f"TPU_CELL = {TPU_CELL!r}\nTPU_SMALL_CELL = {TPU_SMALL_CELL!r}\n"
+    + f"TPU_CELL_SWITCHING = {TPU_CELL_SWITCHING!r}\n"
     + r"""
 out = {"default": report(TPU_CELL), "kind": get_backend("tpu").kind()}
 os.environ["NEURON_WORKBENCH_TPU_LIST_FALLBACKS"] = "1"
@@ -106,6 +115,7 @@ out["switch_after_full_list"] = switch.enable_cpu_fallback
 shell.run_cell("import torch_tpu\ntorch_tpu._internal.execution_mode.enable_cpu_fallback = True")
 out["user_switch"] = report(TPU_SMALL_CELL)
 shell.run_cell("torch_tpu._internal.execution_mode.enable_cpu_fallback = False")
+out["cell_switching"] = report(TPU_CELL_SWITCHING)
 # The per-call warning, straight from the device (file descriptor 2).
 x = torch.randn(4, device="tpu")
 switch.enable_cpu_fallback = True
@@ -262,6 +272,15 @@ def test_tpu_switch_at_torchtpus_location(tpu_runs):
         assert user["verdict"] == "PASS", kind
         assert {e["op"] for e in user["fallbacks"]} == {"aten::i0"}, kind
         assert out["direct_warnings"] == 2, kind
+
+
+def test_tpu_fallback_switched_on_inside_the_cell_is_still_reported(tpu_runs):
+    emu, fake = tpu_runs["emulated"][0]["cell_switching"], tpu_runs["fake"][0]["cell_switching"]
+    assert emu["verdict"] == fake["verdict"] == "PASS"
+    assert [(e["op"], e["count"]) for e in emu["fallbacks"]] == [("aten::i0", 1)]
+    # The fake's warnings name the op; the recorder was off (the fallback was off at the start).
+    (event,) = fake["fallbacks"]
+    assert (event["op"], event["count"], event["warnings"]) == ("aten::i0", None, 1)
 
 
 def test_tpu_reports_say_fake_and_undocumented_calls_are_not_assumed(tpu_runs):
