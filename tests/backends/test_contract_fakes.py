@@ -216,7 +216,7 @@ def test_neuron_reports_say_fake(neuron_runs):
     assert backend["details"]["torch_neuronx"] == "2.14.3.0+fake"
     assert "fake torch_neuronx" in fake["cell"]["html"]
     assert "fake torch_neuronx" not in emu["cell"]["html"]
-    assert fake["cell"]["summary"].startswith("PASS neuron vs ")
+    assert fake["cell"]["summary"].startswith("PASS neuron (fake) vs ")
     assert fake["status_line"][0].startswith("neuron  available (FAKE: fake torch_neuronx")
     assert emu["status_line"][0] == "neuron  available (emulated on the host CPU)"
 
@@ -288,7 +288,7 @@ def test_tpu_reports_say_fake_and_undocumented_calls_are_not_assumed(tpu_runs):
     backend = fake["full"]["backend"]
     assert fake["kind"] == "fake" and emu["kind"] == "emulated"
     assert backend["details"]["kind"] == "fake" and "fake torch_tpu" in backend["device_name"]
-    assert fake["full"]["summary"].startswith("PASS tpu vs ")
+    assert fake["full"]["summary"].startswith("PASS tpu (fake) vs ")
     # The fake has only the documented torch.tpu surface; the adapter still runs and says what
     # it could not do.
     assert fake["surface"] == ["Precision", "precision"]

@@ -388,6 +388,11 @@ def _first_site() -> tuple[dict[str, Any] | None, str]:
 
 
 class _RecorderMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, Dynamo sees an active mode and runs torch.compile'd code eagerly.
+        return True
+
     def __init__(self, recorder: OpProfileRecorder) -> None:
         super().__init__()
         self._rec = recorder
