@@ -15,12 +15,6 @@ KNOWN_VIOLATIONS = {
     # trace/layers.py compares per-module statistics with compare.tolerances / compare_leaf.
     # Removed by issue 16's trace split: comparing recorded layers moves to compare/.
     "layer: trace -> compare": "issue 16 (trace/ = recording only)",
-    # emulator/kernels.py reuses the fused LSTM/GRU cells of backends/cuda_rnn.py (the math the
-    # cuda-on-host reference also runs). Removed by moving those cells below both (e.g. into the
-    # emulator, which backends may import); not filed yet.
-    "layer: emulator -> backends": "cuda_rnn cells shared upward; not filed yet",
-    # The same import closes a cycle with the adapters that install the emulator.
-    "cycle: backends <-> emulator": "as 'layer: emulator -> backends'",
     # views/__init__.py calls IPython.display.display to show a report; the magic layer (or a
     # _repr_mimebundle_ the shell displays) should do the displaying. Owner: views; not filed yet.
     "external: views -> IPython": "views displays through IPython.display; not filed yet",

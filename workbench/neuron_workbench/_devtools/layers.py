@@ -55,7 +55,8 @@ TIERS: tuple[tuple[str, frozenset[str]], ...] = (
     # The neuron/tpu adapters install the emulator when the real SDK is absent.
     ("backends", frozenset({"backends"})),
     ("emulator", frozenset({"emulator"})),
-    ("errors", frozenset({"errors", ROOT_CONSTANTS})),
+    # CUDA's semantics in plain PyTorch, shared by the host reference and the emulated devices.
+    ("errors / cuda semantics", frozenset({"errors", "cuda_semantics", ROOT_CONSTANTS})),
 )
 
 #: Third-party top-level packages and the only units allowed to import them.
