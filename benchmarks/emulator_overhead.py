@@ -1,4 +1,9 @@
-"""Emulator overhead vs plain CPU: forward+backward of a small CNN and a transformer block.
+"""Emulator overhead vs plain CPU: a small CNN, a transformer block, and GPT training loops.
+
+The GPT figures are the ones laptop users see first: a 2-layer GPT (64-dim, 32 tokens, batch 4,
+4-step gradient accumulation, AdamW) and a 4-layer GPT (256-dim, 128 tokens, batch 8), both
+``transformers``' GPT-2 built from a config. Goals (issue: emulator core): small GPT <= 1.5x,
+4-layer GPT <= 1.05x, CNN and transformer block <= 1.25x.
 
 Run: ``PYTHONPATH=workbench .venv/bin/python benchmarks/emulator_overhead.py [--threads 1]``.
 Both configurations run in the same process, interleaved, and each figure is the minimum over
@@ -74,6 +79,38 @@ def make_block(device):
     return step
 
 
+def _gpt(device, layers: int, dim: int, tokens: int, batch: int, accumulate: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=256, n_positions=tokens, n_embd=dim, n_layer=layers, n_head=4,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (accumulate, batch, tokens)).to(device)
+
+    def step():
+        for micro in range(accumulate):
+            loss = model(input_ids=ids[micro], labels=ids[micro]).loss / accumulate
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def make_small_gpt(device):
+    return _gpt(device, layers=2, dim=64, tokens=32, batch=4, accumulate=4)
+
+
+def make_gpt4(device):
+    return _gpt(device, layers=4, dim=256, tokens=128, batch=8, accumulate=1)
+
+
 def bench(step, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -93,14 +130,20 @@ def main() -> None:
 
     st = emulate("neuron")
     results = {}
-    for name, make in (("cnn", make_cnn), ("transformer_block", make_block)):
+    workloads = (
+        ("cnn", make_cnn, args.steps),
+        ("transformer_block", make_block, args.steps),
+        ("small_gpt_train", make_small_gpt, args.steps),
+        ("gpt_4layer_train", make_gpt4, 1),
+    )
+    for name, make, steps in workloads:
         cpu, emu = make("cpu"), make("neuron")
         for s in (cpu, emu):  # warm up
             bench(s, 3)
         best_cpu = best_emu = float("inf")
         for _ in range(args.rounds):
-            best_cpu = min(best_cpu, bench(cpu, args.steps))
-            best_emu = min(best_emu, bench(emu, args.steps))
+            best_cpu = min(best_cpu, bench(cpu, steps))
+            best_emu = min(best_emu, bench(emu, steps))
         results[name] = {
             "cpu_ms": best_cpu * 1e3,
             "emulated_ms": best_emu * 1e3,

@@ -52,3 +52,19 @@ def test_recorder_leaves_torch_compile_on():
     with DispatchCallRecorder().recording():
         # Dynamo skips compiling every frame while a mode that does not ignore it is active.
         assert any_torch_dispatch_mode_on_stack() is False
+
+
+def test_per_call_tracking_attributes_fallbacks_inside_other_ops():
+    from neuron_workbench import emulator
+
+    with get_backend("neuron").session(), emulator.record_fallbacks() as log:
+        recorder = DispatchCallRecorder(
+            per_call=(log.clear, lambda: [event.overload for event in log.events])
+        )
+        with recorder.recording():
+            for _ in range(2):
+                torch.randn(3, device="neuron")  # normal_ falls back inside randn's kernel
+        events = recorder.events_for(sorted(recorder.named), source="test")
+    (normal,) = events
+    assert normal["op"] == "aten::normal_" and normal["count"] == 2
+    assert normal["site"]["file"] == __file__

@@ -35,6 +35,14 @@ x = torch.randn(4, 4, device="cuda")
 a = torch.special.i0(x)
 """
 
+TPU_CELL_SWITCHING = """%%neuron --target tpu -o r
+import torch_tpu
+torch_tpu._internal.execution_mode.enable_cpu_fallback = True
+x = torch.randn(4, 4, device="cuda")
+a = torch.special.i0(x)
+torch_tpu._internal.execution_mode.enable_cpu_fallback = False
+"""
+
 COMMON = r"""
 import json, os, sys, tempfile
 import torch
@@ -72,6 +80,11 @@ out["status_line"] = [line for line in BackendStatusTable().lines() if line.star
 if "torch_neuronx" in sys.modules:
     import torch_neuronx
 
+    shell.run_cell("del r\nimport gc\ngc.collect()")  # the first report holds its device tensors
+    os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"] = "1"
+    out["cell_per_op"] = report(NEURON_CELL)
+    del os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"]
+
     torch_neuronx.clear_op_tracking()
     x = torch.arange(6.0, device="neuron")
     y = x.argmax()
@@ -89,6 +102,7 @@ print(json.dumps(out, default=str))
 TPU_SCRIPT = (
     COMMON
     + f"TPU_CELL = {TPU_CELL!r}\nTPU_SMALL_CELL = {TPU_SMALL_CELL!r}\n"
+    + f"TPU_CELL_SWITCHING = {TPU_CELL_SWITCHING!r}\n"
     + r"""
 out = {"default": report(TPU_CELL), "kind": get_backend("tpu").kind()}
 os.environ["NEURON_WORKBENCH_TPU_LIST_FALLBACKS"] = "1"
@@ -101,6 +115,7 @@ out["switch_after_full_list"] = switch.enable_cpu_fallback
 shell.run_cell("import torch_tpu\ntorch_tpu._internal.execution_mode.enable_cpu_fallback = True")
 out["user_switch"] = report(TPU_SMALL_CELL)
 shell.run_cell("torch_tpu._internal.execution_mode.enable_cpu_fallback = False")
+out["cell_switching"] = report(TPU_CELL_SWITCHING)
 # The per-call warning, straight from the device (file descriptor 2).
 x = torch.randn(4, device="tpu")
 switch.enable_cpu_fallback = True
@@ -183,6 +198,15 @@ def test_neuron_fake_gives_the_emulators_fallback_counts_and_sites(neuron_runs):
     assert inner["op"] == "aten::normal_" and "not seen at dispatch" in inner["source"]
 
 
+def test_neuron_per_op_tracking_counts_fallbacks_inside_other_ops(neuron_runs):
+    emu, fake = neuron_runs["emulated"]["cell"], neuron_runs["fake"]["cell_per_op"]
+    assert fake["verdict"] == "PASS" and fake["memory"] == emu["memory"]
+    assert all(event["count"] is not None for event in fake["fallbacks"])
+    assert _by_op(fake["fallbacks"]) == _by_op(emu["fallbacks"])
+    assert _by_op(fake["fallbacks"])["aten::normal_"][0] == 2  # randn on lines 2 and 7
+    assert "per op" in fake["backend"]["details"]["fallback_tracking"]
+
+
 def test_neuron_reports_say_fake(neuron_runs):
     emu, fake = neuron_runs["emulated"], neuron_runs["fake"]
     backend = fake["cell"]["backend"]
@@ -192,7 +216,7 @@ def test_neuron_reports_say_fake(neuron_runs):
     assert backend["details"]["torch_neuronx"] == "2.14.3.0+fake"
     assert "fake torch_neuronx" in fake["cell"]["html"]
     assert "fake torch_neuronx" not in emu["cell"]["html"]
-    assert fake["cell"]["summary"].startswith("PASS neuron vs ")
+    assert fake["cell"]["summary"].startswith("PASS neuron (fake) vs ")
     assert fake["status_line"][0].startswith("neuron  available (FAKE: fake torch_neuronx")
     assert emu["status_line"][0] == "neuron  available (emulated on the host CPU)"
 
@@ -250,12 +274,21 @@ def test_tpu_switch_at_torchtpus_location(tpu_runs):
         assert out["direct_warnings"] == 2, kind
 
 
+def test_tpu_fallback_switched_on_inside_the_cell_is_still_reported(tpu_runs):
+    emu, fake = tpu_runs["emulated"][0]["cell_switching"], tpu_runs["fake"][0]["cell_switching"]
+    assert emu["verdict"] == fake["verdict"] == "PASS"
+    assert [(e["op"], e["count"]) for e in emu["fallbacks"]] == [("aten::i0", 1)]
+    # The fake's warnings name the op; the recorder was off (the fallback was off at the start).
+    (event,) = fake["fallbacks"]
+    assert (event["op"], event["count"], event["warnings"]) == ("aten::i0", None, 1)
+
+
 def test_tpu_reports_say_fake_and_undocumented_calls_are_not_assumed(tpu_runs):
     fake, emu = tpu_runs["fake"][0], tpu_runs["emulated"][0]
     backend = fake["full"]["backend"]
     assert fake["kind"] == "fake" and emu["kind"] == "emulated"
     assert backend["details"]["kind"] == "fake" and "fake torch_tpu" in backend["device_name"]
-    assert fake["full"]["summary"].startswith("PASS tpu vs ")
+    assert fake["full"]["summary"].startswith("PASS tpu (fake) vs ")
     # The fake has only the documented torch.tpu surface; the adapter still runs and says what
     # it could not do.
     assert fake["surface"] == ["Precision", "precision"]

@@ -1,8 +1,7 @@
 """OpInfo sweep on emulated neuron vs CPU (``opinfo_sweep.py``, run in a subprocess).
 
-Every op of PyTorch's ``op_db`` with float32 samples, forward and backward, capped at
-``MAX_SAMPLES`` samples per op so the sweep stays affordable on a 2-core CI machine (every op is
-kept; the uncapped sweep is ``python tests/emulator/opinfo_sweep.py --jobs 2``).
+Every op of PyTorch's ``op_db`` with float32 samples, every sample, forward and backward (about
+18,800 samples; about a minute with two worker processes on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "opinfo_sweep.py"
-MAX_SAMPLES = 16
 
 pytestmark = [
     pytest.mark.slow,
@@ -52,7 +50,6 @@ def test_opinfo_sweep_matches_cpu(tmp_path):
     s = _sweep(
         tmp_path,
         "--jobs", "2",
-        "--max-samples", str(MAX_SAMPLES),
         "--sample-timeout", "120",
         "--total-timeout", "780",
     )  # fmt: skip
@@ -63,12 +60,12 @@ def test_opinfo_sweep_matches_cpu(tmp_path):
     # every op with float32 support ran (the others are listed as skipped)
     assert s["ops"] + len(s["ops_skipped"]) == len(op_db), summary
     assert s["generator_errors"] == []
-    assert s["samples"] > 5000 and s["cpu_passing"] > 5000, summary
+    assert s["samples"] > 18000 and s["cpu_passing"] > 18000, summary
     # sparse layouts are refused on purpose, with the documented error
     for g in s["mismatch_groups"]:
         if g["status"] == "unsupported_layout":
             assert all("sparse" in op for op in g["ops"]), g
-    # Measured (16 samples/op): 0.9952 overall, 0.9997 without the refused sparse samples; the
-    # rest is float_power's backward under neuron's float64-as-float32 policy.
+    # Measured (all 18,835 samples): 0.9985 overall, 0.9999 without the 26 refused sparse samples;
+    # the rest is float_power's backward under neuron's float64-as-float32 policy.
     assert s["match_rate_supported_layouts"] >= 0.999, (summary, s["mismatch_groups"][:5])
-    assert s["match_rate"] >= 0.99, (summary, s["mismatch_groups"][:5])
+    assert s["match_rate"] >= 0.995, (summary, s["mismatch_groups"][:5])

@@ -89,3 +89,11 @@ def test_namespace_imports_resolve_aliases_from_other_cells():
     assert ids(src) == []
     found = scan_source(src, imports={"T": "torch", "autocast": "torch.cuda.amp.autocast"})
     assert {f.rule_id for f in found} == {"NW103", "NW110", "NW111"}
+
+
+def test_targets_are_the_emulated_devices():
+    # Two spellings of one idea until a torch-free module holds it (scan must not import torch).
+    from neuron_workbench.emulator.profiles import DEVICES
+    from neuron_workbench.scan import TARGETS
+
+    assert TARGETS == DEVICES

@@ -169,3 +169,23 @@ def test_repeated_runs_split_first_call_from_steady_state():
     assert "aten::sort" in set(profile_diff(profile, profile, phase="first")["op"])
     iterations = {e[4] for e in profile.trace["events"]}
     assert iterations == {0, 1, 2}
+
+
+def test_a_backend_whose_memory_statistics_fail_is_reported_not_hidden():
+    from neuron_workbench.backends import get_backend
+    from neuron_workbench.trace.profile import OpProfile, op_profiler
+
+    class Failing(type(get_backend("cpu"))):
+        def _memory_stats_impl(self):
+            raise RuntimeError("allocator statistics are off")
+
+    with op_profiler(Failing()) as recorder:
+        torch.ones(3) + 1
+    profile = recorder.result()
+    assert profile.peak_memory_bytes is None
+    assert profile.peak_memory_unavailable == (
+        "peak memory unavailable: RuntimeError: allocator statistics are off"
+    )
+    assert OpProfile.from_dict(profile.to_dict()).peak_memory_unavailable == (
+        profile.peak_memory_unavailable
+    )

@@ -1,19 +1,9 @@
-"""Shared by the per-area check tests: each test module defines ``AREA`` and ``CASES``.
-
-``CASES`` maps a rule id to (positive snippets, look-alike snippets), each snippet a whole
-module; ``positive`` and ``lookalike`` test arguments are parametrized from it.
-"""
-
-import textwrap
-
-import pytest
-
-from neuron_workbench.scan import scan_source
+"""Parametrizes the :class:`area_cases.AreaCases` tests from each test class's ``cases``."""
 
 
 def pytest_generate_tests(metafunc):
-    cases = getattr(metafunc.module, "CASES", None)
-    if cases is None:
+    cases = getattr(metafunc.cls, "cases", None)
+    if not cases:
         return
     if "positive" in metafunc.fixturenames:
         metafunc.parametrize(
@@ -23,15 +13,3 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize(
             ("rule_id", "lookalike"), [(r, s) for r, (_, neg) in cases.items() for s in neg]
         )
-
-
-@pytest.fixture
-def rule_ids():
-    """``rule_ids(source)``: the rule ids found in a snippet scanned as ``snippet.py``."""
-
-    def scan(source, target="neuron"):
-        return [
-            f.rule_id for f in scan_source(textwrap.dedent(source), "snippet.py", target=target)
-        ]
-
-    return scan

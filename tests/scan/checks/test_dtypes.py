@@ -1,8 +1,8 @@
 """Dtypes and memory formats (NW180, NW182, NW193): each rule fires on its snippets and not on look-alikes."""
 
-from neuron_workbench.scan.checks import dtypes
+from area_cases import AreaCases
 
-AREA = dtypes.AREA
+from neuron_workbench.scan.checks import dtypes
 
 # rule id -> (positive snippets, look-alike snippets). Each snippet is a whole module.
 CASES = {
@@ -45,15 +45,6 @@ CASES = {
 }
 
 
-def test_cases_cover_every_rule_of_the_area():
-    assert set(CASES) == {rule.id for rule in AREA.rules}
-    for rule_id, (positives, lookalikes) in CASES.items():
-        assert positives and lookalikes, rule_id
-
-
-def test_rule_fires(rule_id, positive, rule_ids):
-    assert rule_id in rule_ids(positive)
-
-
-def test_rule_stays_silent_on_lookalike(rule_id, lookalike, rule_ids):
-    assert rule_id not in rule_ids(lookalike)
+class TestRules(AreaCases):
+    area = dtypes.AREA
+    cases = CASES

@@ -1,8 +1,8 @@
 """Integers outside int32 (NW181): each rule fires on its snippets and not on look-alikes."""
 
-from neuron_workbench.scan.checks import ints
+from area_cases import AreaCases
 
-AREA = ints.AREA
+from neuron_workbench.scan.checks import ints
 
 # rule id -> (positive snippets, look-alike snippets). Each snippet is a whole module.
 CASES = {
@@ -24,15 +24,6 @@ CASES = {
 }
 
 
-def test_cases_cover_every_rule_of_the_area():
-    assert set(CASES) == {rule.id for rule in AREA.rules}
-    for rule_id, (positives, lookalikes) in CASES.items():
-        assert positives and lookalikes, rule_id
-
-
-def test_rule_fires(rule_id, positive, rule_ids):
-    assert rule_id in rule_ids(positive)
-
-
-def test_rule_stays_silent_on_lookalike(rule_id, lookalike, rule_ids):
-    assert rule_id not in rule_ids(lookalike)
+class TestRules(AreaCases):
+    area = ints.AREA
+    cases = CASES

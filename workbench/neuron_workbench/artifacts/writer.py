@@ -65,7 +65,11 @@ def _strict_json(value: Any, depth: int = 0) -> Any:
 
 
 def _lenient_json(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON data; anything else (or too deep) becomes its ``str``."""
+    """``value`` as JSON data; anything else (or too deep) becomes its ``str``.
+
+    A ``to_dict()`` that raises leaves the value's ``str`` followed by the error, so the manifest
+    says why the data is missing instead of silently holding the object's text.
+    """
     if depth > _VALUE_DEPTH:
         return str(value)
     if value is None or isinstance(value, bool | int | str):
@@ -73,8 +77,11 @@ def _lenient_json(value: Any, depth: int = 0) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if hasattr(value, "to_dict") and callable(value.to_dict):
-        with contextlib.suppress(Exception):
-            return _lenient_json(value.to_dict(), depth + 1)
+        try:
+            data = value.to_dict()
+        except Exception as exc:  # any object can get here; its failure is recorded, not dropped
+            return f"{value} (to_dict() failed: {type(exc).__name__}: {exc})"
+        return _lenient_json(data, depth + 1)
     if isinstance(value, Mapping):
         return {str(key): _lenient_json(item, depth + 1) for key, item in value.items()}
     if isinstance(value, list | tuple | set | frozenset):

@@ -106,67 +106,97 @@ class DispatchCallRecorder:
     skip : callable, optional
         ``skip(func) -> bool``: ops that can never be fallbacks (e.g. ones with a device kernel
         where a kernel rules a fallback out); they are counted without a stack walk.
+    per_call : tuple of two callables, optional
+        ``(reset, read)``: ``reset()`` runs before every op the recorder sees and ``read()``
+        after it, returning the names of the ops that fell back meanwhile (e.g. TorchNeuron's
+        ``clear_op_tracking`` and ``synchronize`` + ``get_fallback_ops``). Each such name is
+        then counted at the line of that call, so ops that fall back inside another op's kernel
+        (``normal_`` inside ``randn``) get counts and lines too. Without it, ops are counted
+        by their own name only.
     """
 
-    def __init__(self, skip: Callable[[Any], bool] | None = None) -> None:
+    def __init__(
+        self,
+        skip: Callable[[Any], bool] | None = None,
+        per_call: tuple[Callable[[], Any], Callable[[], Iterable[str]]] | None = None,
+    ) -> None:
         self._skip = skip
+        self._per_call = per_call
         self._skipped: dict[Any, bool] = {}
         self._events: dict[tuple, Any] = {}
         self._forward_by_seq: dict[int, tuple] = {}
         self.calls = 0
+        #: Every name ``per_call``'s ``read()`` returned during the run.
+        self.named: set[str] = set()
 
-    def _note(self, func: Any, args: Any, seq: int | None, seconds: float) -> None:
+    def _attribution(self, seq: int | None) -> tuple[Any, str, str, str, str]:
+        """(site, module, module type, phase, autograd node) of the op being recorded."""
         import torch
 
-        from neuron_workbench.emulator.events import FallbackEvent, find_site_and_module
+        from neuron_workbench.emulator.events import find_site_and_module
 
-        self.calls += 1
-        skipped = self._skipped.get(func)
-        if skipped is None:
-            base = func._schema.name.split("::", 1)[-1]
-            skipped = base in _PLUMBING or bool(self._skip is not None and self._skip(func))
-            self._skipped[func] = skipped
-        if skipped:
-            return
-        s = func._schema
-        overload = f"{s.name}.{s.overload_name}" if s.overload_name else s.name
         node = torch._C._current_autograd_node()
         if node is not None:
-            phase, node_name = "backward", node.name()
             site, module, module_type = self._forward_by_seq.get(
                 node._sequence_nr(), (None, "", "")
             )
+            return site, module, module_type, "backward", node.name()
+        site, module, module_type = find_site_and_module(4)
+        if seq is not None:
+            self._forward_by_seq[seq] = (site, module, module_type)
+        return site, module, module_type, "forward", ""
+
+    def _note(
+        self, func: Any, args: Any, seq: int | None, seconds: float, names: Any = None
+    ) -> None:
+        import torch
+
+        from neuron_workbench.emulator.events import FallbackEvent
+
+        self.calls += 1
+        if names is not None:
+            names = [str(n) for n in names]
+            if not names:
+                return
+            self.named.update(names)
         else:
-            phase, node_name = "forward", ""
-            site, module, module_type = find_site_and_module(3)
-            if seq is not None:
-                self._forward_by_seq[seq] = (site, module, module_type)
-        key = (overload, site, phase, module, node_name)
-        event = self._events.get(key)
-        if event is not None:
-            event.count += 1
-            event.cpu_time_s += seconds
-            return
-        shapes: list[list[int]] = []
-        dtypes: list[str] = []
-        for a in args:
-            for t in a if isinstance(a, (list, tuple)) else (a,):
-                if isinstance(t, torch.Tensor):
-                    shapes.append(list(t.shape))
-                    dtypes.append(str(t.dtype))
-        self._events[key] = FallbackEvent(
-            op=base_op_name(overload),
-            overload=overload,
-            count=1,
-            shapes=shapes,
-            dtypes=dtypes,
-            cpu_time_s=seconds,
-            phase=phase,
-            site=site,
-            module=module,
-            module_type=module_type,
-            autograd_node=node_name,
-        )
+            skipped = self._skipped.get(func)
+            if skipped is None:
+                base = func._schema.name.split("::", 1)[-1]
+                skipped = base in _PLUMBING or bool(self._skip is not None and self._skip(func))
+                self._skipped[func] = skipped
+            if skipped:
+                return
+            s = func._schema
+            names = [f"{s.name}.{s.overload_name}" if s.overload_name else s.name]
+        site, module, module_type, phase, node_name = self._attribution(seq)
+        for overload in names:
+            key = (overload, site, phase, module, node_name)
+            event = self._events.get(key)
+            if event is not None:
+                event.count += 1
+                event.cpu_time_s += seconds
+                continue
+            shapes: list[list[int]] = []
+            dtypes: list[str] = []
+            for a in args:
+                for t in a if isinstance(a, (list, tuple)) else (a,):
+                    if isinstance(t, torch.Tensor):
+                        shapes.append(list(t.shape))
+                        dtypes.append(str(t.dtype))
+            self._events[key] = FallbackEvent(
+                op=base_op_name(overload),
+                overload=overload,
+                count=1,
+                shapes=shapes,
+                dtypes=dtypes,
+                cpu_time_s=seconds,
+                phase=phase,
+                site=site,
+                module=module,
+                module_type=module_type,
+                autograd_node=node_name,
+            )
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[DispatchCallRecorder]:
@@ -175,6 +205,7 @@ class DispatchCallRecorder:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         recorder = self
+        per_call = self._per_call
 
         class _Mode(TorchDispatchMode):
             @classmethod
@@ -193,9 +224,13 @@ class DispatchCallRecorder:
                 ):
                     # The autograd node of this op (if any) was made just before dispatch got here.
                     seq = torch._C._autograd._get_sequence_nr() - 1
+                if per_call is not None:
+                    per_call[0]()
                 t0 = time.perf_counter()
                 out = func(*args, **(kwargs or {}))
-                recorder._note(func, args, seq, time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                names = per_call[1]() if per_call is not None else None
+                recorder._note(func, args, seq, seconds, names)
                 return out
 
         with _Mode():
@@ -430,7 +465,7 @@ class AcceleratorBackend(Backend):
                 emulated=True,
                 details=details,
             )
-        name = self._real_device_name()
+        name = self.real_device_name()
         details = {
             "torch": torch.__version__,
             self.sdk_module: self.sdk_version(),
@@ -446,7 +481,8 @@ class AcceleratorBackend(Backend):
             name=self.name, device=f"{self.name}:0", device_name=name, details=details
         )
 
-    def _real_device_name(self) -> str:
+    def real_device_name(self) -> str:
+        """The real (or fake) device's name from documented calls, else ``<device>:0``."""
         props = self._documented("get_device_properties")
         if props is not None:
             with contextlib.suppress(Exception):

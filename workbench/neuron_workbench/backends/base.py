@@ -57,6 +57,8 @@ class BackendInfo:
         """How reports name the backend: ``neuron (emulated)``, ``cpu (as cuda)``, or the name."""
         if self.emulated:
             return f"{self.name} (emulated)"
+        if self.details.get("kind") == "fake":  # a test stand-in of the vendor SDK
+            return f"{self.name} (fake)"
         stands_in_for = self.details.get("stands_in_for")
         return f"{self.name} (as {stands_in_for})" if stands_in_for else self.name
 

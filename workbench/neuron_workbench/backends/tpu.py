@@ -185,8 +185,12 @@ class TpuBackend(AcceleratorBackend):
 
         recorder = DispatchCallRecorder(skip=has_tpu_kernel)
         warnings = StderrWarnings()
+        # With the fallback off, a missing op raises and ends the run: nothing to count, so the
+        # recorder stays out of the way (the warnings are still taken, should the cell turn the
+        # fallback on itself; their ops are then listed without counts).
+        fallback_on = self.list_fallbacks or previous
         try:
-            with warnings, recorder.recording():
+            with warnings, recorder.recording() if fallback_on else contextlib.nullcontext():
                 yield
         finally:
             if self.list_fallbacks and switch is not None:

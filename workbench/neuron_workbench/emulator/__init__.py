@@ -120,7 +120,9 @@ def _real_backend_reason(device: str) -> str:
 
     name = torch._C._get_privateuse1_backend_name()
     for mod in ("torch_neuronx", "torch_tpu"):
-        if mod in sys.modules:
+        module = sys.modules.get(mod)
+        # the emulated tpu's own torch_tpu stand-in (the CPU-fallback switch) is not a real backend
+        if module is not None and not getattr(module, "__neuron_workbench_emulated__", False):
             return (
                 f"emulated {device} is not available: the real backend {mod} is loaded in this "
                 "process (it owns PrivateUse1 and always wins)"

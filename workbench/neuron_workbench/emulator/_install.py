@@ -157,6 +157,22 @@ def _default_to_foreach() -> None:
             supported.append(_core.EmulatedTensor)
 
 
+def _generate_device_methods(device_type: str) -> None:
+    """``Tensor.is_<device>``/``.<device>()``, ``Module.<device>()`` and ``PackedSequence``'s, once.
+
+    Torch raises ``RuntimeError`` for a method generated before (an earlier install in this
+    process); only the missing ones are asked for, so any error torch raises here is real.
+    """
+    packed_sequence = torch.nn.utils.rnn.PackedSequence
+    missing = {
+        "for_tensor": not hasattr(torch.Tensor, f"is_{device_type}"),
+        "for_module": not hasattr(torch.nn.Module, device_type),
+        "for_packed_sequence": not hasattr(packed_sequence, f"is_{device_type}"),
+    }
+    if any(missing.values()):
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=False, **missing)
+
+
 def install(device_type: str, profile: Profile) -> None:
     """Register the emulated device (once per process)."""
     torch.utils.rename_privateuse1_backend(device_type)
@@ -169,12 +185,7 @@ def install(device_type: str, profile: Profile) -> None:
         )
     torch._C._acc.register_python_privateuseone_device_guard(_guard.DeviceGuard())
     _guard.install_engine_proxy()
-    try:
-        torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_storage=False, for_packed_sequence=True
-        )
-    except RuntimeError:
-        pass  # already generated for this name in this process
+    _generate_device_methods(device_type)
     mod = device_module.build(device_type, None)
     torch._register_device_module(device_type, mod)
     sys.modules[f"torch.{device_type}"] = mod

@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C import DispatchKey, DispatchKeySet
+from torch._C import DispatchKey
 from torch.library import Library
 
-from neuron_workbench.backends.cuda_rnn import fused_gru_cell, fused_lstm_cell
+from neuron_workbench.cuda_semantics.autocast import register_cuda_policy
+from neuron_workbench.cuda_semantics.rnn import fused_gru_cell, fused_lstm_cell
 from neuron_workbench.emulator import _core
 from neuron_workbench.emulator import events as _events
 
@@ -140,115 +141,7 @@ def _sparse_fallback(default_layout: str | None) -> Any:
     return fallback
 
 
-# ---- autocast ------------------------------------------------------------------------------
-
-_LOWER = [
-    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
-    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
-    "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
-    "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
-    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
-]  # fmt: skip
-_FP32 = [
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
-    "softplus", "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim",
-    "nuclear_norm", "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss",
-    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
-    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
-    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
-    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
-    "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
-    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
-    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
-]  # fmt: skip
-_FP32_SET_OPT_DTYPE = [
-    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
-    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
-    "sum.dim_IntList",
-]  # fmt: skip
-_PROMOTE = [
-    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
-    "index_put", "tensordot", "scatter_add",
-]  # fmt: skip
-_NO_AUTOCAST = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
-
-
-def _eligible(t: Any) -> bool:
-    return (
-        isinstance(t, torch.Tensor)
-        and t.device.type == _core.DEVICE_TYPE
-        and t.is_floating_point()
-        and t.dtype != torch.float64
-    )
-
-
-def _cast(x: Any, dtype: torch.dtype) -> Any:
-    if _eligible(x) and x.dtype != dtype:
-        return x.to(dtype)
-    if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-        return type(x)(_cast(y, dtype) for y in x)
-    return x
-
-
-def _resolve(name: str) -> Any:
-    base, _, ov = name.partition(".")
-    return getattr(getattr(torch.ops.aten, base), ov or "default")
-
-
-def _make_autocast(op: Any, policy: str) -> Any:
-    names = [a.name for a in op._schema.arguments]
-    dtype_pos = names.index("dtype") if "dtype" in names else -1
-    dtype_kwonly = dtype_pos >= 0 and op._schema.arguments[dtype_pos].kwarg_only
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
-            if policy == "lower":
-                dt = torch.get_autocast_dtype(_core.DEVICE_TYPE)
-                args = tuple(_cast(a, dt) for a in args)
-                kwargs = {k: _cast(v, dt) for k, v in kwargs.items()}
-            elif policy == "fp32":
-                args = tuple(_cast(a, torch.float32) for a in args)
-                kwargs = {k: _cast(v, torch.float32) for k, v in kwargs.items()}
-            elif policy == "promote":
-                dt = torch.get_autocast_dtype(_core.DEVICE_TYPE)
-                for a in (*args, *kwargs.values()):
-                    if _eligible(a):
-                        dt = torch.promote_types(dt, a.dtype)
-                args = tuple(_cast(a, dt) for a in args)
-                kwargs = {k: _cast(v, dt) for k, v in kwargs.items()}
-            elif policy == "set_opt_dtype" and args and _eligible(args[0]):
-                if dtype_kwonly or dtype_pos >= len(args):
-                    if kwargs.get("dtype") is None:
-                        kwargs = dict(kwargs, dtype=torch.float32)
-                elif dtype_pos >= 0 and args[dtype_pos] is None:
-                    args = (*args[:dtype_pos], torch.float32, *args[dtype_pos + 1 :])
-            return op(*args, **kwargs)
-
-    return kernel
-
-
-def _norm_append_dtype(target: Any) -> Any:
-    def kernel(self: Any, p: Any = 2, *rest: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(_NO_AUTOCAST):
-            if _eligible(self):
-                return target(self, p, *rest, dtype=torch.float32)
-            return target(self, p, *rest) if rest else torch.ops.aten.norm.Scalar(self, p)
-
-    return kernel
-
-
-def _bce_banned(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError(
-        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
-        "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
-        "In this case, combine the two layers using "
-        "torch.nn.functional.binary_cross_entropy_with_logits\n"
-        "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
-        "safe to autocast."
-    )
+# ---- autocast: CUDA's op lists, as TorchNeuron registers (cuda_semantics.autocast) ----
 
 
 # ---- device-dependent decompositions (AutogradPrivateUse1) ----------------------------------
@@ -403,21 +296,7 @@ def register_all() -> None:
 
     ac = Library("aten", "IMPL", "AutocastPrivateUse1")
     _LIBS.append(ac)
-    for policy, names in (
-        ("lower", _LOWER),
-        ("fp32", _FP32),
-        ("set_opt_dtype", _FP32_SET_OPT_DTYPE),
-        ("promote", _PROMOTE),
-    ):
-        for name in names:
-            try:
-                op = _resolve(name)
-            except AttributeError:
-                continue
-            ac.impl(name, _make_autocast(op, policy))
-    ac.impl("norm.Scalar", _norm_append_dtype(torch.ops.aten.norm.ScalarOpt_dtype))
-    ac.impl("norm.ScalarOpt_dim", _norm_append_dtype(torch.ops.aten.norm.ScalarOpt_dim_dtype))
-    ac.impl("binary_cross_entropy", _bce_banned)
+    register_cuda_policy(ac, _core.DEVICE_TYPE, DispatchKey.AutocastPrivateUse1)
 
     ag = Library("aten", "IMPL", "AutogradPrivateUse1")
     _LIBS.append(ag)

@@ -84,7 +84,8 @@ def _backend_rows(data: dict[str, Any]) -> list[list[str]]:
     for role in ("ref", "target"):
         run = data[role]
         backend = run["backend"]
-        emulated = "emulated" if backend.get("emulated") else "real"
+        details = backend.get("details") or {}
+        emulated = "emulated" if backend.get("emulated") else str(details.get("kind") or "real")
         status = '<span class="ok">ran</span>' if run["ok"] else '<span class="bad">raised</span>'
         rows.append(
             [

@@ -8,7 +8,7 @@ being checked (``shared/notes/ecosystem.md`` §8). While the ``cpu`` backend sta
   "moved" tensor would change the original); a tensor already "on cuda" is returned as it is;
 - ``pin_memory()`` returns a pinned copy and ``is_pinned()`` answers as CUDA would;
 - ``torch.autocast("cuda")`` casts the ops CUDA's autocast lists name (see
-  :mod:`neuron_workbench.backends.cuda_autocast`), not CPU's;
+  :mod:`neuron_workbench.cuda_semantics.autocast`), not CPU's;
 - optimizers and gradient clipping default to the ``foreach`` implementation, as on CUDA tensors;
 - with TF32 enabled by the cell (``torch.backends.cuda.matmul.allow_tf32 = True`` or
   ``torch.set_float32_matmul_precision("high")``) float32 matmuls round their inputs to TF32, as an
@@ -168,7 +168,7 @@ class CudaOnHost:
     def use_cuda_autocast_lists(self) -> None:
         """From now until the run ends, CPU autocast casts what CUDA autocast casts."""
         if not self._cuda_autocast:
-            from neuron_workbench.backends.cuda_autocast import cuda_autocast_lists
+            from neuron_workbench.cuda_semantics.autocast import cuda_autocast_lists
 
             self._stack.enter_context(cuda_autocast_lists())
             self._cuda_autocast = True

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from neuron_workbench.backends import cuda_rnn
 from neuron_workbench.backends.base import Backend
+from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
 from neuron_workbench.run.cuda_on_host import CudaOnHost
 from neuron_workbench.run.random_draws import (

@@ -263,8 +263,8 @@ class LayerRecorder:
         def on_gradient(grad: torch.Tensor) -> None:
             record.grad_output = summarize(grad)
 
-        # Some outputs (views of leaves, outputs of no-grad modules) refuse hooks; skip those.
-        with contextlib.suppress(RuntimeError):
+        # Outputs of no-grad modules have no gradient to watch (register_hook would refuse them).
+        if out.requires_grad:
             out.register_hook(on_gradient)
 
     def _name_of(self, module: torch.nn.Module) -> str:

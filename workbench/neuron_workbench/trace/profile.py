@@ -170,6 +170,8 @@ class OpProfile:
     peak_memory_bytes : int or None
         The run's peak device memory (CUDA's or TorchNeuron's allocator statistics, or the
         emulator's accounting); None where the backend keeps none (the CPU).
+    peak_memory_unavailable : str
+        Why reading the peak failed (the backend's error), empty when it did not.
     emulated : bool
         True when the backend is the workbench's emulation.
     synchronized : bool
@@ -187,6 +189,7 @@ class OpProfile:
     iterations: int = 1
     iteration_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None
+    peak_memory_unavailable: str = ""
     emulated: bool = False
     synchronized: bool = False
     trace: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -224,6 +227,7 @@ class OpProfile:
             "iterations": self.iterations,
             "iteration_times_s": list(self.iteration_times_s),
             "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_unavailable": self.peak_memory_unavailable,
             "total_time_s": self.total_time_s,
             "bytes_allocated": self.bytes_allocated,
             "rows": _rows_to_dicts(self.rows),
@@ -245,6 +249,7 @@ class OpProfile:
             iterations=int(data.get("iterations", 1)),
             iteration_times_s=[float(t) for t in data.get("iteration_times_s", [])],
             peak_memory_bytes=None if peak is None else int(peak),
+            peak_memory_unavailable=str(data.get("peak_memory_unavailable", "")),
             emulated=bool(data.get("emulated", False)),
             synchronized=bool(data.get("synchronized", False)),
             trace=dict(data.get("trace") or {}),
@@ -388,6 +393,11 @@ def _first_site() -> tuple[dict[str, Any] | None, str]:
 
 
 class _RecorderMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, Dynamo sees an active mode and runs torch.compile'd code eagerly.
+        return True
+
     def __init__(self, recorder: OpProfileRecorder) -> None:
         super().__init__()
         self._rec = recorder
@@ -458,6 +468,7 @@ class OpProfileRecorder:
         self._iteration_start_ns = 0
         self._iteration_ns: list[int] = []
         self._peak: int | None = None
+        self._peak_unavailable = ""
         self._result: OpProfile | None = None
 
     def _new_acc(self, func: Any) -> _Acc:
@@ -494,8 +505,10 @@ class OpProfileRecorder:
         if self._sync is not None:
             self._sync()
         self._iteration_ns.append(time.perf_counter_ns() - self._iteration_start_ns)
-        with contextlib.suppress(Exception):  # a backend without statistics: peak stays unknown
+        try:
             self._peak = self._backend.memory_stats().peak_bytes
+        except Exception as exc:  # a device runtime's own error: reported with the profile
+            self._peak_unavailable = f"peak memory unavailable: {type(exc).__name__}: {exc}"
 
     # -- results -------------------------------------------------------------------------------
     def _rows(self, iterations: list[dict[Any, _Acc]]) -> list[OpStat]:
@@ -567,6 +580,7 @@ class OpProfileRecorder:
             iterations=len(self._iterations),
             iteration_times_s=[ns / 1e9 for ns in self._iteration_ns],
             peak_memory_bytes=self._peak,
+            peak_memory_unavailable=self._peak_unavailable,
             emulated=self.emulated,
             synchronized=self._sync is not None,
             trace=trace,

@@ -56,7 +56,7 @@ def _accelerator_row(backend: Any) -> dict[str, Any]:
         if row["kind"] == "fake":
             row["fake"] = backend.fake_description()
         if row["kind"] != "emulated":
-            row["device_name"] = backend._real_device_name()
+            row["device_name"] = backend.real_device_name()
     return row
 
 

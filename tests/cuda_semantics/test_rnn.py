@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from neuron_workbench.backends.cuda_rnn import device_path, fused_lstm_cell
+from neuron_workbench.cuda_semantics.rnn import device_path, fused_lstm_cell
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from neuron_workbench.backends.cuda_autocast import BCE_BANNED_MESSAGE, cuda_autocast_lists
+from neuron_workbench.cuda_semantics.autocast import BCE_BANNED_MESSAGE, cuda_autocast_lists
 
 
 def _dtypes():

@@ -1,0 +1,1 @@
+"""Developer tools that read the package's source; nothing in the package imports them."""
