@@ -302,3 +302,55 @@ def test_notebook_on_emulated_tpu_gets_the_tpu_numerics_and_its_missing_op_error
     assert reports[1]["target"]["error"]["message"] == (
         "operator 'aten::i0' is not implemented for TPU. Please file a feature request"
     )
+
+
+def test_run_against_a_recording_of_the_notebook(tmp_path):
+    # Three %%neuron cells recorded once (the "GPU host"), then run again with every reference
+    # taken from the recording: same verdicts, same exit code, no reference run.
+    nb = tmp_path / "three.ipynb"
+    write_notebook(
+        nb, "import torch", PASS_CELL, FALLBACK_CELL, "%%neuron\nz = torch.arange(3.0).cuda() + 1"
+    )
+    recorded = cli(
+        "run", str(nb), "--record", str(tmp_path / "rec"), "--json", str(tmp_path / "a.json")
+    )
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    assert len(list((tmp_path / "rec").glob("cell-*.nwrun.zip"))) == 3
+    against = cli(
+        "run", str(nb), "--against", str(tmp_path / "rec"), "--json", str(tmp_path / "b.json")
+    )
+    assert against.returncode == 0, against.stdout + against.stderr
+    reports = json.loads((tmp_path / "b.json").read_text())["reports"]
+    assert [r["verdict"] for r in reports] == ["PASS", "PASS", "PASS"]
+    first = json.loads((tmp_path / "a.json").read_text())["reports"]
+    assert [r["summary"] for r in reports] == [r["summary"] for r in first]
+    # a changed cell: its recorded reference no longer matches, and run exits 1 as it would
+    write_notebook(
+        nb, "import torch", PASS_CELL, FALLBACK_CELL, "%%neuron\nz = torch.arange(3.0).cuda() + 2"
+    )
+    changed = cli("run", str(nb), "--against", str(tmp_path / "rec"))
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert "FAIL" in changed.stdout.splitlines()[2]
+
+
+def test_run_against_usage_errors(tmp_path):
+    nb = tmp_path / "one.ipynb"
+    write_notebook(nb, "%%neuron\nx = 1")
+    missing = cli("run", str(nb), "--against", str(tmp_path / "none"))
+    assert missing.returncode == 2 and missing.stderr.strip().endswith(
+        "no such recording: " + str(tmp_path / "none")
+    )
+    (tmp_path / "file.nwrun.zip").write_bytes(b"")
+    wrong = cli("run", str(nb), "--against", str(tmp_path / "file.nwrun.zip"))
+    assert wrong.returncode == 2 and "takes the folder" in wrong.stderr
+
+
+def test_run_script_against_its_recording(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text("import torch\nw = torch.ones(4, device='cuda') * 3\nloss = (w * w).sum()\n")
+    assert cli("run", str(script), "--record", str(tmp_path / "rec")).returncode == 0
+    folder = cli("run", str(script), "--against", str(tmp_path / "rec"))
+    artifact = cli("run", str(script), "--against", str(tmp_path / "rec" / "step.nwrun.zip"))
+    for done in (folder, artifact):
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("step.py: PASS")

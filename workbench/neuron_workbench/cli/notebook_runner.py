@@ -68,6 +68,7 @@ def _setup_source(
     seed: int | None = None,
     record_dir: str | None = None,
     executor: str | None = None,
+    against_dir: str | None = None,
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
@@ -76,6 +77,7 @@ def _setup_source(
         "target": target,
         "seed": None if seed is None else int(seed),
         "record_dir": record_dir or None,
+        "against_dir": against_dir or None,
         "executor": executor,
     }
     if rtol is not None and atol is not None:
@@ -147,11 +149,14 @@ def run_notebook(
     seed: int | None = None,
     record_dir: str | None = None,
     executor: str | None = None,
+    against_dir: str | None = None,
 ) -> NotebookRun:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
     Cells that raise outside ``%%neuron`` do not stop the run; they are listed in ``cell_errors``.
-    ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there).
+    ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there);
+    ``against_dir`` makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run
+    saved for it (``cell-<N>.nwrun.zip``), instead of running one.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -169,7 +174,7 @@ def run_notebook(
 
             get_backend(name)  # unknown names are usage errors before a kernel starts
     setup = nbformat.v4.new_code_cell(
-        _setup_source(ref, target, rtol, atol, seed, record_dir, executor),
+        _setup_source(ref, target, rtol, atol, seed, record_dir, executor, against_dir),
         metadata={"tags": [_SETUP_TAG]},
     )
     nb.cells.insert(0, setup)
@@ -305,12 +310,14 @@ def run_script(
     record_dir: str | None = None,
     executor: str = "auto",
     timeout: float | None = None,
+    against: str | None = None,
 ) -> NotebookRun:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
     The reference runs in this process; the target in a worker process (``auto`` for neuron and
     tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
-    ``DIR/<script stem>.nwrun.zip``.
+    ``DIR/<script stem>.nwrun.zip``; ``against`` takes the reference from that artifact (or any
+    recorded one) instead of running it.
     """
     from neuron_workbench.backends import default_reference
     from neuron_workbench.report.driver import CompareOptions
@@ -326,6 +333,7 @@ def run_script(
             seed=seed,
         ),
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
+        against=against,
         scan=False,
         executor=executor,
         timeout=timeout,

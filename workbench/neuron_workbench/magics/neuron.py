@@ -40,6 +40,18 @@ def _capture() -> Any:
     return capture_output(stdout=True, stderr=True, display=True)
 
 
+def _recorded_cell(folder: str, count: int) -> str | None:
+    """``FOLDER/cell-<count>.nwrun.zip`` (``against_dir``), or None when no folder is set."""
+    if not folder:
+        return None
+    path = Path(folder) / f"cell-{count}.nwrun.zip"
+    if not path.is_file():
+        raise WorkbenchUsageError(
+            f"no recorded reference for this cell: {path} (record with --record/record_dir first)"
+        )
+    return str(path)
+
+
 def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, int]]:
     """Compiled filename of each notebook cell → its execution count (``cell [N]`` in sites).
 
@@ -109,6 +121,11 @@ class NeuronMagics(Magics):
     record_dir = Unicode(
         "",
         help="If set, every %%neuron cell saves its runs to DIR/cell-<execution count>.nwrun.zip.",
+    ).tag(config=True)
+    against_dir = Unicode(
+        "",
+        help="If set, every %%neuron cell compares against the reference recorded in "
+        "DIR/cell-<execution count>.nwrun.zip (as record_dir writes it) instead of running one.",
     ).tag(config=True)
     strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
     widget = Bool(
@@ -340,7 +357,7 @@ class NeuronMagics(Magics):
                     if self.record_dir
                     else None
                 ),
-                against=args.against,
+                against=args.against or _recorded_cell(self.against_dir, count),
                 scan=not args.no_scan,
                 # the scanner counts lines as the editor does: line 1 is the %%neuron line
                 source_first_line=2,

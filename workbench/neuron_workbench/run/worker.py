@@ -455,9 +455,8 @@ def _signal_name(returncode: int | None) -> str:
 
 
 def _package_root() -> str:
-    import neuron_workbench
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(neuron_workbench.__file__)))
+    # The folder holding the neuron_workbench package (this file is neuron_workbench/run/worker.py).
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class TargetWorker:

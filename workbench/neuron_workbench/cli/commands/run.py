@@ -47,6 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "magic supports NeuronMagics.record_dir)",
     )
     parser.add_argument(
+        "--against",
+        metavar="PATH",
+        help="take each reference from a recording instead of running it: an artifact for a "
+        "script, or the folder `run NOTEBOOK --record DIR` wrote for a notebook",
+    )
+    parser.add_argument(
         "--timeout",
         type=int,
         default=900,
@@ -87,6 +93,18 @@ def run(args: argparse.Namespace) -> int:
         raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb) or a script (.py)")
     if args.timeout <= 0:
         raise WorkbenchUsageError("--timeout must be a positive number of seconds")
+    against = Path(args.against).resolve() if args.against else None
+    if against is not None and not against.exists():
+        raise WorkbenchUsageError(f"no such recording: {args.against}")
+    if suffix == ".ipynb" and against is not None and not against.is_dir():
+        raise WorkbenchUsageError(
+            f"{args.against}: for a notebook, --against takes the folder `run NOTEBOOK --record DIR` "
+            "wrote (one artifact per %%neuron cell)"
+        )
+    if suffix == ".py" and against is not None and against.is_dir():
+        against = against / f"{Path(args.path).stem}.nwrun.zip"
+        if not against.is_file():
+            raise WorkbenchUsageError(f"no recording of {Path(args.path).name} in {args.against}")
     if suffix == ".ipynb":
         if args.record and not _notebook_supports_record_dir():
             raise WorkbenchUsageError(
@@ -103,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             progress=terminal_progress,
             record_dir=str(Path(args.record).resolve()) if args.record else None,
             executor=args.executor,
+            against_dir=str(against) if against is not None else None,
         )
     else:
         result = run_script(
@@ -114,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed if args.seed is not None else 0,
             progress=terminal_message,
             record_dir=args.record,
+            against=str(against) if against is not None else None,
             executor=args.executor or "auto",
             # a hung target in a worker is ended after --timeout, like a hung notebook cell
             timeout=float(args.timeout)
