@@ -49,15 +49,22 @@ def fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
     """
     if not isinstance(value, torch.Tensor):
         return ()
+    if torch._C._len_torch_dispatch_stack() == 0:  # nothing to hide the reads from (the usual case)
+        with torch.no_grad():
+            return _head(value, zeros_only)
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
-        head = value.detach().reshape(-1)[:FINGERPRINT_LENGTH].to("cpu")
-        if zeros_only:
-            head = head == 0
-        elif head.is_floating_point() or head.is_complex():
-            head = head.to(torch.float64)
-        return (tuple(value.shape), *head.tolist())
+        return _head(value, zeros_only)
+
+
+def _head(value: torch.Tensor, zeros_only: bool) -> tuple[Any, ...]:
+    head = value.detach().reshape(-1)[:FINGERPRINT_LENGTH].to("cpu")
+    if zeros_only:
+        head = head == 0
+    elif head.is_floating_point() or head.is_complex():
+        head = head.to(torch.float64)
+    return (tuple(value.shape), *head.tolist())
 
 
 def draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
