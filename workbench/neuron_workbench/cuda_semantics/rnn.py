@@ -70,15 +70,20 @@ def fused_gru_cell(
     return hy.to(input_gates.dtype), input_gates.new_empty(0)
 
 
-def _autocast_cast(*tensors: Any) -> list[Any]:
+def cast_float32(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with its float32 tensors (also inside lists and tuples) cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.dtype == torch.float32 else value
+    if isinstance(value, list | tuple):
+        return type(value)(cast_float32(v, dtype) for v in value)
+    return value
+
+
+def _autocast_cast(*tensors: Any) -> tuple[Any, ...]:
     """What autocast's lower-precision policy does to a fused cell's inputs."""
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
-    return [
-        t.to(dtype)
-        if dtype is not None and isinstance(t, torch.Tensor) and t.dtype == torch.float32
-        else t
-        for t in tensors
-    ]
+    if not torch.is_autocast_enabled("cpu"):
+        return tensors
+    return cast_float32(tensors, torch.get_autocast_dtype("cpu"))
 
 
 def _layers(

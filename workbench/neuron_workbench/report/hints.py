@@ -143,7 +143,7 @@ def hints_for(
             f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}: "
             "torch.set_float32_matmul_precision('highest') gives 6-pass, near-fp32 results"
         )
-    tf32 = [run.backend.label for run in (ref, target) if _used_tf32(run)]
+    tf32 = [run.backend.label for run in (ref, target) if run.facts.tf32_matmuls]
     if tf32:
         hints.append(
             f"TF32: {', '.join(tf32)} rounded float32 matmul inputs to 10 mantissa bits, as the "
@@ -194,10 +194,6 @@ def hints_for(
     if not hints:
         hints.append(CAUSE_NOT_IDENTIFIED)
     return hints
-
-
-def _used_tf32(run: Run) -> bool:
-    return any("TF32" in note and "differs" not in note for note in run.facts.notes)
 
 
 def _real_device(*runs: Run) -> bool:

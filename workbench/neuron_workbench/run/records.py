@@ -105,6 +105,9 @@ class RunFacts:
     convolutions, attention_calls, rnn_calls : int
         Convolution, ``scaled_dot_product_attention`` and recurrent-layer (``torch.lstm``, ``gru``,
         ``rnn_*``) calls: their kernels differ by device.
+    tf32_matmuls : bool
+        Whether float32 matmuls rounded their inputs to TF32 (a cpu reference standing in for a
+        CUDA GPU, with TF32 enabled by the cell).
     notes : list of str
         How the reference stood in for another device (``cpu`` as ``cuda``), and what stays
         different from that device.
@@ -119,6 +122,7 @@ class RunFacts:
     convolutions: int = 0
     attention_calls: int = 0
     rnn_calls: int = 0
+    tf32_matmuls: bool = False
     notes: list[str] = field(default_factory=list)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
@@ -138,6 +142,7 @@ class RunFacts:
             "convolutions": self.convolutions,
             "attention_calls": self.attention_calls,
             "rnn_calls": self.rnn_calls,
+            "tf32_matmuls": self.tf32_matmuls,
             "notes": list(self.notes),
         }
 

@@ -182,7 +182,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 if device_path is not None:
                     return device_path()
                 dtype = torch.get_autocast_dtype("cpu")
-                args = tuple(_cast_floats(a, dtype) for a in args)
+                args = cuda_rnn.cast_float32(args, dtype)
                 with torch.backends.mkldnn.flags(enabled=False):
                     return func(*args, **kwargs)
             return func(*args, **kwargs)
@@ -243,15 +243,6 @@ def _qualified_name(func: Callable[..., Any]) -> str:
         return f"Tensor.{name}"
     module = getattr(func, "__module__", None) or "torch"
     return f"{module}.{name}" if module.startswith("torch.nn") else f"torch.{name}"
-
-
-def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` with its float32 tensors (also inside lists and tuples) cast to ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.dtype == torch.float32 else value
-    if isinstance(value, list | tuple):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    return value
 
 
 def _pinned(host: CudaOnHost | None, tensor: torch.Tensor) -> torch.Tensor:
@@ -414,4 +405,5 @@ def cuda_remapped_to(
             yield facts
         finally:
             if host is not None:
+                facts.tf32_matmuls = host.used_tf32
                 facts.notes = host.notes(facts)
