@@ -84,6 +84,8 @@ if "torch_neuronx" in sys.modules:
     os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"] = "1"
     out["cell_per_op"] = report(NEURON_CELL)
     del os.environ["NEURON_WORKBENCH_NEURON_TRACK_PER_OP"]
+    shell.run_cell("del r\nimport gc\ngc.collect()")
+    out["cell_per_op_flag"] = report(NEURON_CELL.replace(" -o r", " --track-per-op -o r"))
 
     torch_neuronx.clear_op_tracking()
     x = torch.arange(6.0, device="neuron")
@@ -108,6 +110,7 @@ out = {"default": report(TPU_CELL), "kind": get_backend("tpu").kind()}
 os.environ["NEURON_WORKBENCH_TPU_LIST_FALLBACKS"] = "1"
 out["full"] = report(TPU_CELL)
 del os.environ["NEURON_WORKBENCH_TPU_LIST_FALLBACKS"]
+out["full_flag"] = report(TPU_CELL.replace(" -o r", " --list-fallbacks -o r"))
 # The switch where TorchTPU keeps it: real (fake) and emulated alike.
 import torch_tpu
 switch = torch_tpu._internal.execution_mode
@@ -207,6 +210,14 @@ def test_neuron_per_op_tracking_counts_fallbacks_inside_other_ops(neuron_runs):
     assert "per op" in fake["backend"]["details"]["fallback_tracking"]
 
 
+def test_neuron_per_op_tracking_flag_does_what_the_variable_does(neuron_runs):
+    by_env, by_flag = neuron_runs["fake"]["cell_per_op"], neuron_runs["fake"]["cell_per_op_flag"]
+    assert by_flag["verdict"] == by_env["verdict"] == "PASS"
+    assert _by_op(by_flag["fallbacks"]) == _by_op(by_env["fallbacks"])
+    tracking = {r["backend"]["details"]["fallback_tracking"] for r in (by_env, by_flag)}
+    assert len(tracking) == 1 and "per op" in tracking.pop()
+
+
 def test_neuron_reports_say_fake(neuron_runs):
     emu, fake = neuron_runs["emulated"], neuron_runs["fake"]
     backend = fake["cell"]["backend"]
@@ -252,6 +263,14 @@ def test_tpu_full_list_names_every_missing_op_in_one_run(tpu_runs):
     assert _by_op(fake["fallbacks"])["aten::i0"][0] == 3  # line 3 once, line 7 twice
     assert fake["memory"] == emu["memory"]
     assert "full list" in fake["backend"]["details"]["fallback_mode"]
+
+
+def test_tpu_full_list_flag_does_what_the_variable_does(tpu_runs):
+    for kind in ("emulated", "fake"):
+        by_env, by_flag = tpu_runs[kind][0]["full"], tpu_runs[kind][0]["full_flag"]
+        assert by_flag["verdict"] == by_env["verdict"] == "PASS", kind
+        assert _by_op(by_flag["fallbacks"]) == _by_op(by_env["fallbacks"]), kind
+        assert "full list" in by_flag["backend"]["details"]["fallback_mode"], kind
 
 
 def test_tpu_fallback_warnings_are_captured_and_deduplicated(tpu_runs):

@@ -238,7 +238,8 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
 
                 # Status bar: ref → target, asked from the kernel.
                 page.locator(
-                    '.nw-lab-statusbar[data-source="kernel"]', has_text="cpu → neuron (emulated)"
+                    '.nw-lab-statusbar[data-source="kernel"]',
+                    has_text="cpu (as cuda) → neuron (emulated)",
                 ).wait_for(timeout=30_000)
 
                 # The plain cell through the magic: keyboard shortcut on the active cell.
@@ -332,7 +333,8 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                 assert summary.inner_text() == "4 cells: 3 PASS, 1 FAIL, 0 ERROR; 2 fallback ops"
                 # Status bar falls back to the last report of the notebook.
                 page.locator(
-                    '.nw-lab-statusbar[data-source="report"]', has_text="cpu → neuron (emulated)"
+                    '.nw-lab-statusbar[data-source="report"]',
+                    has_text="cpu (as cuda) → neuron (emulated)",
                 ).wait_for(timeout=30_000)
                 report = page.locator(".jp-OutputArea-output .nw-lab-report").nth(2)
                 _show_top(report)

@@ -50,6 +50,9 @@ export function backendLabel(run) {
   if (b.emulated) {
     return `${b.name} (emulated)`;
   }
+  if (b.details && b.details.kind === 'fake') {
+    return `${b.name} (fake)`; // a test stand-in of the vendor SDK, as in the Python report
+  }
   // the host CPU standing in for a GPU reads "cpu (as cuda)", as in the Python report
   const standsIn = b.details && b.details.stands_in_for;
   return standsIn ? `${b.name} (as ${standsIn})` : b.name || '?';

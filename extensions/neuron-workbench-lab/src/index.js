@@ -6,6 +6,7 @@ import { OutputArea } from '@jupyterlab/outputarea';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
+import { backendLabel } from './charts';
 import { GOTO_SITE_EVENT, MIME_TYPE, el, fallbackCounts, firstDivergence, worstOutput } from './report';
 
 const PLUGIN_ID = 'neuron-workbench-lab:plugin';
@@ -25,8 +26,9 @@ export const neuronIcon = new LabIcon({
 // when the magics are not loaded. Nothing is imported unless %load_ext neuron_workbench ran.
 const KERNEL_QUERY =
   "(lambda ip: None if 'NeuronMagics' not in ip.magics_manager.registry else " +
-  "(lambda m, r: (lambda t, a: {'ref': m.ref or r.default_reference(), 'target': t, " +
-  "'emulated': bool(a.emulated), 'available': bool(a)})(m.target, r.get_backend(m.target).availability()))" +
+  "(lambda m, r: (lambda t, a, ref: {'ref': ref, 'ref_label': r.get_backend(ref).info().label, " +
+  "'target': t, 'emulated': bool(a.emulated), 'available': bool(a)})" +
+  "(m.target, r.get_backend(m.target).availability(), m.ref or r.default_reference()))" +
   "(ip.magics_manager.registry['NeuronMagics'], " +
   "__import__('neuron_workbench.backends.registry', fromlist=['get_backend'])))(get_ipython())";
 const LOAD_EXT =
@@ -440,6 +442,7 @@ class StatusItem extends Widget {
       if (last && last.target && last.ref) {
         info = {
           ref: last.ref.backend.name,
+          ref_label: backendLabel(last.ref),
           target: last.target.backend.name,
           emulated: !!last.target.backend.emulated,
           available: true,
@@ -453,7 +456,8 @@ class StatusItem extends Widget {
       return;
     }
     const state = info.emulated ? ' (emulated)' : info.available ? '' : ' (unavailable)';
-    this.node.textContent = `⇄ ${info.ref} → ${info.target}${state}`;
+    // The reference as reports name it: `cpu (as cuda)` when the host CPU stands in for a GPU.
+    this.node.textContent = `⇄ ${info.ref_label || info.ref} → ${info.target}${state}`;
     this.node.dataset.source = info.source;
     this.node.title = info.source === 'kernel'
       ? 'neuron-workbench: reference → target of %%neuron in this kernel (%config NeuronMagics.ref/target)'

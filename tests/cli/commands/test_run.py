@@ -185,6 +185,9 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
         (["missing.py"], "no such script: missing.py"),
         (["broken.py"], "broken.py: syntax error line 2: "),
         (["broken.ipynb"], "broken.ipynb is not a readable notebook"),
+        (["x.py", "--on", "10.0.0.1:10001"], "--on takes ray://HOST:PORT"),
+        (["x.py", "--target", "neuron", "--list-fallbacks"], "--list-fallbacks applies to a tpu"),
+        (["x.py", "--target", "tpu", "--track-per-op"], "--track-per-op applies to a neuron"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
@@ -354,3 +357,30 @@ def test_run_script_against_its_recording(tmp_path):
     for done in (folder, artifact):
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.startswith("step.py: PASS")
+
+
+def test_script_on_tpu_with_list_fallbacks_lists_every_missing_op(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NEURON_WORKBENCH_TPU_LIST_FALLBACKS", raising=False)
+    (tmp_path / "ops.py").write_text(
+        "import torch\nx = torch.ones(2, 4, device='cuda')\n"
+        "a = torch.special.i0(x)\nb = x.kthvalue(2).values\n"
+    )
+    assert main(["run", "ops.py", "--ref", "cpu", "--target", "tpu"]) == 1
+    capsys.readouterr()
+    args = [
+        "run",
+        "ops.py",
+        "--ref",
+        "cpu",
+        "--target",
+        "tpu",
+        "--list-fallbacks",
+        "--json",
+        "o.json",
+    ]
+    assert main(args) == 0
+    document = json.loads((tmp_path / "o.json").read_text())
+    (report,) = document["reports"]
+    assert {e["op"] for e in report["target"]["fallbacks"]} == {"aten::i0", "aten::kthvalue"}
+    assert report["options"]["list_fallbacks"] is True

@@ -44,6 +44,7 @@ class BackendInfo:
         True when the device is the workbench's pure-Python emulation.
     details : dict
         Backend-specific facts worth recording (emulator profile and provenance, versions).
+        ``details["ran_on"]`` names where a remote target ran (``ray://host:10001``).
     """
 
     name: str
@@ -54,13 +55,18 @@ class BackendInfo:
 
     @property
     def label(self) -> str:
-        """How reports name the backend: ``neuron (emulated)``, ``cpu (as cuda)``, or the name."""
+        """How reports name the backend: ``neuron (emulated)``, ``cpu (as cuda)``, or the name.
+
+        A remote run adds where it ran: ``neuron on ray://host:10001``.
+        """
+        ran_on = self.details.get("ran_on")
+        where = f" on {ran_on}" if ran_on else ""
         if self.emulated:
-            return f"{self.name} (emulated)"
+            return f"{self.name} (emulated){where}"
         if self.details.get("kind") == "fake":  # a test stand-in of the vendor SDK
-            return f"{self.name} (fake)"
+            return f"{self.name} (fake){where}"
         stands_in_for = self.details.get("stands_in_for")
-        return f"{self.name} (as {stands_in_for})" if stands_in_for else self.name
+        return (f"{self.name} (as {stands_in_for})" if stands_in_for else self.name) + where
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -122,6 +128,13 @@ class Backend(ABC):
         return (
             torch.device(self.device_type, 0) if self.device_type != "cpu" else torch.device("cpu")
         )
+
+    def options(self) -> dict[str, Any]:
+        """The adapter's options as ``get_backend(name, **options)`` takes them (none here).
+
+        A worker process builds its own adapter from these, so a cell's options reach it.
+        """
+        return {}
 
     def availability(self) -> Availability:
         """Whether this backend can run here; never raises."""

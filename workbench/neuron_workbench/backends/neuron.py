@@ -58,6 +58,10 @@ class NeuronBackend(AcceleratorBackend):
             track_per_op = flag in ("1", "true", "yes", "on")
         self.track_per_op = bool(track_per_op)
 
+    def options(self) -> dict[str, Any]:
+        """``{"track_per_op": ...}`` (see :meth:`Backend.options`)."""
+        return {"track_per_op": self.track_per_op}
+
     def _extra_details(self) -> dict[str, Any]:
         # Only the non-default mode is named, so default reports read as before.
         if not self.track_per_op or self.is_emulated():

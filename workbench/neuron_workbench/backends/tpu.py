@@ -132,6 +132,10 @@ class TpuBackend(AcceleratorBackend):
             _env_flag(LIST_FALLBACKS_ENV) if list_fallbacks is None else bool(list_fallbacks)
         )
 
+    def options(self) -> dict[str, Any]:
+        """``{"list_fallbacks": ...}`` (see :meth:`Backend.options`)."""
+        return {"list_fallbacks": self.list_fallbacks}
+
     def _switch(self) -> Any:
         """The module holding ``enable_cpu_fallback``, or None when it is not there."""
         try:

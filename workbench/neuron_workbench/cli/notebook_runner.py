@@ -69,6 +69,9 @@ def _setup_source(
     record_dir: str | None = None,
     executor: str | None = None,
     against_dir: str | None = None,
+    list_fallbacks: bool = False,
+    track_per_op: bool = False,
+    cluster: str = "",
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
@@ -79,6 +82,9 @@ def _setup_source(
         "record_dir": record_dir or None,
         "against_dir": against_dir or None,
         "executor": executor,
+        "list_fallbacks": True if list_fallbacks else None,
+        "track_per_op": True if track_per_op else None,
+        "cluster": cluster or None,
     }
     if rtol is not None and atol is not None:
         settings.update(rtol=float(rtol), atol=float(atol))
@@ -150,13 +156,17 @@ def run_notebook(
     record_dir: str | None = None,
     executor: str | None = None,
     against_dir: str | None = None,
+    list_fallbacks: bool = False,
+    track_per_op: bool = False,
+    cluster: str = "",
 ) -> NotebookRun:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
     Cells that raise outside ``%%neuron`` do not stop the run; they are listed in ``cell_errors``.
     ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there);
     ``against_dir`` makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run
-    saved for it (``cell-<N>.nwrun.zip``), instead of running one.
+    saved for it (``cell-<N>.nwrun.zip``), instead of running one. ``list_fallbacks``,
+    ``track_per_op`` and ``cluster`` set the magic's settings of the same names.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -174,7 +184,19 @@ def run_notebook(
 
             get_backend(name)  # unknown names are usage errors before a kernel starts
     setup = nbformat.v4.new_code_cell(
-        _setup_source(ref, target, rtol, atol, seed, record_dir, executor, against_dir),
+        _setup_source(
+            ref,
+            target,
+            rtol,
+            atol,
+            seed,
+            record_dir,
+            executor,
+            against_dir,
+            list_fallbacks=list_fallbacks,
+            track_per_op=track_per_op,
+            cluster=cluster,
+        ),
         metadata={"tags": [_SETUP_TAG]},
     )
     nb.cells.insert(0, setup)
@@ -311,13 +333,17 @@ def run_script(
     executor: str = "auto",
     timeout: float | None = None,
     against: str | None = None,
+    list_fallbacks: bool = False,
+    track_per_op: bool = False,
+    cluster: str = "",
 ) -> NotebookRun:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
     The reference runs in this process; the target in a worker process (``auto`` for neuron and
     tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
     ``DIR/<script stem>.nwrun.zip``; ``against`` takes the reference from that artifact (or any
-    recorded one) instead of running it.
+    recorded one) instead of running it. ``list_fallbacks``/``track_per_op`` are the target
+    flags; ``cluster`` runs the target in a Ray actor there (``--on``).
     """
     from neuron_workbench.backends import default_reference
     from neuron_workbench.report.driver import CompareOptions
@@ -331,18 +357,22 @@ def run_script(
             rtol=rtol,
             atol=atol,
             seed=seed,
+            list_fallbacks=list_fallbacks,
+            track_per_op=track_per_op,
         ),
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,
         scan=False,
         executor=executor,
         timeout=timeout,
+        cluster=cluster,
     )
     options.validate()
     program = compile_script(path, source)
     # PyTorch's autograd engine only learns of devices registered before its first backward pass,
     # so an in-process emulated target is installed before the reference run can call backward().
-    prepare_target(options.compare.target, executor)
+    if not cluster:
+        prepare_target(options.compare.target, executor)
     if progress is not None:
         progress(f"running {Path(path).name} on {options.compare.ref} and {options.compare.target}")
     # The script's own lines (and files next to it) read relative to its folder, as in a notebook.

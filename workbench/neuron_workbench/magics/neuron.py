@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from IPython.utils.capture import capture_output
-from traitlets import Bool, Enum, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
@@ -151,6 +151,39 @@ class NeuronMagics(Magics):
     timeout = Float(
         None, allow_none=True, help="Seconds a worker target run may take before it is ended."
     ).tag(config=True)
+    list_fallbacks = Bool(
+        False,
+        help="tpu targets run with the CPU fallback on and list every missing op in one run "
+        "(as --list-fallbacks).",
+    ).tag(config=True)
+    track_per_op = Bool(
+        False,
+        help="A real neuron target attributes every CPU fallback to its call, at a synchronize "
+        "per op (as --track-per-op).",
+    ).tag(config=True)
+    cluster = Unicode(
+        "",
+        help="Run targets in Ray actors on this cluster (as --on): ray://HOST:PORT, or ray for "
+        "the cluster this kernel connected to with ray.init(...). Empty: on this host.",
+    ).tag(config=True)
+    ray_resources = Dict(
+        help="Ray resources a target's actor asks for, by target, over the defaults "
+        "{'neuron': {'neuron_cores': 1}, 'tpu': {'TPU': 1}, 'cuda': {'GPU': 1}}.",
+    ).tag(config=True)
+    ray_ready_timeout = Float(
+        30.0,
+        help="Seconds a target's Ray actor may take to be placed and ready before the cell fails.",
+    ).tag(config=True)
+    ray_runtime_env = Dict(
+        help="The Ray job's runtime_env, given to ray.init when a cell connects to a ray:// "
+        "address (working_dir, py_modules, pip ...); its env_vars are also set in every target "
+        "actor. The notebook's own .py modules are shipped to the actors without it.",
+    ).tag(config=True)
+    ray_ship_modules = Bool(
+        True,
+        help="Ship the .py files of the notebook's own modules (imported from its folder, not "
+        "installed) to each target actor; off when the cluster's nodes have them installed.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -269,6 +302,26 @@ class NeuronMagics(Magics):
         help="end a worker target run after S seconds and report it (needs --executor worker)",
     )
     @argument(
+        "--list-fallbacks",
+        action="store_true",
+        dest="list_fallbacks",
+        help="tpu target: run with the CPU fallback on and list every missing op in one run "
+        "(TorchTPU stops at the first by default)",
+    )
+    @argument(
+        "--track-per-op",
+        action="store_true",
+        dest="track_per_op",
+        help="real neuron target: attribute every CPU fallback to its call and line (a "
+        "synchronize per op)",
+    )
+    @argument(
+        "--on",
+        metavar="CLUSTER",
+        help="run the target in a Ray actor on a node that has its device: ray://HOST:PORT, ray "
+        "(the cluster this kernel connected to with ray.init), or local; the reference stays here",
+    )
+    @argument(
         "-o",
         "--output",
         metavar="NAME",
@@ -298,6 +351,12 @@ class NeuronMagics(Magics):
         an ERROR report, and both targets can be compared in one notebook (``--target
         neuron,tpu``). What the cell reads is shipped to the worker; results come back as host
         copies. ``%neuron_workers`` lists the workers; ``--executor inprocess`` runs in the kernel.
+
+        ``--on ray://HOST:PORT`` runs the target in a Ray actor on a node that has the device
+        (``neuron_cores`` for neuron, ``TPU`` for tpu; ``NeuronMagics.ray_resources``), e.g. a
+        Trainium host while the kernel and its CUDA reference stay on a GPU host; ``--on ray``
+        uses the cluster the kernel connected to with ``ray.init(...)``; ``%config
+        NeuronMagics.cluster`` sets it for every cell. Needs ``pip install neuron-workbench[ray]``.
 
         Examples
         --------
@@ -336,6 +395,8 @@ class NeuronMagics(Magics):
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
                 ref_precision=args.ref_precision or "cuda",
+                list_fallbacks=bool(args.list_fallbacks or self.list_fallbacks),
+                track_per_op=bool(args.track_per_op or self.track_per_op),
             )
             shell = self.shell
             program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
@@ -364,6 +425,7 @@ class NeuronMagics(Magics):
                 executor=args.executor or self.executor,
                 timeout=args.timeout if args.timeout is not None else self.timeout,
                 extra_targets=tuple(targets[1:]),
+                **self._cluster_settings(args.on),
             )
             options.validate()
             folders = site_folders(self._start_dir)
@@ -396,6 +458,24 @@ class NeuronMagics(Magics):
             raise UsageError(result.strict_violation)
         return result.last_value
 
+    def _cluster_settings(self, on: str | None) -> dict[str, Any]:
+        """``cluster`` and ``cluster_options`` of a cell (``--on`` over ``NeuronMagics.cluster``)."""
+        text = on if on is not None else self.cluster
+        if not text.strip():
+            return {}  # nothing of Ray is imported unless a cell names a cluster
+        from neuron_workbench.run.ray_executor import RayOptions, parse_cluster
+
+        cluster = parse_cluster(text)
+        if not cluster:
+            return {}
+        options = RayOptions(
+            resources=dict(self.ray_resources),
+            ready_timeout_s=self.ray_ready_timeout,
+            runtime_env=dict(self.ray_runtime_env),
+            ship_local_modules=self.ray_ship_modules,
+        )
+        return {"cluster": cluster, "cluster_options": options}
+
     @line_magic
     def neuron_backends(self, line: str = "") -> BackendStatusTable:
         """List the backends (cpu, cuda, neuron, tpu), whether each can run here, and why not."""
@@ -420,7 +500,7 @@ class NeuronMagics(Magics):
             except WorkbenchUsageError as exc:
                 raise UsageError(str(exc)) from None
             self.session.workers.restart(target)
-        return WorkerTable(self.session.workers.rows())
+        return WorkerTable(self.session.workers.rows() + self.session.actor_rows())
 
 
 class WorkerTable:

@@ -74,6 +74,12 @@ class CompareOptions:
     ref_precision : str
         ``cuda``: a cpu reference computes as a CUDA GPU would (TF32 matmuls when the cell enables
         them); ``fp32``: full float32 matmuls.
+    list_fallbacks : bool
+        A ``tpu`` target runs with the CPU fallback on and lists every missing op (``--list-fallbacks``);
+        off leaves the adapter's default (``NEURON_WORKBENCH_TPU_LIST_FALLBACKS``).
+    track_per_op : bool
+        A real ``neuron`` target attributes every fallback to its call (``--track-per-op``, a
+        synchronize per op); off leaves the adapter's default (``NEURON_WORKBENCH_NEURON_TRACK_PER_OP``).
     """
 
     ref: str = "cpu"
@@ -90,6 +96,18 @@ class CompareOptions:
     rng: str = "device"
     what_if: str | None = None
     ref_precision: str = "cuda"
+    list_fallbacks: bool = False
+    track_per_op: bool = False
+
+    def backend(self, name: str) -> Any:
+        """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
+        backend = get_backend(name)
+        options = {}
+        if self.list_fallbacks and backend.name == "tpu":
+            options["list_fallbacks"] = True
+        if self.track_per_op and backend.name == "neuron":
+            options["track_per_op"] = True
+        return get_backend(backend.name, **options) if options else backend
 
     def policy(self) -> TolerancePolicy:
         """The tolerance policy these options describe."""
@@ -111,6 +129,14 @@ class CompareOptions:
         if self.ref_precision not in REF_PRECISIONS:
             raise WorkbenchUsageError(f"--ref-precision must be one of {', '.join(REF_PRECISIONS)}")
 
+    def check_target_flags(self, targets: Sequence[str]) -> None:
+        """Raise :class:`WorkbenchUsageError` for a target flag no target of the cell takes."""
+        names = {get_backend(name).name for name in targets}
+        if self.list_fallbacks and "tpu" not in names:
+            raise WorkbenchUsageError("--list-fallbacks applies to a tpu target")
+        if self.track_per_op and "neuron" not in names:
+            raise WorkbenchUsageError("--track-per-op applies to a neuron target")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
@@ -125,6 +151,8 @@ class CompareOptions:
             "rng": self.rng,
             "what_if": self.what_if,
             "ref_precision": self.ref_precision,
+            **({"list_fallbacks": True} if self.list_fallbacks else {}),
+            **({"track_per_op": True} if self.track_per_op else {}),
         }
 
 
@@ -175,9 +203,9 @@ def compare_cell(
     options.validate()
     policy = options.policy()
     ref_backend = get_backend(options.ref)
-    target_backend = get_backend(options.target)
+    target_backend = options.backend(options.target)
     executor = executor if executor is not None else InProcessExecutor()
-    extra_backends = [get_backend(name) for name in extra_targets]
+    extra_backends = [options.backend(name) for name in extra_targets]
     checks = [] if reference is not None else [ref_backend.availability()]
     checks += [executor.availability(backend) for backend in (target_backend, *extra_backends)]
     for availability in checks:
@@ -280,9 +308,11 @@ def compare_runs(
     policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
     _complete_outputs(ref, target)
     comparison = compare_outputs(ref.outputs, target.outputs, policy=policy)
-    evidence = Evidence(ref, target, policy)
-    for diff in comparison.failures:
-        diff.hints = hints_for(diff, ref, target, evidence)
+    failures = comparison.failures
+    if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure
+        evidence = Evidence(ref, target, policy)
+        for diff in failures:
+            diff.hints = hints_for(diff, ref, target, evidence)
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
         from neuron_workbench.trace.layers import compare_layers, full_output_diffs

@@ -78,6 +78,11 @@ class CellOptions:
     source_first_line : int
         Line number the user sees for the source's first line (2 in a ``%%neuron`` cell), so
         migration findings name the lines of the editor.
+    cluster : str
+        Run the targets in Ray actors on this cluster (``--on``): ``ray://HOST:PORT``, or ``ray``
+        for the cluster this process connected to with ``ray.init``; empty runs them here.
+    cluster_options : RayOptions or None
+        How actors are placed there (resources, ready timeout, runtime_env); None for defaults.
     """
 
     compare: CompareOptions = field(default_factory=CompareOptions)
@@ -91,6 +96,8 @@ class CellOptions:
     timeout: float | None = None
     extra_targets: tuple[str, ...] = ()
     source_first_line: int = 1
+    cluster: str = ""
+    cluster_options: Any = None
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -99,7 +106,9 @@ class CellOptions:
 
     @property
     def resolved_executor(self) -> str:
-        """``inprocess`` or ``worker`` (``auto`` decided for these targets)."""
+        """``inprocess``, ``worker`` (``auto`` decided for these targets), or ``ray`` (``--on``)."""
+        if self.cluster:
+            return "ray"
         return resolve_executor(self.executor, self.targets)
 
     def validate(self) -> None:
@@ -107,9 +116,22 @@ class CellOptions:
         self.compare.validate()
         if self.executor not in EXECUTOR_CHOICES:
             raise WorkbenchUsageError(f"--executor must be one of {', '.join(EXECUTOR_CHOICES)}")
+        self.compare.check_target_flags(self.targets)
+        if self.cluster:
+            # only here is the Ray executor's module imported (it imports Ray itself only on use)
+            from neuron_workbench.run.ray_executor import parse_cluster
+
+            if parse_cluster(self.cluster) != self.cluster:
+                raise WorkbenchUsageError(f"--on {self.cluster!r} names no Ray cluster")
+            if self.executor == "inprocess":
+                raise WorkbenchUsageError(
+                    "--on runs the target in a Ray actor; --executor inprocess would run it here"
+                )
+            if self.cluster_options is not None:
+                self.cluster_options.validate()
         if self.timeout is not None and self.timeout <= 0:
             raise WorkbenchUsageError("--timeout must be a positive number of seconds")
-        if self.timeout is not None and self.resolved_executor != "worker":
+        if self.timeout is not None and self.resolved_executor not in ("worker", "ray"):
             raise WorkbenchUsageError("--timeout needs --executor worker (a worker can be ended)")
         targets = self.targets
         for name in self.extra_targets:
@@ -117,7 +139,7 @@ class CellOptions:
         if len(set(targets)) != len(targets):
             raise WorkbenchUsageError(f"--target names a backend twice: {','.join(targets)}")
         accelerators = [name for name in targets if name in ("neuron", "tpu")]
-        if len(accelerators) > 1 and self.resolved_executor != "worker":
+        if len(accelerators) > 1 and self.resolved_executor not in ("worker", "ray"):
             raise WorkbenchUsageError(
                 f"--target {','.join(targets)} needs --executor worker: one process holds one "
                 "accelerator backend"
@@ -199,6 +221,8 @@ class Session:
     def __init__(self) -> None:
         self.resident = ResidentObjects()
         self._workers: Any = None
+        # cluster address -> RayActorPool (``--on``); empty until a cell names a cluster
+        self._ray_pools: dict[str, Any] = {}
         # (target, cell source) pairs whose migration findings a report showed already.
         self._scanned: set[tuple[str, str]] = set()
 
@@ -211,8 +235,35 @@ class Session:
             self._workers = WorkerPool()
         return self._workers
 
-    def executor(self, name: str, timeout: float | None = None) -> Executor:
-        """The executor called ``name`` (``inprocess`` or ``worker``)."""
+    def ray_pool(self, cluster: str, options: Any = None) -> Any:
+        """The :class:`~neuron_workbench.run.ray_executor.RayActorPool` for ``cluster``."""
+        from neuron_workbench.run.ray_executor import RayActorPool, RayOptions, connected_address
+
+        if cluster == "ray":  # the cluster a ray://... cell connected this process to: its actors
+            cluster = connected_address() or cluster
+        pool = self._ray_pools.get(cluster)
+        if pool is None:
+            pool = self._ray_pools[cluster] = RayActorPool(cluster)
+        pool.options = options if options is not None else RayOptions()
+        return pool
+
+    def actor_rows(self) -> list[Any]:
+        """``%neuron_workers`` rows of the session's Ray actors (none without ``--on``)."""
+        return [row for pool in self._ray_pools.values() for row in pool.rows()]
+
+    def executor(
+        self,
+        name: str,
+        timeout: float | None = None,
+        *,
+        cluster: str = "",
+        cluster_options: Any = None,
+    ) -> Executor:
+        """The executor called ``name`` (``inprocess``, ``worker``, or ``ray`` on ``cluster``)."""
+        if name == "ray":
+            from neuron_workbench.run.ray_executor import RayExecutor
+
+            return RayExecutor(self.ray_pool(cluster, cluster_options), timeout=timeout)
         if name == "worker":
             from neuron_workbench.run.worker import WorkerExecutor
 
@@ -220,9 +271,11 @@ class Session:
         return InProcessExecutor()
 
     def close(self) -> None:
-        """End the session's worker processes."""
+        """End the session's worker processes and Ray actors."""
         if self._workers is not None:
             self._workers.close()
+        for pool in self._ray_pools.values():
+            pool.close()
 
     def run_cell(
         self,
@@ -280,7 +333,12 @@ class Session:
             capture=capture,
             instruments=instruments,
             reference=reference,
-            executor=self.executor(options.resolved_executor, options.timeout),
+            executor=self.executor(
+                options.resolved_executor,
+                options.timeout,
+                cluster=options.cluster,
+                cluster_options=options.cluster_options,
+            ),
             extra_targets=options.extra_targets,
         )
         report = result.report

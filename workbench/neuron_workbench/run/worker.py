@@ -361,8 +361,14 @@ def _serve(fd: int, folder: str) -> None:
         send(conn, answer)
 
 
-def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap) -> Packed:
+def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | bytearray) -> Packed:
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
+
+    options = request.get("backend_options")
+    if options and options != backend.options():  # the cell's adapter options (--list-fallbacks)
+        from neuron_workbench.backends import get_backend
+
+        backend = get_backend(backend.name, **options)
 
     program = request["program"]
     linecache.cache[program.filename] = (
@@ -752,6 +758,7 @@ class WorkerExecutor:
             "repeat": spec.repeat,
             "what_if": what_if,
             "ref_precision": getattr(spec, "ref_precision", "cuda"),
+            "backend_options": backend.options(),
         }
         message = pack_request(request, values, namespace, backend.name)
         info = worker.info or backend.info()

@@ -64,6 +64,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="where target runs happen: worker (a child process per target), inprocess, or auto "
         "(default: worker for neuron and tpu)",
     )
+    add_target_flags(parser)
+
+
+def add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """``--list-fallbacks``, ``--track-per-op`` and ``--on``, as ``%%neuron`` takes them."""
+    parser.add_argument(
+        "--list-fallbacks",
+        action="store_true",
+        help="tpu target: run with the CPU fallback on and list every missing op in one run",
+    )
+    parser.add_argument(
+        "--track-per-op",
+        action="store_true",
+        help="real neuron target: attribute every CPU fallback to its call (a synchronize per op)",
+    )
+    parser.add_argument(
+        "--on",
+        metavar="CLUSTER",
+        help="run targets in Ray actors on this cluster: ray://HOST:PORT (needs "
+        "neuron-workbench[ray]); the reference stays here",
+    )
 
 
 def _notebook_supports_record_dir() -> bool:
@@ -88,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.report.session import resolve_executor
 
     check_pair(args.rtol, args.atol)
+    cluster = ""
+    if args.on:
+        from neuron_workbench.run.ray_executor import parse_cluster
+
+        cluster = parse_cluster(args.on)
     suffix = Path(args.path).suffix.lower()
     if suffix not in (".ipynb", ".py"):
         raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb) or a script (.py)")
@@ -122,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
             record_dir=str(Path(args.record).resolve()) if args.record else None,
             executor=args.executor,
             against_dir=str(against) if against is not None else None,
+            list_fallbacks=args.list_fallbacks,
+            track_per_op=args.track_per_op,
+            cluster=cluster,
         )
     else:
         result = run_script(
@@ -137,8 +166,12 @@ def run(args: argparse.Namespace) -> int:
             executor=args.executor or "auto",
             # a hung target in a worker is ended after --timeout, like a hung notebook cell
             timeout=float(args.timeout)
-            if resolve_executor(args.executor or "auto", [args.target or "neuron"]) == "worker"
+            if cluster
+            or resolve_executor(args.executor or "auto", [args.target or "neuron"]) == "worker"
             else None,
+            list_fallbacks=args.list_fallbacks,
+            track_per_op=args.track_per_op,
+            cluster=cluster,
         )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
@@ -160,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
         "atol": args.atol,
         "seed": args.seed,
         "executor": args.executor,
+        **({"list_fallbacks": True} if args.list_fallbacks else {}),
+        **({"track_per_op": True} if args.track_per_op else {}),
+        **({"on": cluster} if cluster else {}),
     }
     name = Path(result.path).name
     if args.json:
