@@ -43,6 +43,27 @@ def test_each_run_starts_from_the_same_seed():
     assert not torch.equal(first.outputs["sample"], other.outputs["sample"])
 
 
+def test_seeding_skips_runtimes_the_build_lacks_and_restores_them(monkeypatch):
+    # torch.manual_seed queues a seed with a formatted stack trace for a runtime that is not
+    # initialised; for xpu/mtia in a build without them that costs time and can never matter.
+    import traceback
+
+    from neuron_workbench.run import executor
+
+    originals = {name: getattr(torch, name).manual_seed_all for name in ("xpu", "mtia")}
+    stacks = []
+    monkeypatch.setattr(traceback, "format_stack", lambda *a, **k: stacks.append(1) or [])
+    executor.seed_everything(5)
+    ours, stacks[:] = len(stacks), []
+    first = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(first, torch.rand(3))  # the host generator is seeded as torch seeds it
+    for name, original in originals.items():
+        assert getattr(torch, name).manual_seed_all is original
+    lacking = [name for name in originals if not getattr(torch, name)._is_compiled()]
+    assert ours == len(stacks) - len(lacking)  # no seed queued for a runtime that cannot start
+
+
 def test_uncopyable_values_are_shared_and_named():
     def numbers():
         yield from range(10)

@@ -74,11 +74,57 @@ def capture_text() -> Iterator[Captured]:
 
 def seed_everything(seed: int) -> None:
     """Seed torch (all devices), Python's ``random`` and NumPy's global generator."""
-    torch.manual_seed(seed)
+    _manual_seed(seed)
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
+
+
+def _absent_runtimes() -> tuple[Any, ...]:
+    """Lazily seeded device modules (``torch.xpu``, ``torch.mtia``) this torch build lacks."""
+    absent = []
+    for name in ("xpu", "mtia"):
+        module = getattr(torch, name, None)
+        is_compiled = getattr(module, "_is_compiled", None)
+        if callable(is_compiled) and callable(getattr(module, "manual_seed_all", None)):
+            try:
+                if not is_compiled():
+                    absent.append(module)
+            except Exception:  # a build that cannot tell: seed it as torch does
+                pass
+    return tuple(absent)
+
+
+_ABSENT_RUNTIMES: tuple[Any, ...] | None = None
+
+
+def _manual_seed(seed: int) -> None:
+    """``torch.manual_seed(seed)``, minus what cannot matter: seeds for runtimes not built in.
+
+    For a device runtime that is not initialised, ``torch.manual_seed`` queues the seed together
+    with a formatted stack trace (most of its cost inside a notebook's deep stack); for ``xpu`` and
+    ``mtia`` in a build without them the queue never runs. Everything else (the host generator,
+    ``torch.cuda`` as the run remaps it, mps, a PrivateUse1 device) is seeded by torch itself.
+    """
+    global _ABSENT_RUNTIMES
+    if _ABSENT_RUNTIMES is None:
+        _ABSENT_RUNTIMES = _absent_runtimes()
+    saved = [(module, module.__dict__.get("manual_seed_all")) for module in _ABSENT_RUNTIMES]
+    try:
+        for module, _ in saved:
+            module.manual_seed_all = _no_seed
+        torch.manual_seed(seed)
+    finally:
+        for module, original in saved:
+            if original is None:
+                del module.manual_seed_all
+            else:
+                module.manual_seed_all = original
+
+
+def _no_seed(seed: int) -> None:
+    """A runtime torch was built without has nothing to seed."""
 
 
 #: An instrument observes one run: called with the run's backend, it returns a context manager that

@@ -50,8 +50,7 @@ def fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
     if not isinstance(value, torch.Tensor):
         return ()
     if torch._C._len_torch_dispatch_stack() == 0:  # nothing to hide the reads from (the usual case)
-        with torch.no_grad():
-            return _head(value, zeros_only)
+        return _head(value, zeros_only)  # reads of a detached tensor record no autograd graph
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
