@@ -6,15 +6,9 @@ import torch
 from trace_model import EXPECTED_FALLBACKS
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.trace.profile import (
-    DIFF_COLUMNS,
-    OpProfile,
-    combined_chrome_trace,
-    op_profiler,
-    profile_diff,
-    top_ops,
-    write_chrome_trace,
-)
+from neuron_workbench.compare.profile_diff import DIFF_COLUMNS, profile_diff, top_ops
+from neuron_workbench.trace.profile import op_profiler
+from neuron_workbench.trace.profile_data import OpProfile, combined_chrome_trace, write_chrome_trace
 
 # Ops of the cell and their exact call counts, the same on both backends: the dispatch recorder
 # sees each op once even on the emulated device (no wrapper/inner doubling).
@@ -173,7 +167,8 @@ def test_repeated_runs_split_first_call_from_steady_state():
 
 def test_a_backend_whose_memory_statistics_fail_is_reported_not_hidden():
     from neuron_workbench.backends import get_backend
-    from neuron_workbench.trace.profile import OpProfile, op_profiler
+    from neuron_workbench.trace.profile import op_profiler
+    from neuron_workbench.trace.profile_data import OpProfile
 
     class Failing(type(get_backend("cpu"))):
         def _memory_stats_impl(self):

@@ -36,7 +36,7 @@ from neuron_workbench.run.executor import (
 from neuron_workbench.run.records import recorded
 
 if TYPE_CHECKING:
-    from neuron_workbench.trace.layers import LayerComparison
+    from neuron_workbench.compare.layer_divergence import LayerComparison
 
 KEEP_CHOICES = ("ref", "target")
 RNG_CHOICES = ("device", "cpu")
@@ -285,7 +285,7 @@ def compare_runs(
         diff.hints = hints_for(diff, ref, target, evidence)
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
-        from neuron_workbench.trace.layers import compare_layers, full_output_diffs
+        from neuron_workbench.compare.layer_divergence import compare_layers, full_output_diffs
 
         ref_trace, target_trace = (
             _trace_of(ref.extras["layers"]),

@@ -33,7 +33,7 @@ class Report:
     cell_source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    #: Per-module comparison (``--layers``); see :mod:`neuron_workbench.trace.layers`.
+    #: Per-module comparison (``--layers``); see :mod:`neuron_workbench.compare.layer_divergence`.
     layers: Any = None
     #: Migration findings for the cell's source (scanner data), shown in the Migration tab.
     migration: dict[str, Any] | None = None

@@ -334,12 +334,12 @@ def module_treemap(data: dict[str, Any]) -> go.Figure:
 
 
 def profile_frame(data: dict[str, Any], phase: str = "steady") -> Any:
-    """The report's two op profiles joined by op (``trace.profile.profile_diff``), or None."""
+    """The report's two op profiles joined by op (``compare.profile_diff.profile_diff``), or None."""
     ref = data.get("ref", {}).get("profile")
     target = data.get("target", {}).get("profile")
     if not ref or not target:
         return None
-    from neuron_workbench.trace.profile import profile_diff
+    from neuron_workbench.compare.profile_diff import profile_diff
 
     return profile_diff(ref, target, data.get("fallback_ops", []), phase=phase)
 
