@@ -17,6 +17,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode, default
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.driver import (
     KEEP_CHOICES,
     RNG_CHOICES,
@@ -377,7 +378,7 @@ class NeuronMagics(Magics):
                 relabel=lambda run: relabel_run_sites(run, cells, folders),
             )
         except WorkbenchUsageError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(usage_message(exc)) from None
         report = result.report
         kept = result.captured.get(report.options.get("keep", compare.keep))
         if kept is not None:
@@ -418,7 +419,7 @@ class NeuronMagics(Magics):
             try:
                 target = get_backend(words[1]).name
             except WorkbenchUsageError as exc:
-                raise UsageError(str(exc)) from None
+                raise UsageError(usage_message(exc)) from None
             self.session.workers.restart(target)
         return WorkerTable(self.session.workers.rows())
 

@@ -13,7 +13,7 @@ import torch
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
-from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.errors import BackendUnavailable, OptionError
 from neuron_workbench.report.hints import Evidence, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
@@ -96,20 +96,26 @@ class CompareOptions:
         return TolerancePolicy(self.preset, self.rtol, self.atol, self.per_output)
 
     def validate(self) -> None:
-        """Raise :class:`WorkbenchUsageError` for anything a run could not honour."""
+        """Raise :class:`WorkbenchUsageError` for anything a run could not honour.
+
+        A bad option value raises its subclass :class:`~neuron_workbench.errors.OptionError`,
+        which names the option by its API name (front ends spell it as their flag).
+        """
         get_backend(self.ref)
         get_backend(self.target)
         self.policy()
-        if self.keep not in KEEP_CHOICES:
-            raise WorkbenchUsageError(f"--keep must be one of {', '.join(KEEP_CHOICES)}")
-        if self.rng not in RNG_CHOICES:
-            raise WorkbenchUsageError(f"--rng must be one of {', '.join(RNG_CHOICES)}")
+        choices = {
+            "keep": KEEP_CHOICES,
+            "rng": RNG_CHOICES,
+            "what_if": (None, *WHAT_IF_CHOICES),
+            "ref_precision": REF_PRECISIONS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                shown = ", ".join(c for c in allowed if c is not None)
+                raise OptionError("{0} must be one of {choices}", name, choices=shown)
         if self.repeat < 1:
-            raise WorkbenchUsageError("--steps must be at least 1")
-        if self.what_if is not None and self.what_if not in WHAT_IF_CHOICES:
-            raise WorkbenchUsageError(f"--what-if must be one of {', '.join(WHAT_IF_CHOICES)}")
-        if self.ref_precision not in REF_PRECISIONS:
-            raise WorkbenchUsageError(f"--ref-precision must be one of {', '.join(REF_PRECISIONS)}")
+            raise OptionError("{0} must be at least 1", "steps")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -135,7 +141,6 @@ class CellComparison:
     report: Report
     captured: dict[str, Captured]
     last_value: Any = None
-    extra_instruments: dict[str, Any] = field(default_factory=dict)
     #: Reports of further targets against the same reference run (``--target neuron,tpu``).
     extra_reports: list[Report] = field(default_factory=list)
 
