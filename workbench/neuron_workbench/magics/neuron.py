@@ -333,7 +333,7 @@ class NeuronMagics(Magics):
                 per_output=tuple(parse_override(text) for text in args.tol),
                 layers=bool(args.layers or args.layers_full),
                 layers_full=tuple(args.layers_full),
-                repeat=max(args.steps or 1, args.repeat or 1),
+                steps=max(args.steps or 1, args.repeat or 1),
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
                 ref_precision=args.ref_precision or "cuda",

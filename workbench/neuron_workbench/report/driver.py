@@ -65,8 +65,9 @@ class CompareOptions:
         Record per-module statistics and find the first diverging module.
     layers_full : tuple of str
         Module-name globs whose full outputs are kept for an element-wise look.
-    repeat : int
-        Run the cell this many times per backend, as consecutive steps (``--steps``).
+    steps : int
+        Run the cell this many times per backend, as consecutive steps (``--steps``; ``%%neuron
+        --repeat`` sets it too).
     rng : str
         ``device`` (each device's generator) or ``cpu`` (draw on the CPU and move).
     what_if : str or None
@@ -86,7 +87,7 @@ class CompareOptions:
     keep: str = "ref"
     layers: bool = False
     layers_full: tuple[str, ...] = ()
-    repeat: int = 1
+    steps: int = 1
     rng: str = "device"
     what_if: str | None = None
     ref_precision: str = "cuda"
@@ -114,7 +115,7 @@ class CompareOptions:
             if getattr(self, name) not in allowed:
                 shown = ", ".join(c for c in allowed if c is not None)
                 raise OptionError("{0} must be one of {choices}", name, choices=shown)
-        if self.repeat < 1:
+        if self.steps < 1:
             raise OptionError("{0} must be at least 1", "steps")
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class CompareOptions:
             "tolerance": self.policy().to_dict(),
             "layers": self.layers,
             "layers_full": list(self.layers_full),
-            "steps": self.repeat,
+            "steps": self.steps,
             "rng": self.rng,
             "what_if": self.what_if,
             "ref_precision": self.ref_precision,
@@ -197,7 +198,7 @@ def compare_cell(
         from neuron_workbench.trace.layers import layer_instrument
 
         # Gradient hooks cost a little per module call: only when the cell runs a backward pass.
-        gradients = options.repeat > 1 or calls_backward(program, namespace)
+        gradients = options.steps > 1 or calls_backward(program, namespace)
         all_instruments["layers"] = layer_instrument(options.layers_full, gradients)
     resident = resident if resident is not None else ResidentObjects()
     spec = RunSpec(
@@ -209,7 +210,7 @@ def compare_cell(
         capture=capture,
         instruments=all_instruments,
         rng_on_cpu=options.rng == "cpu",
-        repeat=options.repeat,
+        repeat=options.steps,
         ref_precision=options.ref_precision,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")

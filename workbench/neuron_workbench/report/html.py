@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from neuron_workbench.report.schema import read_report
+
 _COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
 
 _STYLE = """
@@ -312,7 +314,11 @@ def _fallback_rows(events: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def render_report_html(data: dict[str, Any]) -> str:
-    """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment."""
+    """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment.
+
+    Data of an earlier ``schema_version`` is read with :func:`~neuron_workbench.report.schema.read_report`.
+    """
+    data = read_report(data)
     verdict = data["verdict"]
     color = _COLORS.get(verdict, "#57606a")
     parts = [

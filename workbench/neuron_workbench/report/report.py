@@ -8,11 +8,11 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.compare import Comparison
+from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
 
 #: MIME type of the machine-readable report in a cell's output (see ``report.schema.json``).
 REPORT_MIME = "application/vnd.neuron-workbench.report+json"
-SCHEMA_VERSION = 1
 
 
 def _plural(count: int, singular: str, plural: str) -> str:

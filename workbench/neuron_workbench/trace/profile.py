@@ -54,7 +54,7 @@ _MAX_SIGNATURES = 16
 
 
 class _Acc:
-    """Running totals of one op overload in one iteration."""
+    """Running totals of one op overload in one step."""
 
     __slots__ = ("index", "calls", "ns", "nbytes", "signatures", "other", "site", "module")
 
@@ -161,7 +161,7 @@ class _RecorderMode(TorchDispatchMode):
             acc.other += 1
         events = rec._events
         if len(events) < MAX_TRACE_EVENTS:
-            events.append((acc.index, t0, dt, threading.get_ident(), rec._iteration))
+            events.append((acc.index, t0, dt, threading.get_ident(), rec._step))
         else:
             rec._dropped += 1
         return out
@@ -170,8 +170,9 @@ class _RecorderMode(TorchDispatchMode):
 class OpProfileRecorder:
     """Records every ATen op of one run; :meth:`result` gives the :class:`OpProfile`.
 
-    Made by :func:`op_profiler`. The executor calls :meth:`next_iteration` between repetitions of
-    ``--repeat N``: iteration 0 is the first call (compile, warm-up), the rest steady state.
+    Made by :func:`op_profiler`. The executor calls :meth:`next_iteration` (its name for
+    :meth:`next_step`) between the steps of ``--steps N``: step 0 is the first call (compile,
+    warm-up), the rest steady state.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -187,17 +188,17 @@ class OpProfileRecorder:
             self.time_kind = SYNCED_WALL_TIME
         else:
             self.time_kind = WALL_TIME
-        self._iterations: list[dict[Any, _Acc]] = [{}]
-        self._current = self._iterations[0]
-        self._iteration = 0
+        self._steps: list[dict[Any, _Acc]] = [{}]
+        self._current = self._steps[0]
+        self._step = 0
         self._names: list[str] = []
         self._index: dict[Any, int] = {}
         self._fresh: dict[Any, tuple[bool, ...]] = {}
         self._events: list[tuple[int, int, int, int, int]] = []
         self._dropped = 0
         self._start_ns = 0
-        self._iteration_start_ns = 0
-        self._iteration_ns: list[int] = []
+        self._step_start_ns = 0
+        self._step_ns: list[int] = []
         self._peak: int | None = None
         self._peak_unavailable = ""
         self._result: OpProfile | None = None
@@ -218,33 +219,36 @@ class OpProfileRecorder:
         """Begin recording (called on entering the instrument)."""
         if self._sync is not None:
             self._sync()
-        self._start_ns = self._iteration_start_ns = time.perf_counter_ns()
+        self._start_ns = self._step_start_ns = time.perf_counter_ns()
 
-    def next_iteration(self) -> None:
-        """Start the next repetition; what follows counts as steady state."""
+    def next_step(self) -> None:
+        """Start the next step; what follows counts as steady state."""
         if self._sync is not None:
             self._sync()
         now = time.perf_counter_ns()
-        self._iteration_ns.append(now - self._iteration_start_ns)
-        self._iteration_start_ns = now
-        self._iteration += 1
+        self._step_ns.append(now - self._step_start_ns)
+        self._step_start_ns = now
+        self._step += 1
         self._current = {}
-        self._iterations.append(self._current)
+        self._steps.append(self._current)
+
+    #: The executor's hook name (``run/executor.py`` calls ``next_iteration`` between steps).
+    next_iteration = next_step
 
     def stop(self) -> None:
         """Finish recording: synchronize and read the peak memory."""
         if self._sync is not None:
             self._sync()
-        self._iteration_ns.append(time.perf_counter_ns() - self._iteration_start_ns)
+        self._step_ns.append(time.perf_counter_ns() - self._step_start_ns)
         try:
             self._peak = self._backend.memory_stats().peak_bytes
         except Exception as exc:  # a device runtime's own error: reported with the profile
             self._peak_unavailable = f"peak memory unavailable: {type(exc).__name__}: {exc}"
 
     # -- results -------------------------------------------------------------------------------
-    def _rows(self, iterations: list[dict[Any, _Acc]]) -> list[OpStat]:
+    def _rows(self, steps: list[dict[Any, _Acc]]) -> list[OpStat]:
         merged: dict[str, dict[str, Any]] = {}
-        for accs in iterations:
+        for accs in steps:
             for acc in accs.values():
                 overload = self._names[acc.index]
                 op = base_op_name(overload)
@@ -282,7 +286,7 @@ class OpProfileRecorder:
         """The profile (valid after the instrument's context has exited)."""
         if self._result is not None:
             return self._result
-        repeated = len(self._iterations) > 1
+        repeated = len(self._steps) > 1
         threads: dict[int, int] = {}
         main = threading.main_thread().ident
         ordered = sorted({e[3] for e in self._events}, key=lambda ident: ident != main)
@@ -305,11 +309,11 @@ class OpProfileRecorder:
         self._result = OpProfile(
             backend=self.backend_name,
             time_kind=self.time_kind,
-            rows=self._rows(self._iterations),
-            first_call=self._rows(self._iterations[:1]) if repeated else None,
-            steady=self._rows(self._iterations[1:]) if repeated else None,
-            iterations=len(self._iterations),
-            iteration_times_s=[ns / 1e9 for ns in self._iteration_ns],
+            rows=self._rows(self._steps),
+            first_call=self._rows(self._steps[:1]) if repeated else None,
+            steady=self._rows(self._steps[1:]) if repeated else None,
+            steps=len(self._steps),
+            step_times_s=[ns / 1e9 for ns in self._step_ns],
             peak_memory_bytes=self._peak,
             peak_memory_unavailable=self._peak_unavailable,
             emulated=self.emulated,

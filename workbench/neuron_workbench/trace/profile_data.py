@@ -132,15 +132,15 @@ class OpProfile:
         What the times measure: ``"host CPU time"`` on emulated devices, ``"wall time"`` on the
         CPU, ``"device-synchronized wall time"`` on asynchronous devices.
     rows : list of OpStat
-        Every op of the run (all iterations), slowest first.
+        Every op of the run (all steps), slowest first.
     first_call : list of OpStat or None
-        With ``--repeat N``: the ops of the first iteration (compile and warm-up). None otherwise.
+        With ``--steps N``: the ops of the first step (compile and warm-up). None otherwise.
     steady : list of OpStat or None
-        With ``--repeat N``: the ops of iterations 2..N together (steady state). None otherwise.
-    iterations : int
+        With ``--steps N``: the ops of steps 2..N together (steady state). None otherwise.
+    steps : int
         How many times the cell ran under the recorder.
-    iteration_times_s : list of float
-        Time of each iteration as seen by the recorder (same ``time_kind``).
+    step_times_s : list of float
+        Time of each step as seen by the recorder (same ``time_kind``).
     peak_memory_bytes : int or None
         The run's peak device memory (CUDA's or TorchNeuron's allocator statistics, or the
         emulator's accounting); None where the backend keeps none (the CPU).
@@ -152,7 +152,7 @@ class OpProfile:
         True when each op was followed by a device synchronize.
     trace : dict
         Compact per-call events for :meth:`to_chrome_trace`: ``ops`` (names), ``events``
-        (``[op_index, ts_us, dur_us, thread, iteration]``), ``threads`` and ``dropped``.
+        (``[op_index, ts_us, dur_us, thread, step]``, ``step`` counting from 0), ``threads`` and ``dropped``.
     """
 
     backend: str
@@ -160,8 +160,8 @@ class OpProfile:
     rows: list[OpStat] = field(default_factory=list)
     first_call: list[OpStat] | None = None
     steady: list[OpStat] | None = None
-    iterations: int = 1
-    iteration_times_s: list[float] = field(default_factory=list)
+    steps: int = 1
+    step_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: int | None = None
     peak_memory_unavailable: str = ""
     emulated: bool = False
@@ -198,8 +198,8 @@ class OpProfile:
             "time_kind": self.time_kind,
             "emulated": self.emulated,
             "synchronized": self.synchronized,
-            "iterations": self.iterations,
-            "iteration_times_s": list(self.iteration_times_s),
+            "steps": self.steps,
+            "step_times_s": list(self.step_times_s),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_unavailable": self.peak_memory_unavailable,
             "total_time_s": self.total_time_s,
@@ -220,8 +220,11 @@ class OpProfile:
             rows=_rows_from_dicts(data.get("rows") or []) or [],
             first_call=_rows_from_dicts(data.get("first_call")),
             steady=_rows_from_dicts(data.get("steady")),
-            iterations=int(data.get("iterations", 1)),
-            iteration_times_s=[float(t) for t in data.get("iteration_times_s", [])],
+            # Reports of schema_version 1 name these "iterations" and "iteration_times_s".
+            steps=int(data.get("steps", data.get("iterations", 1))),
+            step_times_s=[
+                float(t) for t in data.get("step_times_s", data.get("iteration_times_s", []))
+            ],
             peak_memory_bytes=None if peak is None else int(peak),
             peak_memory_unavailable=str(data.get("peak_memory_unavailable", "")),
             emulated=bool(data.get("emulated", False)),
@@ -242,7 +245,7 @@ class OpProfile:
                  "args": {"name": name}}
             )  # fmt: skip
         ops = self.trace.get("ops", [])
-        for index, ts, dur, tid, iteration in self.trace.get("events", []):
+        for index, ts, dur, tid, step in self.trace.get("events", []):
             events.append(
                 {
                     "name": base_op_name(ops[index]),
@@ -254,7 +257,7 @@ class OpProfile:
                     "tid": int(tid),
                     "args": {
                         "overload": ops[index],
-                        "iteration": iteration,
+                        "step": step,
                         "time_kind": self.time_kind,
                     },
                 }

@@ -228,17 +228,17 @@ def ops_html(data: dict[str, Any], n: int = 25) -> str:
     for role, run in (("ref", ref), ("target", target)):
         profile = run.get("profile") or {}
         total = profile.get("total_time_s")
-        iterations = profile.get("iterations", 1)
+        steps = profile.get("steps", 1)
         line = f"{esc(role)} {esc(_label(run))}: {esc(_time_kind(run))}"
         if total is not None:
             line += f", {_fmt_ms(total)} ms in ops"
-        if iterations and iterations > 1:
-            times = profile.get("iteration_times_s") or []
+        if steps and steps > 1:
+            times = profile.get("step_times_s") or []
             first = _fmt_ms(times[0]) if times else "?"
             steady = _fmt_ms(sum(times[1:]) / len(times[1:])) if len(times) > 1 else "?"
             line += (
-                f"; {esc(iterations)} iterations: first call {first} ms, steady state "
-                f"{steady} ms per iteration (table: steady state)"
+                f"; {esc(steps)} steps: first call {first} ms, steady state "
+                f"{steady} ms per step (table: steady state)"
             )
         notes.append(f"<div>{line}</div>")
     return (
