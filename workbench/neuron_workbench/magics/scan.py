@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.scan import (
+    TARGETS,
     Migration,
     ScanReport,
     migrate_path,
@@ -61,7 +62,7 @@ class ScanMagics(Magics):
     @argument("path", nargs="?", help="a .py file, notebook or directory to scan")
     @argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device the suggestions are written for (default: neuron)",
     )
@@ -123,7 +124,7 @@ class ScanMagics(Magics):
     )
     @argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device to migrate to (default: neuron)",
     )
