@@ -64,3 +64,9 @@ def test_op_profile_from_dict_reads_the_old_keys(v1):
     profile = OpProfile.from_dict(v1["target"]["profile"])
     assert profile.steps == 2 and len(profile.step_times_s) == 2
     assert profile.to_dict()["steps"] == 2 and "iterations" not in profile.to_dict()
+
+
+def test_version_1_runs_get_the_label_their_backend_gives(v1):
+    data = read_report(v1)
+    assert (data["ref"]["label"], data["target"]["label"]) == ("cpu (as cuda)", "neuron (emulated)")
+    assert "label" not in v1["ref"]

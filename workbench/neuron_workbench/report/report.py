@@ -8,6 +8,7 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.compare import Comparison
+from neuron_workbench.report.display import run_time_kind
 from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
 
@@ -170,10 +171,11 @@ def _run_dict(run: Run) -> dict[str, Any]:
         "facts": run.facts.to_dict(),
         **extras,
         "backend": run.backend.to_dict(),
+        "label": run.backend.label,
         "ok": run.ok,
         "error": run.error.to_dict() if run.error else None,
         "wall_time_s": run.wall_time_s,
-        "time_kind": "host CPU time" if run.backend.emulated else "wall time",
+        "time_kind": run_time_kind(run.backend.emulated),
         "memory": {"current_bytes": run.memory.current_bytes, "peak_bytes": run.memory.peak_bytes},
         "fallbacks": [dict(event) for event in run.fallbacks],
         "shared_names": list(run.shared_names),

@@ -11,12 +11,14 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.report.display import run_label
 
 __all__ = ["READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "read_report"]
 
 #: ``schema_version`` of ``Report.to_dict()`` (``report.schema.json``). Version 2 names the op
 #: profile's step count ``steps`` and its per-step times ``step_times_s`` (``iterations`` and
-#: ``iteration_times_s`` in version 1): one name for ``--steps``.
+#: ``iteration_times_s`` in version 1): one name for ``--steps``; and each run carries its display
+#: ``label`` (see :mod:`neuron_workbench.report.display`).
 SCHEMA_VERSION = 2
 #: Versions :func:`read_report` reads.
 READABLE_SCHEMA_VERSIONS = (1, 2)
@@ -54,8 +56,12 @@ def read_report(data: Mapping[str, Any]) -> dict[str, Any]:
     if version == 1:
         for role in ("ref", "target"):
             run = out.get(role)
-            if isinstance(run, dict) and isinstance(run.get("profile"), dict):
+            if not isinstance(run, dict):
+                continue
+            run = {**run, "label": run_label(run)}
+            if isinstance(run.get("profile"), dict):
                 profile = {_PROFILE_KEYS_V1.get(k, k): v for k, v in run["profile"].items()}
-                out[role] = {**run, "profile": profile}
+                run["profile"] = profile
+            out[role] = run
     out["schema_version"] = SCHEMA_VERSION
     return out
