@@ -12,16 +12,9 @@ from neuron_workbench._devtools.layers import check, main, module_cycles, read_i
 # test_no_new_layer_violations; a FIXED one fails test_known_violations_are_still_real, so that
 # this list only shrinks (delete the entry in the change that fixes it).
 KNOWN_VIOLATIONS = {
-    # trace/layers.py compares per-module statistics with compare.tolerances / compare_leaf.
-    # Removed by issue 16's trace split: comparing recorded layers moves to compare/.
-    "layer: trace -> compare": "issue 16 (trace/ = recording only)",
     # views/__init__.py calls IPython.display.display to show a report; the magic layer (or a
     # _repr_mimebundle_ the shell displays) should do the displaying. Owner: views; not filed yet.
     "external: views -> IPython": "views displays through IPython.display; not filed yet",
-    # `neuron-workbench record` reads ROLE_PATTERN from artifacts' private format module.
-    # Removed by issue 16 (private modules used across packages) / the session-API CLI rewrite:
-    # artifacts should export the pattern (or a validating function) publicly.
-    "private: cli -> neuron_workbench.artifacts._format": "issue 16 (private modules)",
 }
 
 

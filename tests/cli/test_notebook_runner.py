@@ -8,7 +8,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.notebook_runner import (
-    NotebookRun,
+    InputResult,
     junit_xml,
     run_document,
     run_notebook,
@@ -106,11 +106,11 @@ def test_run_document_counts(executed):
 def test_exit_code_precedence():
     fallback = {"verdict": "PASS", "fallback_ops": ["aten::sort"]}
     failed = {"verdict": "FAIL", "fallback_ops": []}
-    assert NotebookRun("x", reports=[fallback]).exit_code(strict=False) == 0
-    assert NotebookRun("x", reports=[fallback]).exit_code(strict=True) == 3
-    assert NotebookRun("x", reports=[fallback, failed]).exit_code(strict=False) == 1
-    assert NotebookRun("x", reports=[fallback, failed]).exit_code(strict=True) == 3
-    assert NotebookRun("x", reports=[{"verdict": "ERROR"}]).exit_code(strict=True) == 1
+    assert InputResult("x", reports=[fallback]).exit_code(strict=False) == 0
+    assert InputResult("x", reports=[fallback]).exit_code(strict=True) == 3
+    assert InputResult("x", reports=[fallback, failed]).exit_code(strict=False) == 1
+    assert InputResult("x", reports=[fallback, failed]).exit_code(strict=True) == 3
+    assert InputResult("x", reports=[{"verdict": "ERROR"}]).exit_code(strict=True) == 1
 
 
 def test_junit_escapes_and_labels_failures_and_errors():

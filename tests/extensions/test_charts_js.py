@@ -34,6 +34,8 @@ for (const [key, build] of Object.entries(charts.CHARTS)) {
 out.sites = Object.fromEntries(charts.fallbackRows(report).map(r => [r.op, charts.callSites(report, r.op)]));
 out.labels = [charts.siteLabel({file: 'cell [7]', line: 3}), charts.siteLabel({file: 'models.py', line: 16}),
               charts.siteLabel({file: '<neuron-cell-2>', line: 4})];
+out.backendLabels = [report.ref, report.target, {...report.ref, label: undefined},
+                     {...report.target, label: undefined}].map(charts.backendLabel);
 process.stdout.write(JSON.stringify(out));
 """
 
@@ -88,6 +90,9 @@ def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
     assert memory[0]["x"] == ["cpu (as cuda)", "neuron (emulated)"]
     assert figs["layers"] is None and figs["loss"] is None  # no --layers, no --steps
     assert figs["labels"] == ["cell [7], line 3", "models.py:16", "cell line 4"]
+    # the data's labels, and for reports of schema_version 1 (no label) the same, derived
+    assert figs["backendLabels"] == [data["ref"]["label"], data["target"]["label"]] * 2
+    assert data["target"]["label"] == "neuron (emulated)"
 
 
 def test_layers_and_loss_figures(tmp_path):

@@ -5,8 +5,9 @@ import torch
 import torch.nn as nn
 
 from neuron_workbench.backends import get_backend
+from neuron_workbench.compare.layer_divergence import compare_layers
 from neuron_workbench.run import RunSpec, compile_cell, execute
-from neuron_workbench.trace.layers import compare_layers, layer_instrument, summarize
+from neuron_workbench.trace.layers import layer_instrument, summarize
 
 
 class Float64Sensitive(nn.Module):

@@ -6,15 +6,9 @@ import torch
 from trace_model import EXPECTED_FALLBACKS
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.trace.profile import (
-    DIFF_COLUMNS,
-    OpProfile,
-    combined_chrome_trace,
-    op_profiler,
-    profile_diff,
-    top_ops,
-    write_chrome_trace,
-)
+from neuron_workbench.compare.profile_diff import DIFF_COLUMNS, profile_diff, top_ops
+from neuron_workbench.trace.profile import op_profiler
+from neuron_workbench.trace.profile_data import OpProfile, combined_chrome_trace, write_chrome_trace
 
 # Ops of the cell and their exact call counts, the same on both backends: the dispatch recorder
 # sees each op once even on the emulated device (no wrapper/inner doubling).
@@ -71,8 +65,8 @@ def test_time_kinds_and_peak_memory(profiled_runs):
     # the emulator's accounting: at least the conv activations were live at once
     assert neuron.peak_memory_bytes >= 2 * 4 * 14 * 14 * 4
     assert cpu.peak_memory_bytes is None  # the CPU keeps no allocator statistics
-    assert neuron.iterations == 1 and neuron.first_call is None and neuron.steady is None
-    assert len(neuron.iteration_times_s) == 1 and neuron.iteration_times_s[0] > 0
+    assert neuron.steps == 1 and neuron.first_call is None and neuron.steady is None
+    assert len(neuron.step_times_s) == 1 and neuron.step_times_s[0] > 0
 
 
 def test_profile_round_trips_through_json(profiled_runs):
@@ -152,12 +146,12 @@ def test_repeated_runs_split_first_call_from_steady_state():
     with backend.session(), op_profiler(backend) as recorder:
         for iteration in range(3):
             if iteration:
-                recorder.next_iteration()
+                recorder.next_step()
             out = torch.mm(weight, weight).relu()
             if iteration == 0:
                 out = torch.sort(out).values  # only in the first iteration
     profile = recorder.result()
-    assert profile.iterations == 3 and len(profile.iteration_times_s) == 3
+    assert profile.steps == 3 and len(profile.step_times_s) == 3
     first = {row.op: row.calls for row in profile.first_call}
     steady = {row.op: row.calls for row in profile.steady}
     assert first == {"aten::mm": 1, "aten::relu": 1, "aten::sort": 1}
@@ -167,13 +161,14 @@ def test_repeated_runs_split_first_call_from_steady_state():
     df = profile_diff(profile, profile)
     assert "aten::sort" not in set(df["op"])
     assert "aten::sort" in set(profile_diff(profile, profile, phase="first")["op"])
-    iterations = {e[4] for e in profile.trace["events"]}
-    assert iterations == {0, 1, 2}
+    steps = {e[4] for e in profile.trace["events"]}
+    assert steps == {0, 1, 2}
 
 
 def test_a_backend_whose_memory_statistics_fail_is_reported_not_hidden():
     from neuron_workbench.backends import get_backend
-    from neuron_workbench.trace.profile import OpProfile, op_profiler
+    from neuron_workbench.trace.profile import op_profiler
+    from neuron_workbench.trace.profile_data import OpProfile
 
     class Failing(type(get_backend("cpu"))):
         def _memory_stats_impl(self):

@@ -6,6 +6,9 @@ into IPython's ``UsageError`` and the command line into a message on stderr and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class WorkbenchError(Exception):
     """Base class of every error the workbench raises on purpose."""
@@ -19,5 +22,39 @@ class BackendUnavailable(WorkbenchUsageError):
     """A backend was asked for but cannot run here; the message says why."""
 
 
-class StrictModeFailure(WorkbenchError):
-    """``--strict`` was given and ops fell back to CPU on the target."""
+class OptionError(WorkbenchUsageError):
+    """A bad option value, named in the Python API's terms so that each front end can spell it.
+
+    The core names options by their API name (``rtol``, ``steps``, ``per_output``), never as a
+    command-line flag; ``str()`` shows those names, and :meth:`spelled` lets the command line and
+    ``%%neuron`` show their own spelling (``--rtol``, ``--steps``, ``--tol``).
+
+    Parameters
+    ----------
+    template : str
+        The message, with ``{0}``, ``{1}``, ... where the options go and ``{name}`` fields for
+        ``values`` (user text goes in ``values``, never into the template, so braces in it are
+        kept as they are).
+    *options : str
+        API names of the options the message is about, in placeholder order.
+    **values
+        Further fields of the template.
+
+    Examples
+    --------
+    >>> err = OptionError("give {0} and {1} together, or neither", "rtol", "atol")
+    >>> str(err)
+    'give rtol and atol together, or neither'
+    >>> err.spelled(lambda name: "--" + name)
+    'give --rtol and --atol together, or neither'
+    """
+
+    def __init__(self, template: str, *options: str, **values: Any) -> None:
+        self.template = template
+        self.options = options
+        self.values = values
+        super().__init__(self.spelled(str))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The message with each option name passed through ``spell``."""
+        return self.template.format(*(spell(name) for name in self.options), **self.values)

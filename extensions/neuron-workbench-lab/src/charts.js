@@ -45,7 +45,11 @@ export function siteCell(site) {
   return m ? Number(m[1]) : null;
 }
 
+/** The run's `label` from the report data; reports of schema_version 1 have none: derive it. */
 export function backendLabel(run) {
+  if (run && run.label) {
+    return run.label;
+  }
   const b = (run && run.backend) || {};
   if (b.emulated) {
     return `${b.name} (emulated)`;

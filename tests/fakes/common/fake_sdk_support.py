@@ -28,8 +28,9 @@ def install_device(
     global _installed
     import torch
 
-    from neuron_workbench.emulator import _core, _install, events
+    from neuron_workbench.emulator import _core, _install
     from neuron_workbench.emulator.profiles import load_profile
+    from neuron_workbench.sites import mark_internal
 
     if _installed is None:
         _install.install(device, load_profile(device, None))
@@ -42,10 +43,12 @@ def install_device(
     _core.reset_plans()
     # Frames of the fakes are SDK internals, never a user's source line.
     here = os.path.dirname(os.path.abspath(__file__))
-    for root, _dirs, files in os.walk(here):
-        for name in files:
-            if name.endswith(".py"):
-                events._internal_cache[os.path.join(root, name)] = True
+    mark_internal(
+        os.path.join(root, name)
+        for root, _dirs, files in os.walk(here)
+        for name in files
+        if name.endswith(".py")
+    )
     return getattr(torch, device)
 
 

@@ -50,13 +50,19 @@ TIERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("report", frozenset({"report"})),
     # Saved runs: built on run records and comparison leaves; the report may load them.
     ("artifacts", frozenset({"artifacts"})),
-    # Recording, comparing and running are peers; the static scanner needs none of them.
-    ("compare / trace / run / scan", frozenset({"compare", "trace", "run", "scan"})),
+    # Comparing reads what recording wrote (op profiles, layer traces), never the other way.
+    ("compare", frozenset({"compare"})),
+    # Recording and running are peers; the static scanner needs none of them.
+    ("trace / run / scan", frozenset({"trace", "run", "scan"})),
     # The neuron/tpu adapters install the emulator when the real SDK is absent.
     ("backends", frozenset({"backends"})),
     ("emulator", frozenset({"emulator"})),
-    # CUDA's semantics in plain PyTorch, shared by the host reference and the emulated devices.
-    ("errors / cuda semantics", frozenset({"errors", "cuda_semantics", ROOT_CONSTANTS})),
+    # CUDA's semantics in plain PyTorch, shared by the host reference and the emulated devices;
+    # source-line attribution of ops, shared by the emulator, the backends and the op recorder.
+    (
+        "errors / cuda semantics / sites",
+        frozenset({"errors", "cuda_semantics", "sites", ROOT_CONSTANTS}),
+    ),
 )
 
 #: Third-party top-level packages and the only units allowed to import them.

@@ -9,7 +9,9 @@ from neuron_workbench.artifacts._format import (
     FORMAT,
     FORMAT_VERSION,
     MEDIA_TYPE,
+    ROLE_RULE,
     ArtifactError,
+    is_valid_role,
 )
 from neuron_workbench.artifacts.reader import RunArtifact, load, source_mismatch_warning
 from neuron_workbench.artifacts.writer import save
@@ -18,8 +20,10 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "MEDIA_TYPE",
+    "ROLE_RULE",
     "ArtifactError",
     "RunArtifact",
+    "is_valid_role",
     "load",
     "save",
     "source_mismatch_warning",

@@ -37,6 +37,26 @@ TENSOR_DIR = "tensors/"
 
 #: Run roles are short identifiers; they also name the tensor entries.
 ROLE_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+#: What :data:`ROLE_PATTERN` allows, in words (for messages).
+ROLE_RULE = "a lowercase letter, then up to 31 lowercase letters, digits, _ and -"
+
+
+def is_valid_role(role: str) -> bool:
+    """Whether ``role`` can name a run in an artifact (see :data:`ROLE_RULE`).
+
+    Parameters
+    ----------
+    role : str
+        A run role such as ``"ref"`` or ``"trn2-bf16"``.
+
+    Returns
+    -------
+    bool
+        True when :func:`~neuron_workbench.artifacts.save` accepts it.
+    """
+    return ROLE_PATTERN.fullmatch(role) is not None
+
+
 MAX_ROLES = 8
 MAX_MANIFEST_BYTES = 64 * 2**20
 MAX_SAFETENSORS_HEADER = 100 * 2**20

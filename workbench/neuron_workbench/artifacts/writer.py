@@ -28,6 +28,7 @@ from neuron_workbench.artifacts._format import (
     MEDIA_TYPE,
     MIMETYPE_ENTRY,
     ROLE_PATTERN,
+    ROLE_RULE,
     SAFETENSORS_CODES,
     ArtifactError,
     dumps,
@@ -287,7 +288,7 @@ def save(
         raise ValueError(f"at most {MAX_ROLES} runs per artifact")
     for role in runs:
         if not ROLE_PATTERN.fullmatch(role):
-            raise ValueError(f"invalid run role {role!r} (lowercase letters, digits, _ and -)")
+            raise ValueError(f"invalid run role {role!r} ({ROLE_RULE})")
     target = Path(path)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     created = created.replace("+00:00", "Z")

@@ -133,7 +133,7 @@ class DispatchCallRecorder:
         """(site, module, module type, phase, autograd node) of the op being recorded."""
         import torch
 
-        from neuron_workbench.emulator.events import find_site_and_module
+        from neuron_workbench.sites import find_site_and_module
 
         node = torch._C._current_autograd_node()
         if node is not None:

@@ -16,11 +16,10 @@ from types import ModuleType
 from neuron_workbench import __version__
 from neuron_workbench.cli import commands
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.magics.flags import usage_message
 
-EXIT_OK = 0
-EXIT_FAILED = 1
+#: Exit code of a usage or input error (the other codes are the subcommands' results).
 EXIT_USAGE = 2
-EXIT_FALLBACK = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except WorkbenchUsageError as exc:
-        sys.stderr.write(f"neuron-workbench: error: {exc}\n")
+        sys.stderr.write(f"neuron-workbench: error: {usage_message(exc)}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("neuron-workbench: interrupted\n")

@@ -29,13 +29,17 @@ _SETUP_TAG = "neuron-workbench-setup"
 
 
 @dataclass
-class NotebookRun:
-    """What running one notebook produced."""
+class InputResult:
+    """What one ``run`` or ``compare`` command produced for its input: reports and cell errors.
+
+    The input is a notebook, a script, or (``compare``) two run artifacts; :func:`run_document`
+    writes it as the ``run --json`` document, whose ``input`` it describes.
+    """
 
     path: str
     reports: list[dict[str, Any]] = field(default_factory=list)
     cell_errors: list[dict[str, Any]] = field(default_factory=list)
-    #: ``notebook`` or ``script``.
+    #: ``notebook``, ``script`` or ``artifacts``.
     kind: str = "notebook"
     #: Code cells executed (1 for a script).
     cells: int = 0
@@ -159,7 +163,7 @@ def run_notebook(
     list_fallbacks: bool = False,
     track_per_op: bool = False,
     cluster: str = "",
-) -> NotebookRun:
+) -> InputResult:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
     Cells that raise outside ``%%neuron`` do not stop the run; they are listed in ``cell_errors``.
@@ -236,7 +240,7 @@ def run_notebook(
                 f"{path}: loading neuron_workbench in the kernel failed: "
                 f"{output.get('ename', '')}: {output.get('evalue', '')}"
             )
-    result = NotebookRun(str(path), kind="notebook", cells=len(code_cells) - 1)
+    result = InputResult(str(path), kind="notebook", cells=len(code_cells) - 1)
     for position, index in enumerate(code_cells[1:], start=1):
         cell = nb.cells[index]
         errors_before = len(result.cell_errors)
@@ -336,7 +340,7 @@ def run_script(
     list_fallbacks: bool = False,
     track_per_op: bool = False,
     cluster: str = "",
-) -> NotebookRun:
+) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
     The reference runs in this process; the target in a worker process (``auto`` for neuron and
@@ -394,7 +398,7 @@ def run_script(
     data = result.report.to_dict()
     data["label"] = Path(path).name
     data["cell_index"] = 1
-    return NotebookRun(str(path), reports=[data], kind="script", cells=1)
+    return InputResult(str(path), reports=[data], kind="script", cells=1)
 
 
 def terminal_message(text: str) -> None:
@@ -407,7 +411,7 @@ def terminal_message(text: str) -> None:
 # --- report files ---------------------------------------------------------------------------------
 
 
-def run_document(result: NotebookRun, *, strict: bool, options: dict[str, Any]) -> dict[str, Any]:
+def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) -> dict[str, Any]:
     """The ``run --json`` document (documented by ``report/run.schema.json``)."""
     counts = result.verdict_counts()
     return {

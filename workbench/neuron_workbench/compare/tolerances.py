@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.errors import OptionError, WorkbenchUsageError
 
 
 @dataclass(frozen=True)
@@ -119,23 +119,23 @@ def default_tolerance(*dtypes: torch.dtype | None, preset: str = "default") -> T
 def check_pair(rtol: float | None, atol: float | None) -> None:
     """Reject a lone ``rtol`` or ``atol``: a lone ``atol=0`` would still pass the default ``rtol``."""
     if (rtol is None) != (atol is None):
-        raise WorkbenchUsageError("give --rtol and --atol together, or neither")
+        raise OptionError("give {0} and {1} together, or neither", "rtol", "atol")
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not value >= 0:
-            raise WorkbenchUsageError(f"{name} must be a non-negative number, got {value}")
+            raise OptionError("{0} must be a non-negative number, got {value}", name, value=value)
 
 
 def parse_override(text: str) -> tuple[str, Tolerance]:
-    """Parse ``PATH=RTOL,ATOL`` (the ``--tol`` option) into a pattern and a tolerance."""
+    """Parse ``PATH=RTOL,ATOL`` (one ``per_output`` tolerance) into a pattern and a tolerance."""
     pattern, sep, values = text.partition("=")
     parts = values.split(",")
     if not sep or not pattern.strip() or len(parts) != 2:
-        raise WorkbenchUsageError(f"--tol expects PATH=RTOL,ATOL, got {text!r}")
+        raise OptionError("{0} expects PATH=RTOL,ATOL, got {text!r}", "per_output", text=text)
     try:
         rtol, atol = float(parts[0]), float(parts[1])
     except ValueError:
-        raise WorkbenchUsageError(
-            f"--tol expects numbers in PATH=RTOL,ATOL, got {text!r}"
+        raise OptionError(
+            "{0} expects numbers in PATH=RTOL,ATOL, got {text!r}", "per_output", text=text
         ) from None
     check_pair(rtol, atol)
     return pattern.strip(), Tolerance(rtol, atol)
@@ -212,7 +212,7 @@ class TolerancePolicy:
         return (
             f"autocast ({names}) was active: floating outputs are judged at {names}'s tolerance "
             f"(rtol {tol.rtol:.1e}, atol {tol.atol:.1e}), the lowest precision they went "
-            "through; --tol, --preset or --rtol/--atol set others"
+            "through; per-output tolerances, a preset or rtol/atol set others"
         )
 
     def to_dict(self) -> dict[str, object]:

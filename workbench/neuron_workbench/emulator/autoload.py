@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+from neuron_workbench.emulator.profiles import DEVICES
+
 ENV = "NEURON_WORKBENCH_EMULATE"
 REPORT_ENV = "NEURON_WORKBENCH_EMULATE_REPORT"
 
@@ -16,7 +18,7 @@ REPORT_ENV = "NEURON_WORKBENCH_EMULATE_REPORT"
 def autoload() -> None:
     """Install the emulated device named by ``NEURON_WORKBENCH_EMULATE`` (no-op when unset)."""
     device = os.environ.get(ENV, "").strip().lower()
-    if device not in ("neuron", "tpu"):
+    if device not in DEVICES:
         return
     import sys
 

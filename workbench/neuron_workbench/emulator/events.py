@@ -8,15 +8,15 @@ event goes to the process-wide log (read by the ``emulate`` command's summary) a
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from neuron_workbench.sites import SourceSite, find_site_and_module
 
 __all__ = [
     "FallbackEvent",
@@ -25,18 +25,6 @@ __all__ = [
     "process_log",
     "record_fallbacks",
 ]
-
-
-@dataclass(frozen=True)
-class SourceSite:
-    """A line of user code: the first frame outside torch and neuron_workbench."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
 
 
 @dataclass
@@ -195,69 +183,7 @@ def record_fallbacks() -> Iterator[FallbackLog]:
             _active = [x for x in _active if x is not log]
 
 
-# ---- attribution -----------------------------------------------------------------------------
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_internal_cache: dict[str, bool] = {}
-_MODULE_CALL_CODES = frozenset(
-    c
-    for c in (
-        getattr(torch.nn.Module, "_call_impl", None),
-        getattr(torch.nn.Module, "_wrapped_call_impl", None),
-    )
-    if c is not None
-    for c in [c.__code__]
-)
-
-
-def _is_internal(filename: str) -> bool:
-    r = _internal_cache.get(filename)
-    if r is None:
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        r = (
-            path.startswith(_TORCH_DIR)
-            or path.startswith(_PKG_DIR)
-            or filename.startswith("<frozen")
-            or os.sep + "contextlib.py" in path
-            or os.sep + "typing_extensions.py" in path
-        )
-        _internal_cache[filename] = r
-    return r
-
-
-_names_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _module_name(root: torch.nn.Module, mod: torch.nn.Module) -> str:
-    if mod is root:
-        return ""
-    names = _names_cache.get(root)
-    if names is None or id(mod) not in names:
-        names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
-        _names_cache[root] = names
-    return names.get(id(mod), "")
-
-
-def find_site_and_module(skip: int = 2) -> tuple[SourceSite | None, str, str]:
-    """Walk the caller's stack: first user frame, and the innermost running ``nn.Module`` path."""
-    f = sys._getframe(skip)
-    site = None
-    modules: list[torch.nn.Module] = []
-    while f is not None:
-        co = f.f_code
-        if co in _MODULE_CALL_CODES:
-            m = f.f_locals.get("self")
-            if m is not None and (not modules or modules[-1] is not m):
-                modules.append(m)
-        elif site is None and not _is_internal(co.co_filename):
-            site = SourceSite(co.co_filename, f.f_lineno, co.co_name)
-        f = f.f_back
-    if not modules:
-        return site, "", ""
-    inner = modules[0]
-    return site, _module_name(modules[-1], inner), type(inner).__name__
-
+# ---- attribution (the stack walk itself: neuron_workbench.sites) ----------------------------
 
 # Forward attribution of fallback ops, keyed by the autograd sequence number of the node created
 # for them, so the backward op of a forward fallback can name the same site and module.

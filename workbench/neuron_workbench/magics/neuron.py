@@ -17,6 +17,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.driver import (
     KEEP_CHOICES,
     RNG_CHOICES,
@@ -391,7 +392,7 @@ class NeuronMagics(Magics):
                 per_output=tuple(parse_override(text) for text in args.tol),
                 layers=bool(args.layers or args.layers_full),
                 layers_full=tuple(args.layers_full),
-                repeat=max(args.steps or 1, args.repeat or 1),
+                steps=max(args.steps or 1, args.repeat or 1),
                 rng=args.rng or self.rng,
                 what_if=args.what_if,
                 ref_precision=args.ref_precision or "cuda",
@@ -439,7 +440,7 @@ class NeuronMagics(Magics):
                 relabel=lambda run: relabel_run_sites(run, cells, folders),
             )
         except WorkbenchUsageError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(usage_message(exc)) from None
         report = result.report
         kept = result.captured.get(report.options.get("keep", compare.keep))
         if kept is not None:
@@ -498,7 +499,7 @@ class NeuronMagics(Magics):
             try:
                 target = get_backend(words[1]).name
             except WorkbenchUsageError as exc:
-                raise UsageError(str(exc)) from None
+                raise UsageError(usage_message(exc)) from None
             self.session.workers.restart(target)
         return WorkerTable(self.session.workers.rows() + self.session.actor_rows())
 

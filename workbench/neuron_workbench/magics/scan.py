@@ -17,7 +17,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.scan import (
+    TARGETS,
     Migration,
     ScanReport,
     migrate_path,
@@ -60,7 +62,7 @@ class ScanMagics(Magics):
     @argument("path", nargs="?", help="a .py file, notebook or directory to scan")
     @argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device the suggestions are written for (default: neuron)",
     )
@@ -109,7 +111,7 @@ class ScanMagics(Magics):
                     imports=self._namespace_imports(),
                 )
         except WorkbenchUsageError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(usage_message(exc)) from None
         return ScanReport(tuple(findings), args.target)
 
     @magic_arguments()
@@ -122,7 +124,7 @@ class ScanMagics(Magics):
     )
     @argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device to migrate to (default: neuron)",
     )
@@ -174,7 +176,7 @@ class ScanMagics(Magics):
                 raise UsageError("%neuron_migrate: --next applies to cells, not to PATH")
             return migrate_path(args.path, write=args.write, target=args.target)
         except WorkbenchUsageError as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(usage_message(exc)) from None
 
 
 def load_ipython_extension(ipython: Any) -> None:

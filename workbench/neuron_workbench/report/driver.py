@@ -13,7 +13,7 @@ import torch
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
-from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.errors import BackendUnavailable, OptionError
 from neuron_workbench.report.hints import Evidence, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
@@ -36,7 +36,7 @@ from neuron_workbench.run.executor import (
 from neuron_workbench.run.records import recorded
 
 if TYPE_CHECKING:
-    from neuron_workbench.trace.layers import LayerComparison
+    from neuron_workbench.compare.layer_divergence import LayerComparison
 
 KEEP_CHOICES = ("ref", "target")
 RNG_CHOICES = ("device", "cpu")
@@ -65,8 +65,9 @@ class CompareOptions:
         Record per-module statistics and find the first diverging module.
     layers_full : tuple of str
         Module-name globs whose full outputs are kept for an element-wise look.
-    repeat : int
-        Run the cell this many times per backend, as consecutive steps (``--steps``).
+    steps : int
+        Run the cell this many times per backend, as consecutive steps (``--steps``; ``%%neuron
+        --repeat`` sets it too).
     rng : str
         ``device`` (each device's generator) or ``cpu`` (draw on the CPU and move).
     what_if : str or None
@@ -92,7 +93,7 @@ class CompareOptions:
     keep: str = "ref"
     layers: bool = False
     layers_full: tuple[str, ...] = ()
-    repeat: int = 1
+    steps: int = 1
     rng: str = "device"
     what_if: str | None = None
     ref_precision: str = "cuda"
@@ -114,28 +115,34 @@ class CompareOptions:
         return TolerancePolicy(self.preset, self.rtol, self.atol, self.per_output)
 
     def validate(self) -> None:
-        """Raise :class:`WorkbenchUsageError` for anything a run could not honour."""
+        """Raise :class:`WorkbenchUsageError` for anything a run could not honour.
+
+        A bad option value raises its subclass :class:`~neuron_workbench.errors.OptionError`,
+        which names the option by its API name (front ends spell it as their flag).
+        """
         get_backend(self.ref)
         get_backend(self.target)
         self.policy()
-        if self.keep not in KEEP_CHOICES:
-            raise WorkbenchUsageError(f"--keep must be one of {', '.join(KEEP_CHOICES)}")
-        if self.rng not in RNG_CHOICES:
-            raise WorkbenchUsageError(f"--rng must be one of {', '.join(RNG_CHOICES)}")
-        if self.repeat < 1:
-            raise WorkbenchUsageError("--steps must be at least 1")
-        if self.what_if is not None and self.what_if not in WHAT_IF_CHOICES:
-            raise WorkbenchUsageError(f"--what-if must be one of {', '.join(WHAT_IF_CHOICES)}")
-        if self.ref_precision not in REF_PRECISIONS:
-            raise WorkbenchUsageError(f"--ref-precision must be one of {', '.join(REF_PRECISIONS)}")
+        choices = {
+            "keep": KEEP_CHOICES,
+            "rng": RNG_CHOICES,
+            "what_if": (None, *WHAT_IF_CHOICES),
+            "ref_precision": REF_PRECISIONS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                shown = ", ".join(c for c in allowed if c is not None)
+                raise OptionError("{0} must be one of {choices}", name, choices=shown)
+        if self.steps < 1:
+            raise OptionError("{0} must be at least 1", "steps")
 
     def check_target_flags(self, targets: Sequence[str]) -> None:
-        """Raise :class:`WorkbenchUsageError` for a target flag no target of the cell takes."""
+        """Raise :class:`~neuron_workbench.errors.OptionError` for a target option no target takes."""
         names = {get_backend(name).name for name in targets}
         if self.list_fallbacks and "tpu" not in names:
-            raise WorkbenchUsageError("--list-fallbacks applies to a tpu target")
+            raise OptionError("{0} applies to a tpu target", "list_fallbacks")
         if self.track_per_op and "neuron" not in names:
-            raise WorkbenchUsageError("--track-per-op applies to a neuron target")
+            raise OptionError("{0} applies to a neuron target", "track_per_op")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -147,7 +154,7 @@ class CompareOptions:
             "tolerance": self.policy().to_dict(),
             "layers": self.layers,
             "layers_full": list(self.layers_full),
-            "steps": self.repeat,
+            "steps": self.steps,
             "rng": self.rng,
             "what_if": self.what_if,
             "ref_precision": self.ref_precision,
@@ -163,7 +170,6 @@ class CellComparison:
     report: Report
     captured: dict[str, Captured]
     last_value: Any = None
-    extra_instruments: dict[str, Any] = field(default_factory=dict)
     #: Reports of further targets against the same reference run (``--target neuron,tpu``).
     extra_reports: list[Report] = field(default_factory=list)
 
@@ -220,7 +226,7 @@ def compare_cell(
         from neuron_workbench.trace.layers import layer_instrument
 
         # Gradient hooks cost a little per module call: only when the cell runs a backward pass.
-        gradients = options.repeat > 1 or calls_backward(program, namespace)
+        gradients = options.steps > 1 or calls_backward(program, namespace)
         all_instruments["layers"] = layer_instrument(options.layers_full, gradients)
     resident = resident if resident is not None else ResidentObjects()
     spec = RunSpec(
@@ -232,7 +238,7 @@ def compare_cell(
         capture=capture,
         instruments=all_instruments,
         rng_on_cpu=options.rng == "cpu",
-        repeat=options.repeat,
+        repeat=options.steps,
         ref_precision=options.ref_precision,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
@@ -315,7 +321,7 @@ def compare_runs(
             diff.hints = hints_for(diff, ref, target, evidence)
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
-        from neuron_workbench.trace.layers import compare_layers, full_output_diffs
+        from neuron_workbench.compare.layer_divergence import compare_layers, full_output_diffs
 
         ref_trace, target_trace = (
             _trace_of(ref.extras["layers"]),

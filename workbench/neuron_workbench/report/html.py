@@ -12,7 +12,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
+from neuron_workbench.report.display import format_bytes, verdict_color
+from neuron_workbench.report.schema import read_report
 
 _STYLE = """
 .nw-report{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4;
@@ -43,18 +44,6 @@ def _fmt_float(value: Any) -> str:
     if isinstance(value, str):
         return value
     return f"{value:.3g}"
-
-
-def format_bytes(value: Any) -> str:
-    """``12.3 KiB``; ``n/a`` for None."""
-    if value is None:
-        return "n/a"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _fmt_time(run: dict[str, Any]) -> str:
@@ -312,9 +301,13 @@ def _fallback_rows(events: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def render_report_html(data: dict[str, Any]) -> str:
-    """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment."""
+    """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment.
+
+    Data of an earlier ``schema_version`` is read with :func:`~neuron_workbench.report.schema.read_report`.
+    """
+    data = read_report(data)
     verdict = data["verdict"]
-    color = _COLORS.get(verdict, "#57606a")
+    color = verdict_color(verdict)
     parts = [
         f"<style>{_STYLE}</style>",
         '<div class="nw-report">',

@@ -8,11 +8,12 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.compare import Comparison
+from neuron_workbench.report.display import run_time_kind
+from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
 
 #: MIME type of the machine-readable report in a cell's output (see ``report.schema.json``).
 REPORT_MIME = "application/vnd.neuron-workbench.report+json"
-SCHEMA_VERSION = 1
 
 
 def _plural(count: int, singular: str, plural: str) -> str:
@@ -33,7 +34,7 @@ class Report:
     cell_source: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    #: Per-module comparison (``--layers``); see :mod:`neuron_workbench.trace.layers`.
+    #: Per-module comparison (``--layers``); see :mod:`neuron_workbench.compare.layer_divergence`.
     layers: Any = None
     #: Migration findings for the cell's source (scanner data), shown in the Migration tab.
     migration: dict[str, Any] | None = None
@@ -170,10 +171,11 @@ def _run_dict(run: Run) -> dict[str, Any]:
         "facts": run.facts.to_dict(),
         **extras,
         "backend": run.backend.to_dict(),
+        "label": run.backend.label,
         "ok": run.ok,
         "error": run.error.to_dict() if run.error else None,
         "wall_time_s": run.wall_time_s,
-        "time_kind": "host CPU time" if run.backend.emulated else "wall time",
+        "time_kind": run_time_kind(run.backend.emulated),
         "memory": {"current_bytes": run.memory.current_bytes, "peak_bytes": run.memory.peak_bytes},
         "fallbacks": [dict(event) for event in run.fallbacks],
         "shared_names": list(run.shared_names),

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_workbench.trace.opnames import normalize_op
+
 __all__ = [
     "FallbackRow",
     "cross_check",
@@ -23,15 +25,6 @@ __all__ = [
     "strict_message",
     "strict_violations",
 ]
-
-
-def normalize_op(name: str) -> str:
-    """Base ATen name of an op spelling: ``sort``, ``aten::sort``, ``aten::sort.stable`` → ``aten::sort``."""
-    name = str(name).strip()
-    if "::" not in name:
-        name = f"aten::{name}"
-    namespace, _, rest = name.partition("::")
-    return f"{namespace}::{rest.split('.', 1)[0]}"
 
 
 @dataclass
@@ -201,9 +194,9 @@ def cross_check(events: list[dict[str, Any]], profile: Any) -> list[dict[str, An
     list of dict
         New event dicts; ``source`` says where each number came from.
     """
-    from neuron_workbench.trace.profile import OpProfile
+    from neuron_workbench.trace.profile_data import as_profile
 
-    prof = profile if isinstance(profile, OpProfile) else OpProfile.from_dict(profile)
+    prof = as_profile(profile)
     out = []
     for event in events:
         if event.get("count") is not None:

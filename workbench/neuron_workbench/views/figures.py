@@ -10,7 +10,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from neuron_workbench.report.html import format_bytes, site_label
+from neuron_workbench.report.display import format_bytes, op_time_kind, run_label
+from neuron_workbench.report.html import site_label
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
 
 __all__ = [
@@ -29,9 +30,12 @@ _REF_COLOR = "#57606a"
 _TARGET_COLOR = "#0969da"
 _FALLBACK_COLOR = "#cf222e"
 _FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12}
-
-
 _GRID = {"gridcolor": "#eaeef2", "zerolinecolor": "#d0d7de"}
+
+
+def _label(data: dict[str, Any], role: str) -> str:
+    """The ``ref`` or ``target`` run's label (``role`` itself for a run without a backend)."""
+    return run_label(data.get(role, {}), role)
 
 
 def _page_layout(title: str, height: int) -> dict[str, Any]:
@@ -99,30 +103,6 @@ def _empty(title: str, message: str, height: int = 180) -> go.Figure:
     return _layout(fig, title, height)
 
 
-def _target_label(data: dict[str, Any]) -> str:
-    backend = data.get("target", {}).get("backend", {})
-    name = str(backend.get("name", "target"))
-    return f"{name} (emulated)" if backend.get("emulated") else name
-
-
-def _ref_label(data: dict[str, Any]) -> str:
-    backend = data.get("ref", {}).get("backend", {})
-    name = str(backend.get("name", "ref"))
-    stands_in_for = (backend.get("details") or {}).get("stands_in_for")
-    if backend.get("emulated"):
-        return f"{name} (emulated)"
-    return f"{name} (as {stands_in_for})" if stands_in_for else name
-
-
-def _time_kind(run: dict[str, Any]) -> str:
-    profile = run.get("profile") or {}
-    if profile.get("time_kind"):
-        return str(profile["time_kind"])
-    if run.get("time_kind"):
-        return str(run["time_kind"])
-    return "host CPU time" if run.get("backend", {}).get("emulated") else "wall time"
-
-
 def fallback_rows(data: dict[str, Any]) -> list[FallbackRow]:
     """The target run's fallback events of a report, aggregated per op (most frequent first)."""
     return fallback_table(list(data.get("target", {}).get("fallbacks", [])))
@@ -142,7 +122,7 @@ def fallback_bar_spec(data: dict[str, Any]) -> dict[str, Any]:
     Static HTML needs no figure objects, whose validation costs milliseconds on every cell.
     """
     rows = fallback_rows(data)
-    target = _target_label(data)
+    target = _label(data, "target")
     title = f"CPU fallbacks on {target}"
     if not rows:
         return _empty_spec(title, f"No op fell back to CPU on {target}.")
@@ -240,7 +220,7 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
-            name=f"{name}: {_ref_label(data)}",
+            name=f"{name}: {_label(data, 'ref')}",
             x=steps,
             y=values["ref"],
             mode="lines+markers",
@@ -249,7 +229,7 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
     )
     fig.add_trace(
         go.Scatter(
-            name=f"{name}: {_target_label(data)}",
+            name=f"{name}: {_label(data, 'target')}",
             x=steps,
             y=values["target"],
             mode="lines+markers",
@@ -276,7 +256,7 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
 def module_treemap(data: dict[str, Any]) -> go.Figure:
     """Treemap module → op of the target's CPU fallbacks, sized by calls."""
     events = list(data.get("target", {}).get("fallbacks", []))
-    target = _target_label(data)
+    target = _label(data, "target")
     title = f"Fallbacks by module on {target}"
     if not events:
         return _empty(title, "No fallbacks.")
@@ -334,12 +314,12 @@ def module_treemap(data: dict[str, Any]) -> go.Figure:
 
 
 def profile_frame(data: dict[str, Any], phase: str = "steady") -> Any:
-    """The report's two op profiles joined by op (``trace.profile.profile_diff``), or None."""
+    """The report's two op profiles joined by op (``compare.profile_diff.profile_diff``), or None."""
     ref = data.get("ref", {}).get("profile")
     target = data.get("target", {}).get("profile")
     if not ref or not target:
         return None
-    from neuron_workbench.trace.profile import profile_diff
+    from neuron_workbench.compare.profile_diff import profile_diff
 
     return profile_diff(ref, target, data.get("fallback_ops", []), phase=phase)
 
@@ -361,15 +341,15 @@ def op_time_bars_spec(data: dict[str, Any], n: int = 15) -> dict[str, Any]:
     df = df.assign(_key=df[["ref_time_s", "target_time_s"]].max(axis=1))
     df = df.sort_values(["_key", "op"], ascending=[False, True]).head(n).iloc[::-1]
     ops = list(df["op"])
-    ref_kind, target_kind = _time_kind(data["ref"]), _time_kind(data["target"])
+    ref_kind, target_kind = op_time_kind(data["ref"]), op_time_kind(data["target"])
     colors = [_FALLBACK_COLOR if fb else _TARGET_COLOR for fb in df["fallback"]]
     spec: dict[str, Any] = {
         "data": [
-            {"type": "bar", "name": f"{_ref_label(data)} ({ref_kind})", "y": ops,
+            {"type": "bar", "name": f"{_label(data, 'ref')} ({ref_kind})", "y": ops,
              "x": [float(v) * 1e3 for v in df["ref_time_s"]], "orientation": "h",
              "marker": {"color": _REF_COLOR}, "customdata": [int(v) for v in df["ref_calls"]],
              "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>ref</extra>"},
-            {"type": "bar", "name": f"{_target_label(data)} ({target_kind})", "y": ops,
+            {"type": "bar", "name": f"{_label(data, 'target')} ({target_kind})", "y": ops,
              "x": [float(v) * 1e3 for v in df["target_time_s"]], "orientation": "h",
              "marker": {"color": colors}, "customdata": [int(v) for v in df["target_calls"]],
              "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls"
@@ -390,7 +370,7 @@ def op_time_bars_spec(data: dict[str, Any], n: int = 15) -> dict[str, Any]:
 
 def memory_bars(data: dict[str, Any]) -> go.Figure:
     """Peak device memory and bytes allocated by ops, per backend (bytes where known)."""
-    roles = [("ref", _ref_label(data)), ("target", _target_label(data))]
+    roles = [("ref", _label(data, "ref")), ("target", _label(data, "target"))]
     peaks, allocated, names, notes = [], [], [], []
     for role, label in roles:
         run = data.get(role, {})

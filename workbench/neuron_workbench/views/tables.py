@@ -9,7 +9,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuron_workbench.report.html import esc, format_bytes, site_label
+from neuron_workbench.report.display import format_bytes, op_time_kind, run_label, verdict_color
+from neuron_workbench.report.html import esc, site_label
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
@@ -22,8 +23,6 @@ __all__ = [
     "sites_html",
     "summary_html",
 ]
-
-_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
 
 STYLE = """<style>
 .nw-view{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4}
@@ -74,25 +73,10 @@ def table(
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _label(run: dict[str, Any]) -> str:
-    backend = run.get("backend", {})
-    name = str(backend.get("name", "?"))
-    return f"{name} (emulated)" if backend.get("emulated") else name
-
-
-def _time_kind(run: dict[str, Any]) -> str:
-    profile = run.get("profile") or {}
-    return str(
-        profile.get("time_kind")
-        or run.get("time_kind")
-        or ("host CPU time" if run.get("backend", {}).get("emulated") else "wall time")
-    )
-
-
 def summary_html(data: dict[str, Any]) -> str:
     """Verdict, both backends (time labelled with its kind, peak memory, fallbacks), warnings."""
     verdict = str(data.get("verdict", "?"))
-    color = _COLORS.get(verdict, "#57606a")
+    color = verdict_color(verdict)
     parts = [
         f'<div class="nw-view nw-summary"><span class="nw-verdict" style="background:{color}">'
         f"{esc(verdict)}</span><b>{esc(data.get('title', ''))}</b>"
@@ -103,7 +87,9 @@ def summary_html(data: dict[str, Any]) -> str:
         run = data.get(role, {})
         backend = run.get("backend", {})
         seconds = run.get("wall_time_s")
-        time = f"{seconds * 1e3:.1f} ms ({esc(_time_kind(run))})" if seconds is not None else "n/a"
+        time = (
+            f"{seconds * 1e3:.1f} ms ({esc(op_time_kind(run))})" if seconds is not None else "n/a"
+        )
         profile = run.get("profile") or {}
         peak = profile.get("peak_memory_bytes")
         if peak is None:
@@ -111,7 +97,7 @@ def summary_html(data: dict[str, Any]) -> str:
         status = "ok" if run.get("ok", True) else "raised"
         ops = {str(e.get("op")) for e in run.get("fallbacks", [])}
         rows.append(
-            [esc(role), esc(_label(run)), esc(backend.get("device", "")), esc(status), time,
+            [esc(role), esc(run_label(run)), esc(backend.get("device", "")), esc(status), time,
              esc(format_bytes(peak)), esc(len(ops))]
         )  # fmt: skip
     parts.append(
@@ -214,7 +200,7 @@ def ops_html(data: dict[str, Any], n: int = 25) -> str:
             "<code>%%neuron --profile</code>.</div>"
         )
     ref, target = data["ref"], data["target"]
-    ref_kind, target_kind = _time_kind(ref), _time_kind(target)
+    ref_kind, target_kind = op_time_kind(ref), op_time_kind(target)
     rows = []
     for rec in df.head(n).to_dict("records"):
         op = esc(rec["op"])
@@ -228,17 +214,17 @@ def ops_html(data: dict[str, Any], n: int = 25) -> str:
     for role, run in (("ref", ref), ("target", target)):
         profile = run.get("profile") or {}
         total = profile.get("total_time_s")
-        iterations = profile.get("iterations", 1)
-        line = f"{esc(role)} {esc(_label(run))}: {esc(_time_kind(run))}"
+        steps = profile.get("steps", 1)
+        line = f"{esc(role)} {esc(run_label(run))}: {esc(op_time_kind(run))}"
         if total is not None:
             line += f", {_fmt_ms(total)} ms in ops"
-        if iterations and iterations > 1:
-            times = profile.get("iteration_times_s") or []
+        if steps and steps > 1:
+            times = profile.get("step_times_s") or []
             first = _fmt_ms(times[0]) if times else "?"
             steady = _fmt_ms(sum(times[1:]) / len(times[1:])) if len(times) > 1 else "?"
             line += (
-                f"; {esc(iterations)} iterations: first call {first} ms, steady state "
-                f"{steady} ms per iteration (table: steady state)"
+                f"; {esc(steps)} steps: first call {first} ms, steady state "
+                f"{steady} ms per step (table: steady state)"
             )
         notes.append(f"<div>{line}</div>")
     return (
@@ -268,7 +254,7 @@ def fallbacks_html(data: dict[str, Any]) -> str:
     """The target's fallback ops: count, host CPU time, shapes, dtypes, source lines, modules."""
     target = data.get("target", {})
     rows = fallback_table(list(target.get("fallbacks", [])))
-    label = _label(target)
+    label = run_label(target)
     if not rows:
         return f'<div class="nw-view nw-fallbacks ok">No op fell back to CPU on {esc(label)}.</div>'
     body = []

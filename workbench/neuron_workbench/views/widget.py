@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs_version
 from plotly.utils import PlotlyJSONEncoder
 
+from neuron_workbench.report.schema import read_report
 from neuron_workbench.views import figures, tables
 
 __all__ = ["TAB_TITLES", "ReportView", "report_data", "static_html"]
@@ -26,9 +27,13 @@ TAB_TITLES = ("Summary", "Numerics", "Layers", "Ops", "Fallbacks")
 
 
 def report_data(report_or_dict: Any) -> dict[str, Any]:
-    """The report's JSON data from a ``Report`` (``to_dict()``) or the data itself."""
+    """The report's JSON data from a ``Report`` (``to_dict()``) or the data itself.
+
+    Data of an earlier ``schema_version`` is brought to the current one
+    (:func:`~neuron_workbench.report.schema.read_report`).
+    """
     if isinstance(report_or_dict, dict):
-        return report_or_dict
+        return read_report(report_or_dict)
     to_dict = getattr(report_or_dict, "to_dict", None)
     if to_dict is None:
         raise TypeError(f"expected a Report or its to_dict() data, got {type(report_or_dict)!r}")

@@ -51,7 +51,7 @@ def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) 
 def run(args: argparse.Namespace) -> int:
     """Load both artifacts, compare, print the verdict line, write the files; return the exit code."""
     from neuron_workbench.artifacts import load
-    from neuron_workbench.cli.notebook_runner import NotebookRun, junit_xml, write_text
+    from neuron_workbench.cli.notebook_runner import InputResult, junit_xml, write_text
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
@@ -71,5 +71,5 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.html, render_page([data], title=f"neuron-workbench: {data['label']}"))
     if args.junit:
         write_text(args.junit, junit_xml(Path(args.target).name, [data]))
-    result = NotebookRun(str(args.target), reports=[data], kind="artifacts", cells=1)
+    result = InputResult(str(args.target), reports=[data], kind="artifacts", cells=1)
     return result.exit_code(args.strict)

@@ -16,6 +16,7 @@ import platform
 import sys
 from importlib import metadata
 
+from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import WorkbenchUsageError
 
 NAME = "coverage"
@@ -29,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser(
         "show", help="profile name, provenance, count; or whether an op is native"
     )
-    show.add_argument("--device", choices=("neuron", "tpu"), default="neuron")
+    show.add_argument("--device", choices=DEVICES, default="neuron")
     show.add_argument(
         "--coverage", metavar="FILE", help="a coverage file instead of the packaged one"
     )
@@ -102,7 +103,7 @@ def _export(args: argparse.Namespace) -> int:
         raise WorkbenchUsageError(
             "coverage export: this process runs the emulated device; export needs the real backend"
         )
-    if backend not in ("neuron", "tpu"):
+    if backend not in DEVICES:
         raise WorkbenchUsageError(
             "coverage export: no real neuron or tpu backend is loaded in this Python (PrivateUse1 "
             f"is {backend!r}); run it on a Trainium host with torch-neuronx or a TPU host with "

@@ -85,10 +85,11 @@ def doctor_data() -> dict[str, Any]:
 
     from neuron_workbench import __version__, emulator
     from neuron_workbench.backends import get_backend
+    from neuron_workbench.emulator.profiles import DEVICES
 
     status = emulator.status()
     rows = [{"name": "cpu", "available": True, "kind": "real", "reason": ""}, _cuda_row()]
-    rows += [_accelerator_row(get_backend(name)) for name in ("neuron", "tpu")]
+    rows += [_accelerator_row(get_backend(name)) for name in DEVICES]
     return {
         "workbench": __version__,
         "host": {

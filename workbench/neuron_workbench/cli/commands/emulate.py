@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import WorkbenchUsageError
 
 NAME = "emulate"
@@ -32,7 +33,7 @@ _PY_OPTS_WITH_VALUE = {"-W", "-X"}
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``emulate`` options to its subparser."""
-    parser.add_argument("--device", choices=("neuron", "tpu"), default="neuron",
+    parser.add_argument("--device", choices=DEVICES, default="neuron",
                         help="emulated device (default: neuron)")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", dest="json_path",
                         help="also write the fallback report as JSON to FILE")  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neuron_workbench.scan import iter_source_files, migrate_path, summary_line
+from neuron_workbench.scan import TARGETS, iter_source_files, migrate_path, summary_line
 
 NAME = "migrate"
 HELP = "Rewrite the mechanically safe CUDA-isms (device strings, .cuda(), torch.cuda.*) for neuron."
@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", action="store_true", help="rewrite the files in place")
     parser.add_argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device to migrate to (default: neuron)",
     )

@@ -31,8 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the script, save the artifact, print one line; 0 when it ran, 1 when it raised."""
-    from neuron_workbench.artifacts import save
-    from neuron_workbench.artifacts._format import ROLE_PATTERN
+    from neuron_workbench.artifacts import ROLE_RULE, is_valid_role, save
     from neuron_workbench.backends import default_reference, get_backend
     from neuron_workbench.cli.notebook_runner import (
         compile_script,
@@ -44,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.errors import WorkbenchUsageError
     from neuron_workbench.report.session import Session
 
-    if not ROLE_PATTERN.fullmatch(args.role):
-        raise WorkbenchUsageError(f"--role {args.role!r}: lowercase letters, digits, _ and -")
+    if not is_valid_role(args.role):
+        raise WorkbenchUsageError(f"--role {args.role!r}: {ROLE_RULE}")
     if not args.script.endswith(".py"):
         raise WorkbenchUsageError(f"{args.script}: expected a Python script (.py)")
     backend = get_backend(args.backend or default_reference())  # unknown names fail before running

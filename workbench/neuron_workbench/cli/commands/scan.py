@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.scan import RULES, SEVERITY_ORDER, ScanReport, scan_paths
+from neuron_workbench.scan import RULES, SEVERITY_ORDER, TARGETS, ScanReport, scan_paths
 
 NAME = "scan"
 HELP = "Find CUDA-only code in .py files and notebooks (linter-style lines, exit codes for CI)."
@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--target",
-        choices=("neuron", "tpu"),
+        choices=TARGETS,
         default="neuron",
         help="device the suggestions are written for (default: neuron)",
     )

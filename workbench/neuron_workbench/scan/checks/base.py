@@ -17,12 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.scan.context import Context, qualname
 from neuron_workbench.scan.findings import Finding
 from neuron_workbench.scan.rule import Rule
 
-#: The devices the scanner writes suggestions and fixes for (the ``--target`` choices).
-TARGETS = ("neuron", "tpu")
+#: The devices the scanner writes suggestions and fixes for (the ``--target`` choices): the
+#: accelerators the workbench targets, :data:`neuron_workbench.emulator.profiles.DEVICES`.
+TARGETS = DEVICES
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""The display model: what every renderer of report data reads, kept in one place.
+
+Report data (``Report.to_dict()``) carries its display facts: each run's ``label`` (``neuron
+(emulated)``, ``cpu (as cuda)``; :attr:`BackendInfo.label <neuron_workbench.backends.base.BackendInfo.label>`
+is the one derivation), each run's ``time_kind`` (what its ``wall_time_s`` measures) and each op
+profile's own ``time_kind``; quantities carry their unit in the key (``*_s`` seconds, ``*_bytes``
+bytes). The renderers (``report/html.py``, ``views/tables.py``, ``views/figures.py`` and the
+JupyterLab extension's ``src/charts.js``) read these keys through the accessors here (or their
+JavaScript twins) rather than deriving them from backend facts; data of schema version 1, which has
+no ``label``, gets one from the backend it describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from neuron_workbench.backends.base import BackendInfo
+from neuron_workbench.trace.profile_data import HOST_CPU_TIME, WALL_TIME
+
+__all__ = [
+    "NEUTRAL_COLOR",
+    "VERDICT_COLORS",
+    "format_bytes",
+    "op_time_kind",
+    "run_label",
+    "run_time_kind",
+    "verdict_color",
+]
+
+#: Badge colour of each verdict.
+VERDICT_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
+#: Colour of notes and of an unknown verdict.
+NEUTRAL_COLOR = "#57606a"
+
+
+def verdict_color(verdict: Any) -> str:
+    """The badge colour of ``verdict`` (:data:`NEUTRAL_COLOR` for anything else)."""
+    return VERDICT_COLORS.get(str(verdict), NEUTRAL_COLOR)
+
+
+def run_time_kind(emulated: bool) -> str:
+    """What a run's wall time measures: host CPU time on an emulated device, else wall time."""
+    return HOST_CPU_TIME if emulated else WALL_TIME
+
+
+def run_label(run: Mapping[str, Any], default: str = "?") -> str:
+    """How renderers name a run's backend: its ``label`` (from its backend in older data).
+
+    Parameters
+    ----------
+    run : mapping
+        ``data["ref"]`` or ``data["target"]`` of report data.
+    default : str
+        The label of a run without a backend.
+
+    Returns
+    -------
+    str
+        E.g. ``neuron (emulated)`` or ``cpu (as cuda)``.
+    """
+    if run.get("label"):
+        return str(run["label"])
+    backend = run.get("backend") or {}
+    if not backend.get("name"):
+        return default
+    return BackendInfo(
+        name=str(backend["name"]),
+        device=str(backend.get("device", "")),
+        device_name=str(backend.get("device_name", "")),
+        emulated=bool(backend.get("emulated", False)),
+        details=dict(backend.get("details") or {}),
+    ).label
+
+
+def op_time_kind(run: Mapping[str, Any]) -> str:
+    """What a run's op times measure: its profile's ``time_kind``, else the run's own."""
+    profile = run.get("profile") or {}
+    if profile.get("time_kind"):
+        return str(profile["time_kind"])
+    if run.get("time_kind"):
+        return str(run["time_kind"])
+    return run_time_kind(bool((run.get("backend") or {}).get("emulated")))
+
+
+def format_bytes(value: Any) -> str:
+    """``12.3 KiB`` (binary units); ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
