@@ -304,7 +304,7 @@ def test_killing_the_actor_mid_run_gives_error_and_the_next_cell_works(ray_ip, r
     assert error.type == "TargetProcessDied"
     assert re.fullmatch(
         rf"target actor on {re.escape(where)} died \(ended with ray\.kill\); last seen running "
-        r"aten::\S+ at cell line 3",
+        r"aten::\S+ at cell line 4",
         error.message,
     ), error.message
     # the kernel and its namespace are as they were (the report is the only new name)

@@ -139,7 +139,7 @@ def test_a_hung_target_with_timeout_5_is_reported_within_10_seconds(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.ok
     assert report.target.error.message == (
-        "target process timed out after 5 s while running aten::mul at cell line 3; it was ended"
+        "target process timed out after 5 s while running aten::mul at cell line 4; it was ended"
     )
     assert "x" not in ip.user_ns and torch.equal(ip.user_ns["kept"], torch.ones(2))
 
@@ -190,6 +190,6 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
     ]
     crashed = result.reports[4]
     assert crashed["target"]["error"]["message"] == (
-        "target process died (SIGABRT) while running nwtest_nb::boom at cell line 2"
+        "target process died (SIGABRT) while running nwtest_nb::boom at cell line 3"
     )
     assert crashed["ref"]["ok"]

@@ -108,7 +108,7 @@ def test_instruments_wrap_the_cell_and_keep_what_they_recorded():
 def test_repeat_runs_the_cell_as_consecutive_steps_and_records_scalars():
     ns = _ns(w=torch.tensor(1.0))
     program = compile_cell("w = w * 2\nloss = w.sum()\nfloat(loss)")
-    run = execute(RunSpec(program, ns, repeat=3), get_backend("cpu"))
+    run = execute(RunSpec(program, ns, steps=3), get_backend("cpu"))
     assert [step["loss"] for step in run.steps] == [2.0, 4.0, 8.0]
     assert [step[LAST_EXPRESSION] for step in run.steps] == [2.0, 4.0, 8.0]
     assert float(run.outputs["w"]) == 8.0 and float(ns["w"]) == 1.0

@@ -72,7 +72,7 @@ def test_cell_options_with_a_cluster_use_the_ray_executor():
         cluster="ray",
         timeout=5.0,
     ).validate()
-    with pytest.raises(WorkbenchUsageError, match="--executor inprocess would run it here"):
+    with pytest.raises(WorkbenchUsageError, match="executor inprocess would run it here"):
         CellOptions(cluster="ray", executor="inprocess").validate()
     with pytest.raises(WorkbenchUsageError, match="names no Ray cluster"):
         CellOptions(cluster="local").validate()

@@ -68,7 +68,7 @@ def test_the_running_cell_count_comes_from_the_calling_cell_code():
 
     # this test function's own frame stands for the cell code that called the magic
     names = cell_filenames(Shell(), "<neuron-cell-1>")
-    assert names["<neuron-cell-1>"] == (12, 1) and names["/tmp/ipykernel_1/old.py"] == 3
+    assert names["<neuron-cell-1>"] == 12 and names["/tmp/ipykernel_1/old.py"] == 3
 
 
 # --- through the real magic -----------------------------------------------------------------------

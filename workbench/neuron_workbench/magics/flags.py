@@ -12,7 +12,7 @@ from neuron_workbench.errors import OptionError, WorkbenchUsageError
 __all__ = ["FLAGS", "flag", "usage_message"]
 
 #: API option names whose flag is not ``--`` plus the name with ``-`` for ``_``.
-FLAGS = {"per_output": "--tol"}
+FLAGS = {"per_output": "--tol", "cluster": "--on"}
 
 
 def flag(option: str) -> str:

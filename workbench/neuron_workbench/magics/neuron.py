@@ -53,17 +53,15 @@ def _recorded_cell(folder: str, count: int) -> str | None:
     return str(path)
 
 
-def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, int]]:
+def cell_filenames(shell: Any, own_filename: str) -> dict[str, int]:
     """Compiled filename of each notebook cell → its execution count (``cell [N]`` in sites).
 
     IPython records the temporary file every cell is compiled under (``shell.compile``'s
     ``_filename_map``); the ``%%neuron`` cell's body is compiled under ``own_filename`` and
-    belongs to the cell that is running now, one line below its ``%%neuron`` line.
+    belongs to the cell that is running now (compiled with the ``%%neuron`` line as line 1).
     """
     mapping = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
-    names: dict[str, int | tuple[int, int]] = {
-        str(k): int(v) for k, v in mapping.items() if isinstance(v, int)
-    }
+    names: dict[str, int] = {str(k): int(v) for k, v in mapping.items() if isinstance(v, int)}
     # The running cell's count: that of the cell code calling the magic (IPython counts up before a
     # cell runs, so shell.execution_count is already the next one), else the shell's.
     frame = sys._getframe(1)
@@ -71,7 +69,7 @@ def cell_filenames(shell: Any, own_filename: str) -> dict[str, int | tuple[int, 
     while frame is not None and count is None:
         count = mapping.get(frame.f_code.co_filename)
         frame = frame.f_back
-    names[own_filename] = (int(count if isinstance(count, int) else shell.execution_count), 1)
+    names[own_filename] = int(count if isinstance(count, int) else shell.execution_count)
     return names
 
 
@@ -400,12 +398,15 @@ class NeuronMagics(Magics):
                 track_per_op=bool(args.track_per_op or self.track_per_op),
             )
             shell = self.shell
-            program = compile_cell(shell.transform_cell(cell), transform_ast=shell.transform_ast)
+            # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.
+            program = compile_cell(
+                shell.transform_cell(cell), transform_ast=shell.transform_ast, first_line=2
+            )
             # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
             cells = cell_filenames(shell, program.filename)
             # The running cell's number, as its sites read it (not shell.execution_count, which
             # IPython has already moved to the next cell).
-            count = cells[program.filename][0]
+            count = cells[program.filename]
             options = CellOptions(
                 compare=compare,
                 profile=args.profile,

@@ -238,7 +238,7 @@ def compare_cell(
         capture=capture,
         instruments=all_instruments,
         rng_on_cpu=options.rng == "cpu",
-        repeat=options.steps,
+        steps=options.steps,
         ref_precision=options.ref_precision,
     )
     ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.emulator.profiles import DEVICES
+from neuron_workbench.errors import OptionError, WorkbenchUsageError
 from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
@@ -26,7 +27,7 @@ from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor,
 #: ``inprocess`` (this process), or ``worker`` (a child process per target that owns the device).
 EXECUTOR_CHOICES = ("auto", "inprocess", "worker")
 #: Targets ``auto`` runs in workers: accelerators, emulated or real (one backend per process).
-WORKER_TARGETS = ("neuron", "tpu")
+WORKER_TARGETS = DEVICES
 
 
 def resolve_executor(name: str, targets: tuple[str, ...] | list[str]) -> str:
@@ -112,37 +113,47 @@ class CellOptions:
         return resolve_executor(self.executor, self.targets)
 
     def validate(self) -> None:
-        """Raise :class:`WorkbenchUsageError` for settings no run could honour."""
+        """Raise :class:`~neuron_workbench.errors.OptionError` for settings no run could honour."""
         self.compare.validate()
         if self.executor not in EXECUTOR_CHOICES:
-            raise WorkbenchUsageError(f"--executor must be one of {', '.join(EXECUTOR_CHOICES)}")
+            raise OptionError(
+                "{0} must be one of {choices}", "executor", choices=", ".join(EXECUTOR_CHOICES)
+            )
         self.compare.check_target_flags(self.targets)
         if self.cluster:
             # only here is the Ray executor's module imported (it imports Ray itself only on use)
             from neuron_workbench.run.ray_executor import parse_cluster
 
             if parse_cluster(self.cluster) != self.cluster:
-                raise WorkbenchUsageError(f"--on {self.cluster!r} names no Ray cluster")
+                raise OptionError(
+                    "{0} {value!r} names no Ray cluster", "cluster", value=self.cluster
+                )
             if self.executor == "inprocess":
-                raise WorkbenchUsageError(
-                    "--on runs the target in a Ray actor; --executor inprocess would run it here"
+                raise OptionError(
+                    "{0} runs the target in a Ray actor; {1} inprocess would run it here",
+                    "cluster",
+                    "executor",
                 )
             if self.cluster_options is not None:
                 self.cluster_options.validate()
         if self.timeout is not None and self.timeout <= 0:
-            raise WorkbenchUsageError("--timeout must be a positive number of seconds")
+            raise OptionError("{0} must be a positive number of seconds", "timeout")
         if self.timeout is not None and self.resolved_executor not in ("worker", "ray"):
-            raise WorkbenchUsageError("--timeout needs --executor worker (a worker can be ended)")
+            raise OptionError("{0} needs {1} worker (a worker can be ended)", "timeout", "executor")
         targets = self.targets
         for name in self.extra_targets:
             get_backend(name)
         if len(set(targets)) != len(targets):
-            raise WorkbenchUsageError(f"--target names a backend twice: {','.join(targets)}")
-        accelerators = [name for name in targets if name in ("neuron", "tpu")]
+            raise OptionError(
+                "{0} names a backend twice: {names}", "target", names=",".join(targets)
+            )
+        accelerators = [name for name in targets if name in DEVICES]
         if len(accelerators) > 1 and self.resolved_executor not in ("worker", "ray"):
-            raise WorkbenchUsageError(
-                f"--target {','.join(targets)} needs --executor worker: one process holds one "
-                "accelerator backend"
+            raise OptionError(
+                "{0} {names} needs {1} worker: one process holds one accelerator backend",
+                "target",
+                "executor",
+                names=",".join(targets),
             )
 
 
@@ -184,7 +195,7 @@ def migration_findings(cell_source: str, target: str, first_line: int = 1) -> di
 
     ``first_line`` is the line number the source's first line has where the user reads it.
     """
-    if target not in ("neuron", "tpu"):
+    if target not in DEVICES:
         return None
     from neuron_workbench.scan import scan_cell
 

@@ -50,17 +50,34 @@ def compile_cell(
     *,
     filename: str | None = None,
     transform_ast: Callable[[ast.Module], ast.Module] | None = None,
+    first_line: int = 1,
 ) -> CellProgram:
-    """Parse and compile ``source``; syntax errors become one-line usage errors."""
+    """Parse and compile ``source``; syntax errors become one-line usage errors.
+
+    Parameters
+    ----------
+    source : str
+        The code to run.
+    filename : str, optional
+        The pseudo-file to compile under (a fresh ``<neuron-cell-N>`` by default).
+    transform_ast : callable, optional
+        IPython's AST transforms.
+    first_line : int
+        The line number ``source``'s first line has where the user sees it: 2 for the body of a
+        ``%%neuron`` cell, whose line 1 is the magic. Every line number the run reports (errors,
+        call sites, the line a crashed worker was running) then counts as the editor does.
+    """
     filename = filename or f"<neuron-cell-{next(_cell_counter)}>"
+    before = max(int(first_line), 1) - 1
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
-        raise WorkbenchUsageError(
-            f"syntax error in the cell, line {exc.lineno}: {exc.msg}"
-        ) from None
+        line = exc.lineno + before if exc.lineno else exc.lineno
+        raise WorkbenchUsageError(f"syntax error in the cell, line {line}: {exc.msg}") from None
     if transform_ast is not None:
         tree = transform_ast(tree)
+    if before:
+        ast.increment_lineno(tree, before)
     read_names = _names_read_before_bound(tree)
     last_expr = None
     last_expr_name = None
@@ -71,7 +88,7 @@ def compile_cell(
             last_expr_name = node.value.id
     body = compile(tree, filename, "exec")
     # Register the source so tracebacks and error reports can show the offending line.
-    lines = source.splitlines(keepends=True)
+    lines = ["\n"] * before + source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
     return CellProgram(source, filename, body, last_expr, last_expr_name, read_names)
 

@@ -147,15 +147,15 @@ class RunSpec:
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
         instruments: dict[str, Instrument] | None = None,
         rng_on_cpu: bool = False,
-        repeat: int = 1,
+        steps: int = 1,
         isolate_inputs: bool = True,
         ref_precision: str = "cuda",
     ) -> None:
-        if repeat < 1:
-            raise ValueError("repeat must be at least 1")
+        if steps < 1:
+            raise ValueError("steps must be at least 1")
         self.program = program
         self.ref_precision = ref_precision
-        self.repeat = repeat
+        self.steps = steps
         self.rng_on_cpu = rng_on_cpu
         self.instruments = dict(instruments or {})
         self.namespace = namespace
@@ -178,11 +178,14 @@ def what_if_policy(backend: Backend, what_if: str | None) -> Iterator[None]:
     if what_if is None:
         yield
         return
-    from neuron_workbench.errors import WorkbenchUsageError
+    from neuron_workbench.errors import OptionError
 
     if not backend.availability().emulated:
-        raise WorkbenchUsageError(
-            f"--what-if {what_if} needs an emulated target; {backend.name} is real"
+        raise OptionError(
+            "{0} {value} needs an emulated target; {name} is real",
+            "what_if",
+            value=what_if,
+            name=backend.name,
         )
     from neuron_workbench import emulator
 
@@ -295,24 +298,24 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             seed_everything(spec.seed)
             backend.reset_peak_memory()
             start = time.perf_counter()
-            steps: list[dict[str, float]] = []
-            for step in range(spec.repeat):
+            step_scalars: list[dict[str, float]] = []
+            for step in range(spec.steps):
                 if step:
                     for recorder in observed.values():
-                        getattr(recorder, "next_iteration", lambda: None)()
+                        getattr(recorder, "next_step", lambda: None)()
                 exec(spec.program.body, ns)
                 last_value = None
                 if spec.program.last_expr is not None:
                     last_value = eval(spec.program.last_expr, ns)
-                if spec.repeat > 1:
-                    steps.append(_step_scalars(ns, before_run, last_value, spec.hidden))
+                if spec.steps > 1:
+                    step_scalars.append(_step_scalars(ns, before_run, last_value, spec.hidden))
             backend.synchronize()
             wall = time.perf_counter() - start
             memory = backend.memory_stats()
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
         run.fallbacks = recording.events
         run.extras = observed
-        run.steps = steps
+        run.steps = step_scalars
         run.facts = facts
         run.memory = memory
         run.wall_time_s = wall

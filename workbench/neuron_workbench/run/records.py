@@ -194,7 +194,7 @@ class Run:
     deleted: list[str] = field(default_factory=list)
     rng_state: Any = field(default=None, repr=False)
     facts: RunFacts = field(default_factory=RunFacts)
-    #: With ``repeat > 1``: the scalars the cell bound after each repetition (a loss curve).
+    #: With ``steps > 1``: the scalars the cell bound after each repetition (a loss curve).
     steps: list[dict[str, float]] = field(default_factory=list)
     #: What each instrument of the run recorded, by instrument name (see ``RunSpec.instruments``).
     extras: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -399,7 +399,7 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | by
         resident=resident,
         instruments=request["instruments"],
         rng_on_cpu=request["rng_on_cpu"],
-        repeat=request["repeat"],
+        steps=request["steps"],
         isolate_inputs=False,
         ref_precision=request["ref_precision"],
     )
@@ -755,7 +755,7 @@ class WorkerExecutor:
             "force": force,
             "instruments": spec.instruments,
             "rng_on_cpu": spec.rng_on_cpu,
-            "repeat": spec.repeat,
+            "steps": spec.steps,
             "what_if": what_if,
             "ref_precision": getattr(spec, "ref_precision", "cuda"),
             "backend_options": backend.options(),

@@ -170,9 +170,8 @@ class _RecorderMode(TorchDispatchMode):
 class OpProfileRecorder:
     """Records every ATen op of one run; :meth:`result` gives the :class:`OpProfile`.
 
-    Made by :func:`op_profiler`. The executor calls :meth:`next_iteration` (its name for
-    :meth:`next_step`) between the steps of ``--steps N``: step 0 is the first call (compile,
-    warm-up), the rest steady state.
+    Made by :func:`op_profiler`. The executor calls :meth:`next_step` between the steps of
+    ``--steps N``: step 0 is the first call (compile, warm-up), the rest steady state.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -231,9 +230,6 @@ class OpProfileRecorder:
         self._step += 1
         self._current = {}
         self._steps.append(self._current)
-
-    #: The executor's hook name (``run/executor.py`` calls ``next_iteration`` between steps).
-    next_iteration = next_step
 
     def stop(self) -> None:
         """Finish recording: synchronize and read the peak memory."""
