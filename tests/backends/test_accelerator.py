@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.backends.accelerator import DispatchCallRecorder, base_op_name
+from neuron_workbench.backends.accelerator import DispatchCallRecorder
+from neuron_workbench.opnames import normalize_op
 
 
-def test_base_op_name():
-    assert base_op_name("aten::add.Tensor") == "aten::add"
-    assert base_op_name("sort") == "aten::sort"
-    assert base_op_name("tpu::_max_pool2d") == "tpu::_max_pool2d"
+def test_normalize_op():
+    assert normalize_op("aten::add.Tensor") == "aten::add"
+    assert normalize_op("sort") == "aten::sort"
+    assert normalize_op("tpu::_max_pool2d") == "tpu::_max_pool2d"
 
 
 def test_recorder_counts_calls_of_the_named_ops_per_line():

@@ -173,7 +173,8 @@ def test_bad_flag_is_a_usage_error(ip):
 def test_syntax_error_in_cell_is_a_usage_error(ip):
     result = run_cell(ip, "%%neuron\nx = (", allow_error=True)
     assert isinstance(result.error_in_exec, UsageError)
-    assert "syntax error in the cell, line 1" in str(result.error_in_exec)
+    # line 1 is the %%neuron line; the unclosed bracket is on line 2, as the editor counts
+    assert "syntax error in the cell, line 2" in str(result.error_in_exec)
 
 
 def test_functions_from_earlier_cells_see_each_runs_own_copy(ip):

@@ -285,7 +285,7 @@ def test_killing_the_actor_mid_run_gives_error_and_the_next_cell_works(ray_ip, r
                 _, line = ray.get(actor.probe.remote(), timeout=5)
             except Exception:
                 return
-            if line == 3:  # in the cell's sleep: the run has started
+            if line == 4:  # in the cell's sleep (line 1 is %%neuron): the run has started
                 time.sleep(1.5)  # the kernel looks at the actor every 0.5 s
                 ray.kill(actor)
                 return
@@ -327,7 +327,7 @@ def test_a_hung_target_on_ray_is_ended_after_the_timeout(ray_ip, ray_cluster):
     assert report.verdict == "ERROR"
     assert re.fullmatch(
         rf"target actor on {re.escape(where)} timed out after 3 s while running aten::\S+ at "
-        r"cell line 3; it was ended",
+        r"cell line 4; it was ended",
         report.target.error.message,
     ), report.target.error.message
     assert time.monotonic() - started < 30

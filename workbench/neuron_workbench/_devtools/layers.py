@@ -58,10 +58,11 @@ TIERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("backends", frozenset({"backends"})),
     ("emulator", frozenset({"emulator"})),
     # CUDA's semantics in plain PyTorch, shared by the host reference and the emulated devices;
-    # source-line attribution of ops, shared by the emulator, the backends and the op recorder.
+    # source-line attribution of ops, shared by the emulator, the backends and the op recorder;
+    # op-name spellings, shared by the backends' recorders, trace/ and compare/.
     (
-        "errors / cuda semantics / sites",
-        frozenset({"errors", "cuda_semantics", "sites", ROOT_CONSTANTS}),
+        "errors / cuda semantics / sites / op names",
+        frozenset({"errors", "cuda_semantics", "sites", "opnames", ROOT_CONSTANTS}),
     ),
 )
 

@@ -27,6 +27,7 @@ from neuron_workbench.backends.base import (
     FallbackRecording,
     MemoryStats,
 )
+from neuron_workbench.opnames import normalize_op
 
 #: What :meth:`AcceleratorBackend.capabilities` says when neither the SDK's documented API nor
 #: PyTorch's generic one can do something.
@@ -80,15 +81,6 @@ _PLUMBING = frozenset(
         "lift_fresh", "set_", "resize_", "_unsafe_view", "is_pinned", "record_stream",
     }
 )  # fmt: skip
-
-
-def base_op_name(name: str) -> str:
-    """``aten::add.Tensor`` → ``aten::add`` (names without a namespace get ``aten::``)."""
-    name = str(name).strip()
-    if "::" not in name:
-        name = f"aten::{name}"
-    namespace, _, rest = name.partition("::")
-    return f"{namespace}::{rest.split('.', 1)[0]}"
 
 
 class DispatchCallRecorder:
@@ -185,7 +177,7 @@ class DispatchCallRecorder:
                         shapes.append(list(t.shape))
                         dtypes.append(str(t.dtype))
             self._events[key] = FallbackEvent(
-                op=base_op_name(overload),
+                op=normalize_op(overload),
                 overload=overload,
                 count=1,
                 shapes=shapes,
@@ -242,7 +234,7 @@ class DispatchCallRecorder:
         Ops the SDK named but the recorder never saw (reached inside another op's kernel) get one
         event with ``count`` None and no site.
         """
-        wanted = {base_op_name(n): str(n) for n in names}
+        wanted = {normalize_op(n): str(n) for n in names}
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
         for event in self._events.values():

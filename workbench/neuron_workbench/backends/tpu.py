@@ -32,9 +32,9 @@ from neuron_workbench.backends.accelerator import (
     NOT_AVAILABLE,
     AcceleratorBackend,
     DispatchCallRecorder,
-    base_op_name,
 )
 from neuron_workbench.backends.base import FallbackRecording
+from neuron_workbench.opnames import normalize_op
 
 #: Environment variable that asks for the full list of missing ops (CPU fallback on for runs).
 LIST_FALLBACKS_ENV = "NEURON_WORKBENCH_TPU_LIST_FALLBACKS"
@@ -201,7 +201,7 @@ class TpuBackend(AcceleratorBackend):
                 setattr(switch, SWITCH_NAME, previous)
             by_op: dict[str, list[Any]] = {}
             for name, (count, line) in warnings.ops.items():
-                entry = by_op.setdefault(base_op_name(name), [0, line])
+                entry = by_op.setdefault(normalize_op(name), [0, line])
                 entry[0] += count
             events = recorder.events_for(
                 list(warnings.ops), source="TorchTPU fallback warnings + dispatch recorder"

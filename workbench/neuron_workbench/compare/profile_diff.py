@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from neuron_workbench.trace.opnames import normalize_op
+from neuron_workbench.opnames import normalize_op
 from neuron_workbench.trace.profile_data import OpProfile, OpStat, as_profile
 
 if TYPE_CHECKING:

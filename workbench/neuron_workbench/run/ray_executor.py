@@ -50,6 +50,7 @@ from neuron_workbench.run.worker import (
     Packed,
     WorkerDied,
     WorkerExecutor,
+    WorkerPool,
     WorkerRow,
     _first_line,
     _run_request,
@@ -723,38 +724,25 @@ def _located(info: BackendInfo, target: RayTarget) -> BackendInfo:
     return dataclasses.replace(info, details=details)
 
 
-class RayActorPool:
+class RayActorPool(WorkerPool):
     """The target actors of one session on one cluster, one per target, created on first use."""
 
     def __init__(self, cluster: str, options: RayOptions | None = None) -> None:
+        super().__init__()
         self.cluster = cluster
         self.options = options if options is not None else RayOptions()
-        self._targets: dict[str, RayTarget] = {}
+
+    def _new(self, target: str) -> RayTarget:
+        return RayTarget(target, self.cluster, self.options)
+
+    def _row(self, slot: RayTarget) -> WorkerRow:
+        return WorkerRow(f"{slot.target}@{slot.where}", slot.pid, slot.alive, None, slot.cells_run)
 
     def get(self, target: str) -> RayTarget:
         """The actor slot for ``target`` (created, not yet started, on first use)."""
-        if target not in self._targets:
-            self._targets[target] = RayTarget(target, self.cluster, self.options)
-        self._targets[target].options = self.options
-        return self._targets[target]
-
-    def rows(self) -> list[WorkerRow]:
-        """Every actor with its state (``target@where``)."""
-        return [
-            WorkerRow(f"{t.target}@{t.where}", t.pid, t.alive, None, t.cells_run)
-            for t in self._targets.values()
-        ]
-
-    def restart(self, target: str) -> RayTarget:
-        """End ``target``'s actor and start a fresh one."""
-        slot = self.get(target)
-        slot.start()
+        slot = super().get(target)
+        slot.options = self.options  # the session's settings may have changed since
         return slot
-
-    def close(self) -> None:
-        """End every actor (the connection to the cluster stays)."""
-        for slot in self._targets.values():
-            slot.stop()
 
 
 class RayExecutor(WorkerExecutor):

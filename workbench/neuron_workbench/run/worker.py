@@ -667,30 +667,39 @@ _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 @atexit.register
 def _close_pools() -> None:
     for pool in list(_POOLS):
-        pool.close()
+        with contextlib.suppress(Exception):  # at exit: a pool's runtime may already be gone
+            pool.close()
 
 
 class WorkerPool:
-    """The workers of one session, one per target, started on first use."""
+    """The workers of one session, one per target, started on first use.
+
+    Subclasses keep other kinds of target slot (Ray actors) by overriding :meth:`_new` and
+    :meth:`_row`; a slot has ``start()``, ``stop()``, ``target``, ``alive`` and ``cells_run``.
+    """
 
     def __init__(self) -> None:
-        self._workers: dict[str, TargetWorker] = {}
+        self._slots: dict[str, Any] = {}
         _POOLS.add(self)
 
-    def get(self, target: str) -> TargetWorker:
+    def _new(self, target: str) -> Any:
+        return TargetWorker(target)
+
+    def _row(self, worker: Any) -> WorkerRow:
+        pid = worker.pid if worker.alive else None
+        return WorkerRow(worker.target, pid, worker.alive, worker.memory_bytes(), worker.cells_run)
+
+    def get(self, target: str) -> Any:
         """The worker for ``target`` (created, not yet started, on first use)."""
-        if target not in self._workers:
-            self._workers[target] = TargetWorker(target)
-        return self._workers[target]
+        if target not in self._slots:
+            self._slots[target] = self._new(target)
+        return self._slots[target]
 
     def rows(self) -> list[WorkerRow]:
         """Every worker with its state."""
-        return [
-            WorkerRow(w.target, w.pid if w.alive else None, w.alive, w.memory_bytes(), w.cells_run)
-            for w in self._workers.values()
-        ]
+        return [self._row(slot) for slot in self._slots.values()]
 
-    def restart(self, target: str) -> TargetWorker:
+    def restart(self, target: str) -> Any:
         """Stop ``target``'s worker and start a fresh one."""
         worker = self.get(target)
         worker.start()
@@ -698,7 +707,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop every worker."""
-        for worker in self._workers.values():
+        for worker in self._slots.values():
             worker.stop()
 
     def __del__(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_workbench.trace.opnames import normalize_op
+from neuron_workbench.opnames import normalize_op
 
 __all__ = [
     "FallbackRow",

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from neuron_workbench.opnames import normalize_op as base_op_name
 from neuron_workbench.sites import find_site_and_module
-from neuron_workbench.trace.opnames import normalize_op as base_op_name
 from neuron_workbench.trace.profile_data import (
     HOST_CPU_TIME,
     SYNCED_WALL_TIME,

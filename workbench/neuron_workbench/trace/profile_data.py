@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from neuron_workbench.trace.opnames import normalize_op as base_op_name
+from neuron_workbench.opnames import normalize_op as base_op_name
 
 if TYPE_CHECKING:
     import pandas

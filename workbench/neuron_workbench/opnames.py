@@ -1,7 +1,7 @@
 """Spellings of ATen op names: one base name per op, whatever overload or namespace was written.
 
-Shared by the fallback report and the op profile (a leaf of ``trace/``, so neither imports the
-other for it).
+Shared by the backends' dispatch recorders, the fallback report, the op profile and the profile
+diff: a leaf module, so each layer can use it.
 """
 
 from __future__ import annotations
