@@ -105,11 +105,13 @@ def test_display_in_a_worker_cell_prints(ip):
 
 def test_config_selects_the_worker_executor(ip):
     run_cell(ip, "import torch")
+    magics = ip.magics_manager.registry["NeuronMagics"]
+    before = magics.executor  # the shell is shared by the tests: put the setting back as it was
     run_cell(ip, "%config NeuronMagics.executor = 'worker'")
     try:
         run_cell(ip, "%%neuron --target tpu -o r\nq = torch.ones(2, device='cuda') + 1")
     finally:
-        run_cell(ip, "%config NeuronMagics.executor = 'inprocess'")
+        magics.executor = before
     assert ip.user_ns["r"].target.backend.name == "tpu" and ip.user_ns["r"].verdict == "PASS"
 
 

@@ -141,7 +141,6 @@ class DispatchCallRecorder:
     def _note(
         self, func: Any, args: Any, seq: int | None, seconds: float, names: Any = None
     ) -> None:
-        import torch
 
         from neuron_workbench.emulator.events import FallbackEvent
 
@@ -169,20 +168,11 @@ class DispatchCallRecorder:
                 event.count += 1
                 event.cpu_time_s += seconds
                 continue
-            shapes: list[list[int]] = []
-            dtypes: list[str] = []
-            for a in args:
-                for t in a if isinstance(a, (list, tuple)) else (a,):
-                    if isinstance(t, torch.Tensor):
-                        shapes.append(list(t.shape))
-                        dtypes.append(str(t.dtype))
-            self._events[key] = FallbackEvent(
-                op=normalize_op(overload),
-                overload=overload,
-                count=1,
-                shapes=shapes,
-                dtypes=dtypes,
-                cpu_time_s=seconds,
+            self._events[key] = FallbackEvent.first_call(
+                normalize_op(overload),
+                overload,
+                args,
+                seconds,
                 phase=phase,
                 site=site,
                 module=module,

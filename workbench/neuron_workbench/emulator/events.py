@@ -68,6 +68,36 @@ class FallbackEvent:
     module_type: str = ""
     autograd_node: str = ""
 
+    @classmethod
+    def first_call(
+        cls,
+        op: str,
+        overload: str,
+        args: Any,
+        cpu_time_s: float,
+        *,
+        phase: str,
+        site: SourceSite | None,
+        module: str = "",
+        module_type: str = "",
+        autograd_node: str = "",
+    ) -> FallbackEvent:
+        """The event of an op's first fallback call, with the shapes and dtypes of its ``args``."""
+        shapes, dtypes = _shape_dtype(args)
+        return cls(
+            op=op,
+            overload=overload,
+            count=1,
+            shapes=shapes,
+            dtypes=dtypes,
+            cpu_time_s=cpu_time_s,
+            phase=phase,
+            site=site,
+            module=module,
+            module_type=module_type,
+            autograd_node=autograd_node,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of this event."""
         d = asdict(self)
@@ -255,14 +285,11 @@ def record_event(
     key = (overload, site, phase, module, node_name)
 
     def make() -> FallbackEvent:
-        shapes, dtypes = _shape_dtype(args)
-        return FallbackEvent(
-            op=op,
-            overload=overload,
-            count=1,
-            shapes=shapes,
-            dtypes=dtypes,
-            cpu_time_s=seconds,
+        return FallbackEvent.first_call(
+            op,
+            overload,
+            args,
+            seconds,
             phase=phase,
             site=site,
             module=module,

@@ -54,6 +54,7 @@ from neuron_workbench.run.worker import (
     WorkerRow,
     _first_line,
     _run_request,
+    device_ready,
     dumps,
     loads,
 )
@@ -394,16 +395,7 @@ class TargetActor:
             import ray
 
             hello["node"] = ray.util.get_node_ip_address()
-        try:
-            availability = backend.availability()
-            if availability:
-                with backend.session():  # install the emulated device before any backward pass
-                    pass
-            hello["availability"] = availability
-            hello["info"] = backend.info() if availability else None
-        except Exception as exc:
-            hello["availability"] = Availability(False, f"{self._target} actor: {_first_line(exc)}")
-            hello["info"] = None
+        hello.update(device_ready(backend, "actor"))
         self._hello = _flatten(dumps(hello))
         return self._hello
 

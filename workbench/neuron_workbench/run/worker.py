@@ -261,6 +261,23 @@ _LastOpMode.__torch_dispatch__ = _LastOpMode.__dict__["__torch_dispatch__"].__wr
 _OWN_ENV = ("NEURON_WORKBENCH_EMULATE", "NEURON_WORKBENCH_EMULATE_REPORT", "MPLBACKEND", WORKER_ENV)
 
 
+def device_ready(backend: Backend, host: str) -> dict[str, Any]:
+    """Make ``backend``'s device ready in this target process: ``availability`` and ``info``.
+
+    Run once when a worker or a Ray actor starts; a failure is reported as unavailability
+    (naming the ``host`` kind), never raised, so the kernel gets one line.
+    """
+    try:
+        availability = backend.availability()
+        if availability:
+            with backend.session():  # install the emulated device before any backward pass
+                pass
+        return {"availability": availability, "info": backend.info() if availability else None}
+    except Exception as exc:
+        reason = f"{backend.name} {host}: {_first_line(exc)}"
+        return {"availability": Availability(False, reason), "info": None}
+
+
 def _mirror_environment(kernel: dict[str, str]) -> None:
     """The kernel's environment as of this cell (``%env`` settings reach the run), less ours."""
     for name in [n for n in os.environ if n not in kernel and n not in _OWN_ENV]:
@@ -307,17 +324,7 @@ def _serve(fd: int, folder: str) -> None:
     from neuron_workbench.backends import get_backend
 
     backend = get_backend(init["target"])
-    hello: dict[str, Any] = {"pid": os.getpid()}
-    try:
-        availability = backend.availability()
-        if availability:
-            with backend.session():  # install the emulated device before any backward pass
-                pass
-        hello["availability"] = availability
-        hello["info"] = backend.info() if availability else None
-    except Exception as exc:
-        hello["availability"] = Availability(False, f"{backend.name} worker: {_first_line(exc)}")
-        hello["info"] = None
+    hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
     send(conn, dumps(hello))
     while True:
         try:
