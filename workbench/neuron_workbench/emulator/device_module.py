@@ -259,21 +259,11 @@ class _ExecutionMode:
         _core.reset_plans()
 
 
-class _ExecutionModeModule(types.ModuleType):
+class _ExecutionModeModule(_ExecutionMode, types.ModuleType):
     """The emulated ``torch_tpu._internal.execution_mode``: TorchTPU's switch at its real place."""
 
     #: Marks the module as the emulator's stand-in, not the real TorchTPU.
     __neuron_workbench_emulated__ = True
-
-    @property
-    def enable_cpu_fallback(self) -> bool:
-        """Whether ops TorchTPU lacks run on CPU (False by default, as on the real backend)."""
-        return _core.CPU_FALLBACK
-
-    @enable_cpu_fallback.setter
-    def enable_cpu_fallback(self, value: bool) -> None:
-        _core.CPU_FALLBACK = bool(value)
-        _core.reset_plans()
 
 
 def _enable_cpu_fallback(value: bool) -> None:
