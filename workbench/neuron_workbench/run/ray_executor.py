@@ -3,7 +3,7 @@
 The local ``worker`` executor's protocol, shipped through Ray: the kernel packs the same run request
 (:func:`~neuron_workbench.run.worker.pack_request`), a :class:`TargetActor` placed on a node with
 the target's resource (``neuron_cores`` for neuron, ``TPU`` for tpu, ``GPU`` for cuda) answers it
-with the worker's own code (``_run_request``), and the finished :class:`~.records.Run` comes back
+with the worker's own code (``answer_request``), and the finished :class:`~.records.Run` comes back
 with its tensors on the host. The reference stays in the kernel.
 
 Ray is an optional dependency (``pip install neuron-workbench[ray]``) and is imported only when a
@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ from neuron_workbench.run.worker import (
     WorkerPool,
     WorkerRow,
     _first_line,
-    _run_request,
+    answer_request,
     device_ready,
     dumps,
     loads,
@@ -406,29 +406,26 @@ class TargetActor:
                 os.chdir(where["cwd"])  # the same folder exists here (a cluster on this host)
         self.hello()
         assert self._backend is not None
-        name = self._backend.name
-        try:
-            request = loads(_unflatten((data, buffers)))
-        except Exception as exc:
-            return _flatten(
-                dumps(
-                    {
-                        "usage_error": f"the {name} actor could not load what the cell reads "
-                        f"({_first_line(exc)}); install the module on the cluster's nodes or "
-                        "ship it with NeuronMagics.ray_runtime_env, or run the cell without --on"
-                    }
-                )
-            )
+        answer = answer_request(
+            _unflatten((data, buffers)),
+            self._backend,
+            self._slot,
+            host="actor",
+            load_hint="install the module on the cluster's nodes or ship it with "
+            "NeuronMagics.ray_runtime_env, or run the cell without --on",
+            hint=_HINT,
+            running=self._running_cell,
+        )
+        return _flatten(answer)
+
+    @contextlib.contextmanager
+    def _running_cell(self, request: dict[str, Any]) -> Iterator[None]:
+        """While the request runs, :meth:`probe` knows the thread and the cell's file."""
         self._running = (threading.get_ident(), request["program"].filename)
         try:
-            answer = _run_request(request, self._backend, self._slot)
-        except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
-            answer = dumps({"usage_error": str(exc)})
-        except Exception as exc:  # the workbench failed around the cell: say so, keep serving
-            answer = dumps({"usage_error": f"the {name} actor failed: {_first_line(exc)}; {_HINT}"})
+            yield
         finally:
             self._running = None
-        return _flatten(answer)
 
     def probe(self) -> tuple[str, int | None]:
         """The op the running cell dispatched last, and the cell line it is at (or None)."""

@@ -31,7 +31,7 @@ import tempfile
 import time
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -341,31 +341,46 @@ def _serve(fd: int, folder: str) -> None:
         if where["cwd"] != os.getcwd():
             with contextlib.suppress(OSError):
                 os.chdir(where["cwd"])
-        try:
-            request = loads(data)
-        except Exception as exc:
-            send(
-                conn,
-                dumps(
-                    {
-                        "usage_error": f"the {backend.name} worker could not load what the cell "
-                        f"reads ({_first_line(exc)}); {_EXECUTOR_HINT}"
-                    }
-                ),
-            )
-            continue
-        try:
-            answer = _run_request(request, backend, slot)
-        except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
-            answer = dumps({"usage_error": str(exc)})
-        except Exception as exc:  # the workbench failed around the cell: say so, keep serving
-            answer = dumps(
-                {
-                    "usage_error": f"the {backend.name} worker failed: {_first_line(exc)}; "
-                    f"{_EXECUTOR_HINT}"
-                }
-            )
+        answer = answer_request(
+            data, backend, slot, host="worker", load_hint=_EXECUTOR_HINT, hint=_EXECUTOR_HINT
+        )
         send(conn, answer)
+
+
+def answer_request(
+    data: Packed,
+    backend: Backend,
+    slot: mmap.mmap | bytearray,
+    *,
+    host: str,
+    load_hint: str,
+    hint: str,
+    running: Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]] | None = None,
+) -> Packed:
+    """A target process's packed answer to one packed run request (a worker's or a Ray actor's).
+
+    The run, or a one-line ``usage_error``: what the cell reads could not be loaded here (with
+    ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
+    (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself.
+    """
+    try:
+        request = loads(data)
+    except Exception as exc:
+        return dumps(
+            {
+                "usage_error": f"the {backend.name} {host} could not load what the cell reads "
+                f"({_first_line(exc)}); {load_hint}"
+            }
+        )
+    try:
+        with running(request) if running is not None else contextlib.nullcontext():
+            return _run_request(request, backend, slot)
+    except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
+        return dumps({"usage_error": str(exc)})
+    except Exception as exc:  # the workbench failed around the cell: say so, keep serving
+        return dumps(
+            {"usage_error": f"the {backend.name} {host} failed: {_first_line(exc)}; {hint}"}
+        )
 
 
 def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | bytearray) -> Packed:
