@@ -5,6 +5,9 @@ The GPT figures are the ones laptop users see first: a 2-layer GPT (64-dim, 32 t
 ``transformers``' GPT-2 built from a config. Goals (issue: emulator core): small GPT <= 1.5x,
 4-layer GPT <= 1.05x, CNN and transformer block <= 1.25x.
 
+It also measures the emulator's fixed cost per dispatched op: a loop of tiny ops (add, in-place
+add, sum, a small matmul) on both devices; the difference per op is the overhead in microseconds.
+
 Run: ``PYTHONPATH=workbench .venv/bin/python benchmarks/emulator_overhead.py [--threads 1]``.
 Both configurations run in the same process, interleaved, and each figure is the minimum over
 rounds of several steps (the machine may be shared and noisy). Emulated timings are host CPU time.
@@ -111,6 +114,24 @@ def make_gpt4(device):
     return _gpt(device, layers=4, dim=256, tokens=128, batch=8, accumulate=1)
 
 
+def per_op_overhead_us(device: str, calls: int = 20000) -> float:
+    """Mean time per tiny op on ``device`` in microseconds (a mix of four common ops)."""
+    x = torch.randn(8, device=device)
+    y = torch.randn(8, device=device)
+    a = torch.randn(4, 4, device=device)
+    ops = (lambda: x + y, lambda: x.add_(y), lambda: x.sum(), lambda: a @ a)
+    for op in ops:
+        op()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls // len(ops)):
+            for op in ops:
+                op()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
 def bench(step, steps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -130,6 +151,12 @@ def main() -> None:
 
     st = emulate("neuron")
     results = {}
+    cpu_us, emu_us = per_op_overhead_us("cpu"), per_op_overhead_us("neuron")
+    results["per_op"] = {"cpu_us": cpu_us, "emulated_us": emu_us, "overhead_us": emu_us - cpu_us}
+    print(
+        f"per op (tiny ops)  cpu {cpu_us:6.2f} us  emulated {emu_us:6.2f} us  "
+        f"overhead {emu_us - cpu_us:.2f} us  ({st.core} core)"
+    )
     workloads = (
         ("cnn", make_cnn, args.steps),
         ("transformer_block", make_block, args.steps),

@@ -22,6 +22,11 @@ if ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+# The emulator's native core (emulator/native/emucore.cpp): compiled once per torch version into
+# ~/.cache/neuron-workbench, so no test or notebook process pays the build. Without a C++ compiler
+# the emulator uses its pure-Python core; the line printed says what to install.
+"$VENV/bin/python" -m neuron_workbench.emulator.native || true
+
 # The JupyterLab extension (extensions/neuron-workbench-lab): built from npm-registry packages with
 # the venv's jlpm (jupyter-builder) when its output is missing or older than its sources, then put
 # where JupyterLab finds it. Editable installs do not copy setuptools data-files, hence the copy;

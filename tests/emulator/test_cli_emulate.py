@@ -95,7 +95,7 @@ def test_emulate_tpu_raises_unless_fallback_enabled(tmp_path):
     proc = _cli(["emulate", "--device", "tpu", "--", "python", str(script)])
     assert proc.returncode == 1
     assert (
-        "RuntimeError: operator 'aten::i0' is not implemented for TPU. Please file a feature "
+        "RuntimeError: operator 'aten::i0.out' is not implemented for TPU. Please file a feature "
         "request" in proc.stderr
     )
     proc = _cli(["emulate", "--device", "tpu", "--cpu-fallback", "on", "--",

@@ -72,7 +72,8 @@ def test_events_carry_site_module_phase_and_counts():
         assert ev.cpu_time_s > 0 and ev.autograd_node == ""
     pool = by_op["aten::max_pool2d_with_indices"]
     assert pool.shapes == [[2, 4, 8, 8]] and pool.dtypes == ["torch.float32"]
-    assert pool.overload == "aten::max_pool2d_with_indices"
+    # structured: the out= form is what reaches the device's fallback, as on the real backends
+    assert pool.overload == "aten::max_pool2d_with_indices.out"
     bwd = by_op["aten::max_pool2d_with_indices_backward"]
     assert bwd.phase == "backward" and bwd.autograd_node == "MaxPool2DWithIndicesBackward0"
     # the backward op of a forward fallback points back at the forward line and module

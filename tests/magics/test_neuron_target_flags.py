@@ -37,7 +37,7 @@ def test_list_fallbacks_lists_every_missing_tpu_op_in_one_run(ip, monkeypatch):
     first = _report(ip, "--target tpu --ref cpu")
     assert first.verdict == "ERROR"
     assert first.target.error.message == (
-        "operator 'aten::i0' is not implemented for TPU. Please file a feature request"
+        "operator 'aten::i0.out' is not implemented for TPU. Please file a feature request"
     )
     full = _report(ip, "--target tpu --ref cpu --list-fallbacks")
     assert full.verdict == "PASS", full.summary()

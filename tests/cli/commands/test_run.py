@@ -303,7 +303,7 @@ def test_notebook_on_emulated_tpu_gets_the_tpu_numerics_and_its_missing_op_error
     hints = [h for o in reports[0]["outputs"] for h in o["hints"]]
     assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in hints)
     assert reports[1]["target"]["error"]["message"] == (
-        "operator 'aten::i0' is not implemented for TPU. Please file a feature request"
+        "operator 'aten::i0.out' is not implemented for TPU. Please file a feature request"
     )
 
 

@@ -80,6 +80,11 @@ class EmulatorStatus:
         Emulated memory capacity, None for unlimited.
     emulated
         Always True.
+    core
+        ``"native"`` (the compiled core: real device storage, ~1 µs per op) or ``"python"`` (the
+        pure-Python core, used where the native one cannot be built).
+    core_note
+        Why the Python core runs (one line), else ``""``.
     """
 
     device: str
@@ -90,6 +95,8 @@ class EmulatorStatus:
     numerics: dict[str, Any] = field(default_factory=dict)
     capacity_bytes: int | None = None
     emulated: bool = True
+    core: str = "native"
+    core_note: str = ""
 
     def describe(self) -> str:
         """Short label for reports."""
@@ -106,6 +113,8 @@ class EmulatorStatus:
             "numerics": dict(self.numerics),
             "capacity_bytes": self.capacity_bytes,
             "emulated": True,
+            "core": self.core,
+            "core_note": self.core_note,
         }
 
 
@@ -190,7 +199,15 @@ def status() -> EmulatorStatus | None:
         cpu_fallback=_core.CPU_FALLBACK,
         numerics=numerics,
         capacity_bytes=_core.MEM.capacity,
+        core="native" if _core.NATIVE_CORE is not None else "python",
+        core_note="" if _core.NATIVE_CORE is not None else _native_reason(),
     )
+
+
+def _native_reason() -> str:
+    from neuron_workbench.emulator import native
+
+    return native.unavailable_reason() or ""
 
 
 _UNSET: Any = object()

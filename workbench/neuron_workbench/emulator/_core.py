@@ -1,10 +1,14 @@
-"""The emulated tensor and its dispatch hot path.
+"""The emulator's shared policy tables, and its pure-Python core.
 
-An :class:`EmulatedTensor` is a wrapper subclass whose device is ``neuron:0`` (or ``tpu:0``) and
-whose data is a CPU tensor in ``.elem``. ``__torch_dispatch__`` runs every ATen op on the CPU
-payloads, after the device check and the profile's numerics policy, and decides per op (once, then
-cached) whether it is native, a CPU fallback (recorded, or an error on tpu), or a composite to be
-decomposed into other ops the way the real dispatcher would. Design: ``shared/notes/emulator.md``.
+The tables (coverage, the device-exempt, 64-bit and matmul op sets, refusal texts, the bf16 matmul
+passes) serve both cores; the native core (``emulator/native``, the default where it can be built)
+reads them through ``_native_core``. The rest of this module is the pure-Python core, used where
+no C++ compiler is available: an :class:`EmulatedTensor` is a wrapper subclass whose device is
+``neuron:0`` (or ``tpu:0``) and whose data is a CPU tensor in ``.elem``. ``__torch_dispatch__``
+runs every ATen op on the CPU payloads, after the device check and the profile's numerics
+policy, and decides per op (once, then cached) whether it is native, a CPU fallback (recorded, or
+an error on tpu), or a composite to be decomposed into other ops the way the real dispatcher
+would. Design: ``shared/notes/emulator.md``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ CPU_FALLBACK = True
 NARROW_64BIT = True  # neuron: float64 computed as float32, int64 arithmetic as int32
 MATMUL_PASSES = 0  # 0: exact fp32; 1/3/6: bf16 passes (tpu DEFAULT/HIGH/HIGHEST, neuron what-if)
 TPU_WARN_EVERY_CALL = True
+NATIVE_CORE: Any = None  # the compiled core (emulator/native) when it runs the device, else None
 
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
@@ -434,6 +439,9 @@ def _make_plan(func: Any) -> tuple:
 def reset_plans() -> None:
     """Forget cached per-op decisions (after the profile or a policy changes)."""
     _PLANS.clear()
+    if NATIVE_CORE is not None:
+        NATIVE_CORE.configure(CPU_FALLBACK, NARROW_64BIT, MATMUL_PASSES)
+        NATIVE_CORE.reset_plans()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,11 +10,13 @@ generators, which must fail with a clear message).
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import torch
 
-from neuron_workbench.emulator import _core, _guard, _pinned, device_module, kernels
+from neuron_workbench.emulator import _core, _guard, _native_core, _pinned, device_module, kernels
+from neuron_workbench.emulator import native as _native
 from neuron_workbench.emulator.profiles import Profile
 from neuron_workbench.errors import BackendUnavailable
 
@@ -157,20 +159,30 @@ def _default_to_foreach() -> None:
             supported.append(_core.EmulatedTensor)
 
 
-def _generate_device_methods(device_type: str) -> None:
+def _generate_device_methods(device_type: str, for_storage: bool = False) -> None:
     """``Tensor.is_<device>``/``.<device>()``, ``Module.<device>()`` and ``PackedSequence``'s, once.
 
     Torch raises ``RuntimeError`` for a method generated before (an earlier install in this
-    process); only the missing ones are asked for, so any error torch raises here is real.
+    process); only the missing ones are asked for, so any error torch raises here is real. Storage
+    methods (``UntypedStorage.neuron()``, which ``torch.load`` uses) need real device storage: the
+    native core only.
     """
     packed_sequence = torch.nn.utils.rnn.PackedSequence
     missing = {
         "for_tensor": not hasattr(torch.Tensor, f"is_{device_type}"),
         "for_module": not hasattr(torch.nn.Module, device_type),
         "for_packed_sequence": not hasattr(packed_sequence, f"is_{device_type}"),
+        "for_storage": for_storage and not hasattr(torch.UntypedStorage, f"is_{device_type}"),
     }
     if any(missing.values()):
-        torch.utils.generate_methods_for_privateuse1_backend(for_storage=False, **missing)
+        torch.utils.generate_methods_for_privateuse1_backend(**missing)
+
+
+def _owned(device_type: str) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"emulated {device_type} is not available: another PrivateUse1 hook is registered "
+        "(a real backend owns the device); restart without it"
+    )
 
 
 def install(device_type: str, profile: Profile) -> None:
@@ -178,20 +190,34 @@ def install(device_type: str, profile: Profile) -> None:
     torch.utils.rename_privateuse1_backend(device_type)
     _core.configure_device(device_type)
     _core.NATIVE = profile.native_ops
-    if not torch._C._acc.register_python_privateuseone_hook(_Hook()):
-        raise BackendUnavailable(
-            f"emulated {device_type} is not available: another PrivateUse1 hook is registered "
-            "(a real backend owns the device); restart without it"
-        )
-    torch._C._acc.register_python_privateuseone_device_guard(_guard.DeviceGuard())
+    module = _native.load()
+    if module is not None:
+        # Hooks, device guard, allocator and kernels in C++ (emulator/native).
+        if not _native_core.install(module, device_type):
+            raise _owned(device_type)
+    else:
+        reason = _native.unavailable_reason()
+        if reason and not reason.startswith(_native.CORE_ENV):
+            # One line, once: the Python core works, only slower and without real storage.
+            warnings.warn(
+                f"emulated {device_type} uses the pure-Python core ({reason}); install a C++ "
+                "compiler and ninja for the native core, or set "
+                f"{_native.CORE_ENV}=python to choose the Python core",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if not torch._C._acc.register_python_privateuseone_hook(_Hook()):
+            raise _owned(device_type)
+        torch._C._acc.register_python_privateuseone_device_guard(_guard.DeviceGuard())
     _guard.install_engine_proxy()
-    _generate_device_methods(device_type)
+    _generate_device_methods(device_type, for_storage=module is not None)
     mod = device_module.build(device_type, None)
     torch._register_device_module(device_type, mod)
     sys.modules[f"torch.{device_type}"] = mod
     sys.modules[f"torch.{device_type}.memory"] = mod.memory
-    kernels.register_all()
-    _default_to_foreach()
+    kernels.register_all(native=module is not None)
+    if module is None:
+        _default_to_foreach()
     _patch_accelerator(device_type, mod)
     _patch_limits(device_type)
     if device_type == "tpu":

@@ -81,6 +81,9 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
     _idx(device)
     with _core._mem_lock:
         m = _core.MEM
+        if _core.NATIVE_CORE is not None:
+            m.reset_accumulated()
+            return
         m.allocated_total = m.freed_total = m.num_allocs = m.num_frees = m.num_ooms = 0
 
 
@@ -243,6 +246,7 @@ def set_precision(mode: Any) -> None:
     if isinstance(mode, str):
         mode = _Precision[mode.upper()]
     _core.MATMUL_PASSES = mode.value
+    _core.reset_plans()
 
 
 class _ExecutionMode:

@@ -33,7 +33,12 @@ _FACTORY_NO_DECOMP = frozenset(
 
 
 def _payload(t: Any) -> Any:
-    return t.elem if isinstance(t, _core.EmulatedTensor) else t
+    """The CPU data of a device tensor (a CPU alias of its memory with the native core)."""
+    if isinstance(t, _core.EmulatedTensor):
+        return t.elem
+    if _core.NATIVE_CORE is not None and isinstance(t, torch.Tensor) and t.device.type != "cpu":
+        return _core.NATIVE_CORE.cpu_alias(t)
+    return t
 
 
 def _check_index(dev: Any) -> None:
@@ -130,6 +135,38 @@ def _backend_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return _core.wrap_new(out)
     return out
+
+
+def _sparse_constructors() -> list[str]:
+    """Overloads of the composite constructors of sparse compressed tensors."""
+    names = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        name = qualified[len("aten::") :]
+        if not qualified.startswith("aten::") or name.startswith("_validate"):
+            continue
+        if "sparse_compressed_tensor" in name or any(
+            f"sparse_{tag}_tensor" in name for tag in ("csr", "csc", "bsr", "bsc")
+        ):
+            if torch._C._dispatch_has_kernel_for_dispatch_key(
+                qualified, "CompositeImplicitAutograd"
+            ):
+                names.append(name)
+    return names
+
+
+def _sparse_fallback_kernel(name: str) -> Any:
+    base = name.partition(".")[0]
+    layout = _core.sparse_layout_of(base, {}) or "sparse compressed"
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        found = kwargs.get("layout")
+        raise _core.layout_error(found if found is not None else layout, f"aten::{name}")
+
+    return kernel
+
+
+def _refuse_to_copy(self: Any, **kwargs: Any) -> Any:
+    raise _core.layout_error(self.layout, "aten::_to_copy")
 
 
 def _sparse_fallback(default_layout: str | None) -> Any:
@@ -273,20 +310,36 @@ def _unreachable_native(op_name: str) -> Any:
     return kernel
 
 
-def register_all() -> None:
-    """Register every kernel (once per process; the caller guards re-entry)."""
-    pu1 = Library("aten", "IMPL", "PrivateUse1")
-    _LIBS.append(pu1)
-    for op in _factory_ops():
-        pu1.impl(_core._overload_name(op)[6:], _make_factory(op))
-    pu1.impl("_copy_from", _copy_from)
-    pu1.impl("_copy_from_and_resize", _copy_from_and_resize)
-    for name in _native_composites():
-        pu1.impl(name, _unreachable_native(name))
+def register_all(native: bool = False) -> None:
+    """Register every kernel (once per process; the caller guards re-entry).
 
+    With the native core (``native=True``) the device's own kernels and its fallback are C++;
+    the sparse, autocast and autograd kernels below are the same for both cores.
+    """
     glob = Library("_", "IMPL")
     _LIBS.append(glob)
-    glob.fallback(_backend_fallback, "PrivateUse1")
+    if not native:
+        pu1 = Library("aten", "IMPL", "PrivateUse1")
+        _LIBS.append(pu1)
+        for op in _factory_ops():
+            pu1.impl(_core._overload_name(op)[6:], _make_factory(op))
+        pu1.impl("_copy_from", _copy_from)
+        pu1.impl("_copy_from_and_resize", _copy_from_and_resize)
+        for name in _native_composites():
+            pu1.impl(name, _unreachable_native(name))
+        glob.fallback(_backend_fallback, "PrivateUse1")
+    else:
+        # Sparse compressed tensors are assembled in C++ from dense device components, with no
+        # kernel of the device involved: refuse at their constructor, as for the other layouts.
+        pu1 = Library("aten", "IMPL", "PrivateUse1")
+        _LIBS.append(pu1)
+        for name in _sparse_constructors():
+            pu1.impl(name, _sparse_fallback_kernel(name))
+        # csr.to(device): _to_copy's composite kernel would build the device tensor itself.
+        csr = Library("aten", "IMPL", "SparseCsrPrivateUse1")
+        _LIBS.append(csr)
+        csr.impl("_to_copy", _refuse_to_copy)
+
     # Sparse dispatch keys of the device (e.g. torch.zeros(..., layout=torch.sparse_coo,
     # device=...)): one fallback that refuses, as TorchTPU's sparse-op fallback does.
     glob.fallback(_sparse_fallback("torch.sparse_coo"), "SparsePrivateUse1")

@@ -73,10 +73,16 @@ def json_float(value: float) -> float | str:
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
-    # The emulated device keeps its numbers in a CPU payload (``elem``): read it directly, so the
-    # statistics neither create fallback events nor show up in the op profile.
+    # The statistics must neither create fallback events nor show up in the op profile: the
+    # emulator's Python core keeps its numbers in a CPU payload (``elem``), read directly; other
+    # PrivateUse1 devices (neuron, tpu: real, or the emulator's native core) are copied to the host
+    # first, since their coverage may lack the reductions (aminmax falls back on neuron).
     payload = getattr(t, "elem", None)
-    return payload if isinstance(payload, torch.Tensor) else t
+    if isinstance(payload, torch.Tensor):
+        return payload
+    if t.device.type not in ("cpu", "cuda", "meta"):
+        return t.to("cpu")
+    return t
 
 
 def summarize(t: torch.Tensor) -> TensorSummary:

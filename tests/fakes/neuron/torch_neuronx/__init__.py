@@ -42,6 +42,9 @@ def _register() -> None:
     _tracking_context = events.record_fallbacks()
     _tracking = _tracking_context.__enter__()
     # get_executed_ops(): every op the device received.
+    if _core.NATIVE_CORE is not None:
+        _core.NATIVE_CORE.set_track_executed(True)
+        return
     dispatch = _core.EmulatedTensor.__dict__["__torch_dispatch__"].__func__
 
     def __torch_dispatch__(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None):
@@ -63,13 +66,21 @@ def get_fallback_ops() -> list[str]:
 
 def get_executed_ops() -> list[str]:
     """Unique names of the ops that ran since :func:`clear_op_tracking`."""
+    from neuron_workbench.emulator import _core
+
+    if _core.NATIVE_CORE is not None:
+        return sorted(_core.NATIVE_CORE.executed_ops())
     return sorted(_executed)
 
 
 def clear_op_tracking() -> None:
     """Forget the tracked op names."""
+    from neuron_workbench.emulator import _core
+
     _tracking.clear()
     _executed.clear()
+    if _core.NATIVE_CORE is not None:
+        _core.NATIVE_CORE.clear_executed()
 
 
 def nki_op(*args: Any, **kwargs: Any) -> Any:

@@ -85,6 +85,7 @@ def doctor_data() -> dict[str, Any]:
 
     from neuron_workbench import __version__, emulator
     from neuron_workbench.backends import get_backend
+    from neuron_workbench.emulator import native
     from neuron_workbench.emulator.profiles import DEVICES
 
     status = emulator.status()
@@ -103,6 +104,7 @@ def doctor_data() -> dict[str, Any]:
             "autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "0",
         },
         "emulator_installed": status.device if status is not None else None,
+        "emulator_core": native.describe(),
         "backends": rows,
     }
 
@@ -115,6 +117,7 @@ def format_text(data: dict[str, Any]) -> str:
         f"host     {host['system']}, Python {host['python']}, {host['cpu_cores']} CPU cores",
         f"torch    {tv['version']}; PrivateUse1 is '{tv['privateuse1']}'; backend autoload "
         + ("on" if tv["autoload"] else "off (TORCH_DEVICE_BACKEND_AUTOLOAD=0)"),
+        f"emulator {data['emulator_core']}",
     ]
     for row in data["backends"]:
         name = row["name"]

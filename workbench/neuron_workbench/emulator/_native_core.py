@@ -1,0 +1,224 @@
+"""The Python half of the native core (``emulator/native``): per-op plans, events, refusals.
+
+The compiled backend asks Python once per op for its plan, made from the same tables as the
+Python core (``_core``): whether the profile runs it (silently), falls back to CPU (an event, or
+TorchTPU's error when fallback is off), or has a Python implementation (SDPA's overrideable op;
+matmuls while bf16 passes are on). Everything else, the hot path included, stays in C++.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any
+
+import torch
+
+from neuron_workbench.emulator import _core
+from neuron_workbench.emulator import events as _events
+
+KIND_RUN, KIND_FALLBACK, KIND_PYTHON = 0, 1, 2
+FLAG_EXEMPT, FLAG_FP64, FLAG_INT_ARITH, FLAG_MATMUL = 1, 2, 4, 8
+
+_LAYOUTS = {
+    "Sparse": torch.sparse_coo,
+    "SparseCsr": torch.sparse_csr,
+    "SparseCsc": torch.sparse_csc,
+    "SparseBsr": torch.sparse_bsr,
+    "SparseBsc": torch.sparse_bsc,
+    "Mkldnn": torch._mkldnn,  # type: ignore[attr-defined]
+    "Jagged": torch.jagged,
+}
+
+_funcs: dict[str, Any] = {}
+
+
+def _resolve(overload: str) -> Any:
+    func = _funcs.get(overload)
+    if func is None:
+        ns, _, rest = overload.partition("::")
+        name, _, ov = rest.partition(".")
+        func = getattr(getattr(getattr(torch.ops, ns), name), ov or "default")
+        _funcs[overload] = func
+    return func
+
+
+def _matmul_positions(base: str) -> tuple[int, ...] | None:
+    if base == "convolution_backward":
+        return (0, 1, 2)
+    if base.startswith("_scaled_dot_product_fused_attention_overrideable") and not base.endswith(
+        "backward"
+    ):
+        return (0, 1, 2)
+    return _core._MATMUL_OPERANDS.get(base)
+
+
+def classify(overload: str) -> tuple[int, int]:
+    """``(kind, flags)`` of an op reaching the device's boxed kernel (cached by the caller)."""
+    func = _resolve(overload)
+    ns, base = func._schema.name.split("::", 1)
+    view = bool(func.is_view)
+    if func in _core.CPU_IMPLS:
+        kind = KIND_PYTHON
+    elif ns != "aten" or view or base in _core._INTERNAL or _core.is_native(func):
+        kind = KIND_RUN
+    else:
+        kind = KIND_FALLBACK
+    flags = 0
+    if base in _core._DEVICE_EXEMPT:
+        flags |= FLAG_EXEMPT
+    if ns == "aten" and not view and base not in _core._NO_FP64_ROUND:
+        flags |= FLAG_FP64
+    if base in _core._INT_ARITH:
+        flags |= FLAG_INT_ARITH
+    if _matmul_positions(base) is not None:
+        flags |= FLAG_MATMUL
+    return kind, flags
+
+
+def on_fallback(overload: str, args: list, seconds: float) -> None:
+    """Record one CPU-fallback call (``args`` are the device arguments, in schema order)."""
+    base = overload.partition("::")[2].partition(".")[0]
+    schema = _resolve(overload)._schema
+    # The event shows the op's inputs: positional arguments, as the Python core's events do.
+    args = [v for a, v in zip(schema.arguments, args) if not a.kwarg_only]
+    warning = None
+    if _core.DEVICE_TYPE == "tpu" and _core.TPU_WARN_EVERY_CALL:
+        # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
+        warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
+    _events.record_event(f"aten::{base}", overload, args, seconds, warning)
+
+
+def run_python(overload: str, args: list) -> Any:
+    """Run an op with a Python implementation on CPU arguments (schema order)."""
+    func = _resolve(overload)
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for a, v in zip(func._schema.arguments, args):
+        if a.kwarg_only:
+            keywords[a.name] = v
+        else:
+            positional.append(v)
+    fn = _core.CPU_IMPLS.get(func, func)
+    base = func._schema.name.split("::", 1)[1]
+    pos = _matmul_positions(base)
+    if pos is None or not _core.MATMUL_PASSES:
+        return fn(*positional, **keywords)
+    outs = [
+        a.name
+        for a in func._schema.arguments
+        if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+    ]
+    if not outs:
+        return _core._matmul_passes(fn, base, pos, positional, keywords)
+    # A structured matmul reaches the device as its out= form (mm.out): the passes accumulate
+    # into a fresh result, which then goes to the caller's out tensor.
+    functional = getattr(torch.ops.aten, base).default
+    rest = {k: v for k, v in keywords.items() if k not in outs}
+    result = _core._matmul_passes(functional, base, pos, positional, rest)
+    out = keywords[outs[0]]
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    out.copy_(result)
+    return out
+
+
+def refusal(overload: str, layout_name: str | None) -> tuple[str, str]:
+    """``(exception type name, message)`` for an op the device does not run."""
+    base = overload.partition("::")[2].partition(".")[0]
+    layout = _LAYOUTS.get(layout_name) if layout_name else _core.sparse_layout_of(base, {})
+    if layout is not None:
+        return "NotImplementedError", str(_core.layout_error(layout, overload))
+    return "RuntimeError", str(_core.not_implemented_error(overload))
+
+
+class NativeMemory:
+    """``_core.MEM``'s interface over the native allocator's counters."""
+
+    def __init__(self, module: Any) -> None:
+        self._m = module
+
+    def _get(self, key: str) -> int:
+        return int(self._m.memory_stats()[key])
+
+    current = property(lambda self: self._get("current"))
+    allocated_total = property(lambda self: self._get("allocated_total"))
+    freed_total = property(lambda self: self._get("freed_total"))
+    num_allocs = property(lambda self: self._get("num_allocs"))
+    num_frees = property(lambda self: self._get("num_frees"))
+    num_ooms = property(lambda self: self._get("num_ooms"))
+
+    @property
+    def peak(self) -> int:
+        return self._get("peak")
+
+    @peak.setter
+    def peak(self, value: int) -> None:
+        # Only "reset the peak to the current allocation" is ever asked for.
+        self._m.reset_peak()
+
+    @property
+    def capacity(self) -> int | None:
+        cap = self._get("capacity")
+        return None if cap < 0 else cap
+
+    @capacity.setter
+    def capacity(self, value: int | None) -> None:
+        self._m.set_capacity(-1 if value is None else int(value))
+
+    def reset_accumulated(self) -> None:
+        self._m.reset_accumulated()
+
+
+_lock = threading.Lock()
+
+
+def whole_ops() -> list[str]:
+    """Overloads the profile runs natively that have a composite kernel: the device runs them whole.
+
+    The real backend registers its covered ops itself, so the dispatcher never decomposes them
+    (``silu_backward``'s math decomposition, ``add.Tensor``'s structured wrapper calling
+    ``add.out``). Ops outside the coverage get no registration, as on the real backend: their
+    composite kernels run on the device, and a structured op reaches the fallback as its ``out=``
+    form (``aten::i0.out``), which is the name TorchTPU's fallback reports.
+    """
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = []
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::") or has(qualified, "PrivateUse1"):
+            continue
+        name = qualified[len("aten::") :]
+        base = name.partition(".")[0]
+        if base not in _core.NATIVE and not (base.endswith("_") and base[:-1] in _core.NATIVE):
+            continue
+        composite = (
+            has(qualified, "CompositeExplicitAutograd")
+            or has(qualified, "CompositeExplicitAutogradNonFunctional")
+            or (has(qualified, "CompositeImplicitAutograd") and has(qualified, "CPU"))
+        )
+        if not composite:
+            continue
+        try:
+            func = _resolve(qualified)
+        except (AttributeError, RuntimeError):
+            continue
+        if base in _core.NATIVE or _core.is_native(func):
+            names.append(name)
+    return names
+
+
+def install(module: Any, device_type: str) -> bool:
+    """Register the native backend and hand it its Python callbacks (once per process).
+
+    Returns False, registering nothing, when another PrivateUse1 backend owns the process.
+    """
+    with _lock:
+        module.set_callbacks(classify, on_fallback, run_python, refusal)
+        if not module.register_kernels(device_type):
+            return False
+        module.register_whole(whole_ops())
+        atexit.register(module.release_callbacks)
+        _core.NATIVE_CORE = module
+        _core.MEM = NativeMemory(module)
+        _core.reset_plans()
+    return True
