@@ -62,6 +62,11 @@ def _missing_tools() -> str | None:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not compiler and not shutil.which("clang++"):
         return "no C++ compiler found (install g++ or clang++)"
+    scripts = sysconfig.get_path("scripts")
+    if not shutil.which("ninja") and scripts and os.path.isfile(os.path.join(scripts, "ninja")):
+        # The ninja wheel (a dependency) sits beside this interpreter, which may not be on PATH
+        # (.venv/bin/python run directly); torch's builder looks for ninja on PATH.
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     try:
         from torch.utils.cpp_extension import is_ninja_available
     except ImportError:  # pragma: no cover - every supported torch has it
@@ -81,7 +86,7 @@ def build(verbose: bool = False) -> ModuleType:
     """
     directory = build_dir()
     path = _built_path(directory)
-    if path.exists():
+    if path.exists() and not (directory / "lock").exists():  # "lock": another build is running
         return _import(path)
     missing = _missing_tools()
     if missing:
