@@ -144,13 +144,18 @@ c10::Storage adopt(const c10::Storage& cpu) {
                       /*resizable=*/true);
 }
 
-at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kDeviceKeys, like.dtype());
+// A tensor on ``storage`` (device or host keys) with the geometry and lazy bits of ``like``.
+at::Tensor tensor_on(c10::Storage storage, DispatchKeySet keys, const at::Tensor& like) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, like.dtype());
   t.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(),
                                                  like.storage_offset());
   if (like.is_conj()) t._set_conj(true);
   if (like.is_neg()) t._set_neg(true);
   return t;
+}
+
+at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like) {
+  return tensor_on(std::move(storage), kDeviceKeys, like);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,12 +184,7 @@ struct Aliases {
   }
 
   at::Tensor alias(const at::Tensor& dev) {
-    auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage_for(dev.storage())),
-                                                      kCpuKeys, dev.dtype());
-    t.unsafeGetTensorImpl()->set_sizes_and_strides(dev.sizes(), dev.strides(),
-                                                   dev.storage_offset());
-    if (dev.is_conj()) t._set_conj(true);
-    if (dev.is_neg()) t._set_neg(true);
+    at::Tensor t = tensor_on(c10::Storage(storage_for(dev.storage())), kCpuKeys, dev);
     tensors.emplace_back(t, dev);
     return t;
   }
@@ -204,11 +204,7 @@ at::Tensor cpu_alias(const at::Tensor& dev) {
                    c10::Device(c10::DeviceType::CPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), impl->nbytes(), std::move(ptr), nullptr,
                        /*resizable=*/false);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kCpuKeys, dev.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(dev.sizes(), dev.strides(), dev.storage_offset());
-  if (dev.is_conj()) t._set_conj(true);
-  if (dev.is_neg()) t._set_neg(true);
-  return t;
+  return tensor_on(std::move(storage), kCpuKeys, dev);
 }
 
 // After a CPU kernel ran on an alias: carry storage growth and new geometry over to the device
@@ -657,14 +653,19 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // ---------------------------------------------------------------------------------------------
 // Kernels of the device itself (allocation, views, geometry, copies)
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
-                               std::optional<at::Layout> layout, std::optional<at::Device> device,
-                               std::optional<bool> pin_memory,
-                               std::optional<at::MemoryFormat> memory_format) {
+void check_factory(std::optional<at::Layout> layout, std::optional<at::Device> device,
+                   std::optional<bool> pin_memory) {
   if (device) check_index(*device);
   TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
   TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "emulated ", device_name,
               ": only strided tensors can be created on the device");
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<at::MemoryFormat> memory_format) {
+  check_factory(layout, device, pin_memory);
   return at::detail::empty_generic(size, &device_allocator, kDeviceKeys,
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -672,10 +673,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool> pin_memory) {
-  if (device) check_index(*device);
-  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "emulated ", device_name,
-              ": only strided tensors can be created on the device");
+  check_factory(layout, device, pin_memory);
   return at::detail::empty_strided_generic(size, stride, &device_allocator, kDeviceKeys,
                                            c10::dtype_or_default(dtype));
 }
