@@ -69,6 +69,17 @@ class _Mem:
     num_ooms = 0
     capacity: int | None = None
 
+    def reset_peak(self) -> None:
+        """Set the peak to the current allocation."""
+        with _mem_lock:
+            self.peak = self.current
+
+    def reset_accumulated(self) -> None:
+        """Zero the allocated/freed totals and counters."""
+        with _mem_lock:
+            self.allocated_total = self.freed_total = self.num_allocs = self.num_frees = 0
+            self.num_ooms = 0
+
 
 MEM = _Mem()
 
@@ -337,6 +348,17 @@ _MATMUL_OPERANDS = {
 _BIAS_FREE = {"addmm", "baddbmm", "addmv"}  # passes after the first use beta=0
 
 
+def matmul_operands(base: str) -> tuple[int, ...] | None:
+    """Argument positions of a matmul-like op's operands (bf16 passes round them), else None."""
+    if base == "convolution_backward":
+        return (0, 1, 2)
+    if base.startswith("_scaled_dot_product_fused_attention_overrideable") and not base.endswith(
+        "backward"
+    ):
+        return (0, 1, 2)
+    return _MATMUL_OPERANDS.get(base)
+
+
 def is_native(func: Any) -> bool:
     """Whether the active profile runs ``func`` on the device."""
     base = func._schema.name.split("::", 1)[1]
@@ -401,13 +423,7 @@ def _make_plan(func: Any) -> tuple:
     resync = has_out or base in _RESTRIDE
     share = view or base in _SHARES
     exempt = base in _DEVICE_EXEMPT
-    matmul = _MATMUL_OPERANDS.get(base)
-    if base == "convolution_backward":
-        matmul = (0, 1, 2)
-    elif base.startswith("_scaled_dot_product_fused_attention_overrideable") and not base.endswith(
-        "backward"
-    ):
-        matmul = (0, 1, 2)
+    matmul = matmul_operands(base)
     numerics = (
         ns == "aten" and not view and base not in _NO_FP64_ROUND,
         base in _INT_ARITH,

@@ -43,43 +43,31 @@ def _resolve(overload: str) -> Any:
     return func
 
 
-def _matmul_positions(base: str) -> tuple[int, ...] | None:
-    if base == "convolution_backward":
-        return (0, 1, 2)
-    if base.startswith("_scaled_dot_product_fused_attention_overrideable") and not base.endswith(
-        "backward"
-    ):
-        return (0, 1, 2)
-    return _core._MATMUL_OPERANDS.get(base)
+# The Python core's plan kinds, as the native core's: covered (silent), Python implementation,
+# everything else a CPU fallback (composites reach the device's kernel only when registered whole).
+_KINDS = {_core.K_RUN: KIND_RUN, _core.K_IMPL: KIND_PYTHON}
 
 
 def classify(overload: str) -> tuple[int, int]:
-    """``(kind, flags)`` of an op reaching the device's boxed kernel (cached by the caller)."""
-    func = _resolve(overload)
-    ns, base = func._schema.name.split("::", 1)
-    view = bool(func.is_view)
-    if func in _core.CPU_IMPLS:
-        kind = KIND_PYTHON
-    elif ns != "aten" or view or base in _core._INTERNAL or _core.is_native(func):
-        kind = KIND_RUN
-    else:
-        kind = KIND_FALLBACK
-    flags = 0
-    if base in _core._DEVICE_EXEMPT:
-        flags |= FLAG_EXEMPT
-    if ns == "aten" and not view and base not in _core._NO_FP64_ROUND:
-        flags |= FLAG_FP64
-    if base in _core._INT_ARITH:
-        flags |= FLAG_INT_ARITH
-    if _matmul_positions(base) is not None:
-        flags |= FLAG_MATMUL
-    return kind, flags
+    """``(kind, flags)`` of an op reaching the device's boxed kernel (cached by the caller).
+
+    Derived from the Python core's plan for the op, so both cores follow one set of rules.
+    """
+    plan = _core._make_plan(_resolve(overload))
+    kind, exempt, (fp64_ok, int_arith, matmul, _base) = plan[0], plan[4], plan[5]
+    flags = (
+        (FLAG_EXEMPT if exempt else 0)
+        | (FLAG_FP64 if fp64_ok else 0)
+        | (FLAG_INT_ARITH if int_arith else 0)
+        | (FLAG_MATMUL if matmul is not None else 0)
+    )
+    return _KINDS.get(kind, KIND_FALLBACK), flags
 
 
 def on_fallback(overload: str, args: list, seconds: float) -> None:
     """Record one CPU-fallback call (``args`` are the device arguments, in schema order)."""
-    base = overload.partition("::")[2].partition(".")[0]
     schema = _resolve(overload)._schema
+    base = schema.name.split("::", 1)[1]
     # The event shows the op's inputs: positional arguments, as the Python core's events do.
     args = [v for a, v in zip(schema.arguments, args) if not a.kwarg_only]
     warning = None
@@ -101,7 +89,7 @@ def run_python(overload: str, args: list) -> Any:
             positional.append(v)
     fn = _core.CPU_IMPLS.get(func, func)
     base = func._schema.name.split("::", 1)[1]
-    pos = _matmul_positions(base)
+    pos = _core.matmul_operands(base)
     if pos is None or not _core.MATMUL_PASSES:
         return fn(*positional, **keywords)
     outs = [
@@ -148,14 +136,7 @@ class NativeMemory:
     num_frees = property(lambda self: self._get("num_frees"))
     num_ooms = property(lambda self: self._get("num_ooms"))
 
-    @property
-    def peak(self) -> int:
-        return self._get("peak")
-
-    @peak.setter
-    def peak(self, value: int) -> None:
-        # Only "reset the peak to the current allocation" is ever asked for.
-        self._m.reset_peak()
+    peak = property(lambda self: self._get("peak"))
 
     @property
     def capacity(self) -> int | None:
@@ -166,7 +147,12 @@ class NativeMemory:
     def capacity(self, value: int | None) -> None:
         self._m.set_capacity(-1 if value is None else int(value))
 
+    def reset_peak(self) -> None:
+        """Set the peak to the current allocation."""
+        self._m.reset_peak()
+
     def reset_accumulated(self) -> None:
+        """Zero the allocated/freed totals and counters."""
         self._m.reset_accumulated()
 
 

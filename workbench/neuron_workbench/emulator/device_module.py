@@ -72,19 +72,13 @@ def max_memory_reserved(device: Any = None) -> int:
 def reset_peak_memory_stats(device: Any = None) -> None:
     """Set the peak to the current allocation."""
     _idx(device)
-    with _core._mem_lock:
-        _core.MEM.peak = _core.MEM.current
+    _core.MEM.reset_peak()
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
     """Zero the allocated/freed totals and counters."""
     _idx(device)
-    with _core._mem_lock:
-        m = _core.MEM
-        if _core.NATIVE_CORE is not None:
-            m.reset_accumulated()
-            return
-        m.allocated_total = m.freed_total = m.num_allocs = m.num_frees = m.num_ooms = 0
+    _core.MEM.reset_accumulated()
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -152,17 +153,6 @@ def _sparse_constructors() -> list[str]:
             ):
                 names.append(name)
     return names
-
-
-def _sparse_fallback_kernel(name: str) -> Any:
-    base = name.partition(".")[0]
-    layout = _core.sparse_layout_of(base, {}) or "sparse compressed"
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        found = kwargs.get("layout")
-        raise _core.layout_error(found if found is not None else layout, f"aten::{name}")
-
-    return kernel
 
 
 def _refuse_to_copy(self: Any, **kwargs: Any) -> Any:
@@ -333,8 +323,11 @@ def register_all(native: bool = False) -> None:
         # kernel of the device involved: refuse at their constructor, as for the other layouts.
         pu1 = Library("aten", "IMPL", "PrivateUse1")
         _LIBS.append(pu1)
+        refuse = _sparse_fallback(None)
         for name in _sparse_constructors():
-            pu1.impl(name, _sparse_fallback_kernel(name))
+            base, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, base), overload or "default")
+            pu1.impl(name, functools.partial(refuse, op))
         # csr.to(device): _to_copy's composite kernel would build the device tensor itself.
         csr = Library("aten", "IMPL", "SparseCsrPrivateUse1")
         _LIBS.append(csr)

@@ -250,7 +250,6 @@ enum Flag : int {
   kFp64 = 2,        // float64 inputs are rounded through float32 (neuron)
   kIntArith = 4,    // int64 arithmetic wraps as int32 (neuron)
   kMatmul = 8,      // matmul-like: Python runs it when bf16 passes are on
-  kLayoutArg = 16,  // has a layout= argument or a sparse name: refusals may be layout errors
 };
 
 struct Plan {
@@ -271,7 +270,6 @@ std::vector<std::unique_ptr<torch::Library>> libraries;
 bool cpu_fallback = true;
 bool narrow_64bit = true;
 int matmul_passes = 0;
-int tpu_style = 0;
 
 py::object classify_fn, event_fn, python_fn, refuse_fn;
 
