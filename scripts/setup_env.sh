@@ -18,7 +18,11 @@ if ! [ -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "==> installing $TORCH_SPEC"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
   echo "==> installing neuron-workbench and its test dependencies"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+  # Left over by the former setuptools backend: stale metadata beside the package on sys.path.
+  rm -rf workbench/neuron_workbench.egg-info
+  # An editable install (hatchling) with the front-end build hook off: the extension is built and
+  # put in place below, whenever its sources change, and also on a machine without Node.js.
+  SKIP_JUPYTER_BUILDER=1 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
   echo "$want" > "$stamp"
 fi
 
@@ -29,8 +33,10 @@ fi
 
 # The JupyterLab extension (extensions/neuron-workbench-lab): built from npm-registry packages with
 # the venv's jlpm (jupyter-builder) when its output is missing or older than its sources, then put
-# where JupyterLab finds it. Editable installs do not copy setuptools data-files, hence the copy;
-# a regular `pip install .` ships the same files through pyproject's data-files.
+# where JupyterLab finds it. An editable install copies the wheel's shared-data only when pip runs
+# (above, only when pyproject.toml changes), hence the copy here; a wheel (`pip install
+# neuron-workbench`, `python -m build`) ships the same files under share/jupyter/labextensions
+# (pyproject's hatch shared-data), built by its build hook.
 EXT=extensions/neuron-workbench-lab
 EXT_OUT=workbench/neuron_workbench/labextension
 EXT_DEST="$VENV/share/jupyter/labextensions/neuron-workbench-lab"
@@ -52,11 +58,13 @@ if ! [ -f "$EXT_OUT/package.json" ] || [ -n "$(find "${ext_sources[@]}" -newer "
     echo "==> Node.js not found: the JupyterLab extension is not built (the Python side works without it)" >&2
   fi
 fi
-if [ -f "$EXT_OUT/package.json" ] && ! diff -rq "$EXT_OUT" "$EXT_DEST" >/dev/null 2>&1; then
+if [ -f "$EXT_OUT/package.json" ] && ! diff -rq -x install.json "$EXT_OUT" "$EXT_DEST" >/dev/null 2>&1; then
   rm -rf "$EXT_DEST"
   mkdir -p "$(dirname "$EXT_DEST")"
   cp -r "$EXT_OUT" "$EXT_DEST"
 fi
-if [ -d "$EXT_DEST" ]; then
+if [ -f "$EXT_DEST/package.json" ]; then
   cp "$EXT/install.json" "$EXT_DEST/install.json"
+else
+  rm -rf "$EXT_DEST"  # no extension built: only the editable install's install.json would be there
 fi

@@ -11,6 +11,30 @@ def _real_backend(name: str) -> bool:
     return importlib.util.find_spec(f"torch_{'neuronx' if name == 'neuron' else name}") is not None
 
 
+#: Test files that need the emulated device *in the test process* (the emulator itself, adapters,
+#: recorders, and the tests that are about ``--executor inprocess``). Everything else runs as users
+#: run it: this process holds no accelerator, so ``%%neuron`` resolves ``auto`` to a worker process.
+IN_PROCESS_DEVICE = (
+    "tests/emulator/",
+    "tests/backends/",
+    "tests/artifacts/",
+    "tests/trace/",
+    "tests/views/",
+    "tests/extensions/test_charts_js.py",
+    "tests/report/test_display.py",
+    "tests/run/test_remap.py",
+    "tests/cli/commands/test_doctor.py",
+)
+
+
+def _needs_device_in_process(item: pytest.Item) -> bool:
+    path = item.path.relative_to(item.config.rootpath).as_posix()
+    return item.get_closest_marker("inprocess_device") is not None or any(
+        path == entry or path.startswith(entry.rstrip("/") + "/") for entry in IN_PROCESS_DEVICE
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # markers first: `-m inprocess_device` selects by them
 def pytest_collection_modifyitems(config, items):
     skips = {
         "cuda": (not torch.cuda.is_available(), "needs a CUDA GPU"),
@@ -21,15 +45,48 @@ def pytest_collection_modifyitems(config, items):
         for marker, (skip, why) in skips.items():
             if skip and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=why))
+        if _needs_device_in_process(item):
+            item.add_marker(pytest.mark.inprocess_device)
 
 
-@pytest.fixture(scope="session", autouse=True)
+def pytest_collection_finish(session):
+    """Both kinds in one session: the in-process ones are skipped, saying how to run them.
+
+    The emulated device must be installed before the process's first backward pass, and the
+    default-path tests need a process without it, so each kind runs in a session of its own
+    (``scripts/test.sh`` runs both).
+    """
+    kinds = {item.get_closest_marker("inprocess_device") is not None for item in session.items}
+    if kinds == {True, False}:
+        skip = pytest.mark.skip(
+            reason="needs a session of its own: pytest -m inprocess_device (scripts/test.sh "
+            "runs both kinds)"
+        )
+        for item in session.items:
+            if item.get_closest_marker("inprocess_device") is not None:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
 def emulated_neuron():
-    """The test process emulates ``neuron`` (one PrivateUse1 backend per process; tpu tests use
-    subprocesses)."""
+    """``neuron`` emulated in the test process (one PrivateUse1 backend per process; tpu tests use
+    subprocesses). Only tests marked ``inprocess_device`` (or listed in :data:`IN_PROCESS_DEVICE`)
+    get it, in a pytest session of their own."""
     from neuron_workbench import emulate
 
     return emulate("neuron")
+
+
+@pytest.fixture(autouse=True)
+def _device_placement(request):
+    """Install the emulated device for in-process tests; check that the others run without it."""
+    if request.node.get_closest_marker("inprocess_device") is not None:
+        request.getfixturevalue("emulated_neuron")
+    else:
+        # the default path: the test process holds no accelerator backend
+        assert torch._C._get_privateuse1_backend_name() == "privateuseone", (
+            "an in-process device test ran before a default-path test"
+        )
 
 
 @pytest.fixture

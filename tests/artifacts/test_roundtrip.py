@@ -21,6 +21,7 @@ from neuron_workbench.compare import compare_outputs
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.report.driver import CompareOptions, compare_cell
 from neuron_workbench.run import Run, RunError, compile_cell
+from neuron_workbench.run.records import NotCompared
 
 
 def test_every_tensor_dtype_and_scalar_kind_round_trips_bitwise(tmp_path):
@@ -63,6 +64,7 @@ def test_every_tensor_dtype_and_scalar_kind_round_trips_bitwise(tmp_path):
             None,
         ],
         "big_int": 2**80,
+        "gone": NotCompared("could not be sent back from the neuron worker process (TypeError)"),
     }
     run = Run(backend=BackendInfo("cpu", "cpu", "host"), outputs=outputs)
     loaded = load(save(tmp_path / "a.nwrun.zip", runs={"ref": run}, cell_source="x = 1")).runs[

@@ -1,4 +1,6 @@
-"""The pytest process emulates `neuron` (one PrivateUse1 backend per process): tpu runs in subprocesses."""
+"""These tests emulate `neuron` in the pytest process (one PrivateUse1 backend per process, installed
+by the root conftest's ``emulated_neuron`` for tests marked ``inprocess_device``, as every test here
+is); tpu runs in subprocesses."""
 
 from __future__ import annotations
 
@@ -10,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_workbench.emulator import emulate
-
 ROOT = Path(__file__).resolve().parents[2]
-emulate("neuron")
 
 
 @pytest.fixture(autouse=True)
-def _neuron_emulated():
+def _neuron_emulated(emulated_neuron):
     from neuron_workbench.emulator import configure
 
     configure(cpu_fallback=True, bf16_matmul=False, capacity_bytes=None, narrow_64bit=True)

@@ -58,6 +58,7 @@ out.shape[0]
     assert ip.user_ns["_"] == 5
 
 
+@pytest.mark.inprocess_device
 def test_keep_target_leaves_target_results(ip):
     run_cell(
         ip,

@@ -141,7 +141,7 @@ def test_a_hung_target_with_timeout_5_is_reported_within_10_seconds(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.ok
     assert report.target.error.message == (
-        "target process timed out after 5 s while running aten::mul at cell line 4; it was ended"
+        "target process timed out after 5 s while running aten::mul.Tensor at cell line 4; it was ended"
     )
     assert "x" not in ip.user_ns and torch.equal(ip.user_ns["kept"], torch.ones(2))
 

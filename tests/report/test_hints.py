@@ -52,23 +52,26 @@ def test_a_gradient_that_already_differed_is_blamed_on_the_pass_not_the_optimize
     assert "optimizer amplification" not in hints
 
 
-COUNTER = "import torch\ndef counter(_calls=[0]):\n    _calls[0] += 1\n    return _calls[0]"
-
-
 def test_random_numbers_that_differ_get_the_rng_hint(ip):
-    # A function is shared by both runs (never copied): its counter seeds each run differently,
-    # standing in for two devices' generators. The fingerprints differ, so the hint is supported.
-    run_cell(ip, COUNTER)
-    cell = "torch.manual_seed(counter())\nnoise = torch.randn(16, device='cuda')\nout = noise * 2"
+    # Each run seeds by where it runs, standing in for two devices' generators. The fingerprints
+    # differ, so the hint is supported.
+    run_cell(ip, "import torch")
+    cell = (
+        "torch.manual_seed(1 if torch.ones(1, device='cuda').device.type == 'cpu' else 2)\n"
+        "noise = torch.randn(16, device='cuda')\nout = noise * 2"
+    )
     report, failures = _failures(ip, cell)
     assert report.verdict == "FAIL"
     assert any("random numbers drawn on the device differed" in h for h in failures["out"].hints)
 
 
 def test_matching_random_numbers_give_no_rng_hint_and_unknown_causes_say_so(ip):
-    run_cell(ip, COUNTER)
+    run_cell(ip, "import torch")
     # the draws match (same seed); a difference the workbench cannot explain says so
-    cell = "noise = torch.randn(8, device='cuda')\nout = noise + (0.5 if counter() == 2 else 0.0)"
+    cell = (
+        "noise = torch.randn(8, device='cuda')\n"
+        "out = noise + (0.5 if noise.device.type != 'cpu' else 0.0)"
+    )
     report, failures = _failures(ip, cell)
     assert report.verdict == "FAIL"
     assert failures["out"].hints == [CAUSE_NOT_IDENTIFIED]

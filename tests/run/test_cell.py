@@ -58,3 +58,113 @@ def test_calls_backward_sees_the_cell_and_the_functions_it_reaches():
     assert calls_backward(compile_cell("loss.backward()"), ns)
     assert calls_backward(compile_cell("step(loss)"), ns)
     assert not calls_backward(compile_cell("y = predict(x)"), ns)
+
+
+def _reads(source):
+    return set(compile_cell(source).read_names)
+
+
+AUTOGRAD_CELL = """
+class Fn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 2
+
+y = Fn.apply(inp)
+"""
+
+
+def test_parameters_and_locals_of_functions_the_cell_defines_are_not_reads():
+    assert _reads(AUTOGRAD_CELL) == {"torch", "staticmethod", "inp"}
+    # the notebook's unrelated generator ``g`` is not something the cell reads, so it is not sent
+    ns = {"__name__": "__main__", "g": (i for i in range(3)), "ctx": 1, "x": 2, "inp": 3}
+    names = referenced_names(compile_cell(AUTOGRAD_CELL), ns)
+    assert "inp" in names and not {"g", "ctx", "x"} & names
+
+
+def test_lambda_parameters_and_comprehension_variables_are_not_reads():
+    assert _reads("f = lambda a, *rest, b=1: a + b + len(rest) + q") == {"len", "q"}
+    cell = (
+        "ys = [i * k for i in xs]\n"
+        "zs = {key: v for key, v in pairs}\n"
+        "ss = {s for s in xs if s > lo}\n"
+        "gs = sum(j for j in xs)\n"
+        "nested = [[a * b for b in row] for a, row in rows]\n"
+    )
+    assert _reads(cell) == {"k", "xs", "pairs", "lo", "sum", "rows"}
+
+
+def test_comprehensions_still_run_as_written():
+    # the read analysis relabels comprehensions while it unparses them: the compiled cell must not see that
+    program = compile_cell(
+        "d = {k: v for k, v in [(1, 2)]}\nl = [i for i in range(3)]\ns = {i for i in range(2)}\n(d, l, s)"
+    )
+    ns = {}
+    exec(program.body, ns)
+    assert eval(program.last_expr, ns) == ({1: 2}, [0, 1, 2], {0, 1})
+
+
+def test_decorators_defaults_and_function_globals_are_read_at_the_definition():
+    assert _reads("def f():\n    return model(x)") == {"model", "x"}
+    source = "@register(name)\ndef f(x=default, *, k: float = factor):\n    return model(x) * k"
+    assert _reads(source) == {"register", "name", "default", "float", "factor", "model"}
+
+
+def test_global_declarations_in_place_updates_and_deletions_are_reads():
+    assert _reads("def bump():\n    global counter\n    counter += 1") == {"counter"}
+    assert _reads("def reset():\n    global state\n    state = None") == {"state"}
+    # a function's own ``+=`` and ``del`` work on its locals
+    assert _reads("def f():\n    acc = 0\n    acc += 1\n    del acc") == set()
+    loop = "for i in range(3):\n    total += f(i)\n    del old"
+    assert _reads(loop) == {"range", "total", "f", "i", "old"}
+
+
+def test_names_bound_in_an_enclosing_function_are_not_reads():
+    cell = (
+        "def outer():\n"
+        "    y, n = 1, 0\n"
+        "    def inner():\n"
+        "        nonlocal n\n"
+        "        n += 1\n"
+        "        return y + z\n"
+        "    class Local:\n"
+        "        attr = y\n"
+        "    return inner, Local\n"
+    )
+    assert _reads(cell) == {"z"}
+
+
+def test_class_bodies_read_module_names():
+    cell = (
+        "class Config:\n"
+        "    lr = lr\n"  # the class namespace has no ``lr`` yet: this reads the notebook's
+        "    size = width * 2\n"
+        "    def scaled(self, factor):\n"
+        "        return size * factor\n"  # a method does not see the class's ``size``
+    )
+    assert _reads(cell) == {"lr", "width", "size"}
+
+
+def test_names_bound_earlier_are_not_reads_inside_functions():
+    ns = {"__name__": "__main__", "model": object(), "x": 1}
+    program = compile_cell("model = Net()\ndef f():\n    return model(x)\ny = f()")
+    assert set(program.read_names) == {"Net", "x"}
+    assert "model" not in referenced_names(program, ns)
+    late = compile_cell("def f():\n    return model(x)\nmodel = Net()")
+    assert "model" in referenced_names(late, ns)
+
+
+def test_a_statement_symtable_rejects_counts_every_name():
+    import ast
+
+    from neuron_workbench.run.cell import _names_read_before_bound
+
+    # parses, but has no binding for the nonlocal: the compile fails later; no name is dropped meanwhile
+    tree = ast.parse("def f(a):\n    nonlocal q\n    return a + q + r")
+    assert set(_names_read_before_bound(tree)) == {"a", "q", "r"}

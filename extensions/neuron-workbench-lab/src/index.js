@@ -7,7 +7,17 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 import { backendLabel } from './charts';
-import { GOTO_SITE_EVENT, MIME_TYPE, el, fallbackCounts, firstDivergence, worstOutput } from './report';
+import {
+  GOTO_SITE_EVENT,
+  MIME_TYPE,
+  NOT_COMPARED,
+  UNCOMPARED,
+  badgeClass,
+  el,
+  fallbackCounts,
+  firstDivergence,
+  worstOutput
+} from './report';
 
 const PLUGIN_ID = 'neuron-workbench-lab:plugin';
 const COMPARE = 'neuron-workbench:compare-cell';
@@ -80,9 +90,12 @@ export function neuronCells(notebook) {
   return rows;
 }
 
-/** "12 cells: 9 PASS, 2 FAIL, 1 ERROR; 7 fallback ops" (+ ", 1 not run" when some are). */
+/**
+ * "12 cells: 9 PASS, 2 FAIL, 1 ERROR; 7 fallback ops" (+ ", 1 UNCOMPARED" and ", 1 not run" when
+ * some are).
+ */
 export function summaryLine(rows) {
-  const n = { PASS: 0, FAIL: 0, ERROR: 0 };
+  const n = { PASS: 0, FAIL: 0, ERROR: 0, [UNCOMPARED]: 0 };
   let fallbacks = 0;
   let notRun = 0;
   for (const row of rows) {
@@ -94,7 +107,8 @@ export function summaryLine(rows) {
     fallbacks += fallbackCounts(row.report).length;
   }
   const cells = `${rows.length} cell${rows.length === 1 ? '' : 's'}`;
-  const parts = `${n.PASS} PASS, ${n.FAIL} FAIL, ${n.ERROR} ERROR${notRun ? `, ${notRun} not run` : ''}`;
+  const uncompared = n[UNCOMPARED] ? `, ${n[UNCOMPARED]} ${UNCOMPARED}` : '';
+  const parts = `${n.PASS} PASS, ${n.FAIL} FAIL, ${n.ERROR} ERROR${uncompared}${notRun ? `, ${notRun} not run` : ''}`;
   return `${cells}: ${parts}; ${fallbacks} fallback op${fallbacks === 1 ? '' : 's'}`;
 }
 
@@ -169,17 +183,19 @@ class Dashboard extends Widget {
       item.title = r ? `${r.summary}\n(click to go to the cell)` : 'not run yet (click to go to the cell)';
       const fb = r ? fallbackCounts(r).length : null;
       const head = el('div', 'nw-lab-dash-head', null, [
-        el('span', `nw-lab-badge nw-lab-badge-${r ? verdict : 'none'}`, verdict),
+        el('span', r ? badgeClass(verdict) : 'nw-lab-badge nw-lab-badge-none', verdict),
         el('span', 'nw-lab-dash-cell', `cell ${row.index + 1}${row.count ? ` [${row.count}]` : ''}`),
         r ? el('span', 'nw-lab-dash-title', r.title || '') : null
       ]);
       item.appendChild(head);
       if (r) {
-        const n = (r.outputs || []).length;
+        const skipped = (r.counts && r.counts[NOT_COMPARED]) || 0;
+        const n = (r.outputs || []).length - skipped;
         const matched = (r.counts && r.counts.match) || 0;
         item.appendChild(el('div', 'nw-lab-dash-detail', null, [
           el('span', `nw-lab-dash-fallbacks ${fb ? 'nw-lab-warn' : ''}`, `${fb} fallback op${fb === 1 ? '' : 's'}`),
-          el('span', 'nw-lab-dash-key', ` · ${matched}/${n} outputs match`)
+          el('span', 'nw-lab-dash-key', ` · ${matched}/${n} outputs match`),
+          skipped ? el('span', 'nw-lab-dash-key nw-lab-warn', ` · ${skipped} not compared`) : null
         ]));
         const worst = worstOutput(r);
         const first = firstDivergence(r);

@@ -4,6 +4,23 @@
 import { CHARTS, PLOT_CONFIG, backendLabel, callSites, fallbackRows } from './charts';
 
 export const MIME_TYPE = 'application/vnd.neuron-workbench.report+json';
+/** An output's status when it could not be compared: neither a match nor a failure. */
+export const NOT_COMPARED = 'not-compared';
+/** The verdict of a report that compared nothing (never a pass). */
+export const UNCOMPARED = 'UNCOMPARED';
+/** Every verdict a report can have (report.schema.json). */
+export const VERDICTS = ['PASS', 'FAIL', 'ERROR', UNCOMPARED];
+
+/** Classes of a verdict badge; UNCOMPARED (and anything unknown) looks neutral. */
+export function badgeClass(verdict) {
+  const known = verdict === 'PASS' || verdict === 'FAIL' || verdict === 'ERROR';
+  return `nw-lab-badge nw-lab-badge-${verdict}${known ? '' : ' nw-lab-badge-none'}`;
+}
+
+/** Whether an output was compared and did not match. */
+export function isFailing(output) {
+  return !!output.status && output.status !== 'match' && output.status !== NOT_COMPARED;
+}
 
 /** Create an element with a class, text and children. */
 export function el(tag, cls, text, children) {
@@ -77,7 +94,7 @@ export function fmtTime(seconds) {
 
 /** The failing outputs, worst (largest max relative error, then max |Δ|) first. */
 export function failingOutputs(report) {
-  const outs = (report.outputs || []).filter(o => o.status && o.status !== 'match');
+  const outs = (report.outputs || []).filter(isFailing);
   const key = o => {
     const r = typeof o.max_rel === 'number' && isFinite(o.max_rel) ? o.max_rel : Infinity;
     const a = typeof o.max_abs === 'number' && isFinite(o.max_abs) ? o.max_abs : Infinity;
@@ -119,7 +136,7 @@ export function firstDivergence(report) {
       return err.lineno ? `cell line ${err.lineno}` : err.type || '';
     }
   }
-  const firstFail = (report.outputs || []).find(o => o.status && o.status !== 'match');
+  const firstFail = (report.outputs || []).find(isFailing);
   return firstFail ? `output ${firstFail.path}` : '';
 }
 
@@ -316,11 +333,11 @@ export function renderReport(report) {
 
   // Header: badge + title + summary line.
   const header = el('div', 'nw-lab-header', null, [
-    el('span', `nw-lab-badge nw-lab-badge-${verdict}`, verdict),
+    el('span', badgeClass(verdict), verdict),
     el('span', 'nw-lab-title', report.title || `${backendLabel(report.target)} vs ${backendLabel(report.ref)}`)
   ]);
   root.appendChild(header);
-  let summary = (report.summary || '').replace(/^(PASS|FAIL|ERROR)\s+/, '');
+  let summary = (report.summary || '').replace(/^(PASS|FAIL|ERROR|UNCOMPARED)\s+/, '');
   if (report.title && summary.startsWith(`${report.title} — `)) {
     summary = summary.slice(report.title.length + 3);
   }
@@ -338,7 +355,11 @@ export function renderReport(report) {
   fact('target', backendLabel(report.target));
   const counts = report.counts || {};
   const nOut = (report.outputs || []).length;
-  fact('outputs', `${nOut} (${counts.match || 0} match)`);
+  const skipped = counts[NOT_COMPARED] || 0;
+  fact('outputs', `${nOut - skipped} (${counts.match || 0} match)`);
+  if (skipped || verdict === UNCOMPARED) {
+    fact('not compared', String(skipped), 'nw-lab-warn');
+  }
   const fbs = fallbackCounts(report);
   fact('CPU fallbacks', `${fbs.length} op${fbs.length === 1 ? '' : 's'}`, fbs.length ? 'nw-lab-warn' : '');
   const divergence = firstDivergence(report);

@@ -16,10 +16,12 @@ import torch
 
 from neuron_workbench.emulator import _core, status
 
-pytestmark = pytest.mark.skipif(
-    status() is None or status().core != "native",
-    reason="needs the emulator's native core (python -m neuron_workbench.emulator.native)",
-)
+
+@pytest.fixture(autouse=True)
+def _native_core(emulated_neuron):
+    # decided once the device is installed (by the fixture), not at collection
+    if status() is None or status().core != "native":
+        pytest.skip("needs the emulator's native core (python -m neuron_workbench.emulator.native)")
 
 
 def test_status_reports_the_native_core():

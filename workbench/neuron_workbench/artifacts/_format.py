@@ -112,7 +112,17 @@ SAFETENSORS_CODES: dict[torch.dtype, str] = {
     torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
 }
 
-LEAF_KINDS = ("tensor", "none", "bool", "int", "float", "complex", "str", "bytes")
+LEAF_KINDS = (
+    "tensor",
+    "none",
+    "bool",
+    "int",
+    "float",
+    "complex",
+    "str",
+    "bytes",
+    "not-compared",
+)
 
 
 class ArtifactError(WorkbenchUsageError):
@@ -300,6 +310,7 @@ def _check_leaf(leaf: Any, where: str) -> None:
             "complex": (list, "a list [real, imag]"),
             "str": (str, "a string"),
             "bytes": (str, "a base64 string"),
+            "not-compared": (str, "the reason, a string"),
         }
         kind_type, what = expected[kind]
         _expect(value, kind_type, f"{where}.value", what)

@@ -34,7 +34,7 @@ from neuron_workbench.artifacts._format import (
     validate_manifest,
 )
 from neuron_workbench.backends.base import BackendInfo, MemoryStats
-from neuron_workbench.run.records import Run, RunError
+from neuron_workbench.run.records import NotCompared, Run, RunError
 
 _LOCAL_HEADER = b"PK\x03\x04"
 _LOCAL_HEADER_SIZE = 30
@@ -293,6 +293,8 @@ def _restore_scalar(leaf: dict[str, Any], name: str) -> Any:
         return float(value)
     if kind == "complex":
         return complex(_number(value[0]), _number(value[1]))
+    if kind == "not-compared":
+        return NotCompared(str(value))
     if kind == "bytes":
         try:
             return base64.b64decode(value.encode("ascii"), validate=True)

@@ -35,7 +35,7 @@ from neuron_workbench.artifacts._format import (
     tensor_entry,
 )
 from neuron_workbench.compare.flatten import iter_leaves
-from neuron_workbench.run.records import Run, recorded
+from neuron_workbench.run.records import NotCompared, Run, recorded
 
 # JSON values the writer nests below this depth inside the manifest (whose own structure adds a few
 # levels) always stay under the reader's depth limit.
@@ -176,6 +176,8 @@ def _leaves(run: Run) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor], li
             leaves.append(
                 {"path": path, "kind": "bytes", "value": base64.b64encode(value).decode("ascii")}
             )
+        elif isinstance(value, NotCompared):  # it could not come back: say so in the artifact too
+            leaves.append({"path": path, "kind": "not-compared", "value": value.reason})
     return leaves, tensors, skipped
 
 

@@ -1,7 +1,8 @@
 """Entry point of the ``neuron-workbench`` console script.
 
-Exit codes shared by every subcommand: 0 success, 1 a comparison failed, 2 usage or input error
-(one line on stderr, never a traceback), 3 ``--strict`` and ops fell back to CPU.
+Exit codes shared by every subcommand: 0 success, 1 a comparison failed (``run``: or compared
+nothing, verdict ``UNCOMPARED``), 2 usage or input error (one line on stderr, never a traceback),
+3 ``--strict`` and ops fell back to CPU.
 """
 
 from __future__ import annotations

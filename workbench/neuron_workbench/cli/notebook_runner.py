@@ -20,6 +20,7 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.report.display import UNCOMPARED
 from neuron_workbench.report.report import REPORT_MIME
 
 #: ``schema_version`` of the ``run --json`` document (``run.schema.json``).
@@ -56,12 +57,15 @@ class InputResult:
         return sum(1 for report in self.reports if report.get("fallback_ops"))
 
     def exit_code(self, strict: bool) -> int:
-        """3 when ``strict`` and ops fell back, else 1 when anything failed or raised, else 0."""
+        """3 when ``strict`` and ops fell back, else 1 on a failure, error or nothing compared, else 0.
+
+        A report whose verdict is ``UNCOMPARED`` verified nothing, so it is not a pass.
+        """
         if strict and self.fallback_reports():
             return 3
         counts = self.verdict_counts()
-        failed = counts.get("FAIL", 0) + counts.get("ERROR", 0) + len(self.cell_errors)
-        return 1 if failed else 0
+        failed = sum(counts.get(v, 0) for v in ("FAIL", "ERROR", UNCOMPARED))
+        return 1 if failed + len(self.cell_errors) else 0
 
 
 def _setup_source(
@@ -422,7 +426,9 @@ def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) 
         "options": dict(options),
         "summary": {
             "reports": len(result.reports),
-            "verdicts": {verdict: counts.get(verdict, 0) for verdict in ("PASS", "FAIL", "ERROR")},
+            # the three verdicts always, any other (UNCOMPARED) when it occurs
+            "verdicts": {verdict: counts.get(verdict, 0) for verdict in ("PASS", "FAIL", "ERROR")}
+            | counts,
             "fallback_reports": result.fallback_reports(),
             "cell_errors": len(result.cell_errors),
             "strict": strict,
@@ -472,10 +478,11 @@ def _failure_text(report: dict[str, Any]) -> str:
 def junit_xml(
     suite: str, reports: Sequence[dict[str, Any]], cell_errors: Sequence[dict[str, Any]] = ()
 ) -> str:
-    """JUnit XML with one ``<testcase>`` per report (``cell N``), FAIL as failure, ERROR as error.
+    """JUnit XML with one ``<testcase>`` per report (``cell N``); ERROR is an error, FAIL a failure.
 
-    Cells that raised outside ``%%neuron`` are test cases with an ``<error>`` too. ElementTree does
-    the escaping; characters XML cannot hold at all are replaced.
+    UNCOMPARED (a cell that verified nothing) is a failure too. Cells that raised outside
+    ``%%neuron`` are test cases with an ``<error>``. ElementTree does the escaping; characters XML
+    cannot hold at all are replaced.
     """
     cases: list[tuple[int, ET.Element]] = []
     failures = errors = 0
@@ -489,9 +496,10 @@ def junit_xml(
         )
         verdict = report.get("verdict")
         summary = _xml_text(report.get("summary", ""))
-        if verdict in ("FAIL", "ERROR"):
-            tag = "failure" if verdict == "FAIL" else "error"
-            failures += verdict == "FAIL"
+        if verdict in ("FAIL", "ERROR", UNCOMPARED):
+            # a cell that compared nothing verified nothing: a failure, as its exit code says
+            tag = "error" if verdict == "ERROR" else "failure"
+            failures += verdict != "ERROR"
             errors += verdict == "ERROR"
             element = ET.SubElement(case, tag, message=summary, type=str(verdict))
             element.text = _xml_text(_failure_text(report))

@@ -1,6 +1,7 @@
 """Numerical comparison of two runs' outputs (pure torch, no IPython)."""
 
 from neuron_workbench.compare.compare import (
+    NOT_COMPARED,
     STATUSES,
     Comparison,
     OutputDiff,
@@ -11,6 +12,7 @@ from neuron_workbench.compare.tolerances import DTYPE_TOLERANCES, Tolerance, def
 
 __all__ = [
     "DTYPE_TOLERANCES",
+    "NOT_COMPARED",
     "STATUSES",
     "Comparison",
     "OutputDiff",

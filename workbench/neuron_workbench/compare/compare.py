@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from neuron_workbench.compare.flatten import iter_leaves
+from neuron_workbench.compare.flatten import USER_MODULES, iter_leaves
 from neuron_workbench.compare.metrics import tensor_stats
 from neuron_workbench.compare.tolerances import (
     EXACT,
@@ -17,9 +17,15 @@ from neuron_workbench.compare.tolerances import (
     Tolerance,
     TolerancePolicy,
 )
+from neuron_workbench.run.records import NotCompared
 
-#: Every status an output can have; only ``match`` passes.
-STATUSES = ("match", "differ", "shape", "dtype", "missing", "nan-mismatch", "error")
+#: Status of an output that could not be compared (a :class:`NotCompared` marker on either side).
+NOT_COMPARED = "not-compared"
+#: Every status an output can have. ``match`` passes; :data:`NOT_COMPARED` neither passes nor
+#: fails; every other status is a failure.
+STATUSES = ("match", "differ", "shape", "dtype", "missing", "nan-mismatch", "error", NOT_COMPARED)
+#: Longest reason a :data:`NOT_COMPARED` headline quotes (the full one is in ``detail``).
+_HEADLINE_REASON = 160
 
 
 @dataclass
@@ -52,7 +58,9 @@ class OutputDiff:
         The smallest ``atol`` that passes with this ``rtol``, and the smallest ``rtol`` that passes
         with this ``atol``; ``None`` when no tolerance can pass.
     detail : str
-        One line explaining a non-numeric status (shapes, dtypes, a missing output).
+        One line explaining a non-numeric status (shapes, dtypes, a missing output), or for
+        ``not-compared`` which side could not be compared and why (``target: could not be sent
+        back from the neuron worker process (...)``).
     hints : list of str
         Likely causes of the difference, from what is known about the two runs.
     """
@@ -86,8 +94,18 @@ class OutputDiff:
 
     @property
     def passed(self) -> bool:
-        """True when the status is ``match``."""
+        """True when the status is ``match`` (a ``not-compared`` output has not passed)."""
         return self.status == "match"
+
+    @property
+    def compared(self) -> bool:
+        """False exactly for a ``not-compared`` output: its value is unknown on one side."""
+        return self.status != NOT_COMPARED
+
+    @property
+    def failed(self) -> bool:
+        """True when the output was compared and did not match."""
+        return self.compared and not self.passed
 
     @property
     def mismatch_pct(self) -> float:
@@ -95,9 +113,18 @@ class OutputDiff:
         return 100.0 * self.mismatched / self.numel if self.numel else 0.0
 
     def headline(self) -> str:
-        """A short, deterministic description of why this output failed (empty when it passed)."""
+        """A short, deterministic description of why this output failed or was not compared.
+
+        Empty when it passed; ``mod (target: could not be sent back ...)`` when not compared (the
+        reason cut to 160 characters).
+        """
         if self.passed:
             return ""
+        if self.status == NOT_COMPARED:
+            why = self.detail or "not compared"
+            if len(why) > _HEADLINE_REASON:
+                why = why[: _HEADLINE_REASON - 1].rstrip() + "…"
+            return f"{self.path} ({why})"
         if self.status == "nan-mismatch":
             count = self.nan_mismatches + self.inf_mismatches
             return f"{self.path} NaN/Inf placement differs ({count} elements)"
@@ -163,22 +190,39 @@ def _finite_or_none(value: float | None) -> float | str | None:
 
 @dataclass
 class Comparison:
-    """Every output's :class:`OutputDiff`, in output order."""
+    """Every output's :class:`OutputDiff`, in output order.
+
+    Each output is exactly one of: matched (``passed``), failed (in :attr:`failures`), or not
+    compared (in :attr:`not_compared`). Outputs that were not compared do not fail the comparison,
+    and do not count as matches either: :attr:`passed` is about the :attr:`compared` outputs only,
+    so it is also True when nothing was compared; whether anything was is for the caller to judge
+    (a report's verdict is then ``UNCOMPARED``, never ``PASS``).
+    """
 
     diffs: list[OutputDiff] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        """True when every output matched."""
-        return all(d.passed for d in self.diffs)
+        """True when every compared output matched (``not-compared`` outputs are ignored)."""
+        return not self.failures
+
+    @property
+    def compared(self) -> list[OutputDiff]:
+        """The outputs that were compared (matched or failed)."""
+        return [d for d in self.diffs if d.compared]
 
     @property
     def failures(self) -> list[OutputDiff]:
-        """The outputs that did not match."""
-        return [d for d in self.diffs if not d.passed]
+        """The compared outputs that did not match."""
+        return [d for d in self.diffs if d.failed]
+
+    @property
+    def not_compared(self) -> list[OutputDiff]:
+        """The outputs with status ``not-compared``."""
+        return [d for d in self.diffs if not d.compared]
 
     def counts(self) -> dict[str, int]:
-        """Number of outputs per status (only statuses that occur)."""
+        """Number of outputs per status, ``not-compared`` included (only statuses that occur)."""
         counts: dict[str, int] = {}
         for diff in self.diffs:
             counts[diff.status] = counts.get(diff.status, 0) + 1
@@ -192,32 +236,54 @@ def compare_outputs(
     rtol: float | None = None,
     atol: float | None = None,
     policy: TolerancePolicy | None = None,
+    user_modules: Collection[str] = USER_MODULES,
 ) -> Comparison:
     """Compare the named outputs of two runs.
 
     Parameters
     ----------
     ref, target : mapping of str to object
-        Output name to value (tensors, modules, containers, numbers, strings) for each run.
+        Output name to value (tensors, modules, containers, numbers, strings, instances of
+        notebook classes, :class:`NotCompared` markers) for each run.
     rtol, atol : float, optional
         One tolerance pair for every output (both or neither); shorthand for a policy.
     policy : TolerancePolicy, optional
         Preset and per-output overrides; ``rtol``/``atol`` must not be given with it.
+    user_modules : collection of str, optional
+        ``__module__`` of the classes whose instances are compared through their attributes
+        (see :func:`~neuron_workbench.compare.flatten.iter_leaves`).
 
     Returns
     -------
     Comparison
         One :class:`OutputDiff` per leaf present in either run. Mismatches are data, never raised.
+        A :class:`NotCompared` marker on either side gives one ``not-compared`` output at its
+        path, which stands for everything the other side has under that path.
     """
     if policy is None:
         policy = TolerancePolicy(rtol=rtol, atol=atol)
     elif rtol is not None or atol is not None:
         raise ValueError("give rtol/atol or a policy, not both")
-    ref_leaves = dict(iter_leaves(ref))
-    target_leaves = dict(iter_leaves(target))
+    ref_leaves = dict(iter_leaves(ref, user_modules=user_modules))
+    target_leaves = dict(iter_leaves(target, user_modules=user_modules))
     paths = list(ref_leaves) + [p for p in target_leaves if p not in ref_leaves]
+    markers = [
+        p
+        for p in paths
+        if isinstance(ref_leaves.get(p), NotCompared)
+        or isinstance(target_leaves.get(p), NotCompared)
+    ]
+    reported: set[str] = set()
     diffs = []
     for path in paths:
+        marker = _covering_marker(path, markers)
+        if marker is not None:
+            if marker not in reported:
+                reported.add(marker)
+                diffs.append(
+                    _not_compared(marker, ref_leaves.get(marker), target_leaves.get(marker))
+                )
+            continue
         if path not in target_leaves or path not in ref_leaves:
             side = "target" if path not in target_leaves else "reference"
             diffs.append(
@@ -228,11 +294,38 @@ def compare_outputs(
     return Comparison(diffs)
 
 
+def _covering_marker(path: str, markers: list[str]) -> str | None:
+    """The marker path equal to ``path`` or above it (``trainer`` covers ``trainer.model.w``)."""
+    for marker in markers:
+        if path == marker or path.startswith((f"{marker}.", f"{marker}[")):
+            return marker
+    return None
+
+
+def _not_compared(path: str, ref: Any, target: Any) -> OutputDiff:
+    """The ``not-compared`` output at ``path``; ``detail`` names the side(s) and the reason."""
+    sides = [
+        (side, value.reason)
+        for side, value in (("reference", ref), ("target", target))
+        if isinstance(value, NotCompared)
+    ]
+    if len(sides) == 2 and sides[0][1] == sides[1][1]:
+        detail = f"both runs: {sides[0][1]}"
+    else:
+        detail = "; ".join(f"{side}: {reason}" for side, reason in sides)
+    return OutputDiff(path, NOT_COMPARED, "none", EXACT, detail=detail)
+
+
 def compare_leaf(
     path: str, ref: Any, target: Any, policy: TolerancePolicy | None = None
 ) -> OutputDiff:
-    """Compare one leaf pair; never raises for a value problem (it becomes status ``error``)."""
+    """Compare one leaf pair; never raises for a value problem (it becomes status ``error``).
+
+    A :class:`NotCompared` marker on either side gives status ``not-compared``.
+    """
     policy = policy or TolerancePolicy()
+    if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
+        return _not_compared(path, ref, target)
     try:
         ref_t, target_t = _as_tensor(ref), _as_tensor(target)
         if ref_t is not None and target_t is not None:

@@ -45,6 +45,7 @@ __all__ = [
     "memory_stats",
     "process_log",
     "record_fallbacks",
+    "record_last_op",
     "status",
 ]
 
@@ -369,3 +370,49 @@ def memory_stats() -> dict[str, int]:
     from neuron_workbench.emulator import _core
 
     return {"current_bytes": _core.MEM.current, "peak_bytes": _core.MEM.peak}
+
+
+def record_last_op(slot: object | None) -> bool:
+    """Have the native core write the name of each op the process runs into ``slot``.
+
+    From this call on, every op the dispatcher calls, on any device and from any thread (custom
+    ops registered from Python included), writes its name, ``namespace::name[.overload]`` (e.g.
+    ``aten::add.Tensor``, ``aten::cos``, ``mylib::myop``), into the start of ``slot``: truncated
+    to ``len(slot) - 1`` bytes and NUL-padded, so splitting the buffer at the first NUL gives the
+    name. When an op ends inside another (a custom op's body, a composite op's parts), the slot
+    names the enclosing op again, so it holds the innermost op running, or the last top-level op
+    once none is. A RecordFunction callback does the writes, registered only while recording is
+    on: about 0.1 µs per op, no Python, so a process that may die (a worker) can leave in a
+    memory-mapped file the op it died in.
+
+    Parameters
+    ----------
+    slot
+        A writable buffer of at least one byte (an ``mmap.mmap``, a ``bytearray``). It is kept
+        alive, and cannot be closed or resized, until recording is turned off or pointed
+        elsewhere. None turns recording off.
+
+    Returns
+    -------
+    bool
+        True when the native core records (or, for None, stopped recording) in this process;
+        False when it cannot: nothing emulated here (a real device, or the emulator not
+        installed) or the pure-Python core runs. The caller then records ops its own way.
+
+    Raises
+    ------
+    TypeError
+        ``slot`` is not a writable buffer.
+    ValueError
+        ``slot`` is empty.
+    """
+    with _lock:
+        if _installed is None:
+            return False
+        from neuron_workbench.emulator import _core, _native_core
+
+        module = _core.NATIVE_CORE
+        if module is None:
+            return False
+        _native_core.record_last_op(module, slot)
+        return True

@@ -9,6 +9,7 @@ matmuls while bf16 passes are on). Everything else, the hot path included, stays
 from __future__ import annotations
 
 import atexit
+import ctypes
 import threading
 from typing import Any
 
@@ -157,6 +158,27 @@ class NativeMemory:
 
 
 _lock = threading.Lock()
+# The buffer the core writes op names into, as a ctypes view: it keeps the caller's object alive
+# and exported (an mmap cannot be closed, a bytearray not resized) while the core writes to it.
+_last_op_view: Any = None
+
+
+def record_last_op(module: Any, slot: object | None) -> None:
+    """Point the core's last-op recording at ``slot`` (a writable buffer), or stop it (None)."""
+    global _last_op_view
+    with _lock:
+        if slot is None:
+            module.set_last_op_slot(0, 0)
+            _last_op_view = None
+            return
+        with memoryview(slot) as view:  # type: ignore[arg-type]
+            nbytes = view.nbytes
+        if nbytes < 1:
+            raise ValueError("record_last_op: the buffer must hold at least one byte")
+        # TypeError for a read-only buffer (bytes, a read-only mmap)
+        array = (ctypes.c_char * nbytes).from_buffer(slot)  # type: ignore[arg-type]
+        module.set_last_op_slot(ctypes.addressof(array), nbytes)
+        _last_op_view = array  # the previous buffer is released only after the switch
 
 
 def whole_ops() -> list[str]:

@@ -20,23 +20,49 @@ from neuron_workbench.trace.profile_data import HOST_CPU_TIME, WALL_TIME
 
 __all__ = [
     "NEUTRAL_COLOR",
+    "NOT_COMPARED_STATUS",
+    "UNCOMPARED",
+    "VERDICTS",
     "VERDICT_COLORS",
     "format_bytes",
     "op_time_kind",
+    "output_status_class",
     "run_label",
     "run_time_kind",
     "verdict_color",
 ]
 
-#: Badge colour of each verdict.
-VERDICT_COLORS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#9a6700"}
-#: Colour of notes and of an unknown verdict.
+#: Verdict of a report whose runs both finished but compared nothing: the cell bound no comparable
+#: output, or only outputs that could not be compared (status ``not-compared``). Never a pass.
+UNCOMPARED = "UNCOMPARED"
+#: Every verdict a report can have (``Report.verdict``), in the order summaries count them.
+VERDICTS = ("PASS", "FAIL", "ERROR", UNCOMPARED)
+#: Colour of notes, of the ``UNCOMPARED`` verdict and of an unknown verdict.
 NEUTRAL_COLOR = "#57606a"
+#: Badge colour of each verdict.
+VERDICT_COLORS = {
+    "PASS": "#1a7f37",
+    "FAIL": "#cf222e",
+    "ERROR": "#9a6700",
+    UNCOMPARED: NEUTRAL_COLOR,
+}
+
+
+#: An output's status when it could not be compared (``neuron_workbench.compare.NOT_COMPARED``,
+#: spelled here so that renderers need not import torch).
+NOT_COMPARED_STATUS = "not-compared"
 
 
 def verdict_color(verdict: Any) -> str:
     """The badge colour of ``verdict`` (:data:`NEUTRAL_COLOR` for anything else)."""
     return VERDICT_COLORS.get(str(verdict), NEUTRAL_COLOR)
+
+
+def output_status_class(status: Any) -> str:
+    """CSS class of an output's status: ``ok`` (match), ``na`` (not compared) or ``bad``."""
+    if status == "match":
+        return "ok"
+    return "na" if status == NOT_COMPARED_STATUS else "bad"
 
 
 def run_time_kind(emulated: bool) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from neuron_workbench.compare.layer_divergence import LayerComparison
 
 KEEP_CHOICES = ("ref", "target")
+#: The report's note when the target ran in its worker while the reference ran in this process.
+CONCURRENT_NOTE = (
+    "the reference and the target ran at the same time, so their wall times share this host's "
+    "cores (with --profile they run one after the other)"
+)
 RNG_CHOICES = ("device", "cpu")
 WHAT_IF_CHOICES = ("bf16-matmul",)
 
@@ -241,13 +246,32 @@ def compare_cell(
         steps=options.steps,
         ref_precision=options.ref_precision,
     )
-    ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
-    target_run = _run_target(spec, executor, target_backend, "target", options.what_if)
-    # every extra target runs before anything is committed: all start from the same namespace
-    extra_runs = [
-        _run_target(spec, executor, backend, f"target:{backend.name}", options.what_if)
-        for backend in extra_backends
-    ]
+    # Every target runs before anything is committed: all start from the same namespace. A target in
+    # a worker runs while the reference runs here, unless timings must not compete (--profile).
+    targets = [(target_backend, "target"), *((b, f"target:{b.name}") for b in extra_backends)]
+    together = reference is None and "profile" not in all_instruments and hasattr(executor, "start")
+    if together:
+        pending: list[Any] = []
+        try:
+            with _cores_shared():
+                for backend, run_id in targets:
+                    pending.append(
+                        executor.start(spec, backend, run_id=run_id, what_if=options.what_if)  # type: ignore[attr-defined]
+                    )
+                ref_run = execute(spec, ref_backend, run_id="ref")
+        except BaseException as exc:  # the targets' runs are abandoned (an interrupt ends them)
+            for each in pending:
+                each.cancel(end_worker=isinstance(exc, KeyboardInterrupt))
+            raise
+        target_runs = [_checked_target(each.result()) for each in pending]
+    else:
+        ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
+        target_runs = [
+            _run_target(spec, executor, backend, run_id, options.what_if)
+            for backend, run_id in targets
+        ]
+    target_run, extra_runs = target_runs[0], target_runs[1:]
+    schedule = [CONCURRENT_NOTE] if together else []
     comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
     if ref_run.ok and target_run.ok:
@@ -270,7 +294,7 @@ def compare_cell(
         options=options.to_dict(),
         warnings=warnings,
         layers=layers,
-        notes=comparison_notes(ref_run, target_run, policy),
+        notes=comparison_notes(ref_run, target_run, policy) + schedule,
     )
     extra_reports = []
     for extra_run in extra_runs:
@@ -284,16 +308,37 @@ def compare_cell(
                 options={**options.to_dict(), "target": extra_run.backend.name},
                 warnings=list(warnings),
                 layers=extra_layers,
-                notes=comparison_notes(ref_run, extra_run, policy),
+                notes=comparison_notes(ref_run, extra_run, policy) + schedule,
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
 
 
+@contextlib.contextmanager
+def _cores_shared() -> Iterator[None]:
+    """Half the intra-op threads each for the reference here and the target in its worker.
+
+    The two processes run at the same time; with all threads each, their thread pools would fight
+    over the cores (a parallel region waits for its slowest thread). Both runs use the same count,
+    so their reductions split alike.
+    """
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(max(1, threads // 2))
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
 def _run_target(
     spec: RunSpec, executor: Executor, backend: Any, run_id: str, what_if: str | None
 ) -> Run:
-    run = executor.run(spec, backend, run_id=run_id, what_if=what_if)
+    return _checked_target(executor.run(spec, backend, run_id=run_id, what_if=what_if))
+
+
+def _checked_target(run: Run) -> Run:
     if not run.backend.emulated and run.fallbacks and "profile" in run.extras:
         # Real TorchNeuron reports fallback op names only; the profile adds counts and sites.
         from neuron_workbench.trace.fallback import cross_check

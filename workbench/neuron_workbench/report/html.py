@@ -12,7 +12,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from neuron_workbench.report.display import format_bytes, verdict_color
+from neuron_workbench.report.display import (
+    NOT_COMPARED_STATUS,
+    format_bytes,
+    output_status_class,
+    verdict_color,
+)
 from neuron_workbench.report.schema import read_report
 
 _STYLE = """
@@ -29,6 +34,7 @@ _STYLE = """
 .nw-report .bad{color:#cf222e;font-weight:600}
 .nw-report .ok{color:#1a7f37}
 .nw-report .note{color:#57606a}
+.nw-report .na{color:#57606a;font-style:italic}
 .nw-report pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:240px;margin:2px 0}
 """
 
@@ -114,7 +120,8 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for out in outputs:
         passed = out["status"] == "match"
-        status = f'<span class="{"ok" if passed else "bad"}">{esc(out["status"])}</span>'
+        compared = out["status"] != NOT_COMPARED_STATUS
+        status = f'<span class="{output_status_class(out["status"])}">{esc(out["status"])}</span>'
         dtype = out.get("ref_dtype") or ""
         if out.get("target_dtype") and out.get("target_dtype") != dtype:
             dtype = f"{dtype} / {out['target_dtype']}"
@@ -140,7 +147,7 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
                 esc(_fmt_float(out.get("max_abs"))),
                 esc(_fmt_float(out.get("max_rel"))),
                 esc(mismatched),
-                esc(f"{out['rtol']:.1e} / {out['atol']:.1e}"),
+                esc(f"{out['rtol']:.1e} / {out['atol']:.1e}" if compared else ""),
                 esc(worst or out.get("detail", "")),
             ]
         )
@@ -347,11 +354,18 @@ def render_report_html(data: dict[str, Any]) -> str:
             "rtol / atol",
             "worst element / detail",
         ]
-        failing = [o for o in data["outputs"] if o["status"] != "match"]
+        skipped = [o for o in data["outputs"] if o["status"] == NOT_COMPARED_STATUS]
+        failing = [o for o in data["outputs"] if o["status"] not in ("match", NOT_COMPARED_STATUS)]
         matching = [o for o in data["outputs"] if o["status"] == "match"]
         parts.append("<h4>Outputs</h4>")
         if failing:
             parts.append(_table(headers, _output_rows(failing), numeric={4, 5, 6}))
+        if skipped:
+            parts.append(
+                f'<div class="note">{len(skipped)} output{"" if len(skipped) == 1 else "s"} could '
+                "not be compared (neither a match nor a failure):</div>"
+            )
+            parts.append(_table(headers, _output_rows(skipped), numeric={4, 5, 6}))
         if matching:
             # Matching outputs can run to hundreds of parameters: keep them one click away.
             table = _table(headers, _output_rows(matching), numeric={4, 5, 6})
@@ -361,7 +375,11 @@ def render_report_html(data: dict[str, Any]) -> str:
                 f"{'' if len(matching) == 1 else 's'}</summary>{table}</details>"
             )
     elif not errors:
-        parts.append('<div class="note">The cell bound no outputs to compare.</div>')
+        parts.append(
+            '<div class="note">The cell bound no outputs to compare, so nothing was checked '
+            "(tensors, arrays, numbers, strings, modules, optimizers, their containers and objects "
+            "of classes the notebook defines are compared).</div>"
+        )
     first = data.get("first_divergence")
     if first:
         kind = "born" if first.get("born") else "diverged (no single origin found)"

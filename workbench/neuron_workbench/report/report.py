@@ -8,9 +8,11 @@ from typing import Any
 
 from neuron_workbench import __version__
 from neuron_workbench.compare import Comparison
-from neuron_workbench.report.display import run_time_kind
+from neuron_workbench.report.display import UNCOMPARED, VERDICTS, run_time_kind
 from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
+
+__all__ = ["REPORT_MIME", "UNCOMPARED", "VERDICTS", "Report"]
 
 #: MIME type of the machine-readable report in a cell's output (see ``report.schema.json``).
 REPORT_MIME = "application/vnd.neuron-workbench.report+json"
@@ -26,6 +28,7 @@ class Report:
 
     ``bool(report)`` is True exactly when the verdict is ``PASS``. The ``text/plain`` form is one
     deterministic line (verdict and counts, never timings), safe to check in notebooks under nbval.
+    The verdict is one of :data:`VERDICTS`; see :attr:`verdict`.
     """
 
     ref: Run
@@ -52,9 +55,17 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """``PASS``, ``FAIL`` (outputs differ) or ``ERROR`` (a run raised)."""
+        """The cell's verdict, one of :data:`VERDICTS`.
+
+        ``ERROR`` when a run raised; else :data:`UNCOMPARED` when nothing was compared (the cell
+        bound no comparable output, or only outputs with status ``not-compared``); else ``PASS``
+        when every compared output matched and ``FAIL`` when one did not. Outputs that were not
+        compared never make a verdict ``FAIL``; the summary line counts them.
+        """
         if not (self.ref.ok and self.target.ok) or self.comparison is None:
             return "ERROR"
+        if not self.comparison.compared:
+            return UNCOMPARED
         return "PASS" if self.comparison.passed else "FAIL"
 
     def __bool__(self) -> bool:
@@ -75,17 +86,28 @@ class Report:
                     where = f" (cell line {run.error.lineno})" if run.error.lineno else ""
                     parts.append(f"{run.backend.name} raised {run.error.summary}{where}")
             body = "; ".join(parts)
+        elif verdict == UNCOMPARED:
+            assert self.comparison is not None
+            skipped = self.comparison.not_compared
+            body = "0 outputs compared"
+            if skipped:
+                body += f"; {len(skipped)} not compared: {skipped[0].headline()}"
+                if len(skipped) > 1:
+                    body += f" (+{len(skipped) - 1} more)"
         else:
             assert self.comparison is not None
-            diffs = self.comparison.diffs
+            compared = self.comparison.compared
             failures = self.comparison.failures
-            matched = len(diffs) - len(failures)
-            body = f"{_plural(len(diffs), 'output', 'outputs')}, {matched} match"
+            matched = len(compared) - len(failures)
+            body = f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
             if failures:
                 verb = "differs" if len(failures) == 1 else "differ"
                 body += f", {len(failures)} {verb}: {failures[0].headline()}"
                 if len(failures) > 1:
                     body += f" (+{len(failures) - 1} more)"
+            skipped = self.comparison.not_compared
+            if skipped:
+                body += f"; {len(skipped)} not compared"
         fallback_ops = self.target.fallback_ops()
         if fallback_ops:
             body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"

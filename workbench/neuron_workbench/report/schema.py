@@ -18,7 +18,9 @@ __all__ = ["READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "read_report"]
 #: ``schema_version`` of ``Report.to_dict()`` (``report.schema.json``). Version 2 names the op
 #: profile's step count ``steps`` and its per-step times ``step_times_s`` (``iterations`` and
 #: ``iteration_times_s`` in version 1): one name for ``--steps``; and each run carries its display
-#: ``label`` (see :mod:`neuron_workbench.report.display`).
+#: ``label`` (see :mod:`neuron_workbench.report.display`). The verdict ``UNCOMPARED`` and the output
+#: status ``not-compared`` were added to version 2 without a new version: every earlier document is
+#: still valid, and renderers show a verdict or status they do not know in a neutral colour.
 SCHEMA_VERSION = 2
 #: Versions :func:`read_report` reads.
 READABLE_SCHEMA_VERSIONS = (1, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import itertools
 import linecache
+import symtable
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType, FunctionType
@@ -33,8 +34,9 @@ class CellProgram:
         The variable name when the trailing expression is just a name (``logits``).
     read_names : dict of str to frozenset of str
         Each global name the cell may read before binding it itself, mapped to the names the cell has
-        definitely bound by then (used to prune what notebook functions reach). Reads inside
-        functions and classes the cell defines count at the definition.
+        definitely bound by then (used to prune what notebook functions reach). The global names
+        read inside functions, lambdas, classes and comprehensions the cell defines count at the
+        definition; their parameters and locals are not reads.
     """
 
     source: str
@@ -102,19 +104,127 @@ def _names_read_before_bound(tree: ast.Module) -> dict[str, frozenset[str]]:
     bound: set[str] = set()
     reads: dict[str, frozenset[str]] = {}
     for stmt in tree.body:
-        loads = set()
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
-                loads.add(node.id)
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                loads.add(node.target.id)
-            elif isinstance(node, ast.Global | ast.Nonlocal):
-                loads.update(node.names)
         snapshot = frozenset(bound)
-        for name in loads - bound:
+        for name in _statement_reads(stmt) - bound:
             reads.setdefault(name, snapshot)
         bound |= _definitely_bound(stmt)
     return reads
+
+
+# Nodes that open a scope of their own: a statement without any is read exactly by a plain walk.
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Lambda,
+    ast.GeneratorExp,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp)
+_Comprehension = ast.ListComp | ast.SetComp | ast.DictComp
+
+
+def _statement_reads(stmt: ast.stmt) -> set[str]:
+    """Global names one top-level statement reads, itself or in the scopes it defines.
+
+    Parameters
+    ----------
+    stmt : ast.stmt
+        A statement of the cell's body.
+
+    Returns
+    -------
+    set of str
+        Every name loaded, deleted, updated in place (``x += 1``) or declared ``global`` in the
+        cell's own scope, plus the names that functions, lambdas, classes and comprehensions defined
+        in ``stmt`` look up in the cell's (the notebook's) globals. Their parameters and locals, and
+        names bound in an enclosing function, are left out.
+    """
+    loads: set[str] = set()
+    updated: set[str] = set()  # ``x += 1`` and ``del x`` need an ``x``, yet symtable sees bindings
+    comprehensions: list[_Comprehension] = []
+    scoped = False
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Del):
+                updated.add(node.id)
+            if not isinstance(node.ctx, ast.Store):
+                loads.add(node.id)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            loads.add(node.target.id)
+            updated.add(node.target.id)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            loads.update(node.names)
+        elif isinstance(node, _SCOPES):
+            scoped = True
+            if isinstance(node, _COMPREHENSIONS):
+                comprehensions.append(node)
+    if not scoped:
+        return loads  # every name is in the cell's own scope: the walk is exact, and cheaper
+    try:
+        table = symtable.symtable(_unparse_scopes(stmt, comprehensions), "<neuron-cell>", "exec")
+    except (SyntaxError, ValueError):
+        return loads  # e.g. a ``nonlocal`` with no binding: the compile fails too; keep every name
+    return _global_reads(table, updated)
+
+
+def _unparse_scopes(stmt: ast.stmt, comprehensions: list[_Comprehension]) -> str:
+    """``stmt``'s source, with its list, set and dict comprehensions written as generator expressions.
+
+    From Python 3.12 symtable merges those comprehensions into the enclosing scope (PEP 709),
+    where their loop variables would pass for reads of the cell; a generator expression keeps a
+    scope of its own, under the same rules. The nodes are relabelled in place just for this
+    ``ast.unparse`` (copying the tree would cost more than the rest) and restored before returning.
+    """
+    kinds = [type(node) for node in comprehensions]
+    try:
+        for node in comprehensions:
+            if isinstance(node, ast.DictComp):
+                node.elt = ast.Tuple([node.key, node.value], ast.Load())
+            node.__class__ = ast.GeneratorExp
+        return ast.unparse(stmt)
+    finally:
+        for node, kind in zip(comprehensions, kinds):
+            node.__class__ = kind
+            if kind is ast.DictComp:
+                vars(node).pop("elt", None)
+
+
+def _global_reads(table: symtable.SymbolTable, updated: set[str]) -> set[str]:
+    """Names the scopes in a module's symbol table read from the module's globals.
+
+    Parameters
+    ----------
+    table : symtable.SymbolTable
+        The table of one statement compiled as a module.
+    updated : set of str
+        Names the statement updates in place or deletes: reads where the module or a class body
+        binds them (a function's own ``x += 1`` fails unless it declares ``x`` global).
+    """
+    names: set[str] = set()
+    todo = [table]
+    while todo:
+        table = todo.pop()
+        kind = table.get_type()
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if kind == "module":
+                read = symbol.is_referenced() or symbol.is_declared_global() or name in updated
+            elif kind == "class":
+                # A class body looks a name up in its own namespace, then in the globals, so a
+                # name it binds may still be read before that (``lr = lr``). A free name belongs
+                # to an enclosing function.
+                read = symbol.is_global() or (
+                    not symbol.is_free() and (symbol.is_referenced() or name in updated)
+                )
+            else:  # function, lambda, generator expression; annotation scopes from Python 3.12
+                read = symbol.is_global()
+            if read:
+                names.add(name)
+        todo.extend(table.get_children())
+    return names
 
 
 def _definitely_bound(stmt: ast.stmt) -> set[str]:

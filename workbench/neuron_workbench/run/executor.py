@@ -254,8 +254,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             copies, shared = isolate(ns, inputs)
         else:
             copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
+        storages: dict[int, torch.UntypedStorage] = {}  # views of one storage stay views of one
         for name, value in copies.items():
-            copies[name] = move_to_device(value, backend.device, force=saved[name] in spec.resident)
+            copies[name] = move_to_device(
+                value, backend.device, force=saved[name] in spec.resident, memo=storages
+            )
         # A device object an earlier cell built as "cuda" (kept as the reference's cpu device)
         # means this run's device.
         cuda_devices = {

@@ -45,17 +45,24 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
         return copies, shared
 
 
-def move_to_device(value: Any, device: torch.device, force: bool = False) -> Any:
+def move_to_device(
+    value: Any,
+    device: torch.device,
+    force: bool = False,
+    memo: dict[int, torch.UntypedStorage] | None = None,
+) -> Any:
     """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
 
     Modules move in place (``Module.to``), keeping parameter identity so optimizers stay attached;
     optimizer state tensors move too (except the ``step`` counters PyTorch keeps on the host); lists,
     tuples and dicts are rebuilt around moved elements. CPU tensors stay on the CPU unless ``force``:
-    in CUDA code a CPU tensor is there on purpose.
+    in CUDA code a CPU tensor is there on purpose. Tensors that share a storage share one device
+    storage afterwards (views keep their base), across every call given the same ``memo``.
     """
+    memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
         if (force or value.device.type != "cpu") and value.device != device:
-            return _moved_tensor(value, device)
+            return _moved_tensor(value, device, memo)
         return value
     if isinstance(value, torch.nn.Module):
         tensors = list(value.parameters()) + list(value.buffers())
@@ -66,32 +73,54 @@ def move_to_device(value: Any, device: torch.device, force: bool = False) -> Any
         for state in value.state.values():
             for key, item in list(state.items()):
                 if key != "step" and isinstance(item, torch.Tensor):
-                    state[key] = move_to_device(item, device, force)
+                    state[key] = move_to_device(item, device, force, memo)
         return value
     if isinstance(value, list):
-        value[:] = [move_to_device(v, device, force) for v in value]
+        value[:] = [move_to_device(v, device, force, memo) for v in value]
         return value
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(move_to_device(v, device, force) for v in value)
+        return tuple(move_to_device(v, device, force, memo) for v in value)
     if isinstance(value, dict):
         for key in list(value):
-            value[key] = move_to_device(value[key], device, force)
+            value[key] = move_to_device(value[key], device, force, memo)
         return value
     return value
 
 
-def _moved_tensor(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _moved_tensor(
+    tensor: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
+) -> torch.Tensor:
     # A leaf that requires grad must stay a leaf on the new device (``.to`` would give it a grad_fn).
     if tensor.is_leaf:
-        moved = tensor.detach().to(device)
+        moved = _device_view(tensor.detach(), device, memo)
         if isinstance(tensor, torch.nn.Parameter):
             moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
         else:
             moved.requires_grad_(tensor.requires_grad)
         if tensor.grad is not None:
-            moved.grad = tensor.grad.detach().to(device)
+            moved.grad = _device_view(tensor.grad.detach(), device, memo)
         return moved
     return tensor.to(device)
+
+
+def _device_view(
+    data: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
+) -> torch.Tensor:
+    """``data.to(device)``, as a view of the one device copy of ``data``'s whole storage."""
+    if type(data) is not torch.Tensor or data.layout != torch.strided:
+        return data.to(device)
+    if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
+        return data.to(device)
+    try:
+        source = data.untyped_storage()
+        storage = memo.get(source._cdata)
+        if storage is None:
+            whole = torch.empty(0, dtype=torch.uint8, device=data.device).set_(source)
+            storage = memo[source._cdata] = whole.to(device).untyped_storage()
+        view = torch.empty(0, dtype=data.dtype, device=device)
+        return view.set_(storage, data.storage_offset(), data.shape, data.stride())
+    except Exception:  # a device without storage views (or set_): a plain copy
+        return data.to(device)
 
 
 #: Attribute a host tensor carries when it was sent back from a target worker's device (its device).

@@ -57,6 +57,7 @@ from neuron_workbench.run.worker import (
     device_ready,
     dumps,
     loads,
+    loads_leniently,
 )
 
 #: What a missing Ray installation is told to run.
@@ -399,7 +400,7 @@ class TargetActor:
         self._hello = _flatten(dumps(hello))
         return self._hello
 
-    def run(self, data: bytes, buffers: list[bytes], where: dict[str, Any]) -> Any:
+    def run(self, data: bytes, buffers: list[list[bytes]], where: dict[str, Any]) -> Any:
         """Answer one packed run request as the worker process does (a packed answer)."""
         if where.get("cwd") and where["cwd"] != os.getcwd() and os.path.isdir(where["cwd"]):
             with contextlib.suppress(OSError):
@@ -452,14 +453,23 @@ def package_version() -> str:
         return "unknown"
 
 
-def _flatten(packed: Packed) -> tuple[bytes, list[bytes]]:
-    return packed.data, [bytes(buffer.raw()) for buffer in packed.buffers]
+def _flatten(packed: Packed) -> tuple[bytes, list[list[bytes]]]:
+    # in-band only: the actor may be on another host, where no shared-memory arena reaches
+    assert packed.arena is None
+    return packed.data, [
+        [bytes(buffer.raw()) for buffer in packed.buffers],
+        [bytes(buffer.raw()) for buffer in packed.storages],
+    ]
 
 
-def _unflatten(message: tuple[bytes, list[bytes]]) -> Packed:
-    data, buffers = message
+def _unflatten(message: tuple[bytes, list[list[bytes]]]) -> Packed:
+    data, (buffers, storages) = message
     # writable copies: tensors rebuilt on them are used in place
-    return Packed(data, [pickle.PickleBuffer(bytearray(buffer)) for buffer in buffers])
+    return Packed(
+        data,
+        [pickle.PickleBuffer(bytearray(buffer)) for buffer in buffers],
+        [pickle.PickleBuffer(bytearray(buffer)) for buffer in storages],
+    )
 
 
 # ---- the kernel side -----------------------------------------------------------------------------
@@ -659,7 +669,7 @@ class RayTarget:
                     )
                 if probe is None:
                     probe = actor.probe.remote()
-            answer = loads(_unflatten(ray.get(pending)))
+            answer = loads_leniently(_unflatten(ray.get(pending)))
         except WorkerDied:
             raise
         except ray.exceptions.RayActorError as exc:
@@ -742,10 +752,10 @@ class RayExecutor(WorkerExecutor):
     def __init__(self, pool: RayActorPool, timeout: float | None = None) -> None:
         super().__init__(pool, timeout=timeout)  # type: ignore[arg-type]
 
-    def run(self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None) -> Run:
-        """Run ``spec`` on ``backend`` in its actor; the run's backend says where it ran."""
-        run = super().run(spec, backend, run_id=run_id, what_if=what_if)
-        slot = self.pool.get(backend.name)
+    def _finish(self, answer: Any, spec: Any, run_id: str, target: str) -> Run:
+        """The actor's run; its backend says where it ran."""
+        run = super()._finish(answer, spec, run_id, target)
+        slot = self.pool.get(target)
         if run.backend.details.get("ran_on") != slot.where:
             run.backend = _located(run.backend, slot)  # type: ignore[arg-type]
         return run

@@ -68,6 +68,23 @@ class RunError:
         )
 
 
+@dataclass(frozen=True)
+class NotCompared:
+    """Stands for an output that could not be compared, and says why.
+
+    A result that could not come back from the target's process (the target's device module, a
+    device-bound object the kernel cannot rebuild) is reported as not compared instead of failing
+    the cell; the verdict covers the other outputs.
+
+    Attributes
+    ----------
+    reason : str
+        One line, e.g. ``could not be sent back from the neuron worker process (TypeError: ...)``.
+    """
+
+    reason: str
+
+
 def recorded(value: Any) -> Any:
     """What an instrument recorded: a recorder's ``result()`` or ``trace``, else ``value`` itself.
 

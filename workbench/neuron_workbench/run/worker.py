@@ -1,22 +1,28 @@
 """Run a cell's target side in a child process that owns the target device (the ``worker`` executor).
 
 The kernel never installs the emulator (or loads a vendor SDK's device) itself: each target gets a
-spawned Python process, started once and reused. What the cell reads is shipped with
-``cloudpickle`` (notebook functions and classes by value, importable modules by reference, with the
-kernel's ``sys.path`` and working directory mirrored); the finished :class:`~.records.Run` comes back
-with its tensors moved to the host. A worker that dies (a signal, ``os._exit``, the OOM killer) or
-overruns ``timeout`` becomes an ERROR run naming the signal, the last op it dispatched and the cell
-line, and the next cell gets a fresh worker; the kernel and its namespace are never touched.
+spawned Python process, started once and reused. What the cell reads is shipped by
+:mod:`~neuron_workbench.run.transport` (notebook functions and classes by value, importable modules
+by reference, tensors by storage through shared memory, so views, tied weights and model/optimizer
+references arrive as they left), with the kernel's ``sys.path``, environment and working directory
+mirrored; the finished :class:`~.records.Run` comes back the same way, its tensors moved to the
+host. A result that cannot be rebuilt in the kernel (the target's device module, a device-bound
+object) is reported as not compared instead of failing the cell. Every request carries an id, so an
+answer from an abandoned request is never taken for the next one.
 
-The last dispatched op is written to a small memory-mapped file by a dispatch mode (one slice
-assignment per op), so it survives the crash; the cell line comes from :mod:`faulthandler`'s dump.
+A worker that dies (a signal, ``os._exit``, the OOM killer), overruns ``timeout`` or does not start in
+time becomes one line (an ERROR run naming the signal, the last op it dispatched and the cell line,
+or a start-up failure), and the next cell gets a fresh worker; the kernel and its namespace are
+never touched. The last dispatched op is written into a small memory-mapped file by the emulator's
+native core itself (no Python per op), or by a Python dispatch mode where that core is not in use;
+it survives the crash. The cell line comes from :mod:`faulthandler`'s dump.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import io
+import itertools
 import linecache
 import mmap
 import os
@@ -31,18 +37,45 @@ import tempfile
 import time
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
 import torch
 
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
-from neuron_workbench.run.namespace import ORIGIN_ATTR, ResidentObjects, on_accelerator, tensors_in
-from neuron_workbench.run.records import Run, RunError
+from neuron_workbench.run.namespace import ResidentObjects, on_accelerator, tensors_in
+from neuron_workbench.run.records import NotCompared, Run, RunError
+from neuron_workbench.run.transport import (
+    Loaded,
+    Packed,
+    arena_folder,
+    dumps,
+    loads,
+    loads_leniently,
+    receive,
+    send,
+    unloadable_in,
+)
+
+__all__ = [
+    "Packed",
+    "dumps",
+    "loads",
+    "loads_leniently",
+    "send",
+    "receive",
+    "answer_request",
+    "pack_request",
+    "device_ready",
+    "TargetWorker",
+    "WorkerDied",
+    "WorkerExecutor",
+    "WorkerPool",
+    "WorkerRow",
+]
 
 #: Environment variable set (to the target's name) in every worker process.
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
@@ -52,144 +85,7 @@ _OP_SLOT = 128
 START_TIMEOUT_S = 180.0
 _EXECUTOR_HINT = "run the cell with --executor inprocess"
 
-# ---- transport -----------------------------------------------------------------------------------
-
-
-def _rebuild_tensor(
-    data: torch.Tensor,
-    requires_grad: bool,
-    grad: torch.Tensor | None,
-    parameter: bool,
-    state: dict[str, Any],
-) -> torch.Tensor:
-    tensor: torch.Tensor = (
-        torch.nn.Parameter(data, requires_grad=requires_grad)
-        if parameter
-        else data.requires_grad_(requires_grad)
-    )
-    if grad is not None:
-        tensor.grad = grad
-    if state:
-        tensor.__dict__.update(state)
-    return tensor
-
-
-def _rebuild_device(kind: str, index: int | None) -> torch.device:
-    # An accelerator this process lacks (the kernel holds no device): "privateuseone" still says
-    # the cell meant an accelerator, so the next cell's runs put the value on their own device.
-    try:
-        return torch.device(kind, index)
-    except RuntimeError:
-        return torch.device("privateuseone", index)
-
-
-class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, plus tensors that carry their gradient and leave any device for the host.
-
-    A tensor on an accelerator (emulated or real) travels as a host copy marked with the device it
-    came from, so the receiving side still knows the cell had put it there.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.CodeType):
-            # cloudpickle blanks file names; error reports and crash dumps need the cell's
-            rebuild, args = cloudpickle.cloudpickle._code_reduce(obj)
-            return rebuild, tuple(
-                obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
-            )
-        if isinstance(obj, torch.device) and obj.type not in ("cpu", "cuda", "meta"):
-            return _rebuild_device, (obj.type, obj.index)
-        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided:
-            on_device = obj.device.type not in ("cpu", "meta")
-            if on_device or type(obj) in _PLAIN_TENSOR_TYPES:
-                data = obj.detach()
-                if on_device:
-                    # a device tensor's attributes belong to its backend (the emulator's payload)
-                    data = data.to("cpu")
-                    state = {ORIGIN_ATTR: str(obj.device)}
-                else:
-                    state = {k: v for k, v in vars(obj).items() if not k.startswith("_backward")}
-                return (
-                    _rebuild_tensor,
-                    (
-                        _PlainData(data),
-                        obj.requires_grad,
-                        obj.grad if obj.is_leaf else None,
-                        isinstance(obj, torch.nn.Parameter) or "_is_param" in vars(obj),
-                        state,
-                    ),
-                )
-        return super().reducer_override(obj)
-
-
-_PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
-
-
-def _rebuild_data(raw: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    flat = torch.from_numpy(raw)
-    return flat.view(dtype).reshape(shape) if flat.numel() else torch.empty(shape, dtype=dtype)
-
-
-class _PlainData:
-    """A host tensor's values as raw bytes (a NumPy array pickles them in one copy, any dtype)."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def __reduce__(self) -> Any:
-        tensor = self.tensor.contiguous()
-        if tensor.numel() == 0 or tensor.dtype.is_complex or tensor.is_quantized:
-            return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        raw = tensor.reshape(-1).view(torch.uint8).numpy()
-        return (_rebuild_data, (raw, tensor.dtype, tuple(tensor.shape)))
-
-
-@dataclass
-class Packed:
-    """A pickled message: the pickle stream plus the tensors' bytes, kept out of band (no copy)."""
-
-    data: bytes
-    buffers: list[pickle.PickleBuffer]
-
-
-def dumps(obj: Any) -> Packed:
-    """Serialise ``obj`` for the other side of a worker pipe."""
-    stream = io.BytesIO()
-    buffers: list[pickle.PickleBuffer] = []
-    _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
-    return Packed(stream.getvalue(), buffers)
-
-
-def loads(packed: Packed) -> Any:
-    """Inverse of :func:`dumps`."""
-    return pickle.loads(packed.data, buffers=packed.buffers)
-
-
-def send(conn: Connection, packed: Packed) -> None:
-    """Write ``packed`` to ``conn``: the buffer sizes, the stream, then each buffer as it is."""
-    raws = [buffer.raw() for buffer in packed.buffers]
-    conn.send_bytes(pickle.dumps([raw.nbytes for raw in raws]))
-    conn.send_bytes(packed.data)
-    for raw in raws:
-        conn.send_bytes(raw)
-
-
-def receive(conn: Connection) -> Packed:
-    """Read one :func:`send` message; buffers land in writable memory that tensors then use."""
-    sizes = pickle.loads(conn.recv_bytes())
-    data = conn.recv_bytes()
-    buffers = []
-    for size in sizes:
-        buffer = bytearray(size)
-        if size:
-            conn.recv_bytes_into(buffer)
-        else:
-            conn.recv_bytes()
-        buffers.append(pickle.PickleBuffer(buffer))
-    return Packed(data, buffers)
-
+# ---- requests ------------------------------------------------------------------------------------
 
 _ANCHOR_CODE = (lambda: None).__code__
 
@@ -211,12 +107,20 @@ def _first_line(exc: BaseException) -> str:
 
 
 def pack_request(
-    request: dict[str, Any], values: dict[str, Any], namespace: Mapping[str, Any], target: str
+    request: dict[str, Any],
+    values: dict[str, Any],
+    namespace: Mapping[str, Any],
+    target: str,
+    arena: str | None = None,
 ) -> Packed:
-    """The run request with ``values``; a one-line usage error names what cannot be shipped."""
+    """The run request with ``values``; a one-line usage error names what cannot be shipped.
+
+    ``arena`` is a shared-memory folder for the tensors' bytes (a worker on this host), else they
+    travel in the message (a Ray actor).
+    """
     message = dict(request, values=values, anchor=_anchor(namespace))
     try:
-        return dumps(message)
+        return dumps(message, arena)
     except Exception as exc:
         for name in sorted(values):
             try:
@@ -246,7 +150,8 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = self._names.get(func)
         if name is None:
-            raw = str(func._schema.name).encode()[: _OP_SLOT - 1]
+            # ``aten::add.Tensor``: the same spelling as the native core's record
+            raw = str(func.name()).encode()[: _OP_SLOT - 1]
             name = self._names[func] = raw.ljust(_OP_SLOT, b"\0")
         self._slot[0:_OP_SLOT] = name
         return func(*args, **(kwargs or {}))
@@ -325,14 +230,17 @@ def _serve(fd: int, folder: str) -> None:
 
     backend = get_backend(init["target"])
     hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
-    send(conn, dumps(hello))
+    # The native core writes each op's name into the slot itself; otherwise a dispatch mode does.
+    natively = _record_last_op_natively(None)
+    send(conn, dumps(hello), {"id": init["id"]})
     while True:
         try:
-            # the kernel's import path, folder and torch threads as of this cell, then the request
-            where = pickle.loads(conn.recv_bytes())
-            data = receive(conn)
+            # the request id, the kernel's import path, environment, folder and torch threads as
+            # of this cell, then the request
+            head, data = receive(conn)
         except (EOFError, OSError):
             return
+        where = head["where"]
         if where["sys_path"] != sys.path:
             sys.path[:] = where["sys_path"]
         _mirror_environment(where["environ"])
@@ -342,9 +250,43 @@ def _serve(fd: int, folder: str) -> None:
             with contextlib.suppress(OSError):
                 os.chdir(where["cwd"])
         answer = answer_request(
-            data, backend, slot, host="worker", load_hint=_EXECUTOR_HINT, hint=_EXECUTOR_HINT
+            data,
+            backend,
+            slot,
+            host="worker",
+            load_hint=_EXECUTOR_HINT,
+            hint=_EXECUTOR_HINT,
+            arena=folder,
+            native_ops=natively,
         )
-        send(conn, answer)
+        try:
+            send(conn, answer, {"id": head["id"]})
+        except OSError:  # the kernel is gone (or gave up on this request): nobody will load it
+            answer.discard()
+            return
+
+
+def _record_last_op_natively(slot: mmap.mmap | None) -> bool:
+    """Point the emulator's native core at ``slot`` (None: stop); False where it is not in use."""
+    from neuron_workbench import emulator
+
+    try:
+        return bool(emulator.record_last_op(slot))
+    except Exception:  # a core that cannot record: the dispatch mode does it
+        return False
+
+
+@contextlib.contextmanager
+def _last_op_recorded(slot: mmap.mmap | bytearray, natively: bool) -> Iterator[None]:
+    """Record each op the run dispatches into ``slot`` (natively, or by a dispatch mode)."""
+    if natively and isinstance(slot, mmap.mmap) and _record_last_op_natively(slot):
+        try:
+            yield
+        finally:
+            _record_last_op_natively(None)
+    else:
+        with _LastOpMode(slot):
+            yield
 
 
 def answer_request(
@@ -356,12 +298,16 @@ def answer_request(
     load_hint: str,
     hint: str,
     running: Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]] | None = None,
+    arena: str | None = None,
+    native_ops: bool = False,
 ) -> Packed:
     """A target process's packed answer to one packed run request (a worker's or a Ray actor's).
 
     The run, or a one-line ``usage_error``: what the cell reads could not be loaded here (with
     ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
-    (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself.
+    (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself;
+    ``arena`` is the shared-memory folder for the answer's tensors (a worker); ``native_ops`` says
+    the emulator's native core records the last op into ``slot`` itself (no dispatch mode).
     """
     try:
         request = loads(data)
@@ -374,7 +320,7 @@ def answer_request(
         )
     try:
         with running(request) if running is not None else contextlib.nullcontext():
-            return _run_request(request, backend, slot)
+            return _run_request(request, backend, slot, arena=arena, native_ops=native_ops)
     except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
         return dumps({"usage_error": str(exc)})
     except Exception as exc:  # the workbench failed around the cell: say so, keep serving
@@ -383,7 +329,14 @@ def answer_request(
         )
 
 
-def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | bytearray) -> Packed:
+def _run_request(
+    request: dict[str, Any],
+    backend: Backend,
+    slot: mmap.mmap | bytearray,
+    *,
+    arena: str | None,
+    native_ops: bool,
+) -> Packed:
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
 
     options = request.get("backend_options")
@@ -393,12 +346,9 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | by
         backend = get_backend(backend.name, **options)
 
     program = request["program"]
-    linecache.cache[program.filename] = (
-        len(program.source),
-        None,
-        program.source.splitlines(keepends=True),
-        program.filename,
-    )
+    # the cell's lines as the kernel numbers them (a %%neuron body starts at line 2)
+    lines = request.get("lines") or program.source.splitlines(keepends=True)
+    linecache.cache[program.filename] = (len(program.source), None, lines, program.filename)
     namespace = request["anchor"].__globals__
     namespace.setdefault("__name__", "__main__")
     # Strings are interned as the kernel's were: `device = "cuda"` rebinding the same text must
@@ -426,7 +376,7 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | by
         ref_precision=request["ref_precision"],
     )
     try:
-        with what_if_policy(backend, request["what_if"]), _LastOpMode(slot):
+        with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot, native_ops):
             run = execute(spec, backend, run_id="target")
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
         slot[0:_OP_SLOT] = bytes(_OP_SLOT)
@@ -436,28 +386,32 @@ def _run_request(request: dict[str, Any], backend: Backend, slot: mmap.mmap | by
 
     run.extras = {name: recorded(value) for name, value in run.extras.items()}
     try:
-        return dumps({"run": run})
+        return dumps({"run": run}, arena)
     except Exception:
-        dropped = []
-        for field_name in ("outputs", "bindings"):
-            values = getattr(run, field_name)
-            for name in list(values):
-                try:
-                    dumps(values[name])
-                except Exception:
-                    values.pop(name)
-                    dropped.append(name)
+        _leave_out_what_cannot_be_sent(run, backend.name)
+        return dumps({"run": run}, arena)
+
+
+def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
+    """Replace each result that cannot be pickled by a :class:`NotCompared` naming why."""
+
+    def why(value: Any) -> str | None:
         try:
-            dumps(run.last_value)
-        except Exception:
-            run.last_value = None
-        note = "".join(
-            f"neuron-workbench: {name!r} could not be sent back from the {backend.name} worker "
-            "process; it is left out of the comparison\n"
-            for name in sorted(set(dropped))
-        )
-        run.stderr += note
-        return dumps({"run": run})
+            dumps(value).discard()
+        except Exception as exc:
+            return f"could not be sent back from the {target} worker process ({_first_line(exc)})"
+        return None
+
+    for name in list(run.outputs):
+        reason = why(run.outputs[name])
+        if reason is not None:
+            run.outputs[name] = NotCompared(reason)
+            run.bindings.pop(name, None)
+    for name in list(run.bindings):
+        if why(run.bindings[name]) is not None:
+            del run.bindings[name]  # an input the run changed: the kernel keeps its own value
+    if why(run.last_value) is not None:
+        run.last_value = None
 
 
 # ---- the kernel side -----------------------------------------------------------------------------
@@ -470,6 +424,10 @@ _BOOT = (
 
 class WorkerDied(Exception):
     """The worker process ended (or was ended) while running a cell."""
+
+
+#: Ids of requests (and of the start-up hello) across every worker of this process.
+_REQUEST_IDS = itertools.count(1)
 
 
 def _signal_name(returncode: int | None) -> str:
@@ -498,6 +456,7 @@ class TargetWorker:
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._folder: str | None = None
+        self._pending: Any = None
         self.started_s: float | None = None
 
     # -- lifecycle --
@@ -526,10 +485,20 @@ class TargetWorker:
         return None
 
     def start(self) -> None:
-        """Spawn the process and wait until its device is ready (or known unavailable)."""
+        """Spawn the process and wait until its device is ready (or known unavailable).
+
+        Raises
+        ------
+        BackendUnavailable
+            One line, when the process dies or does not answer within :data:`START_TIMEOUT_S`;
+            the process and its files are gone then, and the next call starts afresh.
+        """
         self.stop()
         started = time.perf_counter()
-        self._folder = tempfile.mkdtemp(prefix=f"neuron-workbench-{self.target}-")
+        # On shared memory where there is some: the request and answer arenas are written here.
+        self._folder = tempfile.mkdtemp(
+            prefix=f"neuron-workbench-{self.target}-", dir=arena_folder()
+        )
         with open(os.path.join(self._folder, "lastop"), "wb") as handle:
             handle.write(bytes(_OP_SLOT))
         ours, theirs = socket.socketpair()
@@ -552,16 +521,34 @@ class TargetWorker:
         finally:
             theirs.close()
         self._conn = Connection(ours.detach())
+        request_id = next(_REQUEST_IDS)
         self._conn.send_bytes(
-            pickle.dumps({"sys_path": list(sys.path), "cwd": os.getcwd(), "target": self.target})
+            pickle.dumps(
+                {
+                    "sys_path": list(sys.path),
+                    "cwd": os.getcwd(),
+                    "target": self.target,
+                    "id": request_id,
+                }
+            )
         )
         try:
-            hello = self._receive(START_TIMEOUT_S)
+            hello = self._receive(request_id, time.monotonic() + START_TIMEOUT_S).value
         except WorkerDied as exc:
             self.stop()
             raise BackendUnavailable(
                 f"the {self.target} worker process failed to start: {exc}"
             ) from None
+        except TimeoutError:
+            self.stop()
+            raise BackendUnavailable(
+                f"the {self.target} worker process did not start within {START_TIMEOUT_S:g} s "
+                "(importing torch and installing the device); it was ended, the next cell "
+                "starts a new one"
+            ) from None
+        except BaseException:  # KeyboardInterrupt while starting: nothing half-started stays
+            self.stop()
+            raise
         self.availability = hello["availability"]
         self.info = hello["info"]
         self.cells_run = 0
@@ -569,6 +556,7 @@ class TargetWorker:
 
     def stop(self) -> None:
         """End the process (if any) and remove its files."""
+        self._pending = None
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.close()
@@ -582,22 +570,28 @@ class TargetWorker:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        self.availability = None
+        self.info = None
 
     def ensure_started(self) -> None:
         """Start the worker unless it is running."""
-        if not self.alive:
+        if not self.alive or self._conn is None or self.availability is None:
             self.start()
 
     # -- running --
 
-    def _receive(self, timeout: float | None) -> Any:
+    def _receive(self, request_id: int, deadline: float | None) -> Loaded:
+        """The answer to ``request_id`` (loaded leniently); answers to other requests are dropped."""
         assert self._conn is not None and self._process is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = 0.25 if deadline is None else min(0.25, max(0.0, deadline - time.monotonic()))
             try:
                 if self._conn.poll(wait):
-                    return loads(receive(self._conn))
+                    head, packed = receive(self._conn)
+                    if head.get("id") != request_id:
+                        packed.discard()  # a late answer to a request given up on
+                        continue
+                    return loads_leniently(packed)
             except (EOFError, OSError):
                 pass  # the pipe closed: the process died; the poll below says how
             if self._process.poll() is not None:
@@ -607,26 +601,43 @@ class TargetWorker:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError
 
-    def run(self, message: Packed, *, timeout: float | None, cell_filename: str) -> Any:
-        """Send one packed request and return the worker's answer.
+    @property
+    def arena(self) -> str | None:
+        """The folder where requests' tensors are written for this worker (its own folder)."""
+        return self._folder
+
+    def submit(self, message: Packed) -> int:
+        """Send one packed request (the worker starts running it) and return its id."""
+        self.ensure_started()
+        assert self._conn is not None
+        request_id = next(_REQUEST_IDS)
+        where = {
+            "sys_path": list(sys.path),
+            "cwd": os.getcwd(),
+            "threads": torch.get_num_threads(),
+            "environ": dict(os.environ),
+        }
+        try:
+            send(self._conn, message, {"id": request_id, "where": where})
+        except BaseException:
+            message.discard()
+            self.stop()
+            raise
+        return request_id
+
+    def collect(
+        self, request_id: int, *, timeout: float | None, cell_filename: str, sent: float
+    ) -> Loaded:
+        """Wait for the answer to ``request_id``, sent at ``sent`` (``time.monotonic()``).
 
         Raises
         ------
         WorkerDied
             With the one-line message (signal or timeout, last op, cell line); the worker is gone.
         """
-        self.ensure_started()
-        assert self._conn is not None
+        deadline = None if timeout is None else sent + timeout
         try:
-            where = {
-                "sys_path": list(sys.path),
-                "cwd": os.getcwd(),
-                "threads": torch.get_num_threads(),
-                "environ": dict(os.environ),
-            }
-            self._conn.send_bytes(pickle.dumps(where))
-            send(self._conn, message)
-            answer = self._receive(timeout)
+            answer = self._receive(request_id, deadline)
         except TimeoutError:
             self._dump_stacks()
             where = self._where(cell_filename)
@@ -643,6 +654,12 @@ class TargetWorker:
             raise
         self.cells_run += 1
         return answer
+
+    def run(self, message: Packed, *, timeout: float | None, cell_filename: str) -> Loaded:
+        """Send one packed request and return the worker's answer (see :meth:`collect`)."""
+        sent = time.monotonic()
+        request_id = self.submit(message)
+        return self.collect(request_id, timeout=timeout, cell_filename=cell_filename, sent=sent)
 
     def _dump_stacks(self) -> None:
         # faulthandler in the worker writes every thread's stack on SIGUSR1, even mid C call.
@@ -761,6 +778,16 @@ class WorkerExecutor:
 
     def run(self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None) -> Run:
         """Run ``spec`` on ``backend`` in its worker and return the :class:`Run` it sent back."""
+        return self.start(spec, backend, run_id=run_id, what_if=what_if).result()
+
+    def start(
+        self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None
+    ) -> PendingRun:
+        """Send ``spec`` to ``backend``'s worker, which starts running it; the run comes later.
+
+        What the cell reads is packed now, so the caller may go on (run the reference in this
+        process) while the worker runs; :meth:`PendingRun.result` waits for the answer.
+        """
         from neuron_workbench.run.cell import referenced_names
 
         worker = self.pool.get(backend.name)
@@ -790,21 +817,99 @@ class WorkerExecutor:
             "what_if": what_if,
             "ref_precision": getattr(spec, "ref_precision", "cuda"),
             "backend_options": backend.options(),
+            "lines": linecache.getlines(spec.program.filename),
         }
-        message = pack_request(request, values, namespace, backend.name)
+        arena = getattr(worker, "arena", None)
+        message = pack_request(request, values, namespace, backend.name, arena)
         info = worker.info or backend.info()
-        try:
-            answer = worker.run(message, timeout=self.timeout, cell_filename=spec.program.filename)
-        except WorkerDied as exc:
-            # The message names the cell line itself; no lineno, so reports do not repeat it.
-            return Run(backend=info, error=RunError("TargetProcessDied", str(exc)))
-        if "interrupted" in answer:
+        return PendingRun(self, worker, message, spec, run_id, info)
+
+    def _finish(self, answer: Loaded, spec: Any, run_id: str, target: str) -> Run:
+        value = answer.value
+        if "interrupted" in value:
             raise KeyboardInterrupt
-        if "usage_error" in answer:
-            raise WorkbenchUsageError(answer["usage_error"])
-        run: Run = answer["run"]
+        if "usage_error" in value:
+            raise WorkbenchUsageError(value["usage_error"])
+        run: Run = value["run"]
+        if answer.stood_in:
+            _not_loadable_here(run, target)
         spec.captured[run_id] = _Printed(run.stdout, run.stderr)
         return run
+
+
+class PendingRun:
+    """A target run under way in a worker: :meth:`result` waits for it, :meth:`cancel` ends it."""
+
+    def __init__(
+        self,
+        executor: WorkerExecutor,
+        worker: Any,
+        message: Packed,
+        spec: Any,
+        run_id: str,
+        info: BackendInfo,
+    ) -> None:
+        self._executor = executor
+        self._worker = worker
+        self._spec = spec
+        self._run_id = run_id
+        self._info = info
+        self._sent = time.monotonic()
+        # A slot that cannot run a request in the background (a Ray actor) runs it in result().
+        self._message: Packed | None = message
+        self._request_id: int | None = None
+        if hasattr(worker, "submit"):
+            self._request_id = worker.submit(message)
+            self._message = None
+
+    def result(self) -> Run:
+        """The finished run (an ERROR run naming the cause when the worker died or timed out)."""
+        worker, executor = self._worker, self._executor
+        filename = self._spec.program.filename
+        try:
+            if self._request_id is not None:
+                answer = worker.collect(
+                    self._request_id,
+                    timeout=executor.timeout,
+                    cell_filename=filename,
+                    sent=self._sent,
+                )
+            else:
+                assert self._message is not None
+                answer = worker.run(self._message, timeout=executor.timeout, cell_filename=filename)
+        except WorkerDied as exc:
+            # The message names the cell line itself; no lineno, so reports do not repeat it.
+            return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
+        if not isinstance(answer, Loaded):
+            answer = Loaded(answer, False)
+        return executor._finish(answer, self._spec, self._run_id, self._info.name)
+
+    def cancel(self, end_worker: bool = True) -> None:
+        """Abandon the run.
+
+        With ``end_worker`` (an interrupt) the worker is ended, since the cell may never finish;
+        otherwise its answer, when it comes, is dropped (answers carry their request's id).
+        """
+        if self._request_id is not None and end_worker:
+            self._worker.stop()
+        elif self._message is not None:
+            self._message.discard()
+
+
+def _not_loadable_here(run: Run, target: str) -> None:
+    """Results holding something this process cannot rebuild are not compared, nor committed."""
+    for name in list(run.outputs):
+        stand_in = unloadable_in(run.outputs[name])
+        if stand_in is not None:
+            run.outputs[name] = NotCompared(
+                f"could not be loaded from the {target} worker process: {stand_in.reason}"
+            )
+            run.bindings.pop(name, None)
+    for name in list(run.bindings):
+        if unloadable_in(run.bindings[name]) is not None:
+            del run.bindings[name]
+    if unloadable_in(run.last_value) is not None:
+        run.last_value = None
 
 
 class _Printed:

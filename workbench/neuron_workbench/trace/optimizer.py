@@ -78,6 +78,11 @@ class OptimizerSteps:
         """JSON-ready summary (no tensors)."""
         return {"calls": self.calls, "optimizers": list(self.optimizers), "skipped": self.skipped}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Rebuilt in another process (a worker's run): the keys are the parameters' new ids there.
+        self.__dict__.update(state)
+        self.params = {id(param): (param, record) for param, record in self.params.values()}
+
 
 class OptimizerRecorder:
     """Records :class:`OptimizerSteps` while active (a run instrument)."""

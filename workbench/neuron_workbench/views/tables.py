@@ -9,7 +9,14 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from neuron_workbench.report.display import format_bytes, op_time_kind, run_label, verdict_color
+from neuron_workbench.report.display import (
+    NOT_COMPARED_STATUS,
+    format_bytes,
+    op_time_kind,
+    output_status_class,
+    run_label,
+    verdict_color,
+)
 from neuron_workbench.report.html import esc, site_label
 from neuron_workbench.trace.fallback import fallback_table
 
@@ -34,6 +41,7 @@ STYLE = """<style>
 .nw-view .bad{color:#cf222e;font-weight:600}
 .nw-view .ok{color:#1a7f37}
 .nw-view .note{color:#57606a}
+.nw-view .na{color:#57606a;font-style:italic}
 .nw-view .nw-verdict{display:inline-block;color:#fff;font-weight:600;border-radius:4px;
  padding:1px 8px;margin-right:8px}
 .nw-view code{font-size:12px}
@@ -125,31 +133,39 @@ def summary_html(data: dict[str, Any]) -> str:
 
 
 def numerics_html(data: dict[str, Any]) -> str:
-    """One row per compared output, failures first."""
+    """One row per output: failures first, then those not compared (with why), then matches."""
     outputs = list(data.get("outputs", []))
     if not outputs:
-        return (
-            '<div class="nw-view nw-numerics note">No outputs were compared (a run raised).</div>'
-        )
-    outputs.sort(key=lambda d: (d.get("status") == "match", str(d.get("path"))))
+        why = "a run raised" if data.get("verdict") == "ERROR" else "the cell bound no outputs"
+        return f'<div class="nw-view nw-numerics note">No outputs were compared ({why}).</div>'
+    order = {"na": 1, "ok": 2}  # "bad" first
+    outputs.sort(
+        key=lambda d: (order.get(output_status_class(d.get("status")), 0), str(d.get("path")))
+    )
+    skipped = any(d.get("status") == NOT_COMPARED_STATUS for d in outputs)
+    last = "tolerance / why not compared" if skipped else "tolerance"
     rows = []
     for d in outputs:
         status = str(d.get("status", ""))
-        cls = "ok" if status == "match" else "bad"
+        cls = output_status_class(status)
         shape = d.get("ref_shape")
         mism = d.get("mismatched")
         numel = d.get("numel")
+        tolerance = f"rtol {_fmt_num(d.get('rtol'))}, atol {_fmt_num(d.get('atol'))}"
+        if status == NOT_COMPARED_STATUS:
+            # no tolerance applied; the reason is what the row has to say
+            tolerance, mism = esc(d.get("detail", "")), None
         rows.append(
             [f"<code>{esc(d.get('path'))}</code>", f'<span class="{cls}">{esc(status)}</span>',
              esc(d.get("kind", "")), esc(d.get("ref_dtype") or ""), esc(d.get("target_dtype") or ""),
              esc(shape if shape is not None else ""), _fmt_num(d.get("max_abs")),
              _fmt_num(d.get("max_rel")),
              "" if mism is None else f"{esc(mism)} / {esc(numel)}",
-             f"rtol {_fmt_num(d.get('rtol'))}, atol {_fmt_num(d.get('atol'))}"]
+             tolerance]
         )  # fmt: skip
     return '<div class="nw-view nw-numerics">' + table(
         ["output", "status", "kind", "ref dtype", "target dtype", "shape", "max |Δ|",
-         "max rel", "mismatched", "tolerance"],
+         "max rel", "mismatched", last],
         rows, numeric=(6, 7, 8),
     ) + "</div>"  # fmt: skip
 

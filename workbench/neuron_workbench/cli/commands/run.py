@@ -2,8 +2,8 @@
 
 A notebook executes in a real Jupyter kernel with the extension loaded; a ``.py`` script written for
 CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies). Exit codes: 0 all passed,
-1 a comparison failed or a cell raised, 3 ``--strict`` and ops fell back to CPU, 2 usage or input
-errors (one line on stderr).
+1 a comparison failed, compared nothing (verdict ``UNCOMPARED``) or a cell raised, 3 ``--strict`` and
+ops fell back to CPU, 2 usage or input errors (one line on stderr).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from neuron_workbench.errors import WorkbenchUsageError
 NAME = "run"
 HELP = (
     "Execute a notebook (in a real kernel) or a CUDA script with the workbench and report every "
-    "%%neuron comparison (exit 0 pass, 1 fail, 3 --strict with fallbacks, 2 bad input)."
+    "%%neuron comparison (exit 0 pass, 1 fail or nothing compared, 3 --strict with fallbacks, "
+    "2 bad input)."
 )
 
 
@@ -85,6 +86,19 @@ def add_target_flags(parser: argparse.ArgumentParser) -> None:
         help="run targets in Ray actors on this cluster: ray://HOST:PORT (needs "
         "neuron-workbench[ray]); the reference stays here",
     )
+
+
+#: Verdicts the summary line always counts; any other verdict is counted when it occurs.
+_ALWAYS_COUNTED = ("PASS", "FAIL", "ERROR")
+
+
+def verdict_summary(counts: dict[str, int]) -> str:
+    """``2 PASS, 1 FAIL, 0 ERROR`` (``, 1 UNCOMPARED`` when there are), in verdict order."""
+    from neuron_workbench.report.display import VERDICTS
+
+    shown = [v for v in VERDICTS if v in _ALWAYS_COUNTED or counts.get(v, 0)]
+    shown += sorted(v for v in counts if v not in VERDICTS)  # a verdict of a newer workbench
+    return ", ".join(f"{counts.get(v, 0)} {v}" for v in shown)
 
 
 def _notebook_supports_record_dir() -> bool:
@@ -180,9 +194,10 @@ def run(args: argparse.Namespace) -> int:
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
         )
     counts = result.verdict_counts()
+    code = result.exit_code(args.strict)
     summary = (
         f"{len(result.reports)} reports: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("PASS", "FAIL", "ERROR"))
+        + verdict_summary(counts)
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
@@ -205,4 +220,4 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.html, render_page(result.reports, title=f"neuron-workbench: {name}"))
     if args.junit:
         write_text(args.junit, junit_xml(name, result.reports, result.cell_errors))
-    return result.exit_code(args.strict)
+    return code

@@ -14,6 +14,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/resize_native.h>
@@ -277,6 +278,79 @@ py::object classify_fn, event_fn, python_fn, refuse_fn;
 std::atomic<bool> track_executed{false};
 std::mutex executed_mutex;
 std::set<std::string> executed;
+
+// Optional: the name of the op being run, written into a caller's buffer (a worker's
+// memory-mapped file), so a crash report can name the op a dead process was in. A global
+// RecordFunction callback (FUNCTION scope: every op the dispatcher calls, on any device, custom
+// ops registered from Python included) writes it, registered only while recording is on. Per op:
+// a thread-local push/pop, an atomic load, a memcpy and a short memset; no lock, no allocation,
+// no Python.
+struct LastOpSlot {
+  char* data;
+  size_t size;               // >= 1
+  std::atomic<size_t> used;  // bytes an earlier, longer name may still occupy
+};
+// Replaced whole and never freed (a few bytes per set_last_op_slot): another thread may still be
+// writing through the slot it loaded.
+std::atomic<LastOpSlot*> last_op_slot{nullptr};
+std::mutex last_op_mutex;                // turning recording on and off
+at::CallbackHandle last_op_callback = 0;  // 0: not registered
+
+// "name[.overload]", truncated to size - 1 bytes, NUL-padded over what an earlier name used.
+void write_last_op(LastOpSlot& slot, const char* name, const char* overload) {
+  const size_t cap = slot.size - 1;
+  size_t n = strnlen(name, cap);
+  std::memcpy(slot.data, name, n);
+  if (overload != nullptr && *overload != '\0' && n < cap) {
+    slot.data[n++] = '.';
+    const size_t m = strnlen(overload, cap - n);
+    std::memcpy(slot.data + n, overload, m);
+    n += m;
+  }
+  const size_t before = slot.used.exchange(n, std::memory_order_relaxed);
+  std::memset(slot.data + n, 0, std::max(before, n + 1) - n);
+}
+
+// The ops this thread is inside (RecordFunctions nest and end in reverse order): when an inner op
+// ends (a custom op's Python body calling aten ops, a kernel's own casts and copies), the slot
+// names the op still running around it again, so a crash reads as the innermost op running, and
+// after a top-level op the slot names that op. The names live as long as their RecordFunction.
+struct OpFrame {
+  const char* name;
+  const char* overload;
+};
+constexpr int kMaxOpDepth = 64;  // deeper nests are counted, not remembered
+thread_local OpFrame op_frames[kMaxOpDepth];
+thread_local int op_depth = 0;
+
+std::unique_ptr<at::ObserverContext> last_op_start(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  const char* overload = fn.overload_name();
+  const int depth = op_depth++;
+  if (depth < kMaxOpDepth) op_frames[depth] = {name, overload};
+  if (LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire))
+    if (name != nullptr) write_last_op(*slot, name, overload);
+  return nullptr;
+}
+
+void last_op_end(const at::RecordFunction&, at::ObserverContext*) {
+  if (op_depth == 0) return;  // not started here (cannot happen: callbacks are held per call)
+  const int depth = --op_depth;
+  if (depth == 0 || depth > kMaxOpDepth) return;  // top level: the slot keeps the op that ended
+  const OpFrame& outer = op_frames[depth - 1];
+  if (LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire))
+    if (outer.name != nullptr) write_last_op(*slot, outer.name, outer.overload);
+}
+
+// Stop recording (caller holds last_op_mutex). A call already running keeps the callback until
+// it ends, but finds no slot.
+void stop_last_op() {
+  last_op_slot.store(nullptr);
+  if (last_op_callback != 0) {
+    at::removeCallback(last_op_callback);
+    last_op_callback = 0;
+  }
+}
 
 [[noreturn]] void rethrow_python(py::error_already_set& e) {
   e.restore();
@@ -847,6 +921,10 @@ void register_whole(const std::vector<std::string>& names) {
 // At interpreter exit (atexit): drop the Python callbacks while Python can still release them;
 // ops that run later are treated as covered and record nothing.
 void release_callbacks() {
+  {
+    std::lock_guard<std::mutex> lock(last_op_mutex);
+    stop_last_op();  // the buffer (an mmap) may be gone once Python finalizes
+  }
   classify_fn = py::object();
   event_fn = py::object();
   python_fn = py::object();
@@ -869,6 +947,23 @@ std::vector<std::string> executed_ops() {
 void clear_executed() {
   std::lock_guard<std::mutex> lock(executed_mutex);
   executed.clear();
+}
+
+// Record the last op into [address, address + size), or stop (address 0). The caller keeps the
+// buffer alive until it sets another one or 0.
+void set_last_op_slot(uintptr_t address, size_t size) {
+  std::lock_guard<std::mutex> lock(last_op_mutex);
+  if (address == 0) {
+    stop_last_op();
+    return;
+  }
+  TORCH_CHECK(size >= 1, "set_last_op_slot: the buffer must hold at least one byte");
+  // The first write clears the whole buffer: its earlier bytes are not known.
+  last_op_slot.store(new LastOpSlot{reinterpret_cast<char*>(address), size, {size}});
+  if (last_op_callback == 0) {
+    last_op_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&last_op_start, &last_op_end).scopes({at::RecordScope::FUNCTION}));
+  }
 }
 
 void reset_plans() {
@@ -928,6 +1023,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_track_executed", &set_track_executed, py::arg("on"));
   m.def("executed_ops", &executed_ops);
   m.def("clear_executed", &clear_executed);
+  m.def("set_last_op_slot", &set_last_op_slot, py::arg("address"), py::arg("size"));
   m.def("memory_stats", &memory_stats);
   m.def("set_capacity", &set_capacity);
   m.def("reset_peak", &reset_peak);

@@ -1,0 +1,158 @@
+"""%%neuron on the default path (no option: the target in its worker) against plain CPU code.
+
+Figures, each a ratio or difference of figures measured in this run:
+- GPT training step: ``transformers``' GPT-2 built from a small config, one optimizer step over 4
+  micro-batches, written for CUDA and left as it is. ``%%neuron`` with no option (warm worker) against
+  the same cell run twice as plain CPU code in the same kernel. Goal: at most 1.0x (the reference and
+  the target run at the same time on a machine with two or more cores).
+- Per-op overhead of the worker path: tiny ops (add, add_, sum, 4x4 matmul) in the cell's target run,
+  in the worker against ``--executor inprocess`` (a separate process holding the emulated device), as
+  each report's target wall time divided by the op count. Goal: within 1 us.
+
+Timings are host CPU time (the target is the emulated device). Each figure is the minimum over
+rounds after a warm-up round, rounds alternating so machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROUNDS = 5
+GPT_GOAL = 1.0
+PER_OP_GOAL_US = 1.0
+OPS = 4000  # loop iterations of the per-op cell (four ops each)
+
+SETUP = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(
+    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+)
+model = GPT2LMHeadModel(config)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 256, (4, 4, 32))
+"""
+
+#: A public GPT training step, as written for CUDA (4 micro-batches of gradient accumulation).
+GPT_STEP = """device = "cuda"
+model.to(device)
+for micro in range(4):
+    batch = ids[micro].to(device)
+    loss = model(input_ids=batch, labels=batch).loss / 4
+    loss.backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+"""
+
+PER_OP_CELL = f"""x = torch.randn(8, device="cuda")
+y = torch.randn(8, device="cuda")
+a = torch.randn(4, 4, device="cuda")
+for _ in range({OPS}):
+    x + y
+    x.add_(y)
+    x.sum()
+    a @ a
+done = x.sum()
+"""
+
+RESULT_MARK = "DEFAULT_PATH_RESULT "
+
+
+def _shell():
+    from neuron_workbench.testing import run_cell, testing_shell
+
+    shell = testing_shell()
+    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the terminal printing
+    run_cell(shell, SETUP)
+    return shell
+
+
+def per_op_target_us(shell, flags: str) -> float:
+    """Best target wall time per op of the per-op cell run with ``flags``."""
+    from neuron_workbench.testing import run_cell
+
+    best = float("inf")
+    for _ in range(ROUNDS + 1):
+        run_cell(shell, f"%%neuron {flags} -o per_op_report\n{PER_OP_CELL}")
+        report = shell.user_ns["per_op_report"]
+        assert report.verdict == "PASS", report.summary()
+        best = min(best, report.target.wall_time_s / (4 * OPS))
+    return best * 1e6
+
+
+def inprocess_main() -> None:
+    """The in-process baseline of the per-op figure (this process holds the emulated device)."""
+    from neuron_workbench import emulate
+
+    emulate("neuron")
+    shell = _shell()
+    print(RESULT_MARK + json.dumps({"per_op_us": per_op_target_us(shell, "--executor inprocess")}))
+
+
+def main() -> int:
+    from neuron_workbench.report.session import resolve_executor
+    from neuron_workbench.testing import run_cell
+
+    assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"
+    shell = _shell()
+    magic_cell = "%%neuron -o gpt_report\n" + GPT_STEP
+    plain_cell = GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
+
+    def magic() -> None:
+        run_cell(shell, magic_cell)
+
+    def plain_twice() -> None:
+        run_cell(shell, plain_cell)
+        run_cell(shell, plain_cell)
+
+    magic()  # starts the worker
+    report = shell.user_ns["gpt_report"]
+    assert report.verdict == "PASS", report.summary()
+    plain_twice()
+    plain_best = magic_best = float("inf")
+    for _ in range(ROUNDS):
+        for fn, which in ((plain_twice, "plain"), (magic, "magic")):
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            if which == "plain":
+                plain_best = min(plain_best, elapsed)
+            else:
+                magic_best = min(magic_best, elapsed)
+    ratio = magic_best / plain_best
+    print(
+        f"GPT training step (4 micro-batches) through %%neuron, default executor, warm: "
+        f"{ratio:.2f}x the cell run twice as plain CPU code "
+        f"({magic_best * 1e3:.1f} ms vs {plain_best * 1e3:.1f} ms; goal <= {GPT_GOAL:.1f}x)"
+    )
+    worker_us = per_op_target_us(shell, "")
+    done = subprocess.run(
+        [sys.executable, __file__, "--inprocess"], capture_output=True, text=True, check=True
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
+    inprocess_us = json.loads(line[len(RESULT_MARK) :])["per_op_us"]
+    overhead = worker_us - inprocess_us
+    print(
+        f"per-op overhead of the worker path: {overhead:+.2f} us "
+        f"(worker {worker_us:.2f} us vs in-process {inprocess_us:.2f} us per op; "
+        f"goal <= {PER_OP_GOAL_US:.1f} us)"
+    )
+    return 0 if ratio <= GPT_GOAL and overhead <= PER_OP_GOAL_US else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    if "--inprocess" in sys.argv:
+        inprocess_main()
+    else:
+        raise SystemExit(main())

@@ -1,1 +1,0 @@
-# A package, so that this test_layers.py and tests/trace/test_layers.py get distinct module names.

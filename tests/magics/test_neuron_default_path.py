@@ -1,0 +1,186 @@
+"""%%neuron as users run it: no option, so the target runs in its worker process (``auto``).
+
+Each test is a bug a user met on this path (results that could not come back, views that lost their
+base, names read without scopes, a worker that did not start in time, a cell that compared nothing).
+"""
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from neuron_workbench.report.session import resolve_executor
+from neuron_workbench.run import worker as worker_module
+from neuron_workbench.testing import run_cell
+
+
+def _report(ip, name="r"):
+    return ip.user_ns[name]
+
+
+def test_the_default_executor_is_a_worker_here():
+    # The test process holds no accelerator: `auto` means a worker, as in a user's kernel.
+    assert resolve_executor("auto", ["neuron"]) == "worker"
+    assert resolve_executor("auto", ["tpu"]) == "worker"
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_reference_to_the_device_module_comes_back(ip, target):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        'mod = torch.get_device_module(torch.ones(1, device="cuda").device)\n'
+        'y = torch.ones(3, device="cuda") * 2',
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert [d.path for d in report.comparison.diffs if d.status == "match"] == ["y"]
+    # the kept (reference) run's module is the namespace's; nothing half-loaded is bound
+    assert ip.user_ns["mod"] is not None
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_an_autocast_context_bound_in_the_cell_comes_back(ip, keep):
+    # A public GPT training loop binds its autocast context once and enters it per micro-batch.
+    run_cell(ip, "import torch\nx = torch.randn(4, 8)\nw = torch.randn(8, 8)")
+    run_cell(
+        ip,
+        f"%%neuron --keep {keep} -o r\n"
+        'device_type = "cuda"\n'
+        "ctx = torch.amp.autocast(device_type=device_type, dtype=torch.bfloat16)\n"
+        "with ctx:\n"
+        '    y = x.to("cuda") @ w.to("cuda")\n'
+        "loss = y.float().pow(2).mean()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    paths = {d.path for d in report.comparison.diffs}
+    assert {"y", "loss"} <= paths
+    assert ip.user_ns["y"].dtype == torch.bfloat16
+
+
+def test_a_compiled_module_bound_in_the_cell_does_not_crash_the_cell(ip):
+    run_cell(ip, "import torch\nlin = torch.nn.Linear(4, 2)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "lin.cuda()\n"
+        "cm = torch.compile(lin, backend='eager')\n"
+        "out = cm(torch.ones(1, 4).cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["out"] == "match"
+    # the compiled wrapper came back (as the same module's parameters) or is listed as not compared
+    assert all(s in ("match", "not-compared") for p, s in statuses.items() if p.startswith("cm"))
+
+
+def test_views_keep_their_base_in_the_worker(ip):
+    run_cell(ip, "import torch\nx = torch.zeros(4)\nv = x[:2]")
+    run_cell(ip, "%%neuron -o r\nv.add_(1)\ns = x.sum()")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert float(ip.user_ns["s"]) == 2.0
+    # the notebook's objects were not touched by either run; the reference's results were kept
+    assert ip.user_ns["x"].tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_tied_weights_and_the_optimizer_stay_attached_in_the_worker(ip):
+    run_cell(
+        ip,
+        "import torch\n"
+        "emb = torch.nn.Embedding(10, 4)\n"
+        "head = torch.nn.Linear(4, 10, bias=False)\n"
+        "head.weight = emb.weight\n"
+        "model = torch.nn.Sequential(emb, head)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.5)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "model.cuda()\n"
+        "loss = model(torch.arange(3).cuda()).sum()\n"
+        "loss.backward()\n"
+        "opt.step()\n"
+        "tied = model[0].weight.data_ptr() == model[1].weight.data_ptr()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["tied"] is True
+    paths = {d.path for d in report.comparison.diffs}
+    assert "model.0.weight" in paths  # the step changed the shared weight, on both runs alike
+
+
+def test_parameters_of_functions_defined_in_the_cell_are_not_read(ip):
+    run_cell(ip, "import torch\ndef numbers():\n    yield 1\ng = numbers()")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "class Double(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x):\n"
+        "        return x * 2\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, g):\n"
+        "        return g * 2\n"
+        "x = torch.ones(3, device='cuda', requires_grad=True)\n"
+        "Double.apply(x).sum().backward()\n"
+        "grad = x.grad",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
+def test_a_worker_that_does_not_start_in_time_gives_one_line_and_the_next_cell_runs(
+    ip, monkeypatch
+):
+    run_cell(ip, "import torch")
+    magics = ip.magics_manager.registry["NeuronMagics"]
+    magics.session.workers.get("neuron").stop()
+    monkeypatch.setattr(worker_module, "START_TIMEOUT_S", 0.01)
+    with pytest.raises(UsageError) as error:
+        run_cell(ip, "%%neuron -o r\ny = torch.ones(2).cuda() + 1")
+    message = str(error.value)
+    assert "\n" not in message and "did not start within 0.01 s" in message
+    worker = magics.session.workers.get("neuron")
+    assert not worker.alive and worker.arena is None  # ended, its files removed
+    monkeypatch.setattr(worker_module, "START_TIMEOUT_S", 180.0)
+    run_cell(ip, "%%neuron -o r\ny = torch.ones(2).cuda() + 1")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
+def test_a_late_answer_is_not_taken_for_the_next_one(ip):
+    run_cell(ip, "import torch\nimport time")
+    # the target overruns its timeout: the worker is ended, its answer never read
+    run_cell(
+        ip,
+        "%%neuron --timeout 1 -o slow\n"
+        "a = torch.ones(1).cuda()\n"
+        "if a.device.type != 'cpu':  # the target, not the cpu reference\n"
+        "    time.sleep(3)",
+    )
+    assert _report(ip, "slow").verdict == "ERROR"
+    assert "timed out after 1 s" in _report(ip, "slow").summary()
+    run_cell(ip, "%%neuron -o r\nb = torch.full((2,), 7.0).cuda()")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert [d.path for d in report.comparison.diffs] == ["b"]
+
+
+def test_reference_and_target_run_at_the_same_time(ip):
+    run_cell(ip, "import time\nimport torch")
+    run_cell(ip, "%%neuron -o warm\nw = torch.ones(1).cuda()")  # the worker is started
+    run_cell(ip, "%%neuron -o r\nt0 = time.time()\ntime.sleep(0.5)\nt1 = time.time()")
+    report = _report(ip)
+    assert any("ran at the same time" in note for note in report.notes)
+    ref, target = report.ref.outputs, report.target.outputs
+    # each run was under way while the other one was
+    assert ref["t0"] < target["t1"] and target["t0"] < ref["t1"], (ref, target)
+
+
+def test_profile_runs_them_one_after_the_other(ip):
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron --profile -o r\nz = torch.ones(2).cuda() * 3")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert not any("ran at the same time" in note for note in report.notes)

@@ -1,0 +1,150 @@
+"""The worker transport: one pickle, tensors by storage, arenas on shared memory, lenient loading."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from neuron_workbench.run.transport import (
+    Unloadable,
+    arena_folder,
+    device_module_equivalent,
+    dumps,
+    loads,
+    loads_leniently,
+    unloadable_in,
+)
+
+ARENAS = [None, arena_folder()] if arena_folder() else [None]
+
+
+@pytest.fixture(params=ARENAS, ids=lambda a: "arena" if a else "in-band")
+def arena(request):
+    return request.param
+
+
+def test_views_share_their_base_after_the_trip(arena):
+    x = torch.arange(8.0)
+    sent = {"x": x, "head": x[:3], "strided": x[1::2], "t": x.view(2, 4).t()}
+    back = loads(dumps(sent, arena))
+    back["head"].add_(100)
+    back["strided"].mul_(-1)
+    assert back["x"].tolist() == [100.0, -101.0, 102.0, -3.0, 4.0, -5.0, 6.0, -7.0]
+    assert torch.equal(back["t"], back["x"].view(2, 4).t())
+    assert back["t"].stride() == x.view(2, 4).t().stride()
+    # the sender's tensors are untouched: the receiver has its own memory
+    assert x.tolist() == list(map(float, range(8)))
+
+
+def test_a_model_its_optimizer_and_tied_weights_arrive_connected(arena):
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    model(torch.arange(5)).sum().backward()
+    opt = torch.optim.Adam(model.parameters())
+    opt.step()
+    back_model, back_opt = loads(dumps((model, opt), arena))
+    assert back_model[0].weight is back_model[1].weight
+    assert isinstance(back_model[0].weight, torch.nn.Parameter)
+    assert back_opt.param_groups[0]["params"][0] is back_model[0].weight
+    state = back_opt.state[back_model[0].weight]
+    assert torch.equal(state["exp_avg"], opt.state[emb.weight]["exp_avg"])
+    assert torch.equal(back_model[0].weight.grad, emb.weight.grad)
+
+
+def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):
+    z = torch.randn(3, dtype=torch.complex64)
+    values = {
+        "conj": z.conj(),
+        "neg": torch.ones(2, dtype=torch.complex64).conj().imag,
+        "empty": torch.empty(0, 3),
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "bool": torch.tensor([True, False]),
+        "scalar": torch.tensor(3.5),
+        "leaf": torch.ones(2, requires_grad=True),
+    }
+    back = loads(dumps(values, arena))
+    for name, value in values.items():
+        assert torch.equal(back[name], value.resolve_conj().resolve_neg()), name
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape
+    assert back["leaf"].requires_grad and back["leaf"].is_leaf
+
+
+def test_an_arena_is_one_file_removed_once_loaded():
+    folder = arena_folder()
+    if folder is None:
+        pytest.skip("no shared-memory folder on this host")
+    packed = dumps({"a": torch.ones(100), "b": torch.zeros(3)}, folder)
+    assert packed.arena is not None and os.path.dirname(packed.arena) == folder
+    assert [nbytes for _, nbytes in packed.table] == [400, 12]
+    assert all(offset % 64 == 0 for offset, _ in packed.table)
+    assert b"\x00\x00\x80?" * 4 not in packed.data  # the values are not in the pickle stream
+    back = loads(packed)
+    assert not os.path.exists(packed.arena)
+    back["a"].add_(1)  # writable, copy-on-write
+    assert back["a"].sum().item() == 200.0
+
+
+def test_a_discarded_message_leaves_no_file():
+    folder = arena_folder()
+    if folder is None:
+        pytest.skip("no shared-memory folder on this host")
+    packed = dumps(torch.ones(4), folder)
+    packed.discard()
+    assert not os.path.exists(packed.arena)
+
+
+MISSING_MODULE_SENDER = """
+import sys, types, pickle
+import torch
+sys.path[:0] = {paths!r}
+from neuron_workbench.run.transport import dumps
+
+# A module the receiver does not have (a device SDK, the target's torch.<device>).
+sdk = types.ModuleType("nwtest_sdk")
+sys.modules["nwtest_sdk"] = sdk
+exec("class Stream:\\n    def __init__(self):\\n        self.handle = 7", sdk.__dict__)
+sdk.Stream.__module__ = "nwtest_sdk"
+torch.tpu = types.ModuleType("torch.tpu")
+sys.modules["torch.tpu"] = torch.tpu
+value = {{"stream": sdk.Stream(), "module": sdk, "device_module": torch.tpu, "y": torch.ones(2)}}
+packed = dumps(value)
+sys.stdout.buffer.write(pickle.dumps((packed.data, [bytes(b.raw()) for b in packed.storages])))
+"""
+
+
+def test_what_the_receiver_lacks_becomes_a_stand_in():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [os.path.join(root, "workbench")]
+    sender = textwrap.dedent(MISSING_MODULE_SENDER.format(paths=paths))
+    done = subprocess.run(
+        [sys.executable, "-c", sender], capture_output=True, check=True, timeout=120
+    )
+    from neuron_workbench.run.transport import Packed
+
+    data, storages = pickle.loads(done.stdout)
+    packed = Packed(data, [], [pickle.PickleBuffer(bytearray(s)) for s in storages])
+    with pytest.raises(ModuleNotFoundError):
+        loads(packed)
+    loaded = loads_leniently(Packed(data, [], [pickle.PickleBuffer(bytearray(s)) for s in storages]))
+    assert loaded.stood_in
+    value = loaded.value
+    assert isinstance(value["stream"], Unloadable) and "nwtest_sdk.Stream" in value["stream"].reason
+    assert isinstance(value["module"], Unloadable) and "nwtest_sdk" in value["module"].reason
+    # the target's device module is the reference's equivalent: what the cell holds on CUDA
+    assert value["device_module"] is torch.cuda
+    assert torch.equal(value["y"], torch.ones(2))
+    assert unloadable_in(value["y"]) is None
+    assert unloadable_in([{"k": value["stream"]}]) is value["stream"]
+
+
+def test_device_module_equivalent_names_only_accelerator_modules():
+    assert device_module_equivalent("torch.neuron") is torch.cuda
+    assert device_module_equivalent("torch.tpu") is torch.cuda
+    assert device_module_equivalent("torch.nn") is None
+    assert device_module_equivalent("torch_neuronx") is None

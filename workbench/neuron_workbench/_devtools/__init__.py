@@ -1,1 +1,0 @@
-"""Developer tools that read the package's source; nothing in the package imports them."""
