@@ -131,7 +131,9 @@ def test_what_the_receiver_lacks_becomes_a_stand_in():
     packed = Packed(data, [], [pickle.PickleBuffer(bytearray(s)) for s in storages])
     with pytest.raises(ModuleNotFoundError):
         loads(packed)
-    loaded = loads_leniently(Packed(data, [], [pickle.PickleBuffer(bytearray(s)) for s in storages]))
+    loaded = loads_leniently(
+        Packed(data, [], [pickle.PickleBuffer(bytearray(s)) for s in storages])
+    )
     assert loaded.stood_in
     value = loaded.value
     assert isinstance(value["stream"], Unloadable) and "nwtest_sdk.Stream" in value["stream"].reason
