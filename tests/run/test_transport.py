@@ -150,3 +150,19 @@ def test_device_module_equivalent_names_only_accelerator_modules():
     assert device_module_equivalent("torch.tpu") is torch.cuda
     assert device_module_equivalent("torch.nn") is None
     assert device_module_equivalent("torch_neuronx") is None
+
+
+def test_a_full_or_missing_arena_folder_sends_in_the_message(tmp_path):
+    # e.g. a container's small /dev/shm: writing the arena fails, the storages travel in-band
+    missing = tmp_path / "gone"
+    packed = dumps({"a": torch.arange(4.0)}, str(missing))
+    assert packed.arena is None and len(packed.storages) == 1
+    assert loads(packed)["a"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_stand_in_class_is_found_as_unloadable():
+    from neuron_workbench.run.transport import _stand_in
+
+    stand_in = _stand_in("nwtest_sdk.Stream", ImportError("No module named 'nwtest_sdk'"))
+    assert unloadable_in({"kind": stand_in}) is not None
+    assert unloadable_in({"kind": int}) is None

@@ -249,7 +249,11 @@ def compare_cell(
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).
     targets = [(target_backend, "target"), *((b, f"target:{b.name}") for b in extra_backends)]
-    together = reference is None and "profile" not in all_instruments and hasattr(executor, "start")
+    together = (
+        reference is None
+        and "profile" not in all_instruments
+        and getattr(executor, "concurrent", False)
+    )
     if together:
         pending: list[Any] = []
         try:
@@ -259,11 +263,11 @@ def compare_cell(
                         executor.start(spec, backend, run_id=run_id, what_if=options.what_if)  # type: ignore[attr-defined]
                     )
                 ref_run = execute(spec, ref_backend, run_id="ref")
-        except BaseException as exc:  # the targets' runs are abandoned (an interrupt ends them)
+            target_runs = [_checked_target(each.result()) for each in pending]
+        except BaseException:  # an interrupt, an option a target refused: abandon every run
             for each in pending:
-                each.cancel(end_worker=isinstance(exc, KeyboardInterrupt))
+                each.cancel()
             raise
-        target_runs = [_checked_target(each.result()) for each in pending]
     else:
         ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
         target_runs = [
@@ -323,12 +327,13 @@ def _cores_shared() -> Iterator[None]:
     so their reductions split alike.
     """
     threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(max(1, threads // 2))
+    shared = max(1, threads // 2)
+    if shared != threads:
+        torch.set_num_threads(shared)
     try:
         yield
     finally:
-        if torch.get_num_threads() != threads:
+        if torch.get_num_threads() == shared != threads:  # a count the cell set itself stays
             torch.set_num_threads(threads)
 
 

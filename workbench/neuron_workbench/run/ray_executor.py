@@ -748,6 +748,8 @@ class RayExecutor(WorkerExecutor):
     """Executes the target run of a cell in a Ray actor on a node that has the target's device."""
 
     name = "ray"
+    #: An actor runs the request when its result is asked for, after the reference (no overlap).
+    concurrent = False
 
     def __init__(self, pool: RayActorPool, timeout: float | None = None) -> None:
         super().__init__(pool, timeout=timeout)  # type: ignore[arg-type]

@@ -238,6 +238,12 @@ def dumps(obj: Any, arena: str | None = None) -> Packed:
     sink = _StorageSink(arena)
     try:
         _Pickler(stream, sink, buffers).dump(obj)
+    except OSError:
+        sink.abandon()
+        if arena is None:
+            raise
+        # The shared-memory folder is full (a container's 64 MiB /dev/shm): in the message instead.
+        return dumps(obj, None)
     except BaseException:
         sink.abandon()
         raise
@@ -427,7 +433,9 @@ def unloadable_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> U
     """The first :class:`Unloadable` stand-in reachable from ``value`` (containers, attributes)."""
     if isinstance(value, Unloadable):
         return value
-    if depth > 12 or isinstance(value, (torch.Tensor, str, bytes, int, float, type)):
+    if isinstance(value, type):  # a stand-in for a class or function sent by reference
+        return value() if issubclass(value, Unloadable) else None
+    if depth > 12 or isinstance(value, (torch.Tensor, str, bytes, int, float)):
         return None
     seen = set() if seen is None else seen
     if id(value) in seen:

@@ -159,7 +159,8 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
 
 # PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disable guard that costs more than this mode
 # does per op; the mode only writes bytes, so it runs as written.
-_LastOpMode.__torch_dispatch__ = _LastOpMode.__dict__["__torch_dispatch__"].__wrapped__  # type: ignore[attr-defined]
+_dispatch = _LastOpMode.__dict__["__torch_dispatch__"]
+_LastOpMode.__torch_dispatch__ = getattr(_dispatch, "__wrapped__", _dispatch)  # type: ignore[method-assign]
 
 
 #: Variables a worker keeps as it was started: its device, that it is a worker, no inline plots.
@@ -192,8 +193,11 @@ def _mirror_environment(kernel: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def _exit_with_parent() -> None:
-    """End this process when the kernel that started it is gone, even in the middle of a cell."""
+def _exit_with_parent(folder: str) -> None:
+    """End this process when the kernel that started it is gone, even in the middle of a cell.
+
+    The worker's folder (on shared memory, with any arena not yet loaded) goes with it.
+    """
     import threading
 
     parent = os.getppid()
@@ -201,6 +205,7 @@ def _exit_with_parent() -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
+        shutil.rmtree(folder, ignore_errors=True)
         os._exit(0)
 
     threading.Thread(target=watch, name="neuron-workbench-parent-watch", daemon=True).start()
@@ -211,7 +216,7 @@ def _serve(fd: int, folder: str) -> None:
     import faulthandler
 
     conn = Connection(fd)
-    _exit_with_parent()
+    _exit_with_parent(folder)
     init = pickle.loads(conn.recv_bytes())
     sys.path[:] = list(init["sys_path"])
     with contextlib.suppress(OSError):
@@ -585,15 +590,23 @@ class TargetWorker:
         assert self._conn is not None and self._process is not None
         while True:
             wait = 0.25 if deadline is None else min(0.25, max(0.0, deadline - time.monotonic()))
+            packed = None
             try:
                 if self._conn.poll(wait):
                     head, packed = receive(self._conn)
-                    if head.get("id") != request_id:
-                        packed.discard()  # a late answer to a request given up on
-                        continue
-                    return loads_leniently(packed)
             except (EOFError, OSError):
                 pass  # the pipe closed: the process died; the poll below says how
+            if packed is not None:
+                if head.get("id") != request_id:
+                    packed.discard()  # a late answer to a request given up on
+                    continue
+                try:
+                    return loads_leniently(packed)
+                except Exception as exc:  # an answer this process cannot rebuild at all
+                    packed.discard()
+                    raise WorkerDied(
+                        f"its answer could not be loaded here ({_first_line(exc)})"
+                    ) from None
             if self._process.poll() is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._process.wait(timeout=2)
@@ -761,6 +774,8 @@ class WorkerExecutor:
     """Executes the target run of a cell in the pool's worker for that target."""
 
     name = "worker"
+    #: A started run goes on in the worker while the caller runs the reference (see :meth:`start`).
+    concurrent = True
 
     def __init__(self, pool: WorkerPool | None = None, timeout: float | None = None) -> None:
         self.pool = pool if pool is not None else WorkerPool()
@@ -884,13 +899,13 @@ class PendingRun:
             answer = Loaded(answer, False)
         return executor._finish(answer, self._spec, self._run_id, self._info.name)
 
-    def cancel(self, end_worker: bool = True) -> None:
-        """Abandon the run.
+    def cancel(self) -> None:
+        """Abandon the run; a worker running it is ended.
 
-        With ``end_worker`` (an interrupt) the worker is ended, since the cell may never finish;
-        otherwise its answer, when it comes, is dropped (answers carry their request's id).
+        The cell may never finish, and its side effects and answer must not reach the next cell,
+        which starts a fresh worker.
         """
-        if self._request_id is not None and end_worker:
+        if self._request_id is not None:
             self._worker.stop()
         elif self._message is not None:
             self._message.discard()
