@@ -43,11 +43,11 @@ from typing import Any
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
 from neuron_workbench.run.records import Run
+from neuron_workbench.run.transport import Packed, dumps, loads, loads_leniently
 from neuron_workbench.run.worker import (
     _OP_SLOT,
     START_TIMEOUT_S,
     WORKER_ENV,
-    Packed,
     WorkerDied,
     WorkerExecutor,
     WorkerPool,
@@ -55,9 +55,6 @@ from neuron_workbench.run.worker import (
     _first_line,
     answer_request,
     device_ready,
-    dumps,
-    loads,
-    loads_leniently,
 )
 
 #: What a missing Ray installation is told to run.

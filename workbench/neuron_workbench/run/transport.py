@@ -408,9 +408,9 @@ class Loaded:
     stood_in: bool
 
 
-def loads(packed: Packed, *, lenient: bool = False) -> Any:
+def loads(packed: Packed) -> Any:
     """Inverse of :func:`dumps` (the value; see :func:`loads_leniently` for stand-ins)."""
-    return _load(packed, lenient).value
+    return _load(packed, False).value
 
 
 def loads_leniently(packed: Packed) -> Loaded:

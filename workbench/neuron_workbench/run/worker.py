@@ -60,23 +60,6 @@ from neuron_workbench.run.transport import (
     unloadable_in,
 )
 
-__all__ = [
-    "Packed",
-    "dumps",
-    "loads",
-    "loads_leniently",
-    "send",
-    "receive",
-    "answer_request",
-    "pack_request",
-    "device_ready",
-    "TargetWorker",
-    "WorkerDied",
-    "WorkerExecutor",
-    "WorkerPool",
-    "WorkerRow",
-]
-
 #: Environment variable set (to the target's name) in every worker process.
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
 #: Bytes of the memory-mapped record of the last dispatched op.
@@ -235,8 +218,6 @@ def _serve(fd: int, folder: str) -> None:
 
     backend = get_backend(init["target"])
     hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
-    # The native core writes each op's name into the slot itself; otherwise a dispatch mode does.
-    natively = _record_last_op_natively(None)
     send(conn, dumps(hello), {"id": init["id"]})
     while True:
         try:
@@ -262,7 +243,6 @@ def _serve(fd: int, folder: str) -> None:
             load_hint=_EXECUTOR_HINT,
             hint=_EXECUTOR_HINT,
             arena=folder,
-            native_ops=natively,
         )
         try:
             send(conn, answer, {"id": head["id"]})
@@ -282,9 +262,13 @@ def _record_last_op_natively(slot: mmap.mmap | None) -> bool:
 
 
 @contextlib.contextmanager
-def _last_op_recorded(slot: mmap.mmap | bytearray, natively: bool) -> Iterator[None]:
-    """Record each op the run dispatches into ``slot`` (natively, or by a dispatch mode)."""
-    if natively and isinstance(slot, mmap.mmap) and _record_last_op_natively(slot):
+def _last_op_recorded(slot: mmap.mmap | bytearray) -> Iterator[None]:
+    """Record each op the run dispatches into ``slot``.
+
+    The emulator's native core writes the names itself where it is in use (into a worker's memory
+    map); otherwise a dispatch mode does.
+    """
+    if isinstance(slot, mmap.mmap) and _record_last_op_natively(slot):
         try:
             yield
         finally:
@@ -304,15 +288,13 @@ def answer_request(
     hint: str,
     running: Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]] | None = None,
     arena: str | None = None,
-    native_ops: bool = False,
 ) -> Packed:
     """A target process's packed answer to one packed run request (a worker's or a Ray actor's).
 
     The run, or a one-line ``usage_error``: what the cell reads could not be loaded here (with
     ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
     (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself;
-    ``arena`` is the shared-memory folder for the answer's tensors (a worker); ``native_ops`` says
-    the emulator's native core records the last op into ``slot`` itself (no dispatch mode).
+    ``arena`` is the shared-memory folder for the answer's tensors (a worker).
     """
     try:
         request = loads(data)
@@ -325,7 +307,7 @@ def answer_request(
         )
     try:
         with running(request) if running is not None else contextlib.nullcontext():
-            return _run_request(request, backend, slot, arena=arena, native_ops=native_ops)
+            return _run_request(request, backend, slot, arena=arena)
     except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
         return dumps({"usage_error": str(exc)})
     except Exception as exc:  # the workbench failed around the cell: say so, keep serving
@@ -340,7 +322,6 @@ def _run_request(
     slot: mmap.mmap | bytearray,
     *,
     arena: str | None,
-    native_ops: bool,
 ) -> Packed:
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
 
@@ -381,7 +362,7 @@ def _run_request(
         ref_precision=request["ref_precision"],
     )
     try:
-        with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot, native_ops):
+        with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot):
             run = execute(spec, backend, run_id="target")
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
         slot[0:_OP_SLOT] = bytes(_OP_SLOT)
@@ -407,6 +388,15 @@ def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
             return f"could not be sent back from the {target} worker process ({_first_line(exc)})"
         return None
 
+    _not_compared(run, why)
+
+
+def _not_compared(run: Run, why: Callable[[Any], str | None]) -> None:
+    """Leave out of the comparison and of the commit every result ``why`` gives a reason for.
+
+    Outputs become :class:`NotCompared` markers carrying the reason; such bindings and the last
+    value are dropped (the kernel keeps its own values).
+    """
     for name in list(run.outputs):
         reason = why(run.outputs[name])
         if reason is not None:
@@ -414,7 +404,7 @@ def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
             run.bindings.pop(name, None)
     for name in list(run.bindings):
         if why(run.bindings[name]) is not None:
-            del run.bindings[name]  # an input the run changed: the kernel keeps its own value
+            del run.bindings[name]
     if why(run.last_value) is not None:
         run.last_value = None
 
@@ -913,18 +903,14 @@ class PendingRun:
 
 def _not_loadable_here(run: Run, target: str) -> None:
     """Results holding something this process cannot rebuild are not compared, nor committed."""
-    for name in list(run.outputs):
-        stand_in = unloadable_in(run.outputs[name])
-        if stand_in is not None:
-            run.outputs[name] = NotCompared(
-                f"could not be loaded from the {target} worker process: {stand_in.reason}"
-            )
-            run.bindings.pop(name, None)
-    for name in list(run.bindings):
-        if unloadable_in(run.bindings[name]) is not None:
-            del run.bindings[name]
-    if unloadable_in(run.last_value) is not None:
-        run.last_value = None
+
+    def why(value: Any) -> str | None:
+        stand_in = unloadable_in(value)
+        if stand_in is None:
+            return None
+        return f"could not be loaded from the {target} worker process: {stand_in.reason}"
+
+    _not_compared(run, why)
 
 
 class _Printed:
