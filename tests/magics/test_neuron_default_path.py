@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 
 from neuron_workbench.report.session import resolve_executor
 from neuron_workbench.run import worker as worker_module
+from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
 
 
@@ -184,3 +185,61 @@ def test_profile_runs_them_one_after_the_other(ip):
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert not any("ran at the same time" in note for note in report.notes)
+
+
+def test_gradients_accumulate_across_cells(ip):
+    # A cell that runs backward after one that did: the kept run must start from the gradients
+    # the notebook holds (PyTorch's Parameter.__deepcopy__ drops them).
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1), "
+        "torch.nn.Linear(8, 8))\nx = torch.randn(4, 8)",
+    )
+    for expected in (4.0, 8.0):
+        run_cell(ip, "%%neuron -o r\nm = block.cuda()\nm(x.cuda()).sum().backward()")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert torch.equal(ip.user_ns["block"][2].bias.grad, torch.full((8,), expected))
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_with_dropout(ip, target, reentrant):
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.checkpoint import checkpoint\ntorch.manual_seed(0)\n"
+        "block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3))\n"
+        "x = torch.randn(4, 8)",
+    )
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        "m = block.cuda()\n"
+        "inp = x.cuda().requires_grad_()\n"
+        f"y = checkpoint(m, inp, use_reentrant={reentrant})\n"
+        "y.sum().backward()\n"
+        "g = inp.grad",
+    )
+    report = _report(ip)
+    assert report.ref.error is None and report.target.error is None, report.summary()
+    # the recompute drew the forward's mask: both runs drew the same masks, twice
+    assert same_random_numbers(report.ref.facts, report.target.facts), report.summary()
+    if target == "neuron":  # tpu computes the float32 matmuls in 1-pass bfloat16
+        assert report.verdict == "PASS", report.summary()
+
+
+def test_backward_hooks_run_with_the_cells_device(ip):
+    # Autograd calls hooks from its engine; they name "cuda" as the forward did.
+    run_cell(ip, "import torch\nw = torch.randn(3)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "p = w.cuda().requires_grad_()\n"
+        'p.register_hook(lambda g: g * torch.full(g.shape, 2.0, device="cuda"))\n'
+        "(p * p).sum().backward()\n"
+        "g = p.grad",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert torch.allclose(ip.user_ns["g"], 4 * ip.user_ns["w"])

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,18 +32,53 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
     two runs, and the report says so).
     """
     wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
+    with _parameters_copied_whole():
+        try:
+            return copy.deepcopy(wanted), []
+        except Exception:  # one value refuses deepcopy (a generator, a file): copy one by one
+            copies: dict[str, Any] = {}
+            shared: list[str] = []
+            memo: dict[int, Any] = {}
+            for name, value in wanted.items():
+                try:
+                    copies[name] = copy.deepcopy(value, memo)
+                except Exception:
+                    shared.append(name)
+            return copies, shared
+
+
+def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torch.nn.Parameter:
+    """A parameter's deep copy with its gradient, its attributes and its storage's other views."""
+    if id(param) in memo:
+        return memo[id(param)]
+    # Tensor.__deepcopy__ of the data goes through the memo by storage, so a view of the parameter
+    # copied in the same call stays a view of the copy. ``param.data`` is a new object each time:
+    # it is kept alive with the memo (as copy._keep_alive does), or its id, a memo key, is reused.
+    data = param.data
+    memo.setdefault(id(memo), []).append(data)
+    result = type(param)(data.__deepcopy__(memo), param.requires_grad)
+    memo[id(param)] = result
+    if param.grad is not None:
+        result.grad = copy.deepcopy(param.grad, memo)
+    if param.__dict__:
+        result.__dict__.update(copy.deepcopy(param.__dict__, memo))
+    return result
+
+
+@contextlib.contextmanager
+def _parameters_copied_whole() -> Iterator[None]:
+    """``Parameter.__deepcopy__`` keeps ``.grad`` while the body runs.
+
+    PyTorch's own copies the data alone: gradients accumulated over earlier cells (gradient
+    accumulation, a cell that steps after a cell that ran backward) would be lost in the run's copy,
+    and in what it commits back to the notebook.
+    """
+    original = torch.nn.Parameter.__deepcopy__
+    torch.nn.Parameter.__deepcopy__ = _deepcopy_parameter  # type: ignore[method-assign]
     try:
-        return copy.deepcopy(wanted), []
-    except Exception:  # one value refuses deepcopy (a generator, a file): copy the rest one by one
-        copies: dict[str, Any] = {}
-        shared: list[str] = []
-        memo: dict[int, Any] = {}
-        for name, value in wanted.items():
-            try:
-                copies[name] = copy.deepcopy(value, memo)
-            except Exception:
-                shared.append(name)
-        return copies, shared
+        yield
+    finally:
+        torch.nn.Parameter.__deepcopy__ = original  # type: ignore[method-assign]
 
 
 def move_to_device(

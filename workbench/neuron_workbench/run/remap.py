@@ -14,7 +14,11 @@ What is remapped, and how:
 
 When the ``cpu`` backend stands in for ``cuda``, the CUDA parts of the cell also get CUDA's semantics
 (copies on ``.cuda()``, CUDA's autocast lists, pinned memory, foreach optimizers, TF32 when the cell
-enables it): see :mod:`neuron_workbench.run.cuda_on_host`.
+enables it): see :mod:`neuron_workbench.run.cuda_on_host`; dropout takes CUDA's fused kernel at the
+dispatcher (:mod:`neuron_workbench.cuda_semantics.dropout`).
+
+The backward pass runs with the same remapping as the forward (checkpoint recomputes, hooks and
+``autograd.Function.backward`` run inside the autograd engine, possibly on its threads).
 
 Everything is restored on exit. On the ``cuda`` backend itself nothing is changed.
 """
@@ -31,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
+from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
 from neuron_workbench.run.cuda_on_host import CudaOnHost
 from neuron_workbench.run.random_draws import (
@@ -208,10 +213,6 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 inplace = bool(kwargs.get("inplace", args[3] if len(args) > 3 else False))
                 if self.rng_on_cpu and func is F_DROPOUT:
                     out = dropout_from_cpu(args[0], float(p), inplace)
-                elif self.host is not None and func is F_DROPOUT and not inplace:
-                    # CUDA (and PrivateUse1) run the fused native_dropout: one rounding of
-                    # x * mask / (1 - p); the CPU's bernoulli_/div_/mul rounds twice in bf16/fp16.
-                    out = torch.ops.aten.native_dropout.default(args[0], float(p), True)[0]
                 else:
                     out = func(*args, **kwargs)
             else:
@@ -349,6 +350,24 @@ def _autocast_init(
     return __init__
 
 
+def _backward_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The autograd engine's entry point, run with the run's function mode on.
+
+    ``Tensor.backward`` and ``torch.autograd.grad`` reach the engine through the mode's own
+    handler, where the mode is off; the engine hands its thread-local state to the threads that run
+    the backward pass. Pushing the mode again here makes what autograd calls back into Python
+    (checkpoint recomputes, hooks, ``autograd.Function.backward``) run as the forward did.
+    """
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        if mode in torch.overrides._get_current_function_mode_stack():
+            return original(*args, **kwargs)
+        with mode:
+            return original(*args, **kwargs)
+
+    return run_backward
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -400,7 +419,16 @@ def cuda_remapped_to(
                 scaler_cls, {"__init__": _grad_scaler_init(target, scaler_cls.__init__)}
             )
         )
-        stack.enter_context(_CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host))
+        if host is not None:
+            stack.enter_context(fused_dropout_on_cpu())
+        mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
+        engine_entry = torch.autograd._engine_run_backward
+        stack.enter_context(
+            patched_attributes(
+                torch.autograd, {"_engine_run_backward": _backward_in_run(mode, engine_entry)}
+            )
+        )
+        stack.enter_context(mode)
         try:
             yield facts
         finally:
