@@ -97,3 +97,49 @@ def test_autocast_outputs_use_the_lowest_precision_tolerance(ip):
         flags="--preset strict",
     )
     assert all(d.tolerance.rtol == 0.0 for d in report.comparison.diffs)
+
+
+# A difference born on the target only (a device check picks another constant), in an int64 output.
+DEVICE_ONLY_INT = (
+    "idx = torch.arange(8, device='cuda')\nout = idx * (3 if idx.device.type != 'cpu' else 2)"
+)
+
+
+def test_a_failing_int_output_on_tpu_gets_no_matmul_hint(ip):
+    run_cell(ip, "import torch\nw = torch.randn(4, 4)")
+    # a float32 matmul ran too (the TPU rule's op class), but it did not make an int64 output
+    report, failures = _failures(ip, "y = w.cuda() @ w.cuda()\n" + DEVICE_ONLY_INT, "--target tpu")
+    assert report.verdict == "FAIL"
+    assert failures["out"].hints == [CAUSE_NOT_IDENTIFIED]
+
+
+def test_the_tpu_matmul_hint_needs_a_float32_matmul_in_the_run(ip):
+    run_cell(ip, "import torch")
+    cell = (
+        "x = torch.linspace(0, 1, 8, device='cuda')\n"
+        "out = x * (1.001 if x.device.type != 'cpu' else 1.0)"
+    )
+    report, failures = _failures(ip, cell, "--target tpu")
+    assert report.verdict == "FAIL"
+    assert failures["out"].hints == [CAUSE_NOT_IDENTIFIED]
+
+
+def test_the_tpu_matmul_hint_shows_its_evidence(ip):
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nw = torch.randn(64, 64)")
+    report, failures = _failures(ip, "y = w.cuda() @ w.cuda()", "--target tpu")
+    assert report.verdict == "FAIL"
+    hint = next(h for h in failures["y"].hints if "1-pass bfloat16" in h)
+    assert "1 float32 matmul/conv op ran in 1-pass bfloat16 in this run" in hint
+
+
+def test_emulated_scatters_get_no_nondeterminism_hint(ip):
+    # Both runs execute the same CPU scatter kernel in the same order: no ordering to blame.
+    run_cell(ip, "import torch")
+    cell = (
+        "acc = torch.zeros(4, device='cuda')\n"
+        "acc.index_add_(0, torch.tensor([0, 0, 1], device='cuda'), torch.ones(3, device='cuda'))\n"
+        "out = acc * (1.5 if acc.device.type != 'cpu' else 1.0)"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    assert not any("accumulating scatters" in h for h in failures["out"].hints)

@@ -20,6 +20,7 @@ from neuron_workbench.run.records import Run, recorded, same_random_numbers
 _FLOAT64 = ("float64", "complex128")
 _INT64 = ("int64",)
 _LOWER = ("bfloat16", "float16")
+_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64", "complex64", "complex128"})
 
 CAUSE_NOT_IDENTIFIED = (
     "cause not identified: no documented target rule, random draw, optimizer or kernel difference "
@@ -108,16 +109,20 @@ def hints_for(
     numerics = backend.details.get("numerics", {}) if backend.emulated else {}
     on_neuron = backend.name == "neuron"
     dtypes = {diff.ref_dtype, diff.target_dtype}
-    if on_neuron and dtypes & set(_FLOAT64):
+    floating = bool(dtypes & _FLOATING)
+    fp64_ops = _rule_ran(target, "fp64")
+    if on_neuron and dtypes & set(_FLOAT64) and fp64_ops:
         hints.append(
             "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits "
-            "and back; torchneuron.md §7): expect float32 precision, or compute this in float32 "
-            "on purpose"
+            f"and back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: expect float32 "
+            "precision, or compute this in float32 on purpose"
         )
-    if on_neuron and dtypes & set(_INT64):
+    int64_ops = _rule_ran(target, "int64")
+    if on_neuron and dtypes & set(_INT64) and int64_ops:
         hints.append(
-            "int64 arithmetic runs as int32 on neuron (torchneuron.md §7): values beyond ±2^31 "
-            "wrap around; keep indices and counters within int32"
+            "int64 arithmetic runs as int32 on neuron (torchneuron.md §7)"
+            f"{_ran(int64_ops, 'int64 op')}: values beyond ±2^31 wrap around; keep indices and "
+            "counters within int32"
         )
     autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
     if autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
@@ -126,13 +131,15 @@ def hints_for(
             f"but {diff.target_dtype} on {backend.label}, so the two backends cast different ops "
             f"under autocast ({', '.join(autocast)})"
         )
-    if numerics.get("bf16_matmul"):
+    bf16_passes = _rule_ran(target, "tpu-matmul") if floating else 0
+    if numerics.get("bf16_matmul") and bf16_passes:
         hints.append(
             "the bf16 what-if policy was on: float32 matmul/conv inputs were rounded to bfloat16 "
-            "(what the compiler's --auto-cast would do; TorchNeuron does not by default)"
+            f"(what the compiler's --auto-cast would do; TorchNeuron does not by default)"
+            f"{_ran(bf16_passes, 'float32 matmul/conv op', 'in bfloat16')}"
         )
     precision = str(numerics.get("matmul_precision", ""))
-    if backend.name == "tpu" and precision.startswith("DEFAULT"):
+    if backend.name == "tpu" and precision.startswith("DEFAULT") and bf16_passes:
         also = (
             " (under autocast too: the matmuls it leaves in float32, such as attention's math "
             "path, which upcasts)"
@@ -140,7 +147,8 @@ def hints_for(
             else ""
         )
         hints.append(
-            f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}: "
+            f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}"
+            f"{_ran(bf16_passes, 'float32 matmul/conv op', 'in 1-pass bfloat16')}: "
             "torch.set_float32_matmul_precision('highest') gives 6-pass, near-fp32 results"
         )
     tf32 = [run.backend.label for run in (ref, target) if run.facts.tf32_matmuls]
@@ -150,7 +158,10 @@ def hints_for(
             "cell enabled (allow_tf32 / set_float32_matmul_precision); --ref-precision fp32 turns "
             "it off on a cpu reference"
         )
-    if ref.facts.nondeterministic_ops or target.facts.nondeterministic_ops:
+    # On the host (the cpu reference, an emulated device) both runs execute the same CPU kernel,
+    # in the same order: only a real device's scatter kernel makes the order vary.
+    scatters = ref.facts.nondeterministic_ops or target.facts.nondeterministic_ops
+    if scatters and _real_device(ref, target):
         ops = ", ".join(
             sorted(set(ref.facts.nondeterministic_ops) | set(target.facts.nondeterministic_ops))
         )
@@ -194,6 +205,26 @@ def hints_for(
     if not hints:
         hints.append(CAUSE_NOT_IDENTIFIED)
     return hints
+
+
+def _rule_ran(run: Run, rule: str) -> int:
+    """How many ops a documented numeric rule touched in ``run``; -1 when the run did not count.
+
+    Emulated devices count them (``RunFacts.rule_ops``); a real device or an artifact from an
+    older version does not, and then the output's dtype is the only evidence (-1, truthy).
+    """
+    counts = getattr(run.facts, "rule_ops", None)
+    if counts is None:
+        return -1
+    return int(counts.get(rule, 0))
+
+
+def _ran(count: int, what: str, how: str = "") -> str:
+    """`` (3 float32 matmuls ran in bfloat16)``: the evidence, when it was counted."""
+    if count < 0:
+        return ""
+    plural = "" if count == 1 else "s"
+    return f" ({count} {what}{plural} ran{' ' + how if how else ''} in this run)"
 
 
 def _real_device(*runs: Run) -> bool:
