@@ -1,9 +1,11 @@
 """Run the real-model corpus through the real ``%%neuron`` magic on one emulated target.
 
-Usage (one target per process: PyTorch allows one ``PrivateUse1`` backend per process, and the
-emulator must be installed before the process's first backward pass)::
+Usage (one target per process, so the two targets run in parallel)::
 
     .venv/bin/python tests/corpus/corpus_runner.py --target neuron [--cases gpt2/bf16/train,lstm/fp32/fwd_bwd]
+
+The runner's process holds no accelerator: each ``%%neuron`` cell runs its target in a worker
+process, the default path users take.
 
 Prints one JSON object per line, one per cell: model, precision, target, kind, verdict, the
 one-line summary, each failing output with its hints, the fallback ops, and each run's error.
@@ -14,6 +16,11 @@ download, no network) and the PyTorch examples' classes in :mod:`pytorch_example
 cell seeds torch and builds the model and a batch on the CPU, as a data loader would; each
 ``%%neuron`` cell is CUDA-style code (device ``"cuda"``, AdamW, ``zero_grad(set_to_none=True)``,
 ``torch.autocast("cuda", dtype=torch.bfloat16)``).
+
+Besides the models, the idiom rows (kind ``idiom``, :mod:`idioms`) are training idioms from public
+code: activation checkpointing, a timed step, AMP with a ``GradScaler``, gradient accumulation,
+clipping with a one-cycle schedule, a ``DataLoader`` with workers and pinned memory, half-precision
+inference, ``generate()`` with a KV cache, a mixture-of-experts training step.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from idioms import IDIOMS, idiom_cell, idiom_setup
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -37,6 +46,8 @@ MODELS = ("gpt2", "bert", "llama", "resnet", "lstm", "dcgan")
 PRECISIONS = ("fp32", "bf16")
 KINDS = ("fwd_bwd", "train")
 TARGETS = ("neuron", "tpu")
+#: The kind of the idiom rows (their "model" is the idiom's name).
+IDIOM = "idiom"
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,8 @@ loss = lossD + lossG
 
 def cell_source(model: str, precision: str, kind: str) -> str:
     """The CUDA-style ``%%neuron`` cell body for one corpus row."""
+    if kind == IDIOM:
+        return idiom_cell(model)
     case = CASES[model]
     lines = ['device = "cuda"']
     lines += [f"{name} = {name}.to(device)" for name in case.models]
@@ -248,40 +261,71 @@ def all_cases(
     models: tuple[str, ...] = MODELS,
     precisions: tuple[str, ...] = PRECISIONS,
     kinds: tuple[str, ...] = KINDS,
+    idioms: tuple[str, ...] | None = None,
 ) -> list[tuple[str, str, str, str]]:
-    """Every (target, model, precision, kind), in the order the table prints them."""
+    """Every (target, model, precision, kind), in the order the table prints them.
+
+    The idiom rows (``idioms``, default: all of :data:`idioms.IDIOMS`) follow each target's models.
+    """
+    names = tuple(IDIOMS) if idioms is None else idioms
     return [
-        (target, model, precision, kind)
+        case
         for target in targets
-        for model in models
-        for precision in precisions
-        for kind in kinds
+        for case in [
+            *(
+                (target, model, precision, kind)
+                for model in models
+                for precision in precisions
+                for kind in kinds
+            ),
+            *((target, name, precision, IDIOM) for name in names for precision in precisions),
+        ]
     ]
+
+
+def setup_source(model: str, precision: str, kind: str) -> str:
+    """The plain setup cell for one corpus row."""
+    return idiom_setup(model, precision) if kind == IDIOM else CASES[model].setup
 
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+_RNG_CHECK = """
+import torch
+def draws(device):
+    torch.manual_seed(0)
+    x = torch.randn(256, device=device)
+    return [
+        x,
+        torch.rand(256, device=device),
+        torch.randint(0, 128, (256,), device=device),
+        torch.nn.functional.dropout(torch.ones(256, device=device), 0.3, training=True),
+    ]
+print(all(torch.equal(a, b.cpu()) for a, b in zip(draws("cpu"), draws("{target}"))))
+"""
+
+
 def device_rng_matches_cpu(target: str) -> bool:
     """Whether ``target`` draws the same random numbers as the CPU from the same seed.
 
     Checked on the draws the corpus makes (normal, uniform, integers, dropout masks); when they
-    match, a hint blaming device random numbers for a difference is wrong.
+    match, a hint blaming device random numbers for a difference is wrong. The device is emulated
+    in a process of its own (the runner's process holds none).
     """
-    import torch
-
-    def draws(device: str) -> list:
-        torch.manual_seed(0)
-        x = torch.randn(256, device=device)
-        return [
-            x,
-            torch.rand(256, device=device),
-            torch.randint(0, 128, (256,), device=device),
-            torch.nn.functional.dropout(torch.ones(256, device=device), 0.3, training=True),
-        ]
-
-    return all(torch.equal(a, b.cpu()) for a, b in zip(draws("cpu"), draws(target)))
+    env = {**os.environ, "NEURON_WORKBENCH_EMULATE": target}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "workbench"), env.get("PYTHONPATH", "")) if p
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _RNG_CHECK.format(target=target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1] == "True"
 
 
 def row_of(report: Any, *, model: str, precision: str, target: str, kind: str) -> dict[str, Any]:
@@ -343,8 +387,7 @@ def run_cases(
 ) -> Iterator[dict[str, Any]]:
     """Run each (model, precision, kind) cell on ``target`` in this process; yield one row each.
 
-    The process must not have emulated another device: set ``NEURON_WORKBENCH_EMULATE=target``
-    before importing torch (:func:`main` does).
+    Each cell's target runs in its worker process, as in a user's kernel.
     """
     from IPython.utils.capture import capture_output
 
@@ -359,7 +402,7 @@ def run_cases(
         run_cell(shell, f"import sys; sys.path.insert(0, {str(HERE)!r})")
         started = time.perf_counter()
         with capture_output():
-            run_cell(shell, CASES[model].setup)
+            run_cell(shell, setup_source(model, precision, kind))
             run_cell(
                 shell,
                 f"%%neuron --no-scan {options} -o corpus_report\n"
@@ -388,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--options", default="", help="extra %%neuron options, e.g. --layers")
     args = parser.parse_args(argv)
-    if os.environ.get("NEURON_WORKBENCH_EMULATE") != args.target:
-        raise SystemExit(f"set NEURON_WORKBENCH_EMULATE={args.target} (start() does)")
+    if os.environ.get("NEURON_WORKBENCH_EMULATE"):
+        raise SystemExit("unset NEURON_WORKBENCH_EMULATE: the corpus runs targets in workers")
     cases = [tuple(c[1:]) for c in all_cases((args.target,))]
     if args.cases:
         cases = [tuple(text.split("/")) for text in args.cases.split(",")]
@@ -407,7 +450,7 @@ def start(target: str, cases: list[tuple[str, str, str]], options: str = "") -> 
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "workbench"), env.get("PYTHONPATH", "")) if p
     )
-    env["NEURON_WORKBENCH_EMULATE"] = target
+    env.pop("NEURON_WORKBENCH_EMULATE", None)
     env.pop("NEURON_WORKBENCH_TARGET", None)
     command = [sys.executable, str(Path(__file__)), "--target", target]
     command += ["--cases", ",".join("/".join(case) for case in cases)]

@@ -3,8 +3,9 @@
 The corpus (``corpus_runner.py``): GPT-2, BERT, Llama and ResNet from ``transformers`` (tiny
 configs, no download) and the PyTorch examples' LSTM word language model and DCGAN, each as a
 CUDA-style cell in float32 and under ``torch.autocast("cuda", dtype=torch.bfloat16)``, as a
-forward+backward cell and as a full AdamW training step. Each target runs in its own process (one
-PrivateUse1 backend per process); both run in parallel, about 40 s in all.
+forward+backward cell and as a full AdamW training step; and training idioms from public code
+(``idioms.py``) in both precisions. Every cell takes the default path (the target in a worker
+process); the two targets' runners run in parallel.
 
 What must hold for every row:
 
@@ -13,7 +14,7 @@ What must hold for every row:
 - a forward+backward cell passes unless a documented target rule explains each failing output
   (neuron: float64 as float32, int64 as int32; tpu: fp32 matmuls as 1-pass bfloat16), and then the
   output carries that rule's hint;
-- a failing training step names a cause with evidence for each failing output (a rule,
+- a failing training step or idiom names a cause with evidence for each failing output (a rule,
   optimizer amplification, the attention or recurrent-layer kernel, the autocast op lists);
 - no hint that the runs contradict: device random numbers when the device draws what the CPU
   draws, autocast in a float32 cell, TF32 in cells that never enable it, TPU matmul precision on
@@ -26,7 +27,7 @@ import re
 
 import pytest
 import torch
-from corpus_runner import all_cases, case_id, corpus_rows, hint_tags
+from corpus_runner import IDIOM, all_cases, case_id, corpus_rows, hint_tags
 
 from neuron_workbench.emulator.profiles import load_coverage, packaged_coverage_path
 
@@ -115,7 +116,7 @@ def test_verdict_holds(rows, case):
             f["path"] for f in row["failures"] if not _rule_explains(f, target, on_neuron)
         ]
         assert not unexplained, f"no documented target rule explains {unexplained}\n{why}"
-    if row["verdict"] == "FAIL" and kind == "train":
+    if row["verdict"] == "FAIL" and kind in ("train", IDIOM):
         uncaused = [
             f["path"] for f in row["failures"] if not set(hint_tags(f["hints"])) & set(CAUSES)
         ]

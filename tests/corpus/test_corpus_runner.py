@@ -35,7 +35,9 @@ def _fake_start(calls: list, abort_on: tuple[str, str, str]):
 
 
 def test_a_case_that_kills_its_process_becomes_a_crash_row_and_the_rest_still_run(monkeypatch):
-    cases = corpus_runner.all_cases(("neuron",), ("gpt2", "bert"), ("fp32",), ("fwd_bwd", "train"))
+    cases = corpus_runner.all_cases(
+        ("neuron",), ("gpt2", "bert"), ("fp32",), ("fwd_bwd", "train"), idioms=()
+    )
     aborting = cases[1][1:]
     calls: list = []
     monkeypatch.setattr(corpus_runner, "start", _fake_start(calls, aborting))
