@@ -1,5 +1,7 @@
 """Hints come from evidence: each one is backed by what the two runs recorded, or none is given."""
 
+from pathlib import Path
+
 from neuron_workbench.report.hints import CAUSE_NOT_IDENTIFIED
 from neuron_workbench.testing import run_cell
 
@@ -143,3 +145,23 @@ def test_emulated_scatters_get_no_nondeterminism_hint(ip):
     report, failures = _failures(ip, cell)
     assert report.verdict == "FAIL"
     assert not any("accumulating scatters" in h for h in failures["out"].hints)
+
+
+def test_a_library_op_without_an_autocast_wrapper_for_the_device_is_named(ip):
+    # torchvision registers nms's autocast wrapper for CPU, CUDA and XPU only: under autocast on
+    # another device its kernel receives mixed dtypes and refuses them.
+    fixtures = str(Path(__file__).parent / "fixtures")
+    run_cell(ip, "import torch")
+    ip.run_cell(
+        "%%neuron --target neuron -o r\n"
+        f"import sys; sys.path.insert(0, {fixtures!r}); import library_ops\n"
+        'boxes = torch.randn(3, 4, device="cuda")\n'
+        'scores = torch.rand(3, device="cuda")\n'
+        'with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+        '    kept = torch.ops.wbtest.pair_score(boxes @ torch.eye(4, device="cuda"), scores)\n'
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    assert "boxes should have the same type as scores" in report.target.error.message
+    note = next(n for n in report.notes if "autocast wrappers" in n)
+    assert "wbtest::pair_score has autocast wrappers for cpu, cuda only, none for neuron" in note

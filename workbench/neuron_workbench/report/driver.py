@@ -14,7 +14,7 @@ from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, OptionError
-from neuron_workbench.report.hints import Evidence, hints_for
+from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
     CellProgram,
@@ -417,6 +417,10 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         notes.append(floor)
     notes.extend(f"{ref.backend.label}: {note}" for note in ref.facts.notes)
     notes.extend(f"{target.backend.label}: {note}" for note in target.facts.notes)
+    for run in (ref, target):
+        hint = autocast_registration_hint(run)
+        if hint:
+            notes.append(f"{run.backend.label} error: {hint}")
     return notes
 
 

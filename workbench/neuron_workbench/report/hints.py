@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
@@ -205,6 +207,44 @@ def hints_for(
     if not hints:
         hints.append(CAUSE_NOT_IDENTIFIED)
     return hints
+
+
+_AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU"}
+
+
+def autocast_registration_hint(run: Run) -> str | None:
+    """Why a library op can fail under autocast on the run's device, when that is what happened.
+
+    Libraries register their ops' autocast wrappers per device (torchvision: CPU, CUDA, XPU); on
+    another device such an op receives the mixed dtypes autocast produced, and its kernel may refuse
+    them. Given only for a run that failed under autocast after one of its ops without a wrapper
+    for the device ran (on the CPU, as a fallback: an op the device has no kernel for).
+    """
+    if run.error is None or not run.facts.autocast_dtypes:
+        return None
+    device = run.backend.name
+    if device in _AUTOCAST_KEYS:
+        return None
+    for op in run.fallback_ops():
+        name = op.split(".")[0]
+        if name.startswith("aten::") or "::" not in name:
+            continue
+        wrapped = [dev for dev, key in _AUTOCAST_KEYS.items() if _has_kernel(name, key)]
+        if wrapped and not _has_kernel(name, "AutocastPrivateUse1"):
+            return (
+                f"{name} has autocast wrappers for {', '.join(wrapped)} only, none for {device} "
+                "(its library registers them per device): under autocast its inputs keep the "
+                "mixed dtypes autocast gave them; cast them to one dtype before the call, or call "
+                f"it inside torch.autocast('{device}', enabled=False)"
+            )
+    return None
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
+    except RuntimeError:  # the op is not registered in this process
+        return False
 
 
 def _rule_ran(run: Run, rule: str) -> int:
