@@ -3,7 +3,9 @@
 ``emulate("neuron")`` makes unmodified CUDA-style code run with ``device="neuron"``: tensors live in
 host RAM, every op runs on CPU kernels, and the profile decides which ops count as native, which
 fall back to CPU (recorded as fallback events; on ``tpu`` an error unless CPU fallback is enabled),
-and how numbers are rounded (fp64 as fp32 and int64 as int32 on neuron; bf16-pass matmuls on tpu).
+as does every op of another library (``torchvision::nms``, a ``torch.library`` op) without a kernel
+for the device, and how numbers are rounded (fp64 as fp32 and int64 as int32 on neuron; bf16-pass
+matmuls on tpu).
 
 One PrivateUse1 backend exists per process: a process emulates ``neuron`` or ``tpu``, never both,
 and never next to a real torch_neuronx / torch_tpu (which always wins). Installation cannot be
