@@ -47,7 +47,9 @@ __all__ = [
     "memory_stats",
     "process_log",
     "record_fallbacks",
+    "read_rule_ops",
     "record_last_op",
+    "reset_rule_ops",
     "status",
 ]
 
@@ -372,6 +374,41 @@ def memory_stats() -> dict[str, int]:
     from neuron_workbench.emulator import _core
 
     return {"current_bytes": _core.MEM.current, "peak_bytes": _core.MEM.peak}
+
+
+#: The numeric rules :func:`read_rule_ops` counts: float32 matmul-like ops (matmuls,
+#: convolutions, attention) computed with bf16 passes (tpu DEFAULT/HIGH/HIGHEST, the neuron bf16
+#: what-if), ops whose float64 inputs were computed as float32, ops whose int64 inputs were
+#: computed as int32 (neuron).
+RULES = ("tpu-matmul", "fp64", "int64")
+
+
+def read_rule_ops() -> dict[str, int]:
+    """How many ops each numeric rule has touched in this process since :func:`reset_rule_ops`.
+
+    Evidence for hints: a rule can explain a difference only if it ran. Counted by both cores
+    (one increment per op; the native core counts the 64-bit narrowing in C++).
+
+    Returns
+    -------
+    dict of str to int
+        Keys :data:`RULES`; all zero when nothing is emulated here.
+    """
+    if _installed is None:
+        return dict.fromkeys(RULES, 0)
+    from neuron_workbench.emulator import _core
+
+    return _core.rule_ops()
+
+
+def reset_rule_ops() -> None:
+    """Zero the counters :func:`read_rule_ops` reads (nothing happens when nothing is emulated)."""
+    if _installed is None:
+        return
+    from neuron_workbench.emulator import _core
+
+    with _lock:
+        _core.reset_rule_ops()
 
 
 def record_last_op(slot: object | None) -> bool:

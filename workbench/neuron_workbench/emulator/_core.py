@@ -33,6 +33,10 @@ NARROW_64BIT = True  # neuron: float64 computed as float32, int64 arithmetic as 
 MATMUL_PASSES = 0  # 0: exact fp32; 1/3/6: bf16 passes (tpu DEFAULT/HIGH/HIGHEST, neuron what-if)
 TPU_WARN_EVERY_CALL = True
 NATIVE_CORE: Any = None  # the compiled core (emulator/native) when it runs the device, else None
+# Ops each numeric rule touched (evidence for hints): matmul-like ops computed with bf16 passes,
+# and (Python core only; the native core counts its own in C++) ops with float64 / int64 inputs
+# computed narrower. One increment per op.
+RULE_OPS = {"tpu-matmul": 0, "fp64": 0, "int64": 0}
 
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
@@ -730,27 +734,52 @@ def _wrap_int(v: int) -> int:
     return ((v - _I32_MIN) % 2**32) + _I32_MIN
 
 
+def rule_ops() -> dict[str, int]:
+    """Ops each numeric rule touched since the last :func:`reset_rule_ops` (both cores)."""
+    counts = dict(RULE_OPS)
+    if NATIVE_CORE is not None:
+        fp64, int64 = NATIVE_CORE.rule_counts()
+        counts["fp64"] += fp64
+        counts["int64"] += int64
+    return counts
+
+
+def reset_rule_ops() -> None:
+    """Zero the rule counters."""
+    for key in RULE_OPS:
+        RULE_OPS[key] = 0
+    if NATIVE_CORE is not None:
+        NATIVE_CORE.reset_rule_counts()
+
+
 def _narrow_inputs(cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple) -> Any:
     """Round float64 inputs through float32 / wrap int64 inputs through int32; report outputs to fix."""
     found = None
+    saw_fp64 = saw_int64 = False
     mutated = {a[1] for a in ret_alias if a is not None}
     for i, a in enumerate(cargs):
         if type(a) is torch.Tensor:
             dt = a.dtype
             if dt is _F64 and fp64_ok:
                 found = _F32
+                saw_fp64 = True
                 if i in mutated:
                     a.copy_(a.to(_F32))
                 else:
                     cargs[i] = a.to(_F32).to(_F64)
             elif dt is _I64 and int_arith:
                 found = _I32
+                saw_int64 = True
                 if i in mutated:
                     a.copy_(a.to(_I32))
                 else:
                     cargs[i] = a.to(_I32).to(_I64)
         elif int_arith and type(a) is int and not (_I32_MIN <= a < 2**31):
             cargs[i] = _wrap_int(a)
+    if saw_fp64:
+        RULE_OPS["fp64"] += 1
+    if saw_int64:
+        RULE_OPS["int64"] += 1
     return found
 
 
@@ -787,6 +816,7 @@ def _matmul_passes(func: Any, base: str, pos: tuple, cargs: list, ckw: dict) -> 
     ops = [cargs[p] for p in pos]
     if not all(isinstance(o, torch.Tensor) and o.dtype is _F32 for o in ops):
         return func(*cargs, **ckw)
+    RULE_OPS["tpu-matmul"] += 1
     n = MATMUL_PASSES
     if base.startswith("_scaled_dot_product"):
         n = 1  # attention: inputs rounded once (documented approximation for HIGH/HIGHEST)
