@@ -514,11 +514,15 @@ class AcceleratorBackend(Backend):
         if self.is_emulated():
             from neuron_workbench import emulator
 
+            before = emulator.read_rule_ops()
             with self._emulated_fallback_mode(), emulator.record_fallbacks() as log:
                 try:
                     yield recording
                 finally:
                     recording.events = [event.to_dict() for event in log.events]
+                    # Differences, not a reset: another recording may be running.
+                    after = emulator.read_rule_ops()
+                    recording.rule_ops = {k: after[k] - before.get(k, 0) for k in after}
             return
         with self._real_fallback_tracking(recording):
             yield recording

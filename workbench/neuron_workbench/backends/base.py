@@ -103,10 +103,12 @@ class FallbackRecording:
 
     The base class records nothing (CPU and CUDA have no fallback). ``events`` are plain dicts with at
     least ``op`` and ``count``; the emulator and the real TorchNeuron adapter add more keys.
+    ``rule_ops`` counts the ops each emulated numeric rule touched (emulated devices only).
     """
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+        self.rule_ops: dict[str, int] = {}
 
 
 class Backend(ABC):

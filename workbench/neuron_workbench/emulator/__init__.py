@@ -3,7 +3,9 @@
 ``emulate("neuron")`` makes unmodified CUDA-style code run with ``device="neuron"``: tensors live in
 host RAM, every op runs on CPU kernels, and the profile decides which ops count as native, which
 fall back to CPU (recorded as fallback events; on ``tpu`` an error unless CPU fallback is enabled),
-and how numbers are rounded (fp64 as fp32 and int64 as int32 on neuron; bf16-pass matmuls on tpu).
+as does every op of another library (``torchvision::nms``, a ``torch.library`` op) without a kernel
+for the device, and how numbers are rounded (fp64 as fp32 and int64 as int32 on neuron; bf16-pass
+matmuls on tpu).
 
 One PrivateUse1 backend exists per process: a process emulates ``neuron`` or ``tpu``, never both,
 and never next to a real torch_neuronx / torch_tpu (which always wins). Installation cannot be
@@ -45,7 +47,9 @@ __all__ = [
     "memory_stats",
     "process_log",
     "record_fallbacks",
+    "read_rule_ops",
     "record_last_op",
+    "reset_rule_ops",
     "status",
 ]
 
@@ -370,6 +374,41 @@ def memory_stats() -> dict[str, int]:
     from neuron_workbench.emulator import _core
 
     return {"current_bytes": _core.MEM.current, "peak_bytes": _core.MEM.peak}
+
+
+#: The numeric rules :func:`read_rule_ops` counts: float32 matmul-like ops (matmuls,
+#: convolutions, attention) computed with bf16 passes (tpu DEFAULT/HIGH/HIGHEST, the neuron bf16
+#: what-if), ops whose float64 inputs were computed as float32, ops whose int64 inputs were
+#: computed as int32 (neuron).
+RULES = ("tpu-matmul", "fp64", "int64")
+
+
+def read_rule_ops() -> dict[str, int]:
+    """How many ops each numeric rule has touched in this process since :func:`reset_rule_ops`.
+
+    Evidence for hints: a rule can explain a difference only if it ran. Counted by both cores
+    (one increment per op; the native core counts the 64-bit narrowing in C++).
+
+    Returns
+    -------
+    dict of str to int
+        Keys :data:`RULES`; all zero when nothing is emulated here.
+    """
+    if _installed is None:
+        return dict.fromkeys(RULES, 0)
+    from neuron_workbench.emulator import _core
+
+    return _core.rule_ops()
+
+
+def reset_rule_ops() -> None:
+    """Zero the counters :func:`read_rule_ops` reads (nothing happens when nothing is emulated)."""
+    if _installed is None:
+        return
+    from neuron_workbench.emulator import _core
+
+    with _lock:
+        _core.reset_rule_ops()
 
 
 def record_last_op(slot: object | None) -> bool:

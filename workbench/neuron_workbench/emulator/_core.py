@@ -33,11 +33,16 @@ NARROW_64BIT = True  # neuron: float64 computed as float32, int64 arithmetic as 
 MATMUL_PASSES = 0  # 0: exact fp32; 1/3/6: bf16 passes (tpu DEFAULT/HIGH/HIGHEST, neuron what-if)
 TPU_WARN_EVERY_CALL = True
 NATIVE_CORE: Any = None  # the compiled core (emulator/native) when it runs the device, else None
+# Ops each numeric rule touched (evidence for hints): matmul-like ops computed with bf16 passes,
+# and (Python core only; the native core counts its own in C++) ops with float64 / int64 inputs
+# computed narrower. One increment per op.
+RULE_OPS = {"tpu-matmul": 0, "fp64": 0, "int64": 0}
 
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
 _CEANF = DispatchKey.CompositeExplicitAutogradNonFunctional
 _CIA = DispatchKey.CompositeImplicitAutograd
+_PU1 = DispatchKey.PrivateUse1
 _perf = time.perf_counter
 
 
@@ -293,7 +298,7 @@ def wrap_new(elem: torch.Tensor) -> EmulatedTensor:
 # ---------------------------------------------------------------------------------------------
 # Per-op plans
 
-K_RUN, K_FALLBACK, K_DECOMP, K_IMPL, K_IMPLICIT = 0, 1, 2, 3, 4
+K_RUN, K_FALLBACK, K_DECOMP, K_IMPL, K_IMPLICIT, K_DEVICE = 0, 1, 2, 3, 4, 5
 
 _PLANS: dict[Any, tuple] = {}
 CPU_IMPLS: dict[Any, Any] = {}  # op -> python impl on CPU payloads (ops without a CPU kernel)
@@ -371,6 +376,29 @@ def is_native(func: Any) -> bool:
     return False
 
 
+def _library_op_kind(func: Any, view: bool) -> int:
+    """The plan kind of an op outside ``aten`` (torchvision's, a user's ``torch.library`` op).
+
+    No profile lists such ops, so the dispatcher's own rules decide, as on the real backends: a
+    kernel registered for the device (PrivateUse1) runs it; a CompositeExplicitAutograd kernel
+    (``torch.library.custom_op`` without ``device_types``) or a CompositeImplicitAutograd one runs
+    on the device as its parts; anything else (a CPU-only kernel, a Meta/fake kernel) reaches the
+    backend's global fallback: TorchNeuron's boxed CPU fallback (an event), TorchTPU's missing-op
+    error (shared/notes/torchneuron.md §6.2, torchtpu.md §3).
+    """
+    if view:
+        return K_RUN
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    name = _overload_name(func)
+    if has(name, "PrivateUse1"):
+        return K_DEVICE
+    if has(name, "CompositeExplicitAutograd"):
+        return K_DECOMP
+    if has(name, "CompositeImplicitAutograd"):
+        return K_IMPLICIT
+    return K_FALLBACK
+
+
 def _overload_name(func: Any) -> str:
     s = func._schema
     return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
@@ -403,7 +431,9 @@ def _make_plan(func: Any) -> tuple:
         mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args_info)
     if func in CPU_IMPLS:
         kind = K_IMPL
-    elif ns != "aten" or view or base in _INTERNAL or is_native(func):
+    elif ns != "aten":
+        kind = _library_op_kind(func, view)
+    elif view or base in _INTERNAL or is_native(func):
         kind = K_RUN
     elif base not in _NO_DECOMP and func.has_kernel_for_dispatch_key(_CEA):
         # The real dispatcher runs a CompositeExplicitAutograd kernel on the device when the
@@ -501,6 +531,10 @@ def _unwrap_list(seq: Any, exempt: bool) -> Any:
 def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     kind, ret_alias, resync, share, exempt, numerics, to_cpu, base, overload, tensor_slots = plan
 
+    if kind == K_DEVICE:
+        # A kernel registered for the device itself (a library's PrivateUse1 kernel): it gets
+        # the device tensors, and the ops it calls come back here one by one.
+        return func._op_dk(_PU1, *args, **kwargs)
     if kind == K_IMPLICIT:
         if sparse_layout_of(base, kwargs) is None and not any(
             isinstance(a, torch.Tensor) and a.layout is not _STRIDED for a in args
@@ -592,7 +626,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
         if DEVICE_TYPE == "tpu" and TPU_WARN_EVERY_CALL:
             # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
             warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
-        _events.record_event(f"aten::{base}", overload, args, dt, warning)
+        _events.record_event(overload.partition(".")[0], overload, args, dt, warning)
 
     if post is not None:
         _narrow_outputs(out, post)
@@ -700,27 +734,52 @@ def _wrap_int(v: int) -> int:
     return ((v - _I32_MIN) % 2**32) + _I32_MIN
 
 
+def rule_ops() -> dict[str, int]:
+    """Ops each numeric rule touched since the last :func:`reset_rule_ops` (both cores)."""
+    counts = dict(RULE_OPS)
+    if NATIVE_CORE is not None:
+        fp64, int64 = NATIVE_CORE.rule_counts()
+        counts["fp64"] += fp64
+        counts["int64"] += int64
+    return counts
+
+
+def reset_rule_ops() -> None:
+    """Zero the rule counters."""
+    for key in RULE_OPS:
+        RULE_OPS[key] = 0
+    if NATIVE_CORE is not None:
+        NATIVE_CORE.reset_rule_counts()
+
+
 def _narrow_inputs(cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple) -> Any:
     """Round float64 inputs through float32 / wrap int64 inputs through int32; report outputs to fix."""
     found = None
+    saw_fp64 = saw_int64 = False
     mutated = {a[1] for a in ret_alias if a is not None}
     for i, a in enumerate(cargs):
         if type(a) is torch.Tensor:
             dt = a.dtype
             if dt is _F64 and fp64_ok:
                 found = _F32
+                saw_fp64 = True
                 if i in mutated:
                     a.copy_(a.to(_F32))
                 else:
                     cargs[i] = a.to(_F32).to(_F64)
             elif dt is _I64 and int_arith:
                 found = _I32
+                saw_int64 = True
                 if i in mutated:
                     a.copy_(a.to(_I32))
                 else:
                     cargs[i] = a.to(_I32).to(_I64)
         elif int_arith and type(a) is int and not (_I32_MIN <= a < 2**31):
             cargs[i] = _wrap_int(a)
+    if saw_fp64:
+        RULE_OPS["fp64"] += 1
+    if saw_int64:
+        RULE_OPS["int64"] += 1
     return found
 
 
@@ -757,6 +816,7 @@ def _matmul_passes(func: Any, base: str, pos: tuple, cargs: list, ckw: dict) -> 
     ops = [cargs[p] for p in pos]
     if not all(isinstance(o, torch.Tensor) and o.dtype is _F32 for o in ops):
         return func(*cargs, **ckw)
+    RULE_OPS["tpu-matmul"] += 1
     n = MATMUL_PASSES
     if base.startswith("_scaled_dot_product"):
         n = 1  # attention: inputs rounded once (documented approximation for HIGH/HIGHEST)

@@ -46,7 +46,7 @@ def _resolve(overload: str) -> Any:
 
 # The Python core's plan kinds, as the native core's: covered (silent), Python implementation,
 # everything else a CPU fallback (composites reach the device's kernel only when registered whole).
-_KINDS = {_core.K_RUN: KIND_RUN, _core.K_IMPL: KIND_PYTHON}
+_KINDS = {_core.K_RUN: KIND_RUN, _core.K_DEVICE: KIND_RUN, _core.K_IMPL: KIND_PYTHON}
 
 
 def classify(overload: str) -> tuple[int, int]:
@@ -68,14 +68,13 @@ def classify(overload: str) -> tuple[int, int]:
 def on_fallback(overload: str, args: list, seconds: float) -> None:
     """Record one CPU-fallback call (``args`` are the device arguments, in schema order)."""
     schema = _resolve(overload)._schema
-    base = schema.name.split("::", 1)[1]
     # The event shows the op's inputs: positional arguments, as the Python core's events do.
     args = [v for a, v in zip(schema.arguments, args) if not a.kwarg_only]
     warning = None
     if _core.DEVICE_TYPE == "tpu" and _core.TPU_WARN_EVERY_CALL:
         # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
         warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
-    _events.record_event(f"aten::{base}", overload, args, seconds, warning)
+    _events.record_event(schema.name, overload, args, seconds, warning)
 
 
 def run_python(overload: str, args: list) -> Any:

@@ -320,6 +320,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.extras = observed
         run.steps = step_scalars
         run.facts = facts
+        facts.rule_ops = dict(recording.rule_ops)
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = torch.get_rng_state()

@@ -128,6 +128,10 @@ class RunFacts:
     notes : list of str
         How the reference stood in for another device (``cpu`` as ``cuda``), and what stays
         different from that device.
+    rule_ops : dict of str to int
+        Emulated targets: ops each numeric rule touched in the run (``"tpu-matmul"``: float32
+        matmuls/convolutions computed with bf16 passes; ``"fp64"``: float64 ops computed as
+        float32; ``"int64"``: int64 ops computed as int32). Empty where no emulator ran.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -141,6 +145,7 @@ class RunFacts:
     rnn_calls: int = 0
     tf32_matmuls: bool = False
     notes: list[str] = field(default_factory=list)
+    rule_ops: dict[str, int] = field(default_factory=dict)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
         """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
@@ -161,6 +166,7 @@ class RunFacts:
             "rnn_calls": self.rnn_calls,
             "tf32_matmuls": self.tf32_matmuls,
             "notes": list(self.notes),
+            "rule_ops": dict(self.rule_ops),
         }
 
 

@@ -448,9 +448,13 @@ int64_t wrap_int32(int64_t v) {
   return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v))));
 }
 
+// Ops each narrowing rule touched (evidence for hints): one relaxed increment per narrowed op.
+std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0};
+
 // Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any.
 std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t base, const Plan& plan) {
   std::optional<at::ScalarType> found;
+  bool saw_fp64 = false, saw_int64 = false;
   const bool fp64 = plan.flags & kFp64, int_arith = plan.flags & kIntArith;
   for (size_t i = 0; i < plan.kwarg_only.size(); ++i) {
     if (plan.kwarg_only[i]) continue;
@@ -468,6 +472,9 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
         continue;
       }
       found = narrow;
+      // A Python scalar (a wrapped number: x + 1) is not a 64-bit tensor op.
+      if (!t.unsafeGetTensorImpl()->is_wrapped_number())
+        (narrow == at::kFloat ? saw_fp64 : saw_int64) = true;
       if (plan.mutated[i]) {
         at::Tensor target = t;
         target.copy_(t.to(narrow));
@@ -479,6 +486,8 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
       if (x < kI32Min || x >= (int64_t(1) << 31)) v = wrap_int32(x);
     }
   }
+  if (saw_fp64) rule_fp64_ops.fetch_add(1, std::memory_order_relaxed);
+  if (saw_int64) rule_int64_ops.fetch_add(1, std::memory_order_relaxed);
   return found;
 }
 
@@ -985,6 +994,15 @@ py::dict memory_stats() {
   return d;
 }
 
+std::pair<int64_t, int64_t> rule_counts() {
+  return {rule_fp64_ops.load(), rule_int64_ops.load()};
+}
+
+void reset_rule_counts() {
+  rule_fp64_ops = 0;
+  rule_int64_ops = 0;
+}
+
 void set_capacity(int64_t capacity) {
   std::lock_guard<std::mutex> lock(mem_mutex);
   mem_capacity = capacity;
@@ -1026,6 +1044,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_last_op_slot", &set_last_op_slot, py::arg("address"), py::arg("size"));
   m.def("memory_stats", &memory_stats);
   m.def("set_capacity", &set_capacity);
+  m.def("rule_counts", &rule_counts);
+  m.def("reset_rule_counts", &reset_rule_counts);
   m.def("reset_peak", &reset_peak);
   m.def("reset_accumulated", &reset_accumulated);
   m.def("cpu_alias", &cpu_alias, py::arg("tensor"));

@@ -1,0 +1,90 @@
+"""Evidence counters: the ops each numeric rule touched (``read_rule_ops``), in both cores."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from neuron_workbench import emulator
+
+
+def _counted(fn):
+    emulator.reset_rule_ops()
+    fn()
+    return emulator.read_rule_ops()
+
+
+def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
+    a = torch.ones(4, dtype=torch.float64, device="neuron")
+    i = torch.arange(4, device="neuron")
+    assert _counted(lambda: a + a) == {"tpu-matmul": 0, "fp64": 1, "int64": 0}
+    assert _counted(lambda: (i * 3).sum()) == {"tpu-matmul": 0, "fp64": 0, "int64": 2}
+    # float32 work and data movement touch no rule; a float32 matmul is exact on neuron by default
+    x = torch.randn(3, 3, device="neuron")
+    assert _counted(lambda: (x @ x * 2.5 + 1).cpu()) == {"tpu-matmul": 0, "fp64": 0, "int64": 0}
+
+
+def test_bf16_what_if_counts_float32_matmuls_only():
+    emulator.configure(bf16_matmul=True)
+    x = torch.randn(3, 3, device="neuron")
+    n = torch.ones(3, 3, dtype=torch.int32, device="neuron")
+    conv = torch.nn.Conv2d(1, 2, 3).to("neuron")
+    assert _counted(lambda: x @ x)["tpu-matmul"] == 1
+    assert _counted(lambda: conv(torch.randn(1, 1, 5, 5, device="neuron")))["tpu-matmul"] == 1
+    assert _counted(lambda: n @ n)["tpu-matmul"] == 0
+
+
+def test_nothing_is_counted_when_nothing_is_emulated(run_py):
+    r = run_py(
+        "import json; from neuron_workbench import emulator as E\n"
+        "E.reset_rule_ops(); print(json.dumps(E.read_rule_ops()))"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout) == {"tpu-matmul": 0, "fp64": 0, "int64": 0}
+
+
+TPU = r"""
+import json, torch
+from neuron_workbench import emulator as E
+E.emulate("tpu")
+def counted(fn):
+    E.reset_rule_ops(); fn(); return E.read_rule_ops()
+x = torch.randn(4, 4, device="tpu")
+n = torch.ones(4, 4, dtype=torch.int64, device="tpu")
+out = {
+    "matmul": counted(lambda: torch.nn.functional.linear(x, x)),
+    "int": counted(lambda: (n @ n).sum()),
+    "core": E.status().core,
+}
+print(json.dumps(out))
+"""
+
+
+def test_tpu_counts_float32_matmuls_and_not_int_ones_in_both_cores(run_py):
+    for core in ("auto", "python"):
+        r = run_py(TPU, env={"NEURON_WORKBENCH_EMULATOR_CORE": core})
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["core"] == ("python" if core == "python" else "native")
+        assert out["matmul"] == {"tpu-matmul": 1, "fp64": 0, "int64": 0}, out
+        assert out["int"] == {"tpu-matmul": 0, "fp64": 0, "int64": 0}, out
+
+
+NEURON_PY = r"""
+import json, torch
+from neuron_workbench import emulator as E
+E.emulate("neuron")
+E.reset_rule_ops()
+a = torch.ones(4, dtype=torch.float64, device="neuron")
+(a + a).cpu()
+(torch.ones(2, device="neuron") * 2.5 + 1).cpu()  # Python scalars are no 64-bit op
+print(json.dumps([E.status().core, E.read_rule_ops()]))
+"""
+
+
+def test_python_core_counts_float64_on_neuron(run_py):
+    r = run_py(NEURON_PY, env={"NEURON_WORKBENCH_EMULATOR_CORE": "python"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    core, counts = json.loads(r.stdout.strip().splitlines()[-1])
+    assert core == "python" and counts == {"tpu-matmul": 0, "fp64": 1, "int64": 0}
