@@ -103,3 +103,33 @@ def test_half_pooling_forward_and_backward_on_tpu(run_py, core):
         "bwd": True,
         "histc": [2, 0, 1],
     }
+
+
+def test_a_mixtral_moe_training_step_runs_its_int32_histc_on_the_device():
+    transformers = pytest.importorskip("transformers")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Histc(TorchDispatchMode):
+        dtypes: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.histc.default:
+                self.dtypes.append((args[0].device.type, args[0].dtype))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.MixtralForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 8))
+    want = model(ids, labels=ids).loss.item()
+    model.to("neuron")
+    mode = Histc()
+    with mode:
+        loss = model(ids.to("neuron"), labels=ids.to("neuron")).loss
+    loss.backward()
+    assert ("neuron", torch.int32) in mode.dtypes  # the router's call, as on CUDA
+    assert loss.item() == pytest.approx(want, rel=1e-5)
