@@ -445,7 +445,7 @@ def worker(args: argparse.Namespace) -> int:
     import neuron_workbench
 
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
-    neuron_workbench.emulate(args.device)
+    _emit({"core": neuron_workbench.emulate(args.device).core})
     if args.exact_64bit:
         neuron_workbench.emulator.configure(narrow_64bit=False)
     from torch.testing._internal.common_methods_invocations import op_db
@@ -540,6 +540,7 @@ class _Shard:
         self.generator_errors: list[dict] = []
         self.ops_done: dict[int, str] = {}
         self.restarts = 0
+        self.cores: set[str] = set()
 
     def _start(self, resume: tuple[int, int]) -> subprocess.Popen:
         a = self.args
@@ -607,6 +608,8 @@ class _Shard:
                     msg = json.loads(line)
                     if "begin" in msg:
                         begun, begun_key = msg["begin"], msg["key"]
+                    elif "core" in msg:
+                        self.cores.add(msg["core"])
                     elif "shard_done" in msg:
                         finished = True
                     elif "skip" in msg:
@@ -708,6 +711,7 @@ def orchestrate(args: argparse.Namespace) -> dict:
     ops_done = {k for s in shards for k in s.ops_done.values()}
     return {
         "device": args.device,
+        "cores": sorted({c for s in shards for c in s.cores}),
         "narrow_64bit": not args.exact_64bit,
         "max_samples_per_op": args.max_samples or None,
         "max_samples_per_op_other_dtypes": args.max_samples_other or None,

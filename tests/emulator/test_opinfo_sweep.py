@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,13 +28,14 @@ pytestmark = [
 ]
 
 
-def _sweep(tmp_path: Path, *args: str, timeout: int = 900) -> dict:
+def _sweep(tmp_path: Path, *args: str, timeout: int = 900, env: dict | None = None) -> dict:
     out = tmp_path / "summary.json"
     r = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(out.read_text(encoding="utf-8"))
@@ -97,3 +99,22 @@ def test_opinfo_sweep_matches_cpu(tmp_path):
     # match; the rest: 235 the CPU cannot compute, 44 sparse refusals, 38 fallbacks meeting a CPU
     # dtype gap, 28 float16/bfloat16 within precision, 2 float_power backward under fp64-as-fp32.
     assert s["match_rate_supported_layouts"] >= 0.995, (summary, s["mismatch_groups"][:5])
+
+
+def test_opinfo_sweep_on_the_python_core(tmp_path):
+    # The pure-Python core follows the same rules: the first sample of every op and dtype.
+    s = _sweep(
+        tmp_path,
+        "--jobs", "2",
+        "--dtypes", DTYPES,
+        "--max-samples", "1",
+        "--max-samples-other", "1",
+        "--total-timeout", "600",
+        env={"NEURON_WORKBENCH_EMULATOR_CORE": "python"},
+    )  # fmt: skip
+    summary = {k: s[k] for k in ("ops", "samples", "counts_by_dtype", "runtime_s")}
+    assert s["cores"] == ["python"]
+    assert s["aborts"] == [] and s["timeouts"] == [] and s["generator_errors"] == [], summary
+    unexplained = {k: v for k, v in s["counts"].items() if k != "match" and k not in EXPLAINED}
+    assert unexplained == {}, (summary, s["mismatch_groups"][:5])
+    assert s["counts"]["match"] > 2500, summary
