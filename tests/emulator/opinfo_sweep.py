@@ -1,10 +1,19 @@
-"""OpInfo sweep: every op in PyTorch's ``op_db``, float32 samples, on the emulated device vs CPU.
+"""OpInfo sweep: every op in PyTorch's ``op_db``, on the emulated device vs CPU, by dtype.
 
 For each sample: run the op on CPU twice (same seed; a sample whose two CPU runs differ is
 "nondeterministic" and not compared), then on the emulated device, and compare forward outputs
-and the gradients of every input that requires grad (``assert_close`` float32 defaults,
+and the gradients of every input that requires grad (``assert_close`` defaults for the dtype,
 ``equal_nan=True``, device not compared). Backward runs where the op supports autograd, with the
 same random ``grad_outputs`` on both sides.
+
+Dtypes (``--dtypes``, default float32): a dtype is swept for an op when CUDA supports it (OpInfo
+``dtypesIfCUDA``); where the CPU kernel lacks it (``dtypes``), the CPU reference computes the
+emulator's dtype-gap table (``emulator/coverage/cuda-dtype-gaps.json``) the same way, and an op
+that still fails on CPU is "cpu_error". A sample that differs only because of a numerics rule of
+the device (neuron's float64-as-float32 and int64-as-int32, bf16 matmul passes) is "rule", with
+the rules that ran: it is run again with the rules off and then matches. Sample subset:
+``--max-samples`` for float32, ``--max-samples-other`` for the other dtypes (the first N samples
+OpInfo generates per op and dtype; 0: all).
 
 Process layout: this script, run without ``--worker``, is the orchestrator. It starts worker
 processes (this script with ``--worker``) on interleaved shards of the op list and reads one JSON
@@ -223,16 +232,164 @@ def _emu_failure(exc: BaseException, phase: str) -> dict:
     }
 
 
-def _sample_result(op: Any, sample: Any, device: str, seed: int, dev_sample: Any = None) -> dict:
+def _widened_on_cpu() -> Any:
+    """A dispatch mode: CPU ops compute the dtype-gap table's dtypes as the emulator does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from neuron_workbench.emulator import _core
+
+    gaps = _core.dtype_gaps()
+
+    class Widened(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            table = gaps.get(_core._overload_name(func))
+            if table is not None:
+                return _core.run_widened(func, table, list(args), kwargs or {})
+            return func(*args, **(kwargs or {}))
+
+    return Widened()
+
+
+def _rules_off() -> Any:
+    """Switch the device's numerics rules off (64-bit narrowing, bf16 matmul passes) for a block."""
+    import contextlib
+
+    from neuron_workbench.emulator import _core
+
+    @contextlib.contextmanager
+    def off() -> Any:
+        saved = _core.NARROW_64BIT, _core.MATMUL_PASSES
+        _core.NARROW_64BIT, _core.MATMUL_PASSES = False, 0
+        _core.reset_plans()
+        try:
+            yield
+        finally:
+            _core.NARROW_64BIT, _core.MATMUL_PASSES = saved
+            _core.reset_plans()
+
+    return off()
+
+
+def _sample_result(
+    op: Any, sample: Any, device: str, seed: int, dev_sample: Any = None, widen: bool = False
+) -> dict:
+    """Compare one sample, then say whether a numerics rule explains a difference."""
+    from neuron_workbench import emulator
+
+    before = emulator.read_rule_ops()
+    res = _compare_sample(op, sample, device, seed, dev_sample, widen)
+    pair = res.pop("_pair", None)
+    rules = sorted(k for k, v in emulator.read_rule_ops().items() if v > before.get(k, 0))
+    if res["status"] in ("mismatch_forward", "mismatch_backward", "emu_error") and rules:
+        with _rules_off():
+            again = _compare_sample(op, sample, device, seed, dev_sample, widen)
+        again.pop("_pair", None)
+        if again["status"] == "match":
+            res.update(status="rule", rules=rules)
+            return res
+    if widen and res["status"] == "emu_error" and "not implemented for '" in res["error"]:
+        # The op falls back to CPU on this device, and the CPU kernel lacks the dtype: the real
+        # backend's CPU fallback runs that same kernel and fails the same way.
+        res["status"] = "fallback_dtype_gap"
+    elif pair is not None and _low_precision(sample):
+        ratio = _error_ratio(op, sample, seed, res["status"], *pair)
+        if ratio is not None:
+            res["ratio"] = round(ratio, 3)
+        if ratio is not None and ratio <= PRECISION_RATIO:
+            # As far from the float32 result as the CPU's own low-precision result is: another
+            # order of the same low-precision arithmetic (a composite run as its parts).
+            res.update(status="precision", ratio=round(ratio, 3))
+        elif op.name in DEVICE_PATH:
+            res["status"] = "device_path"
+    return res
+
+
+#: Ops whose own Python implementation chooses its arithmetic by device type: on an accelerator
+#: other than CUDA and MPS they take a generic path, which the CPU reference does not take.
+DEVICE_PATH = {
+    "nn.functional.linear_cross_entropy": "torch_nn::_linear_cross_entropy_batch_chunked "
+    "casts and accumulates by device type (is_cuda branches): float16/bfloat16 take the "
+    "generic path on neuron and tpu",
+}
+
+#: Error ratio (emulated vs float32, over CPU vs float32) up to which a float16/bfloat16
+#: difference counts as the same low-precision arithmetic in another order.
+PRECISION_RATIO = 2.0
+
+
+def _low_precision(sample: Any) -> bool:
+    import torch
+
+    return any(
+        t.dtype in (torch.float16, torch.bfloat16)
+        for t in _tensors_in([sample.input, sample.args, sample.kwargs])
+    )
+
+
+def _error_ratio(op: Any, sample: Any, seed: int, status: str, ref: Any, got: Any) -> float | None:
+    """‖emulated − float32‖ / ‖cpu − float32‖ over the compared leaves (float32: the same sample
+    with its float16/bfloat16 tensors made float32, on CPU); None when it cannot be computed."""
+    import torch
+
+    def up(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        with torch.no_grad():
+            c = t.detach().to("cpu")
+            if c.dtype in (torch.float16, torch.bfloat16):
+                c = c.float()
+        return c.requires_grad_(t.requires_grad)
+
+    try:
+        out32, grads32 = _run(
+            op, sample.transform(up), seed + 1 if op.supports_autograd else None, seed
+        )
+    except Exception:
+        return None
+    exact = out32 if status == "mismatch_forward" else grads32
+    a, r, g = _flat(exact), _flat(ref), _flat(got)
+    if not (len(a) == len(r) == len(g)):
+        return None
+    num = den = scale = 0.0
+    low = [
+        t.dtype
+        for t in _tensors_in([sample.input, sample.args, sample.kwargs])
+        if t.dtype in (torch.float16, torch.bfloat16)
+    ]
+    eps = max(torch.finfo(d).eps for d in low)
+    for x, y, z in zip(a, r, g):
+        if isinstance(y, float) and isinstance(z, float):  # .item() of a low-precision result
+            y, z = torch.tensor(y), torch.tensor(z)
+            x = torch.as_tensor(x.detach() if isinstance(x, torch.Tensor) else x)
+        if not all(isinstance(v, torch.Tensor) for v in (x, y, z)):
+            continue
+        if not y.is_floating_point():
+            continue
+        x = x.detach().double()
+        y, z = y.detach().cpu(), z.detach().cpu()
+        keep = torch.isfinite(x) & torch.isfinite(y.double()) & torch.isfinite(z.double())
+        num += float(((z.double() - x)[keep] ** 2).sum())
+        den += float(((y.double() - x)[keep] ** 2).sum())
+        scale += float((x[keep] ** 2).sum())
+    floor = (eps * scale**0.5) ** 2  # a CPU result equal to float32 still has its rounding
+    return (num / max(den, floor)) ** 0.5 if num or den else None
+
+
+def _compare_sample(
+    op: Any, sample: Any, device: str, seed: int, dev_sample: Any, widen: bool
+) -> dict:
     """Compare one sample; ``dev_sample`` is the same sample generated on the device, if any."""
+    import contextlib
+
     import torch
 
     grad_seed = seed + 1 if op.supports_autograd else None
     values = op.name not in UNINITIALIZED
     res: dict[str, Any] = {}
     try:
-        ref_out, ref_grads = _run(op, _move(sample, "cpu"), grad_seed, seed)
-        ref2_out, ref2_grads = _run(op, _move(sample, "cpu"), grad_seed, seed)
+        with _widened_on_cpu() if widen else contextlib.nullcontext():
+            ref_out, ref_grads = _run(op, _move(sample, "cpu"), grad_seed, seed)
+            ref2_out, ref2_grads = _run(op, _move(sample, "cpu"), grad_seed, seed)
     except Exception as exc:
         res["status"] = "cpu_error"
         res["error"] = _err(exc)
@@ -256,6 +413,7 @@ def _sample_result(op: Any, sample: Any, device: str, seed: int, dev_sample: Any
     if why:
         res["status"] = "mismatch_forward"
         res["error"] = why
+        res["_pair"] = (ref_out, got_out)
         return res
     if ref_grads is None:
         res["status"] = "match"
@@ -269,6 +427,7 @@ def _sample_result(op: Any, sample: Any, device: str, seed: int, dev_sample: Any
     if why:
         res["status"] = "mismatch_backward"
         res["error"] = why
+        res["_pair"] = (ref_grads, got_grads)
         return res
     res["status"] = "match"
     res["backward"] = True
@@ -285,7 +444,8 @@ def worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     import neuron_workbench
 
-    neuron_workbench.emulate(args.device)
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    _emit({"core": neuron_workbench.emulate(args.device).core})
     if args.exact_64bit:
         neuron_workbench.emulator.configure(narrow_64bit=False)
     from torch.testing._internal.common_methods_invocations import op_db
@@ -297,53 +457,69 @@ def worker(args: argparse.Namespace) -> int:
         key = _op_key(op)
         if args.ops and not any(re.fullmatch(p, key) for p in args.ops):
             continue
-        if torch.float32 not in op.supported_dtypes("cpu"):
-            _emit({"op": index, "key": key, "skip": "no float32 on cpu"})
+        cpu_dtypes, cuda_dtypes = op.supported_dtypes("cpu"), op.supported_dtypes("cuda")
+        # float32 where the CPU has it (as the float32-only sweep did); other dtypes where CUDA
+        # has them (not a CUDA dtype for the op: nothing to be faithful to)
+        swept = [
+            dtype
+            for dtype in dtypes
+            if (dtype in cpu_dtypes if dtype is torch.float32 else dtype in cuda_dtypes)
+        ]
+        if not swept:
+            reason = "no float32 on cpu" if dtypes == [torch.float32] else "no swept dtype"
+            _emit({"op": index, "key": key, "skip": reason})
             continue
-        op_seed = zlib.crc32(key.encode())
-        start = resume_sample if index == resume_op else 0
-        limit = args.max_samples or None
         _emit({"begin": [index, -1], "key": key})  # sample generation (-1: no sample yet)
-        try:
-            torch.manual_seed(op_seed)
-            samples = list(
-                itertools.islice(
-                    op.sample_inputs("cpu", torch.float32, requires_grad=op.supports_autograd),
-                    limit,
-                )
+        # (dtype, sample, device twin) for every dtype swept; "begin" counts through all of them
+        work: list = []
+        for dtype in swept:
+            name = str(dtype).removeprefix("torch.")
+            # float32 keeps the seeds of the float32-only sweep
+            op_seed = zlib.crc32(
+                key.encode() if dtype is torch.float32 else f"{key}@{name}".encode()
             )
-        except Exception as exc:  # the sample generator itself failed
-            _emit({"op": index, "key": key, "generator_error": _err(exc)})
-            continue
-        # The same samples generated for the device (same seed; the emulator draws from the
-        # CPU generator), so tensors a sample keeps on CPU on purpose (tensor_split's indices)
-        # stay there. A sample that differs from its CPU twin is moved from CPU instead.
-        dev_samples: list = []
-        try:
-            torch.manual_seed(op_seed)
-            dev_samples = list(
-                itertools.islice(
-                    op.sample_inputs(
-                        args.device, torch.float32, requires_grad=op.supports_autograd
-                    ),
-                    limit,
+            limit = (args.max_samples if dtype is torch.float32 else args.max_samples_other) or None
+            grad = op.supports_autograd and (dtype.is_floating_point or dtype.is_complex)
+            try:
+                torch.manual_seed(op_seed)
+                samples = list(
+                    itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=grad), limit)
                 )
-            )
-        except Exception:
-            dev_samples = []
-        count = len(samples)
-        for j, sample in enumerate(samples):
+            except Exception as exc:  # the sample generator itself failed
+                _emit({"op": index, "key": f"{key}@{name}", "generator_error": _err(exc)})
+                continue
+            # The same samples generated for the device (same seed; the emulator draws from the
+            # CPU generator), so tensors a sample keeps on CPU on purpose (tensor_split's
+            # indices) stay there. A sample that differs from its CPU twin is moved from CPU.
+            dev_samples: list = []
+            try:
+                torch.manual_seed(op_seed)
+                dev_samples = list(
+                    itertools.islice(
+                        op.sample_inputs(args.device, dtype, requires_grad=grad), limit
+                    )
+                )
+            except Exception:
+                dev_samples = []
+            widen = dtype not in cpu_dtypes
+            for j, sample in enumerate(samples):
+                twin = dev_samples[j] if j < len(dev_samples) else None
+                work.append((name, op_seed + j, sample, twin, widen))
+        start = resume_sample if index == resume_op else 0
+        count = len(work)
+        for j, (name, seed, sample, twin, widen) in enumerate(work):
             if j < start:
                 continue
             _emit({"begin": [index, j], "key": key})
             if args.abort_on and re.fullmatch(args.abort_on, key) and j == 0:
                 os.abort()  # lets the tests check that an abort is caught and reported
-            twin = dev_samples[j] if j < len(dev_samples) else None
             if twin is not None and not _same_sample(sample, twin):
                 twin = None
             t0 = time.perf_counter()
-            res = _sample_result(op, sample, args.device, op_seed + j, twin)
-            res.update(op=index, sample=j, key=key, s=round(time.perf_counter() - t0, 4))
+            res = _sample_result(op, sample, args.device, seed, twin, widen)
+            res.update(
+                op=index, sample=j, key=key, dtype=name, s=round(time.perf_counter() - t0, 4)
+            )
             res["source"] = "device" if twin is not None else "moved"
             _emit(res)
         _emit({"op": index, "key": key, "done": count})
@@ -364,6 +540,7 @@ class _Shard:
         self.generator_errors: list[dict] = []
         self.ops_done: dict[int, str] = {}
         self.restarts = 0
+        self.cores: set[str] = set()
 
     def _start(self, resume: tuple[int, int]) -> subprocess.Popen:
         a = self.args
@@ -376,6 +553,8 @@ class _Shard:
             "--shard", str(self.shard),
             "--resume", str(resume[0]), str(resume[1]),
             "--max-samples", str(a.max_samples),
+            "--max-samples-other", str(a.max_samples_other),
+            "--dtypes", a.dtypes,
         ]  # fmt: skip
         for p in a.ops or ():
             cmd += ["--ops", p]
@@ -429,6 +608,8 @@ class _Shard:
                     msg = json.loads(line)
                     if "begin" in msg:
                         begun, begun_key = msg["begin"], msg["key"]
+                    elif "core" in msg:
+                        self.cores.add(msg["core"])
                     elif "shard_done" in msg:
                         finished = True
                     elif "skip" in msg:
@@ -510,11 +691,18 @@ def orchestrate(args: argparse.Namespace) -> dict:
         counts[k]
         for k in (
             "match", "mismatch_forward", "mismatch_backward", "emu_error", "unsupported_layout",
-            "abort", "timeout",
+            "abort", "timeout", "rule", "precision", "fallback_dtype_gap", "device_path",
         )
     )  # fmt: skip
     matched = counts["match"]
     supported = cpu_pass - counts["unsupported_layout"]
+    by_dtype: dict[str, Counter] = defaultdict(Counter)
+    for r in results:
+        by_dtype[r.get("dtype", "?")][r["status"]] += 1
+    rules: Counter = Counter()
+    for r in results:
+        if r["status"] == "rule":
+            rules["+".join(r["rules"])] += 1
     per_op_bad = Counter(
         r["key"]
         for r in results
@@ -523,14 +711,19 @@ def orchestrate(args: argparse.Namespace) -> dict:
     ops_done = {k for s in shards for k in s.ops_done.values()}
     return {
         "device": args.device,
+        "cores": sorted({c for s in shards for c in s.cores}),
         "narrow_64bit": not args.exact_64bit,
         "max_samples_per_op": args.max_samples or None,
+        "max_samples_per_op_other_dtypes": args.max_samples_other or None,
         "jobs": args.jobs,
         "ops": len(ops_done),
         "ops_skipped": sorted({m["key"] for s in shards for m in s.skips}),
         "generator_errors": [m for s in shards for m in s.generator_errors],
         "samples": len(results),
+        "dtypes": args.dtypes.split(","),
         "counts": dict(counts),
+        "counts_by_dtype": {k: dict(v) for k, v in sorted(by_dtype.items())},
+        "rule_samples": dict(rules),
         "cpu_passing": cpu_pass,
         "matched": matched,
         "match_rate": round(matched / cpu_pass, 5) if cpu_pass else None,
@@ -544,6 +737,8 @@ def orchestrate(args: argparse.Namespace) -> dict:
             ("mismatch_forward", "mismatch_backward", "emu_error", "unsupported_layout"),
             args.top,
         ),
+        # samples the CPU cannot compute even with the dtype-gap table (not compared)
+        "cpu_error_groups": _group(results, ("cpu_error",), args.top),
         "worst_ops": dict(per_op_bad.most_common(args.top)),
         "runtime_s": round(time.monotonic() - t0, 1),
         "slowest_samples": sorted(
@@ -557,7 +752,13 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry (orchestrator, or worker with ``--worker``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="neuron", choices=("neuron", "tpu"))
-    p.add_argument("--max-samples", type=int, default=0, help="samples per op (0: all)")
+    p.add_argument("--max-samples", type=int, default=0, help="float32 samples per op (0: all)")
+    p.add_argument(
+        "--max-samples-other", type=int, default=0, help="samples per op, other dtypes (0: all)"
+    )
+    p.add_argument(
+        "--dtypes", default="float32", help="comma-separated, e.g. float32,float16,int64,bool"
+    )
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--ops", action="append", help="regex on op name[.variant] (repeatable)")
     p.add_argument("--sample-timeout", type=float, default=60.0)

@@ -459,6 +459,9 @@ def _make_plan(func: Any) -> tuple:
         base in _INT_ARITH,
         matmul,
         base,
+        # The device's own kernel covers dtypes the CPU one lacks (CUDA's, by OpInfo): only
+        # for ops the device runs; a CPU fallback fails on them as the real one would.
+        dtype_gaps().get(_overload_name(func)) if kind == K_RUN else None,
     )
     to_cpu = base == "_to_copy"
     # Positional arguments typed plain Tensor: a wrapped number (the 0-dim tensor C++ makes of a
@@ -605,7 +608,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
         raise not_implemented_error(overload)
 
     # numerics policy
-    fp64_ok, int_arith, matmul, _ = numerics
+    fp64_ok, int_arith, matmul, _, gaps = numerics
     post = None
     if NARROW_64BIT and (fp64_ok or int_arith):
         post = _narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
@@ -618,6 +621,8 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             break
     if matmul is not None and MATMUL_PASSES:
         out = _matmul_passes(fn, base, matmul, cargs, ckw)
+    elif gaps is not None:
+        out = run_widened(fn, gaps, cargs, ckw)
     else:
         out = fn(*cargs, **ckw)
     if kind == K_FALLBACK:
@@ -721,6 +726,79 @@ def _resync(w: EmulatedTensor) -> None:
 
 
 # ---- numerics ------------------------------------------------------------------------------
+
+_GAPS_FILE = "cuda-dtype-gaps.json"
+_gaps: dict[str, dict[torch.dtype, torch.dtype]] | None = None
+
+
+def dtype_gaps() -> dict[str, dict[torch.dtype, torch.dtype]]:
+    """Overloads whose CPU kernel lacks a dtype CUDA supports: ``{overload: {dtype: wider}}``.
+
+    Derived from PyTorch's OpInfo tables (``dtypesIfCUDA`` vs ``dtypes``) by
+    ``tests/emulator/cuda_dtype_gaps.py`` into ``coverage/cuda-dtype-gaps.json``; read once.
+    """
+    global _gaps
+    if _gaps is None:
+        import json
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parent / "coverage" / _GAPS_FILE
+        table = json.loads(path.read_text(encoding="utf-8")).get("gaps", {})
+        _gaps = {
+            op: {getattr(torch, src): getattr(torch, wide) for src, wide in dtypes.items()}
+            for op, dtypes in table.items()
+        }
+    return _gaps
+
+
+def run_widened(fn: Any, gaps: dict, args: list, kwargs: dict) -> Any:
+    """Run ``fn`` with tensors of a dtype its CPU kernel lacks computed in a wider, exact one.
+
+    The first tensor argument whose dtype is in ``gaps`` picks the rule: every tensor of that
+    dtype is widened, the kernel runs, outputs in the wider dtype come back in the original one
+    (CUDA's result dtype: the table's generator checks it against the meta kernels), and widened
+    arguments the op mutates get their new values.
+    """
+    src = None
+    for a in (*args, *kwargs.values()):
+        if type(a) is torch.Tensor and a.dtype in gaps:
+            src = a.dtype
+            break
+        if type(a) in (list, tuple):
+            src = next((t.dtype for t in a if type(t) is torch.Tensor and t.dtype in gaps), None)
+            if src is not None:
+                break
+    if src is None:
+        return fn(*args, **kwargs)
+    wide = gaps[src]
+    widened: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def widen(a: Any) -> Any:
+        if type(a) is torch.Tensor and a.dtype is src:
+            w = a.to(wide)
+            widened.append((a, w))
+            return w
+        if type(a) in (list, tuple):
+            return type(a)(widen(x) for x in a)
+        return a
+
+    out = fn(*[widen(a) for a in args], **{k: widen(v) for k, v in kwargs.items()})
+    for orig, w in widened:
+        if w._version:  # mutated by the kernel (rrelu_with_noise's noise)
+            orig.copy_(w)
+
+    def narrow(o: Any) -> Any:
+        for orig, w in widened:
+            if o is w:
+                return orig  # an in-place result is the caller's tensor
+        if isinstance(o, torch.Tensor) and o.dtype is wide:
+            return o.to(src)
+        if type(o) in (list, tuple):
+            return type(o)(narrow(x) for x in o)
+        return o
+
+    return narrow(out)
+
 
 _F64 = torch.float64
 _F32 = torch.float32

@@ -20,6 +20,13 @@ from neuron_workbench.emulator import events as _events
 
 KIND_RUN, KIND_FALLBACK, KIND_PYTHON = 0, 1, 2
 FLAG_EXEMPT, FLAG_FP64, FLAG_INT_ARITH, FLAG_MATMUL = 1, 2, 4, 8
+# Bits 8 and up: the dtypes (bit = c10::ScalarType) the CPU kernel lacks; the core sends a call
+# with an input of one of them to Python (run_python), which computes it wider.
+GAP_SHIFT = 8
+_SCALAR_TYPE = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15,
+}  # fmt: skip
 
 _LAYOUTS = {
     "Sparse": torch.sparse_coo,
@@ -55,13 +62,15 @@ def classify(overload: str) -> tuple[int, int]:
     Derived from the Python core's plan for the op, so both cores follow one set of rules.
     """
     plan = _core._make_plan(_resolve(overload))
-    kind, exempt, (fp64_ok, int_arith, matmul, _base) = plan[0], plan[4], plan[5]
+    kind, exempt, (fp64_ok, int_arith, matmul, _base, gaps) = plan[0], plan[4], plan[5]
     flags = (
         (FLAG_EXEMPT if exempt else 0)
         | (FLAG_FP64 if fp64_ok else 0)
         | (FLAG_INT_ARITH if int_arith else 0)
         | (FLAG_MATMUL if matmul is not None else 0)
     )
+    for dtype in gaps or ():
+        flags |= 1 << (GAP_SHIFT + _SCALAR_TYPE[dtype])
     return _KINDS.get(kind, KIND_FALLBACK), flags
 
 
@@ -91,6 +100,9 @@ def run_python(overload: str, args: list) -> Any:
     base = func._schema.name.split("::", 1)[1]
     pos = _core.matmul_operands(base)
     if pos is None or not _core.MATMUL_PASSES:
+        gaps = _core.dtype_gaps().get(overload)
+        if gaps is not None:  # sent here for a dtype the CPU kernel lacks
+            return _core.run_widened(fn, gaps, positional, keywords)
         return fn(*positional, **keywords)
     outs = [
         a.name

@@ -252,6 +252,9 @@ enum Flag : int {
   kIntArith = 4,    // int64 arithmetic wraps as int32 (neuron)
   kMatmul = 8,      // matmul-like: Python runs it when bf16 passes are on
 };
+// flags >> kGapShift: dtypes (bit = ScalarType) the CPU kernel lacks and CUDA has; a call with
+// an input of one of them goes to Python, which computes it in a wider dtype.
+constexpr int kGapShift = 8;
 
 struct Plan {
   int kind = kRun;
@@ -592,6 +595,20 @@ void emit_event(const Plan& plan, const std::vector<IValue>& originals, double s
   }
 }
 
+bool has_gap_dtype(const torch::jit::Stack& stack, size_t base, size_t nargs, int mask) {
+  auto gap = [mask](const at::Tensor& t) {
+    return t.defined() && ((mask >> static_cast<int>(t.scalar_type())) & 1);
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    const IValue& v = stack[base + i];
+    if (v.isTensor() && gap(v.toTensor())) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList().vec())
+        if (gap(t)) return true;
+  }
+  return false;
+}
+
 void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto plan_ptr = plan_for(op);
   const Plan& plan = *plan_ptr;
@@ -687,7 +704,9 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::optional<at::ScalarType> narrowed;
   if (narrow_64bit && (plan.flags & (kFp64 | kIntArith))) narrowed = narrow_inputs(*stack, base, plan);
 
-  const bool python = plan.kind == kPython || (matmul_passes > 0 && (plan.flags & kMatmul));
+  const int gap_mask = plan.flags >> kGapShift;
+  const bool python = plan.kind == kPython || (matmul_passes > 0 && (plan.flags & kMatmul)) ||
+                      (gap_mask != 0 && has_gap_dtype(*stack, base, nargs, gap_mask));
   std::chrono::steady_clock::time_point t0;
   if (plan.kind == kFallback) t0 = std::chrono::steady_clock::now();
   if (python) {
