@@ -404,7 +404,10 @@ def compare_leaf(
         ref_t, target_t = _in_source_dtype(ref, ref_t, target, target_t)
         if ref_t is not None and target_t is not None:
             kind = "tensor" if isinstance(ref, torch.Tensor) or _is_array(ref) else "number"
-            return _compare_tensors(path, kind, ref_t, target_t, policy)
+            # A Python float of unknown origin gets float32's tolerance (PYTHON_FLOAT_DTYPE); one
+            # made from a tensor is judged in that tensor's dtype.
+            known = source_dtype(ref) is not None or source_dtype(target) is not None
+            return _compare_tensors(path, kind, ref_t, target_t, policy, source_known=known)
         if ref_t is not None or target_t is not None:
             return OutputDiff(
                 path,
@@ -474,11 +477,17 @@ def _resolution(dtype: torch.dtype) -> float:
 
 
 def _compare_tensors(
-    path: str, kind: str, ref: torch.Tensor, target: torch.Tensor, policy: TolerancePolicy
+    path: str,
+    kind: str,
+    ref: torch.Tensor,
+    target: torch.Tensor,
+    policy: TolerancePolicy,
+    *,
+    source_known: bool = False,
 ) -> OutputDiff:
     ref_dtype, target_dtype = ref.dtype, target.dtype
     tol_dtypes = (ref_dtype, target_dtype)
-    if kind == "number" and ref_dtype == torch.float64:
+    if kind == "number" and ref_dtype == torch.float64 and not source_known:
         tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
     tolerance = policy.for_output(path, *tol_dtypes)
     diff = OutputDiff(
