@@ -1,7 +1,5 @@
 """Measurements leave the numeric comparison; scalars from tensors are compared in their dtype."""
 
-import torch
-
 from neuron_workbench.compare import compare_outputs
 from neuron_workbench.run.measurements import Provenance, TaggedFloat, TaggedInt, TaggedStr
 

@@ -42,9 +42,8 @@ BYTES = Provenance("memory", "torch.cuda.max_memory_allocated", "B")
 )
 def test_timer_values_stay_measurements_through_arithmetic(expression, unit):
     with tracked(torch.cuda):
-        t0 = time.perf_counter()
-        t1 = time.perf_counter()
-    value = eval(expression)
+        timers = {"t0": time.perf_counter(), "t1": time.perf_counter()}
+    value = eval(expression, {}, timers)
     assert is_measurement(value)
     assert provenance_of(value).unit == unit
     assert provenance_of(value).source == "time.perf_counter"

@@ -35,7 +35,9 @@ def measurement_basis(kind: str, backend: BackendInfo) -> str:
         if backend.emulated:
             return "host CPU time (emulated device)"
         if backend.name == "cpu":
-            return f"host CPU time (cpu standing in for {stands_in})" if stands_in else "host CPU time"
+            return (
+                f"host CPU time (cpu standing in for {stands_in})" if stands_in else "host CPU time"
+            )
         return "wall time on the device's host"
     if kind == "memory":
         if backend.emulated:

@@ -180,8 +180,11 @@ def _plain(value: Any) -> Any:
 def _combined(
     a: Provenance | None, b: Provenance | None, name: str, other: Any, result: Any
 ) -> Provenance | None:
-    """The provenance of ``self <name> other``: ``a`` is self's, ``b`` the other operand's (None
-    for a plain number ``other``), ``result`` the plain result."""
+    """The provenance of ``self <name> other``, or None when the result has none.
+
+    ``a`` is self's, ``b`` the other operand's (None for a plain number ``other``), ``result`` the
+    plain result.
+    """
     reflected = name in _REFLECTED
     name = name.removeprefix("r") if reflected else name
     if a is None or (b is not None and b.measurement and not a.measurement):
@@ -298,7 +301,7 @@ for _dunder, _func in _UNARY.items():
 class TaggedFloat(_TaggedNumber, float):
     """A ``float`` that remembers where it came from (see :class:`Provenance`)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedFloat:
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedFloat:  # noqa: D102
         self = float.__new__(cls, value)
         self.provenance = provenance
         return self
@@ -311,7 +314,7 @@ class TaggedFloat(_TaggedNumber, float):
 class TaggedInt(_TaggedNumber, int):
     """An ``int`` that remembers where it came from (see :class:`Provenance`)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedInt:
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedInt:  # noqa: D102
         self = int.__new__(cls, value)
         self.provenance = provenance
         return self
@@ -324,7 +327,7 @@ class TaggedInt(_TaggedNumber, int):
 class TaggedStr(str):
     """A ``str`` that remembers where it came from (a device name)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedStr:
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedStr:  # noqa: D102
         self = str.__new__(cls, value)
         self.provenance = provenance
         return self

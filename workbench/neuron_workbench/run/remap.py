@@ -395,7 +395,10 @@ def cuda_remapped_to(
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
     if target == "cuda":
         if rng_on_cpu:
-            with tracked(torch.cuda), _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True):
+            with (
+                tracked(torch.cuda),
+                _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True),
+            ):
                 yield facts
         else:
             with tracked(torch.cuda):
