@@ -91,8 +91,12 @@ def test_tracked_puts_every_source_back():
 
 
 def test_scalars_from_tensors_carry_their_dtype_and_pass_one_interception_point():
+    # the run's torch function mode hands each conversion to the hook
     seen = []
-    with tracked(torch.cuda), observe_scalars(lambda t, v, how: seen.append((how, v))):
+    with (
+        cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()),
+        observe_scalars(lambda t, v, how: seen.append((how, v))),
+    ):
         loss = torch.tensor(0.25, dtype=torch.float32).item()
         half = torch.tensor([1.5], dtype=torch.bfloat16).item()
         ints = torch.arange(2, dtype=torch.int32).tolist()
@@ -141,3 +145,14 @@ def test_without_accounting_the_cpu_reference_answers_zero():
     with cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()):
         torch.ones(1024, device="cuda")
         assert torch.cuda.max_memory_allocated() == 0
+
+
+def test_compiled_code_converts_scalars_as_without_the_hook(recwarn):
+    def body(x):
+        return x.sum().item() + float(x[0])
+
+    compiled = torch.compile(body, backend="eager")
+    with cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()):
+        value = compiled(torch.ones(3))
+    assert value == 4.0
+    assert not [w for w in recwarn if "does not know how to trace" in str(w.message)]

@@ -11,9 +11,12 @@ remember it:
 - ``torch.cuda`` memory statistics (``memory_allocated``, ``max_memory_allocated``,
   ``memory_reserved``, ``max_memory_reserved``, ``memory_stats``, ``mem_get_info``) and device
   properties (``get_device_properties``, ``get_device_name``, ``get_device_capability``);
-- tensor to Python scalar conversions (``Tensor.item``, ``float(t)``, ``int(t)``, ``.tolist()`` of a
-  tensor of at most :data:`SMALL_TOLIST` elements), all through :func:`scalar_from_tensor`, the one
-  interception point (issue 27 records the sequence of these scalars there).
+- tensor to Python scalar conversions (``Tensor.item``, ``.tolist()`` of a tensor of at most
+  :data:`SMALL_TOLIST` elements; ``float(t)`` and ``int(t)`` are seen but stay plain, as Python
+  requires), all through :func:`scalar_from_tensor`, the one interception point, reached from the
+  run's torch function mode (:func:`materialise`); issue 27 records the sequence of scalars there.
+  A run on a real CUDA backend has no such mode (nothing is remapped): its scalars stay plain, and
+  a comparison takes the dtype from the other run.
 
 The numbers are :class:`TaggedFloat`, :class:`TaggedInt` and :class:`TaggedStr`: plain ``float``,
 ``int`` and ``str`` subclasses with a :class:`Provenance`. They behave as the plain values do
@@ -21,7 +24,8 @@ The numbers are :class:`TaggedFloat`, :class:`TaggedInt` and :class:`TaggedStr`:
 numbers or other tagged numbers keeps the provenance (``(t1 - t0) * 1e3``, ``mem / 2**20``,
 ``ms / steps``, ``running += loss.item()``), and so do lists and dicts that hold them. They pickle
 by value with their provenance, so they come back from a worker process as they left. Nothing runs
-per op: only the sources above are replaced, and only while :func:`tracked` is active.
+per op beyond one lookup in the run's existing torch function mode: the timers and statistics are
+replaced only while :func:`tracked` is active.
 
 What loses the provenance (documented limits): ``int(x)`` and ``float(x)`` of a tagged number
 (Python requires exact types there), string formatting (``f"{ms:.1f}"``), NumPy and ``statistics``
@@ -341,11 +345,15 @@ _TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
 
 # ---- tensor to Python scalar: the one interception point ------------------------------------------
 
-_ITEM = torch._C.TensorBase.item
-_FLOAT = torch._C.TensorBase.__float__
-_INT = torch._C.TensorBase.__int__
-_TOLIST = torch._C.TensorBase.tolist
 _observers: list[Callable[[torch.Tensor, Any, str], None]] = []
+_BASE = torch._C.TensorBase
+#: The tensor methods that make Python scalars, as a torch function mode sees them, and their names.
+SCALAR_CONVERSIONS: dict[Any, str] = {
+    _BASE.item: "Tensor.item",
+    _BASE.__float__: "float",
+    _BASE.__int__: "int",
+    _BASE.tolist: "Tensor.tolist",
+}
 
 
 def scalar_from_tensor(tensor: torch.Tensor, value: Any, how: str) -> Any:
@@ -374,7 +382,7 @@ def scalar_from_tensor(tensor: torch.Tensor, value: Any, how: str) -> Any:
 
 @contextlib.contextmanager
 def observe_scalars(observer: Callable[[torch.Tensor, Any, str], None]) -> Iterator[None]:
-    """Call ``observer(tensor, value, how)`` for every scalar a tracked run materialises."""
+    """Call ``observer(tensor, value, how)`` for every scalar a run materialises."""
     _observers.append(observer)
     try:
         yield
@@ -382,32 +390,23 @@ def observe_scalars(observer: Callable[[torch.Tensor, Any, str], None]) -> Itera
         _observers.remove(observer)
 
 
-def _item(self: torch.Tensor) -> Any:
-    return scalar_from_tensor(self, _ITEM(self), "Tensor.item")
+def materialise(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one of :data:`SCALAR_CONVERSIONS` for a run's torch function mode, through the hook.
 
-
-# ``float(t)`` and ``int(t)`` must return exact floats and ints (Python converts a subclass back,
-# with a DeprecationWarning), so they are observed but hand out plain values.
-def _float(self: torch.Tensor) -> Any:
-    value = _FLOAT(self)
-    scalar_from_tensor(self, value, "float")
-    return value
-
-
-def _int(self: torch.Tensor) -> Any:
-    value = _INT(self)
-    scalar_from_tensor(self, value, "int")
-    return value
-
-
-def _tolist(self: torch.Tensor) -> Any:
-    value = _TOLIST(self)
-    if self.numel() > SMALL_TOLIST:
-        return value  # a data dump, not a logged value: left plain (and cheap)
-    return scalar_from_tensor(self, value, "Tensor.tolist")
-
-
-_TENSOR_SCALARS = {"item": _item, "__float__": _float, "__int__": _int, "tolist": _tolist}
+    ``float(t)`` and ``int(t)`` are observed but hand out plain values: Python turns a subclass
+    returned by ``__float__``/``__int__`` back into a plain number (with a DeprecationWarning).
+    ``.tolist()`` of more than :data:`SMALL_TOLIST` elements is a data dump, not a logged value,
+    and is left alone. Under ``torch.compile`` tracing the call is Dynamo's own.
+    """
+    value = func(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return value
+    how = SCALAR_CONVERSIONS[func]
+    tensor = args[0]
+    if how == "Tensor.tolist" and tensor.numel() > SMALL_TOLIST:
+        return value
+    tagged = scalar_from_tensor(tensor, value, how)
+    return value if how in ("float", "int") else tagged
 
 
 # ---- measurement sources -----------------------------------------------------------------------
@@ -462,6 +461,8 @@ class TaggedProperties:
         self._source = source
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # its own fields, and pickle's probes, while being rebuilt
+            raise AttributeError(name)
         value = getattr(self._properties, name)
         unit = "B" if name.endswith("memory") else None
         return tag(value, Provenance("device", f"{self._source}().{name}", unit))
@@ -519,10 +520,11 @@ def elapsed_ms(value: float) -> TaggedFloat:
 
 @contextlib.contextmanager
 def tracked(cuda: Any) -> Iterator[None]:
-    """For the body: timers, ``cuda``'s statistics and tensor scalars hand out tagged values.
+    """For the body: timers and ``cuda``'s statistics hand out tagged values.
 
     ``cuda`` is what ``torch.cuda`` resolves to during the run (the run's shim, or the real module
-    on a CUDA backend). Everything is put back on exit.
+    on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
+    torch function mode, through :func:`materialise`.
     """
     from neuron_workbench.run.cuda_module import patched_attributes
 
@@ -530,7 +532,6 @@ def tracked(cuda: Any) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
         stack.enter_context(patched_attributes(cuda, cuda_replacements(cuda)))
-        stack.enter_context(patched_attributes(torch.Tensor, _TENSOR_SCALARS))
         yield
 
 

@@ -38,7 +38,7 @@ from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
 from neuron_workbench.run.cuda_on_host import CudaOnHost
-from neuron_workbench.run.measurements import tracked
+from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
 from neuron_workbench.run.random_draws import (
     DROPOUTS,
     F_DROPOUT,
@@ -108,6 +108,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in SCALAR_CONVERSIONS:  # loss.item(): the scalar keeps its tensor's dtype
+            return materialise(func, args, kwargs)
         if self.remap:
             host = self.host
             if func is _TENSOR_CUDA:
