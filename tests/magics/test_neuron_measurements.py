@@ -147,3 +147,27 @@ def test_measurements_in_process(ip):
     assert measured["peak_mib"]["ref"] > 0 and measured["peak_mib"]["target"] > 0
     loss = next(d for d in report.comparison.diffs if d.path == "loss_value")
     assert loss.ref_dtype == "float32"
+
+
+def test_memory_read_in_a_notebook_function_is_accounted_on_the_reference(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "def peak_mib():\n    return torch.cuda.max_memory_allocated() / 2**20")
+    report = _report(ip, "y = model(x).relu().sum()\npeak = peak_mib()")
+    assert report.verdict == "PASS", report.summary()
+    (peak,) = report.measurements()
+    assert peak["path"] == "peak" and peak["ref"] > 0 and peak["target"] > 0
+    note = "memory statistics are this run's accounting of the tensor storages it allocated"
+    assert any(note in n for n in report.notes)
+
+
+def test_a_timed_step_repeated_has_no_timing_curve(ip):
+    run_cell(ip, SETUP)
+    report = _report(
+        ip,
+        "t0 = time.perf_counter()\n"
+        "loss = model(x).square().mean()\n"
+        "ms = (time.perf_counter() - t0) * 1e3",
+        options="--steps 2",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert set(report.to_dict()["training"]["series"]) == {"loss"}
