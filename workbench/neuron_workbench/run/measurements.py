@@ -224,7 +224,9 @@ def _binary(name: str) -> Callable[[Any, Any], Any]:
     reflected = name in _REFLECTED
     op = getattr(operator, name[1:] if reflected else name)
 
-    def method(self: Any, other: Any) -> Any:
+    def method(self: Any, other: Any, *modulo: Any) -> Any:
+        if modulo:  # three-argument pow(): a plain result, as the builtin type gives it
+            return pow(_plain(self), _plain(other), *modulo)
         if not isinstance(other, _NUMBER):
             return NotImplemented  # a tensor, an array: their own operator decides
         a, b = _plain(self), _plain(other)
