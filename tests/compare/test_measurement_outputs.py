@@ -60,3 +60,14 @@ def test_sources_of_different_dtypes_are_judged_in_the_less_precise_one():
 def test_a_plain_python_float_is_compared_as_before():
     (diff,) = compare_outputs({"v": 1.0}, {"v": 1.0}).diffs
     assert diff.ref_dtype == "float64" and diff.passed
+
+
+def test_an_explicit_tolerance_applies_to_integer_tensors_as_assert_close_applies_it():
+    import torch
+
+    ref = torch.tensor([0, 100], dtype=torch.int32)
+    target = torch.tensor([0, 101], dtype=torch.int32)
+    (diff,) = compare_outputs({"v": ref}, {"v": target}, rtol=0.1, atol=0.0).diffs
+    assert diff.passed  # |Δ| 1 <= 0.1 * 100 (found by the hypothesis test)
+    (diff,) = compare_outputs({"v": ref}, {"v": target}).diffs
+    assert diff.status == "differ"  # integers are exact by default
