@@ -480,6 +480,36 @@ export function lossFigure(report) {
 }
 
 /** Every chart of a report, by key, in display order (null entries dropped). */
+/** A measurement's value as text: `12.4 ms`, `0.044 MiB`, `(8, 0)`, or `—` (report.py's twin). */
+export function measurementText(value, unit) {
+  if (value === null || value === undefined) {
+    return '—';
+  }
+  let text;
+  if (typeof value === 'number') {
+    text = Number.isInteger(value) ? (Math.abs(value) >= 10000 ? value.toLocaleString('en-US') : String(value))
+      : String(Number(value.toPrecision(4)));
+  } else {
+    text = String(value);
+  }
+  return unit ? `${text} ${unit}` : text;
+}
+
+/**
+ * Rows of the report's measurements (timings, memory figures, device properties): shown side by
+ * side, never compared. Each: path, kind, ref, target (formatted with the unit), source, basis.
+ */
+export function measurementRows(report) {
+  return (report.measurements || []).map(m => ({
+    path: String(m.path),
+    kind: String(m.kind || ''),
+    ref: measurementText(m.ref, m.unit),
+    target: measurementText(m.target, m.unit),
+    source: String(m.source || ''),
+    basis: `reference: ${m.ref_basis || '?'}; target: ${m.target_basis || '?'}`
+  }));
+}
+
 export const CHARTS = {
   fallbacks: fallbackFigure,
   treemap: treemapFigure,

@@ -1,7 +1,7 @@
 // DOM rendering of a %%neuron report dict (application/vnd.neuron-workbench.report+json), with
 // Plotly charts (src/charts.js, drawn by drawCharts once plotly.js has loaded).
 // Everything comes from the saved output: no kernel, no widget state, no network.
-import { CHARTS, PLOT_CONFIG, backendLabel, callSites, fallbackRows } from './charts';
+import { CHARTS, PLOT_CONFIG, backendLabel, callSites, fallbackRows, measurementRows } from './charts';
 
 export const MIME_TYPE = 'application/vnd.neuron-workbench.report+json';
 /** An output's status when it could not be compared: neither a match nor a failure. */
@@ -402,6 +402,25 @@ export function renderReport(report) {
     outs.classList.add('nw-lab-outputs-section');
     outs.open = verdict !== 'PASS' || nOut <= 12;
     root.appendChild(outs);
+  }
+
+  // Measurements: values from timers, memory statistics and device properties, side by side.
+  const measured = measurementRows(report);
+  if (measured.length) {
+    const head = el('tr', null, null,
+      ['output', 'kind', 'reference', 'target', 'source', 'what the values are'].map(h => el('th', null, h)));
+    const rows = measured.map(m => el('tr', null, null, [
+      el('td', 'nw-lab-path', m.path), el('td', null, m.kind), el('td', 'nw-lab-num', m.ref),
+      el('td', 'nw-lab-num', m.target), el('td', null, m.source), el('td', null, m.basis)
+    ]));
+    const table = el('table', 'nw-lab-table nw-lab-measurements', null,
+      [el('thead', null, null, [head]), el('tbody', null, null, rows)]);
+    const note = el('div', 'nw-lab-note',
+      'Values from timers, memory statistics or device properties: shown side by side, never compared, not in the verdict.');
+    const block = section(`Measurements (${measured.length})`, [note, table]);
+    block.classList.add('nw-lab-measurements-section');
+    block.open = true;
+    root.appendChild(block);
   }
 
   // Fallbacks: by count and by time, call sites on click, module -> op treemap.

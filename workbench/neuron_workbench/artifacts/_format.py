@@ -293,6 +293,22 @@ def _check_error(data: Any, where: str) -> None:
     _expect(data.get("line", ""), str, f"{where}.line", "a string")
 
 
+#: Leaf kinds that can carry a ``provenance`` (a measurement, a scalar made from a tensor).
+PROVENANCE_LEAF_KINDS = ("int", "float", "str")
+
+
+def _check_provenance(value: Any, where: str, kind: str) -> None:
+    """An optional leaf ``provenance``: ``kind`` and ``source`` strings, ``unit``/``dtype`` if any."""
+    if kind not in PROVENANCE_LEAF_KINDS:
+        raise _Invalid(f"{where} is only allowed on {', '.join(PROVENANCE_LEAF_KINDS)} leaves")
+    _expect(value, dict, where, "an object")
+    for key in ("kind", "source"):
+        _expect(_require(value, key, where), str, f"{where}.{key}", "a string")
+    for key in ("unit", "dtype"):
+        if key in value:
+            _expect(value[key], str, f"{where}.{key}", "a string")
+
+
 def _check_leaf(leaf: Any, where: str) -> None:
     _expect(leaf, dict, where, "an object")
     _expect(_require(leaf, "path", where), str, f"{where}.path", "a string")
@@ -301,6 +317,8 @@ def _check_leaf(leaf: Any, where: str) -> None:
         raise _Invalid(f"{where}.kind must be one of {', '.join(LEAF_KINDS)}")
     if kind == "none":
         return
+    if "provenance" in leaf:
+        _check_provenance(leaf["provenance"], f"{where}.provenance", kind)
     if kind != "tensor":
         value = _require(leaf, "value", where)
         expected: dict[str, tuple[type | tuple[type, ...], str]] = {

@@ -34,6 +34,7 @@ from neuron_workbench.artifacts._format import (
     validate_manifest,
 )
 from neuron_workbench.backends.base import BackendInfo, MemoryStats
+from neuron_workbench.run.measurements import Provenance, tag
 from neuron_workbench.run.records import NotCompared, Run, RunError
 
 _LOCAL_HEADER = b"PK\x03\x04"
@@ -285,6 +286,15 @@ def _number(value: Any) -> float:
 
 
 def _restore_scalar(leaf: dict[str, Any], name: str) -> Any:
+    value = _restore_plain_scalar(leaf, name)
+    origin = leaf.get("provenance")
+    if origin is None:
+        return value
+    fields = ("kind", "source", "unit", "dtype")
+    return tag(value, Provenance(*(origin.get(key) for key in fields)))
+
+
+def _restore_plain_scalar(leaf: dict[str, Any], name: str) -> Any:
     kind = leaf["kind"]
     value = leaf.get("value")
     if kind == "none":

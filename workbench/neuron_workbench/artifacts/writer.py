@@ -35,6 +35,7 @@ from neuron_workbench.artifacts._format import (
     tensor_entry,
 )
 from neuron_workbench.compare.flatten import iter_leaves
+from neuron_workbench.run.measurements import provenance_of
 from neuron_workbench.run.records import NotCompared, Run, recorded
 
 # JSON values the writer nests below this depth inside the manifest (whose own structure adds a few
@@ -91,7 +92,17 @@ def _lenient_json(value: Any, depth: int = 0) -> Any:
 
 
 def _float_value(value: float) -> float | str:
+    value = float(value)
     return value if math.isfinite(value) else str(value)
+
+
+def _origin(value: Any) -> dict[str, Any]:
+    """A leaf's ``provenance`` (a measurement, a scalar made from a tensor), or nothing."""
+    prov = provenance_of(value)
+    if prov is None:
+        return {}
+    fields = {"kind": prov.kind, "source": prov.source, "unit": prov.unit, "dtype": prov.dtype}
+    return {"provenance": {key: item for key, item in fields.items() if item is not None}}
 
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -159,9 +170,11 @@ def _leaves(run: Run) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor], li
         elif isinstance(value, bool):
             leaves.append({"path": path, "kind": "bool", "value": value})
         elif isinstance(value, int):
-            leaves.append({"path": path, "kind": "int", "value": value})
+            leaves.append({"path": path, "kind": "int", "value": int(value), **_origin(value)})
         elif isinstance(value, float):
-            leaves.append({"path": path, "kind": "float", "value": _float_value(value)})
+            leaves.append(
+                {"path": path, "kind": "float", "value": _float_value(value), **_origin(value)}
+            )
         elif isinstance(value, complex):
             leaves.append(
                 {
@@ -171,7 +184,7 @@ def _leaves(run: Run) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor], li
                 }
             )
         elif isinstance(value, str):
-            leaves.append({"path": path, "kind": "str", "value": value})
+            leaves.append({"path": path, "kind": "str", "value": str(value), **_origin(value)})
         elif isinstance(value, bytes):
             leaves.append(
                 {"path": path, "kind": "bytes", "value": base64.b64encode(value).decode("ascii")}

@@ -17,6 +17,11 @@ from neuron_workbench.compare.tolerances import (
     Tolerance,
     TolerancePolicy,
 )
+from neuron_workbench.run.measurements import (
+    is_measurement,
+    provenance_of,
+    source_dtype,
+)
 from neuron_workbench.run.records import NotCompared
 
 #: Status of an output that could not be compared (a :class:`NotCompared` marker on either side).
@@ -188,6 +193,65 @@ def _finite_or_none(value: float | None) -> float | str | None:
     return str(value)
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """An output that came from a timer, a memory statistic or a device property: shown, not diffed.
+
+    Recognised by where its value came from (:mod:`neuron_workbench.run.measurements`), also when
+    derived by arithmetic (``(t1 - t0) * 1e3``) or held in a list or dict.
+
+    Attributes
+    ----------
+    path : str
+        Where the output lives (``step_ms``, ``stats['peak']``).
+    kind : str
+        ``time``, ``memory`` or ``device``.
+    source : str
+        The call it came from (``torch.cuda.max_memory_allocated``).
+    unit : str or None
+        ``ms``, ``MiB``... where known.
+    ref, target : float, int, str or None
+        Each run's value (None where that run has no such output).
+    """
+
+    path: str
+    kind: str
+    source: str
+    unit: str | None
+    ref: Any
+    target: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (plain numbers and strings)."""
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "source": self.source,
+            "unit": self.unit,
+            "ref": _plain_value(self.ref),
+            "target": _plain_value(self.target),
+        }
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float):
+        return _finite_or_none(float(value))
+    if isinstance(value, int):
+        return int(value)
+    return str(value)
+
+
+def _measurement(path: str, ref: Any, target: Any) -> Measurement:
+    prov = provenance_of(ref) if is_measurement(ref) else provenance_of(target)
+    assert prov is not None
+    other = provenance_of(target) if prov is provenance_of(ref) else provenance_of(ref)
+    # Each side names its own source; the unit is shown only where both runs agree on it.
+    unit = prov.unit if other is None or other.unit == prov.unit else None
+    return Measurement(path, prov.kind, prov.source, unit, ref, target)
+
+
 @dataclass
 class Comparison:
     """Every output's :class:`OutputDiff`, in output order.
@@ -200,6 +264,8 @@ class Comparison:
     """
 
     diffs: list[OutputDiff] = field(default_factory=list)
+    #: Outputs that are measurements (timings, memory, device properties): never in the verdict.
+    measurements: list[Measurement] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -258,7 +324,9 @@ def compare_outputs(
     Comparison
         One :class:`OutputDiff` per leaf present in either run. Mismatches are data, never raised.
         A :class:`NotCompared` marker on either side gives one ``not-compared`` output at its
-        path, which stands for everything the other side has under that path.
+        path, which stands for everything the other side has under that path. A leaf that is a
+        measurement on either side (a timer's, a memory statistic's or a device property's value)
+        is a :class:`Measurement` instead, in ``Comparison.measurements``.
     """
     if policy is None:
         policy = TolerancePolicy(rtol=rtol, atol=atol)
@@ -275,6 +343,7 @@ def compare_outputs(
     ]
     reported: set[str] = set()
     diffs = []
+    measurements = []
     for path in paths:
         marker = _covering_marker(path, markers)
         if marker is not None:
@@ -284,6 +353,10 @@ def compare_outputs(
                     _not_compared(marker, ref_leaves.get(marker), target_leaves.get(marker))
                 )
             continue
+        ref_leaf, target_leaf = ref_leaves.get(path), target_leaves.get(path)
+        if is_measurement(ref_leaf) or is_measurement(target_leaf):
+            measurements.append(_measurement(path, ref_leaf, target_leaf))
+            continue
         if path not in target_leaves or path not in ref_leaves:
             side = "target" if path not in target_leaves else "reference"
             diffs.append(
@@ -291,7 +364,7 @@ def compare_outputs(
             )
             continue
         diffs.append(compare_leaf(path, ref_leaves[path], target_leaves[path], policy))
-    return Comparison(diffs)
+    return Comparison(diffs, measurements)
 
 
 def _covering_marker(path: str, markers: list[str]) -> str | None:
@@ -328,9 +401,13 @@ def compare_leaf(
         return _not_compared(path, ref, target)
     try:
         ref_t, target_t = _as_tensor(ref), _as_tensor(target)
+        ref_t, target_t = _in_source_dtype(ref, ref_t, target, target_t)
         if ref_t is not None and target_t is not None:
             kind = "tensor" if isinstance(ref, torch.Tensor) or _is_array(ref) else "number"
-            return _compare_tensors(path, kind, ref_t, target_t, policy)
+            # A Python float of unknown origin gets float32's tolerance (PYTHON_FLOAT_DTYPE); one
+            # made from a tensor is judged in that tensor's dtype.
+            known = source_dtype(ref) is not None or source_dtype(target) is not None
+            return _compare_tensors(path, kind, ref_t, target_t, policy, source_known=known)
         if ref_t is not None or target_t is not None:
             return OutputDiff(
                 path,
@@ -372,12 +449,45 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def _in_source_dtype(
+    ref: Any, ref_t: torch.Tensor | None, target: Any, target_t: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Python scalars made from tensors (``loss.item()``) as the dtype of the tensors they came from.
+
+    The conversion to a Python number is exact, so the value is one of that dtype's, and the
+    difference between two runs is a difference in that dtype (its tolerance, its name in the
+    report). When the runs' sources differ in dtype, both are judged in the less precise one (the
+    tensors themselves show the dtype difference where the cell binds them).
+    """
+    if ref_t is None or target_t is None:
+        return ref_t, target_t
+    dtypes = [d for d in (source_dtype(ref), source_dtype(target)) if d is not None]
+    if not dtypes:
+        return ref_t, target_t
+    dtype = dtypes[0]
+    if len(dtypes) == 2 and dtypes[0] != dtypes[1]:
+        dtype = max(dtypes, key=_resolution)
+    if ref_t.dtype.is_floating_point != dtype.is_floating_point:
+        return ref_t, target_t
+    return ref_t.to(dtype), target_t.to(dtype)
+
+
+def _resolution(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
+
+
 def _compare_tensors(
-    path: str, kind: str, ref: torch.Tensor, target: torch.Tensor, policy: TolerancePolicy
+    path: str,
+    kind: str,
+    ref: torch.Tensor,
+    target: torch.Tensor,
+    policy: TolerancePolicy,
+    *,
+    source_known: bool = False,
 ) -> OutputDiff:
     ref_dtype, target_dtype = ref.dtype, target.dtype
     tol_dtypes = (ref_dtype, target_dtype)
-    if kind == "number" and ref_dtype == torch.float64:
+    if kind == "number" and ref_dtype == torch.float64 and not source_known:
         tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
     tolerance = policy.for_output(path, *tol_dtypes)
     diff = OutputDiff(

@@ -150,7 +150,12 @@ def _general_chunk(
     """Any dtype, NaN and infinities included: ``isclose`` decides, statistics skip non-finite."""
     rtol, atol = tol.rtol, tol.atol
     compute = _compute_dtype(a.dtype)
-    close = torch.isclose(b, a, rtol=rtol, atol=atol, equal_nan=True) if floating else a == b
+    if floating:
+        close = torch.isclose(b, a, rtol=rtol, atol=atol, equal_nan=True)
+    elif (rtol or atol) and a.dtype != torch.bool:
+        close = torch.isclose(b, a, rtol=rtol, atol=atol)  # as assert_close judges integers
+    else:
+        close = a == b
     mismatched = int((~close).sum())
     totals.mismatched += mismatched
     a_c = _as_real(a).to(compute)

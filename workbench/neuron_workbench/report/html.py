@@ -116,6 +116,44 @@ def _emulation_notes(data: dict[str, Any]) -> str:
     return "".join(f'<div class="note">{esc(n)}</div>' for n in notes)
 
 
+def format_measurement(value: Any, unit: Any = None) -> str:
+    """A measurement's value as text: ``12.4 ms``, ``0.0440 MiB``, ``8``, ``(8, 0)``, or ``—``."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        text = str(value)
+    elif isinstance(value, int):
+        text = f"{value:,}" if abs(value) >= 10_000 else str(value)
+    else:
+        text = f"{value:.4g}"
+    return f"{text} {unit}" if unit else text
+
+
+#: What the measurements table's header says about the values.
+MEASUREMENTS_NOTE = (
+    "Values that came from timers, memory statistics or device properties (also when derived from "
+    "them) are measurements: shown side by side, never compared, not in the verdict."
+)
+
+
+def measurement_rows(records: Iterable[dict[str, Any]]) -> list[list[str]]:
+    """HTML table cells of report data's ``measurements``: output, kind, both values, sources."""
+    return [
+        [
+            f"<code>{esc(m['path'])}</code>",
+            esc(m["kind"]),
+            esc(format_measurement(m.get("ref"), m.get("unit"))),
+            esc(format_measurement(m.get("target"), m.get("unit"))),
+            esc(m.get("source", "")),
+            esc(f"reference: {m.get('ref_basis', '')}; target: {m.get('target_basis', '')}"),
+        ]
+        for m in records
+    ]
+
+
+MEASUREMENT_HEADERS = ("output", "kind", "reference", "target", "source", "what the values are")
+
+
 def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for out in outputs:
@@ -374,12 +412,19 @@ def render_report_html(data: dict[str, Any]) -> str:
                 f"<details{opened}><summary>{len(matching)} matching output"
                 f"{'' if len(matching) == 1 else 's'}</summary>{table}</details>"
             )
-    elif not errors:
+    elif not errors and not data.get("measurements"):
         parts.append(
             '<div class="note">The cell bound no outputs to compare, so nothing was checked '
             "(tensors, arrays, numbers, strings, modules, optimizers, their containers and objects "
             "of classes the notebook defines are compared).</div>"
         )
+    measurements = data.get("measurements") or []
+    if measurements:
+        parts += [
+            "<h4>Measurements</h4>",
+            f'<div class="note">{esc(MEASUREMENTS_NOTE)}</div>',
+            _table(MEASUREMENT_HEADERS, measurement_rows(measurements), numeric={2, 3}),
+        ]
     first = data.get("first_divergence")
     if first:
         kind = "born" if first.get("born") else "diverged (no single origin found)"

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_workbench import __version__
+from neuron_workbench.backends.base import BackendInfo
 from neuron_workbench.compare import Comparison
 from neuron_workbench.report.display import UNCOMPARED, VERDICTS, run_time_kind
 from neuron_workbench.report.schema import SCHEMA_VERSION
@@ -20,6 +21,33 @@ REPORT_MIME = "application/vnd.neuron-workbench.report+json"
 
 def _plural(count: int, singular: str, plural: str) -> str:
     return f"{count} {singular if count == 1 else plural}"
+
+
+def measurement_basis(kind: str, backend: BackendInfo) -> str:
+    """What a measurement of ``kind`` on ``backend`` is, in words (shown next to its value).
+
+    Timings on an emulated device or on the cpu reference are host CPU time; emulated memory
+    figures are the emulator's accounting, the cpu reference's its own accounting of the tensors
+    it allocated.
+    """
+    stands_in = backend.details.get("stands_in_for")
+    if kind == "time":
+        if backend.emulated:
+            return "host CPU time (emulated device)"
+        if backend.name == "cpu":
+            return (
+                f"host CPU time (cpu standing in for {stands_in})" if stands_in else "host CPU time"
+            )
+        return "wall time on the device's host"
+    if kind == "memory":
+        if backend.emulated:
+            return "the emulator's accounting of live device tensors"
+        if backend.name == "cpu":
+            return "this run's accounting of the tensor storages it allocated on the host"
+        return "the device allocator's statistics"
+    if backend.emulated or stands_in:
+        return "as the stand-in reports it (not a GPU's)"
+    return "as the device reports it"
 
 
 @dataclass
@@ -108,6 +136,9 @@ class Report:
             skipped = self.comparison.not_compared
             if skipped:
                 body += f"; {len(skipped)} not compared"
+        if self.comparison is not None and self.comparison.measurements:
+            count = len(self.comparison.measurements)
+            body += f"; {_plural(count, 'measurement', 'measurements')} shown, not compared"
         fallback_ops = self.target.fallback_ops()
         if fallback_ops:
             body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"
@@ -142,13 +173,31 @@ class Report:
             "fallback_ops": self.target.fallback_ops(),
             "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
             "layers": self.layers.to_dict() if self.layers is not None else None,
-            "training": _training(self.ref, self.target),
+            "training": _training(self.ref, self.target, self.comparison),
+            "measurements": self.measurements(),
             "migration": self.migration,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }
+
+    def measurements(self) -> list[dict[str, Any]]:
+        """The outputs that are measurements, as plain records, with what each run's value is.
+
+        Each record: ``path``, ``kind`` (``time``, ``memory``, ``device``), ``source`` (the call),
+        ``unit`` (None where unknown), ``ref`` and ``target`` (the values), ``ref_basis`` and
+        ``target_basis`` (what the value is on that backend, see :func:`measurement_basis`).
+        """
+        if self.comparison is None:
+            return []
+        records = []
+        for item in self.comparison.measurements:
+            record = item.to_dict()
+            record["ref_basis"] = measurement_basis(item.kind, self.ref.backend)
+            record["target_basis"] = measurement_basis(item.kind, self.target.backend)
+            records.append(record)
+        return records
 
     def _repr_html_(self) -> str:
         from neuron_workbench.report.html import render_report_html
@@ -166,11 +215,19 @@ class Report:
         }
 
 
-def _training(ref: Run, target: Run) -> dict[str, Any] | None:
-    """Per-step scalars of both runs (``--steps N``), for loss curves and per-step divergence."""
+def _training(ref: Run, target: Run, comparison: Comparison | None) -> dict[str, Any] | None:
+    """Per-step scalars of both runs (``--steps N``), for loss curves and per-step divergence.
+
+    Measurements (a step's time, its peak memory) are not curves to compare and are left out.
+    """
     if not ref.steps or not target.steps:
         return None
-    names = [n for n in ref.steps[0] if all(n in step for step in ref.steps + target.steps)]
+    measured = {m.path for m in comparison.measurements} if comparison is not None else set()
+    names = [
+        n
+        for n in ref.steps[0]
+        if n not in measured and all(n in step for step in ref.steps + target.steps)
+    ]
     series = {}
     for name in names:
         a = [step[name] for step in ref.steps]

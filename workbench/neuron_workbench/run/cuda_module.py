@@ -1,13 +1,21 @@
 """What ``torch.cuda`` resolves to while a run remaps CUDA onto another backend.
 
 The shims forward ``torch.cuda``'s helpers that CUDA notebooks call (availability, synchronize,
-seeding, memory statistics, events) to the run's backend; everything else still comes from the real
-module.
+seeding, memory statistics, device properties, events) to the run's backend; everything else still
+comes from the real module.
+
+Memory statistics come from the backend (an emulated device's accounting, a real device's
+allocator) or, for the host CPU standing in for cuda, from the run's own accounting of the tensor
+storages it allocates (:class:`~neuron_workbench.run.cuda_on_host.HostMemory`). The compute
+capability every stand-in reports is the workbench's choice, not a vendor fact: ``(8, 0)`` (an
+Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBENCH_CUDA_CAPABILITY``
+(``9.0``). The values are tagged as measurements by :mod:`neuron_workbench.run.measurements`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import types
 from collections.abc import Iterator
@@ -15,11 +23,61 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.backends.base import Backend
+from neuron_workbench.backends.base import Backend, MemoryStats
+from neuron_workbench.run.measurements import elapsed_ms
+
+#: Environment variable with the compute capability the stand-ins report (``major.minor``).
+CAPABILITY_ENV = "NEURON_WORKBENCH_CUDA_CAPABILITY"
+_DEFAULT_CAPABILITY = (8, 0)
+
+
+def stand_in_capability() -> tuple[int, int]:
+    """What ``torch.cuda.get_device_capability()`` answers on a backend standing in for CUDA."""
+    text = os.environ.get(CAPABILITY_ENV, "").strip()
+    if not text:
+        return _DEFAULT_CAPABILITY
+    major, _, minor = text.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        raise ValueError(
+            f"{CAPABILITY_ENV}={text!r} is not a compute capability such as 8.0"
+        ) from None
+
+
+class DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` returns on a backend standing in for CUDA.
+
+    ``total_memory`` is the device's capacity where the backend knows it (the host's RAM for the
+    cpu reference, an emulated capacity when one is set), else 0; ``major``/``minor`` are
+    :func:`stand_in_capability`.
+    """
+
+    def __init__(self, name: str, total_memory: int) -> None:
+        self.name = name
+        self.total_memory = int(total_memory)
+        self.major, self.minor = stand_in_capability()
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // 2**20}MB)"
+        )
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory in bytes (0 where the platform cannot tell)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 class HostEvent:
     """Stand-in for ``torch.cuda.Event``: records host time, since the run is synchronous here."""
+
+    #: ``elapsed_time`` tags its result as a time measurement itself.
+    tags_elapsed_time = True
 
     def __init__(
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
@@ -45,26 +103,82 @@ class HostEvent:
         """Milliseconds between two recorded events (host time)."""
         if self._time is None or end_event._time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._time - self._time) * 1000.0
+        return elapsed_ms((float(end_event._time) - float(self._time)) * 1000.0)
 
 
-def cuda_module_shims(backend: Backend) -> dict[str, Any]:
-    """``torch.cuda`` attribute replacements that forward to ``backend``."""
+def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
+    """``torch.cuda`` attribute replacements that forward to ``backend``.
+
+    ``host``: the :class:`~neuron_workbench.run.cuda_on_host.CudaOnHost` of a cpu run standing in
+    for cuda, whose memory accounting answers the memory statistics.
+    """
+
+    def stats() -> MemoryStats:
+        return host.memory_stats() if host is not None else backend.memory_stats()
+
+    def device_module() -> Any:
+        if backend.device_type in ("cpu", "cuda"):
+            return None
+        try:
+            return torch.get_device_module(backend.device_type)
+        except (RuntimeError, AttributeError):
+            return None
+
+    def total_memory() -> int:
+        if host is not None or backend.device_type == "cpu":
+            return host_memory_bytes()
+        props = getattr(device_module(), "get_device_properties", None)
+        try:
+            return int(getattr(props(), "total_memory", 0) or 0) if callable(props) else 0
+        except Exception:  # a device module that cannot tell
+            return 0
 
     def synchronize(device: Any = None) -> None:
         backend.synchronize()
 
     def memory_allocated(device: Any = None) -> int:
-        return backend.memory_stats().current_bytes or 0
+        return stats().current_bytes or 0
 
     def max_memory_allocated(device: Any = None) -> int:
-        return backend.memory_stats().peak_bytes or 0
+        return stats().peak_bytes or 0
+
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        # CUDA's flat keys, for the figures the run can answer (nothing is cached: reserved equals
+        # allocated, as the emulated devices report it).
+        current, peak = memory_allocated(), max_memory_allocated()
+        return {
+            f"{pool}_bytes.all.{which}": value
+            for pool in ("active", "allocated", "reserved")
+            for which, value in (("current", current), ("peak", peak))
+        }
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        real = getattr(device_module(), "mem_get_info", None)
+        if callable(real):
+            return real()
+        total = total_memory()
+        if not total:
+            raise RuntimeError(
+                f"torch.cuda.mem_get_info: the {backend.name} backend does not know its capacity "
+                "(an emulated device has one when neuron_workbench.emulator.configure("
+                "capacity_bytes=...) sets it)"
+            )
+        return max(total - memory_allocated(), 0), total
 
     def reset_peak_memory_stats(device: Any = None) -> None:
-        backend.reset_peak_memory()
+        if host is not None:
+            host.reset_peak_memory()
+        else:
+            backend.reset_peak_memory()
 
     def get_device_name(device: Any = None) -> str:
         return backend.info().device_name
+
+    def get_device_properties(device: Any = None) -> DeviceProperties:
+        return DeviceProperties(get_device_name(), total_memory())
+
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        return stand_in_capability()
 
     def manual_seed(seed: int) -> None:
         # Not torch.manual_seed: it calls torch.cuda.manual_seed_all, which is this function.
@@ -98,10 +212,14 @@ def cuda_module_shims(backend: Backend) -> dict[str, Any]:
         "max_memory_allocated": max_memory_allocated,
         "memory_reserved": memory_allocated,
         "max_memory_reserved": max_memory_allocated,
+        "memory_stats": memory_stats,
+        "mem_get_info": mem_get_info,
         "reset_peak_memory_stats": reset_peak_memory_stats,
         "reset_max_memory_allocated": reset_peak_memory_stats,
         "empty_cache": empty_cache,
         "get_device_name": get_device_name,
+        "get_device_properties": get_device_properties,
+        "get_device_capability": get_device_capability,
         "is_bf16_supported": lambda *args, **kwargs: True,
         "Event": HostEvent,
     }
@@ -126,9 +244,20 @@ class CudaModuleShim(types.ModuleType):
 
 @contextlib.contextmanager
 def patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
-    """Set attributes of ``owner`` for the body; put back (or delete) each one afterwards."""
+    """Set attributes of ``owner`` for the body; put back (or delete) each one afterwards.
+
+    An attribute ``owner`` only inherits (``torch.Tensor.item`` from its C base) is deleted again,
+    not copied into ``owner``'s own namespace.
+    """
     missing = object()
-    saved = {name: getattr(owner, name, missing) for name in replacements}
+    try:
+        own = vars(owner)
+    except TypeError:  # no __dict__: what getattr finds is its own
+        own = None
+    saved = {
+        name: own.get(name, missing) if own is not None else getattr(owner, name, missing)
+        for name in replacements
+    }
     try:
         for name, value in replacements.items():
             setattr(owner, name, value)

@@ -12,7 +12,9 @@ being checked (``shared/notes/ecosystem.md`` §8). While the ``cpu`` backend sta
 - optimizers and gradient clipping default to the ``foreach`` implementation, as on CUDA tensors;
 - with TF32 enabled by the cell (``torch.backends.cuda.matmul.allow_tf32 = True`` or
   ``torch.set_float32_matmul_precision("high")``) float32 matmuls round their inputs to TF32, as an
-  Ampere or newer GPU does (``--ref-precision fp32`` turns this off).
+  Ampere or newer GPU does (``--ref-precision fp32`` turns this off);
+- ``torch.cuda``'s memory statistics answer with the run's own accounting (:class:`HostMemory`)
+  when the cell reads them.
 
 What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
 """
@@ -20,6 +22,7 @@ What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -27,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from neuron_workbench.backends.base import MemoryStats
 from neuron_workbench.run.records import RunFacts
 
 #: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
@@ -84,6 +88,79 @@ class _Tf32Matmuls(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class HostMemory(TorchDispatchMode):
+    """The run's accounting of host memory, standing in for CUDA's allocator statistics.
+
+    What it counts: the storages of the tensors the run starts with on "cuda" (placed there by
+    earlier cells), and every CPU storage an op returns during the run (new tensors, copies made by
+    ``.cuda()``, activations, gradients, optimizer state; also tensors the cell keeps on the CPU on
+    purpose, which a GPU would not count), each once, from when it appears until it is freed. Not
+    counted: scratch memory inside CPU kernels, and storages made outside the calling thread
+    (DataLoader workers). Nothing is cached, so reserved equals allocated. It costs a little per op,
+    so a run enters it only when the cell reads memory statistics.
+    """
+
+    def __init__(self, resident: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, weakref.finalize] = {}
+        for tensor in resident:
+            self._count(tensor)
+
+    def _count(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no storage (a wrapper subclass)
+            return
+        key = storage._cdata
+        if key in self._live:
+            return
+        nbytes = storage.nbytes()
+        self._live[key] = weakref.finalize(storage, self._free, key, nbytes)
+        self.current += nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if self._live.pop(key, None) is not None:
+            self.current -= nbytes
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self._count(out)
+        elif isinstance(out, tuple | list):
+            for item in out:
+                if isinstance(item, torch.Tensor):
+                    self._count(item)
+        return out
+
+    def stats(self) -> MemoryStats:
+        """Current and peak bytes."""
+        return MemoryStats(self.current, self.peak)
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current figure."""
+        self.peak = self.current
+
+    def close(self) -> None:
+        """Stop watching the storages still alive (their figures stay as they are)."""
+        for finalizer in self._live.values():
+            finalizer.detach()
+        self._live.clear()
+
+
+# PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disable guard that costs more per op than
+# this bookkeeping does; the mode never traces anything, so it runs as written.
+_accounting = HostMemory.__dict__["__torch_dispatch__"]
+HostMemory.__torch_dispatch__ = getattr(_accounting, "__wrapped__", _accounting)  # type: ignore[method-assign]
+
+
 def device_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A copy made the way a host-to-device copy is: allocate, then ``copy_`` (differentiable).
 
@@ -104,9 +181,17 @@ class CudaOnHost:
         no-op on CUDA, so it must return them, not copies).
     precision : str
         ``cuda`` (TF32 matmuls when the cell enables them) or ``fp32``.
+    account_memory : bool
+        Keep :class:`HostMemory` accounting during the run (the cell reads memory statistics);
+        otherwise they answer 0.
     """
 
-    def __init__(self, resident: Iterable[torch.Tensor] = (), precision: str = "cuda") -> None:
+    def __init__(
+        self,
+        resident: Iterable[torch.Tensor] = (),
+        precision: str = "cuda",
+        account_memory: bool = False,
+    ) -> None:
         self._resident: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
         # torch.device objects cannot be weakly referenced; the run holds them (a few at most).
@@ -118,6 +203,8 @@ class CudaOnHost:
         self._cuda_autocast = False
         self.used_tf32 = False
         self.used_foreach_default = False
+        self.account_memory = account_memory
+        self._memory: HostMemory | None = None
 
     # -- placement -------------------------------------------------------------------------------
     def on_device(self, tensor: torch.Tensor) -> bool:
@@ -164,6 +251,16 @@ class CudaOnHost:
         """What ``tensor.is_pinned()`` answers on a CUDA machine."""
         return tensor in self._pinned
 
+    # -- memory ----------------------------------------------------------------------------------
+    def memory_stats(self) -> MemoryStats:
+        """What ``torch.cuda``'s memory statistics read: the run's accounting, or zeros without it."""
+        return self._memory.stats() if self._memory is not None else MemoryStats(0, 0)
+
+    def reset_peak_memory(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats()``."""
+        if self._memory is not None:
+            self._memory.reset_peak()
+
     # -- numerics --------------------------------------------------------------------------------
     def use_cuda_autocast_lists(self) -> None:
         """From now until the run ends, CPU autocast casts what CUDA autocast casts."""
@@ -191,6 +288,10 @@ class CudaOnHost:
             self._stack.enter_context(_foreach_by_default(self))
             if self.precision == "cuda" and may_enable_tf32:
                 self._stack.enter_context(_Tf32Matmuls(self._note_tf32))
+            if self.account_memory:
+                self._memory = HostMemory(list(self._resident.keys()))
+                self._stack.callback(self._memory.close)
+                self._stack.enter_context(self._memory)
             yield self
 
     # -- report ----------------------------------------------------------------------------------
@@ -207,6 +308,11 @@ class CudaOnHost:
             notes.append("float32 matmuls in full float32 (--ref-precision fp32)")
         if self.used_foreach_default:
             notes.append("optimizers used the foreach implementation CUDA tensors default to")
+        if self._memory is not None:
+            notes.append(
+                "memory statistics are this run's accounting of the tensor storages it allocated "
+                "on the host, not a GPU allocator's"
+            )
         if facts.convolutions:
             notes.append(
                 "differs from a GPU: Ampere and newer GPUs compute float32 convolutions with TF32 "

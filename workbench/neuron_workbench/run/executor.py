@@ -20,6 +20,7 @@ import torch
 from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
+from neuron_workbench.run.measurements import reads_memory_statistics
 from neuron_workbench.run.namespace import (
     ResidentObjects,
     isolate,
@@ -280,7 +281,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 if saved[name] in spec.resident
                 for tensor in tensors_in(value)
             ]
-            host = CudaOnHost(resident, precision=spec.ref_precision)
+            host = CudaOnHost(
+                resident,
+                precision=spec.ref_precision,
+                account_memory=reads_memory_statistics(spec.program, ns),
+            )
             for device in cuda_devices.values():
                 host.remember_cuda_device(device)
         with contextlib.ExitStack() as stack:

@@ -38,6 +38,7 @@ from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
 from neuron_workbench.run.cuda_on_host import CudaOnHost
+from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
 from neuron_workbench.run.random_draws import (
     DROPOUTS,
     F_DROPOUT,
@@ -107,6 +108,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in SCALAR_CONVERSIONS:  # loss.item(): the scalar keeps its tensor's dtype
+            return materialise(func, args, kwargs)
         if self.remap:
             host = self.host
             if func is _TENSOR_CUDA:
@@ -394,10 +397,14 @@ def cuda_remapped_to(
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
     if target == "cuda":
         if rng_on_cpu:
-            with _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True):
+            with (
+                tracked(torch.cuda),
+                _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True),
+            ):
                 yield facts
         else:
-            yield facts
+            with tracked(torch.cuda):
+                yield facts
         return
     if target != "cpu":
         host = None
@@ -406,8 +413,9 @@ def cuda_remapped_to(
     with contextlib.ExitStack() as stack:
         if host is not None:
             stack.enter_context(host.active(may_enable_tf32))
-        shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend))
+        shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
         stack.enter_context(patched_attributes(torch, {"cuda": shim}))
+        stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
         stack.enter_context(
             patched_attributes(
                 autocast_cls,

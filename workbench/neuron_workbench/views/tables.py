@@ -17,13 +17,20 @@ from neuron_workbench.report.display import (
     run_label,
     verdict_color,
 )
-from neuron_workbench.report.html import esc, site_label
+from neuron_workbench.report.html import (
+    MEASUREMENT_HEADERS,
+    MEASUREMENTS_NOTE,
+    esc,
+    measurement_rows,
+    site_label,
+)
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
     "STYLE",
     "fallbacks_html",
     "layers_html",
+    "measurements_html",
     "migration_html",
     "numerics_html",
     "ops_html",
@@ -132,11 +139,26 @@ def summary_html(data: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def measurements_html(data: dict[str, Any]) -> str:
+    """Timings, memory figures and device properties of both runs side by side ('' when none)."""
+    records = data.get("measurements") or []
+    if not records:
+        return ""
+    return (
+        '<div class="nw-view nw-measurements"><b>Measurements</b>'
+        f'<div class="note">{esc(MEASUREMENTS_NOTE)}</div>'
+        + table(MEASUREMENT_HEADERS, measurement_rows(records), numeric=(2, 3))
+        + "</div>"
+    )
+
+
 def numerics_html(data: dict[str, Any]) -> str:
     """One row per output: failures first, then those not compared (with why), then matches."""
     outputs = list(data.get("outputs", []))
     if not outputs:
         why = "a run raised" if data.get("verdict") == "ERROR" else "the cell bound no outputs"
+        if data.get("measurements") and data.get("verdict") != "ERROR":
+            why = "the cell bound only measurements"
         return f'<div class="nw-view nw-numerics note">No outputs were compared ({why}).</div>'
     order = {"na": 1, "ok": 2}  # "bad" first
     outputs.sort(

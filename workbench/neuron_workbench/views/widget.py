@@ -112,6 +112,9 @@ class ReportView(W.Tab):
 
     def _numerics(self) -> list[W.Widget]:
         widgets: list[W.Widget] = [self._html(tables.numerics_html(self.data))]
+        measured = tables.measurements_html(self.data)
+        if measured:
+            widgets.append(self._html(measured))
         curves = figures.loss_curves(self.data)
         if curves is not None:
             widgets.append(self._figure("loss_curves", curves))

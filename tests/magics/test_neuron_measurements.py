@@ -1,0 +1,180 @@
+"""Measurements are shown, not diffed; Python scalars from tensors keep their dtype (issue 22).
+
+Every test runs ``%%neuron`` as users run it (no option: the target in its worker process, the
+reference here), except the one marked ``inprocess_device``.
+"""
+
+import json
+
+import pytest
+
+from neuron_workbench.testing import run_cell
+
+# The model and its input are put on "cuda" by an earlier %%neuron cell, as a notebook does.
+SETUP = (
+    "%%neuron\n"
+    "import time, torch\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))"
+    ".cuda()\n"
+    "x = torch.randn(8, 32, device='cuda')"
+)
+TIMED_STEP = (
+    "start = torch.cuda.Event(enable_timing=True); end = torch.cuda.Event(enable_timing=True)\n"
+    "t0 = time.perf_counter(); start.record()\n"
+    "y = model(x); loss = y.square().mean(); loss.backward()\n"
+    "end.record(); torch.cuda.synchronize()\n"
+    "step_ms = start.elapsed_time(end); wall_ms = (time.perf_counter() - t0) * 1e3\n"
+    "peak_mib = torch.cuda.max_memory_allocated() / 2**20\n"
+    "loss_value = loss.item()"
+)
+# TPU computes float32 matmuls as 1-pass bfloat16 unless asked for full precision (its documented
+# rule, which the emulated tpu follows); the point here is what becomes a measurement.
+PRECISION = {"neuron": "", "tpu": "torch.set_float32_matmul_precision('highest')\n"}
+
+
+def _report(ip, cell, target="neuron", options=""):
+    run_cell(ip, f"%%neuron --target {target} {options} -o r\n{cell}")
+    return ip.user_ns["r"]
+
+
+@pytest.fixture
+def fresh_tpu_worker(ip):
+    """The matmul precision a tpu cell sets stays in its worker: later tests get a fresh one."""
+    yield
+    ip.magics_manager.registry["NeuronMagics"].session.workers.get("tpu").stop()
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_timed_training_step_passes_with_its_measurements_shown(ip, target, fresh_tpu_worker):
+    run_cell(ip, SETUP)
+    report = _report(ip, PRECISION[target] + TIMED_STEP, target)
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert set(measured) == {"t0", "step_ms", "wall_ms", "peak_mib"}
+    assert {m.path for m in report.comparison.diffs}.isdisjoint(measured)
+    assert measured["step_ms"]["unit"] == "ms" and measured["wall_ms"]["unit"] == "ms"
+    assert measured["peak_mib"]["unit"] == "MiB" and measured["peak_mib"]["kind"] == "memory"
+    assert measured["peak_mib"]["ref"] > 0 and measured["peak_mib"]["target"] > 0
+    assert measured["step_ms"]["ref_basis"].startswith("host CPU time")
+    assert measured["step_ms"]["target_basis"] == "host CPU time (emulated device)"
+    assert "emulator's accounting" in measured["peak_mib"]["target_basis"]
+    # loss.item() of a float32 loss is compared as float32, without the float64 hint
+    loss = next(d for d in report.comparison.diffs if d.path == "loss_value")
+    assert (loss.kind, loss.ref_dtype, loss.target_dtype) == ("number", "float32", "float32")
+    assert (loss.tolerance.rtol, loss.tolerance.atol) == (1.3e-6, 1e-5)  # float32's row
+    # text/plain: a count, never values
+    assert report.summary().endswith("; 4 measurements shown, not compared")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert [m["path"] for m in data["measurements"]] == ["t0", "step_ms", "wall_ms", "peak_mib"]
+    assert "step_ms" in report._repr_html_()
+
+
+def test_derived_measurements_in_containers_and_memory_statistics(ip):
+    run_cell(ip, SETUP)
+    report = _report(
+        ip,
+        "torch.cuda.reset_peak_memory_stats()\n"
+        "times = []\n"
+        "for _ in range(3):\n"
+        "    t = time.perf_counter_ns()\n"
+        "    out = model(x)\n"
+        "    times.append((time.perf_counter_ns() - t) / 1e6)\n"
+        "stats = {'mean_ms': sum(times) / len(times), 'mem': torch.cuda.memory_allocated(),\n"
+        "         'flat': torch.cuda.memory_stats()['allocated_bytes.all.peak'],\n"
+        "         'name': torch.cuda.get_device_name(),\n"
+        "         'cap': torch.cuda.get_device_capability()}\n"
+        "total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30",
+    )
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert {"times[0]", "times[2]", "stats['mean_ms']", "stats['mem']", "stats['name']"} <= set(
+        measured
+    )
+    assert measured["times[1]"]["unit"] == "ms"
+    assert measured["stats['mem']"]["unit"] == "B" and measured["stats['mem']"]["ref"] > 0
+    assert measured["stats['flat']"]["ref"] > 0 and measured["stats['flat']"]["target"] > 0
+    assert measured["stats['name']"]["kind"] == "device"
+    assert measured["stats['cap'][0]"]["ref"] == measured["stats['cap'][0]"]["target"]
+    assert measured["total_gib"]["unit"] == "GiB"
+    assert {d.path for d in report.comparison.diffs} == {"out", "_"}  # "_": the loop variable
+
+
+def test_a_cell_of_measurements_only_compares_nothing(ip):
+    run_cell(ip, "import time")
+    report = _report(ip, "t = time.time()")
+    assert report.verdict == "UNCOMPARED", report.summary()
+    assert report.summary().endswith("0 outputs compared; 1 measurement shown, not compared")
+
+
+def test_scalars_from_tensors_keep_their_source_dtype(ip):
+    run_cell(ip, "import torch\nv = torch.linspace(0, 1, 5)")
+    report = _report(
+        ip,
+        "h = v.cuda().half()\n"
+        "total = 0.0\n"
+        "for i in range(3):\n"
+        "    total += (v.cuda() * i).sum().item()\n"
+        "first = h[1].item()\n"
+        "counts = torch.arange(3, dtype=torch.int32, device='cuda').tolist()\n"
+        "exact = v.cuda().double().sum().item()",
+    )
+    assert report.verdict == "PASS", report.summary()
+    dtypes = {d.path: d.ref_dtype for d in report.comparison.diffs if d.kind == "number"}
+    assert dtypes == {
+        "total": "float32",
+        "first": "float16",
+        "counts[0]": "int32",
+        "counts[1]": "int32",
+        "counts[2]": "int32",
+        "exact": "float64",
+        "i": "int64",  # a plain Python int: as before
+    }
+
+
+def test_a_timing_difference_no_longer_fails_the_cell_and_the_namespace_keeps_numbers(ip):
+    run_cell(ip, "import time, torch")
+    report = _report(
+        ip,
+        "t0 = time.perf_counter()\ny = torch.ones(3).cuda() * 2\nms = (time.perf_counter() - t0) * 1e3",
+    )
+    assert report.verdict == "PASS", report.summary()
+    ms = ip.user_ns["ms"]
+    assert isinstance(ms, float) and f"{ms:.3f}" == f"{float(ms):.3f}"
+    # outside a run, timers hand out plain floats again
+    run_cell(ip, "plain = time.perf_counter()")
+    assert type(ip.user_ns["plain"]) is float
+
+
+@pytest.mark.inprocess_device
+def test_measurements_in_process(ip):
+    run_cell(ip, SETUP)
+    report = _report(ip, TIMED_STEP, "neuron", "--executor inprocess")
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert measured["peak_mib"]["ref"] > 0 and measured["peak_mib"]["target"] > 0
+    loss = next(d for d in report.comparison.diffs if d.path == "loss_value")
+    assert loss.ref_dtype == "float32"
+
+
+def test_memory_read_in_a_notebook_function_is_accounted_on_the_reference(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "def peak_mib():\n    return torch.cuda.max_memory_allocated() / 2**20")
+    report = _report(ip, "y = model(x).relu().sum()\npeak = peak_mib()")
+    assert report.verdict == "PASS", report.summary()
+    (peak,) = report.measurements()
+    assert peak["path"] == "peak" and peak["ref"] > 0 and peak["target"] > 0
+    note = "memory statistics are this run's accounting of the tensor storages it allocated"
+    assert any(note in n for n in report.notes)
+
+
+def test_a_timed_step_repeated_has_no_timing_curve(ip):
+    run_cell(ip, SETUP)
+    report = _report(
+        ip,
+        "t0 = time.perf_counter()\n"
+        "loss = model(x).square().mean()\n"
+        "ms = (time.perf_counter() - t0) * 1e3",
+        options="--steps 2",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert set(report.to_dict()["training"]["series"]) == {"loss"}

@@ -1,0 +1,158 @@
+"""Numbers that remember where they came from (timers, memory statistics, tensors), run by run."""
+
+import copy
+import json
+import math
+import pickle
+import time
+
+import pytest
+import torch
+
+from neuron_workbench.backends import get_backend
+from neuron_workbench.run.cuda_on_host import CudaOnHost
+from neuron_workbench.run.measurements import (
+    Provenance,
+    TaggedFloat,
+    TaggedInt,
+    is_measurement,
+    observe_scalars,
+    provenance_of,
+    source_dtype,
+    tracked,
+)
+from neuron_workbench.run.remap import cuda_remapped_to
+
+MS = Provenance("time", "torch.cuda.Event.elapsed_time", "ms")
+BYTES = Provenance("memory", "torch.cuda.max_memory_allocated", "B")
+
+
+@pytest.mark.parametrize(
+    ("expression", "unit"),
+    [
+        ("(t1 - t0) * 1e3", "ms"),
+        ("1000 * (t1 - t0)", "ms"),
+        ("(t1 - t0) * 1e6", "us"),
+        ("t1 - t0", "s"),
+        ("(t1 - t0) / 4", "s"),  # per step
+        ("4 / (t1 - t0)", None),  # a rate
+        ("round((t1 - t0) * 1e3, 2)", "ms"),
+        ("abs(t0 - t1)", "s"),
+    ],
+)
+def test_timer_values_stay_measurements_through_arithmetic(expression, unit):
+    with tracked(torch.cuda):
+        timers = {"t0": time.perf_counter(), "t1": time.perf_counter()}
+    value = eval(expression, {}, timers)
+    assert is_measurement(value)
+    assert provenance_of(value).unit == unit
+    assert provenance_of(value).source == "time.perf_counter"
+
+
+def test_memory_figures_scale_by_exact_factors_only():
+    mem = TaggedInt(3 * 2**20, BYTES)
+    assert provenance_of(mem / 2**20).unit == "MiB" and mem / 2**20 == 3.0
+    assert provenance_of(mem // 1024).unit == "KiB"
+    assert provenance_of(mem / 1e9).unit == "GB"
+    assert provenance_of(mem * 2).unit == "B"
+    assert provenance_of(mem / mem).unit is None
+    # a plain float on the left of an int measurement is float's own operator: not tagged
+    assert provenance_of(1.0 * mem) is None
+
+
+def test_tagged_numbers_behave_as_plain_numbers():
+    ms = TaggedFloat(12.5, MS)
+    assert repr(ms) == "12.5" and str(ms) == "12.5" and f"{ms:.1f}" == "12.5"
+    assert ms == 12.5 and hash(ms) == hash(12.5) and isinstance(ms, float)
+    assert json.dumps({"ms": ms, "n": TaggedInt(3, BYTES)}) == '{"ms": 12.5, "n": 3}'
+    assert torch.equal(torch.tensor(ms), torch.tensor(12.5))
+    assert torch.equal(torch.ones(2) * ms, torch.full((2,), 12.5))
+    assert type(ms * torch.ones(2)) is torch.Tensor  # tensors built from them are plain
+    assert type(float(ms)) is float and type(int(TaggedInt(3, BYTES))) is int
+    assert ms > 3 and type(ms > 3) is bool
+    assert math.floor(ms) == 12 and provenance_of(math.floor(ms)) == MS
+
+
+def test_tagged_numbers_pickle_and_copy_with_their_provenance():
+    ms = TaggedFloat(12.5, MS)
+    for copied in (pickle.loads(pickle.dumps([ms])), copy.deepcopy([ms])):
+        assert type(copied[0]) is TaggedFloat and provenance_of(copied[0]) == MS
+
+
+def test_tracked_puts_every_source_back():
+    originals = (time.perf_counter, time.time_ns, torch.Tensor.item, torch.cuda.memory_allocated)
+    with tracked(torch.cuda):
+        assert is_measurement(time.time_ns())
+        assert provenance_of(time.time_ns()).unit == "ns"
+    after = (time.perf_counter, time.time_ns, torch.Tensor.item, torch.cuda.memory_allocated)
+    assert after == originals
+    assert "item" not in vars(torch.Tensor) and type(time.perf_counter()) is float
+    assert type(torch.ones(()).item()) is float
+
+
+def test_scalars_from_tensors_carry_their_dtype_and_pass_one_interception_point():
+    # the run's torch function mode hands each conversion to the hook
+    seen = []
+    with (
+        cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()),
+        observe_scalars(lambda t, v, how: seen.append((how, v))),
+    ):
+        loss = torch.tensor(0.25, dtype=torch.float32).item()
+        half = torch.tensor([1.5], dtype=torch.bfloat16).item()
+        ints = torch.arange(2, dtype=torch.int32).tolist()
+        big = torch.zeros(2000).tolist()
+        as_float = float(torch.tensor(2.0))
+        as_int = int(torch.tensor(3))
+        flag = torch.tensor(True).item()
+        running = 0.0
+        running += loss
+    assert source_dtype(loss) == torch.float32 and source_dtype(half) == torch.bfloat16
+    assert [source_dtype(i) for i in ints] == [torch.int32, torch.int32]
+    assert source_dtype(running / 2) == torch.float32  # arithmetic keeps the tensor's precision
+    assert source_dtype(ints[0] / 2) is None  # an int tensor's value divided is no int32 any more
+    assert source_dtype(big[0]) is None  # a data dump stays plain
+    # Python makes float() and int() return exact types: observed, handed out plain
+    assert type(as_float) is float and type(as_int) is int and flag is True
+    assert [how for how, _ in seen] == [
+        "Tensor.item",
+        "Tensor.item",
+        "Tensor.tolist",  # the 2000-element one is not a logged value: not seen
+        "float",
+        "int",
+        "Tensor.item",
+    ]
+    assert not is_measurement(loss)
+
+
+def test_the_cpu_reference_accounts_the_storages_of_its_run():
+    host = CudaOnHost(account_memory=True)
+    with cuda_remapped_to(get_backend("cpu"), host=host):
+        torch.cuda.reset_peak_memory_stats()
+        a = torch.ones(1024, device="cuda")  # 4 KiB
+        b = torch.ones(2048, device="cuda")  # 8 KiB
+        view = b[:10]
+        current = torch.cuda.memory_allocated()
+        del a
+        after_free = torch.cuda.memory_allocated()
+        peak = torch.cuda.max_memory_allocated()
+        stats = torch.cuda.memory_stats()
+    assert (current, after_free, peak) == (12288, 8192, 12288)
+    assert is_measurement(peak) and provenance_of(peak).unit == "B"
+    assert stats["allocated_bytes.all.peak"] == 12288 and view.numel() == 10
+
+
+def test_without_accounting_the_cpu_reference_answers_zero():
+    with cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()):
+        torch.ones(1024, device="cuda")
+        assert torch.cuda.max_memory_allocated() == 0
+
+
+def test_compiled_code_converts_scalars_as_without_the_hook(recwarn):
+    def body(x):
+        return x.sum().item() + float(x[0])
+
+    compiled = torch.compile(body, backend="eager")
+    with cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()):
+        value = compiled(torch.ones(3))
+    assert value == 4.0
+    assert not [w for w in recwarn if "does not know how to trace" in str(w.message)]

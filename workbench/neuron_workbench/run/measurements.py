@@ -1,0 +1,561 @@
+"""Where a cell's Python numbers came from: timers, memory statistics, device properties, tensors.
+
+A cell that times itself or reads memory statistics binds numbers that differ between any two runs
+by nature; they are *measurements*, to be shown side by side, never diffed. A Python number that
+``loss.item()`` made from a float32 tensor carries float32 precision, not float64. Both facts are
+known only where the number is made, so for the length of a run the sources hand out numbers that
+remember it:
+
+- timers (``time.perf_counter``, ``time``, ``monotonic``, ``process_time``, ``thread_time`` and their
+  ``_ns`` forms), ``torch.cuda.Event.elapsed_time``;
+- ``torch.cuda`` memory statistics (``memory_allocated``, ``max_memory_allocated``,
+  ``memory_reserved``, ``max_memory_reserved``, ``memory_stats``, ``mem_get_info``) and device
+  properties (``get_device_properties``, ``get_device_name``, ``get_device_capability``);
+- tensor to Python scalar conversions (``Tensor.item``, ``.tolist()`` of a tensor of at most
+  :data:`SMALL_TOLIST` elements; ``float(t)`` and ``int(t)`` are seen but stay plain, as Python
+  requires), all through :func:`scalar_from_tensor`, the one interception point, reached from the
+  run's torch function mode (:func:`materialise`); issue 27 records the sequence of scalars there.
+  A run on a real CUDA backend has no such mode (nothing is remapped): its scalars stay plain, and
+  a comparison takes the dtype from the other run.
+
+The numbers are :class:`TaggedFloat`, :class:`TaggedInt` and :class:`TaggedStr`: plain ``float``,
+``int`` and ``str`` subclasses with a :class:`Provenance`. They behave as the plain values do
+(``repr``, formatting, hashing, equality, JSON, use as torch arguments); arithmetic with plain
+numbers or other tagged numbers keeps the provenance (``(t1 - t0) * 1e3``, ``mem / 2**20``,
+``ms / steps``, ``running += loss.item()``), and so do lists and dicts that hold them. They pickle
+by value with their provenance, so they come back from a worker process as they left. Nothing runs
+per op beyond one lookup in the run's existing torch function mode: the timers and statistics are
+replaced only while :func:`tracked` is active.
+
+What loses the provenance (documented limits): ``int(x)`` and ``float(x)`` of a tagged number
+(Python requires exact types there), string formatting (``f"{ms:.1f}"``), NumPy and ``statistics``
+functions, and tensors built from tagged numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MEASUREMENT_KINDS",
+    "SMALL_TOLIST",
+    "Provenance",
+    "TaggedFloat",
+    "TaggedInt",
+    "TaggedStr",
+    "is_measurement",
+    "observe_scalars",
+    "provenance_of",
+    "scalar_from_tensor",
+    "source_dtype",
+    "tag",
+    "tracked",
+]
+
+#: Provenance kinds that make a value a measurement (shown, never diffed).
+MEASUREMENT_KINDS = ("time", "memory", "device")
+#: ``.tolist()`` of a tensor with at most this many elements gives tagged numbers.
+SMALL_TOLIST = 1024
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a Python value came from.
+
+    Attributes
+    ----------
+    kind : str
+        ``time``, ``memory`` or ``device`` (measurements: :data:`MEASUREMENT_KINDS`), or ``tensor``
+        (a scalar materialised from a tensor).
+    source : str
+        The call that made it, e.g. ``time.perf_counter``, ``torch.cuda.max_memory_allocated``,
+        ``Tensor.item``.
+    unit : str or None
+        ``s``, ``ms``, ``us``, ``ns``, ``B``, ``KiB``, ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB`` where
+        known (scaled by exact factors such as ``* 1e3`` or ``/ 2**20``); None otherwise.
+    dtype : str or None
+        For ``tensor``: the dtype of the tensor the value came from (``float32``).
+    """
+
+    kind: str
+    source: str
+    unit: str | None = None
+    dtype: str | None = None
+
+    @property
+    def measurement(self) -> bool:
+        """True for timers, memory statistics and device properties."""
+        return self.kind in MEASUREMENT_KINDS
+
+
+# ---- units -----------------------------------------------------------------------------------------
+
+_UNIT_SIZES = {
+    "time": {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9},
+    "memory": {
+        "B": 1.0,
+        "KiB": 2.0**10,
+        "MiB": 2.0**20,
+        "GiB": 2.0**30,
+        "KB": 1e3,
+        "MB": 1e6,
+        "GB": 1e9,
+    },
+}
+_FAMILY = {unit: family for family, units in _UNIT_SIZES.items() for unit in units}
+
+
+def _scaled(unit: str | None, factor: float) -> str | None:
+    """The unit of ``value * factor`` for a value in ``unit`` (kept when no exact unit fits)."""
+    family = _FAMILY.get(unit or "")
+    if family is None:
+        return unit
+    size = _UNIT_SIZES[family][unit] / factor  # type: ignore[index]
+    for name, other in _UNIT_SIZES[family].items():
+        if math.isclose(size, other, rel_tol=1e-9):
+            return name
+    return unit  # ``ms / steps``: still milliseconds (per step)
+
+
+# ---- tagged values -------------------------------------------------------------------------------
+
+_NUMBER = (int, float)
+
+
+def provenance_of(value: Any) -> Provenance | None:
+    """The :class:`Provenance` of a tagged value, or None."""
+    return getattr(value, "provenance", None) if isinstance(value, _TAGGED) else None
+
+
+def is_measurement(value: Any) -> bool:
+    """Whether ``value`` came from a timer, a memory statistic or a device property."""
+    prov = provenance_of(value)
+    return prov is not None and prov.measurement
+
+
+def source_dtype(value: Any) -> torch.dtype | None:
+    """The dtype of the tensor a Python scalar was materialised from, or None."""
+    prov = provenance_of(value)
+    if prov is None or prov.kind != "tensor" or prov.dtype is None:
+        return None
+    dtype = getattr(torch, prov.dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def tag(value: Any, provenance: Provenance) -> Any:
+    """``value`` with ``provenance``: numbers and strings tagged, lists/tuples/dicts item by item.
+
+    Booleans cannot be subclassed and stay as they are, as does anything else.
+    """
+    kind = type(value)
+    if kind is bool or value is None:
+        return value
+    if isinstance(value, float):
+        return TaggedFloat(value, provenance)
+    if isinstance(value, int):
+        return TaggedInt(value, provenance)
+    if isinstance(value, str):
+        return TaggedStr(value, provenance)
+    if kind is list:
+        return [tag(item, provenance) for item in value]
+    if kind is tuple:
+        return tuple(tag(item, provenance) for item in value)
+    if kind is dict:
+        return {key: tag(item, provenance) for key, item in value.items()}
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, TaggedFloat):
+        return float.__float__(value)
+    if isinstance(value, TaggedInt):
+        return int.__int__(value)
+    return value
+
+
+def _combined(
+    a: Provenance | None, b: Provenance | None, name: str, other: Any, result: Any
+) -> Provenance | None:
+    """The provenance of ``self <name> other``, or None when the result has none.
+
+    ``a`` is self's, ``b`` the other operand's (None for a plain number ``other``), ``result`` the
+    plain result.
+    """
+    reflected = name in _REFLECTED
+    name = name.removeprefix("r") if reflected else name
+    if a is None or (b is not None and b.measurement and not a.measurement):
+        a, b = b, a
+    if a is None:
+        return None
+    if a.measurement:
+        unit = a.unit
+        if b is not None:  # two tagged operands: a unit survives only adding like to like
+            unit = a.unit if name in ("add", "sub") and b.unit == a.unit else None
+        elif name == "mul" and other:
+            unit = _scaled(a.unit, float(other))
+        elif name in ("truediv", "floordiv") and other and not reflected:
+            unit = _scaled(a.unit, 1.0 / float(other))
+        elif name in ("pow", "mod", "truediv", "floordiv"):
+            unit = None  # ``n / seconds`` is a rate
+        return a if unit == a.unit else replace(a, unit=unit)
+    # Scalars from tensors: Python arithmetic with a plain number keeps the tensor's precision
+    # (as a tensor op with a Python scalar would); two sources promote as tensors do.
+    dtype = a.dtype
+    if b is not None and b.dtype and dtype and b.dtype != dtype:
+        promoted = torch.promote_types(getattr(torch, dtype), getattr(torch, b.dtype))
+        dtype = str(promoted).removeprefix("torch.")
+    torch_dtype = getattr(torch, dtype or "", None)
+    if not isinstance(torch_dtype, torch.dtype):
+        return None
+    if isinstance(result, float) != torch_dtype.is_floating_point:
+        return None  # ``int_item / 2`` or ``math.floor(loss)``: the tensor's dtype no longer says
+    return a if dtype == a.dtype else replace(a, dtype=dtype)
+
+
+def _binary(name: str) -> Callable[[Any, Any], Any]:
+    reflected = name in _REFLECTED
+    op = getattr(operator, name[1:] if reflected else name)
+
+    def method(self: Any, other: Any, *modulo: Any) -> Any:
+        if modulo:  # three-argument pow(): a plain result, as the builtin type gives it
+            return pow(_plain(self), _plain(other), *modulo)
+        if not isinstance(other, _NUMBER):
+            return NotImplemented  # a tensor, an array: their own operator decides
+        a, b = _plain(self), _plain(other)
+        result = op(b, a) if reflected else op(a, b)
+        if type(result) is bool or not isinstance(result, _NUMBER):
+            return result
+        prov = _combined(self.provenance, provenance_of(other), name, b, result)
+        return result if prov is None else tag(result, prov)
+
+    method.__name__ = f"__{name}__"
+    return method
+
+
+def _unary(func: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: Any, *args: Any) -> Any:
+        result = func(_plain(self), *args)
+        if not isinstance(result, _NUMBER) or type(result) is bool:
+            return result
+        prov = _combined(self.provenance, None, "unary", None, result)
+        return result if prov is None else tag(result, prov)
+
+    return method
+
+
+_BINARY = (
+    "add",
+    "radd",
+    "sub",
+    "rsub",
+    "mul",
+    "rmul",
+    "truediv",
+    "rtruediv",
+    "floordiv",
+    "rfloordiv",
+    "mod",
+    "rmod",
+    "pow",
+    "rpow",
+)
+_REFLECTED = frozenset(n for n in _BINARY if n.startswith("r"))
+_UNARY = {
+    "__neg__": operator.neg,
+    "__pos__": operator.pos,
+    "__abs__": abs,
+    "__round__": round,
+    "__floor__": math.floor,
+    "__ceil__": math.ceil,
+    "__trunc__": math.trunc,
+}
+
+
+def _rebuild(cls: type, value: Any, provenance: Provenance) -> Any:
+    return cls(value, provenance)
+
+
+class _TaggedNumber:
+    """Arithmetic that keeps the provenance (mixed into the float and int subclasses)."""
+
+    provenance: Provenance
+
+    def __reduce__(self) -> Any:
+        return _rebuild, (type(self), _plain(self), self.provenance)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+
+for _name in _BINARY:
+    setattr(_TaggedNumber, f"__{_name}__", _binary(_name))
+for _dunder, _func in _UNARY.items():
+    setattr(_TaggedNumber, _dunder, _unary(_func))
+
+
+class TaggedFloat(_TaggedNumber, float):
+    """A ``float`` that remembers where it came from (see :class:`Provenance`)."""
+
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedFloat:  # noqa: D102
+        self = float.__new__(cls, value)
+        self.provenance = provenance
+        return self
+
+    __repr__ = float.__repr__
+    __str__ = float.__repr__
+    __hash__ = float.__hash__
+
+
+class TaggedInt(_TaggedNumber, int):
+    """An ``int`` that remembers where it came from (see :class:`Provenance`)."""
+
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedInt:  # noqa: D102
+        self = int.__new__(cls, value)
+        self.provenance = provenance
+        return self
+
+    __repr__ = int.__repr__
+    __str__ = int.__repr__
+    __hash__ = int.__hash__
+
+
+class TaggedStr(str):
+    """A ``str`` that remembers where it came from (a device name)."""
+
+    def __new__(cls, value: Any, provenance: Provenance) -> TaggedStr:  # noqa: D102
+        self = str.__new__(cls, value)
+        self.provenance = provenance
+        return self
+
+    def __reduce__(self) -> Any:
+        return _rebuild, (TaggedStr, str(self), self.provenance)
+
+
+_TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
+
+
+# ---- tensor to Python scalar: the one interception point ------------------------------------------
+
+_observers: list[Callable[[torch.Tensor, Any, str], None]] = []
+_BASE = torch._C.TensorBase
+#: The tensor methods that make Python scalars, as a torch function mode sees them, and their names.
+SCALAR_CONVERSIONS: dict[Any, str] = {
+    _BASE.item: "Tensor.item",
+    _BASE.__float__: "float",
+    _BASE.__int__: "int",
+    _BASE.tolist: "Tensor.tolist",
+}
+
+
+def scalar_from_tensor(tensor: torch.Tensor, value: Any, how: str) -> Any:
+    """Every tensor to Python scalar conversion of a run passes here; returns the value to hand out.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        The tensor converted.
+    value : object
+        What the conversion produced (a number, or nested lists of numbers for ``tolist``).
+    how : str
+        ``Tensor.item``, ``float``, ``int`` or ``Tensor.tolist``.
+
+    Returns
+    -------
+    object
+        ``value`` tagged with the tensor's dtype (:func:`source_dtype` reads it back). Observers
+        registered with :func:`observe_scalars` see each conversion first, in order.
+    """
+    for observer in _observers:
+        observer(tensor, value, how)
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    return tag(value, Provenance("tensor", how, dtype=dtype))
+
+
+@contextlib.contextmanager
+def observe_scalars(observer: Callable[[torch.Tensor, Any, str], None]) -> Iterator[None]:
+    """Call ``observer(tensor, value, how)`` for every scalar a run materialises."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)
+
+
+def materialise(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one of :data:`SCALAR_CONVERSIONS` for a run's torch function mode, through the hook.
+
+    ``float(t)`` and ``int(t)`` are observed but hand out plain values: Python turns a subclass
+    returned by ``__float__``/``__int__`` back into a plain number (with a DeprecationWarning).
+    ``.tolist()`` of more than :data:`SMALL_TOLIST` elements is a data dump, not a logged value,
+    and is left alone. Under ``torch.compile`` tracing the call is Dynamo's own.
+    """
+    value = func(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return value
+    how = SCALAR_CONVERSIONS[func]
+    tensor = args[0]
+    if how == "Tensor.tolist" and tensor.numel() > SMALL_TOLIST:
+        return value
+    tagged = scalar_from_tensor(tensor, value, how)
+    return value if how in ("float", "int") else tagged
+
+
+# ---- measurement sources -----------------------------------------------------------------------
+
+_TIMERS = {
+    name: ("ns" if name.endswith("_ns") else "s")
+    for name in (
+        "perf_counter",
+        "perf_counter_ns",
+        "time",
+        "time_ns",
+        "monotonic",
+        "monotonic_ns",
+        "process_time",
+        "process_time_ns",
+        "thread_time",
+        "thread_time_ns",
+    )
+}
+#: ``torch.cuda`` functions whose results are measurements: kind and unit.
+CUDA_SOURCES = {
+    "memory_allocated": ("memory", "B"),
+    "max_memory_allocated": ("memory", "B"),
+    "memory_reserved": ("memory", "B"),
+    "max_memory_reserved": ("memory", "B"),
+    "memory_stats": ("memory", None),
+    "mem_get_info": ("memory", "B"),
+    "get_device_properties": ("device", None),
+    "get_device_name": ("device", None),
+    "get_device_capability": ("device", None),
+}
+
+
+def _timer(name: str, unit: str) -> Callable[[], Any]:
+    original = getattr(time, name)
+    prov = Provenance("time", f"time.{name}", unit)
+    kind = TaggedInt if unit == "ns" else TaggedFloat
+
+    def timer() -> Any:
+        return kind(original(), prov)
+
+    timer.__name__ = name
+    timer.__doc__ = original.__doc__
+    return timer
+
+
+class TaggedProperties:
+    """A device-properties object whose numbers and strings are tagged as device measurements."""
+
+    def __init__(self, properties: Any, source: str) -> None:
+        self._properties = properties
+        self._source = source
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # its own fields, and pickle's probes, while being rebuilt
+            raise AttributeError(name)
+        value = getattr(self._properties, name)
+        unit = "B" if name.endswith("memory") else None
+        return tag(value, Provenance("device", f"{self._source}().{name}", unit))
+
+    def __repr__(self) -> str:
+        return repr(self._properties)
+
+
+def _measured(func: Callable[..., Any], name: str) -> Callable[..., Any]:
+    kind, unit = CUDA_SOURCES[name]
+    prov = Provenance(kind, f"torch.cuda.{name}", unit)
+
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        value = func(*args, **kwargs)
+        tagged = tag(value, prov)
+        if tagged is value and name == "get_device_properties":
+            return TaggedProperties(value, prov.source)
+        return tagged
+
+    measured.__name__ = name
+    measured.__doc__ = getattr(func, "__doc__", None)
+    return measured
+
+
+def cuda_replacements(cuda: Any) -> dict[str, Any]:
+    """Replacements for ``cuda``'s (``torch.cuda`` or the run's shim of it) measurement sources.
+
+    The shim's ``Event`` tags its own ``elapsed_time``; a real CUDA ``Event`` gets a subclass that
+    does.
+    """
+    replacements: dict[str, Any] = {}
+    for name in CUDA_SOURCES:
+        func = getattr(cuda, name, None)
+        if callable(func):
+            replacements[name] = _measured(func, name)
+    event = getattr(cuda, "Event", None)
+    if isinstance(event, type) and not getattr(event, "tags_elapsed_time", False):
+        replacements["Event"] = type(
+            "Event", (event,), {"elapsed_time": _tagged_elapsed(event.elapsed_time)}
+        )
+    return replacements
+
+
+def _tagged_elapsed(elapsed: Callable[..., float]) -> Callable[..., Any]:
+    def elapsed_time(self: Any, end_event: Any) -> Any:
+        return elapsed_ms(elapsed(self, end_event))
+
+    return elapsed_time
+
+
+def elapsed_ms(value: float) -> TaggedFloat:
+    """``Event.elapsed_time``'s milliseconds, tagged as a time measurement."""
+    return TaggedFloat(value, Provenance("time", "torch.cuda.Event.elapsed_time", "ms"))
+
+
+@contextlib.contextmanager
+def tracked(cuda: Any) -> Iterator[None]:
+    """For the body: timers and ``cuda``'s statistics hand out tagged values.
+
+    ``cuda`` is what ``torch.cuda`` resolves to during the run (the run's shim, or the real module
+    on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
+    torch function mode, through :func:`materialise`.
+    """
+    from neuron_workbench.run.cuda_module import patched_attributes
+
+    timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched_attributes(time, timers))
+        stack.enter_context(patched_attributes(cuda, cuda_replacements(cuda)))
+        yield
+
+
+#: ``torch.cuda`` names whose answers on the cpu reference need its memory accounting.
+MEMORY_STATISTICS = frozenset(
+    name for name, (kind, _) in CUDA_SOURCES.items() if kind == "memory"
+) | {"memory_summary", "reset_peak_memory_stats", "reset_max_memory_allocated"}
+
+
+def reads_memory_statistics(program: Any, namespace: Any) -> bool:
+    """Whether the cell, or a notebook function it reaches, names a CUDA memory statistic.
+
+    A static test (like ``calls_backward``): the cpu reference keeps its memory accounting, which
+    costs a little per op, only for such cells. A library that reads the statistics itself is not
+    seen; its figures are then 0 on the reference.
+    """
+    from neuron_workbench.run.cell import _code_names, _user_functions, referenced_names
+
+    if any(name in program.source for name in MEMORY_STATISTICS):
+        return True
+    for name in referenced_names(program, namespace):
+        for func in _user_functions(namespace.get(name), namespace):
+            if MEMORY_STATISTICS.intersection(_code_names(func.__code__)):
+                return True
+    return False
