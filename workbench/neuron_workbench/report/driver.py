@@ -222,10 +222,13 @@ def compare_cell(
     for availability in checks:
         if not availability:
             raise BackendUnavailable(availability.reason)
+    from neuron_workbench.trace.compile import compile_instrument
     from neuron_workbench.trace.optimizer import optimizer_instrument
 
     # Gradients at every optimizer.step(): evidence for the optimizer hints, copied only on a step.
     all_instruments = {"optimizer": optimizer_instrument, **(instruments or {})}
+    # What torch.compile did (graphs, graph breaks, recompiles): nothing unless the cell compiles.
+    all_instruments.setdefault("compile", compile_instrument(program.filename))
     if options.layers:
         from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument
@@ -290,6 +293,7 @@ def compare_cell(
         f"{name!r} could not be deep-copied, so both runs used the same object"
         for name in sorted(set(ref_run.shared_names) | set(target_run.shared_names))
     ]
+    warnings += _compile_warnings(target_run)
     report = Report(
         ref=ref_run,
         target=target_run,
@@ -316,6 +320,13 @@ def compare_cell(
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def _compile_warnings(run: Run) -> list[str]:
+    """What the target's torch.compile warned (an ignored ``mode``), once each."""
+    record = recorded(run.extras.get("compile"))
+    found = getattr(record, "warnings", None) or []
+    return [f"{run.backend.name}: {w}" for w in dict.fromkeys(found)]
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ returning, whatever happened. Committing a run's results is a separate, explicit
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import random
 import sys
@@ -283,6 +284,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             host = CudaOnHost(resident, precision=spec.ref_precision)
             for device in cuda_devices.values():
                 host.remember_cuda_device(device)
+        if "compile" in spec.program.source and "torch._dynamo" not in sys.modules:
+            # Dynamo maps torch's functions by identity when first imported: importing it inside
+            # the remapped run would map the run's wrappers and leave torch.rand* unknown to it.
+            importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
