@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 import warnings
 from typing import Any
@@ -164,12 +165,16 @@ class DeviceBackend:
         from torch._functorch.aot_autograd import make_boxed_func
 
         where = _where(gm)
+        from torch._guards import CompileContext
+
+        compile_id = str(CompileContext.current_compile_id() or "")
 
         def graph_compiler(graph: torch.fx.GraphModule, inputs: list[Any]) -> Any:
             start = time.perf_counter()
             missing = uncompiled_ops(graph)
             record = {
                 "backend": self.device_type,
+                "compile_id": compile_id,
                 "function": where[0],
                 "file": where[1],
                 "line": where[2],
@@ -204,22 +209,23 @@ class DeviceBackend:
         return compiler(gm, example_inputs)
 
 
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+_OWN_DIRS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
 def _where(gm: torch.fx.GraphModule) -> tuple[str, str, int]:
-    """``(function, file, first line)`` of the user code a Dynamo graph came from."""
+    """``(function, file, line)`` of the user code a Dynamo graph came from.
+
+    Its first op's innermost frame outside torch and the workbench.
+    """
     for node in gm.graph.nodes:
         stack = node.meta.get("stack_trace")
-        if stack:
-            last = [line for line in stack.splitlines() if line.strip().startswith("File ")]
-            if last:
-                parts = last[-1].strip().split('"')
-                if len(parts) >= 3:
-                    rest = parts[2].split(",")
-                    try:
-                        line = int(rest[1].strip().split()[1])
-                    except (IndexError, ValueError):
-                        line = 0
-                    function = rest[2].strip().removeprefix("in ").strip() if len(rest) > 2 else ""
-                    return function, parts[1], line
+        if not stack:
+            continue
+        frames = [m for m in _FRAME.finditer(stack) if not m["file"].startswith(_OWN_DIRS)]
+        if frames:
+            last = frames[-1]
+            return last["function"], last["file"], int(last["line"])
     return "", "", 0
 
 
@@ -250,12 +256,33 @@ def prepare_dynamo() -> None:
     # Frames of the emulator (the native core's per-op callbacks, its Python kernels) are skipped:
     # Dynamo neither compiles nor inlines them.
     trace_rules.add("neuron_workbench.emulator")
+    _factories_known(trace_rules)
     device_type = _core.DEVICE_TYPE
     try:
         torch._dynamo.register_backend(compiler_fn=_named_backend(device_type), name=device_type)
     except Exception:  # registered already (a second install in this process)
         pass
     _dynamo_ready = True
+
+
+def _factories_known(trace_rules: Any) -> None:
+    """Dynamo treats the emulator's factory wrappers (``pin_memory=``) as torch functions.
+
+    Both the wrappers and the builtins they wrap, whichever of the two Dynamo found at its import.
+    """
+    from neuron_workbench.emulator import _pinned
+
+    rules = trace_rules.get_torch_obj_rule_map()
+    wrappers = [getattr(torch, name, None) for name in _pinned.FACTORIES]
+    wrappers += [getattr(torch.Tensor, name, None) for name in _pinned.TENSOR_FACTORIES]
+    for wrapper in wrappers:
+        inner = getattr(wrapper, "__wrapped__", None)
+        if inner is None:
+            continue
+        rule = rules.get(wrapper) or rules.get(inner)
+        if rule is not None:
+            rules.setdefault(wrapper, rule)
+            rules.setdefault(inner, rule)
 
 
 def _named_backend(device_type: str) -> Any:

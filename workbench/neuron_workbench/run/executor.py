@@ -249,6 +249,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     captured: Captured | None = None
     recording = None
     shared: list[str] = []
+    observed: dict[str, Any] = {}
     try:
         inputs = referenced_names(spec.program, ns)
         if spec.isolate_inputs:
@@ -334,6 +335,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))
         if recording is not None:
             run.fallbacks = recording.events
+        if "compile" in observed:  # what compiled before the error (a failed compile among it)
+            run.extras = {"compile": observed["compile"]}
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)

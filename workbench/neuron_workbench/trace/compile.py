@@ -190,33 +190,34 @@ def _finish(record: CompileRecord, before: set[int], graphs_before: int) -> None
             record.recompiles.append({"function": metric.co_name, "reason": reason})
         if not metric.graph_op_count:
             continue  # a frame compiled without a graph (only Python around a graph break)
-        mine = [
-            g
-            for g in device_graphs
-            if g.get("file") == metric.co_filename or g.get("function") == metric.co_name
-        ]
+        mine = [g for g in device_graphs if g.get("compile_id") == str(metric.compile_id)]
         backend = mine[0]["backend"] if mine else _backend_of(metric)
+        # A compiled module's frame is Dynamo's wrapper: the graph's own user code says more.
+        where = (mine[0]["function"], mine[0]["file"], mine[0]["line"]) if mine else None
+        if not where or not where[1]:
+            where = (metric.co_name, metric.co_filename, metric.co_firstlineno)
         record.graphs.append(
             {
                 "backend": backend,
-                "function": metric.co_name,
-                "file": metric.co_filename,
-                "line": metric.co_firstlineno,
+                "function": where[0],
+                "file": where[1],
+                "line": where[2],
                 "ops": int(metric.graph_op_count),
                 "compile_s": seconds,
                 "recompile": reason,
                 "fallback_ops": sorted({op for g in mine for op in g.get("fallback_ops", ())}),
             }
         )
-    if device_graphs and record.graphs and not any(g["fallback_ops"] for g in record.graphs):
-        # AOT graphs not matched to a frame by name: their uncompiled ops still count.
-        missing = sorted({op for g in device_graphs for op in g.get("fallback_ops", ())})
-        if missing:
-            record.graphs[-1]["fallback_ops"] = missing
 
 
 def _backend_of(metric: Any) -> str:
-    if metric.inductor_compile_time_s or metric.inductor_cumulative_compile_time_us:
+    inductor = (
+        metric.inductor_compile_time_s,
+        metric.inductor_cumulative_compile_time_us,
+        metric.inductor_fx_local_cache_hit_count,
+        metric.inductor_fx_local_cache_miss_count,
+    )
+    if any(inductor):
         return "inductor"
     return "torch.compile"
 
