@@ -293,6 +293,13 @@ def _named_backend(device_type: str) -> Any:
     return backend
 
 
+@functools.cache
+def _backend_for(device_type: str, dynamic: bool, *, auto: bool, inductor: bool) -> DeviceBackend:
+    # One backend object per setting: code compiled by an earlier torch.compile call with the same
+    # settings is reused, as with a named backend (a new object would fail Dynamo's backend guard).
+    return DeviceBackend(device_type, dynamic, auto=auto, inductor=inductor)
+
+
 def _compile(model: Any = None, **kwargs: Any) -> Any:
     """``torch.compile`` in an emulated process (see the module docstring)."""
     prepare_dynamo()
@@ -310,8 +317,8 @@ def _compile(model: Any = None, **kwargs: Any) -> Any:
         options = kwargs.get("options") or {}
         if given == "inductor" and options.get("tpu_backend") == "pallas":
             raise _inductor_on_tpu_error()
-        kwargs["backend"] = DeviceBackend(
-            device_type, dynamic, auto=given is None, inductor=given == "inductor"
+        kwargs["backend"] = _backend_for(
+            device_type, bool(dynamic), auto=given is None, inductor=given == "inductor"
         )
         # Static shapes: each new input shape compiles again. dynamic=True reaches the backend,
         # which rejects it when a graph compiles.

@@ -340,7 +340,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)
-        for name in [n for n in ns if n not in saved]:
+        for name in [n for n in ns if n not in saved and not n.startswith(_DYNAMO_GLOBALS)]:
             del ns[name]
         ns.update(saved)
     run.shared_names = shared
@@ -348,6 +348,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.stdout, run.stderr = captured.stdout, captured.stderr
         spec.captured[run_id or backend.name] = captured
     return run
+
+
+#: Globals torch.compile installs in the namespace of the code it compiles; its compiled code and
+#: cleanup hooks look them up there later, so they stay (they are never outputs).
+_DYNAMO_GLOBALS = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_", "___")
 
 
 def _default_device_setting() -> torch.device | None:
