@@ -174,6 +174,9 @@ def test_a_graph_break_is_recorded_with_its_cell_line(ip):
     # cell lines count the %%neuron line, as error lines do
     assert [(b["file"], b["line"]) for b in breaks] == [("cell", 4)], breaks
     assert "print" in breaks[0]["reason"]
+    # the HTML report shows the section, with the break's cell line
+    page = report._repr_html_()
+    assert "<h4>torch.compile</h4>" in page and "cell line 4" in page
 
 
 def test_a_compiler_error_names_its_cause_on_the_line():
