@@ -5,7 +5,10 @@ compile errors hid their cause, SDPA could not be traced on the emulated device.
 """
 
 import gc
+import json
+from importlib import resources
 
+import jsonschema
 import pytest
 
 from neuron_workbench.run.records import RunError
@@ -69,6 +72,11 @@ def test_a_compiled_mlp_is_compared_not_an_error(ip, target):
     ref = data["ref"]["compile"]
     assert ref["graphs"] and {g["backend"] for g in ref["graphs"]} == {"inductor"}
     assert "compile" in data["target"]
+    # additive to the report schema
+    schema = json.loads(
+        resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
+    )
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
 
 
 def test_dynamic_true_on_neuron_is_the_documented_rejection_in_one_line(ip):
