@@ -246,3 +246,38 @@ def test_a_compiled_gpt_training_step_compiles_on_both_sides(ip, target):
         assert all(s == "match" for p, s in statuses.items() if p.startswith("grads")), statuses
         for failure in report.comparison.failures:
             assert "optimizer amplification" in str(failure.to_dict()), failure.headline()
+
+
+KTH = "%%neuron --target {target} -o r\ny = torch.compile(lambda t: t.kthvalue(2, 0).values)(x.cuda())"
+
+
+def test_an_op_neuron_cannot_compile_fails_the_graph_by_default(ip):
+    # aten::kthvalue: not in TorchNeuron's op list, not a core ATen op, no decomposition
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron"))
+    line = _report(ip).summary()
+    assert _report(ip).verdict == "ERROR" and "\n" not in line
+    assert (
+        "backend='neuron' raised: RuntimeError: neuron could not compile a graph holding " in line
+    )
+    assert "aten::kthvalue" in line and "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1" in line
+
+
+def test_fallback_execution_runs_such_a_graph_eagerly_on_neuron(ip, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron"))
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    graphs = report.to_dict()["target"]["compile"]["graphs"]
+    assert [g["fallback_ops"] for g in graphs] == [["aten::kthvalue"]]
+    assert "aten::kthvalue" in report.target.fallback_ops()  # it ran on the CPU, as in eager
+
+
+def test_an_op_tpu_lacks_in_a_graph_is_torchtpus_wrapped_error(ip):
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="tpu"))
+    assert (
+        "BackendCompilerFailed: backend='tpu' raised: RuntimeError: operator 'aten::kthvalue' is "
+        "not implemented for TPU. Please file a feature request" in _report(ip).summary()
+    )

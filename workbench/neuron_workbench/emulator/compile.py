@@ -106,8 +106,8 @@ def uncompiled_ops(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
         plan = _core._PLANS.get(target) or _core._make_plan(target)
-        if plan[0] != _core.K_FALLBACK:
-            continue  # native, a view, or decomposed into ops the device runs
+        if plan[0] in (_core.K_RUN, _core.K_IMPL):
+            continue  # native, a view, or an op the emulator implements for the device
         if not eager_only and torch.Tag.core in target.tags:
             continue
         missing.add(_op_name(target))
