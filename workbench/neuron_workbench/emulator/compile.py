@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 import time
 import warnings
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.emulator import _core
+from neuron_workbench.emulator import events as _events
 
 __all__ = [
     "COVERAGE_ENV",
@@ -149,10 +151,7 @@ class DeviceBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
         """Compile one Dynamo graph (AOTAutograd, then each graph op by op on the device)."""
-        on_device = any(
-            isinstance(t, torch.Tensor) and t.device.type == self.device_type
-            for t in example_inputs
-        )
+        on_device = _on_device(gm, example_inputs, self.device_type)
         if (self.auto or self.inductor) and not on_device:
             from torch._inductor.compile_fx import compile_fx
 
@@ -199,7 +198,9 @@ class DeviceBackend:
                 record["eager"] = True  # each of those ops falls back to the CPU, as in eager
             record["compile_s"] = time.perf_counter() - start
             GRAPHS.append(record)
-            return make_boxed_func(graph.forward)
+            if record["eager"]:
+                return make_boxed_func(graph.forward)  # op by op, as eager mode runs it
+            return _compiled_runner(graph, _base_names(graph))
 
         compiler = aot_autograd(
             fw_compiler=graph_compiler,
@@ -211,6 +212,50 @@ class DeviceBackend:
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _OWN_DIRS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+def _on_device(gm: torch.fx.GraphModule, example_inputs: list[Any], device_type: str) -> bool:
+    """Whether a graph touches the device: an input on it, or a value made on it inside."""
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == device_type:
+            return True
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and value.device.type == device_type:
+            return True
+    return False
+
+
+_running = threading.local()
+
+
+def _compiled_here(op: str) -> bool:
+    ops = getattr(_running, "ops", None)
+    return ops is not None and op in ops
+
+
+def _base_names(gm: torch.fx.GraphModule) -> frozenset[str]:
+    return frozenset(
+        n.target._schema.name
+        for n in gm.graph.nodes
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    )
+
+
+def _compiled_runner(graph: torch.fx.GraphModule, ops: frozenset[str]) -> Any:
+    """Run a compiled graph (boxed): its ops, which the compiler took, are not CPU fallbacks."""
+    _events.COMPILED_HERE = _compiled_here
+
+    def run(args: list[Any]) -> Any:
+        outer = getattr(_running, "ops", None)
+        _running.ops = ops
+        try:
+            return graph.forward(*args)
+        finally:
+            _running.ops = outer
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _where(gm: torch.fx.GraphModule) -> tuple[str, str, int]:
@@ -232,9 +277,14 @@ def _where(gm: torch.fx.GraphModule) -> tuple[str, str, int]:
 @functools.lru_cache(maxsize=1)
 def _decompositions() -> dict[Any, Any]:
     """Core ATen decompositions: the form both SDKs lower to StableHLO (*inference*)."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions())
+    # Ops outside the core set that PyTorch can decompose (training batch norm's functional form)
+    # are lowered through their pieces as well.
+    for op, fn in decomposition_table.items():
+        if isinstance(op, torch._ops.OpOverload) and torch.Tag.core not in op.tags:
+            table.setdefault(op, fn)
     # Ops the device runs natively stay whole, as the real backends register them.
     for op in list(table):
         if isinstance(op, torch._ops.OpOverload) and _core.is_native(op):
@@ -255,7 +305,14 @@ def prepare_dynamo() -> None:
 
     # Frames of the emulator (the native core's per-op callbacks, its Python kernels) are skipped:
     # Dynamo neither compiles nor inlines them.
-    trace_rules.add("neuron_workbench.emulator")
+    # Every emulator file but the factory wrappers (_pinned), which stand for torch's own factories
+    # inside compiled code and are traced as such.
+    package = os.path.dirname(os.path.abspath(__file__))
+    for root, _dirs, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py") and name != "_pinned.py":
+                trace_rules.SKIP_DIRS.append(os.path.join(root, name))
+    trace_rules._recompile_re()
     _factories_known(trace_rules)
     device_type = _core.DEVICE_TYPE
     try:
@@ -270,18 +327,23 @@ def _factories_known(trace_rules: Any) -> None:
 
     Both the wrappers and the builtins they wrap, whichever of the two Dynamo found at its import.
     """
+    from torch._dynamo.variables import TorchInGraphFunctionVariable
+
     from neuron_workbench.emulator import _pinned
 
     rules = trace_rules.get_torch_obj_rule_map()
     wrappers = [getattr(torch, name, None) for name in _pinned.FACTORIES]
-    wrappers += [getattr(torch.Tensor, name, None) for name in _pinned.TENSOR_FACTORIES]
-    for wrapper in wrappers:
+    methods = [getattr(torch.Tensor, name, None) for name in _pinned.TENSOR_FACTORIES]
+    for wrapper in wrappers + methods:
         inner = getattr(wrapper, "__wrapped__", None)
         if inner is None:
             continue
-        rule = rules.get(wrapper) or rules.get(inner)
+        # Tensor.new_*: the wrapped method descriptors go into the graph as they are.
+        rule = rules.pop(wrapper, None) or rules.get(inner)
+        if rule is None and wrapper in methods:
+            rule = TorchInGraphFunctionVariable
         if rule is not None:
-            rules.setdefault(wrapper, rule)
+            # Dynamo traces the wrapper's Python and takes the torch function it calls.
             rules.setdefault(inner, rule)
 
 
