@@ -284,7 +284,8 @@ def _decompositions() -> dict[Any, Any]:
     # are lowered through their pieces as well.
     for op, fn in decomposition_table.items():
         if isinstance(op, torch._ops.OpOverload) and torch.Tag.core not in op.tags:
-            table.setdefault(op, fn)
+            if not op._schema.name.startswith("aten::lift"):  # constants stay constants
+                table.setdefault(op, fn)
     # Ops the device runs natively stay whole, as the real backends register them.
     for op in list(table):
         if isinstance(op, torch._ops.OpOverload) and _core.is_native(op):

@@ -278,6 +278,8 @@ def compare_cell(
             for backend, run_id in targets
         ]
     target_run, extra_runs = target_runs[0], target_runs[1:]
+    for run in (ref_run, *target_runs):
+        _note_compiled_draws(run)
     schedule = [CONCURRENT_NOTE] if together else []
     comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
@@ -320,6 +322,20 @@ def compare_cell(
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def _note_compiled_draws(run: Run) -> None:
+    """Random functions inside compiled graphs count as the run's draws, never fingerprinted.
+
+    The compiler draws their numbers with its own generator, so two runs cannot be shown to have
+    drawn the same ones.
+    """
+    record = recorded(run.extras.get("compile"))
+    for name, count in (getattr(record, "random_ops", None) or {}).items():
+        key = f"{name} (compiled)"
+        run.facts.random_ops[key] = run.facts.random_ops.get(key, 0) + count
+        if "dropout" in name:
+            run.facts.dropout_in_training += count
 
 
 def _compile_warnings(run: Run) -> list[str]:

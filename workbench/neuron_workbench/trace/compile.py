@@ -23,6 +23,12 @@ from typing import Any
 __all__ = ["CompileRecord", "compile_instrument"]
 
 _GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+_GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
+#: Random functions as Dynamo's graph code spells their calls.
+_RANDOM_CALL = re.compile(
+    r"\b(torch(?:\.nn\.functional)?\.(?:dropout\w*|alpha_dropout|feature_alpha_dropout|rand|randn|"
+    r"randint|randperm|rand_like|randn_like|randint_like|bernoulli|normal|multinomial|poisson))\("
+)
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
 _SIZE = re.compile(
     r"tensor '(?P<name>[^']+)' (?P<what>size|stride) mismatch at index (?P<index>\d+)\. "
@@ -49,6 +55,9 @@ class CompileRecord:
         What the (emulated) ``torch.compile`` warned, e.g. an ignored ``mode``.
     errors : list of str
         Compiles that failed (one line each).
+    random_ops : dict of str to int
+        Random functions called inside compiled graphs (the compiler draws their numbers), by how
+        many graphs call them.
     compile_s : float
         Host seconds spent compiling (emulated devices: host CPU time).
     """
@@ -59,6 +68,7 @@ class CompileRecord:
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     compile_s: float = 0.0
+    random_ops: dict[str, int] = field(default_factory=dict)
 
     @property
     def compiled(self) -> bool:
@@ -99,6 +109,7 @@ class CompileRecord:
             "warnings": list(self.warnings),
             "errors": list(self.errors),
             "compile_s": self.compile_s,
+            "random_ops": dict(self.random_ops),
             "summary": self.summary(),
         }
 
@@ -132,6 +143,22 @@ class _GraphBreaks(logging.Handler):
         entry = {"reason": reason, "file": match["file"], "line": int(match["line"])}
         if entry not in self.found:
             self.found.append(entry)
+
+
+class _GraphCode(logging.Handler):
+    """Reads Dynamo's ``graph_code`` log: which random functions each compiled graph calls."""
+
+    def __init__(self, record: CompileRecord) -> None:
+        super().__init__(logging.DEBUG)
+        self.record = record
+
+    def emit(self, log: logging.LogRecord) -> None:
+        try:
+            text = log.getMessage()
+        except Exception:  # a graph that cannot be printed: nothing to read
+            return
+        for name in sorted(set(_RANDOM_CALL.findall(text))):
+            self.record.random_ops[name] = self.record.random_ops.get(name, 0) + 1
 
 
 def _shapes(metric: Any) -> dict[str, Any]:
@@ -231,17 +258,22 @@ def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
     graphs_before = len(emulated.GRAPHS) if emulated is not None else 0
     warnings_before = len(emulated.WARNINGS) if emulated is not None else 0
     handler = _GraphBreaks()
-    logger = logging.getLogger(_GRAPH_BREAK_LOGGER)
-    saved = (logger.level, logger.propagate)
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False  # recorded here, not printed into the cell's output
-    logger.addHandler(handler)
+    loggers = [
+        (logging.getLogger(_GRAPH_BREAK_LOGGER), handler),
+        (logging.getLogger(_GRAPH_CODE_LOGGER), _GraphCode(record)),
+    ]
+    saved = [(logger.level, logger.propagate) for logger, _ in loggers]
+    for logger, each in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False  # recorded here, not printed into the cell's output
+        logger.addHandler(each)
     try:
         yield record
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
+        for (logger, each), (level, propagate) in zip(loggers, saved):
+            logger.removeHandler(each)
+            logger.setLevel(level)
+            logger.propagate = propagate
         try:
             _finish(record, before, graphs_before)
         except Exception as exc:  # Dynamo's records changed shape: say so, never fail the run
