@@ -10,6 +10,7 @@ from importlib import resources
 
 import jsonschema
 import pytest
+from IPython.core.error import UsageError
 
 from neuron_workbench.run.records import RunError
 from neuron_workbench.testing import run_cell
@@ -280,4 +281,27 @@ def test_an_op_tpu_lacks_in_a_graph_is_torchtpus_wrapped_error(ip):
     assert (
         "BackendCompilerFailed: backend='tpu' raised: RuntimeError: operator 'aten::kthvalue' is "
         "not implemented for TPU. Please file a feature request" in _report(ip).summary()
+    )
+
+
+def test_strict_graph_breaks_fails_the_cell_in_one_line(ip):
+    run_cell(ip, "import torch")
+    cell = (
+        "%%neuron --strict-graph-breaks -o r\n"
+        "def f(t):\n"
+        "    t = t.sin()\n"
+        "    print('inside')\n"
+        "    return t.cos()\n"
+        "y = torch.compile(f)(torch.ones(3).cuda())"
+    )
+    with pytest.raises(UsageError) as error:
+        run_cell(ip, cell)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("--strict-graph-breaks: torch.compile on neuron had 1 graph break")
+    assert "cell line 4" in message
+    # without a break the flag is silent
+    run_cell(
+        ip,
+        "%%neuron --strict-graph-breaks -o r\ny = torch.compile(torch.sin)(torch.ones(3).cuda())",
     )
