@@ -20,6 +20,7 @@ import torch
 
 from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
+from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.namespace import (
     ResidentObjects,
@@ -300,6 +301,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                     may_enable_tf32=host is not None and may_enable_tf32(spec.program.source),
                 )
             )
+            if host is not None:
+                stack.enter_context(inductor_on_the_host())
             observed = {
                 name: stack.enter_context(instrument(backend))
                 for name, instrument in spec.instruments.items()
