@@ -178,6 +178,7 @@ def _recompile_reason(reason: str, previous: Any, current: Any) -> str:
     """``new shape for x: (4, 64) → (4, 65)`` from Dynamo's guard-failure text, when it is one."""
     first = reason.strip().splitlines()[0] if reason.strip() else ""
     first = re.sub(r"^\d+/\d+:\s*", "", first)
+    first = first.split("  #")[0].strip()  # Dynamo's guard text ends with its source as a comment
     match = _SIZE.search(first)
     if match is None:
         return first
