@@ -143,9 +143,7 @@ def test_mode_max_autotune_on_neuron_warns_and_gives_a_verdict(ip):
     run_cell(ip, MLP)
     run_cell(
         ip,
-        "%%neuron -o r\n"
-        "m = mlp.cuda()\n"
-        "y = torch.compile(m, mode='max-autotune')(x.cuda())",
+        "%%neuron -o r\nm = mlp.cuda()\ny = torch.compile(m, mode='max-autotune')(x.cuda())",
     )
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
@@ -305,3 +303,28 @@ def test_strict_graph_breaks_fails_the_cell_in_one_line(ip):
         ip,
         "%%neuron --strict-graph-breaks -o r\ny = torch.compile(torch.sin)(torch.ones(3).cuda())",
     )
+
+
+def test_a_print_in_forward_is_one_graph_break_on_each_side_with_its_line(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        x = self.fc(x).relu()\n"
+        "        print('shape', x.shape)\n"
+        "        return self.fc(x)\n"
+        "torch.manual_seed(0)\n"
+        "y = torch.compile(Net().cuda())(torch.ones(2, 4).cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    for role in ("ref", "target"):
+        breaks = data[role]["compile"]["graph_breaks"]
+        assert [(b["file"], b["line"]) for b in breaks] == [("cell", 8)], (role, breaks)
+    assert [g["backend"] for g in data["target"]["compile"]["graphs"]] == ["neuron", "neuron"]
