@@ -328,3 +328,16 @@ def test_a_print_in_forward_is_one_graph_break_on_each_side_with_its_line(ip):
         breaks = data[role]["compile"]["graph_breaks"]
         assert [(b["file"], b["line"]) for b in breaks] == [("cell", 8)], (role, breaks)
     assert [g["backend"] for g in data["target"]["compile"]["graphs"]] == ["neuron", "neuron"]
+
+
+def test_an_op_neuron_runs_on_cpu_in_eager_is_not_a_fallback_inside_a_compiled_graph(ip):
+    # aten::sort is not in TorchNeuron's eager list (a CPU fallback there) but is a core ATen op,
+    # which the compiler takes (NEURON_WORKBENCH_COMPILE_COVERAGE=lowering, the default)
+    run_cell(ip, MLP)
+    run_cell(ip, "%%neuron -o r\ny = x.cuda().sort(dim=0).values")
+    assert "aten::sort" in _report(ip).target.fallback_ops()
+    run_cell(ip, "%%neuron -o r\ny = torch.compile(lambda t: t.sort(dim=0).values)(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert "aten::sort" not in report.target.fallback_ops()
+    assert report.to_dict()["target"]["compile"]["graphs"][0]["fallback_ops"] == []
