@@ -72,7 +72,10 @@ def test_a_compiled_mlp_is_compared_not_an_error(ip, target):
     # the reference compiled with Inductor's CPU code path; its record came with the report
     ref = data["ref"]["compile"]
     assert ref["graphs"] and {g["backend"] for g in ref["graphs"]} == {"inductor"}
-    assert "compile" in data["target"]
+    target_record = data["target"]["compile"]
+    assert [g["backend"] for g in target_record["graphs"]] == [target]
+    # Dynamo never traced the emulator's (or the workbench's) own Python
+    assert target_record["graph_breaks"] == [] and target_record["errors"] == [], target_record
     # additive to the report schema
     schema = json.loads(
         resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
