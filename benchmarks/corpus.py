@@ -1,5 +1,7 @@
 """The real-model corpus as a table: model x precision x target x cell kind -> verdict, hints.
 
+The kinds are fwd_bwd, train and train_compiled (GPT-2, Llama and ResNet, models compiled).
+
 Usage: .venv/bin/python benchmarks/corpus.py [--json PATH] [--options=--layers] [ID_PREFIX ...]
 
 Runs ``tests/corpus/corpus_runner.py`` (unmodified ``transformers`` and PyTorch-examples models as
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     cases = [
         case
-        for case in corpus_runner.all_cases()
+        for case in corpus_runner.all_cases() + corpus_runner.compiled_cases()
         if not args.prefixes
         or any(corpus_runner.case_id(*case).startswith(p) for p in args.prefixes)
     ]

@@ -48,6 +48,9 @@ KINDS = ("fwd_bwd", "train")
 TARGETS = ("neuron", "tpu")
 #: The kind of the idiom rows (their "model" is the idiom's name).
 IDIOM = "idiom"
+#: A training step whose models are compiled (``model = torch.compile(model)``), for these models.
+COMPILED_KIND = "train_compiled"
+COMPILED_MODELS = ("gpt2", "llama", "resnet")
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,9 @@ def cell_source(model: str, precision: str, kind: str) -> str:
     case = CASES[model]
     lines = ['device = "cuda"']
     lines += [f"{name} = {name}.to(device)" for name in case.models]
-    if kind == "train":
+    if kind == COMPILED_KIND:
+        lines += [f"{name} = torch.compile({name})" for name in case.models]
+    if kind in ("train", COMPILED_KIND):
         for name in case.models:
             lines.append(
                 f"optimizer_{name} = torch.optim.AdamW({name}.parameters(), {case.optimizer_args})"
@@ -212,7 +217,7 @@ def cell_source(model: str, precision: str, kind: str) -> str:
         lines += forward
     lines += case.after.strip().splitlines()
     lines.append("loss.backward()")
-    if kind == "train":
+    if kind in ("train", COMPILED_KIND):
         lines += [f"optimizer_{name}.step()" for name in case.models]
     return "\n".join(lines) + "\n"
 
@@ -286,6 +291,13 @@ def all_cases(
 def setup_source(model: str, precision: str, kind: str) -> str:
     """The plain setup cell for one corpus row."""
     return idiom_setup(model, precision) if kind == IDIOM else CASES[model].setup
+
+
+def compiled_cases(targets: tuple[str, ...] = TARGETS) -> list[tuple[str, str, str, str]]:
+    """The compiled rows: each of :data:`COMPILED_MODELS` in float32, compiled, per target."""
+    return [
+        (target, model, "fp32", COMPILED_KIND) for target in targets for model in COMPILED_MODELS
+    ]
 
 
 def _unique(items: list[str]) -> list[str]:
@@ -371,6 +383,22 @@ def row_of(report: Any, *, model: str, precision: str, target: str, kind: str) -
         "errors": errors,
         "facts": {"ref": report.ref.facts.to_dict(), "target": report.target.facts.to_dict()},
         "first_divergence": _first_divergence(report),
+        "compile": {
+            role: _compiled(run) for role, run in (("ref", report.ref), ("target", report.target))
+        },
+    }
+
+
+def _compiled(run: Any) -> dict[str, Any]:
+    """What torch.compile did in one run: its graphs' backends, breaks, recompiles."""
+    record = run.extras.get("compile")
+    if record is None:
+        return {"backends": [], "graphs": 0, "graph_breaks": 0, "recompiles": 0}
+    return {
+        "backends": record.backends(),
+        "graphs": len(record.graphs),
+        "graph_breaks": len(record.graph_breaks),
+        "recompiles": len(record.recompiles),
     }
 
 
@@ -436,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = [tuple(c[1:]) for c in all_cases((args.target,))]
     if args.cases:
         cases = [tuple(text.split("/")) for text in args.cases.split(",")]
+        known = {tuple(c[1:]) for c in all_cases() + compiled_cases()}
         for case in cases:
-            if len(case) != 3 or case not in {tuple(c[1:]) for c in all_cases()}:
+            if len(case) != 3 or case not in known:
                 raise SystemExit(f"unknown case {'/'.join(case)}: use MODEL/PRECISION/KIND")
     for row in run_cases(args.target, cases, args.options):
         print(json.dumps(row), flush=True)
@@ -484,6 +513,7 @@ def crash_row(target: str, case: tuple[str, str, str], stderr: str) -> dict[str,
         "fallbacks": [],
         "errors": {"process": {"summary": " | ".join(tail), "message": stderr[-4000:]}},
         "facts": {},
+        "compile": {},
         "first_divergence": None,
         "rng_matches_cpu": None,
         "seconds": None,

@@ -27,13 +27,22 @@ import re
 
 import pytest
 import torch
-from corpus_runner import IDIOM, all_cases, case_id, corpus_rows, hint_tags
+from corpus_runner import (
+    COMPILED_KIND,
+    IDIOM,
+    all_cases,
+    case_id,
+    compiled_cases,
+    corpus_rows,
+    hint_tags,
+)
 
 from neuron_workbench.emulator.profiles import load_coverage, packaged_coverage_path
 
 pytestmark = pytest.mark.slow
 
-CASES = all_cases()
+#: Every model in every precision and cell kind, plus GPT-2, Llama and ResNet compiled.
+CASES = all_cases() + compiled_cases()
 
 RULES = ("fp64", "int64", "tpu-matmul", "what-if")
 CAUSES = (*RULES, "optimizer", "attention", "rnn-kernel", "autocast-lists")
@@ -116,10 +125,10 @@ def test_verdict_holds(rows, case):
             f["path"] for f in row["failures"] if not _rule_explains(f, target, on_neuron)
         ]
         assert not unexplained, f"no documented target rule explains {unexplained}\n{why}"
-    if row["verdict"] == "FAIL" and kind in ("train", IDIOM):
-        uncaused = [
-            f["path"] for f in row["failures"] if not set(hint_tags(f["hints"])) & set(CAUSES)
-        ]
+    if row["verdict"] == "FAIL" and kind in ("train", IDIOM, COMPILED_KIND):
+        # compiled graphs draw random numbers with the compiler's generator: a cause as well
+        causes = set(CAUSES) | ({"random"} if kind == COMPILED_KIND else set())
+        uncaused = [f["path"] for f in row["failures"] if not set(hint_tags(f["hints"])) & causes]
         assert not uncaused, f"no cause with evidence named for {uncaused}\n{why}"
 
 
@@ -129,10 +138,24 @@ def test_no_hint_the_runs_contradict(rows, case):
     target, _, precision, _ = case
     tags = set(hint_tags(row["hints"]))
     why = _describe(row)
-    if row["rng_matches_cpu"]:
+    if row["rng_matches_cpu"] and case[3] != COMPILED_KIND:
         assert "random" not in tags, f"{target} draws the same random numbers as the CPU\n{why}"
     if precision == "fp32":
         assert not tags & {"autocast", "autocast-lists"}, f"no autocast here\n{why}"
     assert "tf32" not in tags, f"no cell here enables TF32\n{why}"
     if target == "neuron":
         assert "tpu-matmul" not in tags, why
+
+
+COMPILED = compiled_cases()
+
+
+@pytest.mark.parametrize("case", COMPILED, ids=[case_id(*c) for c in COMPILED])
+def test_compiled_rows_compile_on_both_sides(rows, case):
+    # the reference with Inductor's CPU code path, the target with its own backend
+    row = rows[case_id(*case)]
+    why = _describe(row)
+    assert row["compile"]["ref"]["backends"] == ["inductor"], why
+    assert row["compile"]["ref"]["graphs"] >= 1, why
+    if row["verdict"] != "ERROR":
+        assert row["compile"]["target"]["backends"] == [case[0]], why

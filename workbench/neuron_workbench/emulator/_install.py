@@ -222,3 +222,6 @@ def install(device_type: str, profile: Profile) -> None:
     _patch_limits(device_type)
     if device_type == "tpu":
         _patch_tpu_precision(mod)
+    from neuron_workbench.emulator import compile as _compile
+
+    _compile.install()  # torch.compile selects the device's backend, as the SDKs patch it

@@ -260,10 +260,17 @@ def end_tentative(commit: bool) -> None:
             emit()
 
 
+#: Set by ``emulator.compile``: whether an op (``aten::name``) runs inside a graph the device's
+#: compiler took, where it is not a CPU fallback.
+COMPILED_HERE: Any = None
+
+
 def record_event(
     op: str, overload: str, args: Any, seconds: float, warning: str | None = None
 ) -> None:
     """Record one fallback call (called from the dispatch hot path only for fallbacks)."""
+    if COMPILED_HERE is not None and COMPILED_HERE(op):
+        return  # inside a compiled graph whose compiler takes this op: it runs on the device
     node = torch._C._current_autograd_node()
     if node is not None:
         phase = "backward"

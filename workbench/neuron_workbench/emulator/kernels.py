@@ -192,11 +192,11 @@ def _sdpa(
     choice = -1
     mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
     if not mask_grad:
-        choice = torch._fused_sdp_choice(
-            _payload(query),
-            _payload(key),
-            _payload(value),
-            _payload(attn_mask),
+        choice = _sdp_choice(
+            query,
+            key,
+            value,
+            attn_mask,
             dropout_p,
             is_causal,
             scale=scale,
@@ -216,6 +216,36 @@ def _sdpa(
     return torch.ops.aten._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
     )[0]
+
+
+def _sdp_choice(*tensors: Any, **kwargs: Any) -> int:
+    """CPU's SDPA kernel choice for these inputs (query, key, value, mask, then the options).
+
+    While torch.compile traces with fake tensors (no data), the choice is made on empty CPU
+    tensors of the same metadata, outside the fake mode.
+    """
+    inputs, options = tensors[:4], tensors[4:]
+    if all(not isinstance(t, torch.Tensor) or type(t) in _PLAIN for t in inputs):
+        return torch._fused_sdp_choice(*(_payload(t) for t in inputs), *options, **kwargs)
+    from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
+    if not any(isinstance(t, torch.Tensor) and is_fake(t) for t in inputs):
+        return torch._fused_sdp_choice(*(_payload(t) for t in inputs), *options, **kwargs)
+    with unset_fake_temporarily():
+        empty = [_empty_like(t) for t in inputs]
+        return torch._fused_sdp_choice(*empty, *options, **kwargs)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _empty_like(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    shape = [int(s) for s in t.shape]
+    stride = [int(s) for s in t.stride()]
+    empty = torch.empty_strided(shape, stride, dtype=t.dtype, device="cpu")
+    return empty.requires_grad_(t.requires_grad) if t.is_floating_point() else empty
 
 
 def _sdpa_fused_cpu(

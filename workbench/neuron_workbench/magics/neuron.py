@@ -85,6 +85,27 @@ def site_folders(start_dir: str) -> list[str]:
     return [notebook_dir, os.getcwd(), *library_folders()]
 
 
+def _graph_break_violation(report: Any) -> str | None:
+    """The one-line ``--strict-graph-breaks`` failure of a report, or None."""
+    from neuron_workbench.run.records import recorded
+
+    record = recorded(report.target.extras.get("compile"))
+    breaks = list(getattr(record, "graph_breaks", None) or [])
+    if not breaks:
+        return None
+    first = breaks[0]
+    where = (
+        f"cell line {first['line']}"
+        if first["file"] == "cell"
+        else f"{first['file']}:{first['line']}"
+    )
+    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
+    return (
+        f"--strict-graph-breaks: torch.compile on {report.target.backend.name} had {count}, the "
+        f"first at {where}: {first['reason']}"
+    )
+
+
 @magics_class
 class NeuronMagics(Magics):
     """Compare a CUDA-style cell on a reference and a target backend.
@@ -265,6 +286,12 @@ class NeuronMagics(Magics):
         help="run the cell N times per backend; profiles separate the first call from the rest",
     )
     @argument("--strict", action="store_true", help="fail the cell if any op fell back to CPU")
+    @argument(
+        "--strict-graph-breaks",
+        action="store_true",
+        help="fail the cell if torch.compile broke a graph on the target (each break is listed "
+        "in the report with its reason and line)",
+    )
     @argument(
         "--allow-fallback",
         metavar="OPS",
@@ -458,6 +485,11 @@ class NeuronMagics(Magics):
             display(data, metadata=metadata, raw=True)
         if result.strict_violation:
             raise UsageError(result.strict_violation)
+        if args.strict_graph_breaks:
+            for each in result.reports:
+                broken = _graph_break_violation(each)
+                if broken:
+                    raise UsageError(broken)
         return result.last_value
 
     def _cluster_settings(self, on: str | None) -> dict[str, Any]:

@@ -222,10 +222,13 @@ def compare_cell(
     for availability in checks:
         if not availability:
             raise BackendUnavailable(availability.reason)
+    from neuron_workbench.trace.compile import compile_instrument
     from neuron_workbench.trace.optimizer import optimizer_instrument
 
     # Gradients at every optimizer.step(): evidence for the optimizer hints, copied only on a step.
     all_instruments = {"optimizer": optimizer_instrument, **(instruments or {})}
+    # What torch.compile did (graphs, graph breaks, recompiles): nothing unless the cell compiles.
+    all_instruments.setdefault("compile", compile_instrument(program.filename))
     if options.layers:
         from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument
@@ -275,6 +278,8 @@ def compare_cell(
             for backend, run_id in targets
         ]
     target_run, extra_runs = target_runs[0], target_runs[1:]
+    for run in (ref_run, *target_runs):
+        _note_compiled_draws(run)
     schedule = [CONCURRENT_NOTE] if together else []
     comparison, layers = compare_runs(ref_run, target_run, policy)
     last_value = None
@@ -290,6 +295,7 @@ def compare_cell(
         f"{name!r} could not be deep-copied, so both runs used the same object"
         for name in sorted(set(ref_run.shared_names) | set(target_run.shared_names))
     ]
+    warnings += _compile_warnings(target_run)
     report = Report(
         ref=ref_run,
         target=target_run,
@@ -316,6 +322,27 @@ def compare_cell(
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def _note_compiled_draws(run: Run) -> None:
+    """Random functions inside compiled graphs count as the run's draws, never fingerprinted.
+
+    The compiler draws their numbers with its own generator, so two runs cannot be shown to have
+    drawn the same ones.
+    """
+    record = recorded(run.extras.get("compile"))
+    for name, count in (getattr(record, "random_ops", None) or {}).items():
+        key = f"{name} (compiled)"
+        run.facts.random_ops[key] = run.facts.random_ops.get(key, 0) + count
+        if "dropout" in name:
+            run.facts.dropout_in_training += count
+
+
+def _compile_warnings(run: Run) -> list[str]:
+    """What the target's torch.compile warned (an ignored ``mode``), once each."""
+    record = recorded(run.extras.get("compile"))
+    found = getattr(record, "warnings", None) or []
+    return [f"{run.backend.name}: {w}" for w in dict.fromkeys(found)]
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from neuron_workbench.report.compile_html import render_compile_section
 from neuron_workbench.report.display import (
     NOT_COMPARED_STATUS,
     format_bytes,
@@ -380,6 +381,7 @@ def render_report_html(data: dict[str, Any]) -> str:
                 ]
             )
         parts += ["<h4>Errors</h4>", _table(["backend", "type", "message", "line", "source"], rows)]
+    parts.append(render_compile_section(data))  # empty unless a run compiled
     if data.get("outputs"):
         headers = [
             "output",

@@ -8,6 +8,7 @@ returning, whatever happened. Committing a run's results is a separate, explicit
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import random
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
+from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.measurements import reads_memory_statistics
 from neuron_workbench.run.namespace import (
@@ -249,6 +251,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     captured: Captured | None = None
     recording = None
     shared: list[str] = []
+    observed: dict[str, Any] = {}
     try:
         inputs = referenced_names(spec.program, ns)
         if spec.isolate_inputs:
@@ -288,6 +291,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             )
             for device in cuda_devices.values():
                 host.remember_cuda_device(device)
+        if "compile" in spec.program.source and "torch._dynamo" not in sys.modules:
+            # Dynamo maps torch's functions by identity when first imported: importing it inside
+            # the remapped run would map the run's wrappers and leave torch.rand* unknown to it.
+            importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
@@ -299,6 +306,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                     may_enable_tf32=host is not None and may_enable_tf32(spec.program.source),
                 )
             )
+            if host is not None:
+                stack.enter_context(inductor_on_the_host())
             observed = {
                 name: stack.enter_context(instrument(backend))
                 for name, instrument in spec.instruments.items()
@@ -335,10 +344,12 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))
         if recording is not None:
             run.fallbacks = recording.events
+        if "compile" in observed:  # what compiled before the error (a failed compile among it)
+            run.extras = {"compile": observed["compile"]}
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)
-        for name in [n for n in ns if n not in saved]:
+        for name in [n for n in ns if n not in saved and not n.startswith(_DYNAMO_GLOBALS)]:
             del ns[name]
         ns.update(saved)
     run.shared_names = shared
@@ -346,6 +357,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.stdout, run.stderr = captured.stdout, captured.stderr
         spec.captured[run_id or backend.name] = captured
     return run
+
+
+#: Globals torch.compile installs in the namespace of the code it compiles; its compiled code and
+#: cleanup hooks look them up there later, so they stay (they are never outputs).
+_DYNAMO_GLOBALS = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_", "___")
 
 
 def _default_device_setting() -> torch.device | None:

@@ -43,8 +43,15 @@ class RunError:
 
     @property
     def summary(self) -> str:
-        """``RuntimeError: message`` on one line (first line of the message)."""
-        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        """``RuntimeError: message`` on one line (first line of the message).
+
+        A compiler's wrapper whose first line only says who raised (``BackendCompilerFailed:
+        backend='tpu' raised:``) is joined with the next line, the real cause.
+        """
+        lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]
+        first = lines[0] if lines else ""
+        if first.endswith("raised:") and len(lines) > 1:
+            first = f"{first} {lines[1]}"
         return f"{self.type}: {first}" if first else self.type
 
     def to_dict(self) -> dict[str, Any]:

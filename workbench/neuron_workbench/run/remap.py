@@ -142,7 +142,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
                     cuda_named = host.names_cuda(device)
             if cuda_named and host is not None:
                 return self._on_host_device(host, func, args, kwargs)
-        if func in _NOTEWORTHY:
+        # Inside a graph torch.compile traces, the notes (counts, fingerprints) are not taken.
+        if func in _NOTEWORTHY and not torch.compiler.is_compiling():
             return self._noteworthy(func, args, kwargs)
         return func(*args, **kwargs)
 

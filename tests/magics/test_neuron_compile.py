@@ -1,0 +1,346 @@
+"""``torch.compile`` in ``%%neuron`` cells on the default path (target in its worker).
+
+Each test is a failure a user met (issue 23): every compiled cell was an ERROR, the cpu reference's
+compile errors hid their cause, SDPA could not be traced on the emulated device.
+"""
+
+import gc
+import json
+from importlib import resources
+
+import jsonschema
+import pytest
+from IPython.core.error import UsageError
+
+from neuron_workbench.run.records import RunError
+from neuron_workbench.testing import run_cell
+
+MLP = (
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "torch.manual_seed(0)\n"
+    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+    "x = torch.randn(4, 8)"
+)
+
+ATTENTION = (
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "import torch.nn.functional as F\n"
+    "class Attention(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.qkv = nn.Linear(16, 48)\n"
+    "    def forward(self, x):\n"
+    "        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)\n"
+    "        return F.scaled_dot_product_attention(q, k, v, is_causal=True).sum()\n"
+    "torch.manual_seed(0)\n"
+    "attn = Attention()\n"
+    "x = torch.randn(2, 8, 16)"
+)
+
+
+def _report(ip):
+    return ip.user_ns["r"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(ip):
+    # The reference runs in this process: each test compiles afresh, as a new kernel would. The
+    # compiled code is dropped before the shell's namespace (which holds Dynamo's globals) is.
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_compiled_mlp_is_compared_not_an_error(ip, target):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        f"%%neuron --target {target} --rtol 1e-2 --atol 1e-2 -o r\n"
+        "m = mlp.cuda()\n"
+        "cm = torch.compile(m)\n"
+        "y = cm(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    # the reference compiled with Inductor's CPU code path; its record came with the report
+    ref = data["ref"]["compile"]
+    assert ref["graphs"] and {g["backend"] for g in ref["graphs"]} == {"inductor"}
+    target_record = data["target"]["compile"]
+    assert [g["backend"] for g in target_record["graphs"]] == [target]
+    # Dynamo never traced the emulator's (or the workbench's) own Python
+    assert target_record["graph_breaks"] == [] and target_record["errors"] == [], target_record
+    # additive to the report schema
+    schema = json.loads(
+        resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
+    )
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
+
+
+def test_dynamic_true_on_neuron_is_the_documented_rejection_in_one_line(ip):
+    run_cell(ip, MLP)
+    run_cell(ip, "%%neuron -o r\nm = mlp.cuda()\ny = torch.compile(m, dynamic=True)(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "ERROR"
+    assert report.ref.ok and not report.target.ok
+    line = report.summary()
+    assert "\n" not in line
+    assert "backend='neuron' raised: NotImplementedError" in line and "dynamic=True" in line
+
+
+def test_dynamic_true_on_tpu_is_torchtpus_text(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron --target tpu -o r\nm = mlp.cuda()\ny = torch.compile(m, dynamic=True)(x.cuda())",
+    )
+    assert (
+        "NotImplementedError: TPU backend does not support torch.compile(..., dynamic=True)"
+        in _report(ip).summary()
+    )
+
+
+def test_inductor_on_tpu_inputs_is_refused(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron --target tpu -o r\n"
+        "m = mlp.cuda()\n"
+        "y = torch.compile(m, backend='inductor')(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "ERROR" and report.ref.ok
+    assert "on TPU is experimental. Pass backend='tpu'" in report.summary()
+
+
+def test_each_new_shape_compiles_again_on_the_target_with_its_reason(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "cm = torch.compile(mlp.cuda())\n"
+        "a = cm(torch.ones(11, 8).cuda())\n"
+        "b = cm(torch.ones(12, 8).cuda())\n"
+        "c = cm(torch.ones(13, 8).cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    target = report.to_dict()["target"]["compile"]
+    # static shapes: three new shapes, three graphs on neuron, each after the first a recompile
+    assert [g["backend"] for g in target["graphs"]] == ["neuron"] * 3
+    reasons = [r["reason"] for r in target["recompiles"]]
+    assert "new shape for args[0]: (11, 8) → (12, 8)" in reasons, reasons
+    assert "new shape for args[0]: (12, 8) → (13, 8)" in reasons, reasons
+    assert target["compile_s"] > 0
+    # the reference compiles as CUDA does: the second shape makes that dimension dynamic
+    assert len(report.to_dict()["ref"]["compile"]["graphs"]) < 3
+
+
+def test_mode_max_autotune_on_neuron_warns_and_gives_a_verdict(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\nm = mlp.cuda()\ny = torch.compile(m, mode='max-autotune')(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert any("mode='max-autotune'" in w for w in report.warnings), report.warnings
+
+
+def test_sdpa_compiles_with_aot_eager_on_the_emulated_device(ip):
+    run_cell(ip, ATTENTION)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "a = attn.cuda()\n"
+        "loss = torch.compile(a, backend='aot_eager')(x.cuda())\n"
+        "loss.backward()\n"
+        "grad = a.qkv.weight.grad",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+
+
+def test_a_graph_break_is_recorded_with_its_cell_line(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "def f(t):\n"
+        "    t = t.sin()\n"
+        "    print('inside')\n"
+        "    return t.cos()\n"
+        "y = torch.compile(f)(torch.ones(3).cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    breaks = report.to_dict()["ref"]["compile"]["graph_breaks"]
+    # cell lines count the %%neuron line, as error lines do
+    assert [(b["file"], b["line"]) for b in breaks] == [("cell", 4)], breaks
+    assert "print" in breaks[0]["reason"]
+    # the HTML report shows the section, with the break's cell line
+    page = report._repr_html_()
+    assert "<h4>torch.compile</h4>" in page and "cell line 4" in page
+
+
+def test_a_compiler_error_names_its_cause_on_the_line():
+    wrapped = RunError(
+        "BackendCompilerFailed",
+        "backend='tpu' raised:\nRuntimeError: operator 'aten::foo' is not implemented for TPU. "
+        "Please file a feature request\n\nSet TORCHDYNAMO_VERBOSE=1 ...",
+    )
+    assert wrapped.summary == (
+        "BackendCompilerFailed: backend='tpu' raised: RuntimeError: operator 'aten::foo' is not "
+        "implemented for TPU. Please file a feature request"
+    )
+
+
+GPT_STEP = (
+    "%%neuron --target {target} -o r\n"
+    "model = gpt.cuda()\n"
+    "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+    "cm = torch.compile(model)\n"
+    "logits = cm(idx.cuda())\n"
+    "loss = F.cross_entropy(logits.view(-1, 64), idx.cuda().view(-1))\n"
+    "loss.backward()\n"
+    "grads = [p.grad for p in model.parameters()]\n"
+    "opt.step()"
+)
+
+GPT = (
+    ATTENTION.replace("x = torch.randn(2, 8, 16)", "") + "class GPT(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.emb = nn.Embedding(64, 16)\n"
+    "        self.qkv = nn.Linear(16, 48)\n"
+    "        self.head = nn.Linear(16, 64)\n"
+    "    def forward(self, idx):\n"
+    "        x = self.emb(idx)\n"
+    "        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)\n"
+    "        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+    "        return self.head(x + y.transpose(1, 2).reshape(2, 8, 16))\n"
+    "gpt = GPT()\n"
+    "idx = torch.randint(0, 64, (2, 8))"
+)
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_compiled_gpt_training_step_compiles_on_both_sides(ip, target):
+    # tpu computes float32 matmuls in one bfloat16 pass by default: its verdict is its own
+    run_cell(ip, GPT)
+    run_cell(ip, GPT_STEP.format(target=target))
+    report = _report(ip)
+    assert report.ref.ok and report.target.ok, report.summary()
+    data = report.to_dict()
+    assert [g["backend"] for g in data["ref"]["compile"]["graphs"]] == ["inductor"]
+    assert [g["backend"] for g in data["target"]["compile"]["graphs"]] == [target]
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    if target == "neuron":
+        assert statuses["loss"] == "match"
+        # fp32 on neuron: the gradients match Inductor's; an AdamW update of a near-zero gradient
+        # may still differ, and then the report says why
+        assert all(s == "match" for p, s in statuses.items() if p.startswith("grads")), statuses
+        for failure in report.comparison.failures:
+            assert "optimizer amplification" in str(failure.to_dict()), failure.headline()
+
+
+KTH = "%%neuron --target {target} -o r\ny = torch.compile(lambda t: t.kthvalue(2, 0).values)(x.cuda())"
+
+
+def test_an_op_neuron_cannot_compile_fails_the_graph_by_default(ip):
+    # aten::kthvalue: not in TorchNeuron's op list, not a core ATen op, no decomposition
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron"))
+    line = _report(ip).summary()
+    assert _report(ip).verdict == "ERROR" and "\n" not in line
+    assert (
+        "backend='neuron' raised: RuntimeError: neuron could not compile a graph holding " in line
+    )
+    assert "aten::kthvalue" in line and "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1" in line
+
+
+def test_fallback_execution_runs_such_a_graph_eagerly_on_neuron(ip, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron"))
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    graphs = report.to_dict()["target"]["compile"]["graphs"]
+    assert [g["fallback_ops"] for g in graphs] == [["aten::kthvalue"]]
+    assert "aten::kthvalue" in report.target.fallback_ops()  # it ran on the CPU, as in eager
+
+
+def test_an_op_tpu_lacks_in_a_graph_is_torchtpus_wrapped_error(ip):
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="tpu"))
+    assert (
+        "BackendCompilerFailed: backend='tpu' raised: RuntimeError: operator 'aten::kthvalue' is "
+        "not implemented for TPU. Please file a feature request" in _report(ip).summary()
+    )
+
+
+def test_strict_graph_breaks_fails_the_cell_in_one_line(ip):
+    run_cell(ip, "import torch")
+    cell = (
+        "%%neuron --strict-graph-breaks -o r\n"
+        "def f(t):\n"
+        "    t = t.sin()\n"
+        "    print('inside')\n"
+        "    return t.cos()\n"
+        "y = torch.compile(f)(torch.ones(3).cuda())"
+    )
+    with pytest.raises(UsageError) as error:
+        run_cell(ip, cell)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("--strict-graph-breaks: torch.compile on neuron had 1 graph break")
+    assert "cell line 4" in message
+    # without a break the flag is silent
+    run_cell(
+        ip,
+        "%%neuron --strict-graph-breaks -o r\ny = torch.compile(torch.sin)(torch.ones(3).cuda())",
+    )
+
+
+def test_a_print_in_forward_is_one_graph_break_on_each_side_with_its_line(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        x = self.fc(x).relu()\n"
+        "        print('shape', x.shape)\n"
+        "        return self.fc(x)\n"
+        "torch.manual_seed(0)\n"
+        "y = torch.compile(Net().cuda())(torch.ones(2, 4).cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    for role in ("ref", "target"):
+        breaks = data[role]["compile"]["graph_breaks"]
+        assert [(b["file"], b["line"]) for b in breaks] == [("cell", 8)], (role, breaks)
+    assert [g["backend"] for g in data["target"]["compile"]["graphs"]] == ["neuron", "neuron"]
+
+
+def test_an_op_neuron_runs_on_cpu_in_eager_is_not_a_fallback_inside_a_compiled_graph(ip):
+    # aten::sort is not in TorchNeuron's eager list (a CPU fallback there) but is a core ATen op,
+    # which the compiler takes (NEURON_WORKBENCH_COMPILE_COVERAGE=lowering, the default)
+    run_cell(ip, MLP)
+    run_cell(ip, "%%neuron -o r\ny = x.cuda().sort(dim=0).values")
+    assert "aten::sort" in _report(ip).target.fallback_ops()
+    run_cell(ip, "%%neuron -o r\ny = torch.compile(lambda t: t.sort(dim=0).values)(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert "aten::sort" not in report.target.fallback_ops()
+    assert report.to_dict()["target"]["compile"]["graphs"][0]["fallback_ops"] == []

@@ -1,0 +1,299 @@
+"""What ``torch.compile`` did during one run: graphs, graph breaks, recompiles, compile time.
+
+A run instrument (``RunSpec.instruments``) that reads Dynamo's own records: its per-frame
+compilation metrics (one per compiled frame: function, graph size, compile time, recompile
+reason), its ``graph_breaks`` log (reason and user line), and the emulated backends' graph list
+(``emulator/compile.py``: ops that could not be compiled). Nothing is imported from Dynamo unless
+the run compiled; a run that did not compile records nothing. The record is plain data, so it
+travels back from a worker as it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import logging
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CompileRecord", "compile_instrument"]
+
+_GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+_GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
+#: Random functions as Dynamo's graph code spells their calls.
+_RANDOM_CALL = re.compile(
+    r"\b(torch(?:\.nn\.functional)?\.(?:dropout\w*|alpha_dropout|feature_alpha_dropout|rand|randn|"
+    r"randint|randperm|rand_like|randn_like|randint_like|bernoulli|normal|multinomial|poisson))\("
+)
+_AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
+_SIZE = re.compile(
+    r"tensor '(?P<name>[^']+)' (?P<what>size|stride) mismatch at index (?P<index>\d+)\. "
+    r"expected (?P<old>\S+), actual (?P<new>\S+)"
+)
+
+
+@dataclass
+class CompileRecord:
+    """What ``torch.compile`` did in one run (empty when the run compiled nothing).
+
+    Attributes
+    ----------
+    graphs : list of dict
+        One per graph Dynamo compiled: ``backend``, ``function``, ``file``, ``line`` (first line
+        of the compiled function), ``ops``, ``compile_s`` (host seconds), ``recompile`` (the
+        reason, when it compiled a frame again) and ``fallback_ops`` (ops the emulated device's
+        compiler could not take).
+    graph_breaks : list of dict
+        ``reason`` (one line), ``file`` and ``line`` of each distinct graph break.
+    recompiles : list of dict
+        ``function`` and ``reason`` (``new shape for x: (4, 64) → (4, 65)``).
+    warnings : list of str
+        What the (emulated) ``torch.compile`` warned, e.g. an ignored ``mode``.
+    errors : list of str
+        Compiles that failed (one line each).
+    random_ops : dict of str to int
+        Random functions called inside compiled graphs (the compiler draws their numbers), by how
+        many graphs call them.
+    compile_s : float
+        Host seconds spent compiling (emulated devices: host CPU time).
+    """
+
+    graphs: list[dict[str, Any]] = field(default_factory=list)
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    compile_s: float = 0.0
+    random_ops: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the run compiled anything."""
+        return bool(self.graphs or self.graph_breaks or self.errors)
+
+    def backends(self) -> list[str]:
+        """The backends that compiled graphs, in order of first use."""
+        return list(dict.fromkeys(str(g.get("backend")) for g in self.graphs))
+
+    def fallback_ops(self) -> list[str]:
+        """Ops in compiled graphs that the device's compiler could not take (sorted, unique)."""
+        return sorted({op for g in self.graphs for op in g.get("fallback_ops", ())})
+
+    def summary(self) -> str:
+        """``inductor: 2 graphs, 1 graph break, 1 recompile`` (counts only, deterministic)."""
+        if not self.compiled:
+            return "nothing compiled"
+
+        def n(count: int, word: str) -> str:
+            return f"{count} {word}{'' if count == 1 else 's'}"
+
+        parts = [
+            n(len(self.graphs), "graph"),
+            n(len(self.graph_breaks), "graph break"),
+            n(len(self.recompiles), "recompile"),
+        ]
+        if self.fallback_ops():
+            parts.append(n(len(self.fallback_ops()), "op") + " not compiled")
+        return f"{'/'.join(self.backends()) or 'torch.compile'}: {', '.join(parts)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "graphs": [dict(g) for g in self.graphs],
+            "graph_breaks": [dict(b) for b in self.graph_breaks],
+            "recompiles": [dict(r) for r in self.recompiles],
+            "warnings": list(self.warnings),
+            "errors": list(self.errors),
+            "compile_s": self.compile_s,
+            "random_ops": dict(self.random_ops),
+            "summary": self.summary(),
+        }
+
+
+class _GraphBreaks(logging.Handler):
+    """Collects Dynamo's ``graph_breaks`` log records (one per graph break it meets)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.found: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot be formatted is not a graph break we can show
+            return
+        lines = text.splitlines()
+        match = _AT.search(lines[0]) if lines else None
+        if match is None:
+            return
+        reason = ""
+        for line in lines[1:]:
+            stripped = line.strip()
+            if stripped.startswith("Explanation:"):
+                reason = stripped.removeprefix("Explanation:").strip()
+                break
+            if not reason and stripped and not stripped.startswith("Graph Break Reason"):
+                reason = stripped
+        if not reason and len(lines) > 1:
+            reason = lines[1].removeprefix("Graph Break Reason:").strip()
+        entry = {"reason": reason, "file": match["file"], "line": int(match["line"])}
+        if entry not in self.found:
+            self.found.append(entry)
+
+
+class _GraphCode(logging.Handler):
+    """Reads Dynamo's ``graph_code`` log: which random functions each compiled graph calls."""
+
+    def __init__(self, record: CompileRecord) -> None:
+        super().__init__(logging.DEBUG)
+        self.record = record
+
+    def emit(self, log: logging.LogRecord) -> None:
+        try:
+            text = log.getMessage()
+        except Exception:  # a graph that cannot be printed: nothing to read
+            return
+        for name in sorted(set(_RANDOM_CALL.findall(text))):
+            self.record.random_ops[name] = self.record.random_ops.get(name, 0) + 1
+
+
+def _shapes(metric: Any) -> dict[str, Any]:
+    try:
+        shapes = ast.literal_eval(metric.graph_node_shapes or "{}")
+    except (ValueError, SyntaxError):
+        return {}
+    return shapes if isinstance(shapes, dict) else {}
+
+
+def _shape_text(shape: Any) -> str:
+    items = list(shape) if isinstance(shape, list | tuple) else [shape]
+    return "(" + ", ".join(str(s) for s in items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _recompile_reason(reason: str, previous: Any, current: Any) -> str:
+    """``new shape for x: (4, 64) → (4, 65)`` from Dynamo's guard-failure text, when it is one."""
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    first = re.sub(r"^\d+/\d+:\s*", "", first)
+    first = first.split("  #")[0].strip()  # Dynamo's guard text ends with its source as a comment
+    match = _SIZE.search(first)
+    if match is None:
+        return first
+    name, index = match["name"], int(match["index"])
+    key = "l_" + re.sub(r"\W+", "_", name).strip("_").lower() + "_"
+    old = _shapes(previous).get(key) if previous is not None else None
+    new = _shapes(current).get(key)
+    if match["what"] == "size" and isinstance(old, list) and isinstance(new, list):
+        return f"new shape for {name}: {_shape_text(old)} → {_shape_text(new)}"
+    return f"new {match['what']} for {name} at dim {index}: {match['old']} → {match['new']}"
+
+
+def _frame(metric: Any) -> str:
+    return str(metric.compile_id or "").split("/")[0]
+
+
+def _finish(record: CompileRecord, before: set[int], graphs_before: int) -> None:
+    utils = sys.modules.get("torch._dynamo.utils")
+    emulated = sys.modules.get("neuron_workbench.emulator.compile")
+    device_graphs = list(emulated.GRAPHS[graphs_before:]) if emulated is not None else []
+    if utils is None:
+        return
+    metrics = [m for m in list(getattr(utils, "_compilation_metrics", ())) if id(m) not in before]
+    last_by_frame: dict[str, Any] = {}
+    for metric in metrics:
+        frame = _frame(metric)
+        previous = last_by_frame.get(frame)
+        last_by_frame[frame] = metric
+        seconds = float(metric.entire_frame_compile_time_s or 0.0)
+        record.compile_s += seconds
+        if metric.fail_type:
+            reason = (metric.fail_reason or "").strip().splitlines()
+            record.errors.append(f"{metric.fail_type}: {reason[0] if reason else ''}".strip())
+        reason = None
+        if metric.recompile_reason:
+            reason = _recompile_reason(metric.recompile_reason, previous, metric)
+            record.recompiles.append({"function": metric.co_name, "reason": reason})
+        if not metric.graph_op_count:
+            continue  # a frame compiled without a graph (only Python around a graph break)
+        mine = [g for g in device_graphs if g.get("compile_id") == str(metric.compile_id)]
+        backend = mine[0]["backend"] if mine else _backend_of(metric)
+        # A compiled module's frame is Dynamo's wrapper: the graph's own user code says more.
+        where = (mine[0]["function"], mine[0]["file"], mine[0]["line"]) if mine else None
+        if not where or not where[1]:
+            where = (metric.co_name, metric.co_filename, metric.co_firstlineno)
+        record.graphs.append(
+            {
+                "backend": backend,
+                "function": where[0],
+                "file": where[1],
+                "line": where[2],
+                "ops": int(metric.graph_op_count),
+                "compile_s": seconds,
+                "recompile": reason,
+                "fallback_ops": sorted({op for g in mine for op in g.get("fallback_ops", ())}),
+            }
+        )
+
+
+def _backend_of(metric: Any) -> str:
+    inductor = (
+        metric.inductor_compile_time_s,
+        metric.inductor_cumulative_compile_time_us,
+        metric.inductor_fx_local_cache_hit_count,
+        metric.inductor_fx_local_cache_miss_count,
+    )
+    if any(inductor):
+        return "inductor"
+    return "torch.compile"
+
+
+@contextlib.contextmanager
+def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
+    record = CompileRecord()
+    utils = sys.modules.get("torch._dynamo.utils")
+    before = {id(m) for m in getattr(utils, "_compilation_metrics", ())} if utils else set()
+    emulated = sys.modules.get("neuron_workbench.emulator.compile")
+    graphs_before = len(emulated.GRAPHS) if emulated is not None else 0
+    warnings_before = len(emulated.WARNINGS) if emulated is not None else 0
+    handler = _GraphBreaks()
+    loggers = [
+        (logging.getLogger(_GRAPH_BREAK_LOGGER), handler),
+        (logging.getLogger(_GRAPH_CODE_LOGGER), _GraphCode(record)),
+    ]
+    saved = [(logger.level, logger.propagate) for logger, _ in loggers]
+    for logger, each in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False  # recorded here, not printed into the cell's output
+        logger.addHandler(each)
+    try:
+        yield record
+    finally:
+        for (logger, each), (level, propagate) in zip(loggers, saved):
+            logger.removeHandler(each)
+            logger.setLevel(level)
+            logger.propagate = propagate
+        try:
+            _finish(record, before, graphs_before)
+        except Exception as exc:  # Dynamo's records changed shape: say so, never fail the run
+            record.errors.append(f"compile record incomplete: {type(exc).__name__}: {exc}")
+        emulated = sys.modules.get("neuron_workbench.emulator.compile")
+        if emulated is not None:
+            record.warnings.extend(emulated.WARNINGS[warnings_before:])
+        record.graph_breaks = [
+            {**b, "file": "cell" if b["file"] == cell_filename else b["file"]}
+            for b in handler.found
+        ]
+        for graph in record.graphs:
+            if graph["file"] == cell_filename:
+                graph["file"] = "cell"
+
+
+def compile_instrument(cell_filename: str) -> Any:
+    """A run instrument recording a :class:`CompileRecord`; ``cell_filename`` marks cell lines.
+
+    Graph breaks and graphs in the cell itself get ``file`` ``"cell"`` and the cell's line.
+    """
+    return functools.partial(_recording, cell_filename)
