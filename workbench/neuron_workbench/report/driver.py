@@ -12,6 +12,7 @@ import torch
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
+from neuron_workbench.compare.budget import JUDGES, Budget, OracleRuns, measure_budget
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, OptionError
 from neuron_workbench.report.hints import Evidence, hints_for
@@ -104,6 +105,7 @@ class CompareOptions:
     ref_precision: str = "cuda"
     list_fallbacks: bool = False
     track_per_op: bool = False
+    judge: str = "tolerance"
 
     def backend(self, name: str) -> Any:
         """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
@@ -133,6 +135,7 @@ class CompareOptions:
             "rng": RNG_CHOICES,
             "what_if": (None, *WHAT_IF_CHOICES),
             "ref_precision": REF_PRECISIONS,
+            "judge": JUDGES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -165,6 +168,7 @@ class CompareOptions:
             "ref_precision": self.ref_precision,
             **({"list_fallbacks": True} if self.list_fallbacks else {}),
             **({"track_per_op": True} if self.track_per_op else {}),
+            **({"judge": self.judge} if self.judge != "tolerance" else {}),
         }
 
 
@@ -277,6 +281,17 @@ def compare_cell(
     target_run, extra_runs = target_runs[0], target_runs[1:]
     schedule = [CONCURRENT_NOTE] if together else []
     comparison, layers = compare_runs(ref_run, target_run, policy)
+    extra_comparisons = [compare_runs(ref_run, extra_run, policy) for extra_run in extra_runs]
+    # the oracle reruns the cell from the namespace as it was: before anything is committed
+    oracle = OracleRuns()
+    budgets = [
+        precision_budget(spec, ref_backend, ref_run, run, each, options.judge, oracle)
+        if reference is None
+        else None
+        for run, each in zip(
+            target_runs, [comparison, *(c for c, _ in extra_comparisons)], strict=True
+        )
+    ]
     last_value = None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
@@ -299,10 +314,12 @@ def compare_cell(
         warnings=warnings,
         layers=layers,
         notes=comparison_notes(ref_run, target_run, policy) + schedule,
+        budget=budgets[0],
     )
     extra_reports = []
-    for extra_run in extra_runs:
-        extra_comparison, extra_layers = compare_runs(ref_run, extra_run, policy)
+    for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
+        extra_runs, extra_comparisons, budgets[1:], strict=True
+    ):
         extra_reports.append(
             Report(
                 ref=ref_run,
@@ -313,9 +330,34 @@ def compare_cell(
                 warnings=list(warnings),
                 layers=extra_layers,
                 notes=comparison_notes(ref_run, extra_run, policy) + schedule,
+                budget=extra_budget,
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def precision_budget(
+    spec: RunSpec,
+    ref_backend: Any,
+    ref: Run,
+    target: Run,
+    comparison: Comparison | None,
+    judge: str,
+    oracle: OracleRuns | None = None,
+) -> Budget | None:
+    """The precision budget of a comparison, measured lazily.
+
+    Under ``judge="budget"`` every floating output is measured; under ``tolerance`` only the
+    outputs that failed their tolerance, and nothing (no oracle run) when none did.
+    """
+    if comparison is None:
+        return None
+    paths = None
+    if judge != "budget":
+        paths = [d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch")]
+        if not paths:
+            return None
+    return measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
 
 
 @contextlib.contextmanager
