@@ -169,6 +169,9 @@ class Budget:
     outputs: list[OutputBudget] = field(default_factory=list)
     #: Why the oracle run failed as a whole (random rounding then gave every floor), or "".
     oracle_error: str = ""
+    #: ``--tol`` lines that would pass each output that failed its tolerance (see
+    #: :func:`tolerance_lines`).
+    tolerances: list[str] = field(default_factory=list)
 
     def get(self, path: str) -> OutputBudget | None:
         """The budget of output ``path``, or None when it has none (not floating, not measured)."""
@@ -187,6 +190,7 @@ class Budget:
         return {
             "outputs": [o.to_dict() for o in self.outputs],
             "oracle_error": self.oracle_error,
+            "tolerances": list(self.tolerances),
             "classes": [
                 {
                     "limit": str(c.limit) if math.isinf(c.limit) else c.limit,
@@ -203,7 +207,42 @@ class Budget:
         return cls(
             [OutputBudget.from_dict(o) for o in data.get("outputs", [])],
             data.get("oracle_error", ""),
+            list(data.get("tolerances", [])),
         )
+
+
+#: How much looser than the tightest passing tolerance a suggested ``--tol`` is.
+SAFETY_FACTOR = 2.0
+
+
+def tolerance_lines(
+    failures: Sequence[Any], budget: Budget | None = None, safety: float = SAFETY_FACTOR
+) -> list[str]:
+    """``--tol`` lines (``PATH=RTOL,ATOL``) that pass each output that failed its tolerance.
+
+    Each keeps the output's ``rtol`` and loosens ``atol`` to ``safety`` times the tightest passing
+    one (or keeps ``atol`` and loosens ``rtol`` when that is the smaller change). An output whose R is
+    beyond budget is listed as a comment: a tolerance would hide a real difference.
+    """
+    lines = []
+    for diff in failures:
+        rtol, atol = diff.tolerance.rtol, diff.tolerance.atol
+        options = []
+        if diff.tight_atol is not None:
+            options.append((rtol, diff.tight_atol * safety))
+        if diff.tight_rtol is not None:
+            options.append((diff.tight_rtol * safety, atol))
+        if not options:
+            continue
+        new_rtol, new_atol = min(
+            options, key=lambda pair: pair[0] / max(rtol, 1e-300) + pair[1] / max(atol, 1e-300)
+        )
+        line = f"--tol '{diff.path}={new_rtol:.1e},{new_atol:.1e}'"
+        measured = budget.get(diff.path) if budget is not None else None
+        if measured is not None and not measured.within:
+            line = f"# {line}  (R {measured.factor}: beyond budget, a tolerance would hide it)"
+        lines.append(line)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------

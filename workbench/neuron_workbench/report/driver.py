@@ -12,7 +12,13 @@ import torch
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
-from neuron_workbench.compare.budget import JUDGES, Budget, OracleRuns, measure_budget
+from neuron_workbench.compare.budget import (
+    JUDGES,
+    Budget,
+    OracleRuns,
+    measure_budget,
+    tolerance_lines,
+)
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, OptionError
 from neuron_workbench.report.hints import Evidence, hints_for
@@ -357,7 +363,9 @@ def precision_budget(
         paths = [d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch")]
         if not paths:
             return None
-    return measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+    budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+    budget.tolerances = tolerance_lines(comparison.failures, budget)
+    return budget
 
 
 @contextlib.contextmanager
