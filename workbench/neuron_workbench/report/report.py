@@ -151,14 +151,15 @@ class Report:
         return f"{verdict} {self.title} — {body}"
 
     def _failure_line(self, diff: Any) -> str:
-        """The first failure in the summary: its headline, or its R under the budget judge."""
+        """The first failure in the summary: its headline, or under the budget judge its R.
+
+        Under the tolerance judge the line is unchanged; R is in the report's data and HTML.
+        """
         measured = self.budget.get(diff.path) if self.budget is not None else None
-        if measured is None:
+        if measured is None or self.judge != "budget":
             return diff.headline()
         cause = _short_cause(diff.hints)
-        if self.judge == "budget":
-            return measured.describe() + (f" ({cause})" if cause else "")
-        return f"{diff.headline()}, R {measured.factor}" + (f" ({cause})" if cause else "")
+        return measured.describe() + (f" ({cause})" if cause else "")
 
     def __repr__(self) -> str:
         return f"<Report {self.summary()}>"
