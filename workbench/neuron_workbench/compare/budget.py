@@ -116,6 +116,9 @@ class OutputBudget:
         Whether ``R`` is within budget.
     note : str
         Why the oracle could not be used for this output, when ``source`` is random rounding.
+    histogram : dict or None
+        The element-wise errors' distribution: ``edges`` (``HISTOGRAM_BINS + 1`` values of
+        log10 |error|; exact elements count in the first bin) and the ``ref`` and ``target`` counts.
     """
 
     path: str
@@ -128,6 +131,7 @@ class OutputBudget:
     label: str
     within: bool
     note: str = ""
+    histogram: dict[str, list[float]] | None = None
 
     @property
     def factor(self) -> str:
@@ -147,7 +151,7 @@ class OutputBudget:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (non-finite numbers as strings)."""
         data = dataclasses.asdict(self)
-        for key, value in data.items():
+        for key, value in list(data.items()):
             if isinstance(value, float) and not math.isfinite(value):
                 data[key] = str(value)
         return data
@@ -474,6 +478,32 @@ def _distance(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return float(torch.linalg.vector_norm(diff)), float(diff.max())
 
 
+#: Bins of an output's error histogram.
+HISTOGRAM_BINS = 24
+
+
+def _errors(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a − b| element-wise in float64, finite elements only, flattened."""
+    a = a.detach().cpu().to(torch.complex128 if a.is_complex() else torch.float64)
+    diff = (a - b.detach().cpu().to(a.dtype)).abs().flatten()
+    return diff[torch.isfinite(diff)]
+
+
+def error_histogram(ref: torch.Tensor, target: torch.Tensor) -> dict[str, list[float]] | None:
+    """Counts of log10 |error| of the reference and the target on shared bins (None if all exact)."""
+    logs = []
+    for errors in (ref, target):
+        logs.append(torch.log10(errors.clamp_min(torch.finfo(torch.float64).tiny)))
+    nonzero = torch.cat([lg[e > 0] for lg, e in zip(logs, (ref, target), strict=True)])
+    if not nonzero.numel():
+        return None
+    low, high = float(nonzero.min()), float(nonzero.max())
+    high = max(high, low + 1e-6)
+    edges = torch.linspace(low, high, HISTOGRAM_BINS + 1, dtype=torch.float64)
+    counts = [torch.histc(lg.clamp(low, high), HISTOGRAM_BINS, low, high).tolist() for lg in logs]
+    return {"edges": edges.tolist(), "ref": counts[0], "target": counts[1]}
+
+
 def _rounding_floor(oracle: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     """The error of storing the oracle's value in the output's dtype: no run can do better."""
     if dtype == oracle.dtype:
@@ -577,7 +607,9 @@ def measure_budget(
         measured = _distance(a, oracle)
         least = _rounding_floor(oracle, a.dtype)
         floor = (max(measured[0], least[0]), max(measured[1], least[1]))
-        budget.outputs.append(_output_budget(path, ORACLE, floor, _distance(b, oracle)))
+        measured_output = _output_budget(path, ORACLE, floor, _distance(b, oracle))
+        measured_output.histogram = error_histogram(_errors(a, oracle), _errors(b, oracle))
+        budget.outputs.append(measured_output)
     if fallback:
         if runs.rounding is None:
             runs.rounding = [
@@ -599,6 +631,7 @@ def _rounding_budgets(
     """Floors from random-rounding reruns of the reference, for outputs the oracle could not give."""
     norms: dict[str, list[float]] = {path: [] for path in fallback}
     worst: dict[str, float] = dict.fromkeys(fallback, 0.0)
+    first: dict[str, torch.Tensor] = {}
     for run in reruns:
         if not run.ok:
             continue
@@ -609,6 +642,7 @@ def _rounding_budgets(
             if moved is None or moved.shape != wanted[path][0].shape:
                 continue
             norm, top = _distance(wanted[path][0], moved)
+            first.setdefault(path, moved)
             norms[path].append(norm)
             worst[path] = max(worst[path], top)
     budgets = []
@@ -617,7 +651,7 @@ def _rounding_budgets(
             continue  # no floor at all: the output keeps its tolerance verdict only
         floor = (math.sqrt(sum(n * n for n in norms[path]) / len(norms[path])), worst[path])
         ref, target = wanted[path]
-        budgets.append(
-            _output_budget(path, RANDOM_ROUNDING, floor, _distance(target, ref), note=why)
-        )
+        measured = _output_budget(path, RANDOM_ROUNDING, floor, _distance(target, ref), note=why)
+        measured.histogram = error_histogram(_errors(ref, first[path]), _errors(target, ref))
+        budgets.append(measured)
     return budgets

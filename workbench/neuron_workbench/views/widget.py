@@ -115,6 +115,9 @@ class ReportView(W.Tab):
         curves = figures.loss_curves(self.data)
         if curves is not None:
             widgets.append(self._figure("loss_curves", curves))
+        budget = figures.budget_histogram(self.data)
+        if budget is not None:
+            widgets.append(self._figure("budget", budget))
         return widgets
 
     def _layers(self) -> list[W.Widget]:
