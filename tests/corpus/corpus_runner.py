@@ -327,7 +327,16 @@ def row_of(report: Any, *, model: str, precision: str, target: str, kind: str) -
         "errors": errors,
         "facts": {"ref": report.ref.facts.to_dict(), "target": report.target.facts.to_dict()},
         "first_divergence": _first_divergence(report),
+        "budget": _worst_ratio(report),
     }
+
+
+def _worst_ratio(report: Any) -> dict[str, Any] | None:
+    """The output with the largest error ratio R (precision budget), or None when none was measured."""
+    worst = report.budget.worst if getattr(report, "budget", None) is not None else None
+    if worst is None:
+        return None
+    return {"path": worst.path, "ratio": worst.factor, "label": worst.label, "within": worst.within}
 
 
 def _first_divergence(report: Any) -> str | None:
@@ -442,6 +451,7 @@ def crash_row(target: str, case: tuple[str, str, str], stderr: str) -> dict[str,
         "errors": {"process": {"summary": " | ".join(tail), "message": stderr[-4000:]}},
         "facts": {},
         "first_divergence": None,
+        "budget": None,
         "rng_matches_cpu": None,
         "seconds": None,
     }
