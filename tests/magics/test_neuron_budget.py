@@ -56,7 +56,7 @@ def test_a_target_only_bug_fails_under_both_judges_with_a_large_r(ip, judge, bug
     else:  # the line is the tolerance's; R is in the data and the HTML
         assert "less accurate" not in report.summary()
         assert report.to_dict()["budget"]["outputs"][0]["path"] in ("p", "h")
-        assert f"<td class=\"num\">{p.ratio:.3g}</td>" in report._repr_html_()
+        assert f'<td class="num">{p.ratio:.3g}</td>' in report._repr_html_()
 
 
 def test_emulated_neuron_float32_is_as_accurate_as_the_reference(ip):
@@ -99,3 +99,22 @@ def test_judge_is_a_config_setting_and_bad_values_are_one_line(ip, fresh_tpu):
     run_cell(ip, "%config NeuronMagics.judge = 'tolerance'")
     with pytest.raises(UsageError, match="judge"):
         ip.run_cell_magic("neuron", "--judge strict", "y = 1")
+
+
+def test_several_targets_share_one_oracle_run(ip, fresh_tpu, monkeypatch):
+    from neuron_workbench.compare import budget as budget_module
+
+    reruns = []
+    original = budget_module._rerun
+
+    def counted(spec, backend, instrument):
+        reruns.append(backend.name)
+        return original(spec, backend, instrument)
+
+    monkeypatch.setattr(budget_module, "_rerun", counted)
+    run_cell(ip, SETUP)
+    run_cell(ip, f"%%neuron --target neuron,tpu --judge budget -o both\n{MATMUL}")
+    neuron, tpu = ip.user_ns["both"]
+    assert (neuron.verdict, tpu.verdict) == ("PASS", "FAIL")
+    assert reruns == ["cpu"]  # one float64 oracle run for both targets
+    assert neuron.budget.get("h").floor == tpu.budget.get("h").floor

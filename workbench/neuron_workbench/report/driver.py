@@ -51,6 +51,11 @@ CONCURRENT_NOTE = (
     "the reference and the target ran at the same time, so their wall times share this host's "
     "cores (with --profile they run one after the other)"
 )
+#: The report's note when --judge budget meets a recorded reference (the oracle reruns the cell).
+RECORDED_BUDGET_NOTE = (
+    "the precision budget was not measured: its float64 oracle reruns the reference, which was "
+    "recorded, so outputs were judged by tolerance"
+)
 RNG_CHOICES = ("device", "cpu")
 WHAT_IF_CHOICES = ("bf16-matmul",)
 
@@ -286,6 +291,8 @@ def compare_cell(
         ]
     target_run, extra_runs = target_runs[0], target_runs[1:]
     schedule = [CONCURRENT_NOTE] if together else []
+    if reference is not None and options.judge == "budget":
+        schedule.append(RECORDED_BUDGET_NOTE)
     comparison, layers = compare_runs(ref_run, target_run, policy)
     extra_comparisons = [compare_runs(ref_run, extra_run, policy) for extra_run in extra_runs]
     # the oracle reruns the cell from the namespace as it was: before anything is committed
