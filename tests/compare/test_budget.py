@@ -165,3 +165,29 @@ def test_tolerance_lines_pass_the_failing_output_they_name():
 
     override = parse_override(line.removeprefix("--tol ").strip("'"))
     assert compare_outputs(ref, target, policy=TolerancePolicy(per_output=(override,))).passed
+
+
+def test_casts_stay_float64_and_keep_the_cells_aliasing():
+    source = (
+        "x = torch.ones(3)\n"
+        "same = x.float()\n"
+        "half = x.half()\n"
+        "half.add_(1)\n"
+        "low = x.to(torch.bfloat16)\n"
+        "low.add_(1)\n"
+        "y = torch.zeros(3, dtype=torch.float16)\n"
+        "y[0] = x[0] / 3\n"
+        "aliased = same is x"
+    )
+    spec = _spec(source)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    oracle = rerun(spec, cpu, oracle_instrument(spec))
+    assert oracle.ok, oracle.error
+    out = oracle.outputs
+    assert {out[n].dtype for n in ("x", "half", "low", "y")} == {torch.float64}
+    assert out["aliased"] is True and ref.outputs["aliased"] is True
+    assert (
+        out["x"].tolist() == ref.outputs["x"].tolist() == [1.0, 1.0, 1.0]
+    )  # copies, as in the cell
+    assert out["y"][0].item() == 1 / 3  # not rounded to float16

@@ -19,7 +19,8 @@ missing or of another shape; then, as when the oracle run raises, a *random-roun
 reference gives the floor instead (each op's floating result moved by up to one unit in the last
 place at random, a few samples; Verificarlo/Verrou's Monte Carlo arithmetic), and ``R`` is measured
 against the reference. Limits: in-place random draws on a widened tensor (``uniform_``,
-``nn.init.*``) draw in the cell's default dtype; a cell that inspects ``x.dtype`` sees float64.
+``nn.init.*``) draw in the cell's default dtype; a cell that inspects ``x.dtype`` sees float64; an
+input tensor that is a view of another stops sharing its storage once widened.
 """
 
 from __future__ import annotations
@@ -274,7 +275,10 @@ def _widen(value: Any) -> Any:
 
 
 def _widen_in_place(tensor: torch.Tensor) -> None:
-    """Give ``tensor`` float64 storage, keeping the object (model, optimizer and views share it)."""
+    """Give ``tensor`` float64 storage in place: a model and its optimizer still share it.
+
+    A view stops being one (its new storage is its own).
+    """
     if _low(tensor):
         grad = tensor.grad if tensor.is_leaf else None
         tensor.data = tensor.data.to(_wide_dtype(tensor.dtype))
@@ -308,10 +312,24 @@ class _Float64Promotion(TorchFunctionMode):
             return self._draw_in_place(func, args, kwargs)
         if base in RANDOM_FACTORIES:
             return self._draw(base, func, args, kwargs)
-        if func in _CASTS:
-            return _widen(args[0]) if args and isinstance(args[0], torch.Tensor) else func(*args)
+        if func in _CASTS and args and isinstance(args[0], torch.Tensor):
+            # on the cell's float32 tensor .float() is the tensor itself, .half() a new one
+            tensor = args[0]
+            if func is torch.Tensor.float and tensor.dtype == torch.float64:
+                return tensor
+            return _widen(tensor) if _low(tensor) else tensor.clone()
         name = getattr(func, "__name__", "")
-        in_place = name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+        in_place = (
+            name.endswith("_")
+            and not name.startswith("_")
+            or name.startswith("__i")
+            or name == "__setitem__"
+        )
+        if func is torch.Tensor.to and any(
+            isinstance(a, torch.dtype) and a in _LOW_FLOATS and a != self.draw_dtype
+            for a in (*args, kwargs.get("dtype"))
+        ):
+            kwargs["copy"] = True  # the cell's float32 tensor would have been converted, not kept
         if in_place and args and isinstance(args[0], torch.Tensor):
             _widen_in_place(args[0])
         out = kwargs.get("out")
