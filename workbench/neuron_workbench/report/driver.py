@@ -370,7 +370,10 @@ def precision_budget(
         paths = [d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch")]
         if not paths:
             return None
-    budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+    try:
+        budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+    except Exception as exc:  # a measuring bug must not cost the user the comparison itself
+        return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
     budget.tolerances = tolerance_lines(comparison.failures, budget)
     return budget
 
