@@ -85,7 +85,9 @@ class Report:
         ``ERROR`` when a run raised; else :data:`UNCOMPARED` when nothing was compared (the cell
         bound no comparable output, or only outputs with status ``not-compared``); else ``PASS``
         when every compared output matched and ``FAIL`` when one did not. Outputs that were not
-        compared never make a verdict ``FAIL``; the summary line counts them.
+        compared never make a verdict ``FAIL``; the summary line counts them. Under
+        ``--judge budget`` floating outputs pass or fail by their error ratio R
+        (:meth:`judged_failures`).
         """
         if not (self.ref.ok and self.target.ok) or self.comparison is None:
             return "ERROR"
@@ -126,7 +128,8 @@ class Report:
             body = ""
             if self.judge == "budget" and verdict == "PASS" and self.budget is not None:
                 body = _within_budget(self.budget)
-            within = len([d for d in self.comparison.failures if d not in failures])
+            judged = {id(d) for d in failures}
+            within = sum(id(d) not in judged for d in self.comparison.failures)
             matched = len(compared) - len(failures) - within
             body += f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
             if within:
