@@ -6,7 +6,7 @@ from neuron_workbench.backends import get_backend
 from neuron_workbench.compare.budget import measure_budget
 from neuron_workbench.run import RunSpec, compile_cell, execute
 from neuron_workbench.views import figures
-from neuron_workbench.views.widget import ReportView
+from neuron_workbench.views.widget import ReportView, static_html
 
 REF = "x = torch.randn(32, 32)\ny = torch.softmax(x @ x, dim=-1)"
 #: The same cell with the target's bug: the softmax over the wrong axis.
@@ -42,3 +42,8 @@ def test_no_budget_no_figure_and_the_widget_shows_it_in_numerics(data):
     view = ReportView(_budget_data(data)).build_all()
     assert "budget" in view.figures
     assert "budget" not in ReportView(data).build_all().figures
+
+
+def test_static_exports_keep_the_picture(data):
+    assert "Error distribution of y" in static_html(_budget_data(data))
+    assert "Error distribution" not in static_html(data)
