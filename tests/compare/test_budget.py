@@ -191,3 +191,12 @@ def test_casts_stay_float64_and_keep_the_cells_aliasing():
         out["x"].tolist() == ref.outputs["x"].tolist() == [1.0, 1.0, 1.0]
     )  # copies, as in the cell
     assert out["y"][0].item() == 1 / 3  # not rounded to float16
+
+
+def test_a_nan_only_the_target_has_is_beyond_any_budget():
+    spec = _spec("x = torch.randn(16)\ny = x.exp()")
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    nan = execute(_spec("x = torch.randn(16)\ny = x.exp()\ny[3] = float('nan')"), cpu)
+    (y,) = measure_budget(spec, cpu, ref, nan, ["y"]).outputs
+    assert y.ratio == math.inf and not y.within and y.factor == "inf"

@@ -522,6 +522,18 @@ def error_histogram(ref: torch.Tensor, target: torch.Tensor) -> dict[str, list[f
     return {"edges": edges.tolist(), "ref": counts[0], "target": counts[1]}
 
 
+def _target_distance(
+    ref: torch.Tensor, target: torch.Tensor, oracle: torch.Tensor
+) -> tuple[float, float]:
+    """The target's distance to the oracle; infinite where its NaN/Inf placement is not the ref's.
+
+    Distances count finite elements only, so a NaN the reference does not have must not vanish.
+    """
+    if not torch.equal(torch.isfinite(ref.detach().cpu()), torch.isfinite(target.detach().cpu())):
+        return math.inf, math.inf
+    return _distance(target, oracle)
+
+
 def _rounding_floor(oracle: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     """The error of storing the oracle's value in the output's dtype: no run can do better."""
     if dtype == oracle.dtype:
@@ -625,7 +637,7 @@ def measure_budget(
         measured = _distance(a, oracle)
         least = _rounding_floor(oracle, a.dtype)
         floor = (max(measured[0], least[0]), max(measured[1], least[1]))
-        measured_output = _output_budget(path, ORACLE, floor, _distance(b, oracle))
+        measured_output = _output_budget(path, ORACLE, floor, _target_distance(a, b, oracle))
         measured_output.histogram = error_histogram(_errors(a, oracle), _errors(b, oracle))
         budget.outputs.append(measured_output)
     if fallback:
@@ -669,7 +681,8 @@ def _rounding_budgets(
             continue  # no floor at all: the output keeps its tolerance verdict only
         floor = (math.sqrt(sum(n * n for n in norms[path]) / len(norms[path])), worst[path])
         ref, target = wanted[path]
-        measured = _output_budget(path, RANDOM_ROUNDING, floor, _distance(target, ref), note=why)
+        error = _target_distance(ref, target, ref)
+        measured = _output_budget(path, RANDOM_ROUNDING, floor, error, note=why)
         measured.histogram = error_histogram(_errors(ref, first[path]), _errors(target, ref))
         budgets.append(measured)
     return budgets

@@ -367,7 +367,9 @@ def precision_budget(
         return None
     paths = None
     if judge != "budget":
-        paths = [d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch")]
+        paths = [
+            d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch", "dtype")
+        ]
         if not paths:
             return None
     try:
