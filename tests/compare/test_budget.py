@@ -200,3 +200,22 @@ def test_a_nan_only_the_target_has_is_beyond_any_budget():
     nan = execute(_spec("x = torch.randn(16)\ny = x.exp()\ny[3] = float('nan')"), cpu)
     (y,) = measure_budget(spec, cpu, ref, nan, ["y"]).outputs
     assert y.ratio == math.inf and not y.within and y.factor == "inf"
+
+
+def test_random_rounding_reruns_a_training_loop_faithfully():
+    # the dtype assertion stops the oracle: every floor comes from random rounding
+    source = "assert torch.ones(1).dtype == torch.float32\n" + TRAINING.replace(
+        "opt.zero_grad()", "opt.zero_grad(set_to_none=False)"
+    )
+    spec = _spec(source)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    runs = OracleRuns()
+    budget = measure_budget(spec, cpu, ref, ref, oracle=runs)
+    assert budget.oracle_error and all(run.ok for run in runs.rounding)
+    weight = budget.get("model.0.weight")
+    assert weight.source == RANDOM_ROUNDING and weight.ratio == 0.0
+    # rounding noise only: zero_grad and the optimizer saw the real gradients
+    scale = float(ref.outputs["model"][0].weight.detach().norm())
+    assert 0 < weight.floor < 1e-5 * scale
+    assert 0 < budget.get("loss").floor < 1e-5

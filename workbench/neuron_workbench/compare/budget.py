@@ -424,12 +424,17 @@ class _RandomRounding(TorchFunctionMode):
     ) -> Any:
         result = func(*args, **(kwargs or {}))
         name = getattr(func, "__name__", "")
+        # only fresh results: not an attribute read (x.grad), an argument, a view, a Parameter or
+        # a leaf that collects gradients, whose identity the cell relies on
         if (
-            isinstance(result, torch.Tensor)
+            type(result) is torch.Tensor
             and result.dtype in _LOW_FLOATS
             and result.numel()
             and not name.endswith("_")
+            and name not in ("__get__", "__set__")
             and not result._is_view()
+            and not (result.is_leaf and result.requires_grad)
+            and not any(result is a for a in args)
         ):
             with torch.no_grad():
                 wide = result.detach().to(torch.float64)
