@@ -118,3 +118,17 @@ def test_several_targets_share_one_oracle_run(ip, fresh_tpu, monkeypatch):
     assert (neuron.verdict, tpu.verdict) == ("PASS", "FAIL")
     assert reruns == ["cpu"]  # one float64 oracle run for both targets
     assert neuron.budget.get("h").floor == tpu.budget.get("h").floor
+
+
+def test_a_bug_bf16_autocast_tolerances_hide_fails_within_the_budget(ip):
+    # a 0.4% scaling only the device path applies: inside bfloat16's tolerance, not its budget
+    body = (
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    h = x.cuda() @ w.cuda()\n"
+        "loss = (h.float() * (1.004 if h.device.type != 'cpu' else 1.0)).softmax(-1).pow(2).sum()"
+    )
+    assert _run(ip, "--target neuron", body).verdict == "PASS"
+    report = _run(ip, "--target neuron --judge budget", body)
+    assert report.verdict == "FAIL", report.summary()
+    assert report.budget.get("h").within and report.budget.get("loss").ratio > 5
+    assert "loss: target " in report.summary()

@@ -147,6 +147,8 @@ class OutputBudget:
         """``loss: target 38x less accurate than the reference`` or ``loss: R 1.1, marginal``."""
         if self.within:
             return f"{self.path}: R {self.factor}, {self.label}"
+        if not math.isfinite(self.ratio):
+            return f"{self.path}: target differs where the reference is exact (R inf)"
         return f"{self.path}: target {self.factor}x less accurate than the reference"
 
     def to_dict(self) -> dict[str, Any]:
