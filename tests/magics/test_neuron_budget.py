@@ -132,3 +132,10 @@ def test_a_bug_bf16_autocast_tolerances_hide_fails_within_the_budget(ip):
     assert report.verdict == "FAIL", report.summary()
     assert report.budget.get("h").within and report.budget.get("loss").ratio > 5
     assert "loss: target " in report.summary()
+
+
+def test_loose_tolerances_do_not_hide_the_tpu_factor_or_its_cause(ip, fresh_tpu):
+    report = _run(ip, "--target tpu --judge budget --rtol 0.1 --atol 0.1", MATMUL)
+    assert report.comparison.passed  # every output is within the loose tolerances
+    assert report.verdict == "FAIL"
+    assert "x less accurate than the reference (TPU 1-pass bf16 matmuls)" in report.summary()

@@ -377,7 +377,22 @@ def precision_budget(
     except Exception as exc:  # a measuring bug must not cost the user the comparison itself
         return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
     budget.tolerances = tolerance_lines(comparison.failures, budget)
+    if judge == "budget":
+        _explain_beyond_budget(comparison, budget, ref, target)
     return budget
+
+
+def _explain_beyond_budget(comparison: Comparison, budget: Budget, ref: Run, target: Run) -> None:
+    """Hints for outputs within tolerance but beyond budget (the tolerance judge gave them none)."""
+    evidence = None
+    for diff in comparison.compared:
+        measured = budget.get(diff.path)
+        if diff.passed and measured is not None and not measured.within:
+            evidence = evidence or Evidence(ref, target)
+            # judged as the failure the budget says it is
+            diff.hints = hints_for(
+                dataclasses.replace(diff, status="differ"), ref, target, evidence
+            )
 
 
 @contextlib.contextmanager
