@@ -6,9 +6,9 @@ Runs ``tests/corpus/corpus_runner.py`` (unmodified ``transformers`` and PyTorch-
 CUDA-style cells through ``%%neuron``), one process per emulated target, both in parallel, and
 prints one line per cell: the verdict, the worst error ratio R of the precision budget (every float
 output with ``--options=--judge=budget``, else the failing ones), the hint families of its failing
-outputs, the ops that fell back to CPU, and an error or the first failing output. The last line is the wall time of the whole
-corpus (host CPU time; emulated devices, never accelerator performance). ``ID_PREFIX`` picks rows,
-e.g. ``tpu-gpt2`` or ``neuron-lstm-bf16``.
+outputs, the ops that fell back to CPU, and an error or the first failing output. The last line is
+the wall time of the whole corpus (host CPU time; emulated devices, never accelerator performance).
+``ID_PREFIX`` picks rows, e.g. ``tpu-gpt2`` or ``neuron-lstm-bf16``.
 """
 
 from __future__ import annotations
