@@ -1,4 +1,4 @@
-"""The real-model corpus as a table: model x precision x target x cell kind -> verdict, hints.
+"""The real-model corpus as a table: model x precision x target x cell kind -> verdict, R, hints.
 
 The kinds are fwd_bwd, train and train_compiled (GPT-2, Llama and ResNet, models compiled).
 
@@ -6,10 +6,11 @@ Usage: .venv/bin/python benchmarks/corpus.py [--json PATH] [--options=--layers] 
 
 Runs ``tests/corpus/corpus_runner.py`` (unmodified ``transformers`` and PyTorch-examples models as
 CUDA-style cells through ``%%neuron``), one process per emulated target, both in parallel, and
-prints one line per cell: the verdict, the hint families of its failing outputs, the ops that fell
-back to CPU, and an error or the first failing output. The last line is the wall time of the whole
-corpus (host CPU time; emulated devices, never accelerator performance). ``ID_PREFIX`` picks rows,
-e.g. ``tpu-gpt2`` or ``neuron-lstm-bf16``.
+prints one line per cell: the verdict, the worst error ratio R of the precision budget (every float
+output with ``--options=--judge=budget``, else the failing ones), the hint families of its failing
+outputs, the ops that fell back to CPU, and an error or the first failing output. The last line is
+the wall time of the whole corpus (host CPU time; emulated devices, never accelerator performance).
+``ID_PREFIX`` picks rows, e.g. ``tpu-gpt2`` or ``neuron-lstm-bf16``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import corpus_runner  # noqa: E402  (lives with the tests it serves)
 
 def table(rows: list[dict]) -> str:
     """One aligned line per row, in corpus order."""
-    header = ("target", "model", "precision", "kind", "verdict", "hints", "fallbacks", "detail")
+    header = (
+        "target", "model", "precision", "kind", "verdict", "R", "hints", "fallbacks", "detail",
+    )  # fmt: skip
     lines = [header]
     for row in rows:
         if row["errors"]:
@@ -46,6 +49,7 @@ def table(rows: list[dict]) -> str:
                 row["precision"],
                 row["kind"],
                 row["verdict"],
+                _ratio(row.get("budget")),
                 ",".join(corpus_runner.hint_tags(row["hints"])) or "-",
                 str(len(row["fallbacks"])),
                 detail[:110],
@@ -56,6 +60,14 @@ def table(rows: list[dict]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]
         for line in lines
     )
+
+
+def _ratio(budget: dict | None) -> str:
+    """The worst error ratio R and its class (``-`` when not measured: nothing failed tolerance)."""
+    if not budget:
+        return "-"
+    short = {"as accurate as the reference": "ok", "marginal": "marginal"}
+    return f"{budget['ratio']} {short.get(budget['label'], 'less accurate')} at {budget['path']}"
 
 
 def main(argv: list[str]) -> int:

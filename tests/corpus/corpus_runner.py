@@ -386,6 +386,7 @@ def row_of(report: Any, *, model: str, precision: str, target: str, kind: str) -
         "compile": {
             role: _compiled(run) for role, run in (("ref", report.ref), ("target", report.target))
         },
+        "budget": _worst_ratio(report),
     }
 
 
@@ -400,6 +401,14 @@ def _compiled(run: Any) -> dict[str, Any]:
         "graph_breaks": len(record.graph_breaks),
         "recompiles": len(record.recompiles),
     }
+
+
+def _worst_ratio(report: Any) -> dict[str, Any] | None:
+    """The output with the largest error ratio R (precision budget), or None when none was measured."""
+    worst = report.budget.worst if getattr(report, "budget", None) is not None else None
+    if worst is None:
+        return None
+    return {"path": worst.path, "ratio": worst.factor, "label": worst.label, "within": worst.within}
 
 
 def _first_divergence(report: Any) -> str | None:
@@ -515,6 +524,7 @@ def crash_row(target: str, case: tuple[str, str, str], stderr: str) -> dict[str,
         "facts": {},
         "compile": {},
         "first_divergence": None,
+        "budget": None,
         "rng_matches_cpu": None,
         "seconds": None,
     }

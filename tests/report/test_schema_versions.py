@@ -28,7 +28,7 @@ def validator():
 
 
 def test_the_fixture_is_version_1_with_the_old_profile_keys(v1):
-    assert v1["schema_version"] == 1 and SCHEMA_VERSION == 2
+    assert v1["schema_version"] == 1 and SCHEMA_VERSION == 3
     assert v1["target"]["profile"]["iterations"] == 2 and v1["options"]["steps"] == 2
 
 
@@ -43,6 +43,16 @@ def test_read_report_brings_version_1_to_the_current_schema(v1):
         assert "iterations" not in profile and "iteration_times_s" not in profile
     assert data["outputs"] == v1["outputs"] and data["layers"] == v1["layers"]
     validator().validate(data)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_reports_before_version_3_read_as_measuring_no_budget(v1, version):
+    old = {**read_report(v1), "schema_version": version}
+    old.pop("budget")
+    data = read_report(old)
+    assert data["budget"] is None and data["schema_version"] == 3
+    validator().validate(data)
+    assert "Precision budget" not in render_report_html(data)
 
 
 def test_current_data_passes_through_unchanged(v1):

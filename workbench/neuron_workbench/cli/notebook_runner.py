@@ -80,6 +80,7 @@ def _setup_source(
     list_fallbacks: bool = False,
     track_per_op: bool = False,
     cluster: str = "",
+    judge: str | None = None,
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
@@ -93,6 +94,7 @@ def _setup_source(
         "list_fallbacks": True if list_fallbacks else None,
         "track_per_op": True if track_per_op else None,
         "cluster": cluster or None,
+        "judge": judge,
     }
     if rtol is not None and atol is not None:
         settings.update(rtol=float(rtol), atol=float(atol))
@@ -167,6 +169,7 @@ def run_notebook(
     list_fallbacks: bool = False,
     track_per_op: bool = False,
     cluster: str = "",
+    judge: str | None = None,
 ) -> InputResult:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
@@ -174,7 +177,7 @@ def run_notebook(
     ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there);
     ``against_dir`` makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run
     saved for it (``cell-<N>.nwrun.zip``), instead of running one. ``list_fallbacks``,
-    ``track_per_op`` and ``cluster`` set the magic's settings of the same names.
+    ``track_per_op``, ``cluster`` and ``judge`` set the magic's settings of the same names.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -204,6 +207,7 @@ def run_notebook(
             list_fallbacks=list_fallbacks,
             track_per_op=track_per_op,
             cluster=cluster,
+            judge=judge,
         ),
         metadata={"tags": [_SETUP_TAG]},
     )
@@ -344,6 +348,7 @@ def run_script(
     list_fallbacks: bool = False,
     track_per_op: bool = False,
     cluster: str = "",
+    judge: str = "tolerance",
 ) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
@@ -351,7 +356,7 @@ def run_script(
     tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
     ``DIR/<script stem>.nwrun.zip``; ``against`` takes the reference from that artifact (or any
     recorded one) instead of running it. ``list_fallbacks``/``track_per_op`` are the target
-    flags; ``cluster`` runs the target in a Ray actor there (``--on``).
+    flags; ``cluster`` runs the target in a Ray actor there (``--on``); ``judge`` is ``--judge``.
     """
     from neuron_workbench.backends import default_reference
     from neuron_workbench.report.driver import CompareOptions
@@ -367,6 +372,7 @@ def run_script(
             seed=seed,
             list_fallbacks=list_fallbacks,
             track_per_op=track_per_op,
+            judge=judge,
         ),
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,

@@ -15,6 +15,7 @@ from IPython.utils.capture import capture_output
 from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
 from neuron_workbench.backends.registry import BackendStatusTable, default_reference
+from neuron_workbench.compare.budget import JUDGES
 from neuron_workbench.compare.tolerances import PRESETS, parse_override
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
@@ -134,6 +135,12 @@ class NeuronMagics(Magics):
     ).tag(config=True)
     preset = Enum(
         tuple(PRESETS), default_value="default", help="Tolerance preset for every comparison."
+    ).tag(config=True)
+    judge = Enum(
+        JUDGES,
+        default_value="tolerance",
+        help="How floating outputs are judged (as --judge): tolerance (fixed rtol/atol; a failing "
+        "output also shows its error ratio R) or budget (R against the reference's noise floor).",
     ).tag(config=True)
     rng = Enum(RNG_CHOICES, default_value="device", help="Where random numbers are drawn.").tag(
         config=True
@@ -265,6 +272,13 @@ class NeuronMagics(Magics):
         choices=WHAT_IF_CHOICES,
         dest="what_if",
         help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
+    )
+    @argument(
+        "--judge",
+        choices=JUDGES,
+        help="tolerance (default): fixed rtol/atol, and a failing float output shows its error "
+        "ratio R against a float64 oracle; budget: a float output passes when R is within the "
+        "reference's precision budget (R <= 2)",
     )
     @argument(
         "--ref-precision",
@@ -423,6 +437,7 @@ class NeuronMagics(Magics):
                 ref_precision=args.ref_precision or "cuda",
                 list_fallbacks=bool(args.list_fallbacks or self.list_fallbacks),
                 track_per_op=bool(args.track_per_op or self.track_per_op),
+                judge=args.judge or self.judge,
             )
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.

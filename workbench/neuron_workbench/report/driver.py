@@ -12,6 +12,13 @@ import torch
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import Comparison, compare_outputs
+from neuron_workbench.compare.budget import (
+    JUDGES,
+    Budget,
+    OracleRuns,
+    measure_budget,
+    tolerance_lines,
+)
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable, OptionError
 from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
@@ -43,6 +50,11 @@ KEEP_CHOICES = ("ref", "target")
 CONCURRENT_NOTE = (
     "the reference and the target ran at the same time, so their wall times share this host's "
     "cores (with --profile they run one after the other)"
+)
+#: The report's note when --judge budget meets a recorded reference (the oracle reruns the cell).
+RECORDED_BUDGET_NOTE = (
+    "the precision budget was not measured: its float64 oracle reruns the reference, which was "
+    "recorded, so outputs were judged by tolerance"
 )
 RNG_CHOICES = ("device", "cpu")
 WHAT_IF_CHOICES = ("bf16-matmul",)
@@ -104,6 +116,7 @@ class CompareOptions:
     ref_precision: str = "cuda"
     list_fallbacks: bool = False
     track_per_op: bool = False
+    judge: str = "tolerance"
 
     def backend(self, name: str) -> Any:
         """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
@@ -133,6 +146,7 @@ class CompareOptions:
             "rng": RNG_CHOICES,
             "what_if": (None, *WHAT_IF_CHOICES),
             "ref_precision": REF_PRECISIONS,
+            "judge": JUDGES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -165,6 +179,7 @@ class CompareOptions:
             "ref_precision": self.ref_precision,
             **({"list_fallbacks": True} if self.list_fallbacks else {}),
             **({"track_per_op": True} if self.track_per_op else {}),
+            **({"judge": self.judge} if self.judge != "tolerance" else {}),
         }
 
 
@@ -281,7 +296,20 @@ def compare_cell(
     for run in (ref_run, *target_runs):
         _note_compiled_draws(run)
     schedule = [CONCURRENT_NOTE] if together else []
+    if reference is not None and options.judge == "budget":
+        schedule.append(RECORDED_BUDGET_NOTE)
     comparison, layers = compare_runs(ref_run, target_run, policy)
+    extra_comparisons = [compare_runs(ref_run, extra_run, policy) for extra_run in extra_runs]
+    # the oracle reruns the cell from the namespace as it was: before anything is committed
+    oracle = OracleRuns()
+    budgets = [
+        precision_budget(spec, ref_backend, ref_run, run, each, options.judge, oracle)
+        if reference is None
+        else None
+        for run, each in zip(
+            target_runs, [comparison, *(c for c, _ in extra_comparisons)], strict=True
+        )
+    ]
     last_value = None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
@@ -305,10 +333,12 @@ def compare_cell(
         warnings=warnings,
         layers=layers,
         notes=comparison_notes(ref_run, target_run, policy) + schedule,
+        budget=budgets[0],
     )
     extra_reports = []
-    for extra_run in extra_runs:
-        extra_comparison, extra_layers = compare_runs(ref_run, extra_run, policy)
+    for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
+        extra_runs, extra_comparisons, budgets[1:], strict=True
+    ):
         extra_reports.append(
             Report(
                 ref=ref_run,
@@ -319,6 +349,7 @@ def compare_cell(
                 warnings=list(warnings),
                 layers=extra_layers,
                 notes=comparison_notes(ref_run, extra_run, policy) + schedule,
+                budget=extra_budget,
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
@@ -343,6 +374,52 @@ def _compile_warnings(run: Run) -> list[str]:
     record = recorded(run.extras.get("compile"))
     found = getattr(record, "warnings", None) or []
     return [f"{run.backend.name}: {w}" for w in dict.fromkeys(found)]
+
+
+def precision_budget(
+    spec: RunSpec,
+    ref_backend: Any,
+    ref: Run,
+    target: Run,
+    comparison: Comparison | None,
+    judge: str,
+    oracle: OracleRuns | None = None,
+) -> Budget | None:
+    """The precision budget of a comparison, measured lazily.
+
+    Under ``judge="budget"`` every floating output is measured; under ``tolerance`` only the
+    outputs that failed their tolerance, and nothing (no oracle run) when none did.
+    """
+    if comparison is None:
+        return None
+    paths = None
+    if judge != "budget":
+        paths = [
+            d.path for d in comparison.failures if d.status in ("differ", "nan-mismatch", "dtype")
+        ]
+        if not paths:
+            return None
+    try:
+        budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+    except Exception as exc:  # a measuring bug must not cost the user the comparison itself
+        return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
+    budget.tolerances = tolerance_lines(comparison.failures, budget)
+    if judge == "budget":
+        _explain_beyond_budget(comparison, budget, ref, target)
+    return budget
+
+
+def _explain_beyond_budget(comparison: Comparison, budget: Budget, ref: Run, target: Run) -> None:
+    """Hints for outputs within tolerance but beyond budget (the tolerance judge gave them none)."""
+    evidence = None
+    for diff in comparison.compared:
+        measured = budget.get(diff.path)
+        if diff.passed and measured is not None and not measured.within:
+            evidence = evidence or Evidence(ref, target)
+            # judged as the failure the budget says it is
+            diff.hints = hints_for(
+                dataclasses.replace(diff, status="differ"), ref, target, evidence
+            )
 
 
 @contextlib.contextmanager

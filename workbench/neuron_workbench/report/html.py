@@ -346,6 +346,49 @@ def _fallback_rows(events: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+def _budget_section(budget: dict[str, Any] | None) -> str:
+    """The precision budget: each measured output's noise floor, error and R, and --tol lines."""
+    if not budget or not (budget.get("outputs") or budget.get("oracle_error")):
+        return ""
+    rows = [
+        [
+            f"<code>{esc(o['path'])}</code>",
+            esc(o["source"]) + (f" ({esc(o['note'])})" if o.get("note") else ""),
+            esc(_fmt_float(o["floor"])),
+            esc(_fmt_float(o["floor_worst"])),
+            esc(_fmt_float(o["error"])),
+            esc(_fmt_float(o["error_worst"])),
+            esc(_fmt_float(o["ratio"])),
+            esc(o["label"]),
+        ]
+        for o in budget.get("outputs", [])
+    ]
+    headers = [
+        "output",
+        "floor from",
+        "‖ref − oracle‖",
+        "worst",
+        "‖target − oracle‖",
+        "worst",
+        "R",
+        "class",
+    ]
+    parts = [
+        "<h4>Precision budget</h4>",
+        '<div class="note">R = ‖target − oracle‖ / ‖ref − oracle‖ against a float64 rerun of '
+        "the reference (the oracle): about 1 means the target is as accurate as the reference."
+        "</div>",
+    ]
+    if budget.get("oracle_error"):
+        parts.append(f'<div class="note">{esc(budget["oracle_error"])}</div>')
+    if rows:
+        parts.append(_table(headers, rows, numeric={2, 3, 4, 5, 6}))
+    if budget.get("tolerances"):
+        lines = "\n".join(esc(line) for line in budget["tolerances"])
+        parts.append(f"<div class='note'>Tolerances that would pass:</div><pre>{lines}</pre>")
+    return "".join(parts)
+
+
 def render_report_html(data: dict[str, Any]) -> str:
     """Render one report (its :meth:`Report.to_dict` data) as a self-contained HTML fragment.
 
@@ -427,6 +470,7 @@ def render_report_html(data: dict[str, Any]) -> str:
             f'<div class="note">{esc(MEASUREMENTS_NOTE)}</div>',
             _table(MEASUREMENT_HEADERS, measurement_rows(measurements), numeric={2, 3}),
         ]
+    parts.append(_budget_section(data.get("budget")))
     first = data.get("first_divergence")
     if first:
         kind = "born" if first.get("born") else "diverged (no single origin found)"

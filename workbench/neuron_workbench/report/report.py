@@ -72,6 +72,31 @@ class Report:
     #: How the runs were compared beyond the verdict: autocast's tolerance floor, and how a
     #: reference stood in for another device (``cpu (as cuda)``) with what stays different.
     notes: list[str] = field(default_factory=list)
+    #: Each floating output's noise floor and error ratio R (:mod:`neuron_workbench.compare.budget`):
+    #: measured for every floating output under ``judge="budget"``, for the failing ones otherwise.
+    budget: Any = None
+
+    @property
+    def judge(self) -> str:
+        """``tolerance`` or ``budget``: how floating outputs were judged (the ``judge`` option)."""
+        return str(self.options.get("judge", "tolerance"))
+
+    def judged_failures(self) -> list[Any]:
+        """The compared outputs that fail the verdict.
+
+        Under ``judge="budget"`` a floating output with a measured R fails exactly when R is beyond
+        budget (whatever its tolerance says); every other output fails as its tolerance says.
+        """
+        if self.comparison is None:
+            return []
+        if self.judge != "budget" or self.budget is None:
+            return self.comparison.failures
+        failures = []
+        for diff in self.comparison.compared:
+            measured = self.budget.get(diff.path)
+            if (measured is not None and not measured.within) or (measured is None and diff.failed):
+                failures.append(diff)
+        return failures
 
     @property
     def first_divergence(self) -> Any:
@@ -88,13 +113,15 @@ class Report:
         ``ERROR`` when a run raised; else :data:`UNCOMPARED` when nothing was compared (the cell
         bound no comparable output, or only outputs with status ``not-compared``); else ``PASS``
         when every compared output matched and ``FAIL`` when one did not. Outputs that were not
-        compared never make a verdict ``FAIL``; the summary line counts them.
+        compared never make a verdict ``FAIL``; the summary line counts them. Under
+        ``--judge budget`` floating outputs pass or fail by their error ratio R
+        (:meth:`judged_failures`).
         """
         if not (self.ref.ok and self.target.ok) or self.comparison is None:
             return "ERROR"
         if not self.comparison.compared:
             return UNCOMPARED
-        return "PASS" if self.comparison.passed else "FAIL"
+        return "FAIL" if self.judged_failures() else "PASS"
 
     def __bool__(self) -> bool:
         return self.verdict == "PASS"
@@ -125,12 +152,19 @@ class Report:
         else:
             assert self.comparison is not None
             compared = self.comparison.compared
-            failures = self.comparison.failures
-            matched = len(compared) - len(failures)
-            body = f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
+            failures = self.judged_failures()
+            body = ""
+            if self.judge == "budget" and verdict == "PASS" and self.budget is not None:
+                body = _within_budget(self.budget)
+            judged = {id(d) for d in failures}
+            within = sum(id(d) not in judged for d in self.comparison.failures)
+            matched = len(compared) - len(failures) - within
+            body += f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
+            if within:
+                body += f", {within} within budget"
             if failures:
                 verb = "differs" if len(failures) == 1 else "differ"
-                body += f", {len(failures)} {verb}: {failures[0].headline()}"
+                body += f", {len(failures)} {verb}: {self._failure_line(failures[0])}"
                 if len(failures) > 1:
                     body += f" (+{len(failures) - 1} more)"
             skipped = self.comparison.not_compared
@@ -149,6 +183,17 @@ class Report:
         elif verdict == "FAIL" and backward is not None:
             body += f"; first divergence at {backward.label} (backward)"
         return f"{verdict} {self.title} — {body}"
+
+    def _failure_line(self, diff: Any) -> str:
+        """The first failure in the summary: its headline, or under the budget judge its R.
+
+        Under the tolerance judge the line is unchanged; R is in the report's data and HTML.
+        """
+        measured = self.budget.get(diff.path) if self.budget is not None else None
+        if measured is None or self.judge != "budget":
+            return diff.headline()
+        cause = _short_cause(diff.hints)
+        return measured.describe() + (f" ({cause})" if cause else "")
 
     def __repr__(self) -> str:
         return f"<Report {self.summary()}>"
@@ -178,6 +223,7 @@ class Report:
             "migration": self.migration,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
+            "budget": self.budget.to_dict() if self.budget is not None else None,
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }
@@ -213,6 +259,31 @@ class Report:
             "text/html": render_report_html(data),
             REPORT_MIME: data,
         }
+
+
+#: Short names of the causes the summary line appends to an output's R, by the start of the hint
+#: (``report.hints``) that gives the evidence for them.
+_SHORT_CAUSES = (
+    ("TPU fp32 matmuls default to 1-pass bfloat16", "TPU 1-pass bf16 matmuls"),
+    ("the bf16 what-if policy was on", "bf16 what-if matmuls"),
+    ("TF32:", "TF32 matmuls"),
+)
+
+
+def _short_cause(hints: list[str]) -> str:
+    for hint in hints:
+        for start, cause in _SHORT_CAUSES:
+            if hint.startswith(start):
+                return cause
+    return ""
+
+
+def _within_budget(budget: Any) -> str:
+    """``within precision budget (worst R 1.1 at loss): `` (empty when nothing was measured)."""
+    worst = budget.worst
+    if worst is None:
+        return ""
+    return f"within precision budget (worst R {worst.factor} at {worst.path}): "
 
 
 def _training(ref: Run, target: Run, comparison: Comparison | None) -> dict[str, Any] | None:

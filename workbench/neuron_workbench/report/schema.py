@@ -21,9 +21,11 @@ __all__ = ["READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "read_report"]
 #: ``label`` (see :mod:`neuron_workbench.report.display`). The verdict ``UNCOMPARED`` and the output
 #: status ``not-compared`` were added to version 2 without a new version: every earlier document is
 #: still valid, and renderers show a verdict or status they do not know in a neutral colour.
-SCHEMA_VERSION = 2
+#: Version 3 adds ``budget`` (each floating output's noise floor and error ratio R; null when not
+#: measured) and the ``judge`` option; earlier documents read as measuring no budget.
+SCHEMA_VERSION = 3
 #: Versions :func:`read_report` reads.
-READABLE_SCHEMA_VERSIONS = (1, 2)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 _PROFILE_KEYS_V1 = {"iterations": "steps", "iteration_times_s": "step_times_s"}
 
 
@@ -65,5 +67,7 @@ def read_report(data: Mapping[str, Any]) -> dict[str, Any]:
                 profile = {_PROFILE_KEYS_V1.get(k, k): v for k, v in run["profile"].items()}
                 run["profile"] = profile
             out[role] = run
+    if version < 3:
+        out.setdefault("budget", None)
     out["schema_version"] = SCHEMA_VERSION
     return out

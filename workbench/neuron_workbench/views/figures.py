@@ -15,6 +15,7 @@ from neuron_workbench.report.html import site_label
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
 
 __all__ = [
+    "budget_histogram",
     "call_sites",
     "fallback_bar",
     "fallback_rows",
@@ -440,3 +441,46 @@ def call_sites(data: dict[str, Any], op: str) -> list[dict[str, Any]]:
                  "module": row.get("module", ""), "role": role, "source": "op profile (first call)"}
             )  # fmt: skip
     return out
+
+
+def budget_histogram(data: dict[str, Any], path: str | None = None) -> go.Figure | None:
+    """An output's error distribution: the target's against the reference's noise floor.
+
+    Both are element-wise |run − oracle| (from a float64 oracle, or random rounding where the report
+    says so), as counts per log10 bin; ``path`` defaults to the output with the largest R. None when
+    no output has a measured distribution.
+    """
+    outputs = [o for o in (data.get("budget") or {}).get("outputs", []) if o.get("histogram")]
+    if path is not None:
+        outputs = [o for o in outputs if o["path"] == path]
+    if not outputs:
+        return None
+
+    def ratio(output: dict[str, Any]) -> float:
+        return float(output["ratio"])  # "inf" is stored as a string
+
+    output = max(outputs, key=ratio)
+    histogram = output["histogram"]
+    edges = histogram["edges"]
+    centers = [(a + b) / 2 for a, b in zip(edges, edges[1:], strict=False)]
+    labels = [f"1e{c:.1f}" for c in centers]
+    fig = go.Figure()
+    for role, key, color in (("ref", "ref", _REF_COLOR), ("target", "target", _TARGET_COLOR)):
+        fig.add_trace(
+            go.Bar(
+                name=f"{_label(data, role)} − oracle", x=labels, y=histogram[key],
+                marker_color=color, opacity=0.7,
+                hovertemplate="|error| ≈ %{x}<br>%{y} elements<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(title_text=f"|error| against the {output['source']} (log10 bins)")
+    fig.update_yaxes(title_text="elements")
+    title = f"Error distribution of {output['path']}: R {_factor(ratio(output))}, {output['label']}"
+    return _layout(fig, title, 320)
+
+
+def _factor(ratio: float) -> str:
+    if ratio == float("inf"):
+        return "inf"
+    return f"{ratio:.1f}" if ratio < 10 else f"{ratio:.3g}"

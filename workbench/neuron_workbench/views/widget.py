@@ -118,6 +118,9 @@ class ReportView(W.Tab):
         curves = figures.loss_curves(self.data)
         if curves is not None:
             widgets.append(self._figure("loss_curves", curves))
+        budget = figures.budget_histogram(self.data)
+        if budget is not None:
+            widgets.append(self._figure("budget", budget))
         return widgets
 
     def _layers(self) -> list[W.Widget]:
@@ -191,6 +194,9 @@ def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(figures.fallback_bar_spec(data))
     if figures.profile_frame(data) is not None:
         out.append(figures.op_time_bars_spec(data))
+    budget = figures.budget_histogram(data)  # built only when the budget measured something
+    if budget is not None:
+        out.append(budget.to_plotly_json())
     return out
 
 

@@ -37,6 +37,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", metavar="BACKEND", help="target backend for every cell")
     add_tolerance_options(parser)
     parser.add_argument("--seed", type=int, help="seed at the start of each run (default 0)")
+    parser.add_argument(
+        "--judge",
+        choices=("tolerance", "budget"),  # compare.budget.JUDGES; the CLI parses without torch
+        help="tolerance (default): fixed rtol/atol, a failing float output shows its error ratio R; "
+        "budget: a float output passes when R is within the reference's precision budget",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
     parser.add_argument("--json", metavar="FILE", help="write every report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
@@ -165,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             list_fallbacks=args.list_fallbacks,
             track_per_op=args.track_per_op,
             cluster=cluster,
+            judge=args.judge,
         )
     else:
         result = run_script(
@@ -186,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             list_fallbacks=args.list_fallbacks,
             track_per_op=args.track_per_op,
             cluster=cluster,
+            judge=args.judge or "tolerance",
         )
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
@@ -210,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         "executor": args.executor,
         **({"list_fallbacks": True} if args.list_fallbacks else {}),
         **({"track_per_op": True} if args.track_per_op else {}),
+        **({"judge": args.judge} if args.judge else {}),
         **({"on": cluster} if cluster else {}),
     }
     name = Path(result.path).name

@@ -1,0 +1,221 @@
+"""The float64 oracle and the noise floor, on the real reference path (cpu standing in for cuda)."""
+
+import math
+
+import pytest
+import torch
+
+from neuron_workbench.backends import get_backend
+from neuron_workbench.compare import compare_outputs
+from neuron_workbench.compare.budget import (
+    BUDGET_CLASSES,
+    ORACLE,
+    RANDOM_ROUNDING,
+    Budget,
+    OracleRuns,
+    classify,
+    measure_budget,
+    oracle_instrument,
+    tolerance_lines,
+)
+from neuron_workbench.compare.budget import _rerun as rerun
+from neuron_workbench.run import RunSpec, compile_cell, execute
+
+TRAINING = (
+    "torch.manual_seed(1)\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))\n"
+    "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
+    'x = torch.randn(8, 16, device="cuda")\n'
+    "drop = torch.nn.functional.dropout(x, 0.5)\n"
+    "for _ in range(2):\n"
+    "    out = model.cuda()(x)\n"
+    "    loss = out.float().pow(2).mean()\n"
+    "    opt.zero_grad(); loss.backward(); opt.step()\n"
+    "value = loss.item()\n"
+)
+
+
+def _spec(source, namespace=None):
+    namespace = {"torch": torch} if namespace is None else namespace
+    return RunSpec(compile_cell(source), namespace)
+
+
+def test_the_oracle_sees_the_references_random_draws_and_computes_in_float64():
+    spec = _spec(TRAINING)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu, run_id="ref")
+    oracle = rerun(spec, cpu, oracle_instrument(spec))
+    assert ref.ok and oracle.ok, oracle.error
+    # drawn in float32, then widened: the same numbers (module init, randn, dropout's mask)
+    assert oracle.outputs["x"].dtype == torch.float64
+    assert torch.equal(oracle.outputs["x"], ref.outputs["x"].double())
+    assert torch.equal(oracle.outputs["drop"] == 0, ref.outputs["drop"] == 0)
+    weight = oracle.outputs["model"][0].weight
+    assert weight.dtype == torch.float64 and weight.grad.dtype == torch.float64
+    # .float() is kept in float64; the result is close to the reference but not equal to it
+    assert oracle.outputs["loss"].dtype == torch.float64
+    assert isinstance(oracle.outputs["value"], float)
+    assert oracle.outputs["value"] != ref.outputs["value"]
+    assert math.isclose(oracle.outputs["value"], ref.outputs["value"], rel_tol=1e-5)
+    # the namespace is as it was, and the default dtype is back
+    assert set(spec.namespace) == {"torch"} and torch.get_default_dtype() == torch.float32
+
+
+def test_widened_inputs_stay_one_object_for_the_model_and_its_optimizer():
+    namespace = {"torch": torch}
+    setup = _spec(
+        "model = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)",
+        namespace,
+    )
+    cpu = get_backend("cpu")
+    from neuron_workbench.run import commit
+
+    commit(namespace, execute(setup, cpu))
+    spec = _spec(
+        "loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nopt.step()\nw = model.weight * 1",
+        namespace,
+    )
+    ref = execute(spec, cpu)
+    oracle = rerun(spec, cpu, oracle_instrument(spec))
+    assert oracle.ok, oracle.error
+    assert oracle.outputs["w"].dtype == torch.float64
+    # the step moved the widened parameter: the optimizer holds the model's own tensor
+    assert torch.allclose(oracle.outputs["w"], ref.outputs["w"].double(), atol=1e-6)
+    assert namespace["model"].weight.dtype == torch.float32  # the user's model is untouched
+
+
+def test_the_floor_and_r_of_an_exact_copy_of_the_reference():
+    spec = _spec("x = torch.randn(64, 64)\ny = torch.softmax(x @ x, dim=-1)\nn = 3")
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    budget = measure_budget(spec, cpu, ref, ref)
+    assert [o.path for o in budget.outputs] == ["x", "y"]  # floating outputs only
+    y = budget.get("y")
+    assert y.source == ORACLE and y.floor > 0 and y.error == y.floor
+    assert y.ratio == 1.0 and y.label == "as accurate as the reference" and y.within
+    # x is exactly the oracle's value: no run can be closer, so R is 1
+    assert budget.get("x").floor == 0.0 and budget.get("x").ratio == 1.0
+
+
+def test_a_target_only_difference_gives_a_large_r():
+    spec = _spec("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=-1)")
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    bad = execute(_spec("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=0)"), cpu)
+    budget = measure_budget(spec, cpu, ref, bad, ["y"])
+    (y,) = budget.outputs
+    assert y.ratio > 1e3 and not y.within and y.label == "less accurate"
+    assert y.describe().startswith("y: target ") and "x less accurate" in y.describe()
+
+
+def test_an_output_computed_outside_torch_falls_back_to_random_rounding():
+    numpy = pytest.importorskip("numpy")
+    namespace = {"torch": torch, "np": numpy}
+    source = (
+        "x = torch.randn(16, 16)\n"
+        "y = torch.from_numpy((x.numpy().astype(np.float32) @ x.numpy().astype(np.float32)))\n"
+        "z = (x @ x).sum(dim=0)"
+    )
+    spec = _spec(source, namespace)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    runs = OracleRuns()
+    budget = measure_budget(spec, cpu, ref, ref, oracle=runs)
+    z, y = budget.get("z"), budget.get("y")
+    assert z.source == ORACLE
+    # NumPy computed y in float32 even in the oracle run: its floor comes from random rounding
+    assert y.source == RANDOM_ROUNDING and "not promoted" in y.note
+    assert y.floor > 0 and y.error == 0.0 and y.ratio == 0.0
+    assert len(runs.rounding) == 3 and all(run.ok for run in runs.rounding)
+
+
+def test_a_cell_the_oracle_cannot_run_is_said_so():
+    source = "x = torch.randn(8)\nassert x.dtype == torch.float32\ny = x * 3"
+    spec = _spec(source)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    budget = measure_budget(spec, cpu, ref, ref)
+    assert budget.oracle_error.startswith("the float64 oracle run raised AssertionError")
+    assert {o.source for o in budget.outputs} == {RANDOM_ROUNDING}
+
+
+def test_classes_are_data_and_r_is_classed_by_them():
+    assert [c.limit for c in BUDGET_CLASSES[:2]] == [1.2, 2.0]
+    assert classify(1.2).label == "as accurate as the reference"
+    assert classify(1.5).label == "marginal" and classify(1.5).within
+    assert not classify(2.01).within and not classify(math.inf).within
+
+
+def test_budget_round_trips_through_its_dict():
+    spec = _spec("x = torch.randn(8, 8)\ny = x @ x")
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    budget = measure_budget(spec, cpu, ref, ref)
+    again = Budget.from_dict(budget.to_dict())
+    assert again.outputs == budget.outputs
+
+
+def test_tolerance_lines_pass_the_failing_output_they_name():
+    ref = {"y": torch.linspace(1, 2, 50)}
+    target = {"y": ref["y"] * (1 + 3e-5)}
+    comparison = compare_outputs(ref, target)
+    (line,) = tolerance_lines(comparison.failures)
+    assert line.startswith("--tol 'y=")
+    from neuron_workbench.compare.tolerances import TolerancePolicy, parse_override
+
+    override = parse_override(line.removeprefix("--tol ").strip("'"))
+    assert compare_outputs(ref, target, policy=TolerancePolicy(per_output=(override,))).passed
+
+
+def test_casts_stay_float64_and_keep_the_cells_aliasing():
+    source = (
+        "x = torch.ones(3)\n"
+        "same = x.float()\n"
+        "half = x.half()\n"
+        "half.add_(1)\n"
+        "low = x.to(torch.bfloat16)\n"
+        "low.add_(1)\n"
+        "y = torch.zeros(3, dtype=torch.float16)\n"
+        "y[0] = x[0] / 3\n"
+        "aliased = same is x"
+    )
+    spec = _spec(source)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    oracle = rerun(spec, cpu, oracle_instrument(spec))
+    assert oracle.ok, oracle.error
+    out = oracle.outputs
+    assert {out[n].dtype for n in ("x", "half", "low", "y")} == {torch.float64}
+    assert out["aliased"] is True and ref.outputs["aliased"] is True
+    assert (
+        out["x"].tolist() == ref.outputs["x"].tolist() == [1.0, 1.0, 1.0]
+    )  # copies, as in the cell
+    assert out["y"][0].item() == 1 / 3  # not rounded to float16
+
+
+def test_a_nan_only_the_target_has_is_beyond_any_budget():
+    spec = _spec("x = torch.randn(16)\ny = x.exp()")
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    nan = execute(_spec("x = torch.randn(16)\ny = x.exp()\ny[3] = float('nan')"), cpu)
+    (y,) = measure_budget(spec, cpu, ref, nan, ["y"]).outputs
+    assert y.ratio == math.inf and not y.within and y.factor == "inf"
+
+
+def test_random_rounding_reruns_a_training_loop_faithfully():
+    # the dtype assertion stops the oracle: every floor comes from random rounding
+    source = "assert torch.ones(1).dtype == torch.float32\n" + TRAINING.replace(
+        "opt.zero_grad()", "opt.zero_grad(set_to_none=False)"
+    )
+    spec = _spec(source)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    runs = OracleRuns()
+    budget = measure_budget(spec, cpu, ref, ref, oracle=runs)
+    assert budget.oracle_error and all(run.ok for run in runs.rounding)
+    weight = budget.get("model.0.weight")
+    assert weight.source == RANDOM_ROUNDING and weight.ratio == 0.0
+    # rounding noise only: zero_grad and the optimizer saw the real gradients
+    scale = float(ref.outputs["model"][0].weight.detach().norm())
+    assert 0 < weight.floor < 1e-5 * scale
+    assert 0 < budget.get("loss").floor < 1e-5

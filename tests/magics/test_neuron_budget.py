@@ -1,0 +1,141 @@
+"""%%neuron --judge: the precision budget as users meet it, on the default (worker) path."""
+
+import json
+
+import pytest
+from IPython.core.error import UsageError
+
+from neuron_workbench.report import read_report
+from neuron_workbench.testing import run_cell
+
+SETUP = (
+    "import torch\ntorch.manual_seed(0)\nx = torch.randn(64, 256)\nw = torch.randn(256, 128) / 16"
+)
+MATMUL = "h = x.cuda() @ w.cuda()\np = torch.softmax(h, dim=-1)\nloss = p.pow(2).sum()"
+#: A target-only bug, chosen by a device check: the accelerator path normalises over the batch.
+SOFTMAX_BUG = (
+    "h = x.cuda() @ w.cuda()\n"
+    "p = torch.softmax(h, dim=0 if h.device.type != 'cpu' else -1)\n"
+    "loss = p.pow(2).sum()"
+)
+LAYER_NORM_BUG = (
+    "h = x.cuda() @ w.cuda()\n"
+    "p = torch.nn.functional.layer_norm(h, (128,), eps=1e-2 if h.device.type != 'cpu' else 1e-5)\n"
+    "loss = p.pow(2).sum()"
+)
+
+
+@pytest.fixture
+def fresh_tpu(ip):
+    """A tpu worker at its default matmul precision.
+
+    A cell's ``torch.set_float32_matmul_precision`` lasts in its worker, as in a kernel.
+    """
+    ip.magics_manager.registry["NeuronMagics"].session.workers.restart("tpu")
+    yield
+    ip.magics_manager.registry["NeuronMagics"].session.workers.restart("tpu")
+
+
+def _run(ip, flags, body):
+    run_cell(ip, SETUP)
+    run_cell(ip, f"%%neuron {flags} -o r\n{body}")
+    return ip.user_ns["r"]
+
+
+@pytest.mark.parametrize("judge", ["tolerance", "budget"])
+@pytest.mark.parametrize("bug", [SOFTMAX_BUG, LAYER_NORM_BUG], ids=["softmax-dim", "ln-eps"])
+def test_a_target_only_bug_fails_under_both_judges_with_a_large_r(ip, judge, bug):
+    report = _run(ip, f"--target neuron --judge {judge}", bug)
+    assert report.verdict == "FAIL", report.summary()
+    p = report.budget.get("p")
+    assert p.ratio > 10 and not p.within
+    if judge == "budget":
+        assert "p: target " in report.summary() and "x less accurate than the reference" in (
+            report.summary()
+        )
+    else:  # the line is the tolerance's; R is in the data and the HTML
+        assert "less accurate" not in report.summary()
+        assert report.to_dict()["budget"]["outputs"][0]["path"] in ("p", "h")
+        assert f'<td class="num">{p.ratio:.3g}</td>' in report._repr_html_()
+
+
+def test_emulated_neuron_float32_is_as_accurate_as_the_reference(ip):
+    report = _run(ip, "--target neuron --judge budget", MATMUL)
+    assert report.verdict == "PASS", report.summary()
+    assert {o.path for o in report.budget.outputs} == {"h", "p", "loss"}
+    assert all(o.ratio <= 1.2 for o in report.budget.outputs)
+    assert report.summary().startswith(
+        "PASS neuron (emulated) vs cpu (as cuda) — within precision budget (worst R 1.0 at "
+    )
+
+
+def test_tpu_float32_fails_by_its_factor_and_passes_at_highest_precision(ip, fresh_tpu):
+    report = _run(ip, "--target tpu --judge budget", MATMUL)
+    assert report.verdict == "FAIL", report.summary()
+    assert "x less accurate than the reference (TPU 1-pass bf16 matmuls)" in report.summary()
+    assert report.budget.get("h").ratio > 10
+    highest = "torch.set_float32_matmul_precision('highest')\n" + MATMUL
+    report = _run(ip, "--target tpu --judge budget", highest)
+    assert report.verdict == "PASS", report.summary()
+    assert "within precision budget" in report.summary()
+
+
+def test_under_tolerance_the_oracle_runs_only_when_an_output_failed(ip, fresh_tpu):
+    report = _run(ip, "--target neuron", MATMUL)
+    assert report.verdict == "PASS" and report.budget is None
+    report = _run(ip, "--target tpu", MATMUL)
+    assert report.verdict == "FAIL"
+    assert {o.path for o in report.budget.outputs} == {d.path for d in report.comparison.failures}
+    data = report.to_dict()
+    assert data["schema_version"] == 3 and read_report(json.loads(json.dumps(data))) == data
+    assert data["budget"]["tolerances"][0].startswith("# --tol 'h=")  # beyond budget: a comment
+    assert "Precision budget" in report._repr_html_()
+
+
+def test_judge_is_a_config_setting_and_bad_values_are_one_line(ip, fresh_tpu):
+    run_cell(ip, "%config NeuronMagics.judge = 'budget'")
+    report = _run(ip, "--target tpu", MATMUL)
+    assert report.options["judge"] == "budget" and report.verdict == "FAIL"
+    run_cell(ip, "%config NeuronMagics.judge = 'tolerance'")
+    with pytest.raises(UsageError, match="judge"):
+        ip.run_cell_magic("neuron", "--judge strict", "y = 1")
+
+
+def test_several_targets_share_one_oracle_run(ip, fresh_tpu, monkeypatch):
+    from neuron_workbench.compare import budget as budget_module
+
+    reruns = []
+    original = budget_module._rerun
+
+    def counted(spec, backend, instrument):
+        reruns.append(backend.name)
+        return original(spec, backend, instrument)
+
+    monkeypatch.setattr(budget_module, "_rerun", counted)
+    run_cell(ip, SETUP)
+    run_cell(ip, f"%%neuron --target neuron,tpu --judge budget -o both\n{MATMUL}")
+    neuron, tpu = ip.user_ns["both"]
+    assert (neuron.verdict, tpu.verdict) == ("PASS", "FAIL")
+    assert reruns == ["cpu"]  # one float64 oracle run for both targets
+    assert neuron.budget.get("h").floor == tpu.budget.get("h").floor
+
+
+def test_a_bug_bf16_autocast_tolerances_hide_fails_within_the_budget(ip):
+    # a 0.4% scaling only the device path applies: inside bfloat16's tolerance, not its budget
+    body = (
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    h = x.cuda() @ w.cuda()\n"
+        "loss = (h.float() * (1.004 if h.device.type != 'cpu' else 1.0)).softmax(-1).pow(2).sum()"
+    )
+    assert _run(ip, "--target neuron", body).verdict == "PASS"
+    report = _run(ip, "--target neuron --judge budget", body)
+    assert report.verdict == "FAIL", report.summary()
+    assert report.budget.get("h").within and report.budget.get("loss").ratio > 5
+    assert "loss: target " in report.summary()
+
+
+def test_loose_tolerances_do_not_hide_the_tpu_factor_or_its_cause(ip, fresh_tpu):
+    report = _run(ip, "--target tpu --judge budget --rtol 0.1 --atol 0.1", MATMUL)
+    assert report.comparison.passed  # every output is within the loose tolerances
+    assert report.verdict == "FAIL"
+    assert "x less accurate than the reference (TPU 1-pass bf16 matmuls)" in report.summary()
