@@ -202,3 +202,41 @@ def test_a_cpu_tensor_stays_off_the_fallback(probe):
     with record_fallbacks() as log:
         torch.ops.wbtest.roi_scale(torch.ones(2), 2.0)
     assert log.events == []
+
+
+REFUSES = r"""
+import torch
+from neuron_workbench import emulator as E
+
+_refusing = torch.library.Library("wbrefuse", "DEF")
+_refusing.define("pair(Tensor a, Tensor b) -> Tensor")
+
+
+def _pair(a, b):
+    if a.dtype != b.dtype:
+        raise RuntimeError("a should have the same type as b")
+    return a + b
+
+
+_refusing.impl("pair", _pair, "CPU")
+
+
+def refused(device):
+    with E.record_fallbacks() as log:
+        try:
+            torch.ops.wbrefuse.pair(torch.ones(2, device=device), torch.ones(2, device=device).half())
+        except RuntimeError as exc:
+            return str(exc), log.ops()
+    return None, log.ops()
+"""
+
+
+@pytest.mark.parametrize("core", ["auto", "python"])
+def test_a_fallback_whose_cpu_kernel_refuses_is_still_an_event(run_py, core):
+    # The event (the op, its line) is what explains the error the CPU kernel raised.
+    script = REFUSES + "E.emulate('neuron')\nimport json\nprint(json.dumps(refused('neuron')))\n"
+    r = run_py(script, env={"NEURON_WORKBENCH_EMULATOR_CORE": core})
+    assert r.returncode == 0, r.stderr[-3000:]
+    error, ops = json.loads(r.stdout.strip().splitlines()[-1])
+    assert error == "a should have the same type as b"
+    assert ops == ["wbrefuse::pair"]

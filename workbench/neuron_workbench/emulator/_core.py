@@ -619,19 +619,17 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
         if i < len(cargs) and type(cargs[i]) in _NUMBERS:
             fn = _rewrap_numbers(func, fn, cargs, tensor_slots)
             break
-    if matmul is not None and MATMUL_PASSES:
-        out = _matmul_passes(fn, base, matmul, cargs, ckw)
-    elif gaps is not None:
-        out = run_widened(fn, gaps, cargs, ckw)
-    else:
-        out = fn(*cargs, **ckw)
-    if kind == K_FALLBACK:
-        dt = _perf() - t0
-        warning = None
-        if DEVICE_TYPE == "tpu" and TPU_WARN_EVERY_CALL:
-            # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
-            warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
-        _events.record_event(overload.partition(".")[0], overload, args, dt, warning)
+    try:
+        if matmul is not None and MATMUL_PASSES:
+            out = _matmul_passes(fn, base, matmul, cargs, ckw)
+        elif gaps is not None:
+            out = run_widened(fn, gaps, cargs, ckw)
+        else:
+            out = fn(*cargs, **ckw)
+    finally:
+        # Recorded even when the CPU kernel refused the inputs: the event explains the error.
+        if kind == K_FALLBACK:
+            _record_fallback(overload, args, _perf() - t0)
 
     if post is not None:
         _narrow_outputs(out, post)
@@ -679,6 +677,14 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
 
 
 _NUMBERS = (int, float, bool, complex)
+
+
+def _record_fallback(overload: str, args: Any, seconds: float) -> None:
+    warning = None
+    if DEVICE_TYPE == "tpu" and TPU_WARN_EVERY_CALL:
+        # TorchTPU logs this on every call (ABSL_LOG(WARNING)) when fallback is enabled.
+        warning = f"W operator '{overload}' is not implemented for TPU. Falling back to CPU\n"
+    _events.record_event(overload.partition(".")[0], overload, args, seconds, warning)
 
 
 def _rewrap_numbers(func: Any, fn: Any, cargs: list, tensor_slots: tuple) -> Any:

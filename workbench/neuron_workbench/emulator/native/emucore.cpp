@@ -709,10 +709,20 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                       (gap_mask != 0 && has_gap_dtype(*stack, base, nargs, gap_mask));
   std::chrono::steady_clock::time_point t0;
   if (plan.kind == kFallback) t0 = std::chrono::steady_clock::now();
-  if (python) {
-    run_python(plan, op, stack, base);
-  } else {
-    op.redispatchBoxed(kCpuKeys, stack);
+  try {
+    if (python) {
+      run_python(plan, op, stack, base);
+    } else {
+      op.redispatchBoxed(kCpuKeys, stack);
+    }
+  } catch (...) {
+    // The op fell back even though the CPU kernel refused its inputs: the event (its op and cell
+    // line) is what explains the error, so it is recorded before the error goes on.
+    if (plan.kind == kFallback) {
+      emit_event(plan, originals,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    throw;
   }
   double seconds = 0;
   if (plan.kind == kFallback) {
