@@ -280,12 +280,21 @@ def library_folders() -> list[str]:
 def relabel_run_sites(
     run: Any, cells: Mapping[str, int | tuple[int, int]], folders: Sequence[str] = ()
 ) -> None:
-    """Relabel, in place, every site a run carries: fallback events and op-profile rows."""
+    """Relabel, in place, every site a run carries.
+
+    Fallback events, op-profile rows, and the graphs and graph breaks of its torch.compile record.
+    """
     from neuron_workbench.run.records import recorded  # a run's module loads torch
 
     for index, event in enumerate(run.fallbacks):
         if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
             run.fallbacks[index] = {**event, "site": relabel_site(event["site"], cells, folders)}
+    compiled = recorded(run.extras.get("compile")) if isinstance(run.extras, dict) else None
+    for key in ("graphs", "graph_breaks"):
+        entries = compiled.get(key) if isinstance(compiled, dict) else getattr(compiled, key, None)
+        for index, entry in enumerate(entries or []):
+            if isinstance(entry, dict) and entry.get("file") not in (None, "", "cell"):
+                entries[index] = relabel_site(entry, cells, folders)
     profile = run.extras.get("profile") if isinstance(run.extras, dict) else None
     if profile is None:
         return
