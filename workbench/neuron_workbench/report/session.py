@@ -298,6 +298,7 @@ class Session:
         hidden: frozenset[str] = frozenset(),
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
         relabel: Callable[[Run], None] | None = None,
+        instruments: dict[str, Any] | None = None,
     ) -> CellResult:
         """Run ``source`` on the reference and the target, compare, and finish the report.
 
@@ -314,6 +315,8 @@ class Session:
             ``source`` when omitted.
         relabel : callable, optional
             Called on every run before anything is saved (the magic names sites ``cell [N]``).
+        instruments : dict, optional
+            More run instruments for both runs (a script's ``sys.argv`` and folder).
 
         Raises
         ------
@@ -330,7 +333,7 @@ class Session:
             import dataclasses
 
             compare = dataclasses.replace(compare, ref=reference.backend.name, keep="target")
-        instruments = {}
+        instruments = dict(instruments or {})
         if options.profile:
             from neuron_workbench.trace.profile import op_profiler
 
