@@ -523,6 +523,13 @@ def _failure_text(report: dict[str, Any]) -> str:
         error = (report.get(role) or {}).get("error")
         if error:
             lines.append(f"{role} raised {error.get('type')}: {error.get('message')}")
+    first = (report.get("scalars") or {}).get("first")
+    if first:
+        lines.append(
+            f"observed scalars part first at {first['site']} #{first['occurrence']}: "
+            f"{first['ref']} (reference) vs {first['target']} (target)"
+        )
+        lines += [f"hint: {hint}" for hint in first.get("hints") or []]
     if report.get("fallback_ops"):
         lines.append("fell back to CPU: " + ", ".join(report["fallback_ops"]))
     for warning in report.get("warnings", []):
