@@ -108,7 +108,9 @@ def test_cwd_sets_the_working_folder(context_script, tmp_path):
     assert not (context_script.parent / "where.txt").exists()
     bad = cli("run", str(context_script), "--cwd", str(tmp_path / "nope"), cwd=tmp_path)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == f"neuron-workbench: error: --cwd {tmp_path / 'nope'}: no such folder"
+    assert (
+        bad.stderr.strip() == f"neuron-workbench: error: --cwd {tmp_path / 'nope'}: no such folder"
+    )
 
 
 def test_an_argument_error_is_the_scripts_own_usage_and_exit_2(context_script, tmp_path):
@@ -183,9 +185,7 @@ def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     line = done.stdout.splitlines()[0]
     assert line.startswith("train.py: FAIL tpu (emulated) vs cpu (as cuda)")
-    assert "; scalars part at train.py:182 #" in line and line.endswith(
-        "(TPU 1-pass bf16 matmuls)"
-    )
+    assert "; scalars part at train.py:182 #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
     report = json.loads((tmp_path / "t.json").read_text())["reports"][0]
     first = report["scalars"]["first"]
     assert first["site"] == "train.py:182"

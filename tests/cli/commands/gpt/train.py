@@ -49,7 +49,11 @@ def _parse_overrides() -> None:
     parser = argparse.ArgumentParser(description="train a small GPT on generated tokens")
     for key in config_keys:
         value = globals()[key]
-        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
+        kind = (
+            (lambda s: s.lower() in ("1", "true", "yes"))
+            if isinstance(value, bool)
+            else type(value)
+        )
         parser.add_argument(f"--{key}", type=kind, default=value, metavar=type(value).__name__)
     globals().update(vars(parser.parse_args()))
 
@@ -207,7 +211,9 @@ def main():
             group["lr"] = get_lr(iter_num)
         if iter_num % eval_interval == 0:
             losses = estimate_loss(model)
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            print(
+                f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+            )
         if iter_num == max_iters:
             break
         with ctx:
