@@ -165,11 +165,11 @@ def test_a_gpt_training_script_on_neuron_has_matching_loss_curves(tmp_path):
     # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20) and the
     # training loop's, once per iteration
     assert {k: (s["ref_count"], s["target_count"]) for k, s in sites.items()} == {
-        "train.py:182": (12, 12),
-        "train.py:222": (20, 20),
+        "train.py:186": (12, 12),
+        "train.py:228": (20, 20),
     }
     assert all(s["matched"] for s in sites.values())
-    assert sites["train.py:222"]["ref"][-1] < sites["train.py:222"]["ref"][0]  # it learns
+    assert sites["train.py:228"]["ref"][-1] < sites["train.py:228"]["ref"][0]  # it learns
     html = (tmp_path / "n.html").read_text()
     assert "Observed scalars (by call site and occurrence)" in html
     cases = ET.parse(tmp_path / "n.xml").getroot().findall("testsuite/testcase")
@@ -185,13 +185,13 @@ def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     line = done.stdout.splitlines()[0]
     assert line.startswith("train.py: FAIL tpu (emulated) vs cpu (as cuda)")
-    assert "; scalars part at train.py:182 #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
+    assert "; scalars part at train.py:186 #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
     report = json.loads((tmp_path / "t.json").read_text())["reports"][0]
     first = report["scalars"]["first"]
-    assert first["site"] == "train.py:182"
+    assert first["site"] == "train.py:186"
     assert first["ref"] != first["target"]
     assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in first["hints"])
-    training = next(s for s in report["scalars"]["sites"] if s["site"] == "train.py:222")
+    training = next(s for s in report["scalars"]["sites"] if s["site"] == "train.py:228")
     assert training["parts_at"] is not None and training["max_abs"] > 0
     failure = ET.parse(tmp_path / "t.xml").getroot().find("testsuite/testcase/failure")
-    assert "observed scalars part first at train.py:182 #" in failure.text
+    assert "observed scalars part first at train.py:186 #" in failure.text
