@@ -195,3 +195,33 @@ def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
     assert training["parts_at"] is not None and training["max_abs"] > 0
     failure = ET.parse(tmp_path / "t.xml").getroot().find("testsuite/testcase/failure")
     assert "observed scalars part first at train.py:186 #" in failure.text
+
+
+def test_record_takes_the_same_form_and_run_compares_the_recorded_curve(context_script, tmp_path):
+    done = cli(
+        "record", str(context_script), "-o", "ref.nwrun.zip", "--", "--steps=3", cwd=tmp_path
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len((context_script.parent / "where.txt").read_text().splitlines()) == 1
+    done = cli(
+        "run", str(context_script), "--against", "ref.nwrun.zip", "--target", "tpu",
+        "--json", "r.json", "--", "--steps=3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "scalars part at ctx.py:24 #1: " in done.stdout  # the recorded curve, the live one
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    assert report["scalars"]["sites"][0]["ref_count"] == 3
+    bad = cli(
+        "record",
+        str(context_script),
+        "-o",
+        "x.nwrun.zip",
+        "--",
+        "--steps=1",
+        "--nope",
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1] == "ctx.py: error: unrecognized arguments: --nope"
+    assert not (tmp_path / "x.nwrun.zip").exists()

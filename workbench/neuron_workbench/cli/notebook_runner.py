@@ -438,7 +438,7 @@ def run_script(
             )
     finally:
         session.close()
-    exited = _script_exit(result.report.ref)
+    exited = script_exit(result.report.ref)
     if exited is not None:
         return InputResult(str(path), kind="script", cells=1, script_exit=exited)
     data = result.report.to_dict()
@@ -447,7 +447,7 @@ def run_script(
     return InputResult(str(path), reports=[data], kind="script", cells=1)
 
 
-def _script_exit(run: Any) -> tuple[int, str] | None:
+def script_exit(run: Any) -> tuple[int, str] | None:
     """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` with a non-zero ``code``."""
     error = run.error
     if error is None or error.type != "SystemExit":

@@ -407,11 +407,13 @@ class Session:
         *,
         seed: int = 0,
         executor: str = "auto",
+        instruments: dict[str, Any] | None = None,
     ) -> Run:
         """Run ``program`` once on one backend (``neuron-workbench record``).
 
         Like a cell's target, an accelerator run happens in a worker under ``auto``: a process that
-        already ran a backward pass cannot install an emulated device any more.
+        already ran a backward pass cannot install an emulated device any more. ``instruments``
+        are run instruments (a script's context, its observed scalars).
 
         Raises
         ------
@@ -425,7 +427,8 @@ class Session:
         availability = runner.availability(backend)
         if not availability:
             raise BackendUnavailable(availability.reason)
-        return runner.run(RunSpec(program, namespace, seed=seed), backend, run_id="ref")
+        spec = RunSpec(program, namespace, seed=seed, instruments=instruments)
+        return runner.run(spec, backend, run_id="ref")
 
 
 def compare_recorded(
