@@ -17,6 +17,16 @@ import pytest
 
 GPT = Path(__file__).with_name("gpt") / "train.py"
 
+
+def _site(text):
+    """``train.py:N`` of the line of ``GPT`` that holds ``text``."""
+    lines = GPT.read_text().splitlines()
+    return f"train.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+EVAL_SITE = _site("losses[k] = loss.item()")  # estimate_loss()
+TRAIN_SITE = _site("lossf = loss.item()")  # once per iteration
+
 CONTEXT_SCRIPT = """\
 import argparse, os, sys
 import torch
@@ -165,11 +175,11 @@ def test_a_gpt_training_script_on_neuron_has_matching_loss_curves(tmp_path):
     # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20) and the
     # training loop's, once per iteration
     assert {k: (s["ref_count"], s["target_count"]) for k, s in sites.items()} == {
-        "train.py:186": (12, 12),
-        "train.py:228": (20, 20),
+        EVAL_SITE: (12, 12),
+        TRAIN_SITE: (20, 20),
     }
     assert all(s["matched"] for s in sites.values())
-    assert sites["train.py:228"]["ref"][-1] < sites["train.py:228"]["ref"][0]  # it learns
+    assert sites[TRAIN_SITE]["ref"][-1] < sites[TRAIN_SITE]["ref"][0]  # it learns
     html = (tmp_path / "n.html").read_text()
     assert "Observed scalars (by call site and occurrence)" in html
     cases = ET.parse(tmp_path / "n.xml").getroot().findall("testsuite/testcase")
@@ -185,16 +195,16 @@ def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     line = done.stdout.splitlines()[0]
     assert line.startswith("train.py: FAIL tpu (emulated) vs cpu (as cuda)")
-    assert "; scalars part at train.py:186 #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
+    assert f"; scalars part at {EVAL_SITE} #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
     report = json.loads((tmp_path / "t.json").read_text())["reports"][0]
     first = report["scalars"]["first"]
-    assert first["site"] == "train.py:186"
+    assert first["site"] == EVAL_SITE
     assert first["ref"] != first["target"]
     assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in first["hints"])
-    training = next(s for s in report["scalars"]["sites"] if s["site"] == "train.py:228")
+    training = next(s for s in report["scalars"]["sites"] if s["site"] == TRAIN_SITE)
     assert training["parts_at"] is not None and training["max_abs"] > 0
     failure = ET.parse(tmp_path / "t.xml").getroot().find("testsuite/testcase/failure")
-    assert "observed scalars part first at train.py:186 #" in failure.text
+    assert f"observed scalars part first at {EVAL_SITE} #" in failure.text
 
 
 def test_record_takes_the_same_form_and_run_compares_the_recorded_curve(context_script, tmp_path):
