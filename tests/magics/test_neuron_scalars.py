@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from IPython.core.error import UsageError
 
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views import figures
@@ -121,3 +122,16 @@ def test_steps_reads_and_torch_internal_conversions_are_not_recorded(ip):
     report = ip.user_ns["r"]
     assert report.scalars is None or not report.scalars.sites, report.scalars
     assert report.verdict == "PASS", report.summary()
+
+
+def test_max_steps_compares_the_first_steps_of_a_long_loop(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target neuron --max-steps 4 -o r\n" + LOOP.replace("10", "1000"))
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    loss_site = list(_sites(report).values())[0]
+    assert len(loss_site.ref) == len(loss_site.target) == 4
+    assert len(ip.user_ns["losses"]) == 4  # the kept run stopped there too
+    assert report.to_dict()["options"]["max_steps"] == 4
+    with pytest.raises(UsageError, match="--max-steps must be at least 1"):
+        ip.run_cell_magic("neuron", "--max-steps 0", "y = 1")

@@ -462,6 +462,12 @@ class OracleRuns:
     rounding: list[Run] | None = None
 
 
+def _stopping(spec: RunSpec) -> dict[str, Any]:
+    """The run's ``scalars`` instrument when it stops the run (``max_steps``), else nothing."""
+    scalars = spec.instruments.get("scalars")
+    return {"scalars": scalars} if getattr(scalars, "max_steps", None) is not None else {}
+
+
 def _rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
     """The cell once more on the reference path, with one instrument and its printing discarded."""
     rerun = RunSpec(
@@ -470,7 +476,8 @@ def _rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         seed=spec.seed,
         hidden=spec.hidden,
         resident=spec.resident,
-        instruments={"budget": instrument},
+        # --max-steps ends the rerun where it ended the runs it explains
+        instruments={"budget": instrument, **_stopping(spec)},
         rng_on_cpu=spec.rng_on_cpu,
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,
