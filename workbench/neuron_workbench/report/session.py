@@ -18,7 +18,12 @@ from typing import Any
 from neuron_workbench.backends import get_backend
 from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
-from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
+from neuron_workbench.report.driver import (
+    CompareOptions,
+    compare_cell,
+    compare_observed_scalars,
+    compare_runs,
+)
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
@@ -448,7 +453,8 @@ def compare_recorded(
 
     ref = pick(ref_artifact, "ref")
     target = pick(target_artifact, "target")
-    comparison, layers = compare_runs(ref, target, TolerancePolicy(rtol=rtol, atol=atol))
+    policy = TolerancePolicy(rtol=rtol, atol=atol)
+    comparison, layers = compare_runs(ref, target, policy)
     warnings = []
     mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
     if mismatch:
@@ -470,4 +476,5 @@ def compare_recorded(
         },
         warnings=warnings,
         layers=layers,
+        scalars=compare_observed_scalars(ref, target, policy),
     )
