@@ -135,3 +135,20 @@ def test_max_steps_compares_the_first_steps_of_a_long_loop(ip):
     assert report.to_dict()["options"]["max_steps"] == 4
     with pytest.raises(UsageError, match="--max-steps must be at least 1"):
         ip.run_cell_magic("neuron", "--max-steps 0", "y = 1")
+
+
+def test_under_the_budget_judge_the_first_divergence_gets_its_error_ratio(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target tpu --judge budget -o r\n" + LOOP)
+    report = ip.user_ns["r"]
+    first = report.scalars.first
+    # the float64 oracle's run recorded the same sites: the target is further from it than the
+    # reference, by its 1-pass bfloat16 matmuls
+    assert first.oracle is not None and abs(first.oracle - first.ref) < abs(
+        first.oracle - first.target
+    )
+    assert first.ratio > 2 and first.budget_label == "less accurate"
+    assert report.summary().endswith(
+        f"(TPU 1-pass bf16 matmuls; R {first.ratio:.3g}, less accurate)"
+    )
+    assert "Precision budget there: R " in report._repr_html_()

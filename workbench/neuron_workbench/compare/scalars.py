@@ -18,7 +18,13 @@ from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.run.records import recorded
 from neuron_workbench.run.scalars import ScalarSeries, ScalarTrace
 
-__all__ = ["ScalarComparison", "ScalarDivergence", "SiteComparison", "compare_scalars"]
+__all__ = [
+    "ScalarComparison",
+    "ScalarDivergence",
+    "SiteComparison",
+    "compare_scalars",
+    "scalar_budget",
+]
 
 
 @dataclass
@@ -30,6 +36,18 @@ class ScalarDivergence:
     ref: Any
     target: Any
     hints: list[str] = field(default_factory=list)
+    #: The float64 oracle's value there and the error ratio ``R`` (the target's error against it
+    #: over the reference's), when the precision budget's oracle ran for this cell anyway.
+    oracle: float | None = None
+    ratio: float | None = None
+    budget_label: str = ""
+
+    def budget_line(self) -> str:
+        """``R 41 (less accurate) against the float64 oracle`` or empty when not measured."""
+        if self.ratio is None:
+            return ""
+        factor = "inf" if math.isinf(self.ratio) else f"{self.ratio:.3g}"
+        return f"R {factor} ({self.budget_label}) against the float64 oracle {self.oracle:.8g}"
 
     def headline(self) -> str:
         """``train.py:88 #3: 2.30125 vs 2.30561`` (a missing value reads ``none``)."""
@@ -43,6 +61,9 @@ class ScalarDivergence:
             "ref": _json(self.ref),
             "target": _json(self.target),
             "hints": list(self.hints),
+            "oracle": _json(self.oracle),
+            "ratio": _json(self.ratio),
+            "budget": self.budget_label or None,
         }
 
 
@@ -283,3 +304,33 @@ def compare_scalars(
         only_target=only_target,
         stopped_at=ref.max_steps,
     )
+
+
+def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace: Any) -> None:
+    """Give ``divergence`` its error ratio ``R`` against a float64 oracle run's scalars, in place.
+
+    ``R = |target - oracle| / max(|ref - oracle|, rounding of the oracle to dtype)``, banded as
+    :mod:`neuron_workbench.compare.budget` bands outputs. Nothing when the oracle did not reach
+    that occurrence or a value is not a finite number.
+    """
+    from neuron_workbench.compare.budget import classify
+
+    trace = _trace(oracle_trace)
+    series = trace.series.get(divergence.site) if trace is not None else None
+    if series is None or divergence.occurrence > len(series.values):
+        return
+    values = (divergence.ref, divergence.target, series.values[divergence.occurrence - 1])
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return
+    ref, target, oracle = (float(v) for v in values)
+    torch_dtype = _dtype(dtype)
+    rounding = 0.0
+    if torch_dtype is not None and torch_dtype.is_floating_point:
+        rounding = abs(torch.tensor(oracle, dtype=torch.float64).to(torch_dtype).item() - oracle)
+    floor = max(abs(ref - oracle), rounding)
+    error = abs(target - oracle)
+    ratio = (
+        (1.0 if floor == 0.0 else 0.0) if error == 0.0 else (error / floor if floor else math.inf)
+    )
+    divergence.oracle, divergence.ratio = oracle, ratio
+    divergence.budget_label = classify(ratio).label

@@ -346,7 +346,7 @@ def compare_cell(
         layers=layers,
         notes=comparison_notes(ref_run, target_run, policy) + schedule,
         budget=budgets[0],
-        scalars=compare_observed_scalars(ref_run, target_run, policy),
+        scalars=compare_observed_scalars(ref_run, target_run, policy, oracle.oracle),
     )
     extra_reports = []
     for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
@@ -363,16 +363,20 @@ def compare_cell(
                 layers=extra_layers,
                 notes=comparison_notes(ref_run, extra_run, policy) + schedule,
                 budget=extra_budget,
-                scalars=compare_observed_scalars(ref_run, extra_run, policy),
+                scalars=compare_observed_scalars(ref_run, extra_run, policy, oracle.oracle),
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
 
 
-def compare_observed_scalars(ref: Run, target: Run, policy: TolerancePolicy | None = None) -> Any:
+def compare_observed_scalars(
+    ref: Run, target: Run, policy: TolerancePolicy | None = None, oracle: Run | None = None
+) -> Any:
     """The two runs' observed scalars compared (a ``ScalarComparison``), with hints where they part.
 
-    None when either run raised or neither materialised a scalar from a tensor.
+    ``oracle``: the precision budget's float64 rerun, when it ran for this cell; the first
+    divergence then gets its error ratio ``R``. None when either run raised or neither
+    materialised a scalar from a tensor.
     """
     if not (ref.ok and target.ok) or "scalars" not in ref.extras or "scalars" not in target.extras:
         return None
@@ -394,6 +398,10 @@ def compare_observed_scalars(ref: Run, target: Run, policy: TolerancePolicy | No
             target_dtype=site.dtype if site is not None else None,
         )
         first.hints = hints_for(diff, ref, target)
+        if oracle is not None and oracle.ok and "scalars" in oracle.extras:
+            from neuron_workbench.compare.scalars import scalar_budget
+
+            scalar_budget(first, diff.ref_dtype, oracle.extras["scalars"])
     return scalars
 
 

@@ -593,6 +593,12 @@ def _scalars_html(scalars: dict[str, Any] | None) -> list[str]:
             f"reference {esc(_fmt_value(first['ref']))}, target {esc(_fmt_value(first['target']))}"
             "</div>"
         )
+        if first.get("ratio") is not None:
+            parts.append(
+                f"<div class='note'>Precision budget there: R {esc(_fmt_float(first['ratio']))} "
+                f"({esc(first.get('budget') or '')}) against the float64 oracle's "
+                f"{esc(_fmt_value(first.get('oracle')))}</div>"
+            )
         if first.get("hints"):
             items = "".join(f"<li>{esc(h)}</li>" for h in first["hints"])
             parts.append(f"<ul>{items}</ul>")

@@ -201,8 +201,11 @@ class Report:
         """The observed scalars' summary, with the short cause where they part and one is known."""
         line = self.scalars.summary()
         first = self.scalars.first
-        cause = _short_cause(first.hints) if first is not None else ""
-        return line + (f" ({cause})" if cause else "")
+        notes = [_short_cause(first.hints)] if first is not None else []
+        if first is not None and first.ratio is not None:  # the budget's oracle ran anyway
+            notes.append(f"R {first.ratio:.3g}, {first.budget_label}")
+        notes = [note for note in notes if note]
+        return line + (f" ({'; '.join(notes)})" if notes else "")
 
     def _failure_line(self, diff: Any) -> str:
         """The first failure in the summary: its headline, or under the budget judge its R.

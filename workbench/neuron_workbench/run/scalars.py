@@ -52,9 +52,9 @@ _HOOK_FILES = frozenset(
     os.path.abspath(f)
     for f in (measurements.__file__, os.path.join(os.path.dirname(__file__), "remap.py"))
 )
-# Python-level Tensor dunders (``f"{loss:.3f}"`` calls ``item()`` in torch/_tensor.py) are the
-# user's conversion, made through torch.
-_TENSOR_FILE = os.path.abspath(torch._tensor.__file__)
+# Python-level Tensor dunders (``f"{loss:.3f}"`` calls ``item()`` in torch/_tensor.py) and torch's
+# override dispatch are the user's conversion, made through torch.
+_THROUGH_TORCH = frozenset(os.path.abspath(m.__file__) for m in (torch._tensor, torch.overrides))
 
 
 class StopRun(BaseException):  # noqa: N818 - a control-flow signal, not an error
@@ -208,7 +208,13 @@ def user_site(skip: int = 2) -> str | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        if path not in _HOOK_FILES and path != _TENSOR_FILE:
+        # other torch function modes stacked on the run's (the precision budget's float64
+        # oracle) pass the call on: transparent too
+        if (
+            path not in _HOOK_FILES
+            and path not in _THROUGH_TORCH
+            and frame.f_code.co_name != "__torch_function__"
+        ):
             break
         frame = frame.f_back
     if frame is None:
