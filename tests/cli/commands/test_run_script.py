@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-GPT = Path(__file__).with_name("gpt") / "train.py"
+GPT = Path(__file__).resolve().parents[3] / "notebooks" / "gpt" / "train.py"
 
 
 def _site(text):

@@ -1,6 +1,6 @@
 """A small GPT trained on generated text, in the style of nanoGPT's ``train.py``.
 
-Written for the neuron-workbench tests (no code taken from nanoGPT; see README.md): module-level
+Written for neuron-workbench (notebook 07, the tests) (no code taken from nanoGPT; see README.md): module-level
 config, overridden from the command line as ``--key=value`` (``--max_iters=20``), a CUDA device,
 AdamW with weight decay groups, gradient clipping, a cosine learning-rate schedule, a periodic
 ``estimate_loss()`` and one ``loss.item()`` logged per iteration. The data is generated on the fly:
