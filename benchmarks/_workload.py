@@ -58,3 +58,32 @@ def best_of_interleaved(
             fn()
             times.append(time.perf_counter() - start)
     return min(base), min(cand)
+
+
+#: A small GPT-2 (transformers, no download), its AdamW and four micro-batches, on the CPU.
+GPT_SETUP = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(
+    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+)
+model = GPT2LMHeadModel(config)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 256, (4, 4, 32))
+"""
+
+#: A public GPT training step, as written for CUDA (4 micro-batches of gradient accumulation).
+GPT_STEP = """device = "cuda"
+model.to(device)
+for micro in range(4):
+    batch = ids[micro].to(device)
+    loss = model(input_ids=batch, labels=batch).loss / 4
+    loss.backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+"""

@@ -18,34 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _workload import GPT_SETUP, GPT_STEP  # noqa: E402
+
 ROUNDS = 5
 GOAL = 3.0
 
-GPT_SETUP = """
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.utils import logging
-
-logging.set_verbosity_error()
-torch.manual_seed(0)
-config = GPT2Config(
-    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
-    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-)
-model = GPT2LMHeadModel(config)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-ids = torch.randint(0, 256, (4, 4, 32))
-"""
-
-GPT_STEP = """device = "cuda"
-model.to(device)
-for micro in range(4):
-    batch = ids[micro].to(device)
-    loss = model(input_ids=batch, labels=batch).loss / 4
-    loss.backward()
-optimizer.step()
-optimizer.zero_grad(set_to_none=True)
-"""
 
 MLP_SETUP = """
 import torch

@@ -22,37 +22,15 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _workload import GPT_SETUP as SETUP  # noqa: E402
+from _workload import GPT_STEP  # noqa: E402
+
 ROUNDS = 5
 GPT_GOAL = 1.0
 PER_OP_GOAL_US = 1.0
 OPS = 4000  # loop iterations of the per-op cell (four ops each)
-
-SETUP = """
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.utils import logging
-
-logging.set_verbosity_error()
-torch.manual_seed(0)
-config = GPT2Config(
-    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
-    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-)
-model = GPT2LMHeadModel(config)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-ids = torch.randint(0, 256, (4, 4, 32))
-"""
-
-#: A public GPT training step, as written for CUDA (4 micro-batches of gradient accumulation).
-GPT_STEP = """device = "cuda"
-model.to(device)
-for micro in range(4):
-    batch = ids[micro].to(device)
-    loss = model(input_ids=batch, labels=batch).loss / 4
-    loss.backward()
-optimizer.step()
-optimizer.zero_grad(set_to_none=True)
-"""
 
 PER_OP_CELL = f"""x = torch.randn(8, device="cuda")
 y = torch.randn(8, device="cuda")
@@ -151,7 +129,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     if "--inprocess" in sys.argv:
         inprocess_main()
     else:

@@ -243,3 +243,25 @@ def test_backward_hooks_run_with_the_cells_device(ip):
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert torch.allclose(ip.user_ns["g"], 4 * ip.user_ns["w"])
+
+
+def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_worker(ip):
+    # transformers 5 registers what a model class can record when a model is built; the worker
+    # only unpickles the notebook's model, so hidden states came back missing.
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2,"
+        " n_head=2)).eval()\nids = torch.randint(0, 64, (1, 8))",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'out = model.to("cuda")(input_ids=ids.to("cuda"), output_hidden_states=True)\n'
+        "hidden = out.hidden_states",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert [statuses[f"hidden[{i}]"] for i in range(3)] == ["match"] * 3

@@ -534,7 +534,6 @@ export function scalarsFigure(report) {
   return { data, layout };
 }
 
-/** Every chart of a report, by key, in display order (null entries dropped). */
 /** A measurement's value as text: `12.4 ms`, `0.044 MiB`, `(8, 0)`, or `—` (report.py's twin). */
 export function measurementText(value, unit) {
   if (value === null || value === undefined) {
@@ -565,6 +564,64 @@ export function measurementRows(report) {
   }));
 }
 
+/** R as the report writes it: `1.1`, `38`, `2.0e+06`, `inf` (OutputBudget.factor's twin). */
+export function budgetFactor(ratio) {
+  const r = Number(ratio);
+  if (!Number.isFinite(r)) {
+    return 'inf';
+  }
+  if (r < 10) {
+    return r.toFixed(1);
+  }
+  return r < 1e4 ? r.toFixed(0) : r.toExponential(1);
+}
+
+/**
+ * Rows of the precision budget (--judge budget, or the outputs that failed tolerance): each
+ * measured output's noise floor, error and R with its class. Empty when nothing was measured.
+ */
+export function budgetRows(report) {
+  const fmt = v => (Number.isFinite(Number(v)) ? Number(v).toExponential(2) : String(v));
+  return ((report.budget && report.budget.outputs) || []).map(o => ({
+    path: String(o.path),
+    source: String(o.source || '') + (o.note ? ` (${o.note})` : ''),
+    floor: fmt(o.floor),
+    error: fmt(o.error),
+    ratio: budgetFactor(o.ratio),
+    label: String(o.label || ''),
+    within: !!o.within
+  }));
+}
+
+/** The worst output's error distribution against the reference's noise floor (budget_histogram). */
+export function budgetFigure(report) {
+  const outputs = ((report.budget && report.budget.outputs) || []).filter(o => o.histogram);
+  if (!outputs.length) {
+    return null;
+  }
+  const ratio = o => (Number.isFinite(Number(o.ratio)) ? Number(o.ratio) : Infinity);
+  const output = outputs.reduce((a, b) => (ratio(b) > ratio(a) ? b : a));
+  const edges = output.histogram.edges;
+  const labels = edges.slice(1).map((e, i) => `1e${((edges[i] + e) / 2).toFixed(1)}`);
+  const data = [
+    ['ref', REF_COLOR], ['target', TARGET_COLOR]
+  ].map(([role, color]) => ({
+    type: 'bar', name: `${backendLabel(report[role])} − oracle`, x: labels, y: output.histogram[role],
+    marker: { color }, opacity: 0.7, hovertemplate: '|error| ≈ %{x}<br>%{y} elements<extra></extra>'
+  }));
+  const title = `Error distribution of ${output.path}: R ${budgetFactor(output.ratio)}, ${output.label}`;
+  const layout = baseLayout(title, 320);
+  Object.assign(layout, {
+    barmode: 'overlay',
+    xaxis: axis({ title: { text: `|error| against the ${output.source} (log10 bins)` } }),
+    yaxis: axis({ title: { text: 'elements' } }),
+    legend: { orientation: 'h', y: -0.3 },
+    margin: { l: 10, r: 10, t: 60, b: 60 }
+  });
+  return { data, layout };
+}
+
+/** Every chart of a report, by key, in display order (null entries dropped). */
 export const CHARTS = {
   fallbacks: fallbackFigure,
   treemap: treemapFigure,
@@ -572,6 +629,7 @@ export const CHARTS = {
   memory: memoryFigure,
   layers: layersFigure,
   loss: lossFigure,
+  budget: budgetFigure,
   scalars: scalarsFigure
 };
 

@@ -1,7 +1,9 @@
 // DOM rendering of a %%neuron report dict (application/vnd.neuron-workbench.report+json), with
 // Plotly charts (src/charts.js, drawn by drawCharts once plotly.js has loaded).
 // Everything comes from the saved output: no kernel, no widget state, no network.
-import { CHARTS, PLOT_CONFIG, backendLabel, callSites, fallbackRows, measurementRows } from './charts';
+import {
+  CHARTS, PLOT_CONFIG, backendLabel, budgetRows, callSites, fallbackRows, measurementRows
+} from './charts';
 
 export const MIME_TYPE = 'application/vnd.neuron-workbench.report+json';
 /** An output's status when it could not be compared: neither a match nor a failure. */
@@ -420,6 +422,37 @@ export function renderReport(report) {
     const block = section(`Measurements (${measured.length})`, [note, table]);
     block.classList.add('nw-lab-measurements-section');
     block.open = true;
+    root.appendChild(block);
+  }
+
+  // Precision budget: R per measured output against a float64 oracle, tolerances to paste, and
+  // the worst output's error distribution.
+  const budget = report.budget || {};
+  const budgeted = budgetRows(report);
+  if (budgeted.length || budget.oracle_error) {
+    const children = [el('div', 'nw-lab-note',
+      'R = ‖target − oracle‖ / ‖ref − oracle‖ against a float64 rerun of the reference (the oracle): about 1 means the target is as accurate as the reference.')];
+    if (budget.oracle_error) {
+      children.push(el('div', 'nw-lab-note', String(budget.oracle_error)));
+    }
+    if (budgeted.length) {
+      const head = el('tr', null, null,
+        ['output', 'floor from', '‖ref − oracle‖', '‖target − oracle‖', 'R', 'class'].map(h => el('th', null, h)));
+      const rows = budgeted.map(b => el('tr', b.within ? null : 'nw-lab-budget-beyond', null, [
+        el('td', 'nw-lab-path', b.path), el('td', null, b.source), el('td', 'nw-lab-num', b.floor),
+        el('td', 'nw-lab-num', b.error), el('td', 'nw-lab-num', b.ratio), el('td', null, b.label)
+      ]));
+      children.push(el('table', 'nw-lab-table nw-lab-budget', null,
+        [el('thead', null, null, [head]), el('tbody', null, null, rows)]));
+    }
+    if ((budget.tolerances || []).length) {
+      children.push(el('div', 'nw-lab-note', 'Tolerances that would pass:'));
+      children.push(el('pre', 'nw-lab-tolerances', budget.tolerances.join('\n')));
+    }
+    children.push(plotDiv('budget', 'nw-lab-budget-chart'));
+    const block = section(`Precision budget (${budgeted.length} output${budgeted.length === 1 ? '' : 's'})`, children);
+    block.classList.add('nw-lab-budget-section');
+    block.open = verdict !== 'PASS';
     root.appendChild(block);
   }
 

@@ -376,6 +376,12 @@ def is_native(func: Any) -> bool:
     return False
 
 
+#: PyTorch's own namespaces outside ``aten``: ``prims`` ops appear in the graphs decompositions make
+#: for ``torch.compile`` (batch norm's ``prims::var``), which the backends' compilers lower; they
+#: are not a library's ops, and they ran on the device before library ops were told apart.
+_TORCH_PRIMITIVES = frozenset({"prims"})
+
+
 def _library_op_kind(func: Any, view: bool) -> int:
     """The plan kind of an op outside ``aten`` (torchvision's, a user's ``torch.library`` op).
 
@@ -386,7 +392,7 @@ def _library_op_kind(func: Any, view: bool) -> int:
     backend's global fallback: TorchNeuron's boxed CPU fallback (an event), TorchTPU's missing-op
     error (shared/notes/torchneuron.md §6.2, torchtpu.md §3).
     """
-    if view:
+    if view or func.namespace in _TORCH_PRIMITIVES:
         return K_RUN
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     name = _overload_name(func)

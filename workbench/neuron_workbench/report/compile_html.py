@@ -6,21 +6,16 @@ Rendered from the report data (``data["ref"]["compile"]``, ``data["target"]["com
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
+
+from neuron_workbench.report.html_parts import esc, table
 
 __all__ = ["compile_rows", "render_compile_section"]
 
 
-def _esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return table(headers, [[esc(cell) for cell in row] for row in rows])
 
 
 def _where(entry: dict[str, Any]) -> str:
@@ -98,5 +93,5 @@ def render_compile_section(data: dict[str, Any]) -> str:
         parts += ["<h5>Graph breaks</h5>", _table(["backend", "where", "reason"], breaks)]
     if recompiles:
         parts += ["<h5>Recompiles</h5>", _table(["backend", "function", "reason"], recompiles)]
-    parts += [f'<div class="note">{_esc(n)}</div>' for n in notes]
+    parts += [f'<div class="note">{esc(n)}</div>' for n in notes]
     return "".join(parts)

@@ -6,7 +6,6 @@ Every user-provided string (variable names, cell source, error messages, printed
 
 from __future__ import annotations
 
-import html
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +18,8 @@ from neuron_workbench.report.display import (
     output_status_class,
     verdict_color,
 )
+from neuron_workbench.report.html_parts import esc
+from neuron_workbench.report.html_parts import table as _table
 from neuron_workbench.report.schema import read_report
 
 _STYLE = """
@@ -40,11 +41,6 @@ _STYLE = """
 """
 
 
-def esc(value: Any) -> str:
-    """Escape any value for HTML text or attribute context."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
 def _fmt_float(value: Any) -> str:
     if value is None:
         return ""
@@ -59,20 +55,6 @@ def _fmt_time(run: dict[str, Any]) -> str:
         return "n/a"
     label = run.get("time_kind", "wall time")
     return f"{seconds * 1000:.1f} ms ({label})"
-
-
-def _table(
-    headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int] = frozenset()
-) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = []
-        for index, cell in enumerate(row):
-            cls = ' class="num"' if index in numeric else ""
-            cells.append(f"<td{cls}>{cell}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def _backend_rows(data: dict[str, Any]) -> list[list[str]]:

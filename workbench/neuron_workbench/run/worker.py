@@ -324,6 +324,7 @@ def _run_request(
     arena: str | None,
 ) -> Packed:
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
+    from neuron_workbench.run.library_state import restore_library_state
 
     options = request.get("backend_options")
     if options and options != backend.options():  # the cell's adapter options (--list-fallbacks)
@@ -345,6 +346,7 @@ def _run_request(
             for name, value in request["values"].items()
         }
     )
+    restore_library_state(request["values"].values())
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:
