@@ -202,19 +202,26 @@ def _plain(value: Any) -> Any:
     return None
 
 
+_transparent_files: dict[str, bool] = {}
+
+
+def _transparent(filename: str) -> bool:
+    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's dispatch)."""
+    found = _transparent_files.get(filename)
+    if found is None:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        found = _transparent_files[filename] = path in _HOOK_FILES or path in _THROUGH_TORCH
+    return found
+
+
 def user_site(skip: int = 2) -> str | None:
     """``file:line`` of the user's call that made a scalar, or None when torch or we made it."""
     frame = sys._getframe(skip)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
         # other torch function modes stacked on the run's (the precision budget's float64
         # oracle) pass the call on: transparent too
-        if (
-            path not in _HOOK_FILES
-            and path not in _THROUGH_TORCH
-            and frame.f_code.co_name != "__torch_function__"
-        ):
+        code = frame.f_code
+        if not _transparent(code.co_filename) and code.co_name != "__torch_function__":
             break
         frame = frame.f_back
     if frame is None:
