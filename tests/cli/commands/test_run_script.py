@@ -235,3 +235,20 @@ def test_record_takes_the_same_form_and_run_compares_the_recorded_curve(context_
     assert bad.returncode == 2
     assert bad.stderr.splitlines()[-1] == "ctx.py: error: unrecognized arguments: --nope"
     assert not (tmp_path / "x.nwrun.zip").exists()
+
+
+def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
+    (tmp_path / "main.py").write_text(
+        "import sys\nimport torch\n\n"
+        "def main():\n"
+        "    global total\n"
+        "    total = torch.ones(3, device='cuda').sum()\n"
+        "    print(total.item())\n\n"
+        "if __name__ == '__main__':\n"
+        "    sys.exit(main())\n"
+    )
+    done = cli("run", "main.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("main.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")
+    (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
+    assert cli("run", "fails.py", cwd=tmp_path).returncode == 3

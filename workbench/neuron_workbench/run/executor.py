@@ -328,6 +328,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                         last_value = eval(spec.program.last_expr, ns)
                 except StopRun:  # max_steps reached: the run ends here, as if the program ended
                     break
+                except SystemExit as exc:
+                    if exc.code not in (0, None):
+                        raise  # the program's own failure (argparse's usage error): its error
+                    break  # `sys.exit(main())` at a script's end: its normal end
                 if spec.steps > 1:
                     step_scalars.append(_step_scalars(ns, before_run, last_value, spec.hidden))
             backend.synchronize()
