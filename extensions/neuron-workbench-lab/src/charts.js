@@ -479,6 +479,61 @@ export function lossFigure(report) {
   return { data, layout };
 }
 
+/** A charted scalar: numbers as they are; NaN/inf (JSON strings) and lists as gaps. */
+function scalarValue(v) {
+  return typeof v === 'number' ? v : null;
+}
+
+/**
+ * The observed scalars of one call site (loss.item() in a training loop) on both runs, overlaid,
+ * with |Δ| per occurrence below: the site where the runs part first, else the first site seen.
+ */
+export function scalarsFigure(report) {
+  const scalars = report.scalars;
+  const sites = ((scalars && scalars.sites) || []).filter(
+    s => (s.ref || []).concat(s.target || []).some(v => typeof v === 'number'));
+  if (!sites.length) {
+    return null;
+  }
+  const first = scalars.first;
+  const site = sites.find(s => first && s.site === first.site) || sites[0];
+  const ref = site.ref.map(scalarValue);
+  const target = site.target.map(scalarValue);
+  const steps = Array.from({ length: Math.max(ref.length, target.length) }, (_, i) => i + 1);
+  const mode = steps.length <= 60 ? 'lines+markers' : 'lines';
+  const data = [
+    {
+      type: 'scatter', mode, name: backendLabel(report.ref), x: steps.slice(0, ref.length), y: ref,
+      line: { color: REF_COLOR }, xaxis: 'x', yaxis: 'y',
+      hovertemplate: '#%{x}<br>%{y:.8~g}<extra>reference</extra>'
+    },
+    {
+      type: 'scatter', mode, name: backendLabel(report.target), x: steps.slice(0, target.length),
+      y: target, line: { color: TARGET_COLOR, dash: 'dot' }, xaxis: 'x', yaxis: 'y',
+      hovertemplate: '#%{x}<br>%{y:.8~g}<extra>target</extra>'
+    },
+    {
+      type: 'bar', name: '|Δ|', x: steps.slice(0, site.abs_diff.length),
+      y: site.abs_diff.map(scalarValue), xaxis: 'x2', yaxis: 'y2', showlegend: false,
+      marker: { color: FALLBACK_COLOR }, opacity: 0.6,
+      hovertemplate: '#%{x}<br>|Δ| %{y:.6~g}<extra></extra>'
+    }
+  ];
+  const parts = site.parts_at === null || site.parts_at === undefined
+    ? 'match' : `part at #${site.parts_at}`;
+  const more = sites.length > 1 ? ` (+${sites.length - 1} more sites in the report)` : '';
+  const layout = baseLayout(`Observed scalars at ${site.site}: ${parts}${more}`, 380);
+  Object.assign(layout, {
+    xaxis: axis({ anchor: 'y', showticklabels: false, matches: 'x2' }),
+    yaxis: axis({ domain: [0.36, 1], title: { text: 'value' } }),
+    xaxis2: axis({ anchor: 'y2', title: { text: 'occurrence (step)' } }),
+    yaxis2: axis({ domain: [0, 0.26], title: { text: '|Δ|' }, rangemode: 'nonnegative', exponentformat: 'e' }),
+    legend: { orientation: 'h', y: -0.3 },
+    margin: { l: 10, r: 10, t: 60, b: 60 }
+  });
+  return { data, layout };
+}
+
 /** A measurement's value as text: `12.4 ms`, `0.044 MiB`, `(8, 0)`, or `—` (report.py's twin). */
 export function measurementText(value, unit) {
   if (value === null || value === undefined) {
@@ -574,7 +629,8 @@ export const CHARTS = {
   memory: memoryFigure,
   layers: layersFigure,
   loss: lossFigure,
-  budget: budgetFigure
+  budget: budgetFigure,
+  scalars: scalarsFigure
 };
 
 export const PLOT_CONFIG = {

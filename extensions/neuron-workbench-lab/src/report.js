@@ -500,6 +500,13 @@ export function renderReport(report) {
     root.appendChild(loss);
   }
 
+  if (report.scalars && (report.scalars.sites || []).length) {
+    const curves = section('Observed scalars (loss curves by call site)', [plotDiv('scalars', 'nw-lab-scalars-chart')]);
+    curves.classList.add('nw-lab-scalars-section');
+    curves.open = true;
+    root.appendChild(curves);
+  }
+
   // Migration findings: open at a cell's first run, folded when a rerun found the same.
   const migration = report.migration;
   if (migration && (migration.findings || []).length) {

@@ -55,10 +55,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``run train.py [options] -- ARGS``: the arguments after ``--`` are the script's own.
+
+    Only for commands that take them (``SCRIPT_ARGS = True``); argparse alone would reject them
+    after options, or read them as its own.
+    """
+    if "--" not in argv:
+        return argv, None
+    command = next((a for a in argv if not a.startswith("-")), None)
+    takes = {m.NAME for m in _command_modules() if getattr(m, "SCRIPT_ARGS", False)}
+    if command not in takes:
+        return argv, None
+    index = argv.index("--")
+    return argv[:index], argv[index + 1 :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, script_args = _split_script_args(argv)
     args = parser.parse_args(argv)
+    if script_args is not None:
+        args.script_args = script_args
     try:
         return int(args._run(args))
     except WorkbenchUsageError as exc:

@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
@@ -27,6 +27,9 @@ from neuron_workbench.report.report import REPORT_MIME
 RUN_SCHEMA_VERSION = 1
 
 _SETUP_TAG = "neuron-workbench-setup"
+
+if TYPE_CHECKING:
+    from neuron_workbench.run.script import ScriptContext
 
 
 @dataclass
@@ -44,6 +47,9 @@ class InputResult:
     kind: str = "notebook"
     #: Code cells executed (1 for a script).
     cells: int = 0
+    #: A script that exited with a non-zero code before it was compared (an argument error):
+    #: the code and what the script printed (its usage message).
+    script_exit: tuple[int, str] | None = None
 
     def verdict_counts(self) -> dict[str, int]:
         """Number of reports per verdict."""
@@ -312,19 +318,36 @@ def compile_script(path: str | Path, source: str) -> Any:
         raise WorkbenchUsageError(f"{path}: {exc}".replace("in the cell, ", "")) from None
 
 
-class script_context:  # noqa: N801 - used like a function in a with-statement
-    """``sys.argv`` and ``sys.path[0]`` as when running ``python SCRIPT``, restored afterwards."""
+def script_run_context(
+    path: str | Path, args: Sequence[str] = (), cwd: str | None = None
+) -> ScriptContext:
+    """The context of ``python SCRIPT ARGS`` run from ``cwd`` (default: the script's folder).
 
-    def __init__(self, path: str | Path) -> None:
+    A run instrument (both runs, the target's in its worker) and a context manager here.
+    """
+    from neuron_workbench.run.script import ScriptContext
+
+    folder = str(Path(path).resolve().parent)
+    return ScriptContext((str(path), *args), cwd or folder, folder)
+
+
+class script_context:  # noqa: N801 - used like a function in a with-statement
+    """``sys.argv``, ``sys.path[0]`` and the working folder of ``python SCRIPT ARGS``, restored after.
+
+    The working folder is the script's own unless ``cwd`` is given.
+    """
+
+    def __init__(self, path: str | Path, args: Sequence[str] = (), cwd: str | None = None) -> None:
         self.path = Path(path)
+        self._context = script_run_context(path, args, cwd)
+        self._active: Any = None
 
     def __enter__(self) -> None:
-        self._argv, self._sys_path = list(sys.argv), list(sys.path)
-        sys.argv = [str(self.path)]
-        sys.path.insert(0, str(self.path.resolve().parent))
+        self._active = self._context()
+        self._active.__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        sys.argv[:], sys.path[:] = self._argv, self._sys_path
+        self._active.__exit__(*exc)
 
 
 def script_namespace(path: str | Path) -> dict[str, Any]:
@@ -349,8 +372,16 @@ def run_script(
     track_per_op: bool = False,
     cluster: str = "",
     judge: str = "tolerance",
+    args: Sequence[str] = (),
+    cwd: str | None = None,
+    max_steps: int | None = None,
 ) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
+
+    Both runs see ``sys.argv == [path, *args]``, run from ``cwd`` (default: the script's folder)
+    with ``__name__ == "__main__"``; ``max_steps`` stops both after that many scalars from the
+    first call site that makes one. A script that exits with a non-zero code on the reference
+    before anything is compared (argparse's usage error) gives :attr:`InputResult.script_exit`.
 
     The reference runs in this process; the target in a worker process (``auto`` for neuron and
     tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
@@ -373,6 +404,7 @@ def run_script(
             list_fallbacks=list_fallbacks,
             track_per_op=track_per_op,
             judge=judge,
+            max_steps=max_steps,
         ),
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,
@@ -395,20 +427,37 @@ def run_script(
     folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     session = Session()
     try:
-        with script_context(path):
+        with script_context(path, args, cwd):
             result = session.run_cell(
                 source,
                 script_namespace(path),
                 options,
                 program=program,
                 relabel=lambda run: relabel_run_sites(run, {}, folders),
+                instruments={"script": script_run_context(path, args, cwd)},
             )
     finally:
         session.close()
+    exited = script_exit(result.report.ref)
+    if exited is not None:
+        return InputResult(str(path), kind="script", cells=1, script_exit=exited)
     data = result.report.to_dict()
     data["label"] = Path(path).name
     data["cell_index"] = 1
     return InputResult(str(path), reports=[data], kind="script", cells=1)
+
+
+def script_exit(run: Any) -> tuple[int, str] | None:
+    """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` with a non-zero ``code``."""
+    error = run.error
+    if error is None or error.type != "SystemExit":
+        return None
+    message = str(error.message).strip()
+    if message in ("", "0", "None"):
+        return None
+    code = int(message) if message.lstrip("-").isdigit() else 1  # sys.exit("text") exits 1
+    printed = run.stderr or run.stdout or (message if code == 1 else "")
+    return code, printed if printed.endswith("\n") or not printed else printed + "\n"
 
 
 def terminal_message(text: str) -> None:
@@ -474,6 +523,13 @@ def _failure_text(report: dict[str, Any]) -> str:
         error = (report.get(role) or {}).get("error")
         if error:
             lines.append(f"{role} raised {error.get('type')}: {error.get('message')}")
+    first = (report.get("scalars") or {}).get("first")
+    if first:
+        lines.append(
+            f"observed scalars part first at {first['site']} #{first['occurrence']}: "
+            f"{first['ref']} (reference) vs {first['target']} (target)"
+        )
+        lines += [f"hint: {hint}" for hint in first.get("hints") or []]
     if report.get("fallback_ops"):
         lines.append("fell back to CPU: " + ", ".join(report["fallback_ops"]))
     for warning in report.get("warnings", []):

@@ -317,6 +317,8 @@ class _Float64Promotion(TorchFunctionMode):
         if func in _CASTS and args and isinstance(args[0], torch.Tensor):
             # on the cell's float32 tensor .float() is the tensor itself, .half() a new one
             tensor = args[0]
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                return tensor.to(torch.float64)  # .float() of a mask or of counts: a new float
             if func is torch.Tensor.float and tensor.dtype == torch.float64:
                 return tensor
             return _widen(tensor) if _low(tensor) else tensor.clone()
@@ -462,6 +464,16 @@ class OracleRuns:
     rounding: list[Run] | None = None
 
 
+def _stopping(spec: RunSpec) -> dict[str, Any]:
+    """The run's ``scalars`` instrument, for a rerun.
+
+    It stops the rerun where ``max_steps`` stopped the runs, and the oracle's observed scalars
+    give the first scalar divergence its ``R``.
+    """
+    scalars = spec.instruments.get("scalars")
+    return {"scalars": scalars} if scalars is not None else {}
+
+
 def _rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
     """The cell once more on the reference path, with one instrument and its printing discarded."""
     rerun = RunSpec(
@@ -470,7 +482,7 @@ def _rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         seed=spec.seed,
         hidden=spec.hidden,
         resident=spec.resident,
-        instruments={"budget": instrument},
+        instruments={"budget": instrument, **_stopping(spec)},
         rng_on_cpu=spec.rng_on_cpu,
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,

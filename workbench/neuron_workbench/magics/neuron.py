@@ -263,6 +263,14 @@ class NeuronMagics(Magics):
         help="run the cell N times per backend as consecutive training steps; compare per step",
     )
     @argument(
+        "--max-steps",
+        type=int,
+        dest="max_steps",
+        metavar="N",
+        help="stop both runs after N scalars (loss.item(), ...) from the first call site that "
+        "makes one: compare the first N steps of a long training loop",
+    )
+    @argument(
         "--rng",
         choices=RNG_CHOICES,
         help="cpu: draw random numbers on the CPU and move them, so both runs see the same ones",
@@ -438,6 +446,7 @@ class NeuronMagics(Magics):
                 list_fallbacks=bool(args.list_fallbacks or self.list_fallbacks),
                 track_per_op=bool(args.track_per_op or self.track_per_op),
                 judge=args.judge or self.judge,
+                max_steps=args.max_steps,
             )
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.

@@ -98,6 +98,11 @@ class CompareOptions:
     track_per_op : bool
         A real ``neuron`` target attributes every fallback to its call (``--track-per-op``, a
         synchronize per op); off leaves the adapter's default (``NEURON_WORKBENCH_NEURON_TRACK_PER_OP``).
+    judge : str
+        ``tolerance`` or ``budget`` (``--judge``).
+    max_steps : int or None
+        Stop both runs after this many scalars from the first call site that makes one
+        (``--max-steps``; see :mod:`neuron_workbench.run.scalars`).
     """
 
     ref: str = "cpu"
@@ -117,6 +122,7 @@ class CompareOptions:
     list_fallbacks: bool = False
     track_per_op: bool = False
     judge: str = "tolerance"
+    max_steps: int | None = None
 
     def backend(self, name: str) -> Any:
         """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
@@ -154,6 +160,8 @@ class CompareOptions:
                 raise OptionError("{0} must be one of {choices}", name, choices=shown)
         if self.steps < 1:
             raise OptionError("{0} must be at least 1", "steps")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise OptionError("{0} must be at least 1", "max_steps")
 
     def check_target_flags(self, targets: Sequence[str]) -> None:
         """Raise :class:`~neuron_workbench.errors.OptionError` for a target option no target takes."""
@@ -180,6 +188,7 @@ class CompareOptions:
             **({"list_fallbacks": True} if self.list_fallbacks else {}),
             **({"track_per_op": True} if self.track_per_op else {}),
             **({"judge": self.judge} if self.judge != "tolerance" else {}),
+            **({"max_steps": self.max_steps} if self.max_steps is not None else {}),
         }
 
 
@@ -237,6 +246,7 @@ def compare_cell(
     for availability in checks:
         if not availability:
             raise BackendUnavailable(availability.reason)
+    from neuron_workbench.run.scalars import scalar_instrument
     from neuron_workbench.trace.compile import compile_instrument
     from neuron_workbench.trace.optimizer import optimizer_instrument
 
@@ -244,6 +254,8 @@ def compare_cell(
     all_instruments = {"optimizer": optimizer_instrument, **(instruments or {})}
     # What torch.compile did (graphs, graph breaks, recompiles): nothing unless the cell compiles.
     all_instruments.setdefault("compile", compile_instrument(program.filename))
+    # Every scalar the program materialises from a tensor, by call site: its loss curve.
+    all_instruments.setdefault("scalars", scalar_instrument(options.max_steps))
     if options.layers:
         from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument
@@ -334,6 +346,7 @@ def compare_cell(
         layers=layers,
         notes=comparison_notes(ref_run, target_run, policy) + schedule,
         budget=budgets[0],
+        scalars=compare_observed_scalars(ref_run, target_run, policy, oracle.oracle),
     )
     extra_reports = []
     for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
@@ -350,9 +363,46 @@ def compare_cell(
                 layers=extra_layers,
                 notes=comparison_notes(ref_run, extra_run, policy) + schedule,
                 budget=extra_budget,
+                scalars=compare_observed_scalars(ref_run, extra_run, policy, oracle.oracle),
             )
         )
     return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+
+
+def compare_observed_scalars(
+    ref: Run, target: Run, policy: TolerancePolicy | None = None, oracle: Run | None = None
+) -> Any:
+    """The two runs' observed scalars compared (a ``ScalarComparison``), with hints where they part.
+
+    ``oracle``: the precision budget's float64 rerun, when it ran for this cell; the first
+    divergence then gets its error ratio ``R``. None when either run raised or neither
+    materialised a scalar from a tensor.
+    """
+    if not (ref.ok and target.ok) or "scalars" not in ref.extras or "scalars" not in target.extras:
+        return None
+    from neuron_workbench.compare.compare import OutputDiff
+    from neuron_workbench.compare.scalars import compare_scalars
+
+    policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
+    scalars = compare_scalars(ref.extras["scalars"], target.extras["scalars"], policy)
+    if scalars is not None and scalars.first is not None:
+        first = scalars.first
+        site = next((s for s in scalars.sites if s.site == first.site), None)
+        # judged as a failing output of the tensor's dtype: the same evidence explains it
+        diff = OutputDiff(
+            path=first.site,
+            status="differ",
+            kind="number",
+            tolerance=site.tolerance if site is not None else Tolerance(0.0, 0.0),
+            ref_dtype=site.dtype if site is not None else None,
+            target_dtype=site.dtype if site is not None else None,
+        )
+        first.hints = hints_for(diff, ref, target)
+        if oracle is not None and oracle.ok and "scalars" in oracle.extras:
+            from neuron_workbench.compare.scalars import scalar_budget
+
+            scalar_budget(first, diff.ref_dtype, oracle.extras["scalars"])
+    return scalars
 
 
 def _note_compiled_draws(run: Run) -> None:

@@ -520,6 +520,7 @@ def render_report_html(data: dict[str, Any]) -> str:
             "<h4>Training steps</h4>",
             _table(["value", "step", "reference", "target", "|Δ|"], rows, numeric={1, 2, 3, 4}),
         ]
+    parts += _scalars_html(data.get("scalars"))
     hinted = [o for o in data.get("outputs", []) if o.get("hints")]
     if hinted:
         items = "".join(
@@ -561,6 +562,71 @@ def render_report_html(data: dict[str, Any]) -> str:
             )
     parts.append("</div>")
     return "".join(parts)
+
+
+def _fmt_value(value: Any) -> str:
+    """A logged value with enough digits to see where two close ones differ."""
+    if value is None:
+        return "none (not reached)"
+    return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def _scalars_html(scalars: dict[str, Any] | None) -> list[str]:
+    """The observed scalars (loss curves by call site): where they part first, and each site."""
+    if not scalars or not (scalars.get("sites") or scalars.get("first")):
+        return []
+    parts = ["<h4>Observed scalars (by call site and occurrence)</h4>"]
+    first = scalars.get("first")
+    if first:
+        parts.append(
+            f"<div class='note'><span class='bad'>First divergence</span> at "
+            f"<code>{esc(first['site'])}</code>, occurrence {esc(first['occurrence'])}: "
+            f"reference {esc(_fmt_value(first['ref']))}, target {esc(_fmt_value(first['target']))}"
+            "</div>"
+        )
+        if first.get("ratio") is not None:
+            parts.append(
+                f"<div class='note'>Precision budget there: R {esc(_fmt_float(first['ratio']))} "
+                f"({esc(first.get('budget') or '')}) against the float64 oracle's "
+                f"{esc(_fmt_value(first.get('oracle')))}</div>"
+            )
+        if first.get("hints"):
+            items = "".join(f"<li>{esc(h)}</li>" for h in first["hints"])
+            parts.append(f"<ul>{items}</ul>")
+    if scalars.get("max_steps"):
+        parts.append(f"<div class='note'>Both runs stopped after {esc(scalars['max_steps'])} steps "
+                     "(--max-steps).</div>")  # fmt: skip
+    rows = []
+    for site in scalars.get("sites") or []:
+        counts = f"{site['ref_count']} / {site['target_count']}"
+        tol = site.get("tolerance") or {}
+        rows.append(
+            [
+                f"<code>{esc(site['site'])}</code>",
+                esc(site.get("how", "")),
+                esc(site.get("dtype") or ""),
+                esc(counts),
+                esc(_fmt_float(site.get("max_abs"))),
+                esc(f"rtol {tol.get('rtol')}, atol {tol.get('atol')}"),
+                '<span class="ok">match</span>'
+                if site.get("parts_at") is None
+                else f'<span class="bad">part at #{esc(site["parts_at"])}</span>',
+            ]
+        )
+    if rows:
+        parts.append(
+            _table(
+                ["call site", "call", "dtype", "occurrences (ref / target)", "max |Δ|",
+                 "tolerance", "curves"],
+                rows,
+                numeric={4},
+            )
+        )  # fmt: skip
+    for key, role in (("only_ref", "reference"), ("only_target", "target")):
+        if scalars.get(key):
+            sites = ", ".join(f"<code>{esc(s)}</code>" for s in scalars[key])
+            parts.append(f"<div class='note'>Reached only on the {role}: {sites}</div>")
+    return parts
 
 
 def render_page(reports: Sequence[dict[str, Any]], title: str = "neuron-workbench report") -> str:

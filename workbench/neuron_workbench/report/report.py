@@ -75,6 +75,14 @@ class Report:
     #: Each floating output's noise floor and error ratio R (:mod:`neuron_workbench.compare.budget`):
     #: measured for every floating output under ``judge="budget"``, for the failing ones otherwise.
     budget: Any = None
+    #: The scalars both runs materialised, aligned by call site and occurrence (the loss curves;
+    #: :mod:`neuron_workbench.compare.scalars`); None when neither run made one.
+    scalars: Any = None
+
+    @property
+    def scalars_part(self) -> bool:
+        """True when the runs' observed scalars (a loss curve) part somewhere."""
+        return self.scalars is not None and self.scalars.parted
 
     @property
     def judge(self) -> str:
@@ -115,13 +123,14 @@ class Report:
         when every compared output matched and ``FAIL`` when one did not. Outputs that were not
         compared never make a verdict ``FAIL``; the summary line counts them. Under
         ``--judge budget`` floating outputs pass or fail by their error ratio R
-        (:meth:`judged_failures`).
+        (:meth:`judged_failures`). Scalars the runs materialised (``loss.item()``) count as
+        compared: where they part the verdict is ``FAIL``.
         """
         if not (self.ref.ok and self.target.ok) or self.comparison is None:
             return "ERROR"
-        if not self.comparison.compared:
+        if not self.comparison.compared and not (self.scalars is not None and self.scalars.sites):
             return UNCOMPARED
-        return "FAIL" if self.judged_failures() else "PASS"
+        return "FAIL" if self.judged_failures() or self.scalars_part else "PASS"
 
     def __bool__(self) -> bool:
         return self.verdict == "PASS"
@@ -149,6 +158,8 @@ class Report:
                 body += f"; {len(skipped)} not compared: {skipped[0].headline()}"
                 if len(skipped) > 1:
                     body += f" (+{len(skipped) - 1} more)"
+        elif not self.comparison.compared:  # only the observed scalars were compared
+            body = self._scalars_line()
         else:
             assert self.comparison is not None
             compared = self.comparison.compared
@@ -170,6 +181,8 @@ class Report:
             skipped = self.comparison.not_compared
             if skipped:
                 body += f"; {len(skipped)} not compared"
+            if self.scalars_part:
+                body += f"; {self._scalars_line()}"
         if self.comparison is not None and self.comparison.measurements:
             count = len(self.comparison.measurements)
             body += f"; {_plural(count, 'measurement', 'measurements')} shown, not compared"
@@ -183,6 +196,16 @@ class Report:
         elif verdict == "FAIL" and backward is not None:
             body += f"; first divergence at {backward.label} (backward)"
         return f"{verdict} {self.title} — {body}"
+
+    def _scalars_line(self) -> str:
+        """The observed scalars' summary, with the short cause where they part and one is known."""
+        line = self.scalars.summary()
+        first = self.scalars.first
+        notes = [_short_cause(first.hints)] if first is not None else []
+        if first is not None and first.ratio is not None:  # the budget's oracle ran anyway
+            notes.append(f"R {first.ratio:.3g}, {first.budget_label}")
+        notes = [note for note in notes if note]
+        return line + (f" ({'; '.join(notes)})" if notes else "")
 
     def _failure_line(self, diff: Any) -> str:
         """The first failure in the summary: its headline, or under the budget judge its R.
@@ -224,6 +247,7 @@ class Report:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "budget": self.budget.to_dict() if self.budget is not None else None,
+            "scalars": self.scalars.to_dict() if self.scalars is not None else None,
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }

@@ -18,7 +18,12 @@ from typing import Any
 from neuron_workbench.backends import get_backend
 from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
-from neuron_workbench.report.driver import CompareOptions, compare_cell, compare_runs
+from neuron_workbench.report.driver import (
+    CompareOptions,
+    compare_cell,
+    compare_observed_scalars,
+    compare_runs,
+)
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
@@ -298,6 +303,7 @@ class Session:
         hidden: frozenset[str] = frozenset(),
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
         relabel: Callable[[Run], None] | None = None,
+        instruments: dict[str, Any] | None = None,
     ) -> CellResult:
         """Run ``source`` on the reference and the target, compare, and finish the report.
 
@@ -314,6 +320,8 @@ class Session:
             ``source`` when omitted.
         relabel : callable, optional
             Called on every run before anything is saved (the magic names sites ``cell [N]``).
+        instruments : dict, optional
+            More run instruments for both runs (a script's ``sys.argv`` and folder).
 
         Raises
         ------
@@ -330,7 +338,7 @@ class Session:
             import dataclasses
 
             compare = dataclasses.replace(compare, ref=reference.backend.name, keep="target")
-        instruments = {}
+        instruments = dict(instruments or {})
         if options.profile:
             from neuron_workbench.trace.profile import op_profiler
 
@@ -404,11 +412,13 @@ class Session:
         *,
         seed: int = 0,
         executor: str = "auto",
+        instruments: dict[str, Any] | None = None,
     ) -> Run:
         """Run ``program`` once on one backend (``neuron-workbench record``).
 
         Like a cell's target, an accelerator run happens in a worker under ``auto``: a process that
-        already ran a backward pass cannot install an emulated device any more.
+        already ran a backward pass cannot install an emulated device any more. ``instruments``
+        are run instruments (a script's context, its observed scalars).
 
         Raises
         ------
@@ -422,7 +432,8 @@ class Session:
         availability = runner.availability(backend)
         if not availability:
             raise BackendUnavailable(availability.reason)
-        return runner.run(RunSpec(program, namespace, seed=seed), backend, run_id="ref")
+        spec = RunSpec(program, namespace, seed=seed, instruments=instruments)
+        return runner.run(spec, backend, run_id="ref")
 
 
 def compare_recorded(
@@ -442,7 +453,8 @@ def compare_recorded(
 
     ref = pick(ref_artifact, "ref")
     target = pick(target_artifact, "target")
-    comparison, layers = compare_runs(ref, target, TolerancePolicy(rtol=rtol, atol=atol))
+    policy = TolerancePolicy(rtol=rtol, atol=atol)
+    comparison, layers = compare_runs(ref, target, policy)
     warnings = []
     mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
     if mismatch:
@@ -464,4 +476,5 @@ def compare_recorded(
         },
         warnings=warnings,
         layers=layers,
+        scalars=compare_observed_scalars(ref, target, policy),
     )

@@ -34,6 +34,7 @@ from neuron_workbench.run.namespace import (
 )
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.remap import cuda_remapped_to
+from neuron_workbench.run.scalars import StopRun
 
 #: Output key of the cell's trailing expression.
 LAST_EXPRESSION = "Out"
@@ -320,10 +321,17 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 if step:
                     for recorder in observed.values():
                         getattr(recorder, "next_step", lambda: None)()
-                exec(spec.program.body, ns)
                 last_value = None
-                if spec.program.last_expr is not None:
-                    last_value = eval(spec.program.last_expr, ns)
+                try:
+                    exec(spec.program.body, ns)
+                    if spec.program.last_expr is not None:
+                        last_value = eval(spec.program.last_expr, ns)
+                except StopRun:  # max_steps reached: the run ends here, as if the program ended
+                    break
+                except SystemExit as exc:
+                    if exc.code not in (0, None):
+                        raise  # the program's own failure (argparse's usage error): its error
+                    break  # `sys.exit(main())` at a script's end: its normal end
                 if spec.steps > 1:
                     step_scalars.append(_step_scalars(ns, before_run, last_value, spec.hidden))
             backend.synchronize()

@@ -118,6 +118,8 @@ class ReportView(W.Tab):
         curves = figures.loss_curves(self.data)
         if curves is not None:
             widgets.append(self._figure("loss_curves", curves))
+        for index, scalar_fig in enumerate(figures.scalar_curves(self.data)):
+            widgets.append(self._figure(f"scalars_{index}", scalar_fig))
         budget = figures.budget_histogram(self.data)
         if budget is not None:
             widgets.append(self._figure("budget", budget))
@@ -197,6 +199,7 @@ def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
     budget = figures.budget_histogram(data)  # built only when the budget measured something
     if budget is not None:
         out.append(budget.to_plotly_json())
+    out.extend(figures.scalar_curves_specs(data))  # loss curves by call site, both runs
     return out
 
 

@@ -12,11 +12,19 @@ from pathlib import Path
 
 NAME = "record"
 HELP = "Run a CUDA script once on one backend and save its outputs as a run artifact (role 'ref')."
+#: ``record train.py [options] -- ARGS``: the script's own arguments follow ``--``.
+SCRIPT_ARGS = True
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
-    parser.add_argument("script", help="the script (.py) to run, written for CUDA")
+    from neuron_workbench.cli.commands.run import add_script_options
+
+    parser.add_argument(
+        "script",
+        help="the script (.py) to run, written for CUDA; its own arguments follow `--`",
+    )
+    add_script_options(parser)
     parser.add_argument(
         "--backend", metavar="BACKEND", help="backend to run on (default: cuda if usable, else cpu)"
     )
@@ -33,15 +41,19 @@ def run(args: argparse.Namespace) -> int:
     """Run the script, save the artifact, print one line; 0 when it ran, 1 when it raised."""
     from neuron_workbench.artifacts import ROLE_RULE, is_valid_role, save
     from neuron_workbench.backends import default_reference, get_backend
+    from neuron_workbench.cli.commands.run import script_folder
     from neuron_workbench.cli.notebook_runner import (
         compile_script,
         read_script,
         script_context,
+        script_exit,
         script_namespace,
+        script_run_context,
         terminal_message,
     )
     from neuron_workbench.errors import WorkbenchUsageError
     from neuron_workbench.report.session import Session
+    from neuron_workbench.run.scalars import scalar_instrument
 
     if not is_valid_role(args.role):
         raise WorkbenchUsageError(f"--role {args.role!r}: {ROLE_RULE}")
@@ -51,14 +63,24 @@ def run(args: argparse.Namespace) -> int:
     source = read_script(args.script)
     program = compile_script(args.script, source)
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
-    with script_context(args.script):
+    cwd = script_folder(args)
+    context = script_run_context(args.script, args.script_args, cwd)
+    with script_context(args.script, args.script_args, cwd):
         session = Session()
         try:
             recorded = session.record_run(
-                program, script_namespace(args.script), backend.name, seed=args.seed
+                program,
+                script_namespace(args.script),
+                backend.name,
+                seed=args.seed,
+                instruments={"script": context, "scalars": scalar_instrument()},
             )
         finally:
             session.close()
+    exited = script_exit(recorded)
+    if exited is not None:  # argparse's usage error: the script's own message, nothing saved
+        sys.stderr.write(exited[1])
+        return exited[0]
     path = save(args.output, runs={args.role: recorded}, cell_source=source)
     label = recorded.backend.label
     if recorded.error is not None:

@@ -17,11 +17,33 @@ from typing import Any
 from neuron_workbench.errors import WorkbenchUsageError
 
 NAME = "run"
+#: ``run train.py [options] -- ARGS``: the script's own arguments follow ``--``.
+SCRIPT_ARGS = True
 HELP = (
     "Execute a notebook (in a real kernel) or a CUDA script with the workbench and report every "
     "%%neuron comparison (exit 0 pass, 1 fail or nothing compared, 3 --strict with fallbacks, "
     "2 bad input)."
 )
+
+
+def add_script_options(parser: argparse.ArgumentParser) -> None:
+    """``--cwd`` (and the ``-- ARGS`` that :mod:`neuron_workbench.cli.main` splits off)."""
+    parser.add_argument(
+        "--cwd",
+        metavar="DIR",
+        help="a script's working folder during its runs (default: the script's own folder)",
+    )
+    parser.set_defaults(script_args=[])
+
+
+def script_folder(args: argparse.Namespace) -> str | None:
+    """``--cwd`` as an absolute folder; a one-line usage error when it is not one."""
+    if args.cwd is None:
+        return None
+    folder = Path(args.cwd).resolve()
+    if not folder.is_dir():
+        raise WorkbenchUsageError(f"--cwd {args.cwd}: no such folder")
+    return str(folder)
 
 
 def add_tolerance_options(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +54,12 @@ def add_tolerance_options(parser: argparse.ArgumentParser) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
-    parser.add_argument("path", help="the notebook (.ipynb) or script (.py) to run")
+    parser.add_argument(
+        "path",
+        help="the notebook (.ipynb) or script (.py) to run; a script's own arguments follow "
+        "`--` (run train.py --target tpu -- --batch_size=8)",
+    )
+    add_script_options(parser)
     parser.add_argument("--ref", metavar="BACKEND", help="reference backend for every cell")
     parser.add_argument("--target", metavar="BACKEND", help="target backend for every cell")
     add_tolerance_options(parser)
@@ -44,6 +71,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "budget: a float output passes when R is within the reference's precision budget",
     )
     parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="a script: stop both runs after N scalars (loss.item(), ...) from the first call "
+        "site that makes one (compare the first N steps of a long job)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write every report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per cell)")
@@ -151,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
         against = against / f"{Path(args.path).stem}.nwrun.zip"
         if not against.is_file():
             raise WorkbenchUsageError(f"no recording of {Path(args.path).name} in {args.against}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise WorkbenchUsageError("--max-steps must be at least 1")
+    if suffix == ".ipynb" and (args.script_args or args.cwd or args.max_steps):
+        raise WorkbenchUsageError("`-- ARGS`, --cwd and --max-steps apply to a script (.py)")
     if suffix == ".ipynb":
         if args.record and not _notebook_supports_record_dir():
             raise WorkbenchUsageError(
@@ -176,6 +214,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = run_script(
             args.path,
+            args=args.script_args,
+            cwd=script_folder(args),
+            max_steps=args.max_steps,
             ref=args.ref,
             target=args.target,
             rtol=args.rtol,
@@ -195,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
             cluster=cluster,
             judge=args.judge or "tolerance",
         )
+        if result.script_exit is not None:  # argparse's usage error: the script's own message
+            code, text = result.script_exit
+            sys.stderr.write(text)
+            return code
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
     for error in result.cell_errors:
@@ -220,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         **({"track_per_op": True} if args.track_per_op else {}),
         **({"judge": args.judge} if args.judge else {}),
         **({"on": cluster} if cluster else {}),
+        **({"args": list(args.script_args)} if args.script_args else {}),
+        **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
     }
     name = Path(result.path).name
     if args.json:

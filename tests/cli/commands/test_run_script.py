@@ -1,0 +1,254 @@
+"""``neuron-workbench run SCRIPT.py [options] -- ARGS``: a training script as users run it.
+
+The script gets its own arguments, folder and ``__main__`` on both runs (the target's in its
+worker), an argument error is the script's own usage message and exit 2, and every scalar it logs
+(``loss.item()``) is compared step by step: the loss curves of a small nanoGPT-style ``train.py``
+(``gpt/train.py``) match on neuron and part on tpu, where the report names the first step and why.
+"""
+
+import ast
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+GPT = Path(__file__).resolve().parents[3] / "notebooks" / "gpt" / "train.py"
+
+
+def _site(text):
+    """``train.py:N`` of the line of ``GPT`` that holds ``text``."""
+    lines = GPT.read_text().splitlines()
+    return f"train.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+EVAL_SITE = _site("losses[k] = loss.item()")  # estimate_loss()
+TRAIN_SITE = _site("lossf = loss.item()")  # once per iteration
+
+CONTEXT_SCRIPT = """\
+import argparse, os, sys
+import torch
+parser = argparse.ArgumentParser(prog="ctx.py")
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--lr", type=float, default=0.1)
+args = parser.parse_args()
+
+def note_where():  # each run appends a line (the device differs: it is not a global)
+    seen = {"argv": list(sys.argv), "cwd": os.getcwd(), "name": __name__,
+            "device": torch.ones(1, device="cuda").device.type}
+    with open("where.txt", "a") as f:
+        f.write(repr(seen) + "\\n")
+
+note_where()
+
+def train():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    x, y = torch.randn(16, 4).cuda(), torch.randn(16, 1).cuda()
+    for step in range(args.steps):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(f"step {step}: {loss.item():.4f}")
+        correct = int((model(x) > 0).eq(y > 0).sum())
+
+if __name__ == "__main__":
+    train()
+"""
+
+
+def cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_workbench.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def context_script(tmp_path):
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "ctx.py").write_text(CONTEXT_SCRIPT)
+    return folder / "ctx.py"
+
+
+def test_the_script_gets_its_arguments_folder_and_main_on_both_runs(context_script, tmp_path):
+    done = cli(
+        "run", str(context_script), "--target", "neuron", "--json", "r.json",
+        "--", "--steps=3", "--lr", "0.05",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (context_script.parent / "where.txt").read_text().splitlines()
+    seen = [ast.literal_eval(line) for line in lines]
+    # one line per run: the reference here, the target in its worker
+    assert sorted(s.pop("device") for s in seen) == ["cpu", "neuron"]
+    assert seen == 2 * [
+        {
+            "argv": [str(context_script), "--steps=3", "--lr", "0.05"],
+            "cwd": str(context_script.parent),
+            "name": "__main__",
+        }
+    ]
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["options"]["args"] == ["--steps=3", "--lr", "0.05"]
+    report = document["reports"][0]
+    sites = {s["site"]: s for s in report["scalars"]["sites"]}
+    # loss.item() in the loop and int(tensor) after it, three times each, on both runs
+    assert sorted(sites) == ["ctx.py:24", "ctx.py:25"]
+    assert sites["ctx.py:24"]["how"] == "Tensor.item" and sites["ctx.py:24"]["dtype"] == "float32"
+    assert sites["ctx.py:25"]["how"] == "int" and sites["ctx.py:25"]["dtype"] == "int64"
+    assert all(s["ref_count"] == s["target_count"] == 3 and s["matched"] for s in sites.values())
+    assert report["scalars"]["first"] is None
+
+
+def test_cwd_sets_the_working_folder(context_script, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = cli(
+        "run", str(context_script), "--cwd", str(elsewhere), "--", "--steps=1", cwd=tmp_path
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len((elsewhere / "where.txt").read_text().splitlines()) == 2
+    assert not (context_script.parent / "where.txt").exists()
+    bad = cli("run", str(context_script), "--cwd", str(tmp_path / "nope"), cwd=tmp_path)
+    assert bad.returncode == 2
+    assert (
+        bad.stderr.strip() == f"neuron-workbench: error: --cwd {tmp_path / 'nope'}: no such folder"
+    )
+
+
+def test_an_argument_error_is_the_scripts_own_usage_and_exit_2(context_script, tmp_path):
+    done = cli("run", str(context_script), "--", "--steps=2", "--bogus=1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "usage: ctx.py [-h] --steps STEPS [--lr LR]",
+        "ctx.py: error: unrecognized arguments: --bogus=1",
+    ]
+    assert "Traceback" not in done.stdout + done.stderr
+    missing = cli("run", str(context_script), cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines()[-1] == (
+        "ctx.py: error: the following arguments are required: --steps"
+    )
+
+
+def test_script_arguments_are_for_scripts_only(tmp_path):
+    (tmp_path / "n.ipynb").write_text("{}")
+    done = cli("run", "n.ipynb", "--", "--x=1", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "neuron-workbench: error: `-- ARGS`, --cwd and --max-steps apply to a script (.py)"
+    )
+
+
+def test_max_steps_stops_both_runs(context_script, tmp_path):
+    done = cli(
+        "run", str(context_script), "--max-steps", "2", "--json", "r.json", "--", "--steps=50",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    first = report["scalars"]["sites"][0]
+    assert (first["site"], first["ref_count"], first["target_count"]) == ("ctx.py:24", 2, 2)
+    assert report["scalars"]["max_steps"] == 2
+    for role in ("ref", "target"):  # the third step's loss was never logged
+        assert report[role]["stdout"].count("step ") == 2, report[role]["stdout"]
+    assert cli("run", str(context_script), "--max-steps", "0", cwd=tmp_path).returncode == 2
+
+
+def test_a_gpt_training_script_on_neuron_has_matching_loss_curves(tmp_path):
+    done = cli(
+        "run", str(GPT), "--target", "neuron", "--json", "n.json", "--html", "n.html",
+        "--junit", "n.xml", "--", "--max_iters=20",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu (as cuda)")
+    report = json.loads((tmp_path / "n.json").read_text())["reports"][0]
+    sites = {s["site"]: s for s in report["scalars"]["sites"]}
+    # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20) and the
+    # training loop's, once per iteration
+    assert {k: (s["ref_count"], s["target_count"]) for k, s in sites.items()} == {
+        EVAL_SITE: (12, 12),
+        TRAIN_SITE: (20, 20),
+    }
+    assert all(s["matched"] for s in sites.values())
+    assert sites[TRAIN_SITE]["ref"][-1] < sites[TRAIN_SITE]["ref"][0]  # it learns
+    html = (tmp_path / "n.html").read_text()
+    assert "Observed scalars (by call site and occurrence)" in html
+    cases = ET.parse(tmp_path / "n.xml").getroot().findall("testsuite/testcase")
+    assert len(cases) == 1  # one testcase per script
+
+
+def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
+    done = cli(
+        "run", str(GPT), "--target", "tpu", "--json", "t.json", "--junit", "t.xml",
+        "--", "--max_iters=20", "--dtype=float32",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = done.stdout.splitlines()[0]
+    assert line.startswith("train.py: FAIL tpu (emulated) vs cpu (as cuda)")
+    assert f"; scalars part at {EVAL_SITE} #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
+    report = json.loads((tmp_path / "t.json").read_text())["reports"][0]
+    first = report["scalars"]["first"]
+    assert first["site"] == EVAL_SITE
+    assert first["ref"] != first["target"]
+    assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in first["hints"])
+    training = next(s for s in report["scalars"]["sites"] if s["site"] == TRAIN_SITE)
+    assert training["parts_at"] is not None and training["max_abs"] > 0
+    failure = ET.parse(tmp_path / "t.xml").getroot().find("testsuite/testcase/failure")
+    assert f"observed scalars part first at {EVAL_SITE} #" in failure.text
+
+
+def test_record_takes_the_same_form_and_run_compares_the_recorded_curve(context_script, tmp_path):
+    done = cli(
+        "record", str(context_script), "-o", "ref.nwrun.zip", "--", "--steps=3", cwd=tmp_path
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len((context_script.parent / "where.txt").read_text().splitlines()) == 1
+    done = cli(
+        "run", str(context_script), "--against", "ref.nwrun.zip", "--target", "tpu",
+        "--json", "r.json", "--", "--steps=3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "scalars part at ctx.py:24 #1: " in done.stdout  # the recorded curve, the live one
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    assert report["scalars"]["sites"][0]["ref_count"] == 3
+    bad = cli(
+        "record",
+        str(context_script),
+        "-o",
+        "x.nwrun.zip",
+        "--",
+        "--steps=1",
+        "--nope",
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines()[-1] == "ctx.py: error: unrecognized arguments: --nope"
+    assert not (tmp_path / "x.nwrun.zip").exists()
+
+
+def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
+    (tmp_path / "main.py").write_text(
+        "import sys\nimport torch\n\n"
+        "def main():\n"
+        "    global total\n"
+        "    total = torch.ones(3, device='cuda').sum()\n"
+        "    print(total.item())\n\n"
+        "if __name__ == '__main__':\n"
+        "    sys.exit(main())\n"
+    )
+    done = cli("run", "main.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("main.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")
+    (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
+    assert cli("run", "fails.py", cwd=tmp_path).returncode == 3

@@ -1,0 +1,154 @@
+"""%%neuron records every scalar a cell's training loop logs, on both runs, and compares the curves.
+
+Through the default path (the target in its worker): ``loss.item()`` per step is the loss curve;
+an optimizer's own ``.item()`` calls and the workbench's ``--steps`` reads are not the user's and
+stay out; the curves match on neuron and part on tpu, where the report names the first step and
+why; the JupyterLab view (the extension's chart builder, run by Node.js) draws the pair.
+"""
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+
+from neuron_workbench.testing import run_cell
+from neuron_workbench.views import figures
+
+CHARTS = Path(__file__).resolve().parents[2] / "extensions" / "neuron-workbench-lab" / "src"
+
+SETUP = (
+    "import torch\n"
+    "torch.manual_seed(0)\n"
+    "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+    "x, y = torch.randn(64, 8), torch.randn(64, 1)\n"
+    "def accuracy(out, y):\n"
+    "    return float(((out > 0) == (y > 0)).float().mean())"
+)
+LOOP = (
+    "model.cuda()\n"
+    "opt = torch.optim.Adam(model.parameters(), lr=1e-2)\n"
+    "losses = []\n"
+    "for step in range(10):\n"
+    "    out = model(x.cuda())\n"
+    "    loss = torch.nn.functional.mse_loss(out, y.cuda())\n"
+    "    opt.zero_grad(); loss.backward(); opt.step()\n"
+    "    losses.append(loss.item())\n"
+    "    acc = accuracy(out, y.cuda())"
+)
+
+
+def _sites(report):
+    return {s.site: s for s in report.scalars.sites}
+
+
+def test_a_training_loop_cell_has_its_loss_curve_pair(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target neuron -o r\n" + LOOP)
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    sites = _sites(report)
+    # the cell's loss.item() (cell line 8 under the %%neuron line) and float() in the notebook's
+    # own function; Adam's step.item() calls are torch's, not the user's
+    assert len(sites) == 2, list(sites)
+    loss_site, acc_site = list(sites.values())
+    assert (loss_site.how, loss_site.dtype) == ("Tensor.item", "float32")
+    assert (acc_site.how, acc_site.dtype) == ("float", "float32")
+    assert len(loss_site.ref) == len(loss_site.target) == 10
+    assert loss_site.ref == pytest.approx(ip.user_ns["losses"])
+    assert loss_site.matched and report.scalars.first is None
+    data = report.to_dict()
+    assert data["scalars"]["sites"][0]["ref"] == loss_site.ref
+    specs = figures.scalar_curves_specs(data)
+    assert [len(trace["y"]) for trace in specs[0]["data"][:2]] == [10, 10]
+    assert specs[0]["layout"]["title"]["text"].endswith(": match")
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed: the JupyterLab chart is not built here")
+    harness = (
+        "import * as charts from './charts.mjs';\n"
+        "import fs from 'fs';\n"
+        "const report = JSON.parse(fs.readFileSync(0, 'utf8'));\n"
+        "process.stdout.write(JSON.stringify(charts.CHARTS.scalars(report)));\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(CHARTS / "charts.js", Path(tmp) / "charts.mjs")
+        (Path(tmp) / "h.mjs").write_text(harness)
+        done = subprocess.run(
+            [node, "h.mjs"], input=json.dumps(data), capture_output=True, text=True, cwd=tmp
+        )
+    assert done.returncode == 0, done.stderr
+    figure = json.loads(done.stdout)
+    ref, target, diff = figure["data"][:3]
+    assert ref["y"] == loss_site.ref and target["y"] == loss_site.target
+    assert ref["name"] == "cpu (as cuda)" and target["name"].startswith("neuron")
+    assert diff["y"] == [0] * 10
+    assert figure["layout"]["title"]["text"].startswith(f"Observed scalars at {loss_site.site}")
+
+
+def test_on_tpu_the_curves_part_and_the_report_names_the_first_step(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target tpu -o r\n" + LOOP)
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL"
+    first = report.scalars.first
+    loss_site = list(_sites(report).values())[0]
+    assert (first.site, first.occurrence) == (loss_site.site, 1)
+    assert first.ref == loss_site.ref[0] and first.target == loss_site.target[0]
+    assert first.ref != first.target
+    assert any(h.startswith("TPU fp32 matmuls default to 1-pass bfloat16") for h in first.hints)
+    assert f"scalars part at {loss_site.site} #1: " in report.summary()
+    html = report._repr_html_()
+    assert "First divergence" in html and "part at #1" in html
+
+
+def test_steps_reads_and_torch_internal_conversions_are_not_recorded(ip):
+    run_cell(ip, SETUP)
+    # --steps reads the bound loss with float() after each repetition: the workbench's, not the
+    # cell's; clip_grad_norm_ and Adam's internals are torch's
+    run_cell(
+        ip,
+        "%%neuron --steps 3 -o r\n"
+        "model.cuda()\n"
+        "out = model(x.cuda())\n"
+        "loss = torch.nn.functional.mse_loss(out, y.cuda())\n"
+        "loss.backward()\n"
+        "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+    )
+    report = ip.user_ns["r"]
+    assert report.scalars is None or not report.scalars.sites, report.scalars
+    assert report.verdict == "PASS", report.summary()
+
+
+def test_max_steps_compares_the_first_steps_of_a_long_loop(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target neuron --max-steps 4 -o r\n" + LOOP.replace("10", "1000"))
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    loss_site = list(_sites(report).values())[0]
+    assert len(loss_site.ref) == len(loss_site.target) == 4
+    assert len(ip.user_ns["losses"]) == 4  # the kept run stopped there too
+    assert report.to_dict()["options"]["max_steps"] == 4
+    with pytest.raises(UsageError, match="--max-steps must be at least 1"):
+        ip.run_cell_magic("neuron", "--max-steps 0", "y = 1")
+
+
+def test_under_the_budget_judge_the_first_divergence_gets_its_error_ratio(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron --target tpu --judge budget -o r\n" + LOOP)
+    report = ip.user_ns["r"]
+    first = report.scalars.first
+    # the float64 oracle's run recorded the same sites: the target is further from it than the
+    # reference, by its 1-pass bfloat16 matmuls
+    assert first.oracle is not None and abs(first.oracle - first.ref) < abs(
+        first.oracle - first.target
+    )
+    assert first.ratio > 2 and first.budget_label == "less accurate"
+    assert report.summary().endswith(
+        f"(TPU 1-pass bf16 matmuls; R {first.ratio:.3g}, less accurate)"
+    )
+    assert "Precision budget there: R " in report._repr_html_()

@@ -1,0 +1,336 @@
+"""Two runs' observed scalars, aligned by call site and occurrence: where the curves part.
+
+Each call site's sequence on the reference is compared with the same site's on the target, value
+by value (the ``n``-th ``loss.item()`` at ``train.py:88`` with the target's ``n``-th), with the
+tolerance of the tensor's dtype (``torch.testing.assert_close``'s table, or the run's ``rtol`` and
+``atol``). Where they part first is the earliest mismatch in the reference's order of events.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
+from neuron_workbench.run.records import recorded
+from neuron_workbench.run.scalars import ScalarSeries, ScalarTrace
+
+__all__ = [
+    "ScalarComparison",
+    "ScalarDivergence",
+    "SiteComparison",
+    "compare_scalars",
+    "scalar_budget",
+]
+
+
+@dataclass
+class ScalarDivergence:
+    """The first place two runs' scalars part: call site, occurrence (1-based), both values."""
+
+    site: str
+    occurrence: int
+    ref: Any
+    target: Any
+    hints: list[str] = field(default_factory=list)
+    #: The float64 oracle's value there and the error ratio ``R`` (the target's error against it
+    #: over the reference's), when the precision budget's oracle ran for this cell anyway.
+    oracle: float | None = None
+    ratio: float | None = None
+    budget_label: str = ""
+
+    def budget_line(self) -> str:
+        """``R 41 (less accurate) against the float64 oracle`` or empty when not measured."""
+        if self.ratio is None:
+            return ""
+        factor = "inf" if math.isinf(self.ratio) else f"{self.ratio:.3g}"
+        return f"R {factor} ({self.budget_label}) against the float64 oracle {self.oracle:.8g}"
+
+    def headline(self) -> str:
+        """``train.py:88 #3: 2.30125 vs 2.30561`` (a missing value reads ``none``)."""
+        return f"{self.site} #{self.occurrence}: {_shown(self.ref)} vs {_shown(self.target)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "site": self.site,
+            "occurrence": self.occurrence,
+            "ref": _json(self.ref),
+            "target": _json(self.target),
+            "hints": list(self.hints),
+            "oracle": _json(self.oracle),
+            "ratio": _json(self.ratio),
+            "budget": self.budget_label or None,
+        }
+
+
+@dataclass
+class SiteComparison:
+    """One call site's two sequences and how they compare.
+
+    ``abs_diff`` holds ``|target - ref|`` per aligned occurrence (None where either is not a
+    finite number); ``parts_at`` is the first occurrence (1-based) outside tolerance or missing on
+    one side, None when the sequences match.
+    """
+
+    site: str
+    how: str
+    dtype: str | None
+    tolerance: Tolerance
+    ref: list[Any]
+    target: list[Any]
+    ref_count: int
+    target_count: int
+    abs_diff: list[float | None]
+    parts_at: int | None = None
+    max_abs: float = 0.0
+
+    @property
+    def matched(self) -> bool:
+        """True when every aligned occurrence is within tolerance and the counts agree."""
+        return self.parts_at is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "site": self.site,
+            "how": self.how,
+            "dtype": self.dtype,
+            "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol},
+            "ref": [_json(v) for v in self.ref],
+            "target": [_json(v) for v in self.target],
+            "ref_count": self.ref_count,
+            "target_count": self.target_count,
+            "abs_diff": [_json(v) for v in self.abs_diff],
+            "parts_at": self.parts_at,
+            "max_abs": _json(self.max_abs),
+            "matched": self.matched,
+        }
+
+
+@dataclass
+class ScalarComparison:
+    """Every call site's comparison, and the first divergence (None when all match)."""
+
+    sites: list[SiteComparison]
+    first: ScalarDivergence | None = None
+    #: Sites only one run reached.
+    only_ref: list[str] = field(default_factory=list)
+    only_target: list[str] = field(default_factory=list)
+    stopped_at: int | None = None
+
+    @property
+    def parted(self) -> bool:
+        """True when the runs' scalars part somewhere."""
+        return self.first is not None
+
+    def summary(self) -> str:
+        """``2 scalar sites match`` or ``scalars part at train.py:88 #3: 2.30 vs 2.31``."""
+        if self.first is None:
+            count = len(self.sites)
+            return f"{count} scalar site{'s' if count != 1 else ''} match"
+        return f"scalars part at {self.first.headline()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "sites": [s.to_dict() for s in self.sites],
+            "first": self.first.to_dict() if self.first is not None else None,
+            "only_ref": list(self.only_ref),
+            "only_target": list(self.only_target),
+            "max_steps": self.stopped_at,
+            "summary": self.summary(),
+        }
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    found = getattr(torch, name or "", None)
+    return found if isinstance(found, torch.dtype) else None
+
+
+def _numbers(value: Any) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, list) else [float(value)]
+
+
+def _differs(a: Any, b: Any, tolerance: Tolerance) -> tuple[bool, float | None]:
+    """Whether two occurrences differ beyond ``tolerance``; and ``|b - a|`` (its largest)."""
+    xs, ys = _numbers(a), _numbers(b)
+    if len(xs) != len(ys):
+        return True, None
+    worst: float | None = 0.0
+    differs = False
+    for x, y in zip(xs, ys, strict=True):
+        if math.isnan(x) or math.isnan(y):
+            differs = differs or math.isnan(x) != math.isnan(y)
+            worst = None
+            continue
+        if math.isinf(x) or math.isinf(y):
+            differs = differs or x != y
+            worst = None
+            continue
+        delta = abs(y - x)
+        if delta > tolerance.allowed(abs(x)):
+            differs = True
+        if worst is not None:
+            worst = max(worst, delta)
+    return differs, worst
+
+
+def _trace(value: Any) -> ScalarTrace | None:
+    data = recorded(value)
+    if isinstance(data, dict):
+        try:
+            return ScalarTrace.from_dict(data)
+        except (KeyError, TypeError, ValueError):  # a trace of another version: not compared
+            return None
+    return data if isinstance(data, ScalarTrace) else None
+
+
+def _site(
+    ref: ScalarSeries, target: ScalarSeries, policy: TolerancePolicy
+) -> tuple[SiteComparison, int | None]:
+    """One site's comparison, and the reference's event order of its first mismatch."""
+    dtype_ref, dtype_target = _dtype(ref.dtype), _dtype(target.dtype or ref.dtype)
+    tolerance = policy.for_output(f"scalars/{ref.site}", dtype_ref, dtype_target)
+    diffs: list[float | None] = []
+    parts_at = None
+    order = None
+    for index, (a, b) in enumerate(zip(ref.values, target.values, strict=False)):
+        differs, delta = _differs(a, b, tolerance)
+        diffs.append(delta)
+        if differs and parts_at is None:
+            parts_at, order = index + 1, ref.order[index]
+    if parts_at is None and ref.count != target.count:
+        shorter = min(ref.count, target.count)
+        parts_at = shorter + 1
+        if shorter < len(ref.order):
+            order = ref.order[shorter]
+        else:  # the reference ended first: after its last event
+            order = (ref.order[-1] + 1) if ref.order else 0
+    finite = [d for d in diffs if d is not None]
+    site = SiteComparison(
+        site=ref.site,
+        how=ref.how,
+        dtype=ref.dtype,
+        tolerance=tolerance,
+        ref=list(ref.values),
+        target=list(target.values),
+        ref_count=ref.count,
+        target_count=target.count,
+        abs_diff=diffs,
+        parts_at=parts_at,
+        max_abs=max(finite) if finite else 0.0,
+    )
+    return site, order
+
+
+def _value_at(values: list[Any], occurrence: int) -> Any:
+    return values[occurrence - 1] if occurrence <= len(values) else None
+
+
+def compare_scalars(
+    ref_trace: Any, target_trace: Any, policy: TolerancePolicy | None = None
+) -> ScalarComparison | None:
+    """Align two runs' scalars by call site and occurrence and compare them.
+
+    Parameters
+    ----------
+    ref_trace, target_trace : ScalarTrace or dict
+        What each run's ``scalars`` instrument recorded (live, or from JSON).
+    policy : TolerancePolicy, optional
+        The comparison's tolerances (a site is judged as an output ``scalars/<site>``).
+
+    Returns
+    -------
+    ScalarComparison or None
+        None when either run recorded nothing (or no trace).
+    """
+    ref, target = _trace(ref_trace), _trace(target_trace)
+    if ref is None or target is None or not (ref.series or target.series):
+        return None
+    policy = policy or TolerancePolicy()
+    sites: list[SiteComparison] = []
+    first: tuple[int, SiteComparison] | None = None
+    for name, series in ref.series.items():
+        other = target.series.get(name)
+        if other is None:
+            continue
+        site, order = _site(series, other, policy)
+        sites.append(site)
+        if order is not None and (first is None or order < first[0]):
+            first = (order, site)
+    only_ref = [name for name in ref.series if name not in target.series]
+    only_target = [name for name in target.series if name not in ref.series]
+    divergence = None
+    if first is not None:
+        site = first[1]
+        assert site.parts_at is not None
+        divergence = ScalarDivergence(
+            site.site,
+            site.parts_at,
+            _value_at(site.ref, site.parts_at),
+            _value_at(site.target, site.parts_at),
+        )
+    elif only_ref or only_target:
+        name = (only_ref or only_target)[0]
+        series = (ref.series if only_ref else target.series)[name]
+        value = series.values[0] if series.values else None
+        divergence = ScalarDivergence(
+            name, 1, value if only_ref else None, None if only_ref else value
+        )
+    return ScalarComparison(
+        sites=sites,
+        first=divergence,
+        only_ref=only_ref,
+        only_target=only_target,
+        stopped_at=ref.max_steps,
+    )
+
+
+def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace: Any) -> None:
+    """Give ``divergence`` its error ratio ``R`` against a float64 oracle run's scalars, in place.
+
+    ``R = |target - oracle| / max(|ref - oracle|, rounding of the oracle to dtype)``, banded as
+    :mod:`neuron_workbench.compare.budget` bands outputs. Nothing when the oracle did not reach
+    that occurrence or a value is not a finite number.
+    """
+    from neuron_workbench.compare.budget import classify
+
+    trace = _trace(oracle_trace)
+    series = trace.series.get(divergence.site) if trace is not None else None
+    if series is None or divergence.occurrence > len(series.values):
+        return
+    values = (divergence.ref, divergence.target, series.values[divergence.occurrence - 1])
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return
+    ref, target, oracle = (float(v) for v in values)
+    torch_dtype = _dtype(dtype)
+    rounding = 0.0
+    if torch_dtype is not None and torch_dtype.is_floating_point:
+        rounding = abs(torch.tensor(oracle, dtype=torch.float64).to(torch_dtype).item() - oracle)
+    floor = max(abs(ref - oracle), rounding)
+    error = abs(target - oracle)
+    ratio = (
+        (1.0 if floor == 0.0 else 0.0) if error == 0.0 else (error / floor if floor else math.inf)
+    )
+    divergence.oracle, divergence.ratio = oracle, ratio
+    divergence.budget_label = classify(ratio).label
