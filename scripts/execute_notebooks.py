@@ -39,6 +39,7 @@ def execute(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Execute the notebooks named in ``argv`` (default: every guided notebook)."""
     os.environ.pop("NEURON_WORKBENCH_EMULATE", None)
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     for path in paths:
