@@ -282,13 +282,18 @@ def relabel_run_sites(
 ) -> None:
     """Relabel, in place, every site a run carries.
 
-    Fallback events, op-profile rows, and the graphs and graph breaks of its torch.compile record.
+    Fallback events, op-profile rows, the graphs and graph breaks of its torch.compile record,
+    and the files its captured warnings name (``stderr``).
     """
     from neuron_workbench.run.records import recorded  # a run's module loads torch
 
     for index, event in enumerate(run.fallbacks):
         if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
             run.fallbacks[index] = {**event, "site": relabel_site(event["site"], cells, folders)}
+    if isinstance(getattr(run, "stderr", None), str):
+        # warnings name the file they come from: library files read relative to their root
+        for folder in sorted((f for f in folders if f), key=len, reverse=True):
+            run.stderr = run.stderr.replace(folder.rstrip(os.sep) + os.sep, "")
     compiled = recorded(run.extras.get("compile")) if isinstance(run.extras, dict) else None
     for key in ("graphs", "graph_breaks"):
         entries = compiled.get(key) if isinstance(compiled, dict) else getattr(compiled, key, None)
