@@ -81,10 +81,11 @@ def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
     assert treemap["type"] == "treemap" and set(FALLBACK_OPS) <= set(treemap["labels"])
     assert treemap["values"][0] == sum(e["count"] for e in data["target"]["fallbacks"])
     ref, native, fallback = figs["ops"]["data"]
-    assert {"aten::addmm", "aten::sort"} <= set(ref["y"])
+    # the 15 slowest ops of either run (which ones depends on this host's timings)
+    assert ref["y"] == native["y"] == fallback["y"] and 0 < len(ref["y"]) <= 15
     # the target's ops that fell back are their own (red) trace in the same slot
-    fell_back = {op for op, x in zip(fallback["y"], fallback["x"]) if x is not None}
-    assert "aten::sort" in fell_back and not fell_back & {"aten::addmm", "aten::convolution"}
+    for op, on_device, on_cpu in zip(fallback["y"], native["x"], fallback["x"]):
+        assert (on_cpu is not None) == (op in FALLBACK_OPS) != (on_device is not None), op
     assert native["offsetgroup"] == fallback["offsetgroup"] == "target"
     memory = figs["memory"]["data"]
     assert memory[0]["x"] == ["cpu (as cuda)", "neuron (emulated)"]
