@@ -31,7 +31,9 @@ def execute(path: Path) -> None:
     with tempfile.TemporaryDirectory() as sockets:
         # A local-socket kernel: no "Kernel is running over TCP without encryption" warning. Set
         # after construction (passing km= makes nbclient leave the kernel running).
-        client.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "k"))
+        client.km = KernelManager(
+            kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "k")
+        )
         client.execute()
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)

@@ -1,4 +1,9 @@
 import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -97,3 +102,40 @@ def ip():
     shell = testing_shell()
     yield shell
     shell.reset(new_session=False)
+
+
+CHARTS_JS = Path(__file__).resolve().parents[1] / "extensions/neuron-workbench-lab/src/charts.js"
+_CHARTS_PRELUDE = """
+import * as charts from './charts.mjs';
+import fs from 'fs';
+const report = JSON.parse(fs.readFileSync(0, 'utf8'));
+"""
+
+
+@pytest.fixture
+def run_charts_js(tmp_path):
+    """Run the JupyterLab view's ``charts.js`` under Node.js on report data; return ``out``.
+
+    ``run_charts_js(body, data)``: ``body`` is JavaScript that sees ``charts`` (the module) and
+    ``report`` (``data``) and binds ``out``, which comes back parsed from JSON. Skips the test when
+    Node.js is not installed.
+    """
+    node = shutil.which("node")
+
+    def run(body: str, data: dict) -> Any:
+        if node is None:
+            pytest.skip("Node.js is not installed")
+        shutil.copy(CHARTS_JS, tmp_path / "charts.mjs")
+        script = _CHARTS_PRELUDE + body + "\nprocess.stdout.write(JSON.stringify(out));\n"
+        (tmp_path / "harness.mjs").write_text(script)
+        done = subprocess.run(
+            [node, str(tmp_path / "harness.mjs")],
+            input=json.dumps(data),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    return run

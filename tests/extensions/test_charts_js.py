@@ -14,19 +14,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHARTS = ROOT / "extensions" / "neuron-workbench-lab" / "src" / "charts.js"
-NODE = shutil.which("node")
 
 sys.path.insert(0, str(ROOT / "tests" / "views"))
 from view_model import FALLBACK_OPS, make_report  # noqa: E402
 
-pytestmark = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
 
-HARNESS = """
-import * as charts from './charts.mjs';
-const report = JSON.parse(await new Promise(resolve => {
-  let text = ''; process.stdin.on('data', d => (text += d)); process.stdin.on('end', () => resolve(text));
-}));
+#: Every chart of the report and the helpers the view labels with, as the view builds them.
+FIGURES = """
 const out = {};
 for (const [key, build] of Object.entries(charts.CHARTS)) {
   out[key] = build(report);
@@ -36,18 +30,9 @@ out.labels = [charts.siteLabel({file: 'cell [7]', line: 3}), charts.siteLabel({f
               charts.siteLabel({file: '<neuron-cell-2>', line: 4})];
 out.backendLabels = [report.ref, report.target, {...report.ref, label: undefined},
                      {...report.target, label: undefined}].map(charts.backendLabel);
-process.stdout.write(JSON.stringify(out));
 """
 
 
-def _figures(tmp_path, data):
-    shutil.copy(CHARTS, tmp_path / "charts.mjs")
-    (tmp_path / "harness.mjs").write_text(HARNESS)
-    done = subprocess.run(
-        [NODE, str(tmp_path / "harness.mjs")], input=json.dumps(data), capture_output=True,
-        text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return json.loads(done.stdout)
 
 
 def _relabelled(data):
@@ -60,9 +45,9 @@ def _relabelled(data):
     return data
 
 
-def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
+def test_fallback_treemap_op_time_and_memory_figures(run_charts_js):
     data = _relabelled(make_report().to_dict())
-    figs = _figures(tmp_path, data)
+    figs = run_charts_js(FIGURES, data)
     calls, time = figs["fallbacks"]["data"]
     assert sorted(calls["y"]) == FALLBACK_OPS and calls["type"] == time["type"] == "bar"
     assert time["xaxis"] == "x2"  # by count and by time, side by side
@@ -96,7 +81,7 @@ def test_fallback_treemap_op_time_and_memory_figures(tmp_path):
     assert data["target"]["label"] == "neuron (emulated)"
 
 
-def test_layers_and_loss_figures(tmp_path):
+def test_layers_and_loss_figures(run_charts_js):
     data = make_report().to_dict()
     data["layers"] = {
         "layers": [
@@ -109,7 +94,7 @@ def test_layers_and_loss_figures(tmp_path):
     }  # fmt: skip
     data["training"] = {"steps": 3, "series": {"loss": {
         "ref": [1.0, 0.9, 0.8], "target": [1.0, 0.91, 0.79], "abs_diff": [0.0, 0.01, 0.01]}}}  # fmt: skip
-    figs = _figures(tmp_path, data)
+    figs = run_charts_js(FIGURES, data)
     bars, grads = figs["layers"]["data"]
     assert bars["x"] == ["0: features.0", "1: head"] and bars["y"][1] == 2.5e-3
     assert 0 < bars["y"][0] < 2.5e-3  # an exact match sits under the smallest difference

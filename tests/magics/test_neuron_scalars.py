@@ -6,19 +6,11 @@ stay out; the curves match on neuron and part on tpu, where the report names the
 why; the JupyterLab view (the extension's chart builder, run by Node.js) draws the pair.
 """
 
-import json
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
 from IPython.core.error import UsageError
 
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views import figures
-
-CHARTS = Path(__file__).resolve().parents[2] / "extensions" / "neuron-workbench-lab" / "src"
 
 SETUP = (
     "import torch\n"
@@ -45,7 +37,7 @@ def _sites(report):
     return {s.site: s for s in report.scalars.sites}
 
 
-def test_a_training_loop_cell_has_its_loss_curve_pair(ip):
+def test_a_training_loop_cell_has_its_loss_curve_pair(ip, run_charts_js):
     run_cell(ip, SETUP)
     run_cell(ip, "%%neuron --target neuron -o r\n" + LOOP)
     report = ip.user_ns["r"]
@@ -66,23 +58,7 @@ def test_a_training_loop_cell_has_its_loss_curve_pair(ip):
     assert [len(trace["y"]) for trace in specs[0]["data"][:2]] == [10, 10]
     assert specs[0]["layout"]["title"]["text"].endswith(": match")
 
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed: the JupyterLab chart is not built here")
-    harness = (
-        "import * as charts from './charts.mjs';\n"
-        "import fs from 'fs';\n"
-        "const report = JSON.parse(fs.readFileSync(0, 'utf8'));\n"
-        "process.stdout.write(JSON.stringify(charts.CHARTS.scalars(report)));\n"
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(CHARTS / "charts.js", Path(tmp) / "charts.mjs")
-        (Path(tmp) / "h.mjs").write_text(harness)
-        done = subprocess.run(
-            [node, "h.mjs"], input=json.dumps(data), capture_output=True, text=True, cwd=tmp
-        )
-    assert done.returncode == 0, done.stderr
-    figure = json.loads(done.stdout)
+    figure = run_charts_js("const out = charts.CHARTS.scalars(report);", data)
     ref, target, diff = figure["data"][:3]
     assert ref["y"] == loss_site.ref and target["y"] == loss_site.target
     assert ref["name"] == "cpu (as cuda)" and target["name"].startswith("neuron")
