@@ -571,9 +571,8 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         notes.append(floor)
     notes.extend(f"{ref.backend.label}: {note}" for note in ref.facts.notes)
     notes.extend(f"{target.backend.label}: {note}" for note in target.facts.notes)
-    autocast = bool(ref.facts.autocast_dtypes or target.facts.autocast_dtypes)
     for run in (ref, target):
-        hint = autocast_registration_hint(run, autocast)
+        hint = autocast_registration_hint(run)
         if hint:
             notes.append(f"{run.backend.label} error: {hint}")
     return notes

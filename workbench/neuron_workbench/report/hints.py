@@ -212,16 +212,15 @@ def hints_for(
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU"}
 
 
-def autocast_registration_hint(run: Run, autocast: bool) -> str | None:
+def autocast_registration_hint(run: Run) -> str | None:
     """Why a library op can fail under autocast on the run's device, when that is what happened.
 
     Libraries register their ops' autocast wrappers per device (torchvision: CPU, CUDA, XPU); on
     another device such an op receives the mixed dtypes autocast produced, and its kernel may refuse
     them. Given only for a run that failed under autocast after one of its ops without a wrapper
     for the device ran (on the CPU, as a fallback: an op the device has no kernel for).
-    ``autocast``: the cell entered autocast (a run that raised may not have said so itself).
     """
-    if run.error is None or not autocast:
+    if run.error is None or not run.facts.autocast_dtypes:
         return None
     device = run.backend.name
     if device in _AUTOCAST_KEYS:

@@ -32,7 +32,7 @@ from neuron_workbench.run.namespace import (
     tensors_in,
     version_signature,
 )
-from neuron_workbench.run.records import Run, RunError
+from neuron_workbench.run.records import Run, RunError, RunFacts
 from neuron_workbench.run.remap import cuda_remapped_to
 from neuron_workbench.run.scalars import StopRun
 
@@ -251,6 +251,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     run: Run
     captured: Captured | None = None
     recording = None
+    facts: RunFacts | None = None
     shared: list[str] = []
     observed: dict[str, Any] = {}
     try:
@@ -352,6 +353,9 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))
         if recording is not None:
             run.fallbacks = recording.events
+        if facts is not None:  # what the run did before the error (autocast entered, draws)
+            run.facts = facts
+            facts.rule_ops = dict(recording.rule_ops)
         if "compile" in observed:  # what compiled before the error (a failed compile among it)
             run.extras = {"compile": observed["compile"]}
     finally:
