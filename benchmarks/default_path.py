@@ -78,7 +78,7 @@ def inprocess_main() -> None:
 
 
 def main() -> int:
-    from neuron_workbench.report.session import resolve_executor
+    from neuron_workbench.backends.registry import resolve_executor
     from neuron_workbench.testing import run_cell
 
     assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"

@@ -17,9 +17,9 @@ from neuron_workbench.artifacts import (
     source_mismatch_warning,
 )
 from neuron_workbench.backends import BackendInfo
+from neuron_workbench.cell.pipeline import CompareOptions, compare_cell
 from neuron_workbench.compare import compare_outputs
 from neuron_workbench.compare.flatten import iter_leaves
-from neuron_workbench.report.driver import CompareOptions, compare_cell
 from neuron_workbench.run import Run, RunError, compile_cell
 from neuron_workbench.run.records import NotCompared
 

@@ -2,10 +2,10 @@
 
 import pytest
 
+from neuron_workbench.cell.pipeline import CompareOptions
 from neuron_workbench.compare.tolerances import check_pair, parse_override
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
 from neuron_workbench.magics.flags import flag, usage_message
-from neuron_workbench.report.driver import CompareOptions
 
 
 def test_flags_of_api_option_names():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from neuron_workbench.report.session import resolve_executor
+from neuron_workbench.backends.registry import resolve_executor
 from neuron_workbench.run import worker as worker_module
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell

@@ -13,9 +13,9 @@ import types
 
 import pytest
 
+from neuron_workbench.cell.pipeline import CompareOptions
+from neuron_workbench.cell.session import CellOptions
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.report.driver import CompareOptions
-from neuron_workbench.report.session import CellOptions
 from neuron_workbench.run import ray_executor
 from neuron_workbench.run.ray_executor import (
     RayOptions,

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from neuron_workbench.backends import get_backend
+from neuron_workbench.cell.pipeline import CompareOptions
+from neuron_workbench.cell.session import CellOptions, Session
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.report.driver import CompareOptions
-from neuron_workbench.report.session import CellOptions, Session
 from neuron_workbench.run.transport import dumps, loads
 from neuron_workbench.run.worker import answer_request
 
@@ -216,8 +216,8 @@ def test_a_device_this_process_lacks_comes_back_as_a_generic_accelerator():
 
 KERNEL_THAT_HANGS = """
 import os, time, torch
-from neuron_workbench.report.driver import CompareOptions
-from neuron_workbench.report.session import CellOptions, Session
+from neuron_workbench.cell.pipeline import CompareOptions
+from neuron_workbench.cell.session import CellOptions, Session
 session = Session()
 worker = session.workers.get("neuron")
 worker.ensure_started()
@@ -266,7 +266,7 @@ def test_the_kernels_environment_as_of_the_cell_reaches_the_worker(session, name
 
 @pytest.mark.inprocess_device
 def test_auto_keeps_a_device_this_process_already_holds():
-    from neuron_workbench.report.session import resolve_executor
+    from neuron_workbench.backends.registry import resolve_executor
 
     # this test process emulates neuron (conftest); tpu can only run elsewhere
     assert resolve_executor("auto", ["neuron"]) == "inprocess"

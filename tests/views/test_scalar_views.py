@@ -2,7 +2,7 @@
 
 import torch
 
-from neuron_workbench.report.driver import CompareOptions, compare_cell
+from neuron_workbench.cell.pipeline import CompareOptions, compare_cell
 from neuron_workbench.run import compile_cell
 from neuron_workbench.views.widget import ReportView, static_html
 

@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from neuron_workbench.report.driver import CompareOptions, compare_cell
+from neuron_workbench.cell.pipeline import CompareOptions, compare_cell
 from neuron_workbench.run import compile_cell
 from neuron_workbench.trace.profile import op_profiler
 

@@ -9,6 +9,7 @@ from neuron_workbench.backends.cpu import CpuBackend
 from neuron_workbench.backends.cuda import CudaBackend
 from neuron_workbench.backends.neuron import NeuronBackend
 from neuron_workbench.backends.tpu import TpuBackend
+from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import WorkbenchUsageError
 
 _BACKENDS: dict[str, type[Backend]] = {
@@ -104,3 +105,49 @@ class BackendStatusTable:
             "<table><thead><tr><th>backend</th><th>available</th><th>kind</th><th>why not</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>"
         )
+
+
+#: Where a target run happens: ``auto`` (a worker for neuron/tpu targets, else this process),
+#: ``inprocess`` (this process), or ``worker`` (a child process per target that owns the device).
+EXECUTOR_CHOICES = ("auto", "inprocess", "worker")
+#: Targets ``auto`` runs in workers: accelerators, emulated or real (one backend per process).
+WORKER_TARGETS = DEVICES
+
+
+def resolve_executor(name: str, targets: tuple[str, ...] | list[str]) -> str:
+    """``inprocess`` or ``worker``: what ``name`` (possibly ``auto``) means for ``targets``.
+
+    ``auto`` picks a worker for a neuron or tpu target unless this process already holds that
+    device (its SDK, or the emulator, loaded at ``import torch``): then the device and the
+    settings made on it in the notebook are here.
+    """
+    if name != "auto":
+        return name
+    return "worker" if any(_needs_worker(t) for t in targets) else "inprocess"
+
+
+def _needs_worker(target: str) -> bool:
+    if target not in WORKER_TARGETS:
+        return False
+    import torch
+
+    return bool(torch._C._get_privateuse1_backend_name() != target)
+
+
+def prepare_target(name: str, executor: str = "auto") -> None:
+    """Install an emulated in-process target early (before the first backward pass).
+
+    When the target runs in a worker (``worker``, or ``auto`` for neuron and tpu) nothing is
+    installed here: this process keeps no accelerator backend.
+    """
+    if resolve_executor(executor, [name.strip().lower()]) != "inprocess":
+        return
+    from neuron_workbench.errors import WorkbenchError
+
+    try:
+        backend = get_backend(name)
+        if backend.availability().emulated:
+            with backend.session():
+                pass
+    except WorkbenchError:
+        pass

@@ -390,8 +390,9 @@ def run_script(
     flags; ``cluster`` runs the target in a Ray actor there (``--on``); ``judge`` is ``--judge``.
     """
     from neuron_workbench.backends import default_reference
-    from neuron_workbench.report.driver import CompareOptions
-    from neuron_workbench.report.session import CellOptions, Session, prepare_target
+    from neuron_workbench.backends.registry import prepare_target
+    from neuron_workbench.cell.pipeline import CompareOptions
+    from neuron_workbench.cell.session import CellOptions, Session
 
     source = read_script(path)
     options = CellOptions(

@@ -14,24 +14,24 @@ from IPython.display import display
 from IPython.utils.capture import capture_output
 from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
 
-from neuron_workbench.backends.registry import BackendStatusTable, default_reference
-from neuron_workbench.compare.budget import JUDGES
-from neuron_workbench.compare.tolerances import PRESETS, parse_override
-from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.magics.flags import usage_message
-from neuron_workbench.report.driver import (
+from neuron_workbench.backends.registry import (
+    EXECUTOR_CHOICES,
+    BackendStatusTable,
+    default_reference,
+    prepare_target,
+)
+from neuron_workbench.cell.pipeline import (
     KEEP_CHOICES,
     RNG_CHOICES,
     WHAT_IF_CHOICES,
     CompareOptions,
 )
+from neuron_workbench.cell.session import CellOptions, Session
+from neuron_workbench.compare.budget import JUDGES
+from neuron_workbench.compare.tolerances import PRESETS, parse_override
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.html import library_folders, relabel_run_sites
-from neuron_workbench.report.session import (
-    EXECUTOR_CHOICES,
-    CellOptions,
-    Session,
-    prepare_target,
-)
 from neuron_workbench.run import compile_cell
 from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 

@@ -43,7 +43,7 @@ def pick_run(artifact: Any, role: str) -> Any:
 
 def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs."""
-    from neuron_workbench.report.session import compare_recorded
+    from neuron_workbench.cell.session import compare_recorded
 
     return compare_recorded(ref_artifact, target_artifact, rtol=rtol, atol=atol, pick=pick_run)
 

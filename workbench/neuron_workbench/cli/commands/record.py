@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the script, save the artifact, print one line; 0 when it ran, 1 when it raised."""
     from neuron_workbench.artifacts import ROLE_RULE, is_valid_role, save
     from neuron_workbench.backends import default_reference, get_backend
+    from neuron_workbench.cell.session import Session
     from neuron_workbench.cli.commands.run import script_folder
     from neuron_workbench.cli.notebook_runner import (
         compile_script,
@@ -52,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         terminal_message,
     )
     from neuron_workbench.errors import WorkbenchUsageError
-    from neuron_workbench.report.session import Session
     from neuron_workbench.run.scalars import scalar_instrument
 
     if not is_valid_role(args.role):

@@ -149,6 +149,7 @@ def _notebook_supports_record_dir() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Execute, print one verdict line per report, write the files; return the exit code."""
+    from neuron_workbench.backends.registry import resolve_executor
     from neuron_workbench.cli.notebook_runner import (
         junit_xml,
         run_document,
@@ -160,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
-    from neuron_workbench.report.session import resolve_executor
 
     check_pair(args.rtol, args.atol)
     cluster = ""

@@ -16,43 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.emulator.profiles import DEVICES
-from neuron_workbench.errors import OptionError, WorkbenchUsageError
-from neuron_workbench.report.driver import (
+from neuron_workbench.backends.registry import EXECUTOR_CHOICES, resolve_executor
+from neuron_workbench.cell.pipeline import (
     CompareOptions,
     compare_cell,
     compare_observed_scalars,
     compare_runs,
 )
+from neuron_workbench.emulator.profiles import DEVICES
+from neuron_workbench.errors import OptionError, WorkbenchUsageError
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
-
-#: Where a target run happens: ``auto`` (a worker for neuron/tpu targets, else this process),
-#: ``inprocess`` (this process), or ``worker`` (a child process per target that owns the device).
-EXECUTOR_CHOICES = ("auto", "inprocess", "worker")
-#: Targets ``auto`` runs in workers: accelerators, emulated or real (one backend per process).
-WORKER_TARGETS = DEVICES
-
-
-def resolve_executor(name: str, targets: tuple[str, ...] | list[str]) -> str:
-    """``inprocess`` or ``worker``: what ``name`` (possibly ``auto``) means for ``targets``.
-
-    ``auto`` picks a worker for a neuron or tpu target unless this process already holds that
-    device (its SDK, or the emulator, loaded at ``import torch``): then the device and the
-    settings made on it in the notebook are here.
-    """
-    if name != "auto":
-        return name
-    return "worker" if any(_needs_worker(t) for t in targets) else "inprocess"
-
-
-def _needs_worker(target: str) -> bool:
-    if target not in WORKER_TARGETS:
-        return False
-    import torch
-
-    return bool(torch._C._get_privateuse1_backend_name() != target)
 
 
 @dataclass(frozen=True)
@@ -209,26 +184,6 @@ def migration_findings(cell_source: str, target: str, first_line: int = 1) -> di
     data["html"] = report.to_html()
     data["text"] = report.to_text()
     return data
-
-
-def prepare_target(name: str, executor: str = "auto") -> None:
-    """Install an emulated in-process target early (before the first backward pass).
-
-    When the target runs in a worker (``worker``, or ``auto`` for neuron and tpu) nothing is
-    installed here: this process keeps no accelerator backend.
-    """
-    if resolve_executor(executor, [name.strip().lower()]) != "inprocess":
-        return
-    from neuron_workbench.backends import get_backend
-    from neuron_workbench.errors import WorkbenchError
-
-    try:
-        backend = get_backend(name)
-        if backend.availability().emulated:
-            with backend.session():
-                pass
-    except WorkbenchError:
-        pass
 
 
 class Session:
