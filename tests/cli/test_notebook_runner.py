@@ -37,10 +37,7 @@ def executed(tmp_path_factory):
     seen = []
     result = run_notebook(
         path,
-        ref="cpu",
-        target="neuron",
-        rtol=1e-3,
-        atol=1e-4,
+        options={"ref": "cpu", "target": "neuron", "rtol": 1e-3, "atol": 1e-4},
         record_dir=str(folder / "rec"),
         progress=lambda done, total: seen.append((done, total)),
     )

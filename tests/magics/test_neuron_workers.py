@@ -174,7 +174,7 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
     }
     path = tmp_path / "workers.ipynb"
     nbformat.write(nb, path)
-    result = run_notebook(path, ref="cpu", executor="worker")
+    result = run_notebook(path, options={"ref": "cpu", "executor": "worker"})
     assert result.cell_errors == []
     verdicts = [(r["cell_index"], r["verdict"]) for r in result.reports]
     assert verdicts == [

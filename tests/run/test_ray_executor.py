@@ -13,8 +13,7 @@ import types
 
 import pytest
 
-from neuron_workbench.cell.pipeline import CompareOptions
-from neuron_workbench.cell.session import CellOptions
+from neuron_workbench.cell.options import CellOptions, CompareOptions
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run import ray_executor
 from neuron_workbench.run.ray_executor import (

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.cell.pipeline import CompareOptions
-from neuron_workbench.cell.session import CellOptions, Session
+from neuron_workbench.cell.options import CellOptions, CompareOptions
+from neuron_workbench.cell.session import Session
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.transport import dumps, loads
 from neuron_workbench.run.worker import answer_request
@@ -216,8 +216,9 @@ def test_a_device_this_process_lacks_comes_back_as_a_generic_accelerator():
 
 KERNEL_THAT_HANGS = """
 import os, time, torch
-from neuron_workbench.cell.pipeline import CompareOptions
-from neuron_workbench.cell.session import CellOptions, Session
+from neuron_workbench.cell.options import CompareOptions
+from neuron_workbench.cell.options import CellOptions
+from neuron_workbench.cell.session import Session
 session = Session()
 worker = session.workers.get("neuron")
 worker.ensure_started()

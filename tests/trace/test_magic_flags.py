@@ -64,7 +64,7 @@ def test_profile_flag_embeds_both_profiles_in_the_report(shell):
 
 
 def test_repeat_separates_the_first_call_from_steady_state(shell):
-    run_cell(shell, "%%neuron --no-scan --profile --repeat 3 -o report\n" + CELL)
+    run_cell(shell, "%%neuron --no-scan --profile --steps 3 -o report\n" + CELL)
     target = shell.user_ns["report"].to_dict()["target"]["profile"]
     assert target["steps"] == 3 and len(target["step_times_s"]) == 3
     first = {row["op"]: row["calls"] for row in target["first_call"]}

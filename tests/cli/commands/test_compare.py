@@ -45,7 +45,7 @@ def test_pass_prints_the_verdict_and_writes_reports(recorded, tmp_path, capsys):
     assert out.out.startswith("PASS neuron (emulated) vs cpu (as cuda) — 8 outputs, 8 match")
     data = json.loads(j.read_text())
     assert data["summary"] == out.out.strip() and data["verdict"] == "PASS"
-    assert data["options"]["ref_artifact"] == str(a) and data["warnings"] == []
+    assert data["artifacts"] == {"ref": str(a), "target": str(b)} and data["warnings"] == []
     assert data["ref"]["backend"]["emulated"] is False and data["target"]["backend"]["emulated"]
     assert 'class="nw-report"' in h.read_text()
     case = ET.parse(x).getroot().find("testsuite/testcase")

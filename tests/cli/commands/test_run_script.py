@@ -143,7 +143,7 @@ def test_script_arguments_are_for_scripts_only(tmp_path):
     done = cli("run", "n.ipynb", "--", "--x=1", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "neuron-workbench: error: `-- ARGS`, --cwd and --max-steps apply to a script (.py)"
+        "neuron-workbench: error: `-- ARGS` and --cwd apply to a script (.py)"
     )
 
 

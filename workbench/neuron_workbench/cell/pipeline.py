@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from neuron_workbench.backends import get_backend
+from neuron_workbench.cell.options import CompareOptions
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.budget import (
-    JUDGES,
     Budget,
     OracleRuns,
     measure_budget,
     tolerance_lines,
 )
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
-from neuron_workbench.errors import BackendUnavailable, OptionError
+from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
@@ -32,7 +32,6 @@ from neuron_workbench.run import (
     execute,
     mark_resident,
 )
-from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 from neuron_workbench.run.executor import (
     Captured,
     Executor,
@@ -45,7 +44,6 @@ from neuron_workbench.run.records import recorded
 if TYPE_CHECKING:
     from neuron_workbench.compare.layer_divergence import LayerComparison
 
-KEEP_CHOICES = ("ref", "target")
 #: The report's note when the target ran in its worker while the reference ran in this process.
 CONCURRENT_NOTE = (
     "the reference and the target ran at the same time, so their wall times share this host's "
@@ -56,140 +54,6 @@ RECORDED_BUDGET_NOTE = (
     "the precision budget was not measured: its float64 oracle reruns the reference, which was "
     "recorded, so outputs were judged by tolerance"
 )
-RNG_CHOICES = ("device", "cpu")
-WHAT_IF_CHOICES = ("bf16-matmul",)
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    """Settings of one comparison (also recorded in the report).
-
-    Attributes
-    ----------
-    ref, target : str
-        Backend names.
-    rtol, atol : float or None
-        One tolerance for every output (both or neither).
-    preset : str
-        Tolerance preset (see ``compare.tolerances.PRESETS``).
-    per_output : tuple of (str, Tolerance)
-        Tolerance overrides by output path or glob.
-    seed : int
-        Seed at the start of each run.
-    keep : str
-        Whose results stay in the namespace: ``ref`` or ``target``.
-    layers : bool
-        Record per-module statistics and find the first diverging module.
-    layers_full : tuple of str
-        Module-name globs whose full outputs are kept for an element-wise look.
-    steps : int
-        Run the cell this many times per backend, as consecutive steps (``--steps``; ``%%neuron
-        --repeat`` sets it too).
-    rng : str
-        ``device`` (each device's generator) or ``cpu`` (draw on the CPU and move).
-    what_if : str or None
-        ``bf16-matmul``: round float32 matmul/conv inputs to bfloat16 on the emulated target.
-    ref_precision : str
-        ``cuda``: a cpu reference computes as a CUDA GPU would (TF32 matmuls when the cell enables
-        them); ``fp32``: full float32 matmuls.
-    list_fallbacks : bool
-        A ``tpu`` target runs with the CPU fallback on and lists every missing op (``--list-fallbacks``);
-        off leaves the adapter's default (``NEURON_WORKBENCH_TPU_LIST_FALLBACKS``).
-    track_per_op : bool
-        A real ``neuron`` target attributes every fallback to its call (``--track-per-op``, a
-        synchronize per op); off leaves the adapter's default (``NEURON_WORKBENCH_NEURON_TRACK_PER_OP``).
-    judge : str
-        ``tolerance`` or ``budget`` (``--judge``).
-    max_steps : int or None
-        Stop both runs after this many scalars from the first call site that makes one
-        (``--max-steps``; see :mod:`neuron_workbench.run.scalars`).
-    """
-
-    ref: str = "cpu"
-    target: str = "neuron"
-    rtol: float | None = None
-    atol: float | None = None
-    preset: str = "default"
-    per_output: tuple[tuple[str, Tolerance], ...] = ()
-    seed: int = 0
-    keep: str = "ref"
-    layers: bool = False
-    layers_full: tuple[str, ...] = ()
-    steps: int = 1
-    rng: str = "device"
-    what_if: str | None = None
-    ref_precision: str = "cuda"
-    list_fallbacks: bool = False
-    track_per_op: bool = False
-    judge: str = "tolerance"
-    max_steps: int | None = None
-
-    def backend(self, name: str) -> Any:
-        """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
-        backend = get_backend(name)
-        options = {}
-        if self.list_fallbacks and backend.name == "tpu":
-            options["list_fallbacks"] = True
-        if self.track_per_op and backend.name == "neuron":
-            options["track_per_op"] = True
-        return get_backend(backend.name, **options) if options else backend
-
-    def policy(self) -> TolerancePolicy:
-        """The tolerance policy these options describe."""
-        return TolerancePolicy(self.preset, self.rtol, self.atol, self.per_output)
-
-    def validate(self) -> None:
-        """Raise :class:`WorkbenchUsageError` for anything a run could not honour.
-
-        A bad option value raises its subclass :class:`~neuron_workbench.errors.OptionError`,
-        which names the option by its API name (front ends spell it as their flag).
-        """
-        get_backend(self.ref)
-        get_backend(self.target)
-        self.policy()
-        choices = {
-            "keep": KEEP_CHOICES,
-            "rng": RNG_CHOICES,
-            "what_if": (None, *WHAT_IF_CHOICES),
-            "ref_precision": REF_PRECISIONS,
-            "judge": JUDGES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                shown = ", ".join(c for c in allowed if c is not None)
-                raise OptionError("{0} must be one of {choices}", name, choices=shown)
-        if self.steps < 1:
-            raise OptionError("{0} must be at least 1", "steps")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise OptionError("{0} must be at least 1", "max_steps")
-
-    def check_target_flags(self, targets: Sequence[str]) -> None:
-        """Raise :class:`~neuron_workbench.errors.OptionError` for a target option no target takes."""
-        names = {get_backend(name).name for name in targets}
-        if self.list_fallbacks and "tpu" not in names:
-            raise OptionError("{0} applies to a tpu target", "list_fallbacks")
-        if self.track_per_op and "neuron" not in names:
-            raise OptionError("{0} applies to a neuron target", "track_per_op")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "ref": self.ref,
-            "target": self.target,
-            "seed": self.seed,
-            "keep": self.keep,
-            "tolerance": self.policy().to_dict(),
-            "layers": self.layers,
-            "layers_full": list(self.layers_full),
-            "steps": self.steps,
-            "rng": self.rng,
-            "what_if": self.what_if,
-            "ref_precision": self.ref_precision,
-            **({"list_fallbacks": True} if self.list_fallbacks else {}),
-            **({"track_per_op": True} if self.track_per_op else {}),
-            **({"judge": self.judge} if self.judge != "tolerance" else {}),
-            **({"max_steps": self.max_steps} if self.max_steps is not None else {}),
-        }
 
 
 @dataclass
@@ -304,24 +168,24 @@ def compare_cell(
             _run_target(spec, executor, backend, run_id, options.what_if)
             for backend, run_id in targets
         ]
-    target_run, extra_runs = target_runs[0], target_runs[1:]
+    target_run = target_runs[0]
     for run in (ref_run, *target_runs):
         _note_compiled_draws(run)
-    schedule = [CONCURRENT_NOTE] if together else []
-    if reference is not None and options.judge == "budget":
-        schedule.append(RECORDED_BUDGET_NOTE)
-    comparison, layers = compare_runs(ref_run, target_run, policy)
-    extra_comparisons = [compare_runs(ref_run, extra_run, policy) for extra_run in extra_runs]
+    if together:  # a fact of the runs (recordings keep it): their wall times shared the cores
+        for run in (ref_run, *target_runs):
+            run.facts.shared_host = True
+    schedule = [RECORDED_BUDGET_NOTE] if reference is not None and options.judge == "budget" else []
     # the oracle reruns the cell from the namespace as it was: before anything is committed
     oracle = OracleRuns()
-    budgets = [
-        precision_budget(spec, ref_backend, ref_run, run, each, options.judge, oracle)
-        if reference is None
-        else None
-        for run, each in zip(
-            target_runs, [comparison, *(c for c, _ in extra_comparisons)], strict=True
-        )
-    ]
+    compared = []
+    for run in target_runs:
+        comparison, layers = compare_runs(ref_run, run, policy)
+        budget = None
+        if reference is None:
+            budget = precision_budget(
+                spec, ref_backend, ref_run, run, comparison, options.judge, oracle
+            )
+        compared.append((run, comparison, layers, budget))
     last_value = None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
@@ -331,42 +195,72 @@ def compare_cell(
         commit(namespace, kept)
         mark_resident(resident, kept, other)
         last_value = kept.last_value
-    warnings = [
-        f"{name!r} could not be deep-copied, so both runs used the same object"
-        for name in sorted(set(ref_run.shared_names) | set(target_run.shared_names))
-    ]
-    warnings += _compile_warnings(target_run)
-    report = Report(
-        ref=ref_run,
-        target=target_run,
-        comparison=comparison,
-        cell_source=program.source,
-        options=options.to_dict(),
-        warnings=warnings,
-        layers=layers,
-        notes=comparison_notes(ref_run, target_run, policy) + schedule,
-        budget=budgets[0],
-        scalars=compare_observed_scalars(ref_run, target_run, policy, oracle.oracle),
-    )
-    extra_reports = []
-    for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
-        extra_runs, extra_comparisons, budgets[1:], strict=True
-    ):
-        extra_reports.append(
-            Report(
-                ref=ref_run,
-                target=extra_run,
-                comparison=extra_comparison,
-                cell_source=program.source,
-                options={**options.to_dict(), "target": extra_run.backend.name},
-                warnings=list(warnings),
-                layers=extra_layers,
-                notes=comparison_notes(ref_run, extra_run, policy) + schedule,
-                budget=extra_budget,
-                scalars=compare_observed_scalars(ref_run, extra_run, policy, oracle.oracle),
-            )
+    reports = [
+        build_report(
+            ref_run,
+            run,
+            dataclasses.replace(options, target=run.backend.name),
+            cell_source=program.source,
+            comparison=(comparison, layers),
+            budget=budget,
+            oracle=oracle.oracle,
+            schedule=schedule,
         )
-    return CellComparison(report, spec.captured, last_value, extra_reports=extra_reports)
+        for run, comparison, layers, budget in compared
+    ]
+    return CellComparison(reports[0], spec.captured, last_value, extra_reports=reports[1:])
+
+
+def build_report(
+    ref: Run,
+    target: Run,
+    options: CompareOptions,
+    *,
+    cell_source: str,
+    comparison: tuple[Comparison, Any] | None = None,
+    budget: Budget | None = None,
+    oracle: Run | None = None,
+    schedule: Sequence[str] = (),
+    warnings: Sequence[str] = (),
+) -> Report:
+    """The :class:`Report` of two runs, for a live cell, a further target or two recordings alike.
+
+    Parameters
+    ----------
+    options : CompareOptions
+        The settings the runs were made and are judged with (recorded in the report).
+    comparison : tuple, optional
+        ``compare_runs``'s result when the caller has it already (the precision budget needed it).
+    budget : Budget, optional
+        The precision budget, when its oracle could run (a live cell).
+    schedule : sequence of str
+        Notes on how the runs were compared (a recorded reference under the budget judge).
+    warnings : sequence of str
+        Warnings about the inputs (a recording of another cell's source).
+    """
+    policy = options.policy()
+    compared, layers = comparison if comparison is not None else compare_runs(ref, target, policy)
+    shared = sorted(set(ref.shared_names) | set(target.shared_names))
+    notes = comparison_notes(ref, target, policy) + list(schedule)
+    return Report(
+        ref=ref,
+        target=target,
+        comparison=compared,
+        cell_source=cell_source,
+        options=options.to_dict(),
+        warnings=[
+            *warnings,
+            *(
+                f"{name!r} could not be deep-copied, so both runs used the same object"
+                for name in shared
+            ),
+            *_compile_warnings(target),
+        ],
+        layers=layers,
+        notes=notes,
+        budget=budget,
+        scalars=compare_observed_scalars(ref, target, policy, oracle),
+    )
 
 
 def compare_observed_scalars(
@@ -571,6 +465,8 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         notes.append(floor)
     notes.extend(f"{ref.backend.label}: {note}" for note in ref.facts.notes)
     notes.extend(f"{target.backend.label}: {note}" for note in target.facts.notes)
+    if ref.facts.shared_host and target.facts.shared_host:
+        notes.append(CONCURRENT_NOTE)
     for run in (ref, target):
         hint = autocast_registration_hint(run)
         if hint:

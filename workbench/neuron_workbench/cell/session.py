@@ -10,131 +10,24 @@ its device, the target worker processes).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.backends.registry import EXECUTOR_CHOICES, resolve_executor
+from neuron_workbench.backends.registry import resolve_executor
+from neuron_workbench.cell.options import CellOptions, CompareOptions
 from neuron_workbench.cell.pipeline import (
-    CompareOptions,
+    RECORDED_BUDGET_NOTE,
+    build_report,
     compare_cell,
-    compare_observed_scalars,
-    compare_runs,
 )
 from neuron_workbench.emulator.profiles import DEVICES
-from neuron_workbench.errors import OptionError, WorkbenchUsageError
+from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
-
-
-@dataclass(frozen=True)
-class CellOptions:
-    """Everything one ``%%neuron`` cell can be asked to do, as data.
-
-    Attributes
-    ----------
-    compare : CompareOptions
-        Backends, tolerances, seed, layers, steps, RNG and what-if settings.
-    profile : bool
-        Record an op-level profile of both runs.
-    strict : bool
-        Fail when the target fell back to CPU (``CellResult.strict_violation``).
-    allow_fallback : tuple of str
-        Ops allowed to fall back under ``strict``.
-    record : str or None
-        Save both runs and the report to this artifact path.
-    against : str or None
-        Compare against the reference run recorded in this artifact instead of running one.
-    scan : bool
-        Attach the migration scanner's findings for the cell source.
-    executor : str
-        ``inprocess`` or ``worker`` (the target runs in a child process that owns its device).
-    timeout : float or None
-        Seconds the target run may take on the ``worker`` executor before it is ended.
-    extra_targets : tuple of str
-        More targets compared against the same reference run (``--target neuron,tpu``).
-    source_first_line : int
-        Line number the user sees for the source's first line (2 in a ``%%neuron`` cell), so
-        migration findings name the lines of the editor.
-    cluster : str
-        Run the targets in Ray actors on this cluster (``--on``): ``ray://HOST:PORT``, or ``ray``
-        for the cluster this process connected to with ``ray.init``; empty runs them here.
-    cluster_options : RayOptions or None
-        How actors are placed there (resources, ready timeout, runtime_env); None for defaults.
-    """
-
-    compare: CompareOptions = field(default_factory=CompareOptions)
-    profile: bool = False
-    strict: bool = False
-    allow_fallback: tuple[str, ...] = ()
-    record: str | None = None
-    against: str | None = None
-    scan: bool = True
-    executor: str = "auto"
-    timeout: float | None = None
-    extra_targets: tuple[str, ...] = ()
-    source_first_line: int = 1
-    cluster: str = ""
-    cluster_options: Any = None
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        """Every target, first one first."""
-        return (self.compare.target, *self.extra_targets)
-
-    @property
-    def resolved_executor(self) -> str:
-        """``inprocess``, ``worker`` (``auto`` decided for these targets), or ``ray`` (``--on``)."""
-        if self.cluster:
-            return "ray"
-        return resolve_executor(self.executor, self.targets)
-
-    def validate(self) -> None:
-        """Raise :class:`~neuron_workbench.errors.OptionError` for settings no run could honour."""
-        self.compare.validate()
-        if self.executor not in EXECUTOR_CHOICES:
-            raise OptionError(
-                "{0} must be one of {choices}", "executor", choices=", ".join(EXECUTOR_CHOICES)
-            )
-        self.compare.check_target_flags(self.targets)
-        if self.cluster:
-            # only here is the Ray executor's module imported (it imports Ray itself only on use)
-            from neuron_workbench.run.ray_executor import parse_cluster
-
-            if parse_cluster(self.cluster) != self.cluster:
-                raise OptionError(
-                    "{0} {value!r} names no Ray cluster", "cluster", value=self.cluster
-                )
-            if self.executor == "inprocess":
-                raise OptionError(
-                    "{0} runs the target in a Ray actor; {1} inprocess would run it here",
-                    "cluster",
-                    "executor",
-                )
-            if self.cluster_options is not None:
-                self.cluster_options.validate()
-        if self.timeout is not None and self.timeout <= 0:
-            raise OptionError("{0} must be a positive number of seconds", "timeout")
-        if self.timeout is not None and self.resolved_executor not in ("worker", "ray"):
-            raise OptionError("{0} needs {1} worker (a worker can be ended)", "timeout", "executor")
-        targets = self.targets
-        for name in self.extra_targets:
-            get_backend(name)
-        if len(set(targets)) != len(targets):
-            raise OptionError(
-                "{0} names a backend twice: {names}", "target", names=",".join(targets)
-            )
-        accelerators = [name for name in targets if name in DEVICES]
-        if len(accelerators) > 1 and self.resolved_executor not in ("worker", "ray"):
-            raise OptionError(
-                "{0} {names} needs {1} worker: one process holds one accelerator backend",
-                "target",
-                "executor",
-                names=",".join(targets),
-            )
 
 
 @dataclass
@@ -148,6 +41,8 @@ class CellResult:
     strict_violation: str | None = None
     #: Where the runs were saved (``record``), else None.
     artifact: Path | None = None
+    #: The one-line ``strict_graph_breaks`` failure (torch.compile broke a graph), else None.
+    graph_break_violation: str | None = None
     #: Reports of the further targets (``extra_targets``), against the same reference run.
     extra_reports: list[Report] = field(default_factory=list)
 
@@ -184,6 +79,27 @@ def migration_findings(cell_source: str, target: str, first_line: int = 1) -> di
     data["html"] = report.to_html()
     data["text"] = report.to_text()
     return data
+
+
+def graph_break_violation(report: Any) -> str | None:
+    """The one-line ``--strict-graph-breaks`` failure of a report, or None."""
+    from neuron_workbench.run.records import recorded
+
+    record = recorded(report.target.extras.get("compile"))
+    breaks = list(getattr(record, "graph_breaks", None) or [])
+    if not breaks:
+        return None
+    first = breaks[0]
+    where = (
+        f"cell line {first['line']}"
+        if first["file"] == "cell"
+        else f"{first['file']}:{first['line']}"
+    )
+    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
+    return (
+        f"--strict-graph-breaks: torch.compile on {report.target.backend.name} had {count}, the "
+        f"first at {where}: {first['reason']}"
+    )
 
 
 class Session:
@@ -350,11 +266,15 @@ class Session:
                 violations = strict_violations(each.target.fallbacks, list(options.allow_fallback))
                 if violations and violation is None:
                     violation = strict_message(violations, each.target.backend.name)
+        broken = None
+        if options.strict_graph_breaks:
+            broken = next(filter(None, map(graph_break_violation, reports)), None)
         return CellResult(
             report,
             result.captured,
             result.last_value,
             strict_violation=violation,
+            graph_break_violation=broken,
             artifact=Path(artifact) if artifact is not None else None,
             extra_reports=result.extra_reports,
         )
@@ -395,41 +315,32 @@ def compare_recorded(
     ref_artifact: Any,
     target_artifact: Any,
     *,
-    rtol: float | None = None,
-    atol: float | None = None,
+    values: Mapping[str, Any] | None = None,
     pick: Callable[[Any, str], Run],
 ) -> Report:
     """The :class:`Report` of two recorded runs (``neuron-workbench compare``), as for a live cell.
 
-    ``pick(artifact, role)`` chooses each artifact's run.
+    The runs are judged with the options the target's recording was made with (its report's),
+    with ``values`` (option-table values by API name: tolerances) over them; the report is built
+    by the function that builds a live cell's, so both read the same. ``pick(artifact, role)``
+    chooses each artifact's run.
     """
     from neuron_workbench.artifacts import source_mismatch_warning
-    from neuron_workbench.compare.tolerances import TolerancePolicy
 
     ref = pick(ref_artifact, "ref")
     target = pick(target_artifact, "target")
-    policy = TolerancePolicy(rtol=rtol, atol=atol)
-    comparison, layers = compare_runs(ref, target, policy)
+    recorded = dict((target_artifact.report or {}).get("options") or {})
+    recorded.update(ref=ref.backend.name, target=target.backend.name)
+    options = CompareOptions.from_dict(recorded, **dict(values or {}))
     warnings = []
     mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
     if mismatch:
         warnings.append(mismatch)
-    warnings += [
-        f"{name!r} could not be deep-copied, so both runs used the same object"
-        for name in sorted(set(ref.shared_names) | set(target.shared_names))
-    ]
-    return Report(
-        ref=ref,
-        target=target,
-        comparison=comparison,
+    return build_report(
+        ref,
+        target,
+        options,
         cell_source=target_artifact.cell_source,
-        options={
-            "rtol": rtol,
-            "atol": atol,
-            "ref_artifact": str(ref_artifact.path),
-            "target_artifact": str(target_artifact.path),
-        },
+        schedule=[RECORDED_BUDGET_NOTE] if options.judge == "budget" else [],
         warnings=warnings,
-        layers=layers,
-        scalars=compare_observed_scalars(ref, target, policy),
     )

@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,59 +58,67 @@ class InputResult:
             counts[report["verdict"]] = counts.get(report["verdict"], 0) + 1
         return counts
 
-    def fallback_reports(self) -> int:
-        """Number of reports whose target fell back to CPU."""
-        return sum(1 for report in self.reports if report.get("fallback_ops"))
+    def fallback_reports(self, allowed: Sequence[str] = ()) -> int:
+        """Number of reports whose target fell back to CPU on an op not in ``allowed``."""
+        from neuron_workbench.opnames import normalize_op
 
-    def exit_code(self, strict: bool) -> int:
-        """3 when ``strict`` and ops fell back, else 1 on a failure, error or nothing compared, else 0.
+        exempt = {normalize_op(name) for name in allowed}
+        return sum(
+            1
+            for report in self.reports
+            if {normalize_op(op) for op in report.get("fallback_ops") or ()} - exempt
+        )
 
-        A report whose verdict is ``UNCOMPARED`` verified nothing, so it is not a pass.
+    def graph_break_reports(self) -> int:
+        """Number of reports whose target's torch.compile broke a graph."""
+        return sum(
+            1
+            for report in self.reports
+            if ((report.get("target") or {}).get("compile") or {}).get("graph_breaks")
+        )
+
+    def exit_code(
+        self, strict: bool, strict_graph_breaks: bool = False, allowed: Sequence[str] = ()
+    ) -> int:
+        """The command's exit code for these results.
+
+        3 when ``strict`` and ops other than the ``allowed`` ones fell back, 4 when
+        ``strict_graph_breaks`` and torch.compile broke a graph on a target, else 1 on a failure,
+        an error or nothing compared, else 0. A report whose verdict is ``UNCOMPARED`` verified
+        nothing, so it is not a pass.
         """
-        if strict and self.fallback_reports():
+        if strict and self.fallback_reports(allowed):
             return 3
+        if strict_graph_breaks and self.graph_break_reports():
+            return 4
         counts = self.verdict_counts()
         failed = sum(counts.get(v, 0) for v in ("FAIL", "ERROR", UNCOMPARED))
         return 1 if failed + len(self.cell_errors) else 0
 
 
 def _setup_source(
-    ref: str | None,
-    target: str | None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int | None = None,
-    record_dir: str | None = None,
-    executor: str | None = None,
-    against_dir: str | None = None,
-    list_fallbacks: bool = False,
-    track_per_op: bool = False,
-    cluster: str = "",
-    judge: str | None = None,
+    options: Mapping[str, Any], record_dir: str | None = None, against_dir: str | None = None
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
-    settings = {
-        "ref": ref,
-        "target": target,
-        "seed": None if seed is None else int(seed),
-        "record_dir": record_dir or None,
-        "against_dir": against_dir or None,
-        "executor": executor,
-        "list_fallbacks": True if list_fallbacks else None,
-        "track_per_op": True if track_per_op else None,
-        "cluster": cluster or None,
-        "judge": judge,
-    }
-    if rtol is not None and atol is not None:
-        settings.update(rtol=float(rtol), atol=float(atol))
-    lines = [
-        f"get_ipython().config.NeuronMagics.{name} = {value!r}"
-        for name, value in settings.items()
-        if value is not None
+    from neuron_workbench.cell.options import config_lines
+
+    lines = config_lines(options)
+    folders = {"record_dir": record_dir, "against_dir": against_dir}
+    lines += [
+        f"get_ipython().config.NeuronMagics.{name} = {folder!r}"
+        for name, folder in folders.items()
+        if folder
     ]
     lines.append("%load_ext neuron_workbench")
     return "\n".join(lines)
+
+
+def _checked(options: Mapping[str, Any]) -> None:
+    """Raise the one-line usage error of option values no cell could run with."""
+    from neuron_workbench.cell.options import cell_options
+
+    cell_options(options).validate()
 
 
 def _kernel_manager(kernel_name: str) -> Any:
@@ -162,28 +170,20 @@ def _report_of(output: dict[str, Any]) -> Any:
 def run_notebook(
     path: str | Path,
     *,
-    ref: str | None = None,
-    target: str | None = None,
+    options: Mapping[str, Any] | None = None,
     timeout: int = 900,
     progress: Callable[[int, int], None] | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int | None = None,
     record_dir: str | None = None,
-    executor: str | None = None,
     against_dir: str | None = None,
-    list_fallbacks: bool = False,
-    track_per_op: bool = False,
-    cluster: str = "",
-    judge: str | None = None,
 ) -> InputResult:
-    """Execute ``path`` with the extension loaded and the options as the magic's defaults.
+    """Execute ``path`` with the extension loaded and ``options`` as the magic's defaults.
 
-    Cells that raise outside ``%%neuron`` do not stop the run; they are listed in ``cell_errors``.
-    ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there);
-    ``against_dir`` makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run
-    saved for it (``cell-<N>.nwrun.zip``), instead of running one. ``list_fallbacks``,
-    ``track_per_op``, ``cluster`` and ``judge`` set the magic's settings of the same names.
+    ``options`` are option-table values by API name (:mod:`neuron_workbench.cell.options`), set
+    as ``%config NeuronMagics`` settings before the extension loads. Cells that raise outside
+    ``%%neuron`` do not stop the run; they are listed in ``cell_errors``. ``record_dir`` sets
+    ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there); ``against_dir``
+    makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run saved for it
+    (``cell-<N>.nwrun.zip``), instead of running one.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -195,27 +195,11 @@ def run_notebook(
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:
         raise WorkbenchUsageError(f"{path} is not a readable notebook: {exc}") from None
-    for name in (ref, target):
-        if name is not None:
-            from neuron_workbench.backends import get_backend
-
-            get_backend(name)  # unknown names are usage errors before a kernel starts
+    options = dict(options or {})
+    # Bad values are usage errors before a kernel starts (the kernel would fail every cell).
+    _checked(options)
     setup = nbformat.v4.new_code_cell(
-        _setup_source(
-            ref,
-            target,
-            rtol,
-            atol,
-            seed,
-            record_dir,
-            executor,
-            against_dir,
-            list_fallbacks=list_fallbacks,
-            track_per_op=track_per_op,
-            cluster=cluster,
-            judge=judge,
-        ),
-        metadata={"tags": [_SETUP_TAG]},
+        _setup_source(options, record_dir, against_dir), metadata={"tags": [_SETUP_TAG]}
     )
     nb.cells.insert(0, setup)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
@@ -358,68 +342,49 @@ def script_namespace(path: str | Path) -> dict[str, Any]:
 def run_script(
     path: str | Path,
     *,
-    ref: str | None = None,
-    target: str | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     record_dir: str | None = None,
-    executor: str = "auto",
     timeout: float | None = None,
     against: str | None = None,
-    list_fallbacks: bool = False,
-    track_per_op: bool = False,
-    cluster: str = "",
-    judge: str = "tolerance",
     args: Sequence[str] = (),
     cwd: str | None = None,
-    max_steps: int | None = None,
 ) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
-    Both runs see ``sys.argv == [path, *args]``, run from ``cwd`` (default: the script's folder)
-    with ``__name__ == "__main__"``; ``max_steps`` stops both after that many scalars from the
-    first call site that makes one. A script that exits with a non-zero code on the reference
-    before anything is compared (argparse's usage error) gives :attr:`InputResult.script_exit`.
+    ``options`` are option-table values by API name (:mod:`neuron_workbench.cell.options`), as
+    for a cell. Both runs see ``sys.argv == [path, *args]``, run from ``cwd`` (default: the
+    script's folder) with ``__name__ == "__main__"``; ``max_steps`` stops both after that many
+    scalars from the first call site that makes one. A script that exits with a non-zero code on
+    the reference before anything is compared (argparse's usage error) gives
+    :attr:`InputResult.script_exit`.
 
     The reference runs in this process; the target in a worker process (``auto`` for neuron and
-    tpu, or ``worker``) or here (``inprocess``). ``record_dir`` saves both runs (and the report) as
+    tpu, or ``worker``) or here (``inprocess``); ``timeout`` ends a target run in a worker or Ray
+    actor after that many seconds. ``record_dir`` saves both runs (and the report) as
     ``DIR/<script stem>.nwrun.zip``; ``against`` takes the reference from that artifact (or any
-    recorded one) instead of running it. ``list_fallbacks``/``track_per_op`` are the target
-    flags; ``cluster`` runs the target in a Ray actor there (``--on``); ``judge`` is ``--judge``.
+    recorded one) instead of running it.
     """
-    from neuron_workbench.backends import default_reference
     from neuron_workbench.backends.registry import prepare_target
-    from neuron_workbench.cell.pipeline import CompareOptions
-    from neuron_workbench.cell.session import CellOptions, Session
+    from neuron_workbench.cell.options import cell_options
+    from neuron_workbench.cell.session import Session
 
     source = read_script(path)
-    options = CellOptions(
-        compare=CompareOptions(
-            ref=ref or default_reference(),
-            target=target or "neuron",
-            rtol=rtol,
-            atol=atol,
-            seed=seed,
-            list_fallbacks=list_fallbacks,
-            track_per_op=track_per_op,
-            judge=judge,
-            max_steps=max_steps,
-        ),
+    values = {"scan": False, **(options or {})}
+    settings = cell_options(values)
+    if timeout is not None and (settings.cluster or settings.resolved_executor == "worker"):
+        values["timeout"] = timeout
+    options = cell_options(
+        values,
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,
-        scan=False,
-        executor=executor,
-        timeout=timeout,
-        cluster=cluster,
     )
     options.validate()
     program = compile_script(path, source)
     # PyTorch's autograd engine only learns of devices registered before its first backward pass,
     # so an in-process emulated target is installed before the reference run can call backward().
-    if not cluster:
-        prepare_target(options.compare.target, executor)
+    if not options.cluster:
+        prepare_target(options.compare.target, options.executor)
     if progress is not None:
         progress(f"running {Path(path).name} on {options.compare.ref} and {options.compare.target}")
     # The script's own lines (and files next to it) read relative to its folder, as in a notebook.
@@ -471,7 +436,13 @@ def terminal_message(text: str) -> None:
 # --- report files ---------------------------------------------------------------------------------
 
 
-def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) -> dict[str, Any]:
+def run_document(
+    result: InputResult,
+    *,
+    strict: bool,
+    options: dict[str, Any],
+    strict_graph_breaks: bool = False,
+) -> dict[str, Any]:
     """The ``run --json`` document (documented by ``report/run.schema.json``)."""
     counts = result.verdict_counts()
     return {
@@ -488,7 +459,7 @@ def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) 
             "fallback_reports": result.fallback_reports(),
             "cell_errors": len(result.cell_errors),
             "strict": strict,
-            "exit_code": result.exit_code(strict),
+            "exit_code": result.exit_code(strict, strict_graph_breaks),
         },
         "reports": result.reports,
         "cell_errors": result.cell_errors,

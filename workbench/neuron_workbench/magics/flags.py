@@ -1,23 +1,17 @@
 """How the front ends (``%%neuron`` and the ``neuron-workbench`` command) spell options.
 
 The core names options by their Python API names (``CompareOptions.steps``,
-``TolerancePolicy.per_output``); both front ends share one flag spelling, kept here so that a
-message about an option reads the same in a notebook and in a terminal.
+``TolerancePolicy.per_output``); both front ends share one flag spelling, the option table's
+(:mod:`neuron_workbench.cell.options`), so that a message about an option reads the same in a
+notebook and in a terminal.
 """
 
 from __future__ import annotations
 
+from neuron_workbench.cell.options import FLAGS, flag
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
 
 __all__ = ["FLAGS", "flag", "usage_message"]
-
-#: API option names whose flag is not ``--`` plus the name with ``-`` for ``_``.
-FLAGS = {"per_output": "--tol", "cluster": "--on"}
-
-
-def flag(option: str) -> str:
-    """The command-line flag of an API option name: ``ref_precision`` -> ``--ref-precision``."""
-    return FLAGS.get(option, "--" + option.replace("_", "-"))
 
 
 def usage_message(exc: WorkbenchUsageError) -> str:

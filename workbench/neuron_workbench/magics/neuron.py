@@ -12,28 +12,24 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from IPython.utils.capture import capture_output
-from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, HasTraits, Int, List, TraitType, Unicode, default
 
-from neuron_workbench.backends.registry import (
-    EXECUTOR_CHOICES,
-    BackendStatusTable,
-    default_reference,
-    prepare_target,
+from neuron_workbench.backends.registry import BackendStatusTable, prepare_target
+from neuron_workbench.cell.options import (
+    MAGIC,
+    TRAIT,
+    Option,
+    argument_spec,
+    cell_options,
+    given,
+    options_for,
+    parsed_value,
 )
-from neuron_workbench.cell.pipeline import (
-    KEEP_CHOICES,
-    RNG_CHOICES,
-    WHAT_IF_CHOICES,
-    CompareOptions,
-)
-from neuron_workbench.cell.session import CellOptions, Session
-from neuron_workbench.compare.budget import JUDGES
-from neuron_workbench.compare.tolerances import PRESETS, parse_override
+from neuron_workbench.cell.session import Session
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.html import library_folders, relabel_run_sites
 from neuron_workbench.run import compile_cell
-from neuron_workbench.run.cuda_on_host import REF_PRECISIONS
 
 __all__ = ["NeuronMagics", "prepare_target"]
 
@@ -86,65 +82,64 @@ def site_folders(start_dir: str) -> list[str]:
     return [notebook_dir, os.getcwd(), *library_folders()]
 
 
-def _graph_break_violation(report: Any) -> str | None:
-    """The one-line ``--strict-graph-breaks`` failure of a report, or None."""
-    from neuron_workbench.run.records import recorded
+def _trait(option: Option) -> TraitType:
+    """The ``%config NeuronMagics`` trait of a table option (its session default)."""
+    text = option.help[0].upper() + option.help[1:] + f" (as {option.flag})."
+    if option.name == "scan":
+        text = "Scan each cell's source for CUDA-only code (off: as --no-scan)."
+    if option.kind == "bool":
+        return Bool(option.default, help=text).tag(config=True)
+    if option.kind == "int":
+        return Int(option.default, allow_none=option.default is None, help=text).tag(config=True)
+    if option.kind == "float":
+        return Float(option.default, allow_none=True, help=text).tag(config=True)
+    if option.kind == "choice":
+        return Enum(
+            option.choices,
+            default_value=option.default,
+            allow_none=option.default is None,
+            help=text,
+        ).tag(config=True)
+    if option.kind == "list":
+        return List(Unicode(), help=text).tag(config=True)
+    return Unicode(option.default or "", help=text).tag(config=True)
 
-    record = recorded(report.target.extras.get("compile"))
-    breaks = list(getattr(record, "graph_breaks", None) or [])
-    if not breaks:
-        return None
-    first = breaks[0]
-    where = (
-        f"cell line {first['line']}"
-        if first["file"] == "cell"
-        else f"{first['file']}:{first['line']}"
-    )
-    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
-    return (
-        f"--strict-graph-breaks: torch.compile on {report.target.backend.name} had {count}, the "
-        f"first at {where}: {first['reason']}"
-    )
+
+def _env_default(option: Option) -> Any:
+    @default(option.name)
+    def from_environment(self: Any) -> Any:
+        return option.env_default()
+
+    return from_environment
+
+
+#: One trait per session setting of the option table (``%config NeuronMagics.steps = 3``).
+CellOptionTraits = type(
+    "CellOptionTraits",
+    (HasTraits,),
+    {
+        **{option.name: _trait(option) for option in options_for(TRAIT)},
+        **{f"_default_{o.name}": _env_default(o) for o in options_for(TRAIT) if o.env},
+    },
+)
+
+
+def _table_arguments(func: Any) -> Any:
+    """The option table's ``%%neuron`` flags, as ``@argument`` decorators would add them."""
+    for option in reversed(options_for(MAGIC)):
+        flags, kwargs = argument_spec(option)
+        func = argument(*flags, **kwargs)(func)
+    return func
 
 
 @magics_class
-class NeuronMagics(Magics):
+class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
     """Compare a CUDA-style cell on a reference and a target backend.
 
-    Defaults can be changed for the session with ``%config NeuronMagics.<name> = value``.
+    Defaults can be changed for the session with ``%config NeuronMagics.<name> = value``: every
+    option of the cell (``steps``, ``preset``, ``target``, ...) and the settings below.
     """
 
-    ref = Unicode(
-        "", help="Reference backend; empty means cuda when a GPU is usable, else cpu."
-    ).tag(config=True)
-    target = Unicode(
-        help="Target backend: neuron or tpu (or cpu/cuda). Default: $NEURON_WORKBENCH_TARGET, "
-        "else the device named by $NEURON_WORKBENCH_EMULATE, else neuron."
-    ).tag(config=True)
-
-    @default("target")
-    def _default_target(self) -> str:
-        env = os.environ
-        return env.get("NEURON_WORKBENCH_TARGET") or env.get("NEURON_WORKBENCH_EMULATE") or "neuron"
-
-    rtol = Float(None, allow_none=True, help="Relative tolerance (give atol too).").tag(config=True)
-    atol = Float(None, allow_none=True, help="Absolute tolerance (give rtol too).").tag(config=True)
-    seed = Int(0, help="Seed of torch, random and numpy at the start of each run.").tag(config=True)
-    keep = Enum(
-        KEEP_CHOICES, default_value="ref", help="Whose results stay in the namespace afterwards."
-    ).tag(config=True)
-    preset = Enum(
-        tuple(PRESETS), default_value="default", help="Tolerance preset for every comparison."
-    ).tag(config=True)
-    judge = Enum(
-        JUDGES,
-        default_value="tolerance",
-        help="How floating outputs are judged (as --judge): tolerance (fixed rtol/atol; a failing "
-        "output also shows its error ratio R) or budget (R against the reference's noise floor).",
-    ).tag(config=True)
-    rng = Enum(RNG_CHOICES, default_value="device", help="Where random numbers are drawn.").tag(
-        config=True
-    )
     record_dir = Unicode(
         "",
         help="If set, every %%neuron cell saves its runs to DIR/cell-<execution count>.nwrun.zip.",
@@ -154,44 +149,11 @@ class NeuronMagics(Magics):
         help="If set, every %%neuron cell compares against the reference recorded in "
         "DIR/cell-<execution count>.nwrun.zip (as record_dir writes it) instead of running one.",
     ).tag(config=True)
-    strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
     widget = Bool(
         False,
         help="Show every report as the interactive widget (tabs, Plotly charts), also where the "
         "neuron-workbench-lab extension would draw its native view (JupyterLab). Without it each "
         "front end picks its richest view: the extension's in JupyterLab, the widget elsewhere.",
-    ).tag(config=True)
-
-    executor = Enum(
-        EXECUTOR_CHOICES,
-        help="Where the target runs: worker (a child process per target that owns the device; "
-        "crashes and hangs stay out of the kernel), inprocess (this kernel), or auto (worker for "
-        "neuron and tpu unless the kernel already holds that device, inprocess for cpu and "
-        "cuda). Default: $NEURON_WORKBENCH_EXECUTOR, else auto.",
-    ).tag(config=True)
-
-    @default("executor")
-    def _default_executor(self) -> str:
-        value = os.environ.get("NEURON_WORKBENCH_EXECUTOR", "").strip().lower()
-        return value if value in EXECUTOR_CHOICES else "auto"
-
-    timeout = Float(
-        None, allow_none=True, help="Seconds a worker target run may take before it is ended."
-    ).tag(config=True)
-    list_fallbacks = Bool(
-        False,
-        help="tpu targets run with the CPU fallback on and list every missing op in one run "
-        "(as --list-fallbacks).",
-    ).tag(config=True)
-    track_per_op = Bool(
-        False,
-        help="A real neuron target attributes every CPU fallback to its call, at a synchronize "
-        "per op (as --track-per-op).",
-    ).tag(config=True)
-    cluster = Unicode(
-        "",
-        help="Run targets in Ray actors on this cluster (as --on): ray://HOST:PORT, or ray for "
-        "the cluster this kernel connected to with ray.init(...). Empty: on this host.",
     ).tag(config=True)
     ray_resources = Dict(
         help="Ray resources a target's actor asks for, by target, over the defaults "
@@ -218,108 +180,7 @@ class NeuronMagics(Magics):
         self._start_dir = os.getcwd()
 
     @magic_arguments()
-    @argument(
-        "--ref", metavar="BACKEND", help="reference backend (default: cuda if usable, else cpu)"
-    )
-    @argument(
-        "--target",
-        metavar="BACKEND",
-        help="target backend (default: neuron); several, comma-separated (neuron,tpu), are each "
-        "compared against one reference run",
-    )
-    @argument("--rtol", type=float, help="relative tolerance; give --atol too")
-    @argument("--atol", type=float, help="absolute tolerance; give --rtol too")
-    @argument("--seed", type=int, help="seed for torch/random/numpy at the start of each run")
-    @argument("--keep", choices=KEEP_CHOICES, help="whose results stay in the namespace")
-    @argument(
-        "--preset",
-        choices=tuple(PRESETS),
-        help="tolerance preset: "
-        + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()),
-    )
-    @argument(
-        "--tol",
-        action="append",
-        default=[],
-        metavar="PATH=RTOL,ATOL",
-        help="tolerance for one output, a prefix (model) or a glob (model.*.grad); repeatable",
-    )
-    @argument(
-        "--layers",
-        action="store_true",
-        help="record per-module statistics and name the first module where outputs diverge",
-    )
-    @argument(
-        "--layers-full",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="keep the full outputs of these modules (name or glob) for an element-wise look",
-    )
-    @argument(
-        "--steps",
-        type=int,
-        metavar="N",
-        help="run the cell N times per backend as consecutive training steps; compare per step",
-    )
-    @argument(
-        "--max-steps",
-        type=int,
-        dest="max_steps",
-        metavar="N",
-        help="stop both runs after N scalars (loss.item(), ...) from the first call site that "
-        "makes one: compare the first N steps of a long training loop",
-    )
-    @argument(
-        "--rng",
-        choices=RNG_CHOICES,
-        help="cpu: draw random numbers on the CPU and move them, so both runs see the same ones",
-    )
-    @argument(
-        "--what-if",
-        choices=WHAT_IF_CHOICES,
-        dest="what_if",
-        help="bf16-matmul: round float32 matmul/conv inputs to bfloat16 on the emulated target",
-    )
-    @argument(
-        "--judge",
-        choices=JUDGES,
-        help="tolerance (default): fixed rtol/atol, and a failing float output shows its error "
-        "ratio R against a float64 oracle; budget: a float output passes when R is within the "
-        "reference's precision budget (R <= 2)",
-    )
-    @argument(
-        "--ref-precision",
-        choices=REF_PRECISIONS,
-        dest="ref_precision",
-        help="cuda (default): a cpu reference computes as a CUDA GPU would, TF32 matmuls when the "
-        "cell enables them; fp32: full float32 matmuls",
-    )
-    @argument(
-        "--profile",
-        action="store_true",
-        help="record an op-level profile (time, calls, memory) of both runs; emulated timings are "
-        "host CPU time",
-    )
-    @argument(
-        "--repeat",
-        type=int,
-        metavar="N",
-        help="run the cell N times per backend; profiles separate the first call from the rest",
-    )
-    @argument("--strict", action="store_true", help="fail the cell if any op fell back to CPU")
-    @argument(
-        "--strict-graph-breaks",
-        action="store_true",
-        help="fail the cell if torch.compile broke a graph on the target (each break is listed "
-        "in the report with its reason and line)",
-    )
-    @argument(
-        "--allow-fallback",
-        metavar="OPS",
-        default="",
-        help="comma-separated ops that may fall back under --strict (aten::sort or sort)",
-    )
+    @_table_arguments
     @argument(
         "--record", metavar="PATH", help="save both runs and the report to this artifact file"
     )
@@ -333,41 +194,6 @@ class NeuronMagics(Magics):
         action="store_true",
         help="show the report as the interactive widget (Summary/Numerics/Layers/Ops/Fallbacks "
         "tabs) in every front end, JupyterLab included",
-    )
-    @argument("--no-scan", action="store_true", help="skip the migration scan of the cell source")
-    @argument(
-        "--executor",
-        choices=EXECUTOR_CHOICES,
-        help="worker: run the target in a child process that owns the device (one per target, "
-        "reused; a crash or hang there never touches the kernel); inprocess: in this kernel; "
-        "auto (default): worker for neuron and tpu (unless the kernel already holds that "
-        "device), inprocess for cpu and cuda",
-    )
-    @argument(
-        "--timeout",
-        type=float,
-        metavar="S",
-        help="end a worker target run after S seconds and report it (needs --executor worker)",
-    )
-    @argument(
-        "--list-fallbacks",
-        action="store_true",
-        dest="list_fallbacks",
-        help="tpu target: run with the CPU fallback on and list every missing op in one run "
-        "(TorchTPU stops at the first by default)",
-    )
-    @argument(
-        "--track-per-op",
-        action="store_true",
-        dest="track_per_op",
-        help="real neuron target: attribute every CPU fallback to its call and line (a "
-        "synchronize per op)",
-    )
-    @argument(
-        "--on",
-        metavar="CLUSTER",
-        help="run the target in a Ray actor on a node that has its device: ray://HOST:PORT, ray "
-        "(the cluster this kernel connected to with ray.init), or local; the reference stays here",
     )
     @argument(
         "-o",
@@ -421,33 +247,18 @@ class NeuronMagics(Magics):
         """
         args = parse_argstring(self.neuron, line)
         try:
-            targets = [t.strip() for t in (args.target or self.target).split(",") if t.strip()]
-            if not targets:
-                raise WorkbenchUsageError("--target needs a backend name")
-            compare = CompareOptions(
-                ref=args.ref or self.ref or default_reference(),
-                target=targets[0],
-                rtol=args.rtol
-                if args.rtol is not None
-                else (None if args.atol is not None else self.rtol),
-                atol=args.atol
-                if args.atol is not None
-                else (None if args.rtol is not None else self.atol),
-                seed=args.seed if args.seed is not None else self.seed,
-                keep=args.keep or self.keep,
-                preset=args.preset or self.preset,
-                per_output=tuple(parse_override(text) for text in args.tol),
-                layers=bool(args.layers or args.layers_full),
-                layers_full=tuple(args.layers_full),
-                steps=max(args.steps or 1, args.repeat or 1),
-                rng=args.rng or self.rng,
-                what_if=args.what_if,
-                ref_precision=args.ref_precision or "cuda",
-                list_fallbacks=bool(args.list_fallbacks or self.list_fallbacks),
-                track_per_op=bool(args.track_per_op or self.track_per_op),
-                judge=args.judge or self.judge,
-                max_steps=args.max_steps,
-            )
+            # A flag given in the cell wins over the session's setting (%config NeuronMagics.x).
+            values = {}
+            for option in options_for(MAGIC):
+                raw = getattr(args, option.name)
+                if given(option, raw):
+                    values[option.name] = parsed_value(option, raw)
+                elif TRAIT in option.fronts:
+                    values[option.name] = getattr(self, option.name)
+            if (
+                args.rtol is not None or args.atol is not None
+            ):  # a cell's pair replaces the session's
+                values["rtol"], values["atol"] = args.rtol, args.atol
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.
             program = compile_cell(
@@ -458,13 +269,9 @@ class NeuronMagics(Magics):
             # The running cell's number, as its sites read it (not shell.execution_count, which
             # IPython has already moved to the next cell).
             count = cells[program.filename]
-            options = CellOptions(
-                compare=compare,
-                profile=args.profile,
-                strict=bool(args.strict or self.strict),
-                allow_fallback=tuple(
-                    op.strip() for op in args.allow_fallback.split(",") if op.strip()
-                ),
+            cluster = self._cluster_settings(values.pop("cluster", ""))
+            options = cell_options(
+                {**values, "cluster": cluster.get("cluster", "")},
                 record=args.record
                 or (
                     str(Path(self.record_dir) / f"cell-{count}.nwrun.zip")
@@ -472,13 +279,9 @@ class NeuronMagics(Magics):
                     else None
                 ),
                 against=args.against or _recorded_cell(self.against_dir, count),
-                scan=not args.no_scan,
                 # the scanner counts lines as the editor does: line 1 is the %%neuron line
                 source_first_line=2,
-                executor=args.executor or self.executor,
-                timeout=args.timeout if args.timeout is not None else self.timeout,
-                extra_targets=tuple(targets[1:]),
-                **self._cluster_settings(args.on),
+                cluster_options=cluster.get("cluster_options"),
             )
             options.validate()
             folders = site_folders(self._start_dir)
@@ -494,7 +297,7 @@ class NeuronMagics(Magics):
         except WorkbenchUsageError as exc:
             raise UsageError(usage_message(exc)) from None
         report = result.report
-        kept = result.captured.get(report.options.get("keep", compare.keep))
+        kept = result.captured.get(report.options.get("keep", options.compare.keep))
         if kept is not None:
             kept.show()  # what the cell printed, once (the kept run's copy)
         if args.output:
@@ -509,16 +312,12 @@ class NeuronMagics(Magics):
             display(data, metadata=metadata, raw=True)
         if result.strict_violation:
             raise UsageError(result.strict_violation)
-        if args.strict_graph_breaks:
-            for each in result.reports:
-                broken = _graph_break_violation(each)
-                if broken:
-                    raise UsageError(broken)
+        if result.graph_break_violation:
+            raise UsageError(result.graph_break_violation)
         return result.last_value
 
-    def _cluster_settings(self, on: str | None) -> dict[str, Any]:
-        """``cluster`` and ``cluster_options`` of a cell (``--on`` over ``NeuronMagics.cluster``)."""
-        text = on if on is not None else self.cluster
+    def _cluster_settings(self, text: str) -> dict[str, Any]:
+        """``cluster`` and ``cluster_options`` of a cell's ``cluster`` (``--on``) setting."""
         if not text.strip():
             return {}  # nothing of Ray is imported unless a cell names a cluster
         from neuron_workbench.run.ray_executor import RayOptions, parse_cluster

@@ -139,6 +139,9 @@ class RunFacts:
         Emulated targets: ops each numeric rule touched in the run (``"tpu-matmul"``: float32
         matmuls/convolutions computed with bf16 passes; ``"fp64"``: float64 ops computed as
         float32; ``"int64"``: int64 ops computed as int32). Empty where no emulator ran.
+    shared_host : bool
+        Whether the run ran at the same time as the other run of its cell (a target in its
+        worker while the reference ran in the kernel): its wall time shares the host's cores.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -153,6 +156,7 @@ class RunFacts:
     tf32_matmuls: bool = False
     notes: list[str] = field(default_factory=list)
     rule_ops: dict[str, int] = field(default_factory=dict)
+    shared_host: bool = False
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
         """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
@@ -174,6 +178,7 @@ class RunFacts:
             "tf32_matmuls": self.tf32_matmuls,
             "notes": list(self.notes),
             "rule_ops": dict(self.rule_ops),
+            "shared_host": self.shared_host,
         }
 
 

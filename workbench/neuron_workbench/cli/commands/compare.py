@@ -17,12 +17,11 @@ HELP = (
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
-    from neuron_workbench.cli.commands.run import add_tolerance_options
+    from neuron_workbench.cell.options import COMPARE, add_arguments
 
     parser.add_argument("reference", help="artifact with the reference run (its 'ref' or only run)")
     parser.add_argument("target", help="artifact with the target run (its 'target' or only run)")
-    add_tolerance_options(parser)
-    parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
+    add_arguments(parser, COMPARE)
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase)")
@@ -41,30 +40,36 @@ def pick_run(artifact: Any, role: str) -> Any:
     )
 
 
-def build_report(ref_artifact: Any, target_artifact: Any, rtol: Any, atol: Any) -> Any:
-    """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs."""
+def build_report(ref_artifact: Any, target_artifact: Any, values: dict[str, Any]) -> Any:
+    """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs.
+
+    ``values`` are option-table values by API name (tolerances) over the recorded cell's own.
+    """
     from neuron_workbench.cell.session import compare_recorded
 
-    return compare_recorded(ref_artifact, target_artifact, rtol=rtol, atol=atol, pick=pick_run)
+    return compare_recorded(ref_artifact, target_artifact, values=values, pick=pick_run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Load both artifacts, compare, print the verdict line, write the files; return the exit code."""
     from neuron_workbench.artifacts import load
+    from neuron_workbench.cell.options import COMPARE, given_values
     from neuron_workbench.cli.notebook_runner import InputResult, junit_xml, write_text
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
-    check_pair(args.rtol, args.atol)
+    values = given_values(args, COMPARE)
+    check_pair(values.get("rtol"), values.get("atol"))
     ref_artifact = load(args.reference)
     target_artifact = load(args.target)
-    report = build_report(ref_artifact, target_artifact, args.rtol, args.atol)
+    report = build_report(ref_artifact, target_artifact, values)
     for warning in report.warnings:
         sys.stderr.write(f"warning: {warning}\n")
     sys.stdout.write(report.summary() + "\n")
     data = report.to_dict()
     data["label"] = f"{Path(args.reference).name} vs {Path(args.target).name}"
     data["cell_index"] = 1
+    data["artifacts"] = {"ref": str(args.reference), "target": str(args.target)}
     if args.json:
         write_text(args.json, json.dumps(data, indent=2) + "\n")
     if args.html:
@@ -72,4 +77,6 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         write_text(args.junit, junit_xml(Path(args.target).name, [data]))
     result = InputResult(str(args.target), reports=[data], kind="artifacts", cells=1)
-    return result.exit_code(args.strict)
+    from neuron_workbench.cli.commands.run import allowed_fallbacks
+
+    return result.exit_code(bool(values.get("strict")), allowed=allowed_fallbacks(values))

@@ -3,7 +3,9 @@
 A notebook executes in a real Jupyter kernel with the extension loaded; a ``.py`` script written for
 CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies). Exit codes: 0 all passed,
 1 a comparison failed, compared nothing (verdict ``UNCOMPARED``) or a cell raised, 3 ``--strict`` and
-ops fell back to CPU, 2 usage or input errors (one line on stderr).
+ops fell back to CPU, 4 ``--strict-graph-breaks`` and torch.compile broke a graph on a target, 2 usage
+or input errors (one line on stderr). Every cell option of the option table
+(:mod:`neuron_workbench.cell.options`) is a flag here, as in ``%%neuron``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ SCRIPT_ARGS = True
 HELP = (
     "Execute a notebook (in a real kernel) or a CUDA script with the workbench and report every "
     "%%neuron comparison (exit 0 pass, 1 fail or nothing compared, 3 --strict with fallbacks, "
-    "2 bad input)."
+    "4 --strict-graph-breaks with graph breaks, 2 bad input)."
 )
 
 
@@ -46,38 +48,17 @@ def script_folder(args: argparse.Namespace) -> str | None:
     return str(folder)
 
 
-def add_tolerance_options(parser: argparse.ArgumentParser) -> None:
-    """``--rtol`` and ``--atol`` (both or neither)."""
-    parser.add_argument("--rtol", type=float, metavar="R", help="relative tolerance (with --atol)")
-    parser.add_argument("--atol", type=float, metavar="A", help="absolute tolerance (with --rtol)")
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the subcommand's options."""
+    """Add the subcommand's options: every cell option of the table, and run's own."""
+    from neuron_workbench.cell.options import RUN, add_arguments
+
     parser.add_argument(
         "path",
         help="the notebook (.ipynb) or script (.py) to run; a script's own arguments follow "
         "`--` (run train.py --target tpu -- --batch_size=8)",
     )
     add_script_options(parser)
-    parser.add_argument("--ref", metavar="BACKEND", help="reference backend for every cell")
-    parser.add_argument("--target", metavar="BACKEND", help="target backend for every cell")
-    add_tolerance_options(parser)
-    parser.add_argument("--seed", type=int, help="seed at the start of each run (default 0)")
-    parser.add_argument(
-        "--judge",
-        choices=("tolerance", "budget"),  # compare.budget.JUDGES; the CLI parses without torch
-        help="tolerance (default): fixed rtol/atol, a failing float output shows its error ratio R; "
-        "budget: a float output passes when R is within the reference's precision budget",
-    )
-    parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
-    parser.add_argument(
-        "--max-steps",
-        type=int,
-        metavar="N",
-        help="a script: stop both runs after N scalars (loss.item(), ...) from the first call "
-        "site that makes one (compare the first N steps of a long job)",
-    )
+    add_arguments(parser, RUN)
     parser.add_argument("--json", metavar="FILE", help="write every report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per cell)")
@@ -99,33 +80,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=900,
         help="seconds per cell, or per target run of a script in a worker (default 900)",
     )
-    parser.add_argument(
-        "--executor",
-        choices=("auto", "inprocess", "worker"),
-        help="where target runs happen: worker (a child process per target), inprocess, or auto "
-        "(default: worker for neuron and tpu)",
-    )
-    add_target_flags(parser)
 
 
-def add_target_flags(parser: argparse.ArgumentParser) -> None:
-    """``--list-fallbacks``, ``--track-per-op`` and ``--on``, as ``%%neuron`` takes them."""
-    parser.add_argument(
-        "--list-fallbacks",
-        action="store_true",
-        help="tpu target: run with the CPU fallback on and list every missing op in one run",
-    )
-    parser.add_argument(
-        "--track-per-op",
-        action="store_true",
-        help="real neuron target: attribute every CPU fallback to its call (a synchronize per op)",
-    )
-    parser.add_argument(
-        "--on",
-        metavar="CLUSTER",
-        help="run targets in Ray actors on this cluster: ray://HOST:PORT (needs "
-        "neuron-workbench[ray]); the reference stays here",
-    )
+#: Options ``run`` applies to a notebook's reports itself rather than to its cells.
+_JUDGED_FROM_REPORTS = ("strict", "strict_graph_breaks", "allow_fallback")
+
+
+def allowed_fallbacks(values: dict[str, Any]) -> list[str]:
+    """The ops ``allow_fallback`` exempts from strict mode (``sort,topk`` and repeated flags)."""
+    return [op.strip() for each in values.get("allow_fallback", ()) for op in each.split(",")]
 
 
 #: Verdicts the summary line always counts; any other verdict is counted when it occurs.
@@ -149,7 +112,7 @@ def _notebook_supports_record_dir() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Execute, print one verdict line per report, write the files; return the exit code."""
-    from neuron_workbench.backends.registry import resolve_executor
+    from neuron_workbench.cell.options import RUN, given_values
     from neuron_workbench.cli.notebook_runner import (
         junit_xml,
         run_document,
@@ -162,12 +125,12 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
-    check_pair(args.rtol, args.atol)
-    cluster = ""
-    if args.on:
+    values = given_values(args, RUN)
+    check_pair(values.get("rtol"), values.get("atol"))
+    if values.get("cluster"):
         from neuron_workbench.run.ray_executor import parse_cluster
 
-        cluster = parse_cluster(args.on)
+        values["cluster"] = parse_cluster(values["cluster"])
     suffix = Path(args.path).suffix.lower()
     if suffix not in (".ipynb", ".py"):
         raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb) or a script (.py)")
@@ -185,10 +148,8 @@ def run(args: argparse.Namespace) -> int:
         against = against / f"{Path(args.path).stem}.nwrun.zip"
         if not against.is_file():
             raise WorkbenchUsageError(f"no recording of {Path(args.path).name} in {args.against}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise WorkbenchUsageError("--max-steps must be at least 1")
-    if suffix == ".ipynb" and (args.script_args or args.cwd or args.max_steps):
-        raise WorkbenchUsageError("`-- ARGS`, --cwd and --max-steps apply to a script (.py)")
+    if suffix == ".ipynb" and (args.script_args or args.cwd):
+        raise WorkbenchUsageError("`-- ARGS` and --cwd apply to a script (.py)")
     if suffix == ".ipynb":
         if args.record and not _notebook_supports_record_dir():
             raise WorkbenchUsageError(
@@ -196,45 +157,24 @@ def run(args: argparse.Namespace) -> int:
             )
         result = run_notebook(
             args.path,
-            ref=args.ref,
-            target=args.target,
-            rtol=args.rtol,
-            atol=args.atol,
-            seed=args.seed,
+            # the command judges strictness from the reports (exit 3, 4): its cells need not raise
+            options={k: v for k, v in values.items() if k not in _JUDGED_FROM_REPORTS},
             timeout=args.timeout,
             progress=terminal_progress,
             record_dir=str(Path(args.record).resolve()) if args.record else None,
-            executor=args.executor,
             against_dir=str(against) if against is not None else None,
-            list_fallbacks=args.list_fallbacks,
-            track_per_op=args.track_per_op,
-            cluster=cluster,
-            judge=args.judge,
         )
     else:
         result = run_script(
             args.path,
+            options=values,
             args=args.script_args,
             cwd=script_folder(args),
-            max_steps=args.max_steps,
-            ref=args.ref,
-            target=args.target,
-            rtol=args.rtol,
-            atol=args.atol,
-            seed=args.seed if args.seed is not None else 0,
             progress=terminal_message,
             record_dir=args.record,
             against=str(against) if against is not None else None,
-            executor=args.executor or "auto",
             # a hung target in a worker is ended after --timeout, like a hung notebook cell
-            timeout=float(args.timeout)
-            if cluster
-            or resolve_executor(args.executor or "auto", [args.target or "neuron"]) == "worker"
-            else None,
-            list_fallbacks=args.list_fallbacks,
-            track_per_op=args.track_per_op,
-            cluster=cluster,
-            judge=args.judge or "tolerance",
+            timeout=float(args.timeout),
         )
         if result.script_exit is not None:  # argparse's usage error: the script's own message
             code, text = result.script_exit
@@ -247,7 +187,11 @@ def run(args: argparse.Namespace) -> int:
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
         )
     counts = result.verdict_counts()
-    code = result.exit_code(args.strict)
+    code = result.exit_code(
+        bool(values.get("strict")),
+        bool(values.get("strict_graph_breaks")),
+        allowed=allowed_fallbacks(values),
+    )
     summary = (
         f"{len(result.reports)} reports: "
         + verdict_summary(counts)
@@ -255,22 +199,18 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(summary + "\n")
     options: dict[str, Any] = {
-        "ref": args.ref,
-        "target": args.target,
-        "rtol": args.rtol,
-        "atol": args.atol,
-        "seed": args.seed,
-        "executor": args.executor,
-        **({"list_fallbacks": True} if args.list_fallbacks else {}),
-        **({"track_per_op": True} if args.track_per_op else {}),
-        **({"judge": args.judge} if args.judge else {}),
-        **({"on": cluster} if cluster else {}),
+        **{name: value for name, value in values.items() if name != "cluster"},
+        **({"on": values["cluster"]} if values.get("cluster") else {}),
         **({"args": list(args.script_args)} if args.script_args else {}),
-        **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
     }
     name = Path(result.path).name
     if args.json:
-        document = run_document(result, strict=args.strict, options=options)
+        document = run_document(
+            result,
+            strict=bool(values.get("strict")),
+            options=options,
+            strict_graph_breaks=bool(values.get("strict_graph_breaks")),
+        )
         write_text(args.json, json.dumps(document, indent=2) + "\n")
     if args.html:
         write_text(args.html, render_page(result.reports, title=f"neuron-workbench: {name}"))

@@ -1,0 +1,45 @@
+"""A live ``%%neuron`` cell and ``neuron-workbench compare`` of its recording give one report."""
+
+import json
+
+from neuron_workbench import testing
+from neuron_workbench.cli.main import main
+
+CELL = """\
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+model.to("cuda")
+x = torch.randn(32, 8, device="cuda")
+loss = model(x).square().mean()
+loss.backward()
+values, order = torch.sort(x[:, 0])
+"""
+
+#: Host timings differ between any two reports of the same runs; nothing else may.
+TIMINGS = {"wall_time_s", "label", "cell_index", "artifacts"}
+
+
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if k not in TIMINGS}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value
+
+
+def test_compare_of_a_recording_gives_the_live_report(tmp_path, capsys):
+    artifact = tmp_path / "cell.nwrun.zip"
+    shell = testing.testing_shell()
+    testing.run_cell(shell, "import torch")
+    flags = (
+        f"--ref cpu --preset fp32-accelerator --tol loss=1e-3,1e-4 --no-scan --record {artifact}"
+    )
+    testing.run_cell(shell, f"%%neuron {flags} -o report\n{CELL}")
+    live = shell.user_ns["report"].to_dict()
+    assert live["verdict"] == "PASS" and live["target"]["fallbacks"]
+    out = tmp_path / "compared.json"
+    assert main(["compare", str(artifact), str(artifact), "--json", str(out)]) == 0
+    capsys.readouterr()
+    compared = json.loads(out.read_text())
+    assert compared["options"]["tolerance"]["preset"] == "fp32-accelerator"
+    assert _without_timings(compared) == _without_timings(json.loads(json.dumps(live)))
