@@ -90,3 +90,28 @@ def test_compile_rows_and_chart_of_a_real_compiled_cell(ip, run_charts_js):
         f"g{i + 1}" for i in range(len(ref["graphs"]))
     ]
     assert out["plain"] is None  # a report that compiled nothing has no compile chart
+
+
+def test_a_failed_compile_is_a_row_with_its_error_and_no_chart(run_charts_js):
+    # torch.compile(model, dynamic=True) on neuron: the target's only record is the failure
+    failed = {
+        "graphs": [],
+        "graph_breaks": [],
+        "recompiles": [],
+        "warnings": [],
+        "errors": ["BackendCompilerFailed: backend='neuron' raised: NotImplementedError: ..."],
+        "compile_s": 0.02,
+        "random_ops": {},
+    }
+    data = {
+        "ref": {"label": "cpu (as cuda)", "time_kind": "wall time", "wall_time_s": 0.5},
+        "target": {"label": "neuron (emulated)", "time_kind": "host CPU time", "compile": failed},
+    }
+    out = run_charts_js(
+        "const out = {rows: charts.compileRows(report), figure: charts.compileFigure(report)};",
+        data,
+    )
+    [row] = out["rows"]
+    assert row["label"] == "neuron (emulated)" and row["graphs"] == [] and row["runMs"] is None
+    assert row["notes"] == [f"compile failed: {failed['errors'][0]}"]
+    assert out["figure"] is None
