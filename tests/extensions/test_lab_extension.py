@@ -407,3 +407,92 @@ def test_with_the_extension_disabled_the_cell_shows_the_widget(tmp_path):
             raise
         finally:
             browser.close()
+
+
+COMPILE_SETUP = (
+    "%load_ext neuron_workbench\n"
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "torch.manual_seed(0)\n"
+    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))"
+)
+#: Two batch sizes (a recompile on the target) and a print inside a compiled function (a break).
+COMPILE_CELL = (
+    "%%neuron\n"
+    "cm = torch.compile(mlp.cuda())\n"
+    "a = cm(torch.ones(3, 8).cuda())\n"
+    "b = cm(torch.ones(5, 8).cuda())\n"
+    "def f(t):\n"
+    "    t = t.sin()\n"
+    "    print('inside')\n"
+    "    return t.cos()\n"
+    "y = torch.compile(f)(torch.ones(3).cuda())"
+)
+
+
+@needs_extension
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
+                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+def test_a_compiled_cell_shows_what_compile_did_in_a_closed_section(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=lab.CHROMIUM, args=lab.CHROMIUM_ARGS)
+        page = None
+        try:
+            with lab.jupyter_lab(tmp_path) as (url, root):
+                lab.write_notebook(root / "compiled.ipynb", [COMPILE_SETUP, COMPILE_CELL])
+                page = browser.new_page(viewport={"width": 1400, "height": 1400})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.goto(f"{url}/lab/tree/compiled.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+                page.locator(".jp-StatusBar-TextItem", has_text="(ipykernel) | Idle").wait_for(
+                    timeout=60_000
+                )
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                report = page.locator(".jp-OutputArea-output .nw-lab-report")
+                report.first.wait_for(timeout=120_000)
+                assert report.get_attribute("data-verdict") == "PASS"
+                section = report.locator(".nw-lab-compile-section")
+                title = section.locator("summary").inner_text()
+                assert title.startswith("torch.compile (cpu (as cuda): "), title
+                assert "neuron (emulated): " in title and "1 graph break" in title, title
+                # closed at first: its chart is drawn only when the section opens
+                assert section.evaluate("el => el.open") is False
+                chart = section.locator(".nw-lab-compile-chart")
+                assert chart.get_attribute("data-drawn") is None
+                section.locator("summary").click()
+                page.wait_for_function(
+                    "el => el.dataset.drawn === 'yes'", arg=chart.element_handle(), timeout=30_000
+                )
+                ticks = " ".join(_plot_ticks(page, chart))
+                assert "cpu (as cuda)" in ticks and "neuron (emulated)" in ticks, ticks
+                assert "host CPU time" in chart.locator(".gtitle").text_content()
+                breaks = section.locator(".nw-lab-compile-breaks").inner_text()
+                assert breaks.count("cell line 7") == 2, breaks  # both backends, the print's line
+                recompiles = section.locator(".nw-lab-compile-recompiles").inner_text()
+                assert "new shape for args[0]: (3, 8) → (5, 8)" in recompiles, recompiles
+                # hovering a graph's segment says which graph it is
+                segment = chart.locator(".trace.bars").first.locator(".point path").first
+                box = segment.bounding_box()
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                hover = chart.locator(".hoverlayer .hovertext")
+                hover.first.wait_for(timeout=10_000)
+                assert "graph 1 of" in hover.first.text_content()
+                _show_top(section)
+                section.screenshot(path=str(ARTIFACTS / "lab_report_compile.png"))
+                assert not [e for e in errors if "neuron" in e.lower()], errors
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "lab_compile_failure.png"))
+            with contextlib.suppress(Exception):
+                (ARTIFACTS / "lab_compile_failure.log").write_bytes(
+                    (tmp_path / "lab.log").read_bytes()
+                )
+            raise
+        finally:
+            browser.close()

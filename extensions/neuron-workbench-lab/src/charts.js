@@ -621,6 +621,159 @@ export function budgetFigure(report) {
   return { data, layout };
 }
 
+/** Where a compiled graph or a graph break is: `cell line 4` in the cell, else `path:line`. */
+export function compileWhere(entry) {
+  const file = (entry && entry.file) || '';
+  if (file === 'cell') {
+    return `cell line ${entry.line}`;
+  }
+  return file ? siteLabel(entry) : '';
+}
+
+/**
+ * What torch.compile did on each backend that compiled (the Python view's compile_html twin):
+ * [{role, label, kind, compilers, compileMs, runMs, notCompiled, graphs, breaks, recompiles,
+ * notes}], reference first; [] when neither run compiled. Run time is the run's time less its
+ * compile time (the record keeps no run time per graph); `kind` says what the times measure
+ * (host CPU time on an emulated device).
+ */
+export function compileRows(report) {
+  const out = [];
+  for (const role of ['ref', 'target']) {
+    const run = report[role] || {};
+    const record = run.compile || {};
+    const graphs = record.graphs || [];
+    const breaks = record.graph_breaks || [];
+    const errors = record.errors || [];
+    if (!graphs.length && !breaks.length && !errors.length) {
+      continue;
+    }
+    const kind = timeKind(run);
+    const label = backendLabel(run);
+    const compileMs = Number(record.compile_s || 0) * 1e3;
+    const wall = run.wall_time_s;
+    const notes = (record.warnings || []).map(w => `warning: ${w}`)
+      .concat(errors.map(e => `compile failed: ${e}`));
+    const random = Object.keys(record.random_ops || {}).sort();
+    if (random.length) {
+      notes.push(`random functions inside compiled graphs (the compiler draws their numbers): ${random.join(', ')}`);
+    }
+    out.push({
+      role,
+      label,
+      kind,
+      compilers: [...new Set(graphs.map(g => String(g.backend)))],
+      compileMs,
+      runMs: wall === null || wall === undefined ? null : Math.max(0, Number(wall) * 1e3 - compileMs),
+      notCompiled: [...new Set(graphs.flatMap(g => g.fallback_ops || []))].sort(),
+      graphs: graphs.map((g, i) => ({
+        index: i + 1,
+        backend: String(g.backend || ''),
+        function: String(g.function || ''),
+        where: compileWhere(g),
+        ops: g.ops,
+        compileMs: Number(g.compile_s || 0) * 1e3,
+        recompile: g.recompile || '',
+        notCompiled: g.fallback_ops || []
+      })),
+      breaks: breaks.map(b => ({ where: compileWhere(b), reason: String(b.reason || '') })),
+      recompiles: (record.recompiles || []).map(r => ({ function: String(r.function || ''), reason: String(r.reason || '') })),
+      notes
+    });
+  }
+  return out;
+}
+
+const COMPILE_COLORS = ['#bc4c00', '#fb8f44'];
+
+/**
+ * Compile time per graph vs run time, one horizontal bar per backend that compiled a graph (the
+ * Python views/compile_figures.py twin): a segment per graph (g1, g2, ...), compile time outside
+ * any graph when there is some, then the run time (the run less its compile time).
+ */
+export function compileFigure(report) {
+  const runs = compileRows(report).filter(r => r.graphs.length);
+  if (!runs.length) {
+    return null;
+  }
+  const seg = { y: [], x: [], base: [], text: [], color: [], hover: [] };
+  const other = { y: [], x: [], base: [], hover: [] };
+  const rest = { y: [], x: [], base: [], hover: [] };
+  for (const r of runs) {
+    const row = `${r.label}<br>(${r.kind})`;
+    let at = 0;
+    for (const g of r.graphs) {
+      const lines = [
+        `<b>graph ${g.index} of ${r.graphs.length}</b>: ${g.function} (${g.where || 'unknown site'})`,
+        `${g.backend}, ${g.ops ?? '?'} ops`,
+        `compile ${g.compileMs.toFixed(1)} ms ${r.kind}`
+      ];
+      if (g.recompile) {
+        lines.push(`recompiled: ${g.recompile}`);
+      }
+      if (g.notCompiled.length) {
+        lines.push(`not compiled: ${g.notCompiled.join(', ')}`);
+      }
+      seg.y.push(row);
+      seg.x.push(g.compileMs);
+      seg.base.push(at);
+      seg.text.push(`g${g.index}`);
+      seg.color.push(COMPILE_COLORS[(g.index - 1) % 2]);
+      seg.hover.push(lines.join('<br>'));
+      at += g.compileMs;
+    }
+    const total = Math.max(r.compileMs, at);
+    if (total - at > 0.05) {
+      other.y.push(row);
+      other.x.push(total - at);
+      other.base.push(at);
+      other.hover.push(`<b>${r.label}</b><br>${(total - at).toFixed(1)} ms ${r.kind} compiling outside any graph (frames without a graph, failed compiles)`);
+    }
+    if (r.runMs !== null) {
+      const runMs = Math.max(0, r.runMs + r.compileMs - total);
+      const n = r.graphs.length;
+      rest.y.push(row);
+      rest.x.push(runMs);
+      rest.base.push(total);
+      rest.hover.push(`<b>${r.label}</b><br>run ${runMs.toFixed(1)} ms ${r.kind} (the run less its compile time: ${n} graph${n === 1 ? '' : 's'} and eager code)<br>compile ${total.toFixed(1)} ms ${r.kind}`);
+    }
+  }
+  const bar = { type: 'bar', orientation: 'h', hovertemplate: '%{customdata}<extra></extra>' };
+  const data = [{
+    ...bar, name: 'compile time, one segment per graph', y: seg.y, x: seg.x, base: seg.base,
+    text: seg.text, textposition: 'inside', insidetextanchor: 'middle', textangle: 0,
+    customdata: seg.hover, marker: { color: seg.color, line: { color: '#ffffff', width: 1 } }
+  }];
+  if (other.y.length) {
+    data.push({
+      ...bar, name: 'compile time outside graphs', y: other.y, x: other.x, base: other.base,
+      customdata: other.hover, marker: { color: '#ffd8b5', line: { color: '#ffffff', width: 1 } }
+    });
+  }
+  if (rest.y.length) {
+    data.push({
+      ...bar, name: 'run time (the run less its compile time)', y: rest.y, x: rest.x,
+      base: rest.base, customdata: rest.hover, marker: { color: TARGET_COLOR }
+    });
+  }
+  const emulated = runs.some(r => {
+    const run = report[r.role] || {};
+    return !!(run.backend && run.backend.emulated);
+  });
+  const title = `torch.compile: compile time per graph vs run time${emulated ? ' (emulated device: host CPU time)' : ''}`;
+  const layout = baseLayout(title, 150 + 60 * runs.length);
+  Object.assign(layout, {
+    // explicit bases: segments sit end to end on their backend's row, never side by side
+    barmode: 'overlay',
+    bargap: 0.35,
+    xaxis: axis({ title: { text: `ms (${runs.map(r => `${r.label}: ${r.kind}`).join('; ')})` }, rangemode: 'tozero' }),
+    yaxis: axis({ autorange: 'reversed' }),
+    legend: { orientation: 'h', y: 1.02, x: 0, yanchor: 'bottom' },
+    margin: { l: 10, r: 10, t: 80, b: 50 }
+  });
+  return { data, layout };
+}
+
 /** Every chart of a report, by key, in display order (null entries dropped). */
 export const CHARTS = {
   fallbacks: fallbackFigure,
@@ -630,7 +783,8 @@ export const CHARTS = {
   layers: layersFigure,
   loss: lossFigure,
   budget: budgetFigure,
-  scalars: scalarsFigure
+  scalars: scalarsFigure,
+  compile: compileFigure
 };
 
 export const PLOT_CONFIG = {

@@ -2,7 +2,8 @@
 // Plotly charts (src/charts.js, drawn by drawCharts once plotly.js has loaded).
 // Everything comes from the saved output: no kernel, no widget state, no network.
 import {
-  CHARTS, PLOT_CONFIG, backendLabel, budgetRows, callSites, fallbackRows, measurementRows
+  CHARTS, PLOT_CONFIG, backendLabel, budgetRows, callSites, compileRows, fallbackRows,
+  measurementRows
 } from './charts';
 
 export const MIME_TYPE = 'application/vnd.neuron-workbench.report+json';
@@ -327,6 +328,63 @@ function outputsTable(report) {
   return table;
 }
 
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+function simpleTable(cls, headers, rows) {
+  const head = el('tr', null, null, headers.map(h => el('th', null, h)));
+  const body = rows.map(cells => el('tr', null, null, cells.map(([text, c]) => el('td', c || null, text))));
+  return el('table', `nw-lab-table ${cls}`, null, [el('thead', null, null, [head]), el('tbody', null, null, body)]);
+}
+
+/** The torch.compile section of compileRows(report): starts closed (it is long on a real model). */
+export function compileSection(compiled) {
+  const ms = (value, kind) => (value === null ? '–' : `${value.toFixed(1)} ms (${kind})`);
+  const children = [simpleTable('nw-lab-compile', [
+    'backend', 'compiler', 'graphs', 'graph breaks', 'recompiles', 'compile time', 'run time', 'ops not compiled'
+  ], compiled.map(r => [
+    [r.label], [r.compilers.join(', ') || '—'], [r.graphs.length, 'nw-lab-num'], [r.breaks.length, 'nw-lab-num'],
+    [r.recompiles.length, 'nw-lab-num'], [ms(r.compileMs, r.kind), 'nw-lab-num'], [ms(r.runMs, r.kind), 'nw-lab-num'],
+    [r.notCompiled.join(', ') || 'none', r.notCompiled.length ? 'nw-lab-bad' : null]
+  ]))];
+  children.push(plotDiv('compile', 'nw-lab-compile-chart'));
+  const graphs = compiled.flatMap(r => r.graphs.map(g => [
+    [r.label], [g.index, 'nw-lab-num'], [g.backend], [g.function, 'nw-lab-path'], [g.where, 'nw-lab-path'],
+    [g.ops ?? '', 'nw-lab-num'], [ms(g.compileMs, r.kind), 'nw-lab-num'], [g.recompile],
+    [g.notCompiled.join(', '), g.notCompiled.length ? 'nw-lab-bad' : null]
+  ]));
+  if (graphs.length) {
+    children.push(el('div', 'nw-lab-subtitle', 'Graphs'));
+    children.push(simpleTable('nw-lab-compile-graphs', [
+      'backend', '#', 'compiler', 'function', 'where', 'ops', 'compile time', 'recompiled because', 'ops not compiled'
+    ], graphs));
+  }
+  const breaks = compiled.flatMap(r => r.breaks.map(b => [[r.label], [b.where, 'nw-lab-path'], [b.reason]]));
+  if (breaks.length) {
+    children.push(el('div', 'nw-lab-subtitle', 'Graph breaks'));
+    children.push(simpleTable('nw-lab-compile-breaks', ['backend', 'where', 'reason'], breaks));
+  }
+  const recompiles = compiled.flatMap(r => r.recompiles.map(c => [[r.label], [c.function, 'nw-lab-path'], [c.reason]]));
+  if (recompiles.length) {
+    children.push(el('div', 'nw-lab-subtitle', 'Recompiles'));
+    children.push(simpleTable('nw-lab-compile-recompiles', ['backend', 'function', 'reason'], recompiles));
+  }
+  for (const r of compiled) {
+    for (const note of r.notes) {
+      children.push(el('div', 'nw-lab-note', `${r.label}: ${note}`));
+    }
+  }
+  children.push(el('div', 'nw-lab-note',
+    'Compile time is the time torch.compile spent compiling; run time is the run\'s time less its compile time (the graphs running plus the cell\'s eager code; no run time is recorded per graph). Emulated devices run on the host CPU: their times are host CPU time, never Trainium or TPU performance.'));
+  const counts = compiled.map(r =>
+    `${r.label}: ${plural(r.graphs.length, 'graph')}, ${plural(r.breaks.length, 'graph break')}, ${plural(r.recompiles.length, 'recompile')}`);
+  const block = section(`torch.compile (${counts.join('; ')})`, children);
+  block.classList.add('nw-lab-compile-section');
+  block.open = false; // opened on demand, like the precision budget
+  return block;
+}
+
 /** Render the report into a fresh element. */
 export function renderReport(report) {
   const root = el('div', 'nw-lab-report');
@@ -466,6 +524,12 @@ export function renderReport(report) {
     fb.classList.add('nw-lab-fallbacks-section');
     fb.open = true;
     root.appendChild(fb);
+  }
+
+  // torch.compile: graphs, graph breaks, recompiles, compile vs run time, ops not compiled.
+  const compiled = compileRows(report);
+  if (compiled.length) {
+    root.appendChild(compileSection(compiled));
   }
 
   // Op profile A/B (--profile) and memory per backend.

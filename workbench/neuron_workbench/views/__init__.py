@@ -3,9 +3,11 @@
 - :func:`report_bundle`: the one display of a ``%%neuron`` report, a MIME bundle every front end
   picks its richest view from (see there);
 - :class:`ReportView`: an ipywidgets ``Tab`` (Summary | Numerics | Layers | Ops | Fallbacks, plus
-  Migration when the report has scanner findings) with Plotly ``FigureWidget`` charts;
+  Compile when a run used ``torch.compile`` and Migration when the report has scanner findings)
+  with Plotly ``FigureWidget`` charts;
 - :func:`show_report`: display the widget alone;
-- :mod:`neuron_workbench.views.figures`: plain ``go.Figure`` builders from report data.
+- :mod:`neuron_workbench.views.figures`: plain ``go.Figure`` builders from report data;
+  :mod:`neuron_workbench.views.compile_figures`: the compile-time-per-graph vs run-time chart.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from neuron_workbench.report.compile_html import compile_rows
 from neuron_workbench.report.display import (
     NOT_COMPARED_STATUS,
     format_bytes,
@@ -27,7 +28,11 @@ from neuron_workbench.report.html import (
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
+    "COMPILE_TIME_NOTE",
     "STYLE",
+    "compile_html",
+    "compile_where",
+    "compiled_runs",
     "fallbacks_html",
     "layers_html",
     "measurements_html",
@@ -376,3 +381,115 @@ def migration_html(data: dict[str, Any]) -> str:
         )
         + '<div class="note"><code>%neuron_migrate</code> applies the fixable ones.</div></div>'
     )
+
+
+def compiled_runs(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """The runs that compiled something, as ``(role, run, compile record)``, reference first.
+
+    A run compiled when its record (``data[role]["compile"]``) holds a graph, a graph break or a
+    failed compile; a cell without ``torch.compile`` gives ``[]``.
+    """
+    out = []
+    for role in ("ref", "target"):
+        run = data.get(role) or {}
+        record = run.get("compile") or {}
+        if record.get("graphs") or record.get("graph_breaks") or record.get("errors"):
+            out.append((role, run, record))
+    return out
+
+
+def compile_where(entry: dict[str, Any]) -> str:
+    """Where a graph or graph break is: ``cell line 4`` in the cell, else ``path:line``."""
+    file, line = entry.get("file") or "", entry.get("line")
+    if file == "cell":
+        return f"cell line {line}"
+    return site_label(file, line) if file else ""
+
+
+#: What the compile section's times are (the record keeps no run time per graph).
+COMPILE_TIME_NOTE = (
+    "Compile time is the time torch.compile spent compiling; run time is the run's time less its "
+    "compile time (the graphs running plus the cell's eager code; no run time is recorded per "
+    "graph). Emulated devices run on the host CPU: their times are host CPU time, never Trainium "
+    "or TPU performance."
+)
+
+
+def compile_html(data: dict[str, Any]) -> str:
+    """What ``torch.compile`` did on each backend: graphs, graph breaks, recompiles, times.
+
+    Per backend that compiled: its graphs (where, ops, compile time, the recompile reason, the ops
+    its compiler could not take), graph breaks with their reasons and cell lines, recompiles with
+    their reasons, warnings and failed compiles. ``""`` when neither run compiled.
+    """
+    runs = compiled_runs(data)
+    if not runs:
+        return ""
+    labels = {role: run_label(run, role) for role, run, _ in runs}
+    overview = [
+        [esc(labels[row[0]])] + [esc(cell) for cell in row[1:]] for row in compile_rows(data)
+    ]
+    parts = [
+        '<div class="nw-view nw-compile"><b>torch.compile</b>',
+        table(
+            ["backend", "compiler", "graphs", "graph breaks", "recompiles", "compile time",
+             "run time", "ops not compiled"],
+            overview,
+            numeric=(2, 3, 4, 5, 6),
+        ),
+    ]  # fmt: skip
+    graphs, breaks, recompiles, notes = [], [], [], []
+    for role, run, record in runs:
+        label = esc(labels[role])
+        kind = op_time_kind(run)
+        for index, graph in enumerate(record.get("graphs", []), start=1):
+            missing = graph.get("fallback_ops") or []
+            graphs.append(
+                [label, esc(index), esc(graph.get("backend", "")),
+                 f"<code>{esc(graph.get('function', ''))}</code>",
+                 f'<code class="nw-path">{esc(compile_where(graph))}</code>',
+                 esc(graph.get("ops", "")),
+                 f"{float(graph.get('compile_s') or 0.0) * 1e3:.1f} ({esc(kind)})",
+                 esc(graph.get("recompile") or ""),
+                 f'<span class="bad">{esc(", ".join(missing))}</span>' if missing else ""]
+            )  # fmt: skip
+        breaks += [
+            [
+                label,
+                f'<code class="nw-path">{esc(compile_where(b))}</code>',
+                esc(b.get("reason", "")),
+            ]
+            for b in record.get("graph_breaks", [])
+        ]
+        recompiles += [
+            [label, f"<code>{esc(r.get('function', ''))}</code>", esc(r.get("reason", ""))]
+            for r in record.get("recompiles", [])
+        ]
+        notes += [f"{labels[role]}: warning: {w}" for w in record.get("warnings", [])]
+        notes += [f"{labels[role]}: compile failed: {e}" for e in record.get("errors", [])]
+        random_ops = record.get("random_ops") or {}
+        if random_ops:
+            notes.append(
+                f"{labels[role]}: random functions inside compiled graphs (the compiler draws "
+                f"their numbers): {', '.join(sorted(random_ops))}"
+            )
+    if graphs:
+        parts += [
+            "<div><b>Graphs</b></div>",
+            table(
+                ["backend", "#", "compiler", "function", "where", "ops", "compile ms",
+                 "recompiled because", "ops not compiled"],
+                graphs,
+                numeric=(1, 5, 6),
+            ),
+        ]  # fmt: skip
+    if breaks:
+        parts += ["<div><b>Graph breaks</b></div>", table(["backend", "where", "reason"], breaks)]
+    if recompiles:
+        parts += [
+            "<div><b>Recompiles</b></div>",
+            table(["backend", "function", "reason"], recompiles),
+        ]
+    parts += [f'<div class="note">{esc(note)}</div>' for note in notes]
+    parts.append(f'<div class="note">{esc(COMPILE_TIME_NOTE)}</div></div>')
+    return "".join(parts)

@@ -1,5 +1,8 @@
 """``ReportView``: an ipywidgets Tab (Summary | Numerics | Layers | Ops | Fallbacks) of one report.
 
+A cell that ran ``torch.compile`` also gets a Compile tab, and one with scanner findings a Migration
+tab.
+
 Built from ``Report.to_dict()`` data only, so a saved report renders the same. Tabs are filled when
 first selected (each Plotly ``FigureWidget`` carries the plotly.js bundle to the browser, so only
 the visible ones are made). Clicking an op's bar shows the lines that called it.
@@ -18,11 +21,12 @@ from plotly.offline import get_plotlyjs_version
 from plotly.utils import PlotlyJSONEncoder
 
 from neuron_workbench.report.schema import read_report
-from neuron_workbench.views import figures, tables
+from neuron_workbench.views import compile_figures, figures, tables
 
 __all__ = ["TAB_TITLES", "ReportView", "report_data", "static_html"]
 
-#: Tab titles, in order (``Migration`` is added when the report has scanner findings).
+#: Tab titles, in order (``Compile`` is added when a run compiled, then ``Migration`` when the
+#: report has scanner findings).
 TAB_TITLES = ("Summary", "Numerics", "Layers", "Ops", "Fallbacks")
 
 
@@ -54,18 +58,22 @@ class ReportView(W.Tab):
         The report data everything is built from.
     figures : dict of str to go.FigureWidget
         The figures built so far: ``op_time`` and ``memory`` (Ops tab), ``fallback_bar`` and
-        ``treemap`` (Fallbacks tab).
+        ``treemap`` (Fallbacks tab), ``compile_time`` (Compile tab).
     sites : dict of str to ipywidgets.HTML
         The call-site panes of the Ops and Fallbacks tabs (filled by :meth:`show_call_sites`).
     """
 
     def __init__(self, report_or_dict: Any, **kwargs: Any) -> None:
         data = report_data(report_or_dict)
-        titles = list(TAB_TITLES) + (["Migration"] if data.get("migration") else [])
+        titles = list(TAB_TITLES)
         builders: list[Callable[[], list[W.Widget]]] = [
             self._summary, self._numerics, self._layers, self._ops, self._fallbacks,
         ]  # fmt: skip
+        if tables.compiled_runs(data):
+            titles.append("Compile")
+            builders.append(self._compile)
         if data.get("migration"):
+            titles.append("Migration")
             builders.append(self._migration)
         children = [W.VBox(layout=W.Layout(padding="6px")) for _ in titles]
         super().__init__(children=children, titles=titles, **kwargs)
@@ -153,6 +161,13 @@ class ReportView(W.Tab):
             ]
         return widgets
 
+    def _compile(self) -> list[W.Widget]:
+        widgets: list[W.Widget] = [self._html(tables.compile_html(self.data))]
+        chart = compile_figures.compile_time_figure(self.data)
+        if chart is not None:
+            widgets.insert(0, self._figure("compile_time", chart))
+        return widgets
+
     def _migration(self) -> list[W.Widget]:
         return [self._html(tables.migration_html(self.data))]
 
@@ -200,6 +215,9 @@ def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
     if budget is not None:
         out.append(budget.to_plotly_json())
     out.extend(figures.scalar_curves_specs(data))  # loss curves by call site, both runs
+    compiled = compile_figures.compile_time_spec(data)  # the report's HTML has the tables
+    if compiled is not None:
+        out.append(compiled)
     return out
 
 

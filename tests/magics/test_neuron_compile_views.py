@@ -1,0 +1,81 @@
+"""What ``torch.compile`` did, in the ipywidgets view of a real compiled ``%%neuron`` cell.
+
+Default path (target in its worker): a compiled MLP called with two batch sizes and a compiled
+function with a ``print`` inside, as a user writes them; the widget's Compile tab shows both
+backends' graphs, the graph break with its cell line, the recompile with its reason, compile time
+apart from run time, and the compile-time chart.
+"""
+
+import gc
+
+import plotly.graph_objects as go
+import pytest
+
+from neuron_workbench.testing import run_cell
+from neuron_workbench.views.widget import ReportView
+
+SETUP = (
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "torch.manual_seed(0)\n"
+    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))"
+)
+COMPILED = (
+    "%%neuron -o r\n"
+    "cm = torch.compile(mlp.cuda())\n"
+    "a = cm(torch.ones(3, 8).cuda())\n"
+    "b = cm(torch.ones(5, 8).cuda())\n"
+    "def f(t):\n"
+    "    t = t.sin()\n"
+    "    print('inside')\n"
+    "    return t.cos()\n"
+    "y = torch.compile(f)(torch.ones(3).cuda())"
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo(ip):
+    # The reference compiles in this process: start from nothing, as a new kernel would.
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def test_the_widget_shows_what_compile_did_on_each_backend(ip):
+    run_cell(ip, SETUP)
+    run_cell(ip, "%%neuron -o plain\ny = mlp.cuda()(torch.ones(3, 8).cuda())")
+    assert "Compile" not in ReportView(ip.user_ns["plain"]).titles  # nothing compiled
+    run_cell(ip, COMPILED)
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    view = ReportView(report)
+    view.selected_index = view.titles.index("Compile")
+    chart, html = view.children[view.selected_index].children
+    text = html.value
+    data = report.to_dict()
+    for role, compiler in (("ref", "inductor"), ("target", "neuron")):
+        record = data[role]["compile"]
+        label = data[role]["label"]
+        assert f"<td>{label}</td><td>{compiler}</td><td class=num>{len(record['graphs'])}</td>" in (
+            text
+        )
+        assert f"{record['compile_s'] * 1e3:.1f} ms ({data[role]['time_kind']})" in text
+    # the print broke the graph on both backends, at its cell line (the %%neuron line is 1)
+    assert text.count('<code class="nw-path">cell line 7</code></td><td>Dynamo does not know') == 2
+    # the second batch size compiled the MLP again on the target (static shapes), with its reason
+    assert "new shape for args[0]: (3, 8) → (5, 8)" in text
+    assert "host CPU time, never Trainium or TPU performance" in text
+    # the chart: compile time per graph, then the run, one bar per backend
+    assert chart is view.figures["compile_time"] and isinstance(chart, go.FigureWidget)
+    segments = chart.data[0]
+    graphs = len(data["ref"]["compile"]["graphs"]) + len(data["target"]["compile"]["graphs"])
+    assert len(segments.x) == graphs
+    assert set(segments.y) == {
+        "cpu (as cuda)<br>(wall time)",
+        "neuron (emulated)<br>(host CPU time)",
+    }
+    assert chart.data[-1].name == "run time (the run less its compile time)"
+    assert "host CPU time" in chart.layout.title.text
