@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuron_workbench.artifacts import ArtifactError, load
-from neuron_workbench.cli.commands.compare import build_report
+from neuron_workbench.cli.commands.compare import report_of_artifacts
 from neuron_workbench.cli.commands.show import summarize
 from neuron_workbench.report.html import render_page
 
@@ -121,7 +121,7 @@ def test_fuzzed_manifests_raise_only_artifact_error(tiny_artifact, scratch, data
         assert set(artifact.runs) == set(mutated["runs"])
         summarize(artifact)
         if len(artifact.runs) <= 2:
-            data = build_report(artifact, artifact, None, None).to_dict()
+            data = report_of_artifacts(artifact, artifact).to_dict()
             render_page([data])
 
 

@@ -222,7 +222,7 @@ def test_against_a_recording_reproduces_the_live_verdict(tmp_path, cell):
 
 
 def test_layer_statistics_and_op_profile_are_kept(tmp_path):
-    from neuron_workbench.cli.commands.compare import build_report
+    from neuron_workbench.cli.commands.compare import report_of_artifacts
     from neuron_workbench.trace.profile import op_profiler
 
     cell = (
@@ -246,6 +246,6 @@ def test_layer_statistics_and_op_profile_are_kept(tmp_path):
         extras = artifact.runs[role].extras
         assert isinstance(extras["layers"], dict) and isinstance(extras["profile"], dict)
         assert extras["profile"] == live.to_dict()[role]["profile"]
-    again = build_report(artifact, artifact, None, None).to_dict()
+    again = report_of_artifacts(artifact, artifact).to_dict()
     assert again["layers"] == live.to_dict()["layers"]
     assert again["verdict"] == live.verdict

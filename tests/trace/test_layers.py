@@ -48,7 +48,7 @@ def traces_for(model_source, k, culprit):
     ref = execute(spec, get_backend("cpu"))
     target = execute(spec, get_backend("neuron"))
     assert ref.ok and target.ok, (ref.error, target.error)
-    return ref.extras["layers"].trace, target.extras["layers"].trace
+    return ref.extras["layers"], target.extras["layers"]
 
 
 @pytest.mark.parametrize("k", [1, 7, 12, 19])
@@ -126,7 +126,7 @@ def test_gradient_divergence_is_born_where_backward_differs():
     ref = execute(spec, get_backend("cpu"))
     target = execute(spec, get_backend("neuron"))
     assert ref.ok and target.ok
-    result = compare_layers(ref.extras["layers"].trace, target.extras["layers"].trace)
+    result = compare_layers(ref.extras["layers"], target.extras["layers"])
     by_module = {d.module: d for d in result.layers}
     assert not any(d.diverged for d in result.layers)  # the forward pass matches exactly
     assert result.first_backward is not None and result.first_backward.module == "9"

@@ -24,7 +24,7 @@ EXPECTED_CALLS = {
 
 def _profiles(profiled_runs):
     _, runs = profiled_runs
-    return {name: run.extras["profile"].result() for name, run in runs.items()}
+    return {name: run.extras["profile"] for name, run in runs.items()}
 
 
 def test_profile_rows_exist_for_the_ops_of_both_runs(profiled_runs):

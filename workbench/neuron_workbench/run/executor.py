@@ -32,7 +32,7 @@ from neuron_workbench.run.namespace import (
     tensors_in,
     version_signature,
 )
-from neuron_workbench.run.records import Run, RunError, RunFacts
+from neuron_workbench.run.records import Run, RunError, RunFacts, recorded
 from neuron_workbench.run.remap import cuda_remapped_to
 from neuron_workbench.run.scalars import StopRun
 
@@ -340,7 +340,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             memory = backend.memory_stats()
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
         run.fallbacks = recording.events
-        run.extras = observed
+        # every run ends as plain data, here as in a worker: readers never meet a live recorder
+        run.extras = {name: recorded(value) for name, value in observed.items()}
         run.steps = step_scalars
         run.facts = facts
         facts.rule_ops = dict(recording.rule_ops)
@@ -357,7 +358,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             run.facts = facts
             facts.rule_ops = dict(recording.rule_ops)
         if "compile" in observed:  # what compiled before the error (a failed compile among it)
-            run.extras = {"compile": observed["compile"]}
+            run.extras = {"compile": recorded(observed["compile"])}
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)

@@ -95,8 +95,8 @@ class NotCompared:
 def recorded(value: Any) -> Any:
     """What an instrument recorded: a recorder's ``result()`` or ``trace``, else ``value`` itself.
 
-    ``Run.extras`` keeps what each instrument's context yielded (a recorder for live runs, plain
-    data for runs loaded from an artifact); reports, artifacts and comparisons read it through here.
+    A run turns each instrument's recorder into its record when it ends (in this process and in a
+    worker alike), so ``Run.extras`` holds records; runs loaded from an artifact hold their dicts.
     """
     if callable(getattr(value, "result", None)):
         value = value.result()

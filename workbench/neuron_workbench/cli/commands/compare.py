@@ -40,7 +40,9 @@ def pick_run(artifact: Any, role: str) -> Any:
     )
 
 
-def build_report(ref_artifact: Any, target_artifact: Any, values: dict[str, Any]) -> Any:
+def report_of_artifacts(
+    ref_artifact: Any, target_artifact: Any, values: dict[str, Any] | None = None
+) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs.
 
     ``values`` are option-table values by API name (tolerances) over the recorded cell's own.
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     check_pair(values.get("rtol"), values.get("atol"))
     ref_artifact = load(args.reference)
     target_artifact = load(args.target)
-    report = build_report(ref_artifact, target_artifact, values)
+    report = report_of_artifacts(ref_artifact, target_artifact, values)
     for warning in report.warnings:
         sys.stderr.write(f"warning: {warning}\n")
     sys.stdout.write(report.summary() + "\n")
