@@ -521,7 +521,7 @@ class NeuronMagics(Magics):
         text = on if on is not None else self.cluster
         if not text.strip():
             return {}  # nothing of Ray is imported unless a cell names a cluster
-        from neuron_workbench.run.ray_executor import RayOptions, parse_cluster
+        from neuron_workbench.run.ray_cluster import RayOptions, parse_cluster
 
         cluster = parse_cluster(text)
         if not cluster:

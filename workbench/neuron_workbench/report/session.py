@@ -126,8 +126,8 @@ class CellOptions:
             )
         self.compare.check_target_flags(self.targets)
         if self.cluster:
-            # only here is the Ray executor's module imported (it imports Ray itself only on use)
-            from neuron_workbench.run.ray_executor import parse_cluster
+            # only here are the workbench's Ray modules imported (they import Ray itself only on use)
+            from neuron_workbench.run.ray_cluster import parse_cluster
 
             if parse_cluster(self.cluster) != self.cluster:
                 raise OptionError(
@@ -244,16 +244,17 @@ class Session:
 
     @property
     def workers(self) -> Any:
-        """The :class:`~neuron_workbench.run.worker.WorkerPool` of this session."""
+        """The :class:`~neuron_workbench.run.worker_process.WorkerPool` of this session."""
         if self._workers is None:
-            from neuron_workbench.run.worker import WorkerPool
+            from neuron_workbench.run.worker_process import WorkerPool
 
             self._workers = WorkerPool()
         return self._workers
 
     def ray_pool(self, cluster: str, options: Any = None) -> Any:
         """The :class:`~neuron_workbench.run.ray_executor.RayActorPool` for ``cluster``."""
-        from neuron_workbench.run.ray_executor import RayActorPool, RayOptions, connected_address
+        from neuron_workbench.run.ray_cluster import RayOptions, connected_address
+        from neuron_workbench.run.ray_executor import RayActorPool
 
         if cluster == "ray":  # the cluster a ray://... cell connected this process to: its actors
             cluster = connected_address() or cluster
@@ -281,7 +282,7 @@ class Session:
 
             return RayExecutor(self.ray_pool(cluster, cluster_options), timeout=timeout)
         if name == "worker":
-            from neuron_workbench.run.worker import WorkerExecutor
+            from neuron_workbench.run.worker_process import WorkerExecutor
 
             return WorkerExecutor(self.workers, timeout=timeout)
         return InProcessExecutor()

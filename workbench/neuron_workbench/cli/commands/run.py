@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     check_pair(args.rtol, args.atol)
     cluster = ""
     if args.on:
-        from neuron_workbench.run.ray_executor import parse_cluster
+        from neuron_workbench.run.ray_cluster import parse_cluster
 
         cluster = parse_cluster(args.on)
     suffix = Path(args.path).suffix.lower()

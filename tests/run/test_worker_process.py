@@ -10,8 +10,8 @@ from neuron_workbench.backends import get_backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.driver import CompareOptions
 from neuron_workbench.report.session import CellOptions, Session
+from neuron_workbench.run.target_requests import answer_request
 from neuron_workbench.run.transport import dumps, loads
-from neuron_workbench.run.worker import answer_request
 
 NOTEBOOK = """
 import os
