@@ -14,7 +14,7 @@ import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from neuron_workbench.backends.base import Availability, BackendInfo
 from neuron_workbench.run.transport import Loaded, Packed
@@ -105,7 +105,7 @@ class TargetSlot(Protocol):
 
 SlotT = TypeVar("SlotT", bound=TargetSlot)
 
-_POOLS: weakref.WeakSet[SlotPool[TargetSlot]] = weakref.WeakSet()
+_POOLS: weakref.WeakSet[SlotPool[Any]] = weakref.WeakSet()
 
 
 @atexit.register
@@ -121,7 +121,7 @@ class SlotPool(Generic[SlotT]):
     def __init__(self, new_slot: Callable[[str], SlotT]) -> None:
         self._new_slot = new_slot
         self._slots: dict[str, SlotT] = {}
-        _POOLS.add(self)  # type: ignore[arg-type]
+        _POOLS.add(self)
 
     def get(self, target: str) -> SlotT:
         """The slot for ``target`` (created, not yet started, on first use)."""
