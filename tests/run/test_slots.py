@@ -33,4 +33,3 @@ def test_a_pool_keeps_one_slot_per_target_and_lists_them_unstarted():
     assert actors.get("tpu").row() == WorkerRow("tpu@ray://h:1", None, False, None, 0)
     actors.options = RayOptions(num_cpus=2)
     assert actors.get("tpu").options.num_cpus == 2  # the session's settings reach the slot
-

@@ -236,6 +236,7 @@ class _RandomRounding(TorchFunctionMode):
 
 def rounding_instrument(seed: int) -> Callable[[Any], contextlib.AbstractContextManager[Any]]:
     """The ``budget`` instrument of one random-rounding rerun (sample ``seed``)."""
+
     def instrument(backend: Any) -> contextlib.AbstractContextManager[Any]:
         return _RandomRounding(seed)
 
