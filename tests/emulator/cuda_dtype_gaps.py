@@ -63,7 +63,7 @@ def _find_failures(known: dict) -> dict[tuple[str, str], list[tuple[Any, tuple, 
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from neuron_workbench.emulator import _core
+    from neuron_workbench.emulator import _policy
 
     class Last(TorchDispatchMode):
         call: Any = None
@@ -72,7 +72,7 @@ def _find_failures(known: dict) -> dict[tuple[str, str], list[tuple[Any, tuple, 
             self.call = (func, args, kwargs or {})
             gaps = known.get(_overload(func))
             if gaps is not None:
-                return _core.run_widened(func, gaps, list(args), kwargs or {})
+                return _policy.run_widened(func, gaps, list(args), kwargs or {})
             return func(*args, **(kwargs or {}))
 
     def tensors(obj: Any) -> list:

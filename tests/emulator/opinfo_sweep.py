@@ -236,15 +236,15 @@ def _widened_on_cpu() -> Any:
     """A dispatch mode: CPU ops compute the dtype-gap table's dtypes as the emulator does."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from neuron_workbench.emulator import _core
+    from neuron_workbench.emulator import _policy
 
-    gaps = _core.dtype_gaps()
+    gaps = _policy.dtype_gaps()
 
     class Widened(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            table = gaps.get(_core._overload_name(func))
+            table = gaps.get(_policy.overload_name(func))
             if table is not None:
-                return _core.run_widened(func, table, list(args), kwargs or {})
+                return _policy.run_widened(func, table, list(args), kwargs or {})
             return func(*args, **(kwargs or {}))
 
     return Widened()

@@ -105,13 +105,13 @@ def test_several_targets_share_one_oracle_run(ip, fresh_tpu, monkeypatch):
     from neuron_workbench.compare import budget as budget_module
 
     reruns = []
-    original = budget_module._rerun
+    original = budget_module.rerun
 
     def counted(spec, backend, instrument):
         reruns.append(backend.name)
         return original(spec, backend, instrument)
 
-    monkeypatch.setattr(budget_module, "_rerun", counted)
+    monkeypatch.setattr(budget_module, "rerun", counted)
     run_cell(ip, SETUP)
     run_cell(ip, f"%%neuron --target neuron,tpu --judge budget -o both\n{MATMUL}")
     neuron, tpu = ip.user_ns["both"]

@@ -9,7 +9,7 @@ import torch
 from IPython.core.error import UsageError
 
 from neuron_workbench.backends.registry import resolve_executor
-from neuron_workbench.run import worker as worker_module
+from neuron_workbench.run import worker_process
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
 
@@ -138,14 +138,14 @@ def test_a_worker_that_does_not_start_in_time_gives_one_line_and_the_next_cell_r
     run_cell(ip, "import torch")
     magics = ip.magics_manager.registry["NeuronMagics"]
     magics.session.workers.get("neuron").stop()
-    monkeypatch.setattr(worker_module, "START_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(worker_process, "START_TIMEOUT_S", 0.01)
     with pytest.raises(UsageError) as error:
         run_cell(ip, "%%neuron -o r\ny = torch.ones(2).cuda() + 1")
     message = str(error.value)
     assert "\n" not in message and "did not start within 0.01 s" in message
     worker = magics.session.workers.get("neuron")
     assert not worker.alive and worker.arena is None  # ended, its files removed
-    monkeypatch.setattr(worker_module, "START_TIMEOUT_S", 180.0)
+    monkeypatch.setattr(worker_process, "START_TIMEOUT_S", 180.0)
     run_cell(ip, "%%neuron -o r\ny = torch.ones(2).cuda() + 1")
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 

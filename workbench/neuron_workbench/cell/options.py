@@ -607,7 +607,7 @@ class CellOptions:
         cluster = self.cluster  # type: ignore[attr-defined]
         if cluster:
             # only here is the Ray executor's module imported (it imports Ray itself only on use)
-            from neuron_workbench.run.ray_executor import parse_cluster
+            from neuron_workbench.run.ray_cluster import parse_cluster
 
             if parse_cluster(cluster) != cluster:
                 raise OptionError("{0} {value!r} names no Ray cluster", "cluster", value=cluster)

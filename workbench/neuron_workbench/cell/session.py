@@ -115,16 +115,17 @@ class Session:
 
     @property
     def workers(self) -> Any:
-        """The :class:`~neuron_workbench.run.worker.WorkerPool` of this session."""
+        """The :class:`~neuron_workbench.run.worker_process.WorkerPool` of this session."""
         if self._workers is None:
-            from neuron_workbench.run.worker import WorkerPool
+            from neuron_workbench.run.worker_process import WorkerPool
 
             self._workers = WorkerPool()
         return self._workers
 
     def ray_pool(self, cluster: str, options: Any = None) -> Any:
         """The :class:`~neuron_workbench.run.ray_executor.RayActorPool` for ``cluster``."""
-        from neuron_workbench.run.ray_executor import RayActorPool, RayOptions, connected_address
+        from neuron_workbench.run.ray_cluster import RayOptions, connected_address
+        from neuron_workbench.run.ray_executor import RayActorPool
 
         if cluster == "ray":  # the cluster a ray://... cell connected this process to: its actors
             cluster = connected_address() or cluster
@@ -152,7 +153,7 @@ class Session:
 
             return RayExecutor(self.ray_pool(cluster, cluster_options), timeout=timeout)
         if name == "worker":
-            from neuron_workbench.run.worker import WorkerExecutor
+            from neuron_workbench.run.worker_process import WorkerExecutor
 
             return WorkerExecutor(self.workers, timeout=timeout)
         return InProcessExecutor()

@@ -1,19 +1,18 @@
-"""The emulator's shared policy tables, and its pure-Python core.
+"""The emulator's pure-Python core, used where no C++ compiler is available.
 
-The tables (coverage, the device-exempt, 64-bit and matmul op sets, refusal texts, the bf16 matmul
-passes) serve both cores; the native core (``emulator/native``, the default where it can be built)
-reads them through ``_native_core``. The rest of this module is the pure-Python core, used where
-no C++ compiler is available: an :class:`EmulatedTensor` is a wrapper subclass whose device is
-``neuron:0`` (or ``tpu:0``) and whose data is a CPU tensor in ``.elem``. ``__torch_dispatch__``
-runs every ATen op on the CPU payloads, after the device check and the profile's numerics
-policy, and decides per op (once, then cached) whether it is native, a CPU fallback (recorded, or
-an error on tpu), or a composite to be decomposed into other ops the way the real dispatcher
-would. Design: ``shared/notes/emulator.md``.
+An :class:`EmulatedTensor` is a wrapper subclass whose device is ``neuron:0`` (or ``tpu:0``) and
+whose data is a CPU tensor in ``.elem``. ``__torch_dispatch__`` runs every ATen op on the CPU
+payloads, after the device check and the profile's numerics policy, and decides per op (once, then
+cached) whether it is native, a CPU fallback (recorded, or an error on tpu), or a composite to be
+decomposed into other ops the way the real dispatcher would. The runtime state both cores read (the
+device, the profile's native ops, fallback and numerics switches) lives here; the policy tables and
+numerics both cores apply are in ``_policy`` (the native core, ``emulator/native``, reads them
+through ``_native_core``), the memory accounting in ``_memory``. Design:
+``shared/notes/emulator.md``.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -21,6 +20,33 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 
 from neuron_workbench.emulator import events as _events
+from neuron_workbench.emulator._memory import MEM, Allocation
+from neuron_workbench.emulator._policy import (
+    DEVICE_EXEMPT,
+    INT_ARITH,
+    INTERNAL,
+    K_DECOMP,
+    K_DEVICE,
+    K_FALLBACK,
+    K_IMPL,
+    K_IMPLICIT,
+    K_RUN,
+    LAYOUT_BEHAVIOUR,
+    NO_DECOMP,
+    NO_FP64_ROUND,
+    RESTRIDE,
+    RULE_OPS,
+    SHARES,
+    dtype_gaps,
+    library_op_kind,
+    matmul_operands,
+    matmul_passes,
+    narrow_inputs,
+    narrow_outputs,
+    overload_name,
+    run_widened,
+    sparse_layout_of,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Runtime state (module globals: read on every op, so kept flat)
@@ -33,10 +59,6 @@ NARROW_64BIT = True  # neuron: float64 computed as float32, int64 arithmetic as 
 MATMUL_PASSES = 0  # 0: exact fp32; 1/3/6: bf16 passes (tpu DEFAULT/HIGH/HIGHEST, neuron what-if)
 TPU_WARN_EVERY_CALL = True
 NATIVE_CORE: Any = None  # the compiled core (emulator/native) when it runs the device, else None
-# Ops each numeric rule touched (evidence for hints): matmul-like ops computed with bf16 passes,
-# and (Python core only; the native core counts its own in C++) ops with float64 / int64 inputs
-# computed narrower. One increment per op.
-RULE_OPS = {"tpu-matmul": 0, "fp64": 0, "int64": 0}
 
 _PY_KEY = DispatchKeySet(DispatchKey.Python)
 _CEA = DispatchKey.CompositeExplicitAutograd
@@ -49,80 +71,12 @@ _perf = time.perf_counter
 def configure_device(device_type: str) -> None:
     """Set the device the wrappers report (called once at install)."""
     global DEVICE_TYPE, DEVICE
-    DEVICE_TYPE = device_type
+    DEVICE_TYPE = MEM.device_type = device_type
     DEVICE = torch.device(device_type, 0)
 
 
 class GrowthError(NotImplementedError):
     """An in-place op needed to grow a tensor's storage: impossible for a Python backend."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory accounting: one _Alloc per payload storage, shared by every wrapper viewing it; freed when
-# the last wrapper goes away (refcounting, so immediate in CPython).
-
-_mem_lock = threading.RLock()
-
-
-class _Mem:
-    current = 0
-    peak = 0
-    allocated_total = 0
-    freed_total = 0
-    num_allocs = 0
-    num_frees = 0
-    num_ooms = 0
-    capacity: int | None = None
-
-    def reset_peak(self) -> None:
-        """Set the peak to the current allocation."""
-        with _mem_lock:
-            self.peak = self.current
-
-    def reset_accumulated(self) -> None:
-        """Zero the allocated/freed totals and counters."""
-        with _mem_lock:
-            self.allocated_total = self.freed_total = self.num_allocs = self.num_frees = 0
-            self.num_ooms = 0
-
-
-MEM = _Mem()
-
-
-class _Alloc:
-    __slots__ = ("nbytes",)
-
-    def __init__(self, nbytes: int) -> None:
-        with _mem_lock:
-            cap = MEM.capacity
-            if cap is not None and MEM.current + nbytes > cap:
-                MEM.num_ooms += 1
-                self.nbytes = 0
-                raise torch.OutOfMemoryError(
-                    f"emulated {DEVICE_TYPE} out of memory: tried to allocate {nbytes} bytes "
-                    f"({MEM.current} bytes allocated, capacity {cap} bytes set by "
-                    f"emulate(capacity_bytes=...))"
-                )
-            self.nbytes = nbytes
-            MEM.current += nbytes
-            MEM.allocated_total += nbytes
-            MEM.num_allocs += 1
-            if MEM.current > MEM.peak:
-                MEM.peak = MEM.current
-
-    def __del__(self) -> None:
-        n = self.nbytes
-        if n:
-            with _mem_lock:
-                MEM.current -= n
-                MEM.freed_total += n
-                MEM.num_frees += 1
-
-    def __deepcopy__(self, memo: dict) -> _Alloc:  # never duplicate an accounting record
-        return self
-
-    def __reduce__(self) -> Any:
-        raise TypeError("emulator memory record is not picklable")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,43 +184,23 @@ class _LayoutError(Exception):
         self.layout = layout
 
 
-# Vendor text for non-strided layouts (shared/notes/torchtpu.md §3; shared/coverage/).
-_LAYOUT_BEHAVIOUR = {
-    "tpu": "sparse operators are not supported on TPU yet (TorchTPU's sparse-op fallback)",
-    "neuron": "TorchNeuron's registered coverage has no op for sparse tensors (its kernels are "
-    "registered for dense PrivateUse1 tensors only)",
-}
-
-
 def layout_error(layout: Any, overload: str | None) -> NotImplementedError:
     """The one-line error for a sparse (or other non-strided) tensor on the emulated device."""
     op = f" by {overload}" if overload else ""
-    behaviour = _LAYOUT_BEHAVIOUR.get(DEVICE_TYPE, "the real backend supports strided tensors")
+    behaviour = LAYOUT_BEHAVIOUR.get(DEVICE_TYPE, "the real backend supports strided tensors")
     return NotImplementedError(
         f"emulated {DEVICE_TYPE}: a {layout} tensor cannot be created on {DEVICE}{op}: {behaviour}. "
         "Keep it on CPU, or call .to_dense() before moving it to the device."
     )
 
 
-def sparse_layout_of(base: str, kwargs: dict) -> Any:
-    """The non-strided layout an op is about to create (by its layout= or its name), else None."""
-    layout = kwargs.get("layout")
-    if layout is not None and layout != _STRIDED:
-        return layout
-    if "sparse" not in base:
-        return None
-    for tag, lay in (("csr", "torch.sparse_csr"), ("csc", "torch.sparse_csc"),
-                     ("bsr", "torch.sparse_bsr"), ("bsc", "torch.sparse_bsc")):  # fmt: skip
-        if tag in base:
-            return lay
-    return "torch.sparse_coo"
-
-
-def _wrap(elem: torch.Tensor, acct: _Alloc | None, requires_grad: bool = False) -> EmulatedTensor:
+def _wrap(
+    elem: torch.Tensor, acct: Allocation | None, requires_grad: bool = False
+) -> EmulatedTensor:
     if elem.layout is not _STRIDED:
         raise _LayoutError(elem.layout)
     if acct is None:
-        acct = _Alloc(elem.untyped_storage().nbytes() if elem.layout == torch.strided else 0)
+        acct = Allocation(elem.untyped_storage().nbytes() if elem.layout == torch.strided else 0)
     r = _make_wrapper(
         _Emu,
         elem.size(),
@@ -292,76 +226,14 @@ def _wrap(elem: torch.Tensor, acct: _Alloc | None, requires_grad: bool = False) 
 
 def wrap_new(elem: torch.Tensor) -> EmulatedTensor:
     """Wrap a fresh CPU tensor as a new device tensor (with memory accounting)."""
-    return _wrap(elem, _Alloc(elem.nbytes))
+    return _wrap(elem, Allocation(elem.nbytes))
 
 
 # ---------------------------------------------------------------------------------------------
 # Per-op plans
 
-K_RUN, K_FALLBACK, K_DECOMP, K_IMPL, K_IMPLICIT, K_DEVICE = 0, 1, 2, 3, 4, 5
-
 _PLANS: dict[Any, tuple] = {}
 CPU_IMPLS: dict[Any, Any] = {}  # op -> python impl on CPU payloads (ops without a CPU kernel)
-
-# Ops that must never be reported or decomposed: host/device plumbing the real backends register.
-_INTERNAL = frozenset(
-    {
-        "_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense",
-        "empty", "empty_strided", "set_", "resize_", "lift_fresh", "lift_fresh_copy",
-        "_has_compatible_shallow_copy_type", "is_pinned", "record_stream", "_unsafe_view",
-        "detach", "alias", "_reshape_alias", "view", "as_strided", "clone",
-    }
-)  # fmt: skip
-# Composites the emulator does not decompose: they allocate empty(0) and grow it through out=.
-_NO_DECOMP = frozenset({"arange", "eye", "linspace", "logspace", "range"})
-# Mixing devices is allowed for these (as on CUDA): copies and indexing with CPU indices.
-_DEVICE_EXEMPT = frozenset(
-    {
-        "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "index", "index_put",
-        "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put", "set_",
-        "_has_compatible_shallow_copy_type",
-    }
-)  # fmt: skip
-# Ops that can change a mutated tensor's sizes/strides (besides every out= op).
-_RESTRIDE = frozenset(
-    {
-        "resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
-        "unsqueeze_", "swapdims_", "swapaxes_", "_resize_output_",
-    }
-)  # fmt: skip
-# Shares storage with its input although the schema does not mark it as a view.
-_SHARES = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh"})
-# Numerics: integer arithmetic that wraps like int32 on neuron (indexing ops keep int64).
-_INT_ARITH = frozenset(
-    {
-        "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "neg", "neg_", "sum", "cumsum",
-        "cumsum_", "prod", "cumprod", "mm", "bmm", "addmm", "dot", "mv", "pow", "pow_",
-        "floor_divide", "floor_divide_", "remainder", "remainder_", "fmod", "fmod_", "abs",
-        "abs_", "square", "__lshift__", "bitwise_left_shift", "addcmul", "addcmul_", "matmul",
-        "div", "div_",
-    }
-)  # fmt: skip
-# Not subject to the float64 rounding: data movement, views, comparisons of stored values.
-_NO_FP64_ROUND = _INTERNAL | frozenset(
-    {"fill_", "zero_", "cat", "stack", "index_select", "gather", "index", "masked_select"}
-)
-# Matmul-like ops and the argument positions of their two operands.
-_MATMUL_OPERANDS = {
-    "mm": (0, 1), "bmm": (0, 1), "mv": (0, 1), "dot": (0, 1), "addmm": (1, 2),
-    "baddbmm": (1, 2), "addmv": (1, 2), "convolution": (0, 1),
-}  # fmt: skip
-_BIAS_FREE = {"addmm", "baddbmm", "addmv"}  # passes after the first use beta=0
-
-
-def matmul_operands(base: str) -> tuple[int, ...] | None:
-    """Argument positions of a matmul-like op's operands (bf16 passes round them), else None."""
-    if base == "convolution_backward":
-        return (0, 1, 2)
-    if base.startswith("_scaled_dot_product_fused_attention_overrideable") and not base.endswith(
-        "backward"
-    ):
-        return (0, 1, 2)
-    return _MATMUL_OPERANDS.get(base)
 
 
 def is_native(func: Any) -> bool:
@@ -374,40 +246,6 @@ def is_native(func: Any) -> bool:
     if base.endswith("_") and base[:-1] in NATIVE:
         return func.has_kernel_for_dispatch_key(_CEANF)
     return False
-
-
-#: PyTorch's own namespaces outside ``aten``: ``prims`` ops appear in the graphs decompositions make
-#: for ``torch.compile`` (batch norm's ``prims::var``), which the backends' compilers lower; they
-#: are not a library's ops, and they ran on the device before library ops were told apart.
-_TORCH_PRIMITIVES = frozenset({"prims"})
-
-
-def _library_op_kind(func: Any, view: bool) -> int:
-    """The plan kind of an op outside ``aten`` (torchvision's, a user's ``torch.library`` op).
-
-    No profile lists such ops, so the dispatcher's own rules decide, as on the real backends: a
-    kernel registered for the device (PrivateUse1) runs it; a CompositeExplicitAutograd kernel
-    (``torch.library.custom_op`` without ``device_types``) or a CompositeImplicitAutograd one runs
-    on the device as its parts; anything else (a CPU-only kernel, a Meta/fake kernel) reaches the
-    backend's global fallback: TorchNeuron's boxed CPU fallback (an event), TorchTPU's missing-op
-    error (shared/notes/torchneuron.md §6.2, torchtpu.md §3).
-    """
-    if view or func.namespace in _TORCH_PRIMITIVES:
-        return K_RUN
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    name = _overload_name(func)
-    if has(name, "PrivateUse1"):
-        return K_DEVICE
-    if has(name, "CompositeExplicitAutograd"):
-        return K_DECOMP
-    if has(name, "CompositeImplicitAutograd"):
-        return K_IMPLICIT
-    return K_FALLBACK
-
-
-def _overload_name(func: Any) -> str:
-    s = func._schema
-    return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
 
 
 def _make_plan(func: Any) -> tuple:
@@ -438,15 +276,15 @@ def _make_plan(func: Any) -> tuple:
     if func in CPU_IMPLS:
         kind = K_IMPL
     elif ns != "aten":
-        kind = _library_op_kind(func, view)
-    elif view or base in _INTERNAL or is_native(func):
+        kind = library_op_kind(func, view)
+    elif view or base in INTERNAL or is_native(func):
         kind = K_RUN
-    elif base not in _NO_DECOMP and func.has_kernel_for_dispatch_key(_CEA):
+    elif base not in NO_DECOMP and func.has_kernel_for_dispatch_key(_CEA):
         # The real dispatcher runs a CompositeExplicitAutograd kernel on the device when the
         # backend has no kernel of its own: check its pieces op by op. (Structured
         # CompositeExplicitAutogradNonFunctional wrappers only reach the same op's out= form.)
         kind = K_DECOMP
-    elif base not in _NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
+    elif base not in NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
         schema.name + (f".{schema.overload_name}" if schema.overload_name else ""),
         "CompositeImplicitAutograd",
     ):
@@ -456,18 +294,18 @@ def _make_plan(func: Any) -> tuple:
         kind = K_IMPLICIT
     else:
         kind = K_FALLBACK
-    resync = has_out or base in _RESTRIDE
-    share = view or base in _SHARES
-    exempt = base in _DEVICE_EXEMPT
+    resync = has_out or base in RESTRIDE
+    share = view or base in SHARES
+    exempt = base in DEVICE_EXEMPT
     matmul = matmul_operands(base)
     numerics = (
-        ns == "aten" and not view and base not in _NO_FP64_ROUND,
-        base in _INT_ARITH,
+        ns == "aten" and not view and base not in NO_FP64_ROUND,
+        base in INT_ARITH,
         matmul,
         base,
         # The device's own kernel covers dtypes the CPU one lacks (CUDA's, by OpInfo): only
         # for ops the device runs; a CPU fallback fails on them as the real one would.
-        dtype_gaps().get(_overload_name(func)) if kind == K_RUN else None,
+        dtype_gaps().get(overload_name(func)) if kind == K_RUN else None,
     )
     to_cpu = base == "_to_copy"
     # Positional arguments typed plain Tensor: a wrapped number (the 0-dim tensor C++ makes of a
@@ -484,7 +322,7 @@ def _make_plan(func: Any) -> tuple:
         numerics,
         to_cpu,
         base,
-        _overload_name(func),
+        overload_name(func),
         tensor_slots,
     )
     _PLANS[func] = plan
@@ -617,7 +455,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     fp64_ok, int_arith, matmul, _, gaps = numerics
     post = None
     if NARROW_64BIT and (fp64_ok or int_arith):
-        post = _narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
+        post = narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
 
     t0 = _perf()
     fn = CPU_IMPLS[func] if kind == K_IMPL else func
@@ -627,7 +465,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             break
     try:
         if matmul is not None and MATMUL_PASSES:
-            out = _matmul_passes(fn, base, matmul, cargs, ckw)
+            out = matmul_passes(fn, base, matmul, cargs, ckw, MATMUL_PASSES)
         elif gaps is not None:
             out = run_widened(fn, gaps, cargs, ckw)
         else:
@@ -638,7 +476,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             _record_fallback(overload, args, _perf() - t0)
 
     if post is not None:
-        _narrow_outputs(out, post)
+        narrow_outputs(out, post)
 
     if to_cpu:
         dev = kwargs.get("device")
@@ -737,91 +575,7 @@ def _resync(w: EmulatedTensor) -> None:
             ) from exc
 
 
-# ---- numerics ------------------------------------------------------------------------------
-
-_GAPS_FILE = "cuda-dtype-gaps.json"
-_gaps: dict[str, dict[torch.dtype, torch.dtype]] | None = None
-
-
-def dtype_gaps() -> dict[str, dict[torch.dtype, torch.dtype]]:
-    """Overloads whose CPU kernel lacks a dtype CUDA supports: ``{overload: {dtype: wider}}``.
-
-    Derived from PyTorch's OpInfo tables (``dtypesIfCUDA`` vs ``dtypes``) by
-    ``tests/emulator/cuda_dtype_gaps.py`` into ``coverage/cuda-dtype-gaps.json``; read once.
-    """
-    global _gaps
-    if _gaps is None:
-        import json
-        from pathlib import Path
-
-        path = Path(__file__).resolve().parent / "coverage" / _GAPS_FILE
-        table = json.loads(path.read_text(encoding="utf-8")).get("gaps", {})
-        _gaps = {
-            op: {getattr(torch, src): getattr(torch, wide) for src, wide in dtypes.items()}
-            for op, dtypes in table.items()
-        }
-    return _gaps
-
-
-def run_widened(fn: Any, gaps: dict, args: list, kwargs: dict) -> Any:
-    """Run ``fn`` with tensors of a dtype its CPU kernel lacks computed in a wider, exact one.
-
-    The first tensor argument whose dtype is in ``gaps`` picks the rule: every tensor of that
-    dtype is widened, the kernel runs, outputs in the wider dtype come back in the original one
-    (CUDA's result dtype: the table's generator checks it against the meta kernels), and widened
-    arguments the op mutates get their new values.
-    """
-    src = None
-    for a in (*args, *kwargs.values()):
-        if type(a) is torch.Tensor and a.dtype in gaps:
-            src = a.dtype
-            break
-        if type(a) in (list, tuple):
-            src = next((t.dtype for t in a if type(t) is torch.Tensor and t.dtype in gaps), None)
-            if src is not None:
-                break
-    if src is None:
-        return fn(*args, **kwargs)
-    wide = gaps[src]
-    widened: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def widen(a: Any) -> Any:
-        if type(a) is torch.Tensor and a.dtype is src:
-            w = a.to(wide)
-            widened.append((a, w))
-            return w
-        if type(a) in (list, tuple):
-            return type(a)(widen(x) for x in a)
-        return a
-
-    out = fn(*[widen(a) for a in args], **{k: widen(v) for k, v in kwargs.items()})
-    for orig, w in widened:
-        if w._version:  # mutated by the kernel (rrelu_with_noise's noise)
-            orig.copy_(w)
-
-    def narrow(o: Any) -> Any:
-        for orig, w in widened:
-            if o is w:
-                return orig  # an in-place result is the caller's tensor
-        if isinstance(o, torch.Tensor) and o.dtype is wide:
-            return o.to(src)
-        if type(o) in (list, tuple):
-            return type(o)(narrow(x) for x in o)
-        return o
-
-    return narrow(out)
-
-
-_F64 = torch.float64
-_F32 = torch.float32
-_I64 = torch.int64
-_I32 = torch.int32
-_BF16 = torch.bfloat16
-_I32_MIN = -(2**31)
-
-
-def _wrap_int(v: int) -> int:
-    return ((v - _I32_MIN) % 2**32) + _I32_MIN
+# ---- numerics counters ---------------------------------------------------------------------
 
 
 def rule_ops() -> dict[str, int]:
@@ -840,120 +594,3 @@ def reset_rule_ops() -> None:
         RULE_OPS[key] = 0
     if NATIVE_CORE is not None:
         NATIVE_CORE.reset_rule_counts()
-
-
-def _narrow_inputs(cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple) -> Any:
-    """Round float64 inputs through float32 / wrap int64 inputs through int32; report outputs to fix."""
-    found = None
-    saw_fp64 = saw_int64 = False
-    mutated = {a[1] for a in ret_alias if a is not None}
-    for i, a in enumerate(cargs):
-        if type(a) is torch.Tensor:
-            dt = a.dtype
-            if dt is _F64 and fp64_ok:
-                found = _F32
-                saw_fp64 = True
-                if i in mutated:
-                    a.copy_(a.to(_F32))
-                else:
-                    cargs[i] = a.to(_F32).to(_F64)
-            elif dt is _I64 and int_arith:
-                found = _I32
-                saw_int64 = True
-                if i in mutated:
-                    a.copy_(a.to(_I32))
-                else:
-                    cargs[i] = a.to(_I32).to(_I64)
-        elif int_arith and type(a) is int and not (_I32_MIN <= a < 2**31):
-            cargs[i] = _wrap_int(a)
-    if saw_fp64:
-        RULE_OPS["fp64"] += 1
-    if saw_int64:
-        RULE_OPS["int64"] += 1
-    return found
-
-
-def _narrow_outputs(out: Any, target: Any) -> None:
-    if isinstance(out, torch.Tensor):
-        src = _F64 if target is _F32 else _I64
-        if out.dtype is src:
-            out.copy_(out.to(target))
-    elif isinstance(out, (tuple, list)):
-        for o in out:
-            _narrow_outputs(o, target)
-
-
-def _bf16_split(t: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """Split an fp32 tensor into n bf16-representable fp32 terms (hi, mid, lo)."""
-    parts = []
-    rest = t
-    for _ in range(n):
-        p = rest.to(_BF16).to(_F32)
-        parts.append(p)
-        rest = rest - p
-    return parts
-
-
-_PASS_PAIRS = {
-    1: ((0, 0),),
-    3: ((0, 0), (0, 1), (1, 0)),
-    6: ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)),
-}
-
-
-def _matmul_passes(func: Any, base: str, pos: tuple, cargs: list, ckw: dict) -> Any:
-    """Run a matmul-like op as bf16 multiplies with fp32 accumulation (1, 3 or 6 passes)."""
-    ops = [cargs[p] for p in pos]
-    if not all(isinstance(o, torch.Tensor) and o.dtype is _F32 for o in ops):
-        return func(*cargs, **ckw)
-    RULE_OPS["tpu-matmul"] += 1
-    n = MATMUL_PASSES
-    if base.startswith("_scaled_dot_product"):
-        n = 1  # attention: inputs rounded once (documented approximation for HIGH/HIGHEST)
-    if base == "convolution_backward":
-        return _conv_backward_passes(func, cargs, ckw, n)
-    nterms = {1: 1, 3: 2, 6: 3}[n]
-    if base.startswith("_scaled_dot_product"):
-        args = list(cargs)
-        for p in pos:
-            args[p] = cargs[p].to(_BF16).to(_F32)
-        return func(*args, **ckw)
-    a_parts = _bf16_split(cargs[pos[0]], nterms)
-    b_parts = _bf16_split(cargs[pos[1]], nterms)
-    result = None
-    for k, (i, j) in enumerate(_PASS_PAIRS[n]):
-        args = list(cargs)
-        args[pos[0]] = a_parts[i]
-        args[pos[1]] = b_parts[j]
-        kw = ckw
-        if k > 0:
-            if base in _BIAS_FREE:
-                kw = dict(ckw, beta=0)
-            elif base == "convolution":
-                args[2] = None
-        r = func(*args, **kw)
-        result = r if result is None else result.add_(r)
-    return result
-
-
-def _conv_backward_passes(func: Any, cargs: list, ckw: dict, n: int) -> Any:
-    go, inp, w = cargs[0], cargs[1], cargs[2]
-    mask = list(cargs[-1])
-    nterms = {1: 1, 3: 2, 6: 3}[n]
-    go_p, in_p, w_p = _bf16_split(go, nterms), _bf16_split(inp, nterms), _bf16_split(w, nterms)
-    gi = gw = None
-    for i, j in _PASS_PAIRS[n]:
-        args = list(cargs)
-        args[0], args[1], args[2] = go_p[i], in_p[j], w_p[j]
-        args[-1] = [mask[0], mask[1], False]
-        r = func(*args, **ckw)
-        if mask[0]:
-            gi = r[0] if gi is None else gi.add_(r[0])
-        if mask[1]:
-            gw = r[1] if gw is None else gw.add_(r[1])
-    gb = None
-    if mask[2]:
-        args = list(cargs)
-        args[-1] = [False, False, True]
-        gb = func(*args, **ckw)[2]  # bias grad is a reduction on the vector unit: full fp32
-    return gi, gw, gb

@@ -1,7 +1,7 @@
 """The Python half of the native core (``emulator/native``): per-op plans, events, refusals.
 
 The compiled backend asks Python once per op for its plan, made from the same tables as the
-Python core (``_core``): whether the profile runs it (silently), falls back to CPU (an event, or
+Python core (``_policy``): whether the profile runs it (silently), falls back to CPU (an event, or
 TorchTPU's error when fallback is off), or has a Python implementation (SDPA's overrideable op;
 matmuls while bf16 passes are on). Everything else, the hot path included, stays in C++.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.emulator import _core
+from neuron_workbench.emulator import _core, _policy
 from neuron_workbench.emulator import events as _events
 
 KIND_RUN, KIND_FALLBACK, KIND_PYTHON = 0, 1, 2
@@ -98,11 +98,11 @@ def run_python(overload: str, args: list) -> Any:
             positional.append(v)
     fn = _core.CPU_IMPLS.get(func, func)
     base = func._schema.name.split("::", 1)[1]
-    pos = _core.matmul_operands(base)
+    pos = _policy.matmul_operands(base)
     if pos is None or not _core.MATMUL_PASSES:
-        gaps = _core.dtype_gaps().get(overload)
+        gaps = _policy.dtype_gaps().get(overload)
         if gaps is not None:  # sent here for a dtype the CPU kernel lacks
-            return _core.run_widened(fn, gaps, positional, keywords)
+            return _policy.run_widened(fn, gaps, positional, keywords)
         return fn(*positional, **keywords)
     outs = [
         a.name
@@ -110,12 +110,12 @@ def run_python(overload: str, args: list) -> Any:
         if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
     ]
     if not outs:
-        return _core._matmul_passes(fn, base, pos, positional, keywords)
+        return _policy.matmul_passes(fn, base, pos, positional, keywords, _core.MATMUL_PASSES)
     # A structured matmul reaches the device as its out= form (mm.out): the passes accumulate
     # into a fresh result, which then goes to the caller's out tensor.
     functional = getattr(torch.ops.aten, base).default
     rest = {k: v for k, v in keywords.items() if k not in outs}
-    result = _core._matmul_passes(functional, base, pos, positional, rest)
+    result = _policy.matmul_passes(functional, base, pos, positional, rest, _core.MATMUL_PASSES)
     out = keywords[outs[0]]
     if out.shape != result.shape:
         out.resize_(result.shape)

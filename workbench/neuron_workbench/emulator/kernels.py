@@ -82,7 +82,7 @@ def _factory_ops() -> list[Any]:
 
 def _make_factory(op: Any) -> Any:
     base = op._schema.name.split("::", 1)[1]
-    overload = _core._overload_name(op)
+    overload = _core.overload_name(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         _check_index(kwargs.get("device"))
@@ -163,7 +163,7 @@ def _sparse_fallback(default_layout: str | None) -> Any:
     def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         base = op._schema.name.split("::", 1)[1]
         layout = _core.sparse_layout_of(base, kwargs) or default_layout or "sparse compressed"
-        raise _core.layout_error(layout, _core._overload_name(op))
+        raise _core.layout_error(layout, _core.overload_name(op))
 
     return fallback
 
@@ -342,7 +342,7 @@ def register_all(native: bool = False) -> None:
         pu1 = Library("aten", "IMPL", "PrivateUse1")
         _LIBS.append(pu1)
         for op in _factory_ops():
-            pu1.impl(_core._overload_name(op)[6:], _make_factory(op))
+            pu1.impl(_core.overload_name(op)[6:], _make_factory(op))
         pu1.impl("_copy_from", _copy_from)
         pu1.impl("_copy_from_and_resize", _copy_from_and_resize)
         for name in _native_composites():

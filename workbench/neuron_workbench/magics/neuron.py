@@ -320,7 +320,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         """``cluster`` and ``cluster_options`` of a cell's ``cluster`` (``--on``) setting."""
         if not text.strip():
             return {}  # nothing of Ray is imported unless a cell names a cluster
-        from neuron_workbench.run.ray_executor import RayOptions, parse_cluster
+        from neuron_workbench.run.ray_cluster import RayOptions, parse_cluster
 
         cluster = parse_cluster(text)
         if not cluster:

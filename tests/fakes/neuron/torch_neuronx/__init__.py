@@ -48,7 +48,7 @@ def _register() -> None:
     dispatch = _core.EmulatedTensor.__dict__["__torch_dispatch__"].__func__
 
     def __torch_dispatch__(cls: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None):
-        _executed.add(_core._overload_name(func))
+        _executed.add(_core.overload_name(func))
         return dispatch(cls, func, types, args, kwargs)
 
     _core.EmulatedTensor.__torch_dispatch__ = classmethod(__torch_dispatch__)

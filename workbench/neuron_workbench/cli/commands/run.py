@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     values = given_values(args, RUN)
     check_pair(values.get("rtol"), values.get("atol"))
     if values.get("cluster"):
-        from neuron_workbench.run.ray_executor import parse_cluster
+        from neuron_workbench.run.ray_cluster import parse_cluster
 
         values["cluster"] = parse_cluster(values["cluster"])
     suffix = Path(args.path).suffix.lower()

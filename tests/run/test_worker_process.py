@@ -1,4 +1,4 @@
-"""The worker executor: target runs in a child process, shipped with cloudpickle, crashes contained."""
+"""The worker slot: target runs in a child process, shipped with cloudpickle, crashes contained."""
 
 import textwrap
 import time
@@ -6,12 +6,10 @@ import time
 import pytest
 import torch
 
-from neuron_workbench.backends import get_backend
 from neuron_workbench.cell.options import CellOptions, CompareOptions
 from neuron_workbench.cell.session import Session
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.transport import dumps, loads
-from neuron_workbench.run.worker import answer_request
 
 NOTEBOOK = """
 import os
@@ -219,6 +217,7 @@ import os, time, torch
 from neuron_workbench.cell.options import CompareOptions
 from neuron_workbench.cell.options import CellOptions
 from neuron_workbench.cell.session import Session
+from neuron_workbench.run.transport import dumps, loads
 session = Session()
 worker = session.workers.get("neuron")
 worker.ensure_started()
@@ -275,31 +274,3 @@ def test_auto_keeps_a_device_this_process_already_holds():
     assert resolve_executor("auto", ["neuron", "tpu"]) == "worker"
     assert resolve_executor("auto", ["cpu"]) == "inprocess"
     assert resolve_executor("inprocess", ["tpu"]) == "inprocess"
-
-
-def _unloadable():
-    raise ImportError("No module named 'nb_helpers'")
-
-
-class _Unloadable:
-    """Pickles here, fails to load in the target process (a module only the kernel has)."""
-
-    def __reduce__(self):
-        return (_unloadable, ())
-
-
-def test_a_request_the_target_cannot_load_or_run_is_a_one_line_usage_error():
-    cpu = get_backend("cpu")
-    unloadable = dumps({"value": _Unloadable()})
-    answer = loads(
-        answer_request(unloadable, cpu, bytearray(256), host="actor", load_hint="L", hint="H")
-    )
-    assert answer == {
-        "usage_error": "the cpu actor could not load what the cell reads "
-        "(ImportError: No module named 'nb_helpers'); L"
-    }
-    broken = dumps({"no": "program"})  # the workbench fails around the cell: the process serves on
-    answer = loads(
-        answer_request(broken, cpu, bytearray(256), host="worker", load_hint="L", hint="H")
-    )
-    assert answer == {"usage_error": "the cpu worker failed: KeyError: 'program'; H"}

@@ -1,0 +1,180 @@
+"""The executor that runs a cell's target side in a target slot (a worker process or a Ray actor).
+
+:class:`SlotExecutor` packs what the cell reads into a run request
+(:func:`~neuron_workbench.run.target_requests.pack_request`), hands it to the pool's
+:class:`~neuron_workbench.run.slots.TargetSlot` for the target, and turns the answer into the
+:class:`~.records.Run` the comparison reads; a slot that died or timed out gives an ERROR run
+naming the cause. Results the kernel cannot rebuild are marked not compared. The worker and Ray
+executors (:class:`~neuron_workbench.run.worker_process.WorkerExecutor`,
+:class:`~neuron_workbench.run.ray_executor.RayExecutor`) are this executor over their own pools.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import time
+from typing import Any
+
+from neuron_workbench.backends.base import Availability, Backend, BackendInfo
+from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.run.namespace import on_accelerator, tensors_in
+from neuron_workbench.run.records import Run, RunError
+from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
+from neuron_workbench.run.target_requests import not_compared, pack_request
+from neuron_workbench.run.transport import Loaded, Packed, unloadable_in
+
+_ATOMS = (str, int, float, bool, bytes, complex, type(None))
+
+
+class SlotExecutor:
+    """Executes the target run of a cell in the pool's slot for that target.
+
+    Attributes
+    ----------
+    name : str
+        The executor's name, as reports and ``--executor`` spell it.
+    concurrent : bool
+        Whether a started run goes on in the slot while the caller runs the reference.
+    """
+
+    name = "slot"
+    concurrent = False
+
+    def __init__(self, pool: SlotPool[Any], timeout: float | None = None) -> None:
+        self.pool = pool
+        self.timeout = timeout
+
+    def availability(self, backend: Backend) -> Availability:
+        """Whether ``backend`` can run in its slot (starts the slot)."""
+        worker = self.pool.get(backend.name)
+        try:
+            worker.ensure_started()
+        except BackendUnavailable as exc:
+            return Availability(False, str(exc))
+        assert worker.availability is not None
+        return worker.availability
+
+    def run(self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None) -> Run:
+        """Run ``spec`` on ``backend`` in its slot and return the :class:`Run` it sent back."""
+        return self.start(spec, backend, run_id=run_id, what_if=what_if).result()
+
+    def start(
+        self, spec: Any, backend: Backend, *, run_id: str, what_if: str | None = None
+    ) -> PendingRun:
+        """Send ``spec`` to ``backend``'s slot, which may start running it; the run comes later.
+
+        What the cell reads is packed now, so the caller may go on (run the reference in this
+        process) while a :attr:`concurrent` slot runs; :meth:`PendingRun.result` waits for the
+        answer.
+        """
+        from neuron_workbench.run.cell import referenced_names
+
+        worker = self.pool.get(backend.name)
+        worker.ensure_started()
+        namespace = spec.namespace
+        names = set(referenced_names(spec.program, namespace))
+        # Plain values the cell may rebind without reading: in this process a run finds its outputs
+        # by identity against the whole namespace, so `device = "cuda"` twice is no new binding.
+        names |= {
+            name for name in spec.program.body.co_names if type(namespace.get(name)) in _ATOMS
+        }
+        names = sorted(n for n in names if n in namespace)
+        values = {name: namespace[name] for name in names}
+        force = [
+            name
+            for name, value in values.items()
+            if value in spec.resident or any(on_accelerator(t) for t in tensors_in(value))
+        ]
+        request = {
+            "program": spec.program,
+            "seed": spec.seed,
+            "hidden": frozenset(spec.hidden) & (set(names) | set(spec.program.body.co_names)),
+            "force": force,
+            "instruments": spec.instruments,
+            "rng_on_cpu": spec.rng_on_cpu,
+            "steps": spec.steps,
+            "what_if": what_if,
+            "ref_precision": getattr(spec, "ref_precision", "cuda"),
+            "backend_options": backend.options(),
+            "lines": linecache.getlines(spec.program.filename),
+        }
+        message = pack_request(request, values, namespace, backend.name, worker.arena)
+        info = worker.info or backend.info()
+        return PendingRun(self, worker, message, spec, run_id, info)
+
+    def _finish(self, answer: Loaded, spec: Any, run_id: str, target: str) -> Run:
+        value = answer.value
+        if "interrupted" in value:
+            raise KeyboardInterrupt
+        if "usage_error" in value:
+            raise WorkbenchUsageError(value["usage_error"])
+        run: Run = value["run"]
+        if answer.stood_in:
+            _not_loadable_here(run, target)
+        spec.captured[run_id] = _Printed(run.stdout, run.stderr)
+        return run
+
+
+class PendingRun:
+    """A target run handed to a slot: :meth:`result` waits for it, :meth:`cancel` abandons it."""
+
+    def __init__(
+        self,
+        executor: SlotExecutor,
+        slot: TargetSlot,
+        message: Packed,
+        spec: Any,
+        run_id: str,
+        info: BackendInfo,
+    ) -> None:
+        self._executor = executor
+        self._slot = slot
+        self._spec = spec
+        self._run_id = run_id
+        self._info = info
+        self._sent = time.monotonic()
+        self._request_id = slot.submit(message)
+
+    def result(self) -> Run:
+        """The finished run (an ERROR run naming the cause when the slot died or timed out)."""
+        executor = self._executor
+        try:
+            answer = self._slot.collect(
+                self._request_id,
+                timeout=executor.timeout,
+                cell_filename=self._spec.program.filename,
+                sent=self._sent,
+            )
+        except WorkerDied as exc:
+            # The message names the cell line itself; no lineno, so reports do not repeat it.
+            return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
+        return executor._finish(answer, self._spec, self._run_id, self._info.name)
+
+    def cancel(self) -> None:
+        """Abandon the run (a worker running it is ended): nothing of it reaches the next cell."""
+        self._slot.cancel(self._request_id)
+
+
+def _not_loadable_here(run: Run, target: str) -> None:
+    """Results holding something this process cannot rebuild are not compared, nor committed."""
+
+    def why(value: Any) -> str | None:
+        stand_in = unloadable_in(value)
+        if stand_in is None:
+            return None
+        return f"could not be loaded from the {target} worker process: {stand_in.reason}"
+
+    not_compared(run, why)
+
+
+class _Printed:
+    """What a worker run printed, replayable in the kernel."""
+
+    def __init__(self, stdout: str, stderr: str) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def show(self) -> None:
+        sys.stdout.write(self.stdout)
+        sys.stderr.write(self.stderr)

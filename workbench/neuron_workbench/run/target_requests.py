@@ -1,0 +1,296 @@
+"""The run request a target slot is sent, and how the target process answers it.
+
+Both ends of the request: the kernel packs what a cell reads with :func:`pack_request` (shipped by
+:mod:`~neuron_workbench.run.transport`: notebook functions and classes by value, importable modules
+by reference, tensors by storage); a target process (a worker, see
+:mod:`~neuron_workbench.run.worker_server`, or a Ray actor, see
+:mod:`~neuron_workbench.run.ray_actor`) makes its device ready with :func:`device_ready` and answers
+each request with :func:`answer_request`: the finished :class:`~.records.Run`, its tensors moved to
+the host, or a one-line usage error. Results that cannot travel are reported as not compared.
+
+While a run is under way the name of the last dispatched op is kept in a small buffer of
+:data:`LAST_OP_BYTES` (a worker's is a memory-mapped file, so it survives a crash): the emulator's
+native core writes it itself where it is in use (no Python per op), otherwise a dispatch mode does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import mmap
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from neuron_workbench.backends.base import Availability, Backend
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.run.namespace import ResidentObjects
+from neuron_workbench.run.records import NotCompared, Run
+from neuron_workbench.run.transport import Packed, dumps, loads
+
+#: Environment variable set (to the target's name) in every target process (worker or Ray actor).
+WORKER_ENV = "NEURON_WORKBENCH_WORKER"
+#: Bytes of the record of the last dispatched op (a worker's is memory-mapped).
+LAST_OP_BYTES = 128
+#: Seconds a fresh target process may take to import torch and make its device ready.
+START_TIMEOUT_S = 180.0
+#: What a cell that cannot be shipped to its target process is told to do instead.
+EXECUTOR_HINT = "run the cell with --executor inprocess"
+
+# ---- requests ------------------------------------------------------------------------------------
+
+_ANCHOR_CODE = (lambda: None).__code__
+
+
+def _anchor(namespace: Mapping[str, Any]) -> types.FunctionType:
+    # A function whose globals are the namespace: cloudpickle gives every notebook function it
+    # ships in one message the same globals dict, and this function's copy leads the worker to it.
+    return types.FunctionType(_ANCHOR_CODE, namespace, "anchor")  # type: ignore[arg-type]
+
+
+def _describe(value: Any) -> str:
+    kind = type(value).__name__
+    return f"a {kind}" if kind[0].lower() not in "aeiou" else f"an {kind}"
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` of ``exc`` (one-line errors name their cause so)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def pack_request(
+    request: dict[str, Any],
+    values: dict[str, Any],
+    namespace: Mapping[str, Any],
+    target: str,
+    arena: str | None = None,
+) -> Packed:
+    """The run request with ``values``; a one-line usage error names what cannot be shipped.
+
+    ``arena`` is a shared-memory folder for the tensors' bytes (a worker on this host), else they
+    travel in the message (a Ray actor).
+    """
+    message = dict(request, values=values, anchor=_anchor(namespace))
+    try:
+        return dumps(message, arena)
+    except Exception as exc:
+        for name in sorted(values):
+            try:
+                dumps({"anchor": message["anchor"], name: values[name]})
+            except Exception as item_exc:
+                raise WorkbenchUsageError(
+                    f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
+                    f"process ({first_line(item_exc)}); {EXECUTOR_HINT}"
+                ) from None
+        raise WorkbenchUsageError(
+            f"the cell cannot be sent to the {target} worker process ({first_line(exc)}); "
+            f"{EXECUTOR_HINT}"
+        ) from None
+
+
+# ---- the target process --------------------------------------------------------------------------
+
+
+class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """Writes the name of every dispatched op into a memory map (survives the process)."""
+
+    def __init__(self, slot: mmap.mmap) -> None:
+        super().__init__()
+        self._slot = slot
+        self._names: dict[Any, bytes] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = self._names.get(func)
+        if name is None:
+            # ``aten::add.Tensor``: the same spelling as the native core's record
+            raw = str(func.name()).encode()[: LAST_OP_BYTES - 1]
+            name = self._names[func] = raw.ljust(LAST_OP_BYTES, b"\0")
+        self._slot[0:LAST_OP_BYTES] = name
+        return func(*args, **(kwargs or {}))
+
+
+# PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disable guard that costs more than this mode
+# does per op; the mode only writes bytes, so it runs as written.
+_dispatch = _LastOpMode.__dict__["__torch_dispatch__"]
+_LastOpMode.__torch_dispatch__ = getattr(_dispatch, "__wrapped__", _dispatch)  # type: ignore[method-assign]
+
+
+def device_ready(backend: Backend, host: str) -> dict[str, Any]:
+    """Make ``backend``'s device ready in this target process: ``availability`` and ``info``.
+
+    Run once when a worker or a Ray actor starts; a failure is reported as unavailability
+    (naming the ``host`` kind), never raised, so the kernel gets one line.
+    """
+    try:
+        availability = backend.availability()
+        if availability:
+            with backend.session():  # install the emulated device before any backward pass
+                pass
+        return {"availability": availability, "info": backend.info() if availability else None}
+    except Exception as exc:
+        reason = f"{backend.name} {host}: {first_line(exc)}"
+        return {"availability": Availability(False, reason), "info": None}
+
+
+def _record_last_op_natively(slot: mmap.mmap | None) -> bool:
+    """Point the emulator's native core at ``slot`` (None: stop); False where it is not in use."""
+    from neuron_workbench import emulator
+
+    try:
+        return bool(emulator.record_last_op(slot))
+    except Exception:  # a core that cannot record: the dispatch mode does it
+        return False
+
+
+@contextlib.contextmanager
+def _last_op_recorded(slot: mmap.mmap | bytearray) -> Iterator[None]:
+    """Record each op the run dispatches into ``slot``.
+
+    The emulator's native core writes the names itself where it is in use (into a worker's memory
+    map); otherwise a dispatch mode does.
+    """
+    if isinstance(slot, mmap.mmap) and _record_last_op_natively(slot):
+        try:
+            yield
+        finally:
+            _record_last_op_natively(None)
+    else:
+        with _LastOpMode(slot):
+            yield
+
+
+def answer_request(
+    data: Packed,
+    backend: Backend,
+    slot: mmap.mmap | bytearray,
+    *,
+    host: str,
+    load_hint: str,
+    hint: str,
+    running: Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]] | None = None,
+    arena: str | None = None,
+) -> Packed:
+    """A target process's packed answer to one packed run request (a worker's or a Ray actor's).
+
+    The run, or a one-line ``usage_error``: what the cell reads could not be loaded here (with
+    ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
+    (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself;
+    ``arena`` is the shared-memory folder for the answer's tensors (a worker).
+    """
+    try:
+        request = loads(data)
+    except Exception as exc:
+        return dumps(
+            {
+                "usage_error": f"the {backend.name} {host} could not load what the cell reads "
+                f"({first_line(exc)}); {load_hint}"
+            }
+        )
+    try:
+        with running(request) if running is not None else contextlib.nullcontext():
+            return _run_request(request, backend, slot, arena=arena)
+    except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
+        return dumps({"usage_error": str(exc)})
+    except Exception as exc:  # the workbench failed around the cell: say so, keep serving
+        return dumps(
+            {"usage_error": f"the {backend.name} {host} failed: {first_line(exc)}; {hint}"}
+        )
+
+
+def _run_request(
+    request: dict[str, Any],
+    backend: Backend,
+    slot: mmap.mmap | bytearray,
+    *,
+    arena: str | None,
+) -> Packed:
+    from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
+    from neuron_workbench.run.library_state import restore_library_state
+
+    options = request.get("backend_options")
+    if options and options != backend.options():  # the cell's adapter options (--list-fallbacks)
+        from neuron_workbench.backends import get_backend
+
+        backend = get_backend(backend.name, **options)
+
+    program = request["program"]
+    # the cell's lines as the kernel numbers them (a %%neuron body starts at line 2)
+    lines = request.get("lines") or program.source.splitlines(keepends=True)
+    linecache.cache[program.filename] = (len(program.source), None, lines, program.filename)
+    namespace = request["anchor"].__globals__
+    namespace.setdefault("__name__", "__main__")
+    # Strings are interned as the kernel's were: `device = "cuda"` rebinding the same text must
+    # not look like a new binding (runs find their outputs by identity).
+    namespace.update(
+        {
+            name: sys.intern(value) if type(value) is str else value
+            for name, value in request["values"].items()
+        }
+    )
+    restore_library_state(request["values"].values())
+    resident = ResidentObjects()
+    for name in request["force"]:
+        if name in namespace:
+            resident.add(namespace[name])
+    spec = RunSpec(
+        program,
+        namespace,
+        seed=request["seed"],
+        hidden=request["hidden"],
+        resident=resident,
+        instruments=request["instruments"],
+        rng_on_cpu=request["rng_on_cpu"],
+        steps=request["steps"],
+        isolate_inputs=False,
+        ref_precision=request["ref_precision"],
+    )
+    try:
+        with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot):
+            run = execute(spec, backend, run_id="target")
+    except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
+        slot[0:LAST_OP_BYTES] = bytes(LAST_OP_BYTES)
+        return dumps({"interrupted": True})
+    slot[0:LAST_OP_BYTES] = bytes(LAST_OP_BYTES)
+    from neuron_workbench.run.records import recorded
+
+    run.extras = {name: recorded(value) for name, value in run.extras.items()}
+    try:
+        return dumps({"run": run}, arena)
+    except Exception:
+        _leave_out_what_cannot_be_sent(run, backend.name)
+        return dumps({"run": run}, arena)
+
+
+def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
+    """Replace each result that cannot be pickled by a :class:`NotCompared` naming why."""
+
+    def why(value: Any) -> str | None:
+        try:
+            dumps(value).discard()
+        except Exception as exc:
+            return f"could not be sent back from the {target} worker process ({first_line(exc)})"
+        return None
+
+    not_compared(run, why)
+
+
+def not_compared(run: Run, why: Callable[[Any], str | None]) -> None:
+    """Leave out of the comparison and of the commit every result ``why`` gives a reason for.
+
+    Outputs become :class:`NotCompared` markers carrying the reason; such bindings and the last
+    value are dropped (the kernel keeps its own values).
+    """
+    for name in list(run.outputs):
+        reason = why(run.outputs[name])
+        if reason is not None:
+            run.outputs[name] = NotCompared(reason)
+            run.bindings.pop(name, None)
+    for name in list(run.bindings):
+        if why(run.bindings[name]) is not None:
+            del run.bindings[name]
+    if why(run.last_value) is not None:
+        run.last_value = None

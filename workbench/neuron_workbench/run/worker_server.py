@@ -1,0 +1,124 @@
+"""The worker process's side: set up once, then answer the kernel's run requests until it is gone.
+
+A worker is started by :class:`~neuron_workbench.run.worker_process.WorkerSlot` as
+``python -c "from neuron_workbench.run.worker_server import serve; serve(fd, folder)"``. It mirrors
+the kernel's ``sys.path``, environment, working directory and torch threads for each request, keeps
+the name of the last dispatched op in a memory-mapped file and lets :mod:`faulthandler` dump its
+stacks into its folder (both survive a crash, so the kernel can say where it died), and ends itself
+when the kernel that started it is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import shutil
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from neuron_workbench.run.target_requests import (
+    EXECUTOR_HINT,
+    LAST_OP_BYTES,
+    WORKER_ENV,
+    answer_request,
+    device_ready,
+)
+from neuron_workbench.run.transport import dumps, receive, send
+
+#: Variables a worker keeps as it was started: its device, that it is a worker, no inline plots.
+_OWN_ENV = ("NEURON_WORKBENCH_EMULATE", "NEURON_WORKBENCH_EMULATE_REPORT", "MPLBACKEND", WORKER_ENV)
+
+
+def _mirror_environment(kernel: dict[str, str]) -> None:
+    """The kernel's environment as of this cell (``%env`` settings reach the run), less ours."""
+    for name in [n for n in os.environ if n not in kernel and n not in _OWN_ENV]:
+        del os.environ[name]
+    for name, value in kernel.items():
+        if name not in _OWN_ENV and os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _exit_with_parent(folder: str) -> None:
+    """End this process when the kernel that started it is gone, even in the middle of a cell.
+
+    The worker's folder (on shared memory, with any arena not yet loaded) goes with it.
+    """
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="neuron-workbench-parent-watch", daemon=True).start()
+
+
+def serve(fd: int, folder: str) -> None:
+    """Worker main loop: set up, then answer run requests until the pipe closes.
+
+    ``fd`` is the worker's end of the socket pair, ``folder`` its own (last op, stack dumps,
+    shared-memory arenas).
+    """
+    import faulthandler
+
+    conn = Connection(fd)
+    _exit_with_parent(folder)
+    init = pickle.loads(conn.recv_bytes())
+    sys.path[:] = list(init["sys_path"])
+    with contextlib.suppress(OSError):
+        os.chdir(init["cwd"])
+    faults = open(os.path.join(folder, "faults.log"), "w")  # noqa: SIM115 - open for the process
+    faulthandler.enable(file=faults, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=faults, all_threads=True, chain=False)
+    with open(os.path.join(folder, "lastop"), "r+b") as handle:
+        slot = mmap.mmap(handle.fileno(), LAST_OP_BYTES)
+    import builtins
+
+    if not hasattr(builtins, "display"):
+        # IPython puts display() among the builtins; here a displayed object is printed instead.
+        builtins.display = lambda *objects, **kwargs: print(*objects)  # type: ignore[attr-defined]
+    from neuron_workbench.backends import get_backend
+
+    backend = get_backend(init["target"])
+    hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
+    send(conn, dumps(hello), {"id": init["id"]})
+    while True:
+        try:
+            # the request id, the kernel's import path, environment, folder and torch threads as
+            # of this cell, then the request
+            head, data = receive(conn)
+        except (EOFError, OSError):
+            return
+        where = head["where"]
+        if where["sys_path"] != sys.path:
+            sys.path[:] = where["sys_path"]
+        _mirror_environment(where["environ"])
+        if where["threads"] != torch.get_num_threads():
+            torch.set_num_threads(where["threads"])
+        if where["cwd"] != os.getcwd():
+            with contextlib.suppress(OSError):
+                os.chdir(where["cwd"])
+        answer = answer_request(
+            data,
+            backend,
+            slot,
+            host="worker",
+            load_hint=EXECUTOR_HINT,
+            hint=EXECUTOR_HINT,
+            arena=folder,
+        )
+        try:
+            send(conn, answer, {"id": head["id"]})
+        except OSError:  # the kernel is gone (or gave up on this request): nobody will load it
+            answer.discard()
+            return
