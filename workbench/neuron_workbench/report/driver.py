@@ -322,6 +322,12 @@ def compare_cell(
             target_runs, [comparison, *(c for c, _ in extra_comparisons)], strict=True
         )
     ]
+    # --compile-check: the cell once more with torch.compile off, before anything is committed
+    eager = (
+        _compile_check(spec, ref_backend, executor, target_backend, options, policy, program.source)
+        if getattr(options, "compile_check", False)
+        else None
+    )
     last_value = None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
@@ -344,9 +350,10 @@ def compare_cell(
         options=options.to_dict(),
         warnings=warnings,
         layers=layers,
-        notes=comparison_notes(ref_run, target_run, policy) + schedule,
+        notes=comparison_notes(ref_run, target_run, policy) + schedule + _explained(comparison),
         budget=budgets[0],
         scalars=compare_observed_scalars(ref_run, target_run, policy, oracle.oracle),
+        compile_check=eager,
     )
     extra_reports = []
     for extra_run, (extra_comparison, extra_layers), extra_budget in zip(
@@ -403,6 +410,39 @@ def compare_observed_scalars(
 
             scalar_budget(first, diff.ref_dtype, oracle.extras["scalars"])
     return scalars
+
+
+def _compile_check(
+    spec: RunSpec,
+    ref_backend: Any,
+    executor: Executor,
+    target_backend: Any,
+    options: CompareOptions,
+    policy: TolerancePolicy,
+    source: str,
+) -> Report:
+    """The report of the cell run with ``torch.compile`` off on both sides (``--compile-check``)."""
+    from neuron_workbench.run.compile_check import eager_runs
+
+    ref, target = eager_runs(
+        spec,
+        ref_backend,
+        lambda eager, run_id: _run_target(eager, executor, target_backend, run_id, options.what_if),
+    )
+    comparison, _ = compare_runs(ref, target, policy)
+    return Report(
+        ref=ref,
+        target=target,
+        comparison=comparison,
+        cell_source=source,
+        options=options.to_dict(),
+        notes=comparison_notes(ref, target, policy) + _explained(comparison),
+    )
+
+
+def _explained(comparison: Comparison | None) -> list[str]:
+    """The evidence of each output whose difference does not fail the verdict."""
+    return [d.explained for d in comparison.diffs if d.explained] if comparison else []
 
 
 def _note_compiled_draws(run: Run) -> None:
@@ -523,6 +563,7 @@ def compare_runs(
         evidence = Evidence(ref, target, policy)
         for diff in failures:
             diff.hints = hints_for(diff, ref, target, evidence)
+            diff.explained = evidence.amplification(diff) or ""
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
         from neuron_workbench.compare.layer_divergence import compare_layers, full_output_diffs

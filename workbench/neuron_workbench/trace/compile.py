@@ -157,8 +157,41 @@ class _GraphCode(logging.Handler):
             text = log.getMessage()
         except Exception:  # a graph that cannot be printed: nothing to read
             return
-        for name in sorted(set(_RANDOM_CALL.findall(text))):
+        names = set()
+        for line in text.splitlines():
+            code = line.strip()
+            if code.startswith("#"):
+                continue  # the user source Dynamo quotes, not what the graph calls
+            names.update(m[1] for m in _RANDOM_CALL.finditer(code) if _draws(code, m))
+        for name in sorted(names):
             self.record.random_ops[name] = self.record.random_ops.get(name, 0) + 1
+
+
+def _draws(code: str, match: re.Match[str]) -> bool:
+    """Whether a random call in graph code draws: a dropout with ``p`` 0 or not training does not.
+
+    Graph code spells the arguments as literals: ``dropout(x, 0.0, True, False)`` or
+    ``dropout(x, p = 0.0, training = True)``.
+    """
+    if "dropout" not in match[1]:
+        return True
+    args = code[match.end() :].split(")", 1)[0]
+    positional, keywords = [], {}
+    for part in (a.strip() for a in args.split(",")):
+        key, eq, value = part.partition("=")
+        if eq:
+            keywords[key.strip()] = value.strip()
+        else:
+            positional.append(part)
+    p = keywords.get("p", positional[1] if len(positional) > 1 else None)
+    training = keywords.get("training", keywords.get("train"))
+    if training is None and len(positional) > 2:
+        training = positional[2]
+    try:
+        no_p = p is not None and float(p) == 0.0
+    except ValueError:  # p is a graph value, not a literal
+        no_p = False
+    return not (no_p or training == "False")
 
 
 def _shapes(metric: Any) -> dict[str, Any]:
