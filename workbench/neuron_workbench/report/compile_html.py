@@ -103,13 +103,10 @@ def render_compile_section(data: dict[str, Any]) -> str:
 def _check_table(check: dict[str, Any], heading: str = "h4") -> str:
     """``--compile-check``: the verdict as written and with ``torch.compile`` off on both sides."""
     eager = check.get("eager_summary", "")
-    return (
-        f"<{heading}>Compiled vs eager (--compile-check)</{heading}>"
-        + _table(
-            ["cell", "verdict", "summary"],
-            [
-                ["as written (compiled)", check.get("compiled", ""), ""],
-                ["torch.compile off, both sides", check.get("eager", ""), eager],
-            ],
-        )
+    return f"<{heading}>Compiled vs eager (--compile-check)</{heading}>" + _table(
+        ["cell", "verdict", "summary"],
+        [
+            ["as written (compiled)", check.get("compiled", ""), ""],
+            ["torch.compile off, both sides", check.get("eager", ""), eager],
+        ],
     )
