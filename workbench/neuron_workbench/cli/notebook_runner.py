@@ -87,6 +87,7 @@ def _setup_source(
     track_per_op: bool = False,
     cluster: str = "",
     judge: str | None = None,
+    compile_check: bool = False,
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
@@ -101,6 +102,7 @@ def _setup_source(
         "track_per_op": True if track_per_op else None,
         "cluster": cluster or None,
         "judge": judge,
+        "compile_check": True if compile_check else None,
     }
     if rtol is not None and atol is not None:
         settings.update(rtol=float(rtol), atol=float(atol))
@@ -176,6 +178,7 @@ def run_notebook(
     track_per_op: bool = False,
     cluster: str = "",
     judge: str | None = None,
+    compile_check: bool = False,
 ) -> InputResult:
     """Execute ``path`` with the extension loaded and the options as the magic's defaults.
 
@@ -183,7 +186,8 @@ def run_notebook(
     ``record_dir`` sets ``NeuronMagics.record_dir`` (every ``%%neuron`` cell saves its runs there);
     ``against_dir`` makes every ``%%neuron`` cell compare against the reference a ``record_dir`` run
     saved for it (``cell-<N>.nwrun.zip``), instead of running one. ``list_fallbacks``,
-    ``track_per_op``, ``cluster`` and ``judge`` set the magic's settings of the same names.
+    ``track_per_op``, ``cluster``, ``judge`` and ``compile_check`` set the magic's settings of the
+    same names.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -214,6 +218,7 @@ def run_notebook(
             track_per_op=track_per_op,
             cluster=cluster,
             judge=judge,
+            compile_check=compile_check,
         ),
         metadata={"tags": [_SETUP_TAG]},
     )
@@ -375,6 +380,7 @@ def run_script(
     args: Sequence[str] = (),
     cwd: str | None = None,
     max_steps: int | None = None,
+    compile_check: bool = False,
 ) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
@@ -405,6 +411,7 @@ def run_script(
             track_per_op=track_per_op,
             judge=judge,
             max_steps=max_steps,
+            compile_check=compile_check,
         ),
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,

@@ -155,6 +155,9 @@ class NeuronMagics(Magics):
         "DIR/cell-<execution count>.nwrun.zip (as record_dir writes it) instead of running one.",
     ).tag(config=True)
     strict = Bool(False, help="Fail every cell whose target fell back to CPU.").tag(config=True)
+    compile_check = Bool(
+        False, help="Run every cell with torch.compile off too (as --compile-check)."
+    ).tag(config=True)
     widget = Bool(
         False,
         help="Show every report as the interactive widget (tabs, Plotly charts), also where the "
@@ -315,6 +318,12 @@ class NeuronMagics(Magics):
         "in the report with its reason and line)",
     )
     @argument(
+        "--compile-check",
+        action="store_true",
+        help="run the cell again with torch.compile off on both sides and report both verdicts "
+        "(does a difference come from the compilers?)",
+    )
+    @argument(
         "--allow-fallback",
         metavar="OPS",
         default="",
@@ -447,6 +456,7 @@ class NeuronMagics(Magics):
                 track_per_op=bool(args.track_per_op or self.track_per_op),
                 judge=args.judge or self.judge,
                 max_steps=args.max_steps,
+                compile_check=bool(args.compile_check or self.compile_check),
             )
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.

@@ -103,6 +103,9 @@ class CompareOptions:
     max_steps : int or None
         Stop both runs after this many scalars from the first call site that makes one
         (``--max-steps``; see :mod:`neuron_workbench.run.scalars`).
+    compile_check : bool
+        Also run the cell with ``torch.compile`` off on both sides and report that verdict too
+        (``--compile-check``; :mod:`neuron_workbench.run.compile_check`).
     """
 
     ref: str = "cpu"
@@ -123,6 +126,7 @@ class CompareOptions:
     track_per_op: bool = False
     judge: str = "tolerance"
     max_steps: int | None = None
+    compile_check: bool = False
 
     def backend(self, name: str) -> Any:
         """The adapter for ``name`` with the options these settings give it (tpu, neuron)."""
@@ -189,6 +193,7 @@ class CompareOptions:
             **({"track_per_op": True} if self.track_per_op else {}),
             **({"judge": self.judge} if self.judge != "tolerance" else {}),
             **({"max_steps": self.max_steps} if self.max_steps is not None else {}),
+            **({"compile_check": True} if self.compile_check else {}),
         }
 
 
@@ -325,7 +330,7 @@ def compare_cell(
     # --compile-check: the cell once more with torch.compile off, before anything is committed
     eager = (
         _compile_check(spec, ref_backend, executor, target_backend, options, policy, program.source)
-        if getattr(options, "compile_check", False)
+        if options.compile_check
         else None
     )
     last_value = None

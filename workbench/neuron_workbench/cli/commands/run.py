@@ -72,6 +72,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
     parser.add_argument(
+        "--compile-check",
+        action="store_true",
+        help="run each cell again with torch.compile off on both sides and report both verdicts",
+    )
+    parser.add_argument(
         "--max-steps",
         type=int,
         metavar="N",
@@ -210,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             track_per_op=args.track_per_op,
             cluster=cluster,
             judge=args.judge,
+            compile_check=args.compile_check,
         )
     else:
         result = run_script(
@@ -235,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
             track_per_op=args.track_per_op,
             cluster=cluster,
             judge=args.judge or "tolerance",
+            compile_check=args.compile_check,
         )
         if result.script_exit is not None:  # argparse's usage error: the script's own message
             code, text = result.script_exit
@@ -267,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         **({"on": cluster} if cluster else {}),
         **({"args": list(args.script_args)} if args.script_args else {}),
         **({"max_steps": args.max_steps} if args.max_steps is not None else {}),
+        **({"compile_check": True} if args.compile_check else {}),
     }
     name = Path(result.path).name
     if args.json:
