@@ -10,6 +10,7 @@ from importlib import resources
 
 import jsonschema
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 from neuron_workbench.run.records import RunError
@@ -416,3 +417,41 @@ def test_a_weight_that_differs_with_matching_gradients_is_not_explained_away(ip)
     assert report.verdict == "FAIL", report.summary()
     failing = [d for d in report.judged_failures() if "lm_head" in d.path or "wte" in d.path]
     assert failing and not failing[0].explained, report.summary()
+
+
+def test_compile_check_tells_a_compiler_error_from_the_port(ip):
+    # neuron cannot compile a graph holding aten::kthvalue; eagerly it falls back to the CPU
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron").replace(" -o r", " --compile-check -o r"))
+    report = _report(ip)
+    assert report.verdict == "ERROR"
+    assert report.summary().endswith("; with torch.compile off: PASS"), report.summary()
+    check = report.to_dict()["compile_check"]
+    assert (check["compiled"], check["eager"]) == ("ERROR", "PASS")
+    assert check["eager_failures"] == [] and check["eager_errors"] == {}
+    # the eager runs compiled nothing, on either side; the fallback is the eager target's
+    eager = report.compile_check
+    assert not eager.ref.extras["compile"].compiled and not eager.target.extras["compile"].compiled
+    assert "aten::kthvalue" in eager.target.fallback_ops()
+    assert "Compiled vs eager (--compile-check)" in report._repr_html_()
+
+
+def test_compile_check_runs_both_sides_eagerly_from_the_same_namespace(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron --compile-check -o r\n"
+        "m = mlp.cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "torch.compile(m)(x.cuda()).sum().backward()\n"
+        "opt.step()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    eager = report.compile_check
+    assert eager.verdict == "PASS", eager.summary()
+    # the eager runs started from the namespace before the cell: the same step, not a second one
+    ref_weight = dict(report.ref.outputs)["m"].state_dict()["0.weight"]
+    eager_weight = dict(eager.ref.outputs)["m"].state_dict()["0.weight"]
+    assert torch.allclose(ref_weight, eager_weight, atol=1e-6)
+    assert eager.ref.extras["compile"].graphs == [] and report.ref.extras["compile"].graphs
