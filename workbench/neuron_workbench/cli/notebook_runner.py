@@ -62,13 +62,30 @@ class InputResult:
         """Number of reports whose target fell back to CPU."""
         return sum(1 for report in self.reports if report.get("fallback_ops"))
 
-    def exit_code(self, strict: bool) -> int:
-        """3 when ``strict`` and ops fell back, else 1 on a failure, error or nothing compared, else 0.
+    def graph_break_violations(self) -> list[str]:
+        """``label: --strict-graph-breaks: ...`` for each report whose target broke a graph."""
+        from neuron_workbench.trace.compile import graph_break_violation
 
-        A report whose verdict is ``UNCOMPARED`` verified nothing, so it is not a pass.
+        found = []
+        for report in self.reports:
+            target = report.get("target") or {}
+            breaks = (target.get("compile") or {}).get("graph_breaks") or []
+            line = graph_break_violation(breaks, (target.get("backend") or {}).get("name", ""))
+            if line:
+                found.append(f"{report.get('label', '')}: {line}")
+        return found
+
+    def exit_code(self, strict: bool, strict_graph_breaks: bool = False) -> int:
+        """The exit code: 3 ``strict`` with fallbacks, 4 ``strict_graph_breaks`` with breaks, 1, 0.
+
+        3 when ``strict`` and ops fell back, 4 when ``strict_graph_breaks`` and a target broke a
+        graph, else 1 on a failure, error or nothing compared, else 0. A report whose verdict is
+        ``UNCOMPARED`` verified nothing, so it is not a pass.
         """
         if strict and self.fallback_reports():
             return 3
+        if strict_graph_breaks and self.graph_break_violations():
+            return 4
         counts = self.verdict_counts()
         failed = sum(counts.get(v, 0) for v in ("FAIL", "ERROR", UNCOMPARED))
         return 1 if failed + len(self.cell_errors) else 0
@@ -477,7 +494,9 @@ def terminal_message(text: str) -> None:
 # --- report files ---------------------------------------------------------------------------------
 
 
-def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) -> dict[str, Any]:
+def run_document(
+    result: InputResult, *, strict: bool, options: dict[str, Any], strict_graph_breaks: bool = False
+) -> dict[str, Any]:
     """The ``run --json`` document (documented by ``report/run.schema.json``)."""
     counts = result.verdict_counts()
     return {
@@ -494,7 +513,8 @@ def run_document(result: InputResult, *, strict: bool, options: dict[str, Any]) 
             "fallback_reports": result.fallback_reports(),
             "cell_errors": len(result.cell_errors),
             "strict": strict,
-            "exit_code": result.exit_code(strict),
+            **({"strict_graph_breaks": True} if strict_graph_breaks else {}),
+            "exit_code": result.exit_code(strict, strict_graph_breaks),
         },
         "reports": result.reports,
         "cell_errors": result.cell_errors,

@@ -89,22 +89,11 @@ def site_folders(start_dir: str) -> list[str]:
 def _graph_break_violation(report: Any) -> str | None:
     """The one-line ``--strict-graph-breaks`` failure of a report, or None."""
     from neuron_workbench.run.records import recorded
+    from neuron_workbench.trace.compile import graph_break_violation
 
     record = recorded(report.target.extras.get("compile"))
     breaks = list(getattr(record, "graph_breaks", None) or [])
-    if not breaks:
-        return None
-    first = breaks[0]
-    where = (
-        f"cell line {first['line']}"
-        if first["file"] == "cell"
-        else f"{first['file']}:{first['line']}"
-    )
-    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
-    return (
-        f"--strict-graph-breaks: torch.compile on {report.target.backend.name} had {count}, the "
-        f"first at {where}: {first['reason']}"
-    )
+    return graph_break_violation(breaks, report.target.backend.name)
 
 
 @magics_class

@@ -16,11 +16,11 @@ import functools
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CompileRecord", "compile_instrument"]
+__all__ = ["CompileRecord", "compile_instrument", "graph_break_violation"]
 
 _GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
@@ -330,3 +330,23 @@ def compile_instrument(cell_filename: str) -> Any:
     Graph breaks and graphs in the cell itself get ``file`` ``"cell"`` and the cell's line.
     """
     return functools.partial(_recording, cell_filename)
+
+
+def graph_break_violation(breaks: Sequence[dict[str, Any]], backend: str) -> str | None:
+    """The one-line ``--strict-graph-breaks`` failure for a run's graph breaks, or None.
+
+    ``breaks`` as :attr:`CompileRecord.graph_breaks` holds them (also in the report's JSON).
+    """
+    if not breaks:
+        return None
+    first = breaks[0]
+    where = (
+        f"cell line {first['line']}"
+        if first.get("file") == "cell"
+        else f"{first.get('file')}:{first.get('line')}"
+    )
+    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
+    return (
+        f"--strict-graph-breaks: torch.compile on {backend} had {count}, the first at {where}: "
+        f"{first.get('reason', '')}"
+    )

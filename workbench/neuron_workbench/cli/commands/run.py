@@ -3,7 +3,8 @@
 A notebook executes in a real Jupyter kernel with the extension loaded; a ``.py`` script written for
 CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies). Exit codes: 0 all passed,
 1 a comparison failed, compared nothing (verdict ``UNCOMPARED``) or a cell raised, 3 ``--strict`` and
-ops fell back to CPU, 2 usage or input errors (one line on stderr).
+ops fell back to CPU, 4 ``--strict-graph-breaks`` and ``torch.compile`` broke a graph on a target (one
+line on stderr), 2 usage or input errors (one line on stderr).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ SCRIPT_ARGS = True
 HELP = (
     "Execute a notebook (in a real kernel) or a CUDA script with the workbench and report every "
     "%%neuron comparison (exit 0 pass, 1 fail or nothing compared, 3 --strict with fallbacks, "
-    "2 bad input)."
+    "4 --strict-graph-breaks with graph breaks, 2 bad input)."
 )
 
 
@@ -71,6 +72,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "budget: a float output passes when R is within the reference's precision budget",
     )
     parser.add_argument("--strict", action="store_true", help="exit 3 if any op fell back to CPU")
+    parser.add_argument(
+        "--strict-graph-breaks",
+        action="store_true",
+        help="exit 4 if torch.compile broke a graph on a target (the first break on stderr)",
+    )
     parser.add_argument(
         "--compile-check",
         action="store_true",
@@ -254,13 +260,15 @@ def run(args: argparse.Namespace) -> int:
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
         )
     counts = result.verdict_counts()
-    code = result.exit_code(args.strict)
+    code = result.exit_code(args.strict, args.strict_graph_breaks)
     summary = (
         f"{len(result.reports)} reports: "
         + verdict_summary(counts)
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
+    if code == 4:
+        sys.stderr.write(result.graph_break_violations()[0] + "\n")
     options: dict[str, Any] = {
         "ref": args.ref,
         "target": args.target,
@@ -278,7 +286,12 @@ def run(args: argparse.Namespace) -> int:
     }
     name = Path(result.path).name
     if args.json:
-        document = run_document(result, strict=args.strict, options=options)
+        document = run_document(
+            result,
+            strict=args.strict,
+            options=options,
+            strict_graph_breaks=args.strict_graph_breaks,
+        )
         write_text(args.json, json.dumps(document, indent=2) + "\n")
     if args.html:
         write_text(args.html, render_page(result.reports, title=f"neuron-workbench: {name}"))
