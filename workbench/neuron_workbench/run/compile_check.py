@@ -16,6 +16,7 @@ comparing it with the compiled reference would not tell the compilers apart).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,7 +31,14 @@ EAGER_RUN_IDS = ("eager:ref", "eager:target")
 
 @contextlib.contextmanager
 def compile_off() -> Iterator[None]:
-    """For the body: every ``torch.compile``'d function or module runs eagerly, nothing compiles."""
+    """For the body: every ``torch.compile``'d function or module runs eagerly, nothing compiles.
+
+    Dynamo is not imported for this: a process that has not imported it has compiled nothing, and
+    these reruns follow a run of the same cell (which imported it if the cell compiles).
+    """
+    if "torch._dynamo" not in sys.modules:
+        yield
+        return
     import torch.compiler
 
     with torch.compiler.set_stance("force_eager"):
