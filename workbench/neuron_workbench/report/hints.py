@@ -136,7 +136,9 @@ class Evidence:
             f"{diff.path}.grad", ref_at.grad.dtype, target_at.grad.dtype
         )
         grad_delta = (g_target - g_ref).abs()
-        if bool((grad_delta > grad_tol.atol + grad_tol.rtol * g_ref.abs()).any()):
+        if not bool(grad_delta.isfinite().all()) or bool(
+            (grad_delta > grad_tol.atol + grad_tol.rtol * g_ref.abs()).any()
+        ):
             return None  # the gradients already differed: the pass, not the optimizer
         bound = _update_difference(ref_at, target_at, g_ref, g_target, grad_delta)
         if bound is None:
