@@ -396,6 +396,8 @@ def test_a_compiled_transformers_gpt2_training_step_passes_on_neuron(ip):
         if output["status"] != "match":
             assert output["status"] == "differ" and output["path"].startswith("model."), output
             assert "AdamW amplification, judged by the gradients" in output["explained"], output
+    if any(o.get("explained") for o in data["outputs"]):
+        assert "(judged by its gradients)" in report._repr_html_()
     # dropout with p=0.0 in the compiled graphs draws nothing: no random-number hint
     assert not any("random numbers" in h for o in data["outputs"] for h in o["hints"])
 

@@ -38,6 +38,7 @@ def test_optimizer_amplification_is_named_with_its_evidence(ip):
     assert weight.status == "differ"
     assert "judged by the gradients" in weight.explained and "first step, exact" in weight.explained
     assert weight.explained in report.notes
+    assert "differ</span> (judged by its gradients)" in report._repr_html_()
     joined = " | ".join(weight.hints)
     assert "optimizer amplification" in joined
     assert "gradients matched within tolerance at AdamW.step()" in joined
