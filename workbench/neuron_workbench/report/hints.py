@@ -126,6 +126,8 @@ class Evidence:
             or target_at.optimizer != ref_at.optimizer
             or ref_at.eps is None
             or not ref_at.lr
+            # Adam's L2 term enters the update with the weight: not modelled here
+            or (ref_at.optimizer == "Adam" and (ref_at.weight_decay or 0.0) != 0.0)
             or ref_at.grad.shape != target_at.grad.shape
             or ref_value.shape != ref_at.grad.shape
             or target_value.shape != ref_value.shape
