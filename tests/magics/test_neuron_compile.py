@@ -10,6 +10,7 @@ from importlib import resources
 
 import jsonschema
 import pytest
+import torch
 from IPython.core.error import UsageError
 
 from neuron_workbench.run.records import RunError
@@ -344,3 +345,115 @@ def test_an_op_neuron_runs_on_cpu_in_eager_is_not_a_fallback_inside_a_compiled_g
     assert report.verdict == "PASS", report.summary()
     assert "aten::sort" not in report.target.fallback_ops()
     assert report.to_dict()["target"]["compile"]["graphs"][0]["fallback_ops"] == []
+
+
+#: A small transformers GPT-2 (no download), its AdamW and four micro-batches (benchmarks/_workload).
+GPT2_SETUP = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(
+    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+)
+model = GPT2LMHeadModel(config)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = torch.randint(0, 256, (4, 4, 32))
+"""
+
+#: A public GPT training step as written for CUDA, its model compiled.
+GPT2_STEP = """%%neuron -o r
+device = "cuda"
+model.to(device)
+model = torch.compile(model)
+for micro in range(4):
+    batch = ids[micro].to(device)
+    loss = model(input_ids=batch, labels=batch).loss / 4
+    loss.backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_compiled_transformers_gpt2_training_step_passes_on_neuron(ip):
+    # Inductor's summation order on the reference moves float32 gradients by rounding; where
+    # |grad| is below AdamW's eps its first step turns that into weight differences up to lr. Such
+    # a weight is judged by its gradients, which match, and the report says so with the evidence.
+    run_cell(ip, GPT2_SETUP)
+    run_cell(ip, GPT2_STEP)
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    assert {g["backend"] for g in data["ref"]["compile"]["graphs"]} == {"inductor"}
+    assert {g["backend"] for g in data["target"]["compile"]["graphs"]} == {"neuron"}
+    # transformers logs once inside forward (a graph break of its own); none in the workbench
+    breaks = data["target"]["compile"]["graph_breaks"]
+    assert not any("neuron_workbench" in b["file"] for b in breaks), breaks
+    for output in data["outputs"]:
+        if output["status"] != "match":
+            assert output["status"] == "differ" and output["path"].startswith("model."), output
+            assert "AdamW amplification, judged by the gradients" in output["explained"], output
+    if any(o.get("explained") for o in data["outputs"]):
+        assert "(judged by its gradients)" in report._repr_html_()
+    # dropout with p=0.0 in the compiled graphs draws nothing: no random-number hint
+    assert not any("random numbers" in h for o in data["outputs"] for h in o["hints"])
+
+
+def test_a_weight_that_differs_with_matching_gradients_is_not_explained_away(ip):
+    # the same step, then the target alone nudges a weight: its gradients match, but AdamW
+    # cannot make that difference out of them (|grad| is far above eps there)
+    run_cell(ip, GPT2_SETUP)
+    run_cell(
+        ip,
+        GPT2_STEP.replace(
+            "optimizer.zero_grad",
+            "if torch.ones(1, device='cuda').device.type != 'cpu':\n"
+            "    model.lm_head.weight.data[3, 5] += 1e-3\n"
+            "optimizer.zero_grad",
+        ),
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    failing = [d for d in report.judged_failures() if "lm_head" in d.path or "wte" in d.path]
+    assert failing and not failing[0].explained, report.summary()
+
+
+def test_compile_check_tells_a_compiler_error_from_the_port(ip):
+    # neuron cannot compile a graph holding aten::kthvalue; eagerly it falls back to the CPU
+    run_cell(ip, MLP)
+    run_cell(ip, KTH.format(target="neuron").replace(" -o r", " --compile-check -o r"))
+    report = _report(ip)
+    assert report.verdict == "ERROR"
+    assert report.summary().endswith("; with torch.compile off: PASS"), report.summary()
+    check = report.to_dict()["compile_check"]
+    assert (check["compiled"], check["eager"]) == ("ERROR", "PASS")
+    assert check["eager_failures"] == [] and check["eager_errors"] == {}
+    # the eager runs compiled nothing, on either side; the fallback is the eager target's
+    eager = report.compile_check
+    assert not eager.ref.extras["compile"].compiled and not eager.target.extras["compile"].compiled
+    assert "aten::kthvalue" in eager.target.fallback_ops()
+    assert "Compiled vs eager (--compile-check)" in report._repr_html_()
+
+
+def test_compile_check_runs_both_sides_eagerly_from_the_same_namespace(ip):
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron --compile-check -o r\n"
+        "m = mlp.cuda()\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "torch.compile(m)(x.cuda()).sum().backward()\n"
+        "opt.step()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    eager = report.compile_check
+    assert eager.verdict == "PASS", eager.summary()
+    # the eager runs started from the namespace before the cell: the same step, not a second one
+    ref_weight = dict(report.ref.outputs)["m"].state_dict()["0.weight"]
+    eager_weight = dict(eager.ref.outputs)["m"].state_dict()["0.weight"]
+    assert torch.allclose(ref_weight, eager_weight, atol=1e-6)
+    assert eager.ref.extras["compile"].graphs == [] and report.ref.extras["compile"].graphs

@@ -212,6 +212,13 @@ OPTIONS: tuple[Option, ...] = (
         default="cuda",
     ),
     Option(
+        "compile_check",
+        "run the cell once more with torch.compile off on both sides and report both verdicts, "
+        "so a difference the compiler makes shows as one",
+        kind="bool",
+        default=False,
+    ),
+    Option(
         "list_fallbacks",
         "tpu target: run with the CPU fallback on and list every missing op in one run "
         "(TorchTPU stops at the first by default)",
@@ -540,7 +547,7 @@ class CompareOptions:
             "what_if": self.what_if,  # type: ignore[attr-defined]
             "ref_precision": self.ref_precision,  # type: ignore[attr-defined]
         }
-        for name in ("list_fallbacks", "track_per_op"):
+        for name in ("list_fallbacks", "track_per_op", "compile_check"):
             if getattr(self, name):
                 data[name] = True
         if self.judge != "tolerance":  # type: ignore[attr-defined]

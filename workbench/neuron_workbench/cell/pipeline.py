@@ -186,6 +186,12 @@ def compare_cell(
                 spec, ref_backend, ref_run, run, comparison, options.judge, oracle
             )
         compared.append((run, comparison, layers, budget))
+    # --compile-check: the cell once more with torch.compile off, before anything is committed
+    eager = (
+        _compile_check(spec, ref_backend, executor, target_backend, options, policy, program.source)
+        if options.compile_check
+        else None
+    )
     last_value = None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
@@ -205,8 +211,9 @@ def compare_cell(
             budget=budget,
             oracle=oracle.oracle,
             schedule=schedule,
+            compile_check=eager if index == 0 else None,
         )
-        for run, comparison, layers, budget in compared
+        for index, (run, comparison, layers, budget) in enumerate(compared)
     ]
     return CellComparison(reports[0], spec.captured, last_value, extra_reports=reports[1:])
 
@@ -222,6 +229,7 @@ def build_report(
     oracle: Run | None = None,
     schedule: Sequence[str] = (),
     warnings: Sequence[str] = (),
+    compile_check: Any = None,
 ) -> Report:
     """The :class:`Report` of two runs, for a live cell, a further target or two recordings alike.
 
@@ -237,11 +245,13 @@ def build_report(
         Notes on how the runs were compared (a recorded reference under the budget judge).
     warnings : sequence of str
         Warnings about the inputs (a recording of another cell's source).
+    compile_check : CompileCheck, optional
+        ``--compile-check``'s verdicts of the cell with torch.compile off.
     """
     policy = options.policy()
     compared, layers = comparison if comparison is not None else compare_runs(ref, target, policy)
     shared = sorted(set(ref.shared_names) | set(target.shared_names))
-    notes = comparison_notes(ref, target, policy) + list(schedule)
+    notes = comparison_notes(ref, target, policy) + list(schedule) + _explained(compared)
     return Report(
         ref=ref,
         target=target,
@@ -260,6 +270,7 @@ def build_report(
         notes=notes,
         budget=budget,
         scalars=compare_observed_scalars(ref, target, policy, oracle),
+        compile_check=compile_check,
     )
 
 
@@ -297,6 +308,31 @@ def compare_observed_scalars(
 
             scalar_budget(first, diff.ref_dtype, oracle.extras["scalars"])
     return scalars
+
+
+def _compile_check(
+    spec: RunSpec,
+    ref_backend: Any,
+    executor: Executor,
+    target_backend: Any,
+    options: CompareOptions,
+    policy: TolerancePolicy,
+    source: str,
+) -> Report:
+    """The report of the cell run with ``torch.compile`` off on both sides (``--compile-check``)."""
+    from neuron_workbench.run.compile_check import eager_runs
+
+    ref, target = eager_runs(
+        spec,
+        ref_backend,
+        lambda eager, run_id: _run_target(eager, executor, target_backend, run_id, options.what_if),
+    )
+    return build_report(ref, target, options, cell_source=source)
+
+
+def _explained(comparison: Comparison | None) -> list[str]:
+    """The evidence of each output whose difference does not fail the verdict."""
+    return [d.explained for d in comparison.diffs if d.explained] if comparison else []
 
 
 def _note_compiled_draws(run: Run) -> None:
@@ -417,6 +453,7 @@ def compare_runs(
         evidence = Evidence(ref, target, policy)
         for diff in failures:
             diff.hints = hints_for(diff, ref, target, evidence)
+            diff.explained = evidence.amplification(diff) or ""
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
         from neuron_workbench.compare.layer_divergence import compare_layers, full_output_diffs

@@ -28,6 +28,7 @@ from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import CellProgram, ResidentObjects, Run, RunSpec, compile_cell
 from neuron_workbench.run.executor import Captured, Executor, InProcessExecutor, capture_text
+from neuron_workbench.run.records import recorded
 
 
 @dataclass
@@ -81,25 +82,13 @@ def migration_findings(cell_source: str, target: str, first_line: int = 1) -> di
     return data
 
 
-def graph_break_violation(report: Any) -> str | None:
-    """The one-line ``--strict-graph-breaks`` failure of a report, or None."""
-    from neuron_workbench.run.records import recorded
+def graph_break_violation(report: Report) -> str | None:
+    """The one-line ``strict_graph_breaks`` failure of a report, or None."""
+    from neuron_workbench.trace.compile import graph_break_violation as violation
 
     record = recorded(report.target.extras.get("compile"))
     breaks = list(getattr(record, "graph_breaks", None) or [])
-    if not breaks:
-        return None
-    first = breaks[0]
-    where = (
-        f"cell line {first['line']}"
-        if first["file"] == "cell"
-        else f"{first['file']}:{first['line']}"
-    )
-    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
-    return (
-        f"--strict-graph-breaks: torch.compile on {report.target.backend.name} had {count}, the "
-        f"first at {where}: {first['reason']}"
-    )
+    return violation(breaks, report.target.backend.name)
 
 
 class Session:

@@ -69,13 +69,18 @@ class InputResult:
             if {normalize_op(op) for op in report.get("fallback_ops") or ()} - exempt
         )
 
-    def graph_break_reports(self) -> int:
-        """Number of reports whose target's torch.compile broke a graph."""
-        return sum(
-            1
-            for report in self.reports
-            if ((report.get("target") or {}).get("compile") or {}).get("graph_breaks")
-        )
+    def graph_break_violations(self) -> list[str]:
+        """``label: --strict-graph-breaks: ...`` for each report whose target broke a graph."""
+        from neuron_workbench.trace.compile import graph_break_violation
+
+        found = []
+        for report in self.reports:
+            target = report.get("target") or {}
+            breaks = (target.get("compile") or {}).get("graph_breaks") or []
+            line = graph_break_violation(breaks, (target.get("backend") or {}).get("name", ""))
+            if line:
+                found.append(f"{report.get('label', '')}: {line}")
+        return found
 
     def exit_code(
         self, strict: bool, strict_graph_breaks: bool = False, allowed: Sequence[str] = ()
@@ -89,7 +94,7 @@ class InputResult:
         """
         if strict and self.fallback_reports(allowed):
             return 3
-        if strict_graph_breaks and self.graph_break_reports():
+        if strict_graph_breaks and self.graph_break_violations():
             return 4
         counts = self.verdict_counts()
         failed = sum(counts.get(v, 0) for v in ("FAIL", "ERROR", UNCOMPARED))
@@ -442,6 +447,7 @@ def run_document(
     strict: bool,
     options: dict[str, Any],
     strict_graph_breaks: bool = False,
+    allowed: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``run --json`` document (documented by ``report/run.schema.json``)."""
     counts = result.verdict_counts()
@@ -459,7 +465,8 @@ def run_document(
             "fallback_reports": result.fallback_reports(),
             "cell_errors": len(result.cell_errors),
             "strict": strict,
-            "exit_code": result.exit_code(strict, strict_graph_breaks),
+            **({"strict_graph_breaks": True} if strict_graph_breaks else {}),
+            "exit_code": result.exit_code(strict, strict_graph_breaks, allowed),
         },
         "reports": result.reports,
         "cell_errors": result.cell_errors,

@@ -68,6 +68,9 @@ class OutputDiff:
         back from the neuron worker process (...)``).
     hints : list of str
         Likely causes of the difference, from what is known about the two runs.
+    explained : str
+        Why a ``differ`` output does not fail the verdict, with its evidence (an Adam step's
+        amplification of gradients that matched; ``report/hints.py``); empty otherwise.
     """
 
     path: str
@@ -96,6 +99,7 @@ class OutputDiff:
     tight_atol: float | None = None
     detail: str = ""
     hints: list[str] = field(default_factory=list)
+    explained: str = ""
 
     @property
     def passed(self) -> bool:
@@ -183,6 +187,7 @@ class OutputDiff:
             "worst_index": list(self.worst_index) if self.worst_index is not None else None,
             "detail": self.detail,
             "hints": list(self.hints),
+            **({"explained": self.explained} if self.explained else {}),
         }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from neuron_workbench.run.compile_check import eager_instrument
 from neuron_workbench.run.executor import RunSpec, execute
 from neuron_workbench.run.namespace import tensors_in
 from neuron_workbench.run.random_draws import RANDOM_FACTORIES, RANDOM_IN_PLACE, original_function
@@ -269,7 +270,8 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         seed=spec.seed,
         hidden=spec.hidden,
         resident=spec.resident,
-        instruments={"budget": instrument, **_stopping(spec)},
+        # compiled code runs eagerly: Dynamo would trace the promoting mode (the math is the same)
+        instruments={"budget": instrument, **_stopping(spec), "compile_off": eager_instrument},
         rng_on_cpu=spec.rng_on_cpu,
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,

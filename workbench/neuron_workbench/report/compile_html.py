@@ -61,8 +61,9 @@ def compile_rows(data: dict[str, Any]) -> list[list[Any]]:
 def render_compile_section(data: dict[str, Any]) -> str:
     """HTML for the ``torch.compile`` section, or ``""`` when nothing compiled."""
     rows = compile_rows(data)
+    check = data.get("compile_check")
     if not rows:
-        return ""
+        return _check_table(check) if check else ""
     parts = [
         "<h4>torch.compile</h4>",
         _table(
@@ -94,4 +95,18 @@ def render_compile_section(data: dict[str, Any]) -> str:
     if recompiles:
         parts += ["<h5>Recompiles</h5>", _table(["backend", "function", "reason"], recompiles)]
     parts += [f'<div class="note">{esc(n)}</div>' for n in notes]
+    if check:
+        parts.append(_check_table(check, heading="h5"))
     return "".join(parts)
+
+
+def _check_table(check: dict[str, Any], heading: str = "h4") -> str:
+    """``--compile-check``: the verdict as written and with ``torch.compile`` off on both sides."""
+    eager = check.get("eager_summary", "")
+    return f"<{heading}>Compiled vs eager (--compile-check)</{heading}>" + _table(
+        ["cell", "verdict", "summary"],
+        [
+            ["as written (compiled)", check.get("compiled", ""), ""],
+            ["torch.compile off, both sides", check.get("eager", ""), eager],
+        ],
+    )

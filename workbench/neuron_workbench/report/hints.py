@@ -98,6 +98,101 @@ class Evidence:
             f"gradients, or loosen this output (--tol {diff.path}=RTOL,ATOL)"
         )
 
+    def amplification(self, diff: OutputDiff) -> str | None:
+        """Why a weight's difference after an Adam step is its matched gradients' difference.
+
+        Adam and AdamW divide each update by ``sqrt(v) + eps``: where ``|grad|`` is near ``eps``
+        an update turns a gradient difference of float32 rounding (a compiler's summation order)
+        into a weight difference up to ``lr``. Given when both runs recorded the step, every
+        gradient element matched within its tolerance, and every weight element outside its
+        tolerance is within it once the update difference those gradients account for is added:
+        ``lr * |u(g_ref) - u(g_target)|`` with ``u(g) = g / (|g| + eps)`` on the first step
+        (exact), the first-order bound ``sensitivity * |Δg|`` (the larger side's) on later ones.
+        None otherwise: the output fails as its tolerance says.
+        """
+        if diff.status != "differ" or diff.kind != "tensor":
+            return None
+        ref_steps = recorded(self.ref.extras.get("optimizer"))
+        target_steps = recorded(self.target.extras.get("optimizer"))
+        if not (hasattr(ref_steps, "at_step") and hasattr(target_steps, "at_step")):
+            return None
+        ref_leaves, target_leaves = self.leaves()
+        ref_value, target_value = ref_leaves.get(diff.path), target_leaves.get(diff.path)
+        ref_at, target_at = ref_steps.at_step(ref_value), target_steps.at_step(target_value)
+        if ref_at is None or target_at is None or ref_at.grad is None or target_at.grad is None:
+            return None
+        if (
+            ref_at.optimizer not in _ADAM
+            or target_at.optimizer != ref_at.optimizer
+            or ref_at.eps is None
+            or not ref_at.lr
+            # Adam's L2 term enters the update with the weight: not modelled here
+            or (ref_at.optimizer == "Adam" and (ref_at.weight_decay or 0.0) != 0.0)
+            or ref_at.grad.shape != target_at.grad.shape
+            or ref_value.shape != ref_at.grad.shape
+            or target_value.shape != ref_value.shape
+        ):
+            return None
+        g_ref, g_target = ref_at.grad.double(), target_at.grad.double()
+        grad_tol = self.policy.for_output(
+            f"{diff.path}.grad", ref_at.grad.dtype, target_at.grad.dtype
+        )
+        grad_delta = (g_target - g_ref).abs()
+        if not bool(grad_delta.isfinite().all()) or bool(
+            (grad_delta > grad_tol.atol + grad_tol.rtol * g_ref.abs()).any()
+        ):
+            return None  # the gradients already differed: the pass, not the optimizer
+        bound = _update_difference(ref_at, target_at, g_ref, g_target, grad_delta)
+        if bound is None:
+            return None
+        p_ref = ref_value.detach().to("cpu", torch.float64)
+        delta = (target_value.detach().to("cpu", torch.float64) - p_ref).abs()
+        allowed = diff.tolerance.atol + diff.tolerance.rtol * p_ref.abs()
+        outside = delta > allowed
+        if not bool(outside.any()) or not bool(
+            (delta[outside] <= allowed[outside] + bound[outside]).all()
+        ):
+            return None
+        count = int(outside.sum())
+        small = int((g_ref.abs()[outside] < 10 * ref_at.eps).sum())
+        first = "first step, exact" if ref_at.step == 0 else "first-order bound"
+        return (
+            f"{ref_at.optimizer} amplification, judged by the gradients: {diff.path}'s gradients "
+            f"matched within tolerance at {ref_at.optimizer}.step() (max|Δ| "
+            f"{float(grad_delta.max()):.1e}); its {count} element(s) outside tolerance "
+            f"({small} with |grad| < 10·eps {ref_at.eps:.0e}) differ by no more than "
+            f"{ref_at.optimizer}'s division by sqrt(v)+eps makes of those gradient differences "
+            f"({first}; max|Δ| {float(delta.max()):.1e})"
+        )
+
+
+#: Optimizers whose update the amplification judge models (``lr * m_hat / (sqrt(v_hat) + eps)``).
+_ADAM = frozenset({"Adam", "AdamW"})
+
+
+def _update_difference(
+    ref_at: Any,
+    target_at: Any,
+    g_ref: torch.Tensor,
+    g_target: torch.Tensor,
+    grad_delta: torch.Tensor,
+) -> torch.Tensor | None:
+    """How far apart the two runs' Adam updates can be, per element, from their gradients alone."""
+    lr, eps = ref_at.lr, ref_at.eps
+    if ref_at.step == 0 and target_at.step == 0:
+        # first step: m_hat = g and v_hat = g**2, so the update is lr * g / (|g| + eps)
+        return lr * (g_ref / (g_ref.abs() + eps) - g_target / (g_target.abs() + eps)).abs()
+    beta1 = ref_at.beta1 if ref_at.beta1 is not None else 0.9
+    beta2 = ref_at.beta2 if ref_at.beta2 is not None else 0.999
+    t = ref_at.step + 1
+    sensitivities = []
+    for at, g in ((ref_at, g_ref), (target_at, g_target)):
+        if at.second_moment is None or at.second_moment.shape != g.shape:
+            return None
+        v_hat = (beta2 * at.second_moment.double() + (1 - beta2) * g * g) / (1 - beta2**t)
+        sensitivities.append(lr * (1 - beta1) / (1 - beta1**t) / (v_hat.sqrt() + eps))
+    return torch.maximum(*sensitivities) * grad_delta
+
 
 def hints_for(
     diff: OutputDiff, ref: Run, target: Run, evidence: Evidence | None = None

@@ -143,6 +143,8 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
         passed = out["status"] == "match"
         compared = out["status"] != NOT_COMPARED_STATUS
         status = f'<span class="{output_status_class(out["status"])}">{esc(out["status"])}</span>'
+        if out.get("explained"):  # does not fail the verdict: its gradients matched
+            status += " (judged by its gradients)"
         dtype = out.get("ref_dtype") or ""
         if out.get("target_dtype") and out.get("target_dtype") != dtype:
             dtype = f"{dtype} / {out['target_dtype']}"

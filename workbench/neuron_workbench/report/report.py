@@ -78,6 +78,9 @@ class Report:
     #: The scalars both runs materialised, aligned by call site and occurrence (the loss curves;
     #: :mod:`neuron_workbench.compare.scalars`); None when neither run made one.
     scalars: Any = None
+    #: ``--compile-check``: the report of the same cell with ``torch.compile`` off on both sides
+    #: (:mod:`neuron_workbench.run.compile_check`); None when not asked for.
+    compile_check: Any = None
 
     @property
     def scalars_part(self) -> bool:
@@ -98,11 +101,12 @@ class Report:
         if self.comparison is None:
             return []
         if self.judge != "budget" or self.budget is None:
-            return self.comparison.failures
+            return [d for d in self.comparison.failures if not d.explained]
         failures = []
         for diff in self.comparison.compared:
             measured = self.budget.get(diff.path)
-            if (measured is not None and not measured.within) or (measured is None and diff.failed):
+            failed = diff.failed and not diff.explained
+            if (measured is not None and not measured.within) or (measured is None and failed):
                 failures.append(diff)
         return failures
 
@@ -121,7 +125,9 @@ class Report:
         ``ERROR`` when a run raised; else :data:`UNCOMPARED` when nothing was compared (the cell
         bound no comparable output, or only outputs with status ``not-compared``); else ``PASS``
         when every compared output matched and ``FAIL`` when one did not. Outputs that were not
-        compared never make a verdict ``FAIL``; the summary line counts them. Under
+        compared never make a verdict ``FAIL``; the summary line counts them. Neither does a
+        weight whose difference is an Adam step's amplification of gradients that matched
+        (``OutputDiff.explained``; the summary counts it). Under
         ``--judge budget`` floating outputs pass or fail by their error ratio R
         (:meth:`judged_failures`). Scalars the runs materialised (``loss.item()``) count as
         compared: where they part the verdict is ``FAIL``.
@@ -168,9 +174,15 @@ class Report:
             if self.judge == "budget" and verdict == "PASS" and self.budget is not None:
                 body = _within_budget(self.budget)
             judged = {id(d) for d in failures}
-            within = sum(id(d) not in judged for d in self.comparison.failures)
-            matched = len(compared) - len(failures) - within
+            passing = [d for d in self.comparison.failures if id(d) not in judged]
+            amplified = sum(bool(d.explained) for d in passing)
+            within = len(passing) - amplified
+            matched = len(compared) - len(failures) - within - amplified
             body += f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
+            if amplified:
+                body += (
+                    f", {amplified} within tolerance by their gradients (optimizer amplification)"
+                )
             if within:
                 body += f", {within} within budget"
             if failures:
@@ -195,6 +207,8 @@ class Report:
             body += f"; first divergence at {first.label}"
         elif verdict == "FAIL" and backward is not None:
             body += f"; first divergence at {backward.label} (backward)"
+        if self.compile_check is not None:
+            body += f"; with torch.compile off: {self.compile_check.verdict}"
         return f"{verdict} {self.title} — {body}"
 
     def _scalars_line(self) -> str:
@@ -248,6 +262,7 @@ class Report:
             "notes": list(self.notes),
             "budget": self.budget.to_dict() if self.budget is not None else None,
             "scalars": self.scalars.to_dict() if self.scalars is not None else None,
+            **({"compile_check": _compile_check(self)} if self.compile_check is not None else {}),
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }
@@ -300,6 +315,22 @@ def _short_cause(hints: list[str]) -> str:
             if hint.startswith(start):
                 return cause
     return ""
+
+
+def _compile_check(report: Report) -> dict[str, Any]:
+    """Both verdicts of ``--compile-check``: as written (compiled) and with torch.compile off."""
+    eager = report.compile_check
+    return {
+        "compiled": report.verdict,
+        "eager": eager.verdict,
+        "eager_summary": eager.summary(),
+        "eager_failures": [d.to_dict() for d in eager.judged_failures()],
+        "eager_errors": {
+            role: run.error.summary
+            for role, run in (("ref", eager.ref), ("target", eager.target))
+            if run.error is not None
+        },
+    }
 
 
 def _within_budget(budget: Any) -> str:

@@ -16,11 +16,11 @@ import functools
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CompileRecord", "compile_instrument"]
+__all__ = ["CompileRecord", "compile_instrument", "graph_break_violation"]
 
 _GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
@@ -157,8 +157,41 @@ class _GraphCode(logging.Handler):
             text = log.getMessage()
         except Exception:  # a graph that cannot be printed: nothing to read
             return
-        for name in sorted(set(_RANDOM_CALL.findall(text))):
+        names = set()
+        for line in text.splitlines():
+            code = line.strip()
+            if code.startswith("#"):
+                continue  # the user source Dynamo quotes, not what the graph calls
+            names.update(m[1] for m in _RANDOM_CALL.finditer(code) if _draws(code, m))
+        for name in sorted(names):
             self.record.random_ops[name] = self.record.random_ops.get(name, 0) + 1
+
+
+def _draws(code: str, match: re.Match[str]) -> bool:
+    """Whether a random call in graph code draws: a dropout with ``p`` 0 or not training does not.
+
+    Graph code spells the arguments as literals: ``dropout(x, 0.0, True, False)`` or
+    ``dropout(x, p = 0.0, training = True)``.
+    """
+    if "dropout" not in match[1]:
+        return True
+    args = code[match.end() :].split(")", 1)[0]
+    positional, keywords = [], {}
+    for part in (a.strip() for a in args.split(",")):
+        key, eq, value = part.partition("=")
+        if eq:
+            keywords[key.strip()] = value.strip()
+        else:
+            positional.append(part)
+    p = keywords.get("p", positional[1] if len(positional) > 1 else None)
+    training = keywords.get("training", keywords.get("train"))
+    if training is None and len(positional) > 2:
+        training = positional[2]
+    try:
+        no_p = p is not None and float(p) == 0.0
+    except ValueError:  # p is a graph value, not a literal
+        no_p = False
+    return not (no_p or training == "False")
 
 
 def _shapes(metric: Any) -> dict[str, Any]:
@@ -297,3 +330,23 @@ def compile_instrument(cell_filename: str) -> Any:
     Graph breaks and graphs in the cell itself get ``file`` ``"cell"`` and the cell's line.
     """
     return functools.partial(_recording, cell_filename)
+
+
+def graph_break_violation(breaks: Sequence[dict[str, Any]], backend: str) -> str | None:
+    """The one-line ``--strict-graph-breaks`` failure for a run's graph breaks, or None.
+
+    ``breaks`` as :attr:`CompileRecord.graph_breaks` holds them (also in the report's JSON).
+    """
+    if not breaks:
+        return None
+    first = breaks[0]
+    where = (
+        f"cell line {first['line']}"
+        if first.get("file") == "cell"
+        else f"{first.get('file')}:{first.get('line')}"
+    )
+    count = f"{len(breaks)} graph break{'s' if len(breaks) != 1 else ''}"
+    return (
+        f"--strict-graph-breaks: torch.compile on {backend} had {count}, the first at {where}: "
+        f"{first.get('reason', '')}"
+    )

@@ -39,6 +39,8 @@ class ParamAtStep:
     eps: float | None
     beta1: float | None
     beta2: float | None
+    #: The group's ``weight_decay`` (Adam adds ``weight_decay * p`` to the gradient; AdamW does not).
+    weight_decay: float | None = None
 
     def update_sensitivity(self, index: tuple[int, ...]) -> float | None:
         """How much one unit of gradient difference moves this element's update (Adam-style).
@@ -129,6 +131,7 @@ class OptimizerRecorder:
                         eps=_optional_float(group.get("eps")),
                         beta1=_optional_float(betas[0]),
                         beta2=_optional_float(betas[1]),
+                        weight_decay=_optional_float(group.get("weight_decay")),
                     ),
                 )
 

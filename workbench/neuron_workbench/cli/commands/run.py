@@ -198,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
+    if code == 4:
+        sys.stderr.write(result.graph_break_violations()[0] + "\n")
     options: dict[str, Any] = {
         **{name: value for name, value in values.items() if name != "cluster"},
         **({"on": values["cluster"]} if values.get("cluster") else {}),
@@ -210,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
             strict=bool(values.get("strict")),
             options=options,
             strict_graph_breaks=bool(values.get("strict_graph_breaks")),
+            allowed=allowed_fallbacks(values),
         )
         write_text(args.json, json.dumps(document, indent=2) + "\n")
     if args.html:
