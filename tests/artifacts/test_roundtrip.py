@@ -17,8 +17,8 @@ from neuron_workbench.artifacts import (
     source_mismatch_warning,
 )
 from neuron_workbench.backends import BackendInfo
-from neuron_workbench.cell.options import CompareOptions
 from neuron_workbench.cell.pipeline import compare_cell
+from neuron_workbench.cell.settings import CompareOptions
 from neuron_workbench.compare import compare_outputs
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.run import Run, RunError, compile_cell

@@ -16,7 +16,7 @@ def test_normalize_op():
 
 
 def test_recorder_counts_calls_of_the_named_ops_per_line():
-    with get_backend("neuron").session():
+    with get_backend("neuron").activated():
         x = torch.randn(4, 6, device="neuron", requires_grad=True)
         recorder = DispatchCallRecorder()
         with recorder.recording():
@@ -58,7 +58,7 @@ def test_recorder_leaves_torch_compile_on():
 def test_per_call_tracking_attributes_fallbacks_inside_other_ops():
     from neuron_workbench import emulator
 
-    with get_backend("neuron").session(), emulator.record_fallbacks() as log:
+    with get_backend("neuron").activated(), emulator.record_fallbacks() as log:
         recorder = DispatchCallRecorder(
             per_call=(log.clear, lambda: [event.overload for event in log.events])
         )

@@ -21,10 +21,10 @@ def test_available_backend_runs_tensors_on_its_device(name):
     backend = get_backend(name)
     if not backend.availability():
         with pytest.raises(BackendUnavailable):
-            with backend.session():
+            with backend.activated():
                 pass
         return
-    with backend.session():
+    with backend.activated():
         x = torch.ones(3, device=backend.device) * 2
         backend.synchronize()
         assert x.device.type == backend.device_type
@@ -56,7 +56,7 @@ def test_status_table_lines():
 
 def test_emulated_neuron_memory_is_accounted():
     backend = get_backend("neuron")
-    with backend.session():
+    with backend.activated():
         backend.reset_peak_memory()
         base = backend.memory_stats().current_bytes
         block = torch.zeros(1024, 256, device="neuron")  # 1 MiB of float32
@@ -69,5 +69,5 @@ def test_emulated_neuron_memory_is_accounted():
 @pytest.mark.cuda
 def test_cuda_backend_on_a_gpu():
     backend = get_backend("cuda")
-    with backend.session():
+    with backend.activated():
         assert "cuda" in backend.info().device

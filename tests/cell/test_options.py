@@ -14,10 +14,8 @@ from neuron_workbench.cell.options import (
     RECORD,
     RUN,
     TRAIT,
-    CellOptions,
-    CompareOptions,
-    cell_options,
 )
+from neuron_workbench.cell.settings import CellOptions, CompareOptions, cell_options
 from neuron_workbench.cli.main import build_parser
 from neuron_workbench.errors import OptionError
 from neuron_workbench.magics.neuron import NeuronMagics

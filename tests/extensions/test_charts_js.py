@@ -37,7 +37,7 @@ out.backendLabels = [report.ref, report.target, {...report.ref, label: undefined
 
 def _relabelled(data):
     """The report as the magic relabels it: files relative to the folder that holds them."""
-    from neuron_workbench.report.html import relabel_site
+    from neuron_workbench.sites import relabel_site
 
     for event in data["target"]["fallbacks"]:
         if event.get("site"):

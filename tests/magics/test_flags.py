@@ -2,7 +2,7 @@
 
 import pytest
 
-from neuron_workbench.cell.options import CompareOptions
+from neuron_workbench.cell.settings import CompareOptions
 from neuron_workbench.compare.tolerances import check_pair, parse_override
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
 from neuron_workbench.magics.flags import flag, usage_message

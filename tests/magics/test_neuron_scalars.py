@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from neuron_workbench.testing import run_cell
-from neuron_workbench.views import figures
+from neuron_workbench.views import scalar_figures
 
 SETUP = (
     "import torch\n"
@@ -54,7 +54,7 @@ def test_a_training_loop_cell_has_its_loss_curve_pair(ip, run_charts_js):
     assert loss_site.matched and report.scalars.first is None
     data = report.to_dict()
     assert data["scalars"]["sites"][0]["ref"] == loss_site.ref
-    specs = figures.scalar_curves_specs(data)
+    specs = scalar_figures.scalar_curves_specs(data)
     assert [len(trace["y"]) for trace in specs[0]["data"][:2]] == [10, 10]
     assert specs[0]["layout"]["title"]["text"].endswith(": match")
 

@@ -47,8 +47,8 @@ def test_a_report_carries_its_runs_labels():
     import torch
 
     from neuron_workbench.backends import get_backend
-    from neuron_workbench.cell.options import CompareOptions
     from neuron_workbench.cell.pipeline import compare_cell
+    from neuron_workbench.cell.settings import CompareOptions
     from neuron_workbench.run import compile_cell
 
     result = compare_cell(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_workbench.cell.options import CellOptions, CompareOptions
+from neuron_workbench.cell.settings import CellOptions, CompareOptions
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.ray_cluster import RayOptions
 from neuron_workbench.run.ray_executor import RayActorSlot, _ray_cause, _seen

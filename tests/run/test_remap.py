@@ -55,7 +55,7 @@ def test_cuda_idioms_land_on_the_cpu_backend():
 
 def test_cuda_idioms_land_on_the_emulated_neuron_device():
     neuron = get_backend("neuron")
-    with neuron.session(), cuda_remapped_to(neuron):
+    with neuron.activated(), cuda_remapped_to(neuron):
         model = torch.nn.Linear(3, 2).cuda()
         x = torch.ones(4, 3, device=torch.device("cuda"))
         t = torch.tensor([1.0, 2.0], device="cuda:0")
@@ -84,7 +84,7 @@ def test_set_default_device_is_not_leaked_by_a_run(ip):
 
 def test_facts_note_random_draws_dropout_autocast_and_accumulating_scatters():
     neuron = get_backend("neuron")
-    with neuron.session(), cuda_remapped_to(neuron) as facts:
+    with neuron.activated(), cuda_remapped_to(neuron) as facts:
         x = torch.randn(4, 3, device="cuda")
         torch.nn.functional.dropout(x, 0.5, training=True)
         torch.nn.functional.dropout(x, 0.5, training=False)
@@ -106,7 +106,7 @@ def test_rng_on_cpu_draws_from_the_host_generator_and_moves_the_numbers():
     torch.manual_seed(5)
     expected = torch.randn(3, 2)
     mask_expected = torch.empty(8).bernoulli_(0.5)
-    with neuron.session(), emulator.record_fallbacks() as log:
+    with neuron.activated(), emulator.record_fallbacks() as log:
         with cuda_remapped_to(neuron, rng_on_cpu=True) as facts:
             torch.manual_seed(5)
             drawn = torch.randn(3, 2, device="cuda")

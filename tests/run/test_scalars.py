@@ -87,7 +87,7 @@ def test_a_trace_survives_json():
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_max_steps_must_be_positive(bad):
-    from neuron_workbench.cell.options import CompareOptions
+    from neuron_workbench.cell.settings import CompareOptions
     from neuron_workbench.errors import OptionError
 
     with pytest.raises(OptionError):

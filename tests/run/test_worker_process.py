@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from neuron_workbench.cell.options import CellOptions, CompareOptions
 from neuron_workbench.cell.session import Session
+from neuron_workbench.cell.settings import CellOptions, CompareOptions
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.transport import dumps, loads
 
@@ -214,8 +214,8 @@ def test_a_device_this_process_lacks_comes_back_as_a_generic_accelerator():
 
 KERNEL_THAT_HANGS = """
 import os, time, torch
-from neuron_workbench.cell.options import CompareOptions
-from neuron_workbench.cell.options import CellOptions
+from neuron_workbench.cell.settings import CompareOptions
+from neuron_workbench.cell.settings import CellOptions
 from neuron_workbench.cell.session import Session
 from neuron_workbench.run.transport import dumps, loads
 session = Session()

@@ -143,7 +143,7 @@ def test_chrome_trace_is_valid_trace_event_format(profiled_runs, tmp_path):
 def test_repeated_runs_split_first_call_from_steady_state():
     backend = get_backend("neuron")
     weight = torch.randn(8, 8).to("neuron")
-    with backend.session(), op_profiler(backend) as recorder:
+    with backend.activated(), op_profiler(backend) as recorder:
         for iteration in range(3):
             if iteration:
                 recorder.next_step()

@@ -2,8 +2,8 @@
 
 import torch
 
-from neuron_workbench.cell.options import CompareOptions
 from neuron_workbench.cell.pipeline import compare_cell
+from neuron_workbench.cell.settings import CompareOptions
 from neuron_workbench.run import compile_cell
 from neuron_workbench.views.widget import ReportView, static_html
 

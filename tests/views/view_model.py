@@ -3,8 +3,8 @@
 import torch
 import torch.nn as nn
 
-from neuron_workbench.cell.options import CompareOptions
 from neuron_workbench.cell.pipeline import compare_cell
+from neuron_workbench.cell.settings import CompareOptions
 from neuron_workbench.run import compile_cell
 from neuron_workbench.trace.profile import op_profiler
 

@@ -2,7 +2,8 @@
 
 Shared by everything that attributes ops to source lines: the emulator's fallback events, the
 backends' fallback tracking on real devices, and the op profiler. It sits below all of them (it
-needs only torch), so none of them imports another for it.
+needs only torch), so none of them imports another for it. Also how a site reads to people
+(``cell [7], line 3``, ``transformers/...py:120``): :func:`site_label`, :func:`relabel_site`.
 
 A frame is *internal* (never a user's line) when its file is under torch or this package, is a
 frozen module, ``contextlib`` or ``typing_extensions``, or was registered with
@@ -12,14 +13,25 @@ frozen module, ``contextlib`` or ``typing_extensions``, or was registered with
 from __future__ import annotations
 
 import os
+import re
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["SourceSite", "find_site_and_module", "is_internal", "mark_internal"]
+__all__ = [
+    "SourceSite",
+    "cell_file",
+    "find_site_and_module",
+    "is_internal",
+    "library_folders",
+    "mark_internal",
+    "relabel_site",
+    "site_label",
+]
 
 
 @dataclass(frozen=True)
@@ -123,3 +135,99 @@ def find_site_and_module(skip: int = 2) -> tuple[SourceSite | None, str, str]:
         return site, "", ""
     inner = modules[0]
     return site, _module_name(modules[-1], inner), type(inner).__name__
+
+
+# ---- how sites read -----------------------------------------------------------------------------
+
+_CELL_FILE = re.compile(r"^cell \[(\d+)\]$")
+
+
+def cell_file(execution_count: int) -> str:
+    """The ``file`` of a site inside the notebook cell that ran as ``[execution_count]``."""
+    return f"cell [{int(execution_count)}]"
+
+
+def site_label(file: Any, line: Any = None) -> str:
+    """How a source site reads: ``cell [7], line 3`` inside a notebook cell, else ``path:line``.
+
+    Parameters
+    ----------
+    file : str or dict
+        The site's file, or the whole site dict (``file``, ``line``).
+    line : int, optional
+        The line, when ``file`` is a string.
+    """
+    if isinstance(file, Mapping):
+        file, line = file.get("file"), file.get("line")
+    text = "" if file is None else str(file)
+    where = "?" if line is None else line
+    if _CELL_FILE.match(text):
+        return f"{text}, line {where}"
+    if text.startswith("<neuron-cell"):
+        return f"cell line {where}"  # compiled outside a notebook: no execution count to show
+    return f"{text}:{where}"
+
+
+def relabel_site(
+    site: Mapping[str, Any],
+    cells: Mapping[str, int | tuple[int, int]],
+    folders: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``site`` as people recognise it: a notebook cell's file as ``cell [N]``, paths shortened.
+
+    Parameters
+    ----------
+    site : dict
+        ``file``, ``line``, ``function`` (other keys are kept).
+    cells : mapping of str to int or (int, int)
+        Compiled filename of a notebook cell → its execution count (IPython's
+        ``shell.compile._filename_map`` plus the ``%%neuron`` cell's own filename), or → (count,
+        lines before the compiled code: 1 for a cell magic's body, under its ``%%`` line).
+    folders : sequence of str
+        Folders a file path is shown relative to (the notebook's folder, the working directory,
+        the import roots); the deepest one that holds the file wins, so a library inside a
+        project's virtual environment reads from its import root. Paths outside all of them stay
+        as they are.
+
+    Returns
+    -------
+    dict
+        A new site; for a cell ``file`` is ``cell [N]`` and ``cell`` is ``N``.
+    """
+    out = dict(site)
+    file = str(site.get("file") or "")
+    if not file or _CELL_FILE.match(file):
+        return out
+    count = cells.get(file)
+    if count is not None:
+        count, offset = count if isinstance(count, tuple) else (count, 0)
+        out["file"], out["cell"] = cell_file(count), int(count)
+        if offset and isinstance(site.get("line"), int):
+            out["line"] = site["line"] + offset
+        return out
+    if file.startswith("<") or not os.path.isabs(file):
+        return out
+    best = None
+    for folder in folders:
+        if not folder:
+            continue
+        try:
+            relative = os.path.relpath(file, folder)
+        except ValueError:  # another drive (Windows)
+            continue
+        inside = relative != os.pardir and not relative.startswith(os.pardir + os.sep)
+        if inside and (best is None or len(relative) < len(best)):
+            best = relative
+    if best is not None:
+        out["file"] = best.replace(os.sep, "/")
+    return out
+
+
+def library_folders() -> list[str]:
+    """The import roots of this Python (site-packages, the standard library), longest first.
+
+    A site in an installed library reads relative to its root (``transformers/models/...py:120``)
+    instead of naming the machine's virtual environment.
+    """
+    roots = {os.path.abspath(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)}
+    return sorted(roots, key=len, reverse=True)

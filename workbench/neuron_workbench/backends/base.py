@@ -146,7 +146,7 @@ class Backend(ABC):
             return Availability(False, f"{self.name} is not available: {type(exc).__name__}: {exc}")
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Backend]:
+    def activated(self) -> Iterator[Backend]:
         """Activate the backend for one run, raising :class:`BackendUnavailable` if it cannot."""
         avail = self.availability()
         if not avail:
@@ -158,7 +158,7 @@ class Backend(ABC):
             self._deactivate_impl()
 
     def info(self) -> BackendInfo:
-        """How this backend is named in reports (call inside or after :meth:`session`)."""
+        """How this backend is named in reports (call inside or after :meth:`activated`)."""
         return self._info_impl()
 
     def synchronize(self) -> None:

@@ -147,7 +147,7 @@ def prepare_target(name: str, executor: str = "auto") -> None:
     try:
         backend = get_backend(name)
         if backend.availability().emulated:
-            with backend.session():
+            with backend.activated():
                 pass
     except WorkbenchError:
         pass

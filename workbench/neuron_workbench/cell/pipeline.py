@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.cell.options import CompareOptions
+from neuron_workbench.cell.settings import CompareOptions
 from neuron_workbench.compare import Comparison, compare_outputs
 from neuron_workbench.compare.budget import (
     Budget,
@@ -57,14 +57,21 @@ RECORDED_BUDGET_NOTE = (
 
 
 @dataclass
-class CellComparison:
-    """A report plus each run's captured output (so the caller can replay what the cell printed)."""
+class CellReports:
+    """One report per target, plus each run's captured output (to replay what the cell printed).
 
-    report: Report
+    ``reports`` come first target first (``--target neuron,tpu`` compares each against the same
+    reference run).
+    """
+
+    reports: list[Report]
     captured: dict[str, Captured]
     last_value: Any = None
-    #: Reports of further targets against the same reference run (``--target neuron,tpu``).
-    extra_reports: list[Report] = field(default_factory=list)
+
+    @property
+    def report(self) -> Report:
+        """The first target's report."""
+        return self.reports[0]
 
 
 def compare_cell(
@@ -79,7 +86,10 @@ def compare_cell(
     reference: Run | None = None,
     executor: Executor | None = None,
     extra_targets: Sequence[str] = (),
-) -> CellComparison:
+    relabel: Callable[[Run], None] | None = None,
+    warnings: Sequence[str] = (),
+    migration: Callable[[str], dict[str, Any] | None] | None = None,
+) -> CellReports:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
 
     Parameters
@@ -91,8 +101,14 @@ def compare_cell(
     executor : Executor, optional
         Where the target run happens (default: in this process).
     extra_targets : sequence of str
-        More targets compared against the same reference run (``--target neuron,tpu``); their
-        reports are ``CellComparison.extra_reports``, and only the first target's run can be kept.
+        More targets compared against the same reference run (``--target neuron,tpu``): one
+        report each after the first target's; only the first target's run can be kept.
+    relabel : callable, optional
+        Called on every run once it ends, before any report is built (names sites ``cell [N]``).
+    warnings : sequence of str
+        Warnings for every report (a recorded reference of another cell's source).
+    migration : callable, optional
+        The migration findings of the cell for a target's name (None: no scan).
 
     Raises
     ------
@@ -171,6 +187,8 @@ def compare_cell(
     target_run = target_runs[0]
     for run in (ref_run, *target_runs):
         _note_compiled_draws(run)
+        if relabel is not None:
+            relabel(run)
     if together:  # a fact of the runs (recordings keep it): their wall times shared the cores
         for run in (ref_run, *target_runs):
             run.facts.shared_host = True
@@ -211,11 +229,13 @@ def compare_cell(
             budget=budget,
             oracle=oracle.oracle,
             schedule=schedule,
+            warnings=warnings,
             compile_check=eager if index == 0 else None,
+            migration=migration(run.backend.name) if migration is not None else None,
         )
         for index, (run, comparison, layers, budget) in enumerate(compared)
     ]
-    return CellComparison(reports[0], spec.captured, last_value, extra_reports=reports[1:])
+    return CellReports(reports, spec.captured, last_value)
 
 
 def build_report(
@@ -230,6 +250,7 @@ def build_report(
     schedule: Sequence[str] = (),
     warnings: Sequence[str] = (),
     compile_check: Any = None,
+    migration: dict[str, Any] | None = None,
 ) -> Report:
     """The :class:`Report` of two runs, for a live cell, a further target or two recordings alike.
 
@@ -247,6 +268,8 @@ def build_report(
         Warnings about the inputs (a recording of another cell's source).
     compile_check : CompileCheck, optional
         ``--compile-check``'s verdicts of the cell with torch.compile off.
+    migration : dict, optional
+        The migration scanner's findings for the cell source (the report's Migration tab).
     """
     policy = options.policy()
     compared, layers = comparison if comparison is not None else compare_runs(ref, target, policy)
@@ -271,6 +294,7 @@ def build_report(
         budget=budget,
         scalars=compare_observed_scalars(ref, target, policy, oracle),
         compile_check=compile_check,
+        migration=migration,
     )
 
 

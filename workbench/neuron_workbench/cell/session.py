@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.backends.registry import resolve_executor
-from neuron_workbench.cell.options import CellOptions, CompareOptions
 from neuron_workbench.cell.pipeline import (
     RECORDED_BUDGET_NOTE,
     build_report,
     compare_cell,
 )
+from neuron_workbench.cell.settings import CellOptions, CompareOptions
 from neuron_workbench.emulator.profiles import DEVICES
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.report import Report
@@ -33,9 +33,10 @@ from neuron_workbench.run.records import recorded
 
 @dataclass
 class CellResult:
-    """A finished cell: the report, the strict verdict, what each run printed, the last value."""
+    """A finished cell: one report per target, strict verdicts, what each run printed, last value."""
 
-    report: Report
+    #: One finished report per target, first target first, all against the same reference run.
+    reports: list[Report]
     captured: dict[str, Captured]
     last_value: Any = None
     #: The one-line strict-mode failure (``strict`` and ops fell back), else None.
@@ -44,13 +45,11 @@ class CellResult:
     artifact: Path | None = None
     #: The one-line ``strict_graph_breaks`` failure (torch.compile broke a graph), else None.
     graph_break_violation: str | None = None
-    #: Reports of the further targets (``extra_targets``), against the same reference run.
-    extra_reports: list[Report] = field(default_factory=list)
 
     @property
-    def reports(self) -> list[Report]:
-        """Every report of the cell, first target first."""
-        return [self.report, *self.extra_reports]
+    def report(self) -> Report:
+        """The first target's report."""
+        return self.reports[0]
 
 
 def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, str | None]:
@@ -220,34 +219,25 @@ class Session:
                 cluster_options=options.cluster_options,
             ),
             extra_targets=options.extra_targets,
+            relabel=relabel,
+            warnings=[warning] if warning else [],
+            migration=(lambda target: self._migration(source, target, options))
+            if options.scan
+            else None,
         )
-        report = result.report
-        reports = [report, *result.extra_reports]
-        if relabel is not None:
-            for run in [report.ref, *(each.target for each in reports)]:
-                relabel(run)
-        if warning:
-            for each in reports:
-                each.warnings.append(warning)
+        reports = result.reports
+        report = reports[0]
         artifact = None
         if options.record:
             from neuron_workbench import artifacts
 
             runs = {} if reference is not None else {"ref": report.ref}
             runs["target"] = report.target
-            for extra in result.extra_reports:
+            for extra in reports[1:]:
                 runs[f"target_{extra.target.backend.name}"] = extra.target
             artifact = artifacts.save(
                 options.record, runs=runs, cell_source=source, report=report.to_dict()
             )
-        if options.scan:
-            for each in reports:
-                target = each.target.backend.name
-                each.migration = migration_findings(source, target, options.source_first_line)
-                if each.migration and each.migration.get("findings"):
-                    # A rerun of the same cell folds the findings it showed the first time.
-                    each.migration["repeat"] = (target, source) in self._scanned
-                    self._scanned.add((target, source))
         violation = None
         if options.strict:
             from neuron_workbench.trace.fallback import strict_message, strict_violations
@@ -260,14 +250,21 @@ class Session:
         if options.strict_graph_breaks:
             broken = next(filter(None, map(graph_break_violation, reports)), None)
         return CellResult(
-            report,
+            reports,
             result.captured,
             result.last_value,
             strict_violation=violation,
             graph_break_violation=broken,
             artifact=Path(artifact) if artifact is not None else None,
-            extra_reports=result.extra_reports,
         )
+
+    def _migration(self, source: str, target: str, options: CellOptions) -> dict[str, Any] | None:
+        """The scanner's findings for the cell on ``target``; a rerun folds the ones shown before."""
+        found = migration_findings(source, target, options.source_first_line)
+        if found and found.get("findings"):
+            found["repeat"] = (target, source) in self._scanned
+            self._scanned.add((target, source))
+        return found
 
     def record_run(
         self,

@@ -106,7 +106,7 @@ def _setup_source(
 ) -> str:
     # Settings go into the shell's config *before* the extension loads: loading installs the
     # target's emulated device, and a process can emulate only one device.
-    from neuron_workbench.cell.options import config_lines
+    from neuron_workbench.cell.option_parsing import config_lines
 
     lines = config_lines(options)
     folders = {"record_dir": record_dir, "against_dir": against_dir}
@@ -121,7 +121,7 @@ def _setup_source(
 
 def _checked(options: Mapping[str, Any]) -> None:
     """Raise the one-line usage error of option values no cell could run with."""
-    from neuron_workbench.cell.options import cell_options
+    from neuron_workbench.cell.settings import cell_options
 
     cell_options(options).validate()
 
@@ -152,7 +152,7 @@ def renumber_cell_sites(report: dict[str, Any], offset: int) -> dict[str, Any]:
     ``run`` executes a setup cell first, so each notebook cell runs one count later than in a fresh
     Jupyter "Run All"; its sites should read as they would there.
     """
-    from neuron_workbench.report.html import cell_file
+    from neuron_workbench.sites import cell_file
 
     for role in ("ref", "target"):
         run = report.get(role) or {}
@@ -371,8 +371,8 @@ def run_script(
     recorded one) instead of running it.
     """
     from neuron_workbench.backends.registry import prepare_target
-    from neuron_workbench.cell.options import cell_options
     from neuron_workbench.cell.session import Session
+    from neuron_workbench.cell.settings import cell_options
 
     source = read_script(path)
     values = {"scan": False, **(options or {})}
@@ -393,7 +393,7 @@ def run_script(
     if progress is not None:
         progress(f"running {Path(path).name} on {options.compare.ref} and {options.compare.target}")
     # The script's own lines (and files next to it) read relative to its folder, as in a notebook.
-    from neuron_workbench.report.html import library_folders, relabel_run_sites
+    from neuron_workbench.sites import library_folders
 
     folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     session = Session()
@@ -404,7 +404,7 @@ def run_script(
                 script_namespace(path),
                 options,
                 program=program,
-                relabel=lambda run: relabel_run_sites(run, {}, folders),
+                relabel=lambda run: run.relabel_sites({}, folders),
                 instruments={"script": script_run_context(path, args, cwd)},
             )
     finally:

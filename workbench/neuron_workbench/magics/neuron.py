@@ -15,21 +15,14 @@ from IPython.utils.capture import capture_output
 from traitlets import Bool, Dict, Enum, Float, HasTraits, Int, List, TraitType, Unicode, default
 
 from neuron_workbench.backends.registry import BackendStatusTable, prepare_target
-from neuron_workbench.cell.options import (
-    MAGIC,
-    TRAIT,
-    Option,
-    argument_spec,
-    cell_options,
-    given,
-    options_for,
-    parsed_value,
-)
+from neuron_workbench.cell.option_parsing import argument_spec, given, parsed_value
+from neuron_workbench.cell.options import MAGIC, TRAIT, Option, options_for
 from neuron_workbench.cell.session import Session
+from neuron_workbench.cell.settings import cell_options
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
-from neuron_workbench.report.html import library_folders, relabel_run_sites
 from neuron_workbench.run import compile_cell
+from neuron_workbench.sites import library_folders
 
 __all__ = ["NeuronMagics", "prepare_target"]
 
@@ -292,7 +285,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 program=program,
                 hidden=frozenset(shell.user_ns_hidden),
                 capture=_capture,
-                relabel=lambda run: relabel_run_sites(run, cells, folders),
+                relabel=lambda run: run.relabel_sites(cells, folders),
             )
         except WorkbenchUsageError as exc:
             raise UsageError(usage_message(exc)) from None

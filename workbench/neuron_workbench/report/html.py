@@ -6,9 +6,7 @@ Every user-provided string (variable names, cell source, error messages, printed
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from neuron_workbench.report.compile_html import render_compile_section
@@ -21,6 +19,7 @@ from neuron_workbench.report.display import (
 from neuron_workbench.report.html_parts import esc
 from neuron_workbench.report.html_parts import table as _table
 from neuron_workbench.report.schema import read_report
+from neuron_workbench.sites import site_label
 
 _STYLE = """
 .nw-report{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4;
@@ -182,141 +181,6 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
 # file of a cell (``/tmp/ipykernel_1/2.py``) or the magic's own ``<neuron-cell-3>``; people know the
 # cell by its execution count, so the magic relabels such sites to ``file: "cell [7]"`` (plus
 # ``cell: 7``) before anything shows or saves them; files become relative to the notebook's folder.
-
-_CELL_FILE = re.compile(r"^cell \[(\d+)\]$")
-
-
-def cell_file(execution_count: int) -> str:
-    """The ``file`` of a site inside the notebook cell that ran as ``[execution_count]``."""
-    return f"cell [{int(execution_count)}]"
-
-
-def site_label(file: Any, line: Any = None) -> str:
-    """How a source site reads: ``cell [7], line 3`` inside a notebook cell, else ``path:line``.
-
-    Parameters
-    ----------
-    file : str or dict
-        The site's file, or the whole site dict (``file``, ``line``).
-    line : int, optional
-        The line, when ``file`` is a string.
-    """
-    if isinstance(file, Mapping):
-        file, line = file.get("file"), file.get("line")
-    text = "" if file is None else str(file)
-    where = "?" if line is None else line
-    if _CELL_FILE.match(text):
-        return f"{text}, line {where}"
-    if text.startswith("<neuron-cell"):
-        return f"cell line {where}"  # compiled outside a notebook: no execution count to show
-    return f"{text}:{where}"
-
-
-def relabel_site(
-    site: Mapping[str, Any],
-    cells: Mapping[str, int | tuple[int, int]],
-    folders: Sequence[str] = (),
-) -> dict[str, Any]:
-    """``site`` as people recognise it: a notebook cell's file as ``cell [N]``, paths shortened.
-
-    Parameters
-    ----------
-    site : dict
-        ``file``, ``line``, ``function`` (other keys are kept).
-    cells : mapping of str to int or (int, int)
-        Compiled filename of a notebook cell → its execution count (IPython's
-        ``shell.compile._filename_map`` plus the ``%%neuron`` cell's own filename), or → (count,
-        lines before the compiled code: 1 for a cell magic's body, under its ``%%`` line).
-    folders : sequence of str
-        Folders a file path is shown relative to (the notebook's folder, the working directory,
-        the import roots); the deepest one that holds the file wins, so a library inside a
-        project's virtual environment reads from its import root. Paths outside all of them stay
-        as they are.
-
-    Returns
-    -------
-    dict
-        A new site; for a cell ``file`` is ``cell [N]`` and ``cell`` is ``N``.
-    """
-    out = dict(site)
-    file = str(site.get("file") or "")
-    if not file or _CELL_FILE.match(file):
-        return out
-    count = cells.get(file)
-    if count is not None:
-        count, offset = count if isinstance(count, tuple) else (count, 0)
-        out["file"], out["cell"] = cell_file(count), int(count)
-        if offset and isinstance(site.get("line"), int):
-            out["line"] = site["line"] + offset
-        return out
-    if file.startswith("<") or not os.path.isabs(file):
-        return out
-    best = None
-    for folder in folders:
-        if not folder:
-            continue
-        try:
-            relative = os.path.relpath(file, folder)
-        except ValueError:  # another drive (Windows)
-            continue
-        inside = relative != os.pardir and not relative.startswith(os.pardir + os.sep)
-        if inside and (best is None or len(relative) < len(best)):
-            best = relative
-    if best is not None:
-        out["file"] = best.replace(os.sep, "/")
-    return out
-
-
-def library_folders() -> list[str]:
-    """The import roots of this Python (site-packages, the standard library), longest first.
-
-    A site in an installed library reads relative to its root (``transformers/models/...py:120``)
-    instead of naming the machine's virtual environment.
-    """
-    import sys
-
-    roots = {os.path.abspath(p) for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)}
-    return sorted(roots, key=len, reverse=True)
-
-
-def relabel_run_sites(
-    run: Any, cells: Mapping[str, int | tuple[int, int]], folders: Sequence[str] = ()
-) -> None:
-    """Relabel, in place, every site a run carries.
-
-    Fallback events, op-profile rows, the graphs and graph breaks of its torch.compile record,
-    and the files its captured warnings name (``stderr``).
-    """
-    from neuron_workbench.run.records import recorded  # a run's module loads torch
-
-    for index, event in enumerate(run.fallbacks):
-        if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
-            run.fallbacks[index] = {**event, "site": relabel_site(event["site"], cells, folders)}
-    if isinstance(getattr(run, "stderr", None), str):
-        # warnings name the file they come from: library files read relative to their root
-        for folder in sorted((f for f in folders if f), key=len, reverse=True):
-            run.stderr = run.stderr.replace(folder.rstrip(os.sep) + os.sep, "")
-    compiled = recorded(run.extras.get("compile")) if isinstance(run.extras, dict) else None
-    for key in ("graphs", "graph_breaks"):
-        entries = compiled.get(key) if isinstance(compiled, dict) else getattr(compiled, key, None)
-        for index, entry in enumerate(entries or []):
-            if isinstance(entry, dict) and entry.get("file") not in (None, "", "cell"):
-                entries[index] = relabel_site(entry, cells, folders)
-    profile = run.extras.get("profile") if isinstance(run.extras, dict) else None
-    if profile is None:
-        return
-    profile = recorded(profile)
-    if isinstance(profile, dict):
-        tables = [profile.get(k) or [] for k in ("rows", "first_call", "steady")]
-        for rows in tables:
-            for row in rows:
-                if isinstance(row, dict) and isinstance(row.get("site"), Mapping):
-                    row["site"] = relabel_site(row["site"], cells, folders)
-        return
-    for rows in (profile.rows, profile.first_call or [], profile.steady or []):
-        for row in rows:
-            if isinstance(row.site, Mapping):
-                row.site = relabel_site(row.site, cells, folders)
 
 
 def _site_text(event: dict[str, Any]) -> str:

@@ -193,7 +193,7 @@ def what_if_policy(backend: Backend, what_if: str | None) -> Iterator[None]:
         )
     from neuron_workbench import emulator
 
-    with backend.session():
+    with backend.activated():
         status = emulator.status()
         before = bool(status.numerics.get("bf16_matmul")) if status else False
         emulator.configure(bf16_matmul=True)
@@ -239,7 +239,7 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
 
     The namespace is unchanged afterwards. ``KeyboardInterrupt`` restores it and propagates.
     """
-    with backend.session():  # the device must exist (emulator installed) before copies move to it
+    with backend.activated():  # the device must exist (emulator installed) before copies move to it
         return _execute_in_session(spec, backend, run_id)
 
 

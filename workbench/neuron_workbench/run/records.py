@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import linecache
+import os
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_workbench.backends.base import BackendInfo, MemoryStats
+from neuron_workbench.sites import relabel_site
 
 
 @dataclass(frozen=True)
@@ -242,3 +245,46 @@ class Run:
     def fallback_ops(self) -> list[str]:
         """Sorted unique names of the ops that ran on CPU instead of the device."""
         return sorted({str(event["op"]) for event in self.fallbacks})
+
+    def relabel_sites(
+        self, cells: Mapping[str, int | tuple[int, int]], folders: Sequence[str] = ()
+    ) -> None:
+        """Relabel, in place, every site the run carries (:func:`~neuron_workbench.sites.relabel_site`).
+
+        Fallback events, op-profile rows, the graphs and graph breaks of its torch.compile record,
+        and the files its captured warnings name (``stderr``).
+        """
+        run = self
+        for index, event in enumerate(run.fallbacks):
+            if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
+                run.fallbacks[index] = {
+                    **event,
+                    "site": relabel_site(event["site"], cells, folders),
+                }
+        if isinstance(getattr(run, "stderr", None), str):
+            # warnings name the file they come from: library files read relative to their root
+            for folder in sorted((f for f in folders if f), key=len, reverse=True):
+                run.stderr = run.stderr.replace(folder.rstrip(os.sep) + os.sep, "")
+        compiled = recorded(run.extras.get("compile")) if isinstance(run.extras, dict) else None
+        for key in ("graphs", "graph_breaks"):
+            entries = (
+                compiled.get(key) if isinstance(compiled, dict) else getattr(compiled, key, None)
+            )
+            for index, entry in enumerate(entries or []):
+                if isinstance(entry, dict) and entry.get("file") not in (None, "", "cell"):
+                    entries[index] = relabel_site(entry, cells, folders)
+        profile = run.extras.get("profile") if isinstance(run.extras, dict) else None
+        if profile is None:
+            return
+        profile = recorded(profile)
+        if isinstance(profile, dict):
+            tables = [profile.get(k) or [] for k in ("rows", "first_call", "steady")]
+            for rows in tables:
+                for row in rows:
+                    if isinstance(row, dict) and isinstance(row.get("site"), Mapping):
+                        row["site"] = relabel_site(row["site"], cells, folders)
+            return
+        for rows in (profile.rows, profile.first_call or [], profile.steady or []):
+            for row in rows:
+                if isinstance(row.site, Mapping):
+                    row.site = relabel_site(row.site, cells, folders)

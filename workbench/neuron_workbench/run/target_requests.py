@@ -128,7 +128,7 @@ def device_ready(backend: Backend, host: str) -> dict[str, Any]:
     try:
         availability = backend.availability()
         if availability:
-            with backend.session():  # install the emulated device before any backward pass
+            with backend.activated():  # install the emulated device before any backward pass
                 pass
         return {"availability": availability, "info": backend.info() if availability else None}
     except Exception as exc:

@@ -21,7 +21,7 @@ from plotly.offline import get_plotlyjs_version
 from plotly.utils import PlotlyJSONEncoder
 
 from neuron_workbench.report.schema import read_report
-from neuron_workbench.views import compile_figures, figures, tables
+from neuron_workbench.views import compile_figures, figures, scalar_figures, tables
 
 __all__ = ["TAB_TITLES", "ReportView", "report_data", "static_html"]
 
@@ -126,7 +126,7 @@ class ReportView(W.Tab):
         curves = figures.loss_curves(self.data)
         if curves is not None:
             widgets.append(self._figure("loss_curves", curves))
-        for index, scalar_fig in enumerate(figures.scalar_curves(self.data)):
+        for index, scalar_fig in enumerate(scalar_figures.scalar_curves(self.data)):
             widgets.append(self._figure(f"scalars_{index}", scalar_fig))
         budget = figures.budget_histogram(self.data)
         if budget is not None:
@@ -214,7 +214,7 @@ def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
     budget = figures.budget_histogram(data)  # built only when the budget measured something
     if budget is not None:
         out.append(budget.to_plotly_json())
-    out.extend(figures.scalar_curves_specs(data))  # loss curves by call site, both runs
+    out.extend(scalar_figures.scalar_curves_specs(data))  # loss curves by call site, both runs
     compiled = compile_figures.compile_time_spec(data)  # the report's HTML has the tables
     if compiled is not None:
         out.append(compiled)

@@ -17,7 +17,8 @@ HELP = (
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
-    from neuron_workbench.cell.options import COMPARE, add_arguments
+    from neuron_workbench.cell.option_parsing import add_arguments
+    from neuron_workbench.cell.options import COMPARE
 
     parser.add_argument("reference", help="artifact with the reference run (its 'ref' or only run)")
     parser.add_argument("target", help="artifact with the target run (its 'target' or only run)")
@@ -55,7 +56,8 @@ def report_of_artifacts(
 def run(args: argparse.Namespace) -> int:
     """Load both artifacts, compare, print the verdict line, write the files; return the exit code."""
     from neuron_workbench.artifacts import load
-    from neuron_workbench.cell.options import COMPARE, given_values
+    from neuron_workbench.cell.option_parsing import given_values
+    from neuron_workbench.cell.options import COMPARE
     from neuron_workbench.cli.notebook_runner import InputResult, junit_xml, write_text
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page

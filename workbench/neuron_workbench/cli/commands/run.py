@@ -50,7 +50,8 @@ def script_folder(args: argparse.Namespace) -> str | None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options: every cell option of the table, and run's own."""
-    from neuron_workbench.cell.options import RUN, add_arguments
+    from neuron_workbench.cell.option_parsing import add_arguments
+    from neuron_workbench.cell.options import RUN
 
     parser.add_argument(
         "path",
@@ -112,7 +113,8 @@ def _notebook_supports_record_dir() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Execute, print one verdict line per report, write the files; return the exit code."""
-    from neuron_workbench.cell.options import RUN, given_values
+    from neuron_workbench.cell.option_parsing import given_values
+    from neuron_workbench.cell.options import RUN
     from neuron_workbench.cli.notebook_runner import (
         junit_xml,
         run_document,

@@ -1,0 +1,80 @@
+"""The option table's front ends: argparse arguments, parsed values, ``%config`` lines.
+
+``%%neuron`` (through IPython's ``magic_arguments``, itself argparse) and the ``neuron-workbench``
+subcommands add the table's options with :func:`add_arguments` or :func:`argument_spec`, and read
+back what a user gave with :func:`given_values`; the notebook runner makes values a notebook's
+session defaults with :func:`config_lines`. Imports no torch (the command line parses first).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from neuron_workbench.cell.options import OPTION, TRAIT, Option, options_for
+
+_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+
+
+def argument_spec(option: Option) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """``add_argument``'s positional and keyword arguments for ``option``.
+
+    Every value defaults to None (a switch to False, a list to empty), so a front end can tell an
+    option given from one left to the session defaults.
+    """
+    kwargs: dict[str, Any] = {"dest": option.name, "help": option.help}
+    if option.kind == "bool":
+        kwargs["action"] = "store_true"
+        kwargs["default"] = False
+    elif option.kind == "list":
+        kwargs.update(action="append", default=[], metavar=option.metavar)
+    elif option.kind == "choice":
+        kwargs.update(choices=option.choices, default=None)
+    else:
+        kwargs.update(type=_TYPES[option.kind], default=None, metavar=option.metavar)
+    return (option.flag,), kwargs
+
+
+def add_arguments(parser: argparse.ArgumentParser, front: str) -> None:
+    """Add every option ``front`` takes to an argparse ``parser``."""
+    for option in options_for(front):
+        flags, kwargs = argument_spec(option)
+        parser.add_argument(*flags, **kwargs)
+
+
+def given(option: Option, value: Any) -> bool:
+    """Whether a parsed ``value`` sets ``option`` (False: the session default applies)."""
+    if option.kind == "bool":
+        return bool(value)
+    if option.kind == "list":
+        return bool(value)
+    return value is not None
+
+
+def parsed_value(option: Option, value: Any) -> Any:
+    """A parsed flag's value as the option holds it (``--no-scan`` given means ``scan=False``)."""
+    if option.name == "scan":
+        return not value
+    return list(value) if option.kind == "list" else value
+
+
+def given_values(args: argparse.Namespace, front: str) -> dict[str, Any]:
+    """The options ``front`` takes that ``args`` sets, by API name."""
+    values = {}
+    for option in options_for(front):
+        raw = getattr(args, option.name, None)
+        if given(option, raw):
+            values[option.name] = parsed_value(option, raw)
+    return values
+
+
+def config_lines(values: Mapping[str, Any], section: str = "NeuronMagics") -> list[str]:
+    """``%config``-style lines that make ``values`` the session defaults of a notebook's cells."""
+    lines = []
+    for name, value in values.items():
+        option = OPTION[name]
+        if TRAIT not in option.fronts:
+            raise ValueError(f"{name} is not a session setting")
+        lines.append(f"get_ipython().config.{section}.{name} = {value!r}")
+    return lines
