@@ -166,3 +166,18 @@ def test_a_stand_in_class_is_found_as_unloadable():
     stand_in = _stand_in("nwtest_sdk.Stream", ImportError("No module named 'nwtest_sdk'"))
     assert unloadable_in({"kind": stand_in}) is not None
     assert unloadable_in({"kind": int}) is None
+
+
+def test_ordered_dicts_keep_their_order_attributes_and_subclass(arena):
+    import collections
+
+    class Registry(collections.OrderedDict):
+        pass
+
+    plain = collections.OrderedDict([("b", torch.ones(1)), ("a", 2)])
+    plain.note = "kept"
+    sub = Registry(z=1, y=2)
+    back_plain, back_sub = loads(dumps((plain, sub), arena))
+    assert type(back_plain) is collections.OrderedDict and list(back_plain) == ["b", "a"]
+    assert back_plain.note == "kept" and torch.equal(back_plain["b"], torch.ones(1))
+    assert type(back_sub) is Registry and list(back_sub.items()) == [("z", 1), ("y", 2)]
