@@ -144,7 +144,7 @@ class _StorageSink:
                 size += pad
             table.append((size, nbytes))
             if nbytes:
-                chunks.append((ctypes.c_char * nbytes).from_address(host.data_ptr()))
+                chunks.append(_memory_at(host.data_ptr(), nbytes))
                 hosts.append(host)
                 size += nbytes
         assert self.folder is not None
@@ -172,6 +172,17 @@ def _host_copy(source: torch.Tensor) -> torch.UntypedStorage:
     return source.cpu().untyped_storage()
 
 
+_MEMORY_VIEW = ctypes.pythonapi.PyMemoryView_FromMemory
+_MEMORY_VIEW.restype = ctypes.py_object
+_MEMORY_VIEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_READ = 0x100
+
+
+def _memory_at(address: int, nbytes: int) -> memoryview:
+    """A read-only view of ``nbytes`` of this process's memory (a host storage's bytes)."""
+    return _MEMORY_VIEW(address, nbytes, _PYBUF_READ)
+
+
 #: The most buffers one ``pwritev`` call takes.
 _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 _ZEROS = bytes(ARENA_ALIGN)
@@ -179,7 +190,7 @@ _ZEROS = bytes(ARENA_ALIGN)
 
 def _write_all(fd: int, chunks: list[Any]) -> None:
     """Write ``chunks`` one after the other from the start of ``fd`` (``OSError`` when full)."""
-    views = [memoryview(chunk).cast("B") for chunk in chunks]
+    views = [memoryview(chunk) for chunk in chunks]
     first, offset = 0, 0
     while first < len(views):
         written = os.pwritev(fd, views[first : first + _IOV_MAX], offset)
