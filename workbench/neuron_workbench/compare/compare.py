@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -476,6 +477,19 @@ def _resolution(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_tolerance(
+    policy: TolerancePolicy, ref_dtype: torch.dtype, target_dtype: torch.dtype
+) -> Tolerance:
+    # A policy without per-output overrides decides by dtypes alone (it is frozen, so hashable).
+    return policy.for_output("", ref_dtype, target_dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _compare_tensors(
     path: str,
     kind: str,
@@ -489,14 +503,17 @@ def _compare_tensors(
     tol_dtypes = (ref_dtype, target_dtype)
     if kind == "number" and ref_dtype == torch.float64 and not source_known:
         tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
-    tolerance = policy.for_output(path, *tol_dtypes)
+    if policy.per_output:
+        tolerance = policy.for_output(path, *tol_dtypes)
+    else:  # the same for every output of these dtypes
+        tolerance = _dtype_tolerance(policy, *tol_dtypes)
     diff = OutputDiff(
         path,
         "match",
         kind,
         tolerance,
-        ref_dtype=str(ref_dtype).removeprefix("torch."),
-        target_dtype=str(target_dtype).removeprefix("torch."),
+        ref_dtype=_dtype_name(ref_dtype),
+        target_dtype=_dtype_name(target_dtype),
         ref_shape=tuple(ref.shape),
         target_shape=tuple(target.shape),
     )

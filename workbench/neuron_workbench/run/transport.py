@@ -372,7 +372,7 @@ def _rebuild_tensor(
     parameter: bool,
     state: dict[str, Any],
 ) -> torch.Tensor:
-    data = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
     tensor: torch.Tensor = (
         torch.nn.Parameter(data, requires_grad=requires_grad)
         if parameter
