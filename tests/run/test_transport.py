@@ -181,3 +181,21 @@ def test_ordered_dicts_keep_their_order_attributes_and_subclass(arena):
     assert type(back_plain) is collections.OrderedDict and list(back_plain) == ["b", "a"]
     assert back_plain.note == "kept" and torch.equal(back_plain["b"], torch.ones(1))
     assert type(back_sub) is Registry and list(back_sub.items()) == [("z", 1), ("y", 2)]
+
+
+@pytest.mark.inprocess_device
+@pytest.mark.parametrize("where", ARENAS, ids=lambda a: "arena" if a else "in-band")
+def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where):
+    base = torch.arange(12.0, device="neuron")
+    param = torch.nn.Parameter(torch.full((3,), 2.0, device="neuron"))
+    param.grad = torch.ones(3, device="neuron")
+    sent = {"base": base, "view": base[4:10].view(2, 3), "param": param, "cpu": torch.ones(2)}
+    back = loads(dumps(sent, where))
+    assert back["base"].device.type == "cpu" and back["base"].tolist() == base.cpu().tolist()
+    assert back["view"].tolist() == [[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
+    # one host storage for the device storage: the view still writes into its base
+    back["view"][0, 0] = -1.0
+    assert back["base"][4].item() == -1.0
+    assert isinstance(back["param"], torch.nn.Parameter) and back["param"].grad.tolist() == [1.0] * 3
+    assert back["param"]._workbench_device == "neuron:0"
+    assert base[4].item() == 4.0  # the sender's tensor is untouched
