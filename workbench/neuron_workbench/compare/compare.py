@@ -398,6 +398,13 @@ def compare_leaf(
     A :class:`NotCompared` marker on either side gives status ``not-compared``.
     """
     policy = policy or TolerancePolicy()
+    if type(ref) in _PLAIN_TENSORS and type(target) in _PLAIN_TENSORS:
+        # The common leaf (a weight, a gradient, a state tensor): no markers or scalar sources
+        # to look for.
+        try:
+            return _compare_tensors(path, "tensor", ref.detach(), target.detach(), policy)
+        except Exception as exc:  # a comparison bug must not hide the other outputs
+            return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
     if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
         return _not_compared(path, ref, target)
     try:
@@ -423,6 +430,9 @@ def compare_leaf(
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
         return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
+
+
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _short(value: Any) -> str:
