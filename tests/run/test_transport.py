@@ -196,6 +196,8 @@ def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where):
     # one host storage for the device storage: the view still writes into its base
     back["view"][0, 0] = -1.0
     assert back["base"][4].item() == -1.0
-    assert isinstance(back["param"], torch.nn.Parameter) and back["param"].grad.tolist() == [1.0] * 3
+    assert (
+        isinstance(back["param"], torch.nn.Parameter) and back["param"].grad.tolist() == [1.0] * 3
+    )
     assert back["param"]._workbench_device == "neuron:0"
     assert base[4].item() == 4.0  # the sender's tensor is untouched
