@@ -166,3 +166,38 @@ def test_a_stand_in_class_is_found_as_unloadable():
     stand_in = _stand_in("nwtest_sdk.Stream", ImportError("No module named 'nwtest_sdk'"))
     assert unloadable_in({"kind": stand_in}) is not None
     assert unloadable_in({"kind": int}) is None
+
+
+def test_ordered_dicts_keep_their_order_attributes_and_subclass(arena):
+    import collections
+
+    class Registry(collections.OrderedDict):
+        pass
+
+    plain = collections.OrderedDict([("b", torch.ones(1)), ("a", 2)])
+    plain.note = "kept"
+    sub = Registry(z=1, y=2)
+    back_plain, back_sub = loads(dumps((plain, sub), arena))
+    assert type(back_plain) is collections.OrderedDict and list(back_plain) == ["b", "a"]
+    assert back_plain.note == "kept" and torch.equal(back_plain["b"], torch.ones(1))
+    assert type(back_sub) is Registry and list(back_sub.items()) == [("z", 1), ("y", 2)]
+
+
+@pytest.mark.inprocess_device
+@pytest.mark.parametrize("where", ARENAS, ids=lambda a: "arena" if a else "in-band")
+def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where):
+    base = torch.arange(12.0, device="neuron")
+    param = torch.nn.Parameter(torch.full((3,), 2.0, device="neuron"))
+    param.grad = torch.ones(3, device="neuron")
+    sent = {"base": base, "view": base[4:10].view(2, 3), "param": param, "cpu": torch.ones(2)}
+    back = loads(dumps(sent, where))
+    assert back["base"].device.type == "cpu" and back["base"].tolist() == base.cpu().tolist()
+    assert back["view"].tolist() == [[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
+    # one host storage for the device storage: the view still writes into its base
+    back["view"][0, 0] = -1.0
+    assert back["base"][4].item() == -1.0
+    assert (
+        isinstance(back["param"], torch.nn.Parameter) and back["param"].grad.tolist() == [1.0] * 3
+    )
+    assert back["param"]._workbench_device == "neuron:0"
+    assert base[4].item() == 4.0  # the sender's tensor is untouched

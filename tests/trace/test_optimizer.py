@@ -43,3 +43,30 @@ def test_first_step_sensitivity_peaks_where_grad_is_near_eps():
     # lr * eps / (|g| + eps)^2, with g = 1e-8 as float32
     assert abs(near_eps - 1e-3 * 1e-8 / (2e-8) ** 2) < 1e-3
     assert large < near_eps * 1e-10
+
+
+def test_the_runs_function_modes_do_not_see_the_recorders_own_reads():
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+    seen = []
+
+    class Watching(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.Adam([w], lr=1e-3)
+    recorder = OptimizerRecorder()
+    outer, inner = Watching(), Watching()
+    with recorder.recording(), outer, inner:
+        (w * 3).sum().backward()
+        opt.step()  # the second one reads the state (a step tensor, the second moment)
+        opt.step()
+        seen.clear()
+        recorder._pre_step(opt, (), {})
+        assert seen == []  # copies, .item() and .numel() of the recorder went past both modes
+        assert _get_current_function_mode_stack() == [outer, inner]  # put back, in order
+    at = recorder.result().at_step(w)
+    assert at.step == 2 and type(at.lr) is float
+    assert torch.equal(at.grad, torch.tensor([3.0, 3.0]))

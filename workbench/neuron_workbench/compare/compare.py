@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -402,6 +403,13 @@ def compare_leaf(
     A :class:`NotCompared` marker on either side gives status ``not-compared``.
     """
     policy = policy or TolerancePolicy()
+    if type(ref) in _PLAIN_TENSORS and type(target) in _PLAIN_TENSORS:
+        # The common leaf (a weight, a gradient, a state tensor): no markers or scalar sources
+        # to look for.
+        try:
+            return _compare_tensors(path, "tensor", ref.detach(), target.detach(), policy)
+        except Exception as exc:  # a comparison bug must not hide the other outputs
+            return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
     if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
         return _not_compared(path, ref, target)
     try:
@@ -427,6 +435,9 @@ def compare_leaf(
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
         return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
+
+
+_PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
 def _short(value: Any) -> str:
@@ -481,6 +492,19 @@ def _resolution(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_tolerance(
+    policy: TolerancePolicy, ref_dtype: torch.dtype, target_dtype: torch.dtype
+) -> Tolerance:
+    # A policy without per-output overrides decides by dtypes alone (it is frozen, so hashable).
+    return policy.for_output("", ref_dtype, target_dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _compare_tensors(
     path: str,
     kind: str,
@@ -494,14 +518,17 @@ def _compare_tensors(
     tol_dtypes = (ref_dtype, target_dtype)
     if kind == "number" and ref_dtype == torch.float64 and not source_known:
         tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
-    tolerance = policy.for_output(path, *tol_dtypes)
+    if policy.per_output:
+        tolerance = policy.for_output(path, *tol_dtypes)
+    else:  # the same for every output of these dtypes
+        tolerance = _dtype_tolerance(policy, *tol_dtypes)
     diff = OutputDiff(
         path,
         "match",
         kind,
         tolerance,
-        ref_dtype=str(ref_dtype).removeprefix("torch."),
-        target_dtype=str(target_dtype).removeprefix("torch."),
+        ref_dtype=_dtype_name(ref_dtype),
+        target_dtype=_dtype_name(target_dtype),
         ref_shape=tuple(ref.shape),
         target_shape=tuple(target.shape),
     )

@@ -107,6 +107,23 @@ class _CudaToDeviceMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        # Most calls (attribute reads, views, arithmetic) name no device and need no note: they go
+        # straight through. Only a str or torch.device argument, or a device keyword, can name one.
+        if func not in _SPECIAL:
+            if not kwargs:
+                for arg in args:
+                    kind = type(arg)
+                    if kind is str or kind is torch.device:
+                        break
+                else:
+                    return func(*args)
+            elif "device" not in kwargs:
+                for arg in args:
+                    kind = type(arg)
+                    if kind is str or kind is torch.device:
+                        break
+                else:
+                    return func(*args, **kwargs)
         kwargs = kwargs or {}
         if func in SCALAR_CONVERSIONS:  # loss.item(): the scalar keeps its tensor's dtype
             return materialise(func, args, kwargs)
@@ -313,6 +330,20 @@ _NOTEWORTHY = (
     | _CONVOLUTIONS
     | _RNNS
     | frozenset({_SDPA})
+)
+
+
+#: Calls the mode handles itself whatever their arguments (everything else only when an argument
+#: or the device keyword may name a device).
+_SPECIAL = frozenset(
+    {
+        *SCALAR_CONVERSIONS,
+        _TENSOR_CUDA,
+        _TENSOR_PIN_MEMORY,
+        _TENSOR_IS_PINNED,
+        _IS_CUDA_DESCRIPTOR.__get__,
+        *_NOTEWORTHY,
+    }
 )
 
 

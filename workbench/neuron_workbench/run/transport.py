@@ -20,6 +20,8 @@ others.
 from __future__ import annotations
 
 import contextlib
+import copyreg
+import ctypes
 import io
 import mmap
 import os
@@ -27,6 +29,7 @@ import pickle
 import threading
 import types
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -40,6 +43,9 @@ from neuron_workbench.run.namespace import ORIGIN_ATTR
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
 _PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
+#: ``torch.empty`` itself: an emulated device wraps the public one in Python (pinned memory).
+_EMPTY = torch._C._VariableFunctions.empty
+_CLOUDPICKLE_DISPATCH = cloudpickle.cloudpickle.Pickler._dispatch_table
 
 
 @dataclass
@@ -83,57 +89,129 @@ def arena_folder() -> str | None:
 
 
 class _StorageSink:
-    """Collects the bytes of each storage once: into an arena file, or as in-band buffers."""
+    """Collects each storage once; its bytes go into an arena file, or become in-band buffers.
+
+    Pickling only notes the storages; :meth:`finish` then writes them all at once, in one vectored
+    write from their memory (a full shared-memory folder fails there, with ``OSError``, and the
+    message can still go in-band).
+    """
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
         self.table: list[tuple[int, int]] = []
         self.storages: list[pickle.PickleBuffer] = []
         self.path: str | None = None
-        self._file: io.BufferedWriter | None = None
-        self._size = 0
-        self._keep: list[Any] = []  # storages stay alive (and their ids unique) while pickling
+        # what each storage's bytes are read from: the storage itself on the host, else a byte
+        # view of it on its device (taken while pickling, where a device that cannot give one
+        # falls back to a host copy of the tensor); keeps storages alive and their ids unique
+        self._sources: list[torch.UntypedStorage | torch.Tensor] = []
 
     def add(self, storage: torch.UntypedStorage) -> int:
-        host = storage if storage.device.type == "cpu" else _host_storage(storage)
-        self._keep.append(storage)
-        nbytes = host.nbytes()
-        raw = torch.empty(0, dtype=torch.uint8).set_(host).numpy() if nbytes else b""
-        if self.folder is None:
-            self.storages.append(pickle.PickleBuffer(raw))
-            return len(self.storages) - 1
-        if self._file is None:
-            self.path = os.path.join(
-                self.folder, f"neuron-workbench-{os.getpid()}-{uuid.uuid4().hex}"
-            )
-            self._file = open(self.path, "wb")  # noqa: SIM115 - closed by finish()
-        pad = -self._size % ARENA_ALIGN
-        if pad:
-            self._file.write(bytes(pad))
-            self._size += pad
-        self.table.append((self._size, nbytes))
-        if nbytes:
-            self._file.write(memoryview(raw))
-            self._size += nbytes
-        return len(self.table) - 1
+        if storage.device.type == "cpu":
+            self._sources.append(storage)
+        else:
+            self._sources.append(_EMPTY(0, dtype=torch.uint8, device=storage.device).set_(storage))
+        return len(self._sources) - 1
 
     def finish(self) -> None:
-        self._keep.clear()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Write the storages (into the arena when there is a folder; ``OSError`` when full)."""
+        if self.folder is None:
+            self.storages = [pickle.PickleBuffer(_host_bytes(s)) for s in self._sources]
+        elif self._sources:
+            self._write_arena()
+        self._sources = []
 
-    def abandon(self) -> None:
-        self.finish()
+    def in_band(self) -> None:
+        """Give up on the arena (a full or missing folder): the storages travel in the message."""
+        self.abandon_file()
+        self.folder = None
+        self.table = []
+
+    def _write_arena(self) -> None:
+        # One vectored write of every storage's bytes (and the alignment padding), straight from
+        # their memory: no per-storage Python file calls, no NumPy views (a mapped file written
+        # through is slower still: a page fault per page).
+        table: list[tuple[int, int]] = []
+        chunks: list[Any] = []
+        hosts: list[torch.UntypedStorage] = []  # alive until written: the chunks point into them
+        size = 0
+        for source in self._sources:
+            host = source if type(source) is torch.UntypedStorage else _host_copy(source)
+            nbytes = host.nbytes()
+            pad = -size % ARENA_ALIGN
+            if pad:
+                chunks.append(_ZEROS[:pad])
+                size += pad
+            table.append((size, nbytes))
+            if nbytes:
+                chunks.append(_memory_at(host.data_ptr(), nbytes))
+                hosts.append(host)
+                size += nbytes
+        assert self.folder is not None
+        self.path = os.path.join(self.folder, f"neuron-workbench-{os.getpid()}-{uuid.uuid4().hex}")
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, chunks)
+        finally:
+            os.close(fd)
+        self.table = table
+
+    def abandon_file(self) -> None:
         if self.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+            self.path = None
+
+    def abandon(self) -> None:
+        self._sources = []
+        self.abandon_file()
 
 
-def _host_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
-    """A host copy of a device storage (all of it: every view of it is rebuilt on the copy)."""
-    whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    return whole.cpu().untyped_storage()
+def _host_copy(source: torch.Tensor) -> torch.UntypedStorage:
+    """A host copy of a device storage's bytes (``source`` is a byte view of all of it)."""
+    return source.cpu().untyped_storage()
+
+
+_MEMORY_VIEW = ctypes.pythonapi.PyMemoryView_FromMemory
+_MEMORY_VIEW.restype = ctypes.py_object
+_MEMORY_VIEW.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_READ = 0x100
+
+
+def _memory_at(address: int, nbytes: int) -> memoryview:
+    """A read-only view of ``nbytes`` of this process's memory (a host storage's bytes)."""
+    return _MEMORY_VIEW(address, nbytes, _PYBUF_READ)
+
+
+#: The most buffers one ``pwritev`` call takes.
+_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+_ZEROS = bytes(ARENA_ALIGN)
+
+
+def _write_all(fd: int, chunks: list[Any]) -> None:
+    """Write ``chunks`` one after the other from the start of ``fd`` (``OSError`` when full)."""
+    views = [memoryview(chunk) for chunk in chunks]
+    first, offset = 0, 0
+    while first < len(views):
+        written = os.pwritev(fd, views[first : first + _IOV_MAX], offset)
+        if written <= 0:
+            raise OSError(f"no room left to write the arena ({offset} bytes written)")
+        offset += written
+        # skip what was written; a short write leaves the rest of one chunk to write next
+        while first < len(views) and written >= views[first].nbytes:
+            written -= views[first].nbytes
+            first += 1
+        if written:
+            views[first] = views[first][written:]
+
+
+def _host_bytes(source: torch.UntypedStorage | torch.Tensor) -> Any:
+    """A storage's bytes on the host (a NumPy view of host memory, or of a host copy)."""
+    if type(source) is torch.UntypedStorage:
+        if not source.nbytes():
+            return b""
+        return _EMPTY(0, dtype=torch.uint8).set_(source).numpy()
+    return source.cpu().numpy() if source.numel() else b""
 
 
 class _StorageToken:
@@ -161,30 +239,43 @@ class _Pickler(cloudpickle.Pickler):
     """cloudpickle, plus tensors by storage (with their gradients) that leave any device for the host."""
 
     def __init__(self, file: io.BytesIO, sink: _StorageSink, buffers: list[Any]) -> None:
+        # One plain dict instead of cloudpickle's ChainMap: the C pickler looks every object's type
+        # up in it, and a ChainMap answers each lookup in Python (same entries, same priority).
+        self.dispatch_table = {**copyreg.dispatch_table, **_CLOUDPICKLE_DISPATCH}
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._sink = sink
         self._tokens: dict[int, _StorageToken] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.CodeType):
+        kind = type(obj)
+        # The most frequent objects of a model first (a module holds a dozen ordered dicts).
+        if kind is OrderedDict:
+            # what OrderedDict.__reduce__ gives, without its per-call slot-name lookup
+            return OrderedDict, (), vars(obj) or None, None, iter(obj.items())
+        if kind is _StorageToken:
+            return _storage_at, (obj.index,)
+        if kind is torch.Tensor or kind is torch.nn.Parameter or isinstance(obj, torch.Tensor):
+            reduced = self._reduce_tensor(obj)
+            if reduced is not None:
+                return reduced
+            return super().reducer_override(obj)
+        if kind is types.CodeType:
             # cloudpickle blanks file names; error reports and crash dumps need the cell's
             rebuild, args = cloudpickle.cloudpickle._code_reduce(obj)
             return rebuild, tuple(
                 obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
             )
-        if isinstance(obj, torch.device) and obj.type not in ("cpu", "cuda", "meta"):
+        if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
-        if isinstance(obj, torch.Tensor):
-            reduced = self._reduce_tensor(obj)
-            if reduced is not None:
-                return reduced
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
-        if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
+        device = obj.device
+        if obj.layout != torch.strided or obj.is_quantized or device.type == "meta":
             return None
-        on_device = obj.device.type != "cpu"
-        if not (on_device or type(obj) in _PLAIN_TENSOR_TYPES):
+        kind = type(obj)
+        on_device = device.type != "cpu"
+        if not (on_device or kind in _PLAIN_TENSOR_TYPES):
             return None  # a tensor subclass pickles itself
         data = obj.detach()
         if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
@@ -194,11 +285,19 @@ class _Pickler(cloudpickle.Pickler):
         except (RuntimeError, NotImplementedError):  # a device without host-copyable storages
             data = data.cpu()
             token = self._token(data.untyped_storage())
+        attributes = vars(obj)
         if on_device:
             # a device tensor's attributes belong to its backend (the emulator's payload)
-            state = {ORIGIN_ATTR: str(obj.device)}
+            state = {ORIGIN_ATTR: str(device)}
+        elif attributes:
+            state = {k: v for k, v in attributes.items() if not k.startswith("_backward")}
         else:
-            state = {k: v for k, v in vars(obj).items() if not k.startswith("_backward")}
+            state = {}
+        parameter = (
+            kind is torch.nn.Parameter
+            or (kind is not torch.Tensor and isinstance(obj, torch.nn.Parameter))
+            or "_is_param" in attributes
+        )
         return (
             _rebuild_tensor,
             (
@@ -206,10 +305,10 @@ class _Pickler(cloudpickle.Pickler):
                 data.dtype,
                 data.storage_offset(),
                 tuple(data.shape),
-                tuple(data.stride()),
+                data.stride(),
                 obj.requires_grad,
                 obj.grad if obj.is_leaf else None,
-                isinstance(obj, torch.nn.Parameter) or "_is_param" in vars(obj),
+                parameter,
                 state,
             ),
         )
@@ -238,16 +337,18 @@ def dumps(obj: Any, arena: str | None = None) -> Packed:
     sink = _StorageSink(arena)
     try:
         _Pickler(stream, sink, buffers).dump(obj)
-    except OSError:
-        sink.abandon()
-        if arena is None:
-            raise
-        # The shared-memory folder is full (a container's 64 MiB /dev/shm): in the message instead.
-        return dumps(obj, None)
+        try:
+            sink.finish()
+        except OSError:
+            if arena is None:
+                raise
+            # The shared-memory folder is full (a container's 64 MiB /dev/shm) or gone: the
+            # storages travel in the message instead.
+            sink.in_band()
+            sink.finish()
     except BaseException:
         sink.abandon()
         raise
-    sink.finish()
     return Packed(stream.getvalue(), buffers, sink.storages, sink.path, sink.table)
 
 
@@ -271,7 +372,7 @@ def _rebuild_tensor(
     parameter: bool,
     state: dict[str, Any],
 ) -> torch.Tensor:
-    data = torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
     tensor: torch.Tensor = (
         torch.nn.Parameter(data, requires_grad=requires_grad)
         if parameter
