@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from oracle_cells import TRAINING, spec_of
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare import compare_outputs
@@ -17,29 +18,11 @@ from neuron_workbench.compare.budget import (
     measure_budget,
     tolerance_lines,
 )
-from neuron_workbench.run import RunSpec, compile_cell, execute
-
-TRAINING = (
-    "torch.manual_seed(1)\n"
-    "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))\n"
-    "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
-    'x = torch.randn(8, 16, device="cuda")\n'
-    "drop = torch.nn.functional.dropout(x, 0.5)\n"
-    "for _ in range(2):\n"
-    "    out = model.cuda()(x)\n"
-    "    loss = out.float().pow(2).mean()\n"
-    "    opt.zero_grad(); loss.backward(); opt.step()\n"
-    "value = loss.item()\n"
-)
-
-
-def _spec(source, namespace=None):
-    namespace = {"torch": torch} if namespace is None else namespace
-    return RunSpec(compile_cell(source), namespace)
+from neuron_workbench.run import execute
 
 
 def test_the_floor_and_r_of_an_exact_copy_of_the_reference():
-    spec = _spec("x = torch.randn(64, 64)\ny = torch.softmax(x @ x, dim=-1)\nn = 3")
+    spec = spec_of("x = torch.randn(64, 64)\ny = torch.softmax(x @ x, dim=-1)\nn = 3")
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     budget = measure_budget(spec, cpu, ref, ref)
@@ -52,10 +35,10 @@ def test_the_floor_and_r_of_an_exact_copy_of_the_reference():
 
 
 def test_a_target_only_difference_gives_a_large_r():
-    spec = _spec("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=-1)")
+    spec = spec_of("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=-1)")
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
-    bad = execute(_spec("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=0)"), cpu)
+    bad = execute(spec_of("x = torch.randn(32, 32)\ny = torch.softmax(x, dim=0)"), cpu)
     budget = measure_budget(spec, cpu, ref, bad, ["y"])
     (y,) = budget.outputs
     assert y.ratio > 1e3 and not y.within and y.label == "less accurate"
@@ -70,7 +53,7 @@ def test_an_output_computed_outside_torch_falls_back_to_random_rounding():
         "y = torch.from_numpy((x.numpy().astype(np.float32) @ x.numpy().astype(np.float32)))\n"
         "z = (x @ x).sum(dim=0)"
     )
-    spec = _spec(source, namespace)
+    spec = spec_of(source, namespace)
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     runs = OracleRuns()
@@ -85,7 +68,7 @@ def test_an_output_computed_outside_torch_falls_back_to_random_rounding():
 
 def test_a_cell_the_oracle_cannot_run_is_said_so():
     source = "x = torch.randn(8)\nassert x.dtype == torch.float32\ny = x * 3"
-    spec = _spec(source)
+    spec = spec_of(source)
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     budget = measure_budget(spec, cpu, ref, ref)
@@ -101,7 +84,7 @@ def test_classes_are_data_and_r_is_classed_by_them():
 
 
 def test_budget_round_trips_through_its_dict():
-    spec = _spec("x = torch.randn(8, 8)\ny = x @ x")
+    spec = spec_of("x = torch.randn(8, 8)\ny = x @ x")
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     budget = measure_budget(spec, cpu, ref, ref)
@@ -122,10 +105,10 @@ def test_tolerance_lines_pass_the_failing_output_they_name():
 
 
 def test_a_nan_only_the_target_has_is_beyond_any_budget():
-    spec = _spec("x = torch.randn(16)\ny = x.exp()")
+    spec = spec_of("x = torch.randn(16)\ny = x.exp()")
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
-    nan = execute(_spec("x = torch.randn(16)\ny = x.exp()\ny[3] = float('nan')"), cpu)
+    nan = execute(spec_of("x = torch.randn(16)\ny = x.exp()\ny[3] = float('nan')"), cpu)
     (y,) = measure_budget(spec, cpu, ref, nan, ["y"]).outputs
     assert y.ratio == math.inf and not y.within and y.factor == "inf"
 
@@ -135,7 +118,7 @@ def test_random_rounding_reruns_a_training_loop_faithfully():
     source = "assert torch.ones(1).dtype == torch.float32\n" + TRAINING.replace(
         "opt.zero_grad()", "opt.zero_grad(set_to_none=False)"
     )
-    spec = _spec(source)
+    spec = spec_of(source)
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     runs = OracleRuns()

@@ -3,32 +3,15 @@
 import math
 
 import torch
+from oracle_cells import TRAINING, spec_of
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.compare.oracle import oracle_instrument, rerun
-from neuron_workbench.run import RunSpec, compile_cell, execute
-
-TRAINING = (
-    "torch.manual_seed(1)\n"
-    "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))\n"
-    "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
-    'x = torch.randn(8, 16, device="cuda")\n'
-    "drop = torch.nn.functional.dropout(x, 0.5)\n"
-    "for _ in range(2):\n"
-    "    out = model.cuda()(x)\n"
-    "    loss = out.float().pow(2).mean()\n"
-    "    opt.zero_grad(); loss.backward(); opt.step()\n"
-    "value = loss.item()\n"
-)
-
-
-def _spec(source, namespace=None):
-    namespace = {"torch": torch} if namespace is None else namespace
-    return RunSpec(compile_cell(source), namespace)
+from neuron_workbench.run import execute
 
 
 def test_the_oracle_sees_the_references_random_draws_and_computes_in_float64():
-    spec = _spec(TRAINING)
+    spec = spec_of(TRAINING)
     cpu = get_backend("cpu")
     ref = execute(spec, cpu, run_id="ref")
     oracle = rerun(spec, cpu, oracle_instrument(spec))
@@ -50,7 +33,7 @@ def test_the_oracle_sees_the_references_random_draws_and_computes_in_float64():
 
 def test_widened_inputs_stay_one_object_for_the_model_and_its_optimizer():
     namespace = {"torch": torch}
-    setup = _spec(
+    setup = spec_of(
         "model = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)",
         namespace,
     )
@@ -58,7 +41,7 @@ def test_widened_inputs_stay_one_object_for_the_model_and_its_optimizer():
     from neuron_workbench.run import commit
 
     commit(namespace, execute(setup, cpu))
-    spec = _spec(
+    spec = spec_of(
         "loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nopt.step()\nw = model.weight * 1",
         namespace,
     )
@@ -83,7 +66,7 @@ def test_casts_stay_float64_and_keep_the_cells_aliasing():
         "y[0] = x[0] / 3\n"
         "aliased = same is x"
     )
-    spec = _spec(source)
+    spec = spec_of(source)
     cpu = get_backend("cpu")
     ref = execute(spec, cpu)
     oracle = rerun(spec, cpu, oracle_instrument(spec))
