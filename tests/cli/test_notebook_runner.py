@@ -2,9 +2,8 @@
 
 import xml.etree.ElementTree as ET
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_markdown_cell
 
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.notebook_runner import (
@@ -14,6 +13,7 @@ from neuron_workbench.cli.notebook_runner import (
     run_notebook,
 )
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.testing import write_notebook
 
 CELLS = [
     "import torch",
@@ -26,14 +26,7 @@ CELLS = [
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("nb")
-    nb = new_notebook(cells=[new_markdown_cell("# title"), *[new_code_cell(c) for c in CELLS]])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    path = folder / "mixed.ipynb"
-    nbformat.write(nb, path)
+    path = write_notebook(folder / "mixed.ipynb", new_markdown_cell("# title"), *CELLS)
     seen = []
     result = run_notebook(
         path,

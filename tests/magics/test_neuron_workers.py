@@ -2,14 +2,12 @@
 
 import time
 
-import nbformat
 import pytest
 import torch
 from IPython.core.error import UsageError
-from nbformat.v4 import new_code_cell, new_notebook
 
 from neuron_workbench.cli.notebook_runner import run_notebook
-from neuron_workbench.testing import run_cell
+from neuron_workbench.testing import run_cell, write_notebook
 
 #: A module the kernel imports from the notebook's folder; its op aborts the process in a worker.
 ABORTING_OPS = """
@@ -166,14 +164,7 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
         "assert torch.equal(kept, torch.arange(4.0)) and 'w' not in globals()\n"
         "assert torch.equal(v, torch.arange(4.0) * 3)",
     ]
-    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    path = tmp_path / "workers.ipynb"
-    nbformat.write(nb, path)
+    path = write_notebook(tmp_path / "workers.ipynb", *cells)
     result = run_notebook(path, options={"ref": "cpu", "executor": "worker"})
     assert result.cell_errors == []
     verdicts = [(r["cell_index"], r["verdict"]) for r in result.reports]

@@ -5,6 +5,7 @@ This module and :mod:`neuron_workbench.magics` are the only ones that import IPy
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -34,3 +35,18 @@ def user_ns_snapshot(shell: InteractiveShell) -> dict[str, Any]:
         for name, value in shell.user_ns.items()
         if name not in hidden and not name.startswith("_")
     }
+
+
+def write_notebook(path: str | Path, *cells: Any) -> Path:
+    """Write a Python 3 notebook of ``cells`` to ``path``: code sources, or nbformat cells as given."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(c) if isinstance(c, str) else c for c in cells])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return Path(path)

@@ -12,15 +12,13 @@ import xml.etree.ElementTree as ET
 from importlib import resources
 
 import jsonschema
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 from referencing import Registry, Resource
 
 from neuron_workbench.artifacts import load
 from neuron_workbench.cli.main import main
 from neuron_workbench.report.html import esc
-from neuron_workbench.testing import run_cell
+from neuron_workbench.testing import run_cell, write_notebook
 
 PROBE = "<script>alert('x')</script>"
 PASS_CELL = (
@@ -36,16 +34,6 @@ FAIL_CELL = (
     "(1.0 if torch.zeros(1, device='cuda').device.type != 'cpu' else 0.0)"
 )
 FALLBACK_CELL = "%%neuron\nvalues, order = torch.sort(torch.tensor([3.0, 1.0, 2.0], device='cuda'))"
-
-
-def write_notebook(path, *sources):
-    nb = new_notebook(cells=[new_code_cell(s) for s in sources])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
 
 
 def cli(*args, cwd=None):
