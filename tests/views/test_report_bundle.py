@@ -6,13 +6,9 @@ from pathlib import Path
 import pytest
 
 from neuron_workbench.magics.neuron import cell_filenames
-from neuron_workbench.report.html import (
-    library_folders,
-    relabel_site,
-    render_report_html,
-    site_label,
-)
+from neuron_workbench.report.html import render_report_html
 from neuron_workbench.report.report import REPORT_MIME
+from neuron_workbench.sites import library_folders, relabel_site, site_label
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views import WIDGET_VIEW_MIME, report_bundle
 

@@ -23,8 +23,8 @@ from neuron_workbench.report.html import (
     MEASUREMENTS_NOTE,
     esc,
     measurement_rows,
-    site_label,
 )
+from neuron_workbench.sites import site_label
 from neuron_workbench.trace.fallback import fallback_table
 
 __all__ = [
