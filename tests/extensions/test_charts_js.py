@@ -5,19 +5,13 @@ plots, what its hover says, what a click lists) quickly, including the ``--layer
 charts, on a report the workbench really produced.
 """
 
-import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 sys.path.insert(0, str(ROOT / "tests" / "views"))
 from view_model import FALLBACK_OPS, make_report  # noqa: E402
-
 
 #: Every chart of the report and the helpers the view labels with, as the view builds them.
 FIGURES = """
@@ -33,8 +27,6 @@ out.backendLabels = [report.ref, report.target, {...report.ref, label: undefined
 """
 
 
-
-
 def _relabelled(data):
     """The report as the magic relabels it: files relative to the folder that holds them."""
     from neuron_workbench.sites import relabel_site
@@ -45,8 +37,16 @@ def _relabelled(data):
     return data
 
 
+def _line_of(text):
+    """The line of view_model.py that holds ``text`` (where its ops are called)."""
+    source = (ROOT / "tests" / "views" / "view_model.py").read_text().splitlines()
+    return next(number for number, line in enumerate(source, 1) if text in line)
+
+
 def test_fallback_treemap_op_time_and_memory_figures(run_charts_js):
     data = _relabelled(make_report().to_dict())
+    sort_site = f"view_model.py:{_line_of('torch.sort(y')}"
+    pool_site = f"view_model.py:{_line_of('self.head(torch.flatten(self.features(x)')}"
     figs = run_charts_js(FIGURES, data)
     calls, time = figs["fallbacks"]["data"]
     assert sorted(calls["y"]) == FALLBACK_OPS and calls["type"] == time["type"] == "bar"
@@ -56,12 +56,12 @@ def test_fallback_treemap_op_time_and_memory_figures(run_charts_js):
     assert calls["x"][sort_index] == sum(
         e["count"] for e in data["target"]["fallbacks"] if e["op"] == "aten::sort"
     )
-    assert calls["customdata"][sort_index] == "view_model.py:19"
+    assert calls["customdata"][sort_index] == sort_site
     sites = figs["sites"]["aten::sort"]
-    assert sites[0]["label"] == "view_model.py:19" and sites[0]["cell"] is None
+    assert sites[0]["label"] == sort_site and sites[0]["cell"] is None
     pool = figs["sites"]["aten::max_pool2d_with_indices"]
     assert {s["module"] for s in pool} == {"features.2"}
-    assert pool[0]["moduleType"] == "MaxPool2d" and pool[0]["label"] == "view_model.py:18"
+    assert pool[0]["moduleType"] == "MaxPool2d" and pool[0]["label"] == pool_site
     treemap = figs["treemap"]["data"][0]
     assert treemap["type"] == "treemap" and set(FALLBACK_OPS) <= set(treemap["labels"])
     assert treemap["values"][0] == sum(e["count"] for e in data["target"]["fallbacks"])
