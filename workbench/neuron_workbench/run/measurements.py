@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.run.patching import patched_attributes
+
 __all__ = [
     "MEASUREMENT_KINDS",
     "SMALL_TOLIST",
@@ -528,8 +530,6 @@ def tracked(cuda: Any) -> Iterator[None]:
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
     """
-    from neuron_workbench.run.cuda_module import patched_attributes
-
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
