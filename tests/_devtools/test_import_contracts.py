@@ -101,11 +101,11 @@ def write_contracts(path: Path) -> int:
 
 
 # Allowed imports: downward ones, third-party packages where they belong, a unit's own private
-# module, the root's __version__ (the root's functions import the layers: it is the façade above
-# them) and, under TYPE_CHECKING, an upward one.
+# module, the version (a leaf of the bottom layer) and, under TYPE_CHECKING, an upward one.
 CLEAN = {
+    "version/__init__.py": '__version__ = "1"\n',
     "__init__.py": """\
-        __version__ = "1"
+        from fake_workbench.version import __version__
         def load_ipython_extension(ipython):
             from fake_workbench.magics import register
         def emulate():
@@ -113,7 +113,7 @@ CLEAN = {
     """,
     "magics/__init__.py": "import IPython\nfrom fake_workbench.views import show\n",
     "views/__init__.py": "import plotly\nimport ipywidgets\nfrom fake_workbench.report import report\n",
-    "report/report.py": "from fake_workbench import __version__\nfrom ..compare import diff\n",
+    "report/report.py": "from fake_workbench.version import __version__\nfrom ..compare import diff\n",
     "compare/__init__.py": """\
         from typing import TYPE_CHECKING
         if TYPE_CHECKING:
@@ -177,3 +177,50 @@ def test_each_kind_of_violation_breaks_its_contract(tmp_path):
         "fake_workbench.scan.checks -> torch",
     ]:
         assert expected in out, f"{expected!r} not in:\n{out}"
+
+
+def test_no_module_of_the_package_imports_itself_back():
+    """No import cycle: not even through a function-level import (grimp sees those too)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("neuron_workbench")
+    # Tarjan's strongly connected components, iteratively: any component of two or more is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append(
+                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
+                    )
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    assert cycles == []

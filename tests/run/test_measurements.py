@@ -124,6 +124,30 @@ def test_scalars_from_tensors_carry_their_dtype_and_pass_one_interception_point(
     assert not is_measurement(loss)
 
 
+def test_torchs_own_conversions_stay_plain_and_unobserved():
+    # Adam reads each parameter's step count with .item(): nobody's value, plain and fast
+    seen = []
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+    model(torch.ones(1, 3)).sum().backward()
+    reads = []
+    with (
+        cuda_remapped_to(get_backend("cpu"), host=CudaOnHost()),
+        observe_scalars(lambda t, v, how: seen.append(how)),
+    ):
+        import torch.optim.adam as adam_module
+
+        original = adam_module._get_value
+        try:
+            adam_module._get_value = lambda x: reads.append(original(x)) or reads[-1]
+            optimizer.step()
+        finally:
+            adam_module._get_value = original
+        mine = model.weight.sum().item()
+    assert reads and all(type(value) is float for value in reads)
+    assert seen == ["Tensor.item"] and source_dtype(mine) == torch.float32
+
+
 def test_the_cpu_reference_accounts_the_storages_of_its_run():
     host = CudaOnHost(account_memory=True)
     with cuda_remapped_to(get_backend("cpu"), host=host):

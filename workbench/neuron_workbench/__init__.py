@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from neuron_workbench.version import __version__
 
 __all__ = ["__version__", "emulate", "load_ipython_extension", "unload_ipython_extension"]
 

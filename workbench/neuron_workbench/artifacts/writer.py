@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from safetensors.torch import save as safetensors_save
 
-from neuron_workbench import __version__
 from neuron_workbench.artifacts._format import (
     DTYPES,
     FORMAT,
@@ -37,6 +36,7 @@ from neuron_workbench.artifacts._format import (
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.run.measurements import provenance_of
 from neuron_workbench.run.records import NotCompared, Run, recorded
+from neuron_workbench.version import __version__
 
 # JSON values the writer nests below this depth inside the manifest (whose own structure adds a few
 # levels) always stay under the reader's depth limit.

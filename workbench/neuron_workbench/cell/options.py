@@ -148,6 +148,7 @@ OPTIONS: tuple[Option, ...] = (
         "seed of torch, random and numpy at the start of each run",
         kind="int",
         default=0,
+        metavar="N",
         fronts=CELL | {RECORD},
     ),
     Option(

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from neuron_workbench import __version__
 from neuron_workbench.cli import commands
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
+from neuron_workbench.version import __version__
 
 #: Exit code of a usage or input error (the other codes are the subcommands' results).
 EXIT_USAGE = 2

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.display import UNCOMPARED
 from neuron_workbench.report.report import REPORT_MIME
+from neuron_workbench.version import __version__
 
 #: ``schema_version`` of the ``run --json`` document (``run.schema.json``).
 RUN_SCHEMA_VERSION = 1

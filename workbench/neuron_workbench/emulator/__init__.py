@@ -345,7 +345,7 @@ def emulate(
         profile = load_profile(device, coverage)
         from neuron_workbench.emulator import _install
 
-        _install.install(device, profile)
+        _install.install(device, profile, status)
         _installed = device
         _profile = profile
         from neuron_workbench.emulator import _core

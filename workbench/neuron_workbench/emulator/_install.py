@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -185,8 +186,11 @@ def _owned(device_type: str) -> BackendUnavailable:
     )
 
 
-def install(device_type: str, profile: Profile) -> None:
-    """Register the emulated device (once per process)."""
+def install(device_type: str, profile: Profile, status: Callable[[], Any] | None = None) -> None:
+    """Register the emulated device (once per process).
+
+    ``status`` answers ``torch.<device>.emulator_status()`` (the package's :func:`status`).
+    """
     torch.utils.rename_privateuse1_backend(device_type)
     _core.configure_device(device_type)
     _core.NATIVE = profile.native_ops
@@ -211,7 +215,7 @@ def install(device_type: str, profile: Profile) -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_guard.DeviceGuard())
     _guard.install_engine_proxy()
     _generate_device_methods(device_type, for_storage=module is not None)
-    mod = device_module.build(device_type, None)
+    mod = device_module.build(device_type, status)
     torch._register_device_module(device_type, mod)
     sys.modules[f"torch.{device_type}"] = mod
     sys.modules[f"torch.{device_type}.memory"] = mod.memory

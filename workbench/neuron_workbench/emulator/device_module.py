@@ -314,7 +314,7 @@ def _offer_torch_tpu_switch() -> None:
 
 
 def build(device_type: str, status: Any) -> types.ModuleType:
-    """Create the ``torch.<device>`` module object."""
+    """Create the ``torch.<device>`` module object; ``status()`` answers ``emulator_status()``."""
     m = types.ModuleType(f"torch.{device_type}")
     m.__doc__ = (
         f"Emulated {device_type} device (neuron_workbench): tensors live in host RAM and every op "
@@ -409,9 +409,7 @@ def build(device_type: str, status: Any) -> types.ModuleType:
 
     def emulator_status() -> Any:
         """The :class:`~neuron_workbench.emulator.EmulatorStatus` of this process."""
-        from neuron_workbench.emulator import status as _status
-
-        return _status()
+        return status() if status is not None else None
 
     fns = dict(locals())
     for name, fn in fns.items():

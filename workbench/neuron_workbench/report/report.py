@@ -6,12 +6,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_workbench import __version__
 from neuron_workbench.backends.base import BackendInfo
 from neuron_workbench.compare import Comparison
 from neuron_workbench.report.display import UNCOMPARED, VERDICTS, run_time_kind
 from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
+from neuron_workbench.version import __version__
 
 __all__ = ["REPORT_MIME", "UNCOMPARED", "VERDICTS", "Report"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from neuron_workbench import __version__
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.display import run_label
+from neuron_workbench.version import __version__
 
 __all__ = ["READABLE_SCHEMA_VERSIONS", "SCHEMA_VERSION", "read_report"]
 

@@ -14,11 +14,9 @@ Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBE
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -240,31 +238,3 @@ class CudaModuleShim(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
-
-
-@contextlib.contextmanager
-def patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[None]:
-    """Set attributes of ``owner`` for the body; put back (or delete) each one afterwards.
-
-    An attribute ``owner`` only inherits (``torch.Tensor.item`` from its C base) is deleted again,
-    not copied into ``owner``'s own namespace.
-    """
-    missing = object()
-    try:
-        own = vars(owner)
-    except TypeError:  # no __dict__: what getattr finds is its own
-        own = None
-    saved = {
-        name: own.get(name, missing) if own is not None else getattr(owner, name, missing)
-        for name in replacements
-    }
-    try:
-        for name, value in replacements.items():
-            setattr(owner, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is missing:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)

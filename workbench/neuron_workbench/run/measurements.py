@@ -37,12 +37,17 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.sites import is_internal
 
 __all__ = [
     "MEASUREMENT_KINDS",
@@ -358,6 +363,48 @@ SCALAR_CONVERSIONS: dict[Any, str] = {
 }
 
 
+# ---- who made a scalar -----------------------------------------------------------------------
+
+# The conversion hook's own frames (the run's torch function mode, the measurement module).
+_HOOK_FILES = frozenset(
+    os.path.abspath(f) for f in (__file__, os.path.join(os.path.dirname(__file__), "remap.py"))
+)
+# Python-level Tensor dunders (``f"{loss:.3f}"`` calls ``item()`` in torch/_tensor.py) and torch's
+# override dispatch are the user's conversion, made through torch.
+_THROUGH_TORCH = frozenset(os.path.abspath(m.__file__) for m in (torch._tensor, torch.overrides))
+
+
+_transparent_files: dict[str, bool] = {}
+
+
+def _transparent(filename: str) -> bool:
+    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's dispatch)."""
+    found = _transparent_files.get(filename)
+    if found is None:
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        found = _transparent_files[filename] = path in _HOOK_FILES or path in _THROUGH_TORCH
+    return found
+
+
+def user_site(skip: int = 2) -> str | None:
+    """``file:line`` of the user's call that made a scalar, or None when torch or we made it."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        # other torch function modes stacked on the run's (the precision budget's float64
+        # oracle) pass the call on: transparent too
+        code = frame.f_code
+        if not _transparent(code.co_filename) and code.co_name != "__torch_function__":
+            break
+        frame = frame.f_back
+    if frame is None:
+        return None
+    filename = frame.f_code.co_filename
+    if is_internal(filename):
+        return None
+    name = filename if filename.startswith("<") else os.path.basename(filename)
+    return f"{name}:{frame.f_lineno}"
+
+
 def scalar_from_tensor(tensor: torch.Tensor, value: Any, how: str) -> Any:
     """Every tensor to Python scalar conversion of a run passes here; returns the value to hand out.
 
@@ -406,6 +453,10 @@ def materialise(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     how = SCALAR_CONVERSIONS[func]
     tensor = args[0]
     if how == "Tensor.tolist" and tensor.numel() > SMALL_TOLIST:
+        return value
+    if user_site(2) is None:
+        # torch's own conversion (an optimizer's step count, read each step): nobody's value to
+        # observe or compare, and plain floats keep torch's arithmetic on them fast
         return value
     tagged = scalar_from_tensor(tensor, value, how)
     return value if how in ("float", "int") else tagged
@@ -528,8 +579,6 @@ def tracked(cuda: Any) -> Iterator[None]:
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
     """
-    from neuron_workbench.run.cuda_module import patched_attributes
-
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))

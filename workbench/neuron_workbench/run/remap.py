@@ -36,9 +36,10 @@ from torch.overrides import TorchFunctionMode
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
-from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, patched_attributes
+from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims
 from neuron_workbench.run.cuda_on_host import CudaOnHost
 from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
+from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_draws import (
     DROPOUTS,
     F_DROPOUT,

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,6 @@ from typing import Any
 import torch
 
 from neuron_workbench.run import measurements
-from neuron_workbench.sites import is_internal
 
 __all__ = [
     "MAX_SITES",
@@ -46,15 +43,6 @@ MAX_VALUES = 5000
 MAX_SITES = 64
 #: ``.tolist()`` of more elements than this is not a logged value.
 MAX_TOLIST = 16
-
-# The conversion hook's own frames (the run's torch function mode, the measurement module).
-_HOOK_FILES = frozenset(
-    os.path.abspath(f)
-    for f in (measurements.__file__, os.path.join(os.path.dirname(__file__), "remap.py"))
-)
-# Python-level Tensor dunders (``f"{loss:.3f}"`` calls ``item()`` in torch/_tensor.py) and torch's
-# override dispatch are the user's conversion, made through torch.
-_THROUGH_TORCH = frozenset(os.path.abspath(m.__file__) for m in (torch._tensor, torch.overrides))
 
 
 class StopRun(BaseException):  # noqa: N818 - a control-flow signal, not an error
@@ -202,37 +190,6 @@ def _plain(value: Any) -> Any:
     return None
 
 
-_transparent_files: dict[str, bool] = {}
-
-
-def _transparent(filename: str) -> bool:
-    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's dispatch)."""
-    found = _transparent_files.get(filename)
-    if found is None:
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        found = _transparent_files[filename] = path in _HOOK_FILES or path in _THROUGH_TORCH
-    return found
-
-
-def user_site(skip: int = 2) -> str | None:
-    """``file:line`` of the user's call that made a scalar, or None when torch or we made it."""
-    frame = sys._getframe(skip)
-    while frame is not None:
-        # other torch function modes stacked on the run's (the precision budget's float64
-        # oracle) pass the call on: transparent too
-        code = frame.f_code
-        if not _transparent(code.co_filename) and code.co_name != "__torch_function__":
-            break
-        frame = frame.f_back
-    if frame is None:
-        return None
-    filename = frame.f_code.co_filename
-    if is_internal(filename):
-        return None
-    name = filename if filename.startswith("<") else os.path.basename(filename)
-    return f"{name}:{frame.f_lineno}"
-
-
 class ScalarRecorder:
     """Records a run's scalars while active (a run instrument; see :func:`scalar_instrument`)."""
 
@@ -248,7 +205,7 @@ class ScalarRecorder:
         """The hook's observer: keep ``value`` when the user's code made it."""
         if torch.compiler.is_compiling():
             return
-        site = user_site(3)  # our caller is scalar_from_tensor
+        site = measurements.user_site(3)  # our caller is scalar_from_tensor
         if site is None:
             return
         plain = _plain(value)

@@ -10,9 +10,21 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from neuron_workbench.report.display import format_bytes, op_time_kind, run_label
+from neuron_workbench.report.display import format_bytes, op_time_kind
 from neuron_workbench.sites import site_label
 from neuron_workbench.trace.fallback import FallbackRow, fallback_table, normalize_op
+from neuron_workbench.views.figure_style import (
+    FALLBACK_COLOR,
+    GRID,
+    REF_COLOR,
+    TARGET_COLOR,
+    page_layout,
+    run_label_of,
+)
+from neuron_workbench.views.scalar_figures import (
+    scalar_curves,
+    scalar_curves_specs,
+)
 
 __all__ = [
     "budget_histogram",
@@ -25,38 +37,15 @@ __all__ = [
     "module_treemap",
     "op_time_bars",
     "profile_frame",
+    "scalar_curves",
+    "scalar_curves_specs",
 ]
-
-_REF_COLOR = "#57606a"
-_TARGET_COLOR = "#0969da"
-_FALLBACK_COLOR = "#cf222e"
-_FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12}
-_GRID = {"gridcolor": "#eaeef2", "zerolinecolor": "#d0d7de"}
-
-
-def _label(data: dict[str, Any], role: str) -> str:
-    """The ``ref`` or ``target`` run's label (``role`` itself for a run without a backend)."""
-    return run_label(data.get(role, {}), role)
-
-
-def _page_layout(title: str, height: int) -> dict[str, Any]:
-    """Title, size, margins and colours every chart shares."""
-    return {
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        "height": height,
-        "margin": {"l": 10, "r": 10, "t": 70, "b": 40},
-        "font": _FONT,
-        # Styled by hand: assigning a named template costs 15-35 ms per figure, on every cell.
-        "plot_bgcolor": "white",
-        "paper_bgcolor": "white",
-        "legend": {"orientation": "h", "y": -0.12},
-    }
 
 
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
-    fig.update_layout(**_page_layout(title, height))
-    fig.update_xaxes(**_GRID)
-    fig.update_yaxes(**_GRID)
+    fig.update_layout(**page_layout(title, height))
+    fig.update_xaxes(**GRID)
+    fig.update_yaxes(**GRID)
     return fig
 
 
@@ -65,9 +54,9 @@ def _layout_spec(
 ) -> dict[str, Any]:
     """:func:`_layout` for a plain figure spec (``{"data": [...], "layout": {...}}``)."""
     layout = spec.setdefault("layout", {})
-    layout.update(_page_layout(title, height))
+    layout.update(page_layout(title, height))
     for axis in axes:
-        layout.setdefault(axis, {}).update(_GRID)
+        layout.setdefault(axis, {}).update(GRID)
     return spec
 
 
@@ -123,7 +112,7 @@ def fallback_bar_spec(data: dict[str, Any]) -> dict[str, Any]:
     Static HTML needs no figure objects, whose validation costs milliseconds on every cell.
     """
     rows = fallback_rows(data)
-    target = _label(data, "target")
+    target = run_label_of(data, "target")
     title = f"CPU fallbacks on {target}"
     if not rows:
         return _empty_spec(title, f"No op fell back to CPU on {target}.")
@@ -135,7 +124,7 @@ def fallback_bar_spec(data: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "data": [
             {"type": "bar", "name": "calls", "y": ops, "x": [row.count or 0 for row in rows],
-             "orientation": "h", "marker": {"color": _FALLBACK_COLOR}, "customdata": sites,
+             "orientation": "h", "marker": {"color": FALLBACK_COLOR}, "customdata": sites,
              "text": [row.count for row in rows], "textposition": "auto", "xaxis": "x",
              "yaxis": "y",
              "hovertemplate": "<b>%{y}</b><br>%{x} call(s) on CPU<br>%{customdata}<extra></extra>"},
@@ -179,7 +168,7 @@ def layer_errors(data: dict[str, Any]) -> go.Figure | None:
         value = float(value) if value is not None and value != "inf" else float("inf")
         return value if value != float("inf") else 1e30
 
-    colors = [_FALLBACK_COLOR if d["born"] else ("#bf8700" if d["diverged"] else _REF_COLOR)
+    colors = [FALLBACK_COLOR if d["born"] else ("#bf8700" if d["diverged"] else REF_COLOR)
               for d in layers]  # fmt: skip
     fig = go.Figure()
     fig.add_trace(
@@ -197,7 +186,7 @@ def layer_errors(data: dict[str, Any]) -> go.Figure | None:
                 name="output-gradient difference", x=labels, mode="markers",
                 y=[max(size(d.get("grad_error")), 1e-30) if d.get("grad_error") is not None
                    else None for d in layers],
-                marker={"color": _TARGET_COLOR, "symbol": "diamond", "size": 8},
+                marker={"color": TARGET_COLOR, "symbol": "diamond", "size": 8},
             )
         )  # fmt: skip
     first = (data.get("layers") or {}).get("first_divergence")
@@ -221,20 +210,20 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
-            name=f"{name}: {_label(data, 'ref')}",
+            name=f"{name}: {run_label_of(data, 'ref')}",
             x=steps,
             y=values["ref"],
             mode="lines+markers",
-            line={"color": _REF_COLOR},
+            line={"color": REF_COLOR},
         )
     )
     fig.add_trace(
         go.Scatter(
-            name=f"{name}: {_label(data, 'target')}",
+            name=f"{name}: {run_label_of(data, 'target')}",
             x=steps,
             y=values["target"],
             mode="lines+markers",
-            line={"color": _TARGET_COLOR, "dash": "dot"},
+            line={"color": TARGET_COLOR, "dash": "dot"},
         )
     )
     fig.add_trace(
@@ -243,7 +232,7 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
             x=steps,
             y=values["abs_diff"],
             yaxis="y2",
-            marker_color=_FALLBACK_COLOR,
+            marker_color=FALLBACK_COLOR,
             opacity=0.35,
         )
     )
@@ -258,7 +247,7 @@ def loss_curves(data: dict[str, Any]) -> go.Figure | None:
 def module_treemap(data: dict[str, Any]) -> go.Figure:
     """Treemap module → op of the target's CPU fallbacks, sized by calls."""
     events = list(data.get("target", {}).get("fallbacks", []))
-    target = _label(data, "target")
+    target = run_label_of(data, "target")
     title = f"Fallbacks by module on {target}"
     if not events:
         return _empty(title, "No fallbacks.")
@@ -344,14 +333,14 @@ def op_time_bars_spec(data: dict[str, Any], n: int = 15) -> dict[str, Any]:
     df = df.sort_values(["_key", "op"], ascending=[False, True]).head(n).iloc[::-1]
     ops = list(df["op"])
     ref_kind, target_kind = op_time_kind(data["ref"]), op_time_kind(data["target"])
-    colors = [_FALLBACK_COLOR if fb else _TARGET_COLOR for fb in df["fallback"]]
+    colors = [FALLBACK_COLOR if fb else TARGET_COLOR for fb in df["fallback"]]
     spec: dict[str, Any] = {
         "data": [
-            {"type": "bar", "name": f"{_label(data, 'ref')} ({ref_kind})", "y": ops,
+            {"type": "bar", "name": f"{run_label_of(data, 'ref')} ({ref_kind})", "y": ops,
              "x": [float(v) * 1e3 for v in df["ref_time_s"]], "orientation": "h",
-             "marker": {"color": _REF_COLOR}, "customdata": [int(v) for v in df["ref_calls"]],
+             "marker": {"color": REF_COLOR}, "customdata": [int(v) for v in df["ref_calls"]],
              "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls<extra>ref</extra>"},
-            {"type": "bar", "name": f"{_label(data, 'target')} ({target_kind})", "y": ops,
+            {"type": "bar", "name": f"{run_label_of(data, 'target')} ({target_kind})", "y": ops,
              "x": [float(v) * 1e3 for v in df["target_time_s"]], "orientation": "h",
              "marker": {"color": colors}, "customdata": [int(v) for v in df["target_calls"]],
              "hovertemplate": "<b>%{y}</b><br>%{x:.3f} ms, %{customdata} calls"
@@ -372,7 +361,7 @@ def op_time_bars_spec(data: dict[str, Any], n: int = 15) -> dict[str, Any]:
 
 def memory_bars(data: dict[str, Any]) -> go.Figure:
     """Peak device memory and bytes allocated by ops, per backend (bytes where known)."""
-    roles = [("ref", _label(data, "ref")), ("target", _label(data, "target"))]
+    roles = [("ref", run_label_of(data, "ref")), ("target", run_label_of(data, "target"))]
     peaks, allocated, names, notes = [], [], [], []
     for role, label in roles:
         run = data.get(role, {})
@@ -391,7 +380,7 @@ def memory_bars(data: dict[str, Any]) -> go.Figure:
     fig.add_trace(
         go.Bar(
             name="peak device memory", x=names, y=[p or 0 for p in peaks],
-            text=[format_bytes(p) for p in peaks], textposition="auto", marker_color=_TARGET_COLOR,
+            text=[format_bytes(p) for p in peaks], textposition="auto", marker_color=TARGET_COLOR,
         )
     )  # fmt: skip
     if any(a is not None for a in allocated):
@@ -399,7 +388,7 @@ def memory_bars(data: dict[str, Any]) -> go.Figure:
             go.Bar(
                 name="bytes allocated by ops (sum)", x=names, y=[a or 0 for a in allocated],
                 text=[format_bytes(a) for a in allocated], textposition="auto",
-                marker_color=_REF_COLOR,
+                marker_color=REF_COLOR,
             )
         )  # fmt: skip
     fig.update_layout(barmode="group")
@@ -466,10 +455,10 @@ def budget_histogram(data: dict[str, Any], path: str | None = None) -> go.Figure
     centers = [(a + b) / 2 for a, b in zip(edges, edges[1:], strict=False)]
     labels = [f"1e{c:.1f}" for c in centers]
     fig = go.Figure()
-    for role, key, color in (("ref", "ref", _REF_COLOR), ("target", "target", _TARGET_COLOR)):
+    for role, key, color in (("ref", "ref", REF_COLOR), ("target", "target", TARGET_COLOR)):
         fig.add_trace(
             go.Bar(
-                name=f"{_label(data, role)} − oracle", x=labels, y=histogram[key],
+                name=f"{run_label_of(data, role)} − oracle", x=labels, y=histogram[key],
                 marker_color=color, opacity=0.7,
                 hovertemplate="|error| ≈ %{x}<br>%{y} elements<extra></extra>",
             )

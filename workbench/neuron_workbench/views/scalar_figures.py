@@ -9,13 +9,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from neuron_workbench.views.figures import (
-    _FALLBACK_COLOR,
-    _GRID,
-    _REF_COLOR,
-    _TARGET_COLOR,
-    _label,
-    _page_layout,
+from neuron_workbench.views.figure_style import (
+    FALLBACK_COLOR,
+    GRID,
+    REF_COLOR,
+    TARGET_COLOR,
+    page_layout,
+    run_label_of,
 )
 
 __all__ = ["MAX_SCALAR_CHARTS", "scalar_curves", "scalar_curves_specs"]
@@ -52,20 +52,20 @@ def scalar_curves_specs(data: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "type": "scatter",
                 "mode": "lines+markers" if len(steps) <= 60 else "lines",
-                "name": _label(data, "ref"),
+                "name": run_label_of(data, "ref"),
                 "x": steps[: len(ref)],
                 "y": ref,
-                "line": {"color": _REF_COLOR},
+                "line": {"color": REF_COLOR},
                 "xaxis": "x",
                 "yaxis": "y",
             },
             {
                 "type": "scatter",
                 "mode": "lines+markers" if len(steps) <= 60 else "lines",
-                "name": _label(data, "target"),
+                "name": run_label_of(data, "target"),
                 "x": steps[: len(target)],
                 "y": target,
-                "line": {"color": _TARGET_COLOR, "dash": "dot"},
+                "line": {"color": TARGET_COLOR, "dash": "dot"},
                 "xaxis": "x",
                 "yaxis": "y",
             },
@@ -74,7 +74,7 @@ def scalar_curves_specs(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "name": "|Δ|",
                 "x": steps[: len(diff)],
                 "y": diff,
-                "marker": {"color": _FALLBACK_COLOR},
+                "marker": {"color": FALLBACK_COLOR},
                 "opacity": 0.6,
                 "xaxis": "x2",
                 "yaxis": "y2",
@@ -97,25 +97,25 @@ def scalar_curves_specs(data: dict[str, Any]) -> list[dict[str, Any]]:
                     "y": [at if at is not None else ref[parts_at - 1]]
                     if parts_at <= len(ref) or at is not None
                     else [None],
-                    "marker": {"color": _FALLBACK_COLOR, "symbol": "x", "size": 11},
+                    "marker": {"color": FALLBACK_COLOR, "symbol": "x", "size": 11},
                     "xaxis": "x",
                     "yaxis": "y",
                 }
             )
         else:
             title += ": match"
-        layout = _page_layout(title, 380)
+        layout = page_layout(title, 380)
         layout.update(
             {
-                "xaxis": {"anchor": "y", "showticklabels": False, "matches": "x2", **_GRID},
-                "yaxis": {"domain": [0.36, 1.0], "title": {"text": "value"}, **_GRID},
-                "xaxis2": {"anchor": "y2", "title": {"text": "occurrence (step)"}, **_GRID},
+                "xaxis": {"anchor": "y", "showticklabels": False, "matches": "x2", **GRID},
+                "yaxis": {"domain": [0.36, 1.0], "title": {"text": "value"}, **GRID},
+                "xaxis2": {"anchor": "y2", "title": {"text": "occurrence (step)"}, **GRID},
                 "yaxis2": {
                     "domain": [0.0, 0.26],
                     "title": {"text": "|Δ|"},
                     "rangemode": "nonnegative",
                     "exponentformat": "e",
-                    **_GRID,
+                    **GRID,
                 },
                 "legend": {"orientation": "h", "y": -0.25},
                 "margin": {"l": 10, "r": 10, "t": 60, "b": 60},

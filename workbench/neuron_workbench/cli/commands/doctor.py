@@ -83,10 +83,11 @@ def doctor_data() -> dict[str, Any]:
     """Everything ``doctor`` reports, as JSON-ready data."""
     import torch
 
-    from neuron_workbench import __version__, emulator
+    from neuron_workbench import emulator
     from neuron_workbench.backends import get_backend
     from neuron_workbench.emulator import native
     from neuron_workbench.emulator.profiles import DEVICES
+    from neuron_workbench.version import __version__
 
     status = emulator.status()
     rows = [{"name": "cpu", "available": True, "kind": "real", "reason": ""}, _cuda_row()]

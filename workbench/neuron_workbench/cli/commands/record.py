@@ -18,6 +18,8 @@ SCRIPT_ARGS = True
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the subcommand's options."""
+    from neuron_workbench.cell.option_parsing import add_arguments
+    from neuron_workbench.cell.options import RECORD
     from neuron_workbench.cli.commands.run import add_script_options
 
     parser.add_argument(
@@ -34,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--role", default="ref", help="role of the run in the artifact (default ref)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed at the start of the run")
+    add_arguments(parser, RECORD)  # the option table's: --seed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 program,
                 script_namespace(args.script),
                 backend.name,
-                seed=args.seed,
+                seed=args.seed if args.seed is not None else 0,
                 instruments={"script": context, "scalars": scalar_instrument()},
             )
         finally:
