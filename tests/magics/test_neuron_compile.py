@@ -476,3 +476,52 @@ def test_the_compiled_gpt2_training_step_passes_the_budget_judge(ip):
         assert "AdamW amplification, judged by the gradients" in diff.explained
         # counted apart from the R of the outputs judged by the budget
         assert diff.path not in report.summary().split("worst R")[1].split(")")[0]
+
+
+NET = (
+    "%%neuron -o r\n"
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = torch.nn.Linear(4, 4)\n"
+    "    def forward(self, x):\n"
+    "        x = self.fc(x).relu()\n"
+    "        return self.fc(x)\n"
+    "torch.manual_seed(0)\n"
+    "net = torch.compile(Net().cuda())\n"
+    "for _ in range(3):\n"
+    "    y = net(torch.ones(2, 4).cuda())\n"
+    # a shape of its own: a worker that compiled mlp in an earlier cell compiles it again
+    "z = torch.compile(mlp.cuda())(torch.ones(6, 8).cuda())"
+)
+
+
+def test_each_graph_names_the_users_forward_and_line_and_its_run_time_on_both_backends(ip):
+    run_cell(ip, MLP)
+    run_cell(ip, NET)
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    sites = {}
+    for role in ("ref", "target"):
+        graphs = data[role]["compile"]["graphs"]
+        sites[role] = [(g["function"], g["file"], g["line"]) for g in graphs]
+        # never Dynamo's wrapper around a compiled module (torch/_dynamo/external_utils.py)
+        assert not any("external_utils" in g["file"] or g["function"] == "inner" for g in graphs)
+    # the cell's module: its forward at the line of the graph's first op (cell lines count the
+    # %%neuron line); nn.Sequential, all torch code: its forward where torch defines it
+    assert sites["ref"][0] == ("forward", "cell", 7), sites
+    assert sites["ref"][1][:2] == ("Sequential.forward", "torch/nn/modules/container.py")
+    assert sites["target"] == sites["ref"]
+    # each graph's calls and run time (its compiled callable, timed), on both backends
+    for role in ("ref", "target"):
+        record = data[role]["compile"]
+        # the module ran three times, the MLP once: each graph's compiled callable counted
+        assert [g["calls"] for g in record["graphs"]] == [3, 1], (role, record["graphs"])
+        assert all(g["run_s"] > 0 for g in record["graphs"])
+        assert record["run_s"] == pytest.approx(sum(g["run_s"] for g in record["graphs"]))
+        assert record["run_s"] < data[role]["wall_time_s"]
+    schema = json.loads(
+        resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
+    )
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
