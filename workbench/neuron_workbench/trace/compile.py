@@ -397,6 +397,8 @@ def _finish(record: CompileRecord, before: set[int], graphs_before: int, runs_be
         # A compiled module's frame is Dynamo's wrapper: the graph's own user code says where it
         # is, read alike on every backend.
         where = run["where"] if run else None
+        if (not where or not where[1]) and mine and mine[0].get("file"):
+            where = (mine[0]["function"], mine[0]["file"], mine[0]["line"])
         if not where or not where[1]:
             where = (_user_function(metric.co_name), metric.co_filename, metric.co_firstlineno)
         if run:
