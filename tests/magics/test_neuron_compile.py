@@ -476,6 +476,14 @@ def test_the_compiled_gpt2_training_step_passes_the_budget_judge(ip):
         assert "AdamW amplification, judged by the gradients" in diff.explained
         # counted apart from the R of the outputs judged by the budget
         assert diff.path not in report.summary().split("worst R")[1].split(")")[0]
+    # a module compiled from a file: its graphs name its forward there, alike on both backends
+    data = report.to_dict()
+    sites = {
+        role: [(g["function"], g["file"], g["line"]) for g in data[role]["compile"]["graphs"]]
+        for role in ("ref", "target")
+    }
+    assert sites["ref"] == sites["target"], sites
+    assert sites["ref"][0][:2] == ("forward", "transformers/models/gpt2/modeling_gpt2.py"), sites
 
 
 NET = (
