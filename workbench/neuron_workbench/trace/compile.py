@@ -253,8 +253,11 @@ _WORKBENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _own_frame(file: str) -> bool:
     """Torch's and the workbench's own files: never the user's code."""
     torch = sys.modules.get("torch")
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) if torch is not None else None
-    return file.startswith(_WORKBENCH_DIR) or bool(torch_dir and file.startswith(torch_dir))
+    dirs = [_WORKBENCH_DIR]
+    if torch is not None:
+        dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+    # with the separator: torchvision's or torchaudio's files are not torch's
+    return file.startswith(tuple(d + os.sep for d in dirs))
 
 
 def _user_function(name: str) -> str:
