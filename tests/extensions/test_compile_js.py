@@ -55,6 +55,7 @@ def _fresh_dynamo(ip):
 
 def test_compile_rows_and_chart_of_a_real_compiled_cell(ip, run_charts_js):
     run_cell(ip, SETUP)
+    run_cell(ip, "%neuron_workers restart neuron")  # a fresh target, as in a new notebook
     run_cell(ip, COMPILED)
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
