@@ -30,8 +30,39 @@ def test_the_floor_and_r_of_an_exact_copy_of_the_reference():
     y = budget.get("y")
     assert y.source == ORACLE and y.floor > 0 and y.error == y.floor
     assert y.ratio == 1.0 and y.label == "as accurate as the reference" and y.within
-    # x is exactly the oracle's value: no run can be closer, so R is 1
-    assert budget.get("x").floor == 0.0 and budget.get("x").ratio == 1.0
+    # x is exactly the oracle's value: no run can be closer, so R is 1; its floor is one ulp of
+    # float32 per element (no stored result is promised closer)
+    x = budget.get("x")
+    assert x.error == 0.0 and x.ratio == 1.0
+    ulp = torch.nextafter(ref.outputs["x"].abs(), torch.tensor(math.inf)) - ref.outputs["x"].abs()
+    assert x.floor == pytest.approx(float(torch.linalg.vector_norm(ulp.double())))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_a_one_ulp_difference_from_an_exact_reference_is_within_budget(dtype):
+    # the reference is exact (3 * 0.5 and 0.1 + 0 are what float64 computes, rounded once); the
+    # target is one ulp away from it: without a floor at the dtype's rounding R would explode
+    source = (
+        f"x = torch.tensor([0.1, 1.5, -7.0, 1e-3, 3.0], dtype=torch.{dtype})\n"
+        "y = x * 0.5\n"
+        "loss = (x * x).sum()"
+    )
+    one_ulp = source + "\ny = torch.nextafter(y, torch.full_like(y, 10.0))\n"
+    one_ulp += "loss = torch.nextafter(loss, loss - 1)"
+    cpu = get_backend("cpu")
+    ref = execute(_spec(source), cpu)
+    target = execute(_spec(one_ulp), cpu)
+    assert not torch.equal(ref.outputs["y"], target.outputs["y"])
+    budget = measure_budget(_spec(source), cpu, ref, target, ["y", "loss"])
+    for path in ("y", "loss"):
+        measured = budget.get(path)
+        assert measured.source == ORACLE and measured.error > 0, measured
+        assert measured.ratio <= 2.0 and measured.within, measured
+    # two ulps of every element is beyond what rounding explains once the reference is exact
+    two_ulps = one_ulp + "\ny = torch.nextafter(y, torch.full_like(y, 10.0))\n"
+    two_ulps += "y = torch.nextafter(y, torch.full_like(y, 10.0))"
+    worse = execute(_spec(two_ulps), cpu)
+    assert measure_budget(_spec(source), cpu, ref, worse, ["y"]).get("y").ratio > 2.0
 
 
 def test_a_target_only_difference_gives_a_large_r():

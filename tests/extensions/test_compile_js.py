@@ -20,8 +20,10 @@ SETUP = (
 COMPILED = (
     "%%neuron -o r\n"
     "cm = torch.compile(mlp.cuda())\n"
-    "a = cm(torch.ones(3, 8).cuda())\n"
-    "b = cm(torch.ones(5, 8).cuda())\n"
+    # shapes of their own: a worker that compiled mlp for other shapes in an earlier test
+    # compiles it again here
+    "a = cm(torch.ones(2, 8).cuda())\n"
+    "b = cm(torch.ones(7, 8).cuda())\n"
     "def f(t):\n"
     "    t = t.sin()\n"
     "    print('inside')\n"
@@ -53,6 +55,7 @@ def _fresh_dynamo(ip):
 
 def test_compile_rows_and_chart_of_a_real_compiled_cell(ip, run_charts_js):
     run_cell(ip, SETUP)
+    run_cell(ip, "%neuron_workers restart neuron")  # a fresh target, as in a new notebook
     run_cell(ip, COMPILED)
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
@@ -66,29 +69,37 @@ def test_compile_rows_and_chart_of_a_real_compiled_cell(ip, run_charts_js):
     assert target["compilers"] == ["neuron"] and ref["compilers"] == ["inductor"]
     assert [b["where"] for b in target["breaks"]] == ["cell line 7"]
     assert "print" in target["breaks"][0]["reason"]
-    assert "new shape for args[0]: (3, 8) → (5, 8)" in [r["reason"] for r in target["recompiles"]]
+    assert "new shape for args[0]: (2, 8) → (7, 8)" in [r["reason"] for r in target["recompiles"]]
     assert target["compileMs"] == pytest.approx(record["compile_s"] * 1e3)
     wall = data["target"]["wall_time_s"]
     assert target["runMs"] == pytest.approx(max(0.0, wall - record["compile_s"]) * 1e3)
-    # the chart: one bar per backend, a segment per graph, then the run; the same as the
-    # Python view's chart
+    # each graph's calls and run time, and the graphs' together
+    assert [g["calls"] for g in target["graphs"]] == [g["calls"] for g in record["graphs"]]
+    assert [g["runMs"] for g in target["graphs"]] == pytest.approx(
+        [g["run_s"] * 1e3 for g in record["graphs"]]
+    )
+    assert target["graphsRunMs"] == pytest.approx(record["run_s"] * 1e3)
+    # the chart: a row per graph, its compile time beside its run time; the same as the Python
+    # view's chart
     figure = out["figure"]
     python = compile_figures.compile_time_spec(data)
     assert [t["name"] for t in figure["data"]] == [t["name"] for t in python["data"]]
     for js_trace, py_trace in zip(figure["data"], python["data"], strict=True):
         assert js_trace["y"] == py_trace["y"]
         assert js_trace["x"] == pytest.approx(py_trace["x"])
-        assert js_trace["base"] == pytest.approx(py_trace["base"])
+        assert js_trace.get("text") == py_trace.get("text")
         # the same hover text, but for the last digit of times (each language rounds ties its way)
         assert [_times_out(t) for t in js_trace["customdata"]] == [
             _times_out(t) for t in py_trace["customdata"]
         ]
     assert figure["layout"]["title"]["text"] == python["layout"]["title"]["text"]
+    assert figure["layout"]["xaxis"]["type"] == python["layout"]["xaxis"]["type"] == "log"
     assert "host CPU time" in figure["layout"]["title"]["text"]
-    segments = figure["data"][0]
-    assert segments["text"][: len(ref["graphs"])] == [
-        f"g{i + 1}" for i in range(len(ref["graphs"]))
+    compile_bars, run_bars = figure["data"]
+    assert compile_bars["y"][: len(ref["graphs"])] == [
+        f"cpu (as cuda) g{i + 1}" for i in range(len(ref["graphs"]))
     ]
+    assert run_bars["text"] == [f"{g['calls']}×" for g in ref["graphs"] + target["graphs"]]
     assert out["plain"] is None  # a report that compiled nothing has no compile chart
 
 
@@ -113,5 +124,6 @@ def test_a_failed_compile_is_a_row_with_its_error_and_no_chart(run_charts_js):
     )
     [row] = out["rows"]
     assert row["label"] == "neuron (emulated)" and row["graphs"] == [] and row["runMs"] is None
+    assert row["graphsRunMs"] is None  # a record from before graphs' run times were kept
     assert row["notes"] == [f"compile failed: {failed['errors'][0]}"]
     assert out["figure"] is None

@@ -476,13 +476,18 @@ def test_a_compiled_cell_shows_what_compile_did_in_a_closed_section(tmp_path):
                 assert breaks.count("cell line 7") == 2, breaks  # both backends, the print's line
                 recompiles = section.locator(".nw-lab-compile-recompiles").inner_text()
                 assert "new shape for args[0]: (3, 8) → (5, 8)" in recompiles, recompiles
-                # hovering a graph's segment says which graph it is
+                # a row per graph, its compile time beside its run time (with its calls)
+                assert "cpu (as cuda) g1" in ticks and "neuron (emulated) g1" in ticks, ticks
+                assert "1×" in chart.locator(".trace.bars text").all_text_contents()
+                # hovering a graph's compile bar says which graph it is and how long it ran; on
+                # the log axis a bar's path starts far left of the plot, so point near its end
                 segment = chart.locator(".trace.bars").first.locator(".point path").first
                 box = segment.bounding_box()
-                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                page.mouse.move(box["x"] + box["width"] - 8, box["y"] + box["height"] / 2)
                 hover = chart.locator(".hoverlayer .hovertext")
                 hover.first.wait_for(timeout=10_000)
-                assert "graph 1 of" in hover.first.text_content()
+                text = hover.first.text_content()
+                assert "graph 1 of" in text and "call of the compiled graph" in text, text
                 _show_top(section)
                 section.screenshot(path=str(ARTIFACTS / "lab_report_compile.png"))
                 assert not [e for e in errors if "neuron" in e.lower()], errors

@@ -68,14 +68,21 @@ def test_the_widget_shows_what_compile_did_on_each_backend(ip):
     # the second batch size compiled the MLP again on the target (static shapes), with its reason
     assert "new shape for args[0]: (3, 8) → (5, 8)" in text
     assert "host CPU time, never Trainium or TPU performance" in text
-    # the chart: compile time per graph, then the run, one bar per backend
+    # each graph's calls and run time, in the graphs table
+    for role in ("ref", "target"):
+        for graph in data[role]["compile"]["graphs"]:
+            kind = data[role]["time_kind"]
+            cells = f"<td class=num>{graph['calls']}</td><td class=num>{graph['run_s'] * 1e3:.1f} ({kind})</td>"
+            assert cells in text, cells
+    # the chart: each graph's compile time beside its run time, a row per graph
     assert chart is view.figures["compile_time"] and isinstance(chart, go.FigureWidget)
-    segments = chart.data[0]
-    graphs = len(data["ref"]["compile"]["graphs"]) + len(data["target"]["compile"]["graphs"])
-    assert len(segments.x) == graphs
-    assert set(segments.y) == {
-        "cpu (as cuda)<br>(wall time)",
-        "neuron (emulated)<br>(host CPU time)",
-    }
-    assert chart.data[-1].name == "run time (the run less its compile time)"
+    compile_bars, run_bars = chart.data
+    ref_graphs, target_graphs = (data[r]["compile"]["graphs"] for r in ("ref", "target"))
+    assert list(compile_bars.y) == [f"cpu (as cuda) g{i + 1}" for i in range(len(ref_graphs))] + [
+        f"neuron (emulated) g{i + 1}" for i in range(len(target_graphs))
+    ]
+    assert list(run_bars.x) == pytest.approx([g["run_s"] * 1e3 for g in ref_graphs + target_graphs])
+    # the MLP ran once per shape; the target compiled it per shape: one call per graph there
+    assert [g["calls"] for g in target_graphs] == [1] * len(target_graphs)
+    assert run_bars.name == "run time (calls of the compiled graph)"
     assert "host CPU time" in chart.layout.title.text

@@ -20,13 +20,20 @@ def test_nothing_compiled_renders_nothing():
 def test_compile_time_is_separated_from_run_time_and_breaks_name_their_line():
     target = {
         "graphs": [
-            {"backend": "neuron", "ops": 3, "fallback_ops": ["aten::foo"]},
-            {"backend": "neuron", "ops": 2, "fallback_ops": []},
+            {
+                "backend": "neuron",
+                "ops": 3,
+                "fallback_ops": ["aten::foo"],
+                "calls": 2,
+                "run_s": 0.002,
+            },
+            {"backend": "neuron", "ops": 2, "fallback_ops": [], "calls": 1, "run_s": 0.001},
         ],
         "graph_breaks": [{"file": "cell", "line": 4, "reason": "print is not traceable"}],
         "recompiles": [{"function": "forward", "reason": "new shape for x: (4, 64) → (4, 65)"}],
         "errors": [],
         "compile_s": 0.5,
+        "run_s": 0.003,
     }
     data = {"ref": _run({}), "target": _run(target, wall=2.0, emulated=True)}
     assert compile_rows(data) == [
@@ -37,10 +44,14 @@ def test_compile_time_is_separated_from_run_time_and_breaks_name_their_line():
             1,
             1,
             "500.0 ms (host CPU time)",
-            "1500.0 ms (host CPU time)",
+            "3.0 ms (host CPU time)",  # the compiled graphs ran
+            "1500.0 ms (host CPU time)",  # the run less its compile time
             "aten::foo",
         ]
     ]
+    # a record from before graphs' run times were kept: that cell is empty
+    del target["run_s"]
+    assert compile_rows(data)[0][6] == ""
     page = render_compile_section(data)
     assert "cell line 4" in page and "print is not traceable" in page
     assert "new shape for x: (4, 64) → (4, 65)" in page

@@ -19,6 +19,8 @@ REF_RECORD = {
             "line": 3,
             "ops": 3,
             "compile_s": 0.4,
+            "calls": 4,
+            "run_s": 0.002,
             "recompile": None,
             "fallback_ops": [],
         },
@@ -29,6 +31,8 @@ REF_RECORD = {
             "line": 3,
             "ops": 3,
             "compile_s": 0.1,
+            "calls": 2,
+            "run_s": 0.001,
             "recompile": "new shape for x: (4, 64) → (4, s0)",
             "fallback_ops": [],
         },
@@ -38,6 +42,7 @@ REF_RECORD = {
     "warnings": [],
     "errors": [],
     "compile_s": 0.5,
+    "run_s": 0.003,
     "random_ops": {},
 }
 TARGET_RECORD = {
@@ -49,6 +54,8 @@ TARGET_RECORD = {
             "line": 4,
             "ops": 5,
             "compile_s": 0.2,
+            "calls": 1,
+            "run_s": 0.003,
             "recompile": None,
             "fallback_ops": ["aten::sort"],
         },
@@ -59,6 +66,8 @@ TARGET_RECORD = {
             "line": 4,
             "ops": 5,
             "compile_s": 0.15,
+            "calls": 5,
+            "run_s": 0.0025,
             "recompile": "new shape for x: (4, 64) → (4, 65)",
             "fallback_ops": [],
         },
@@ -69,6 +78,8 @@ TARGET_RECORD = {
             "line": 6,
             "ops": 1,
             "compile_s": 0.05,
+            "calls": None,
+            "run_s": None,
             "recompile": None,
             "fallback_ops": [],
         },
@@ -78,6 +89,7 @@ TARGET_RECORD = {
     "warnings": ["mode='max-autotune' is ignored on neuron"],
     "errors": [],
     "compile_s": 0.5,  # 0.1 s beyond its graphs: frames Dynamo compiled without a graph
+    "run_s": 0.0055,
     "random_ops": {"torch.nn.functional.dropout": 1},
 }
 
@@ -90,29 +102,31 @@ def compiled(data):
     return {**data, "ref": ref, "target": target}
 
 
-def test_the_chart_puts_each_graphs_compile_time_then_the_run_on_each_backends_bar(compiled):
+def test_the_chart_puts_each_graphs_compile_time_beside_its_run_time(compiled):
     spec = compile_figures.compile_time_spec(compiled)
-    graphs, outside, run = spec["data"]
-    ref_row, target_row = "cpu (as cuda)<br>(wall time)", "neuron (emulated)<br>(host CPU time)"
-    assert graphs["y"] == [ref_row] * 2 + [target_row] * 3
-    assert graphs["text"] == ["g1", "g2", "g1", "g2", "g3"]
-    assert graphs["x"] == pytest.approx([400, 100, 200, 150, 50])
-    # segments end to end: each graph starts where the one before it ended
-    assert graphs["base"] == pytest.approx([0, 400, 0, 200, 350])
-    assert spec["layout"]["barmode"] == "overlay"
-    # the hover says what the graph is, why it compiled again, what it could not compile
-    assert "recompiled: new shape for x: (4, 64) → (4, s0)" in graphs["customdata"][1]
-    assert "not compiled: aten::sort" in graphs["customdata"][2]
-    assert "(cell line 4)" in graphs["customdata"][2]
-    assert "(models.py:6)" in graphs["customdata"][4]
-    assert "ms host CPU time" in graphs["customdata"][3]
-    # compile time beyond the graphs' (frames without a graph) is its own segment
-    assert outside["y"] == [target_row] and outside["x"] == pytest.approx([100])
-    assert outside["base"] == pytest.approx([400])
-    # run time: the run's time less its compile time, after the compile segments
-    assert run["y"] == [ref_row, target_row]
-    assert run["x"] == pytest.approx([1500, 1000]) and run["base"] == pytest.approx([500, 500])
+    compile_bars, run_bars = spec["data"]
+    rows = ["cpu (as cuda) g1", "cpu (as cuda) g2"]
+    rows += ["neuron (emulated) g1", "neuron (emulated) g2", "neuron (emulated) g3"]
+    assert compile_bars["y"] == rows and run_bars["y"] == rows
+    assert compile_bars["x"] == pytest.approx([400, 100, 200, 150, 50])
+    # each graph's own run time (its calls of the compiled callable); a graph whose run time was
+    # not recorded has no run bar, and says so
+    assert run_bars["x"][:4] == pytest.approx([2.0, 1.0, 3.0, 2.5]) and run_bars["x"][4] is None
+    assert run_bars["text"] == ["4×", "2×", "1×", "5×", ""]
+    assert "run time not recorded for this graph" in run_bars["customdata"][4]
+    assert spec["layout"]["barmode"] == "group" and spec["layout"]["xaxis"]["type"] == "log"
+    # the hover says what the graph is, its calls, why it compiled again, what it could not compile
+    hover = compile_bars["customdata"]
+    assert "run 2.0 ms wall time (4 calls of the compiled graph" in hover[0]
+    assert "recompiled: new shape for x: (4, 64) → (4, s0)" in hover[1]
+    assert "not compiled: aten::sort" in hover[2]
+    assert "(cell line 4)" in hover[2]
+    assert "(models.py:6)" in hover[4]
+    assert "ms host CPU time" in hover[3]
     assert "(emulated device: host CPU time)" in spec["layout"]["title"]["text"]
+    assert spec["layout"]["title"]["text"].startswith(
+        "torch.compile: compile vs run time per graph"
+    )
     axis = spec["layout"]["xaxis"]["title"]["text"]
     assert "cpu (as cuda): wall time" in axis and "neuron (emulated): host CPU time" in axis
     # the widget's figure is the same chart as a validated plotly figure
@@ -132,11 +146,12 @@ def test_no_graph_no_chart(compiled, data):
     only_error = {**data, "target": {**data["target"], "compile": failed}}
     assert compile_figures.compile_time_spec(only_error) is None
     assert "compile failed: BackendCompilerFailed" in tables.compile_html(only_error)
-    # one backend compiled: one bar
+    # one backend compiled: its graphs' rows only
     ref_only = {**compiled, "target": data["target"]}
-    assert (
-        len({y for t in compile_figures.compile_time_spec(ref_only)["data"] for y in t["y"]}) == 1
-    )
+    assert {y for t in compile_figures.compile_time_spec(ref_only)["data"] for y in t["y"]} == {
+        "cpu (as cuda) g1",
+        "cpu (as cuda) g2",
+    }
 
 
 def test_the_compile_tab_is_there_only_when_a_run_compiled(compiled, data):
@@ -155,7 +170,9 @@ def test_the_compile_tab_is_there_only_when_a_run_compiled(compiled, data):
         "new shape for x: (4, 64) → (4, 65)",
         "aten::sort",  # the op the target's compiler could not take
         "500.0 ms (host CPU time)",  # compile time, separated from run time
+        "5.5 ms (host CPU time)",  # the compiled graphs ran
         "1000.0 ms (host CPU time)",
+        "<td class=num>5</td><td class=num>2.5 (host CPU time)</td>",  # a graph's calls, run
         "neuron (emulated): warning: mode=&#x27;max-autotune&#x27; is ignored on neuron",
         "torch.nn.functional.dropout",
         "host CPU time, never Trainium or TPU performance",
@@ -166,5 +183,5 @@ def test_the_compile_tab_is_there_only_when_a_run_compiled(compiled, data):
 
 
 def test_static_html_carries_the_compile_chart_only_when_compiled(compiled, data):
-    assert "compile time per graph" not in static_html(data)
-    assert "torch.compile: compile time per graph vs run time" in static_html(compiled)
+    assert "run time per graph" not in static_html(data)
+    assert "torch.compile: compile vs run time per graph" in static_html(compiled)

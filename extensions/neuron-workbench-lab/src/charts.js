@@ -632,10 +632,11 @@ export function compileWhere(entry) {
 
 /**
  * What torch.compile did on each backend that compiled (the Python view's compile_html twin):
- * [{role, label, kind, compilers, compileMs, runMs, notCompiled, graphs, breaks, recompiles,
- * notes}], reference first; [] when neither run compiled. Run time is the run's time less its
- * compile time (the record keeps no run time per graph); `kind` says what the times measure
- * (host CPU time on an emulated device).
+ * [{role, label, kind, compilers, compileMs, graphsRunMs, runMs, notCompiled, graphs, breaks,
+ * recompiles, notes}], reference first; [] when neither run compiled. graphsRunMs is the time the
+ * compiled graphs ran (each graph's calls and runMs are its own; null where not recorded); runMs
+ * is the run's time less its compile time; `kind` says what the times measure (host CPU time on
+ * an emulated device).
  */
 export function compileRows(report) {
   const out = [];
@@ -664,6 +665,7 @@ export function compileRows(report) {
       kind,
       compilers: [...new Set(graphs.map(g => String(g.backend)))],
       compileMs,
+      graphsRunMs: record.run_s === null || record.run_s === undefined ? null : Number(record.run_s) * 1e3,
       runMs: wall === null || wall === undefined ? null : Math.max(0, Number(wall) * 1e3 - compileMs),
       notCompiled: [...new Set(graphs.flatMap(g => g.fallback_ops || []))].sort(),
       graphs: graphs.map((g, i) => ({
@@ -673,6 +675,8 @@ export function compileRows(report) {
         where: compileWhere(g),
         ops: g.ops,
         compileMs: Number(g.compile_s || 0) * 1e3,
+        calls: g.calls === null || g.calls === undefined ? null : Number(g.calls),
+        runMs: g.run_s === null || g.run_s === undefined ? null : Number(g.run_s) * 1e3,
         recompile: g.recompile || '',
         notCompiled: g.fallback_ops || []
       })),
@@ -684,29 +688,33 @@ export function compileRows(report) {
   return out;
 }
 
-const COMPILE_COLORS = ['#bc4c00', '#fb8f44'];
+function callsText(calls) {
+  return calls === null ? 'not timed' : `${calls} call${calls === 1 ? '' : 's'}`;
+}
 
 /**
- * Compile time per graph vs run time, one horizontal bar per backend that compiled a graph (the
- * Python views/compile_figures.py twin): a segment per graph (g1, g2, ...), compile time outside
- * any graph when there is some, then the run time (the run less its compile time).
+ * Compile vs run time per graph (the Python views/compile_figures.py twin): a row per graph each
+ * backend compiled (`cpu (as cuda) g1`, ...), with a bar for its compile time and one for the time
+ * its compiled callable ran in the run (its calls: the forward; its backward runs inside
+ * autograd's backward). Log time axis: compile time dwarfs a graph's run time.
  */
 export function compileFigure(report) {
   const runs = compileRows(report).filter(r => r.graphs.length);
   if (!runs.length) {
     return null;
   }
-  const seg = { y: [], x: [], base: [], text: [], color: [], hover: [] };
-  const other = { y: [], x: [], base: [], hover: [] };
-  const rest = { y: [], x: [], base: [], hover: [] };
+  const comp = { y: [], x: [], hover: [] };
+  const ran = { y: [], x: [], text: [], hover: [] };
   for (const r of runs) {
-    const row = `${r.label}<br>(${r.kind})`;
-    let at = 0;
     for (const g of r.graphs) {
+      const row = `${r.label} g${g.index}`;
       const lines = [
         `<b>graph ${g.index} of ${r.graphs.length}</b>: ${g.function} (${g.where || 'unknown site'})`,
         `${g.backend}, ${g.ops ?? '?'} ops`,
-        `compile ${g.compileMs.toFixed(1)} ms ${r.kind}`
+        `compile ${g.compileMs.toFixed(1)} ms ${r.kind}`,
+        g.runMs !== null
+          ? `run ${g.runMs.toFixed(1)} ms ${r.kind} (${callsText(g.calls)} of the compiled graph; its backward is not in it)`
+          : 'run time not recorded for this graph'
       ];
       if (g.recompile) {
         lines.push(`recompiled: ${g.recompile}`);
@@ -714,59 +722,35 @@ export function compileFigure(report) {
       if (g.notCompiled.length) {
         lines.push(`not compiled: ${g.notCompiled.join(', ')}`);
       }
-      seg.y.push(row);
-      seg.x.push(g.compileMs);
-      seg.base.push(at);
-      seg.text.push(`g${g.index}`);
-      seg.color.push(COMPILE_COLORS[(g.index - 1) % 2]);
-      seg.hover.push(lines.join('<br>'));
-      at += g.compileMs;
-    }
-    const total = Math.max(r.compileMs, at);
-    if (total - at > 0.05) {
-      other.y.push(row);
-      other.x.push(total - at);
-      other.base.push(at);
-      other.hover.push(`<b>${r.label}</b><br>${(total - at).toFixed(1)} ms ${r.kind} compiling outside any graph (frames without a graph, failed compiles)`);
-    }
-    if (r.runMs !== null) {
-      const runMs = Math.max(0, r.runMs + r.compileMs - total);
-      const n = r.graphs.length;
-      rest.y.push(row);
-      rest.x.push(runMs);
-      rest.base.push(total);
-      rest.hover.push(`<b>${r.label}</b><br>run ${runMs.toFixed(1)} ms ${r.kind} (the run less its compile time: ${n} graph${n === 1 ? '' : 's'} and eager code)<br>compile ${total.toFixed(1)} ms ${r.kind}`);
+      const hover = lines.join('<br>');
+      comp.y.push(row);
+      comp.x.push(g.compileMs);
+      comp.hover.push(hover);
+      ran.y.push(row);
+      ran.x.push(g.runMs);
+      ran.text.push(g.calls === null ? '' : `${g.calls}×`);
+      ran.hover.push(hover);
     }
   }
   const bar = { type: 'bar', orientation: 'h', hovertemplate: '%{customdata}<extra></extra>' };
-  const data = [{
-    ...bar, name: 'compile time, one segment per graph', y: seg.y, x: seg.x, base: seg.base,
-    text: seg.text, textposition: 'inside', insidetextanchor: 'middle', textangle: 0,
-    customdata: seg.hover, marker: { color: seg.color, line: { color: '#ffffff', width: 1 } }
-  }];
-  if (other.y.length) {
-    data.push({
-      ...bar, name: 'compile time outside graphs', y: other.y, x: other.x, base: other.base,
-      customdata: other.hover, marker: { color: '#ffd8b5', line: { color: '#ffffff', width: 1 } }
-    });
-  }
-  if (rest.y.length) {
-    data.push({
-      ...bar, name: 'run time (the run less its compile time)', y: rest.y, x: rest.x,
-      base: rest.base, customdata: rest.hover, marker: { color: TARGET_COLOR }
-    });
-  }
+  const data = [
+    { ...bar, name: 'compile time', y: comp.y, x: comp.x, customdata: comp.hover, marker: { color: '#bc4c00' } },
+    {
+      ...bar, name: 'run time (calls of the compiled graph)', y: ran.y, x: ran.x, text: ran.text,
+      textposition: 'outside', customdata: ran.hover, marker: { color: TARGET_COLOR }
+    }
+  ];
   const emulated = runs.some(r => {
     const run = report[r.role] || {};
     return !!(run.backend && run.backend.emulated);
   });
-  const title = `torch.compile: compile time per graph vs run time${emulated ? ' (emulated device: host CPU time)' : ''}`;
-  const layout = baseLayout(title, 150 + 60 * runs.length);
+  const title = `torch.compile: compile vs run time per graph${emulated ? ' (emulated device: host CPU time)' : ''}`;
+  const layout = baseLayout(title, 150 + 44 * comp.y.length);
   Object.assign(layout, {
-    // explicit bases: segments sit end to end on their backend's row, never side by side
-    barmode: 'overlay',
-    bargap: 0.35,
-    xaxis: axis({ title: { text: `ms (${runs.map(r => `${r.label}: ${r.kind}`).join('; ')})` }, rangemode: 'tozero' }),
+    barmode: 'group',
+    bargap: 0.3,
+    // compile time is often 100x a graph's run time: a log axis shows both
+    xaxis: axis({ title: { text: `ms, log scale (${runs.map(r => `${r.label}: ${r.kind}`).join('; ')})` }, type: 'log' }),
     yaxis: axis({ autorange: 'reversed' }),
     legend: { orientation: 'h', y: 1.02, x: 0, yanchor: 'bottom' },
     margin: { l: 10, r: 10, t: 80, b: 50 }

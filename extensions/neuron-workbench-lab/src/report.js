@@ -342,22 +342,24 @@ function simpleTable(cls, headers, rows) {
 export function compileSection(compiled) {
   const ms = (value, kind) => (value === null ? '–' : `${value.toFixed(1)} ms (${kind})`);
   const children = [simpleTable('nw-lab-compile', [
-    'backend', 'compiler', 'graphs', 'graph breaks', 'recompiles', 'compile time', 'run time', 'ops not compiled'
+    'backend', 'compiler', 'graphs', 'graph breaks', 'recompiles', 'compile time', 'compiled graphs ran', 'run time', 'ops not compiled'
   ], compiled.map(r => [
     [r.label], [r.compilers.join(', ') || '—'], [r.graphs.length, 'nw-lab-num'], [r.breaks.length, 'nw-lab-num'],
-    [r.recompiles.length, 'nw-lab-num'], [ms(r.compileMs, r.kind), 'nw-lab-num'], [ms(r.runMs, r.kind), 'nw-lab-num'],
+    [r.recompiles.length, 'nw-lab-num'], [ms(r.compileMs, r.kind), 'nw-lab-num'], [ms(r.graphsRunMs, r.kind), 'nw-lab-num'],
+    [ms(r.runMs, r.kind), 'nw-lab-num'],
     [r.notCompiled.join(', ') || 'none', r.notCompiled.length ? 'nw-lab-bad' : null]
   ]))];
   children.push(plotDiv('compile', 'nw-lab-compile-chart'));
   const graphs = compiled.flatMap(r => r.graphs.map(g => [
     [r.label], [g.index, 'nw-lab-num'], [g.backend], [g.function, 'nw-lab-path'], [g.where, 'nw-lab-path'],
-    [g.ops ?? '', 'nw-lab-num'], [ms(g.compileMs, r.kind), 'nw-lab-num'], [g.recompile],
+    [g.ops ?? '', 'nw-lab-num'], [ms(g.compileMs, r.kind), 'nw-lab-num'], [g.calls ?? '–', 'nw-lab-num'],
+    [ms(g.runMs, r.kind), 'nw-lab-num'], [g.recompile],
     [g.notCompiled.join(', '), g.notCompiled.length ? 'nw-lab-bad' : null]
   ]));
   if (graphs.length) {
     children.push(el('div', 'nw-lab-subtitle', 'Graphs'));
     children.push(simpleTable('nw-lab-compile-graphs', [
-      'backend', '#', 'compiler', 'function', 'where', 'ops', 'compile time', 'recompiled because', 'ops not compiled'
+      'backend', '#', 'compiler', 'function', 'where', 'ops', 'compile time', 'calls', 'run time', 'recompiled because', 'ops not compiled'
     ], graphs));
   }
   const breaks = compiled.flatMap(r => r.breaks.map(b => [[r.label], [b.where, 'nw-lab-path'], [b.reason]]));
@@ -376,7 +378,7 @@ export function compileSection(compiled) {
     }
   }
   children.push(el('div', 'nw-lab-note',
-    'Compile time is the time torch.compile spent compiling; run time is the run\'s time less its compile time (the graphs running plus the cell\'s eager code; no run time is recorded per graph). Emulated devices run on the host CPU: their times are host CPU time, never Trainium or TPU performance.'));
+    'Compile time is the time torch.compile spent compiling; a graph\'s run time is the time its compiled callable ran in the run, over its calls (the forward; a training graph\'s backward runs inside autograd\'s backward and is not in it); run time is the run\'s time less its compile time (the graphs running plus the cell\'s eager code). Emulated devices run on the host CPU: their times are host CPU time, never Trainium or TPU performance.'));
   const counts = compiled.map(r =>
     `${r.label}: ${plural(r.graphs.length, 'graph')}, ${plural(r.breaks.length, 'graph break')}, ${plural(r.recompiles.length, 'recompile')}`);
   const block = section(`torch.compile (${counts.join('; ')})`, children);

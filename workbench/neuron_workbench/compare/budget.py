@@ -93,11 +93,14 @@ class OutputBudget:
         ``float64 oracle`` or ``random rounding`` (where no oracle could be had).
     floor, floor_worst : float
         ‖ref − oracle‖ (Frobenius) and the largest element of |ref − oracle|; with random rounding,
-        the reference against its perturbed reruns. At least the output's own rounding to its dtype.
+        the reference against its perturbed reruns. At least one ulp of the output's dtype (its
+        norm over the elements, and the largest): no stored result is promised closer.
     error, error_worst : float
         The same for the target.
     ratio : float
-        ``R = error / floor`` (1.0 when both are zero, ``inf`` when only the floor is).
+        ``R = max(error, ulp) / floor`` (0 when the target is exact, 1.0 when both are):
+        an error within the dtype's rounding counts as one ulp, so a one-ulp difference from an
+        exact reference is ``R`` 2 at most, within budget.
     label : str
         The band's label (:data:`BUDGET_CLASSES`).
     within : bool
@@ -301,23 +304,49 @@ def _target_distance(
     return _distance(target, oracle)
 
 
-def _rounding_floor(oracle: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
-    """The error of storing the oracle's value in the output's dtype: no run can do better."""
-    if dtype == oracle.dtype:
+def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """One unit in the last place of each element of ``value`` in ``dtype`` (norm and largest).
+
+    A result stored in ``dtype`` is at best within half an ulp of the true value and, for most
+    ops, within one (faithful rounding). With the floor at one ulp, a target within one ulp of
+    the reference has ``R <= (e_ref + ulp) / max(e_ref, ulp) <= 2``: a one-ulp difference is never
+    beyond budget, however exact the reference happens to be.
+    """
+    if value.is_complex() or dtype.is_complex:
+        value = value.abs()
+        dtype = torch.float64 if dtype in (torch.complex128, torch.float64) else torch.float32
+    if not dtype.is_floating_point:
         return 0.0, 0.0
-    return _distance(oracle, oracle.to(dtype))
+    stored = value.detach().cpu().abs().to(dtype)
+    ulp = (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
+    ulp = ulp[torch.isfinite(ulp)]
+    if not ulp.numel():
+        return 0.0, 0.0
+    return float(torch.linalg.vector_norm(ulp)), float(ulp.max())
 
 
-def _ratio(error: float, floor: float) -> float:
+def _ratio(error: float, floor: float, least: float = 0.0) -> float:
+    """``R``: the target's error over the floor, both at least ``least`` (the dtype's ulp).
+
+    An exact target is 0 (1 when the reference is exact too), whatever the floor.
+    """
     if error == 0.0:
         return 1.0 if floor == 0.0 else 0.0
+    error, floor = max(error, least), max(floor, least)
     return error / floor if floor > 0.0 else math.inf
 
 
 def _output_budget(
-    path: str, source: str, floor: tuple[float, float], error: tuple[float, float], note: str = ""
+    path: str,
+    source: str,
+    floor: tuple[float, float],
+    error: tuple[float, float],
+    note: str = "",
+    least: tuple[float, float] = (0.0, 0.0),
 ) -> OutputBudget:
-    ratio = _ratio(error[0], floor[0])
+    # Neither run can be closer than the dtype's rounding: both errors count from one ulp up.
+    ratio = _ratio(error[0], floor[0], least[0])
+    floor = (max(floor[0], least[0]), max(floor[1], least[1]))
     band = classify(ratio)
     return OutputBudget(
         path, source, floor[0], floor[1], error[0], error[1], ratio, band.label, band.within, note
@@ -401,10 +430,10 @@ def measure_budget(
             continue
         oracle = _float_leaf(oracle_leaves[path])
         assert oracle is not None
-        measured = _distance(a, oracle)
-        least = _rounding_floor(oracle, a.dtype)
-        floor = (max(measured[0], least[0]), max(measured[1], least[1]))
-        measured_output = _output_budget(path, ORACLE, floor, _target_distance(a, b, oracle))
+        least = _ulp_floor(oracle, a.dtype)
+        measured_output = _output_budget(
+            path, ORACLE, _distance(a, oracle), _target_distance(a, b, oracle), least=least
+        )
         measured_output.histogram = error_histogram(_errors(a, oracle), _errors(b, oracle))
         budget.outputs.append(measured_output)
     if fallback:
@@ -449,7 +478,8 @@ def _rounding_budgets(
         floor = (math.sqrt(sum(n * n for n in norms[path]) / len(norms[path])), worst[path])
         ref, target = wanted[path]
         error = _target_distance(ref, target, ref)
-        measured = _output_budget(path, RANDOM_ROUNDING, floor, error, note=why)
+        least = _ulp_floor(ref, ref.dtype)
+        measured = _output_budget(path, RANDOM_ROUNDING, floor, error, note=why, least=least)
         measured.histogram = error_histogram(_errors(ref, first[path]), _errors(target, ref))
         budgets.append(measured)
     return budgets

@@ -3,9 +3,11 @@
 A run instrument (``RunSpec.instruments``) that reads Dynamo's own records: its per-frame
 compilation metrics (one per compiled frame: function, graph size, compile time, recompile
 reason), its ``graph_breaks`` log (reason and user line), and the emulated backends' graph list
-(``emulator/compile.py``: ops that could not be compiled). Nothing is imported from Dynamo unless
-the run compiled; a run that did not compile records nothing. The record is plain data, so it
-travels back from a worker as it is.
+(``emulator/compile.py``: ops that could not be compiled). Each graph's compiled callable, as any
+backend returns it to Dynamo (Inductor on the reference, the emulated ``neuron``/``tpu``), is
+wrapped once to count its calls and their host seconds, and to read where the graph's user code
+is. Nothing is imported from Dynamo unless the run compiled; a run that did not compile records
+nothing. The record is plain data, so it travels back from a worker as it is.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import inspect
 import logging
+import os
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CompileRecord", "compile_instrument", "graph_break_violation"]
+__all__ = ["CompileRecord", "compile_instrument", "graph_break_violation", "graph_site"]
 
 _GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
@@ -43,10 +49,13 @@ class CompileRecord:
     Attributes
     ----------
     graphs : list of dict
-        One per graph Dynamo compiled: ``backend``, ``function``, ``file``, ``line`` (first line
-        of the compiled function), ``ops``, ``compile_s`` (host seconds), ``recompile`` (the
-        reason, when it compiled a frame again) and ``fallback_ops`` (ops the emulated device's
-        compiler could not take).
+        One per graph Dynamo compiled: ``backend``, ``function`` (the user's function the graph
+        is in: a compiled module's ``forward``), ``file``, ``line`` (the line of that function
+        where the graph's first op is), ``ops``, ``compile_s`` (host seconds), ``calls`` and
+        ``run_s`` (how often the compiled graph ran in this run and its host seconds: its forward;
+        a training graph's backward runs inside autograd's backward and is not in them; host CPU
+        time on an emulated device), ``recompile`` (the reason, when it compiled a frame again)
+        and ``fallback_ops`` (ops the emulated device's compiler could not take).
     graph_breaks : list of dict
         ``reason`` (one line), ``file`` and ``line`` of each distinct graph break.
     recompiles : list of dict
@@ -60,6 +69,8 @@ class CompileRecord:
         many graphs call them.
     compile_s : float
         Host seconds spent compiling (emulated devices: host CPU time).
+    run_s : float
+        Host seconds the run's compiled graphs ran (the sum of the graphs' ``run_s``).
     """
 
     graphs: list[dict[str, Any]] = field(default_factory=list)
@@ -69,6 +80,7 @@ class CompileRecord:
     errors: list[str] = field(default_factory=list)
     compile_s: float = 0.0
     random_ops: dict[str, int] = field(default_factory=dict)
+    run_s: float = 0.0
 
     @property
     def compiled(self) -> bool:
@@ -109,6 +121,7 @@ class CompileRecord:
             "warnings": list(self.warnings),
             "errors": list(self.errors),
             "compile_s": self.compile_s,
+            "run_s": self.run_s,
             "random_ops": dict(self.random_ops),
             "summary": self.summary(),
         }
@@ -224,11 +237,141 @@ def _recompile_reason(reason: str, previous: Any, current: Any) -> str:
     return f"new {match['what']} for {name} at dim {index}: {match['old']} → {match['new']}"
 
 
+#: Every graph compiled in this process since the first recorded run: its Dynamo compile id, where
+#: its user code is, and how often its compiled callable ran (calls, host seconds).
+_GRAPH_RUNS: list[dict[str, Any]] = []
+_GRAPH_RUNS_LOCK = threading.Lock()
+_timing_installed = False
+
+_STACK_FRAME = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>[^\n]*)'
+)
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+)_at_\d+$")
+_WORKBENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _own_frame(file: str) -> bool:
+    """Torch's and the workbench's own files: never the user's code."""
+    torch = sys.modules.get("torch")
+    dirs = [_WORKBENCH_DIR]
+    if torch is not None:
+        dirs.append(os.path.dirname(os.path.abspath(torch.__file__)))
+    # with the separator: torchvision's or torchaudio's files are not torch's
+    return file.startswith(tuple(d + os.sep for d in dirs))
+
+
+def _user_function(name: str) -> str:
+    """The user's function a Dynamo frame is in (a resume function after a break is its own)."""
+    match = _RESUME.match(name)
+    return match["name"] if match else name
+
+
+def graph_site(gm: Any) -> tuple[str, str, int] | None:
+    """``(function, file, line)`` of a Dynamo graph's user code, or None when it has none.
+
+    The function is the outermost user frame of the graph's first op (a compiled module's
+    ``forward``, in the cell or a file; a decorator's frame that only passes ``*args`` on is not
+    it), and the line is that function's line where the graph's first op is. The first op's line,
+    not the ``def`` line: a graph break splits one function into graphs, and each then names the
+    line where its own code starts (the same line on every backend, read from the graph itself).
+    """
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        stack = node.meta.get("stack_trace")
+        if not stack:
+            continue
+        frames = [m for m in _STACK_FRAME.finditer(stack) if not _own_frame(m["file"])]
+        while len(frames) > 1 and "*args" in frames[0]["code"]:
+            frames.pop(0)
+        if frames:
+            first = frames[0]
+            return _user_function(first["function"]), first["file"], int(first["line"])
+    return None
+
+
+def _module_site(output_graph: Any) -> tuple[str, str, int] | None:
+    """Where a compiled module's ``forward`` is when no frame of its graph is user code.
+
+    A torch module (``nn.Sequential``) compiled whole: Dynamo's root frame is its wrapper around
+    the module (``fn``), and the graph's ops are all in torch's files.
+    """
+    torch = sys.modules.get("torch")
+    module = getattr(getattr(output_graph, "root_tx", None), "f_locals", {}).get("fn")
+    if torch is None or not isinstance(module, torch.nn.Module):
+        return None
+    forward = type(module).forward
+    try:
+        file = inspect.getsourcefile(forward)
+        _, first = inspect.getsourcelines(forward)
+    except (OSError, TypeError):
+        return None
+    return (forward.__qualname__, file, first) if file else None
+
+
+def _timed(compiled: Any, entry: dict[str, Any]) -> Any:
+    """``compiled``, counting its calls and their host seconds into ``entry``."""
+    lazy_module = sys.modules.get("torch.fx._lazy_graph_module")
+    lazy_type = getattr(lazy_module, "_LazyGraphModule", None)
+    if lazy_type is not None:
+        owner = compiled if isinstance(compiled, lazy_type) else getattr(compiled, "__self__", None)
+        if isinstance(owner, lazy_type):
+            # What Dynamo does with a lazy graph module before it wraps the callable itself.
+            lazy_type.force_recompile(owner)
+            if compiled is not owner:
+                compiled = owner.forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            with _GRAPH_RUNS_LOCK:
+                entry["calls"] += 1
+                entry["run_s"] += elapsed
+
+    return run
+
+
+def _install_graph_timing() -> None:
+    """Wrap the callable every Dynamo backend returns (once per process, when Dynamo is there).
+
+    At Dynamo's call of the backend, so that Inductor, ``aot_eager`` and the emulated backends
+    are timed alike.
+    """
+    global _timing_installed
+    output_graph = sys.modules.get("torch._dynamo.output_graph")
+    cls = getattr(output_graph, "OutputGraph", None)
+    original = getattr(cls, "call_user_compiler", None)
+    if _timing_installed or original is None:
+        return
+
+    def call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
+        compiled = original(self, gm, example_inputs)
+        try:
+            where = graph_site(gm) or _module_site(self)
+        except Exception:  # a graph whose stack cannot be read: Dynamo's frame names it
+            where = None
+        compile_id = getattr(self, "dynamo_compile_id", None)
+        entry = {"compile_id": str(compile_id or ""), "where": where, "calls": 0, "run_s": 0.0}
+        with _GRAPH_RUNS_LOCK:
+            _GRAPH_RUNS.append(entry)
+        return _timed(compiled, entry)
+
+    cls.call_user_compiler = call_user_compiler
+    _timing_installed = True
+
+
 def _frame(metric: Any) -> str:
     return str(metric.compile_id or "").split("/")[0]
 
 
-def _finish(record: CompileRecord, before: set[int], graphs_before: int) -> None:
+def _finish(record: CompileRecord, before: set[int], graphs_before: int, runs_before: int) -> None:
+    with _GRAPH_RUNS_LOCK:
+        timed: dict[str, dict[str, Any]] = {}
+        for entry in _GRAPH_RUNS[runs_before:]:
+            timed.setdefault(entry["compile_id"], dict(entry))
     utils = sys.modules.get("torch._dynamo.utils")
     emulated = sys.modules.get("neuron_workbench.emulator.compile")
     device_graphs = list(emulated.GRAPHS[graphs_before:]) if emulated is not None else []
@@ -253,10 +396,16 @@ def _finish(record: CompileRecord, before: set[int], graphs_before: int) -> None
             continue  # a frame compiled without a graph (only Python around a graph break)
         mine = [g for g in device_graphs if g.get("compile_id") == str(metric.compile_id)]
         backend = mine[0]["backend"] if mine else _backend_of(metric)
-        # A compiled module's frame is Dynamo's wrapper: the graph's own user code says more.
-        where = (mine[0]["function"], mine[0]["file"], mine[0]["line"]) if mine else None
+        run = timed.get(str(metric.compile_id))
+        # A compiled module's frame is Dynamo's wrapper: the graph's own user code says where it
+        # is, read alike on every backend.
+        where = run["where"] if run else None
+        if (not where or not where[1]) and mine and mine[0].get("file"):
+            where = (mine[0]["function"], mine[0]["file"], mine[0]["line"])
         if not where or not where[1]:
-            where = (metric.co_name, metric.co_filename, metric.co_firstlineno)
+            where = (_user_function(metric.co_name), metric.co_filename, metric.co_firstlineno)
+        if run:
+            record.run_s += run["run_s"]
         record.graphs.append(
             {
                 "backend": backend,
@@ -265,6 +414,8 @@ def _finish(record: CompileRecord, before: set[int], graphs_before: int) -> None
                 "line": where[2],
                 "ops": int(metric.graph_op_count),
                 "compile_s": seconds,
+                "calls": run["calls"] if run else None,
+                "run_s": run["run_s"] if run else None,
                 "recompile": reason,
                 "fallback_ops": sorted({op for g in mine for op in g.get("fallback_ops", ())}),
             }
@@ -291,6 +442,9 @@ def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
     emulated = sys.modules.get("neuron_workbench.emulator.compile")
     graphs_before = len(emulated.GRAPHS) if emulated is not None else 0
     warnings_before = len(emulated.WARNINGS) if emulated is not None else 0
+    _install_graph_timing()
+    with _GRAPH_RUNS_LOCK:
+        runs_before = len(_GRAPH_RUNS)
     handler = _GraphBreaks()
     loggers = [
         (logging.getLogger(_GRAPH_BREAK_LOGGER), handler),
@@ -309,7 +463,7 @@ def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
             logger.setLevel(level)
             logger.propagate = propagate
         try:
-            _finish(record, before, graphs_before)
+            _finish(record, before, graphs_before, runs_before)
         except Exception as exc:  # Dynamo's records changed shape: say so, never fail the run
             record.errors.append(f"compile record incomplete: {type(exc).__name__}: {exc}")
         emulated = sys.modules.get("neuron_workbench.emulator.compile")

@@ -7,7 +7,7 @@
   with Plotly ``FigureWidget`` charts;
 - :func:`show_report`: display the widget alone;
 - :mod:`neuron_workbench.views.figures`: plain ``go.Figure`` builders from report data;
-  :mod:`neuron_workbench.views.compile_figures`: the compile-time-per-graph vs run-time chart;
+  :mod:`neuron_workbench.views.compile_figures`: the compile vs run time per graph chart;
   :mod:`neuron_workbench.views.scalar_figures`: loss curves by call site.
 """
 

@@ -406,12 +406,13 @@ def compile_where(entry: dict[str, Any]) -> str:
     return site_label(file, line) if file else ""
 
 
-#: What the compile section's times are (the record keeps no run time per graph).
+#: What the compile section's times are.
 COMPILE_TIME_NOTE = (
-    "Compile time is the time torch.compile spent compiling; run time is the run's time less its "
-    "compile time (the graphs running plus the cell's eager code; no run time is recorded per "
-    "graph). Emulated devices run on the host CPU: their times are host CPU time, never Trainium "
-    "or TPU performance."
+    "Compile time is the time torch.compile spent compiling; a graph's run time is the time its "
+    "compiled callable ran in the run, over its calls (the forward; a training graph's backward "
+    "runs inside autograd's backward and is not in it); run time is the run's time less its "
+    "compile time (the graphs running plus the cell's eager code). Emulated devices run on the "
+    "host CPU: their times are host CPU time, never Trainium or TPU performance."
 )
 
 
@@ -433,9 +434,9 @@ def compile_html(data: dict[str, Any]) -> str:
         '<div class="nw-view nw-compile"><b>torch.compile</b>',
         table(
             ["backend", "compiler", "graphs", "graph breaks", "recompiles", "compile time",
-             "run time", "ops not compiled"],
+             "compiled graphs ran", "run time", "ops not compiled"],
             overview,
-            numeric=(2, 3, 4, 5, 6),
+            numeric=(2, 3, 4, 5, 6, 7),
         ),
     ]  # fmt: skip
     graphs, breaks, recompiles, notes = [], [], [], []
@@ -450,6 +451,9 @@ def compile_html(data: dict[str, Any]) -> str:
                  f'<code class="nw-path">{esc(compile_where(graph))}</code>',
                  esc(graph.get("ops", "")),
                  f"{float(graph.get('compile_s') or 0.0) * 1e3:.1f} ({esc(kind)})",
+                 esc("" if graph.get("calls") is None else graph["calls"]),
+                 "" if graph.get("run_s") is None
+                 else f"{float(graph['run_s']) * 1e3:.1f} ({esc(kind)})",
                  esc(graph.get("recompile") or ""),
                  f'<span class="bad">{esc(", ".join(missing))}</span>' if missing else ""]
             )  # fmt: skip
@@ -478,9 +482,9 @@ def compile_html(data: dict[str, Any]) -> str:
             "<div><b>Graphs</b></div>",
             table(
                 ["backend", "#", "compiler", "function", "where", "ops", "compile ms",
-                 "recompiled because", "ops not compiled"],
+                 "calls", "run ms", "recompiled because", "ops not compiled"],
                 graphs,
-                numeric=(1, 5, 6),
+                numeric=(1, 5, 6, 7, 8),
             ),
         ]  # fmt: skip
     if breaks:
