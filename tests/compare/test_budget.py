@@ -50,10 +50,10 @@ def test_a_one_ulp_difference_from_an_exact_reference_is_within_budget(dtype):
     one_ulp = source + "\ny = torch.nextafter(y, torch.full_like(y, 10.0))\n"
     one_ulp += "loss = torch.nextafter(loss, loss - 1)"
     cpu = get_backend("cpu")
-    ref = execute(_spec(source), cpu)
-    target = execute(_spec(one_ulp), cpu)
+    ref = execute(spec_of(source), cpu)
+    target = execute(spec_of(one_ulp), cpu)
     assert not torch.equal(ref.outputs["y"], target.outputs["y"])
-    budget = measure_budget(_spec(source), cpu, ref, target, ["y", "loss"])
+    budget = measure_budget(spec_of(source), cpu, ref, target, ["y", "loss"])
     for path in ("y", "loss"):
         measured = budget.get(path)
         assert measured.source == ORACLE and measured.error > 0, measured
@@ -61,8 +61,8 @@ def test_a_one_ulp_difference_from_an_exact_reference_is_within_budget(dtype):
     # two ulps of every element is beyond what rounding explains once the reference is exact
     two_ulps = one_ulp + "\ny = torch.nextafter(y, torch.full_like(y, 10.0))\n"
     two_ulps += "y = torch.nextafter(y, torch.full_like(y, 10.0))"
-    worse = execute(_spec(two_ulps), cpu)
-    assert measure_budget(_spec(source), cpu, ref, worse, ["y"]).get("y").ratio > 2.0
+    worse = execute(spec_of(two_ulps), cpu)
+    assert measure_budget(spec_of(source), cpu, ref, worse, ["y"]).get("y").ratio > 2.0
 
 
 def test_a_target_only_difference_gives_a_large_r():
