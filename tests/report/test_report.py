@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import torch
@@ -56,8 +57,9 @@ def test_error_summary_names_backend_error_and_line():
 
 def test_dict_is_json_and_html_escapes_user_strings():
     probe = "<script>alert(1)</script>"
-    report = make({probe: torch.ones(1)}, {probe: torch.zeros(1)})
-    report.cell_source = probe
+    report = dataclasses.replace(
+        make({probe: torch.ones(1)}, {probe: torch.zeros(1)}), cell_source=probe
+    )
     report.ref.stdout = probe
     data = json.loads(json.dumps(report.to_dict()))
     assert data["verdict"] == "FAIL" and data["target"]["backend"]["emulated"] is True

@@ -16,8 +16,11 @@ NEURON = BackendInfo("neuron", "neuron:0", "emulated neuron (host CPU)", emulate
 
 
 def data(ref_out, target_out):
-    report = Report(Run(CPU, outputs=ref_out), Run(NEURON, outputs=target_out), None)
-    report.comparison = compare_outputs(ref_out, target_out)
+    report = Report(
+        Run(CPU, outputs=ref_out),
+        Run(NEURON, outputs=target_out),
+        compare_outputs(ref_out, target_out),
+    )
     return report.to_dict()
 
 

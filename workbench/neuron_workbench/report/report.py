@@ -51,9 +51,9 @@ def measurement_basis(kind: str, backend: BackendInfo) -> str:
     return "as the device reports it"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """Reference run, target run, and how their outputs compare.
+    """Reference run, target run, and how their outputs compare: finished when built.
 
     ``bool(report)`` is True exactly when the verdict is ``PASS``. The ``text/plain`` form is one
     deterministic line (verdict and counts, never timings), safe to check in notebooks under nbval.
