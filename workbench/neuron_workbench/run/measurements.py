@@ -37,8 +37,6 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -47,7 +45,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.run.patching import patched_attributes
-from neuron_workbench.sites import is_internal
+from neuron_workbench.run.scalar_sites import user_site
 
 __all__ = [
     "MEASUREMENT_KINDS",
@@ -361,48 +359,6 @@ SCALAR_CONVERSIONS: dict[Any, str] = {
     _BASE.__int__: "int",
     _BASE.tolist: "Tensor.tolist",
 }
-
-
-# ---- who made a scalar -----------------------------------------------------------------------
-
-# The conversion hook's own frames (the run's torch function mode, the measurement module).
-_HOOK_FILES = frozenset(
-    os.path.abspath(f) for f in (__file__, os.path.join(os.path.dirname(__file__), "remap.py"))
-)
-# Python-level Tensor dunders (``f"{loss:.3f}"`` calls ``item()`` in torch/_tensor.py) and torch's
-# override dispatch are the user's conversion, made through torch.
-_THROUGH_TORCH = frozenset(os.path.abspath(m.__file__) for m in (torch._tensor, torch.overrides))
-
-
-_transparent_files: dict[str, bool] = {}
-
-
-def _transparent(filename: str) -> bool:
-    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's dispatch)."""
-    found = _transparent_files.get(filename)
-    if found is None:
-        path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        found = _transparent_files[filename] = path in _HOOK_FILES or path in _THROUGH_TORCH
-    return found
-
-
-def user_site(skip: int = 2) -> str | None:
-    """``file:line`` of the user's call that made a scalar, or None when torch or we made it."""
-    frame = sys._getframe(skip)
-    while frame is not None:
-        # other torch function modes stacked on the run's (the precision budget's float64
-        # oracle) pass the call on: transparent too
-        code = frame.f_code
-        if not _transparent(code.co_filename) and code.co_name != "__torch_function__":
-            break
-        frame = frame.f_back
-    if frame is None:
-        return None
-    filename = frame.f_code.co_filename
-    if is_internal(filename):
-        return None
-    name = filename if filename.startswith("<") else os.path.basename(filename)
-    return f"{name}:{frame.f_lineno}"
 
 
 def scalar_from_tensor(tensor: torch.Tensor, value: Any, how: str) -> Any:

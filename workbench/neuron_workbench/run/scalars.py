@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.run import measurements
+from neuron_workbench.run.scalar_sites import user_site
 
 __all__ = [
     "MAX_SITES",
@@ -205,7 +206,7 @@ class ScalarRecorder:
         """The hook's observer: keep ``value`` when the user's code made it."""
         if torch.compiler.is_compiling():
             return
-        site = measurements.user_site(3)  # our caller is scalar_from_tensor
+        site = user_site(3)  # our caller is scalar_from_tensor
         if site is None:
             return
         plain = _plain(value)
