@@ -104,6 +104,21 @@ def ip():
     shell.reset(new_session=False)
 
 
+@pytest.fixture
+def fresh_dynamo(ip):
+    """Dynamo reset around a test: the reference compiles in this process, and each test compiles
+    afresh, as a new kernel would; compiled code goes before the shell's namespace (which holds
+    Dynamo's globals) does."""
+    import gc
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
 CHARTS_JS = Path(__file__).resolve().parents[1] / "extensions/neuron-workbench-lab/src/charts.js"
 _CHARTS_PRELUDE = """
 import * as charts from './charts.mjs';

@@ -7,29 +7,13 @@ import re
 
 import pytest
 
+from compiled_cells import MLP_SETUP, compiled_mlp_cell
+
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views import compile_figures
 
-SETUP = (
-    "import torch\n"
-    "import torch.nn as nn\n"
-    "torch.manual_seed(0)\n"
-    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))"
-)
 #: Two input shapes (one recompile on the target) and a function with a print (one graph break).
-COMPILED = (
-    "%%neuron -o r\n"
-    "cm = torch.compile(mlp.cuda())\n"
-    # shapes of their own: a worker that compiled mlp for other shapes in an earlier test
-    # compiles it again here
-    "a = cm(torch.ones(2, 8).cuda())\n"
-    "b = cm(torch.ones(7, 8).cuda())\n"
-    "def f(t):\n"
-    "    t = t.sin()\n"
-    "    print('inside')\n"
-    "    return t.cos()\n"
-    "y = torch.compile(f)(torch.ones(3).cuda())"
-)
+COMPILED = compiled_mlp_cell((2, 7))
 
 JS = """
 const out = {rows: charts.compileRows(report), figure: charts.compileFigure(report),
@@ -42,19 +26,11 @@ def _times_out(text):
     return re.sub(r"\d+\.\d ms", "_ ms", text)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo(ip):
-    # The reference compiles in this process: start from nothing, as a new kernel would.
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_compile_rows_and_chart_of_a_real_compiled_cell(ip, run_charts_js):
-    run_cell(ip, SETUP)
+    run_cell(ip, MLP_SETUP)
     run_cell(ip, "%neuron_workers restart neuron")  # a fresh target, as in a new notebook
     run_cell(ip, COMPILED)
     report = ip.user_ns["r"]

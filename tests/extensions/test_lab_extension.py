@@ -26,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from compiled_cells import MLP_SETUP, compiled_mlp_cell
 
 _spec = importlib.util.spec_from_file_location(
     "_nw_lab_browser_helpers", Path(__file__).resolve().parents[1] / "views" / "test_browser.py"
@@ -409,25 +410,9 @@ def test_with_the_extension_disabled_the_cell_shows_the_widget(tmp_path):
             browser.close()
 
 
-COMPILE_SETUP = (
-    "%load_ext neuron_workbench\n"
-    "import torch\n"
-    "import torch.nn as nn\n"
-    "torch.manual_seed(0)\n"
-    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))"
-)
+COMPILE_SETUP = "%load_ext neuron_workbench\n" + MLP_SETUP
 #: Two batch sizes (a recompile on the target) and a print inside a compiled function (a break).
-COMPILE_CELL = (
-    "%%neuron\n"
-    "cm = torch.compile(mlp.cuda())\n"
-    "a = cm(torch.ones(3, 8).cuda())\n"
-    "b = cm(torch.ones(5, 8).cuda())\n"
-    "def f(t):\n"
-    "    t = t.sin()\n"
-    "    print('inside')\n"
-    "    return t.cos()\n"
-    "y = torch.compile(f)(torch.ones(3).cuda())"
-)
+COMPILE_CELL = compiled_mlp_cell(flags="")
 
 
 @needs_extension

@@ -4,7 +4,6 @@ Each test is a failure a user met (issue 23): every compiled cell was an ERROR, 
 compile errors hid their cause, SDPA could not be traced on the emulated device.
 """
 
-import gc
 import json
 from importlib import resources
 
@@ -45,16 +44,7 @@ def _report(ip):
     return ip.user_ns["r"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo(ip):
-    # The reference runs in this process: each test compiles afresh, as a new kernel would. The
-    # compiled code is dropped before the shell's namespace (which holds Dynamo's globals) is.
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.parametrize("target", ["neuron", "tpu"])

@@ -6,46 +6,22 @@ backends' graphs, the graph break with its cell line, the recompile with its rea
 apart from run time, and the compile-time chart.
 """
 
-import gc
-
 import plotly.graph_objects as go
 import pytest
+from compiled_cells import MLP_SETUP, compiled_mlp_cell
 
 from neuron_workbench.testing import run_cell
 from neuron_workbench.views.widget import ReportView
 
-SETUP = (
-    "import torch\n"
-    "import torch.nn as nn\n"
-    "torch.manual_seed(0)\n"
-    "mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))"
-)
-COMPILED = (
-    "%%neuron -o r\n"
-    "cm = torch.compile(mlp.cuda())\n"
-    "a = cm(torch.ones(3, 8).cuda())\n"
-    "b = cm(torch.ones(5, 8).cuda())\n"
-    "def f(t):\n"
-    "    t = t.sin()\n"
-    "    print('inside')\n"
-    "    return t.cos()\n"
-    "y = torch.compile(f)(torch.ones(3).cuda())"
-)
+#: Two input shapes (one recompile on the target) and a function with a print (one graph break).
+COMPILED = compiled_mlp_cell((3, 5))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo(ip):
-    # The reference compiles in this process: start from nothing, as a new kernel would.
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_the_widget_shows_what_compile_did_on_each_backend(ip):
-    run_cell(ip, SETUP)
+    run_cell(ip, MLP_SETUP)
     run_cell(ip, "%%neuron -o plain\ny = mlp.cuda()(torch.ones(3, 8).cuda())")
     assert "Compile" not in ReportView(ip.user_ns["plain"]).titles  # nothing compiled
     run_cell(ip, COMPILED)
