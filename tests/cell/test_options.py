@@ -113,3 +113,25 @@ def test_bad_values_are_option_errors_spelled_as_flags():
         cell_options({"ref": "cpu", "allow_fallback": ["sort"], "scan": False}).validate()
         cell_options({"ref": "cpu", "steps": 0}).validate()
     assert usage_message(info.value) == "--steps must be at least 1"
+
+
+def test_every_compare_option_set_reaches_the_report_and_back():
+    # a value other than the default for each: the report's options record it, and a recording's
+    # options rebuild the same settings (neuron-workbench compare judges with them)
+    changed = {"ref": "cpu", "target": "tpu", "rtol": 1e-3, "atol": 1e-4,
+               "per_output": ("loss=1e-2,1e-3",), "layers_full": ("h.0",),
+               "what_if": "bf16-matmul", "max_steps": 5}  # fmt: skip
+    for option in OPTIONS:
+        if option.group != COMPARE_GROUP or option.name in changed:
+            continue
+        if option.kind == "bool":
+            changed[option.name] = not option.default
+        elif option.kind == "choice":
+            changed[option.name] = next(c for c in option.choices if c != option.default)
+        elif option.kind == "int":
+            changed[option.name] = option.default + 2
+    options = CompareOptions(**changed)
+    assert {f.name for f in dataclasses.fields(CompareOptions)} <= set(changed)
+    data = options.to_dict()
+    again = CompareOptions.from_dict(data)
+    assert again == dataclasses.replace(options, per_output=("loss=0.01,0.001",))

@@ -160,28 +160,25 @@ class CompareOptions:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the report's ``options``).
 
-        Settings older reports lacked are left out while at their default.
+        The settings every report has carried are always there; any other option of the table
+        only when it is not at its default, so reports of cells that do not use it stay as they
+        were (and a new option needs no line here).
         """
         data: dict[str, Any] = {
-            "ref": self.ref,  # type: ignore[attr-defined]
-            "target": self.target,  # type: ignore[attr-defined]
-            "seed": self.seed,  # type: ignore[attr-defined]
-            "keep": self.keep,  # type: ignore[attr-defined]
-            "tolerance": self.policy().to_dict(),
-            "layers": self.layers,  # type: ignore[attr-defined]
-            "layers_full": list(self.layers_full),  # type: ignore[attr-defined]
-            "steps": self.steps,  # type: ignore[attr-defined]
-            "rng": self.rng,  # type: ignore[attr-defined]
-            "what_if": self.what_if,  # type: ignore[attr-defined]
-            "ref_precision": self.ref_precision,  # type: ignore[attr-defined]
+            name: getattr(self, name) for name in ("ref", "target", "seed", "keep")
         }
-        for name in ("list_fallbacks", "track_per_op", "compile_check"):
-            if getattr(self, name):
-                data[name] = True
-        if self.judge != "tolerance":  # type: ignore[attr-defined]
-            data["judge"] = self.judge  # type: ignore[attr-defined]
-        if self.max_steps is not None:  # type: ignore[attr-defined]
-            data["max_steps"] = self.max_steps  # type: ignore[attr-defined]
+        data["tolerance"] = self.policy().to_dict()
+        always = ("layers", "layers_full", "steps", "rng", "what_if", "ref_precision")
+        data.update({name: getattr(self, name) for name in always})
+        data["layers_full"] = list(data["layers_full"])
+        for option in OPTIONS:
+            if option.group != COMPARE_GROUP or option.name in data:
+                continue
+            if option.name in ("preset", "rtol", "atol", "per_output"):
+                continue  # in "tolerance"
+            value = getattr(self, option.name)
+            if value != option.default:
+                data[option.name] = list(value) if isinstance(value, tuple) else value
         return data
 
 
