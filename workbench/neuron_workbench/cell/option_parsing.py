@@ -43,19 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser, front: str) -> None:
         parser.add_argument(*flags, **kwargs)
 
 
-def given(option: Option, value: Any) -> bool:
+def _given(option: Option, value: Any) -> bool:
     """Whether a parsed ``value`` sets ``option`` (False: the session default applies)."""
+    return bool(value) if option.kind in ("bool", "list") else value is not None
+
+
+def _parsed_value(option: Option, value: Any) -> Any:
+    """A given flag's value as the option holds it.
+
+    A switch given sets the value its default is not: ``--layers`` turns ``layers`` on,
+    ``--no-scan`` turns ``scan`` (on by default) off.
+    """
     if option.kind == "bool":
-        return bool(value)
-    if option.kind == "list":
-        return bool(value)
-    return value is not None
-
-
-def parsed_value(option: Option, value: Any) -> Any:
-    """A parsed flag's value as the option holds it (``--no-scan`` given means ``scan=False``)."""
-    if option.name == "scan":
-        return not value
+        return not option.default
     return list(value) if option.kind == "list" else value
 
 
@@ -64,17 +64,25 @@ def given_values(args: argparse.Namespace, front: str) -> dict[str, Any]:
     values = {}
     for option in options_for(front):
         raw = getattr(args, option.name, None)
-        if given(option, raw):
-            values[option.name] = parsed_value(option, raw)
+        if _given(option, raw):
+            values[option.name] = _parsed_value(option, raw)
     return values
 
 
-def config_lines(values: Mapping[str, Any], section: str = "NeuronMagics") -> list[str]:
-    """``%config``-style lines that make ``values`` the session defaults of a notebook's cells."""
-    lines = []
-    for name, value in values.items():
-        option = OPTION[name]
-        if TRAIT not in option.fronts:
+def config_lines(
+    values: Mapping[str, Any],
+    own: Mapping[str, Any] | None = None,
+    section: str = "NeuronMagics",
+) -> list[str]:
+    """``%config``-style lines that make ``values`` the session defaults of a notebook's cells.
+
+    ``values`` are table options (each must be a session setting); ``own`` are the magic's own
+    settings outside the table (``record_dir``, ``against_dir``), written as they are.
+    """
+    for name in values:
+        if TRAIT not in OPTION[name].fronts:
             raise ValueError(f"{name} is not a session setting")
-        lines.append(f"get_ipython().config.{section}.{name} = {value!r}")
-    return lines
+    settings = {**values, **(own or {})}
+    return [
+        f"get_ipython().config.{section}.{name} = {value!r}" for name, value in settings.items()
+    ]

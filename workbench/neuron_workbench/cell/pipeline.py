@@ -189,8 +189,7 @@ def compare_cell(
         _note_compiled_draws(run)
         if relabel is not None:
             relabel(run)
-    if together:  # a fact of the runs (recordings keep it): their wall times shared the cores
-        for run in (ref_run, *target_runs):
+        if together:  # a fact of the runs (recordings keep it): their wall times shared the cores
             run.facts.shared_host = True
     schedule = [RECORDED_BUDGET_NOTE] if reference is not None and options.judge == "budget" else []
     # the oracle reruns the cell from the namespace as it was: before anything is committed
@@ -206,7 +205,7 @@ def compare_cell(
         compared.append((run, comparison, layers, budget))
     # --compile-check: the cell once more with torch.compile off, before anything is committed
     eager = (
-        _compile_check(spec, ref_backend, executor, target_backend, options, policy, program.source)
+        _compile_check(spec, ref_backend, executor, target_backend, options, program.source)
         if options.compile_check
         else None
     )
@@ -340,7 +339,6 @@ def _compile_check(
     executor: Executor,
     target_backend: Any,
     options: CompareOptions,
-    policy: TolerancePolicy,
     source: str,
 ) -> Report:
     """The report of the cell run with ``torch.compile`` off on both sides (``--compile-check``)."""

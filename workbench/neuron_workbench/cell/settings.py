@@ -49,6 +49,22 @@ def _with_table_fields(group: str) -> Callable[[type], type]:
     return decorate
 
 
+def _check_choices(options: Any, group: str) -> None:
+    """Raise the :class:`OptionError` of a ``choice`` option of ``group`` set to no choice."""
+    for option in OPTIONS:
+        if option.group == group and option.kind == "choice":
+            value = getattr(options, option.name)
+            if value not in option.choices and not (value is None and option.default is None):
+                raise OptionError(
+                    "{0} must be one of {choices}", option.name, choices=", ".join(option.choices)
+                )
+
+
+def split_ops(entries: Iterable[str]) -> tuple[str, ...]:
+    """One op per entry of ``allow_fallback``: ``"sort,topk"`` and repeated flags alike."""
+    return tuple(op.strip() for each in entries for op in str(each).split(",") if op.strip())
+
+
 def table_values(values: Mapping[str, Any], group: str) -> dict[str, Any]:
     """The entries of ``values`` that are fields of ``group``'s options, lists as tuples."""
     out = {}
@@ -107,15 +123,7 @@ class CompareOptions:
         get_backend(self.ref)  # type: ignore[attr-defined]
         get_backend(self.target)  # type: ignore[attr-defined]
         self.policy()
-        for option in OPTIONS:
-            if option.group == COMPARE_GROUP and option.kind == "choice":
-                value = getattr(self, option.name)
-                if value not in option.choices and not (value is None and option.default is None):
-                    raise OptionError(
-                        "{0} must be one of {choices}",
-                        option.name,
-                        choices=", ".join(option.choices),
-                    )
+        _check_choices(self, COMPARE_GROUP)
         if self.steps < 1:  # type: ignore[attr-defined]
             raise OptionError("{0} must be at least 1", "steps")
         if self.max_steps is not None and self.max_steps < 1:  # type: ignore[attr-defined]
@@ -201,13 +209,7 @@ class CellOptions:
     cluster_options: Any = None
 
     def __post_init__(self) -> None:
-        # "sort,topk" and repeated flags alike: one op per entry
-        ops = tuple(
-            op.strip()
-            for each in self.allow_fallback  # type: ignore[attr-defined]
-            for op in str(each).split(",")
-            if op.strip()
-        )
+        ops = split_ops(self.allow_fallback)  # type: ignore[attr-defined]
         object.__setattr__(self, "allow_fallback", ops)
 
     @property
@@ -230,11 +232,7 @@ class CellOptions:
         from neuron_workbench.emulator.profiles import DEVICES
 
         self.compare.validate()  # type: ignore[attr-defined]
-        executor = OPTION["executor"]
-        if self.executor not in executor.choices:  # type: ignore[attr-defined]
-            raise OptionError(
-                "{0} must be one of {choices}", "executor", choices=", ".join(executor.choices)
-            )
+        _check_choices(self, CELL_GROUP)
         self.compare.check_target_flags(self.targets)  # type: ignore[attr-defined]
         cluster = self.cluster  # type: ignore[attr-defined]
         if cluster:
@@ -286,9 +284,9 @@ def cell_options(values: Mapping[str, Any], **settings: Any) -> CellOptions:
         For a ``target`` naming no backend.
     """
     values = dict(values)
-    for name in ("target", "executor"):
-        if values.get(name) in (None, ""):
-            values[name] = OPTION[name].env_default()
+    for option in OPTIONS:
+        if option.env and values.get(option.name) in (None, ""):
+            values[option.name] = option.env_default()
     targets = [t.strip() for t in str(values["target"]).split(",") if t.strip()]
     if not targets:
         raise OptionError("{0} needs a backend name", "target")

@@ -6,6 +6,7 @@ Also the report files every command writes (the run JSON document, JUnit XML), s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -108,13 +109,8 @@ def _setup_source(
     # target's emulated device, and a process can emulate only one device.
     from neuron_workbench.cell.option_parsing import config_lines
 
-    lines = config_lines(options)
     folders = {"record_dir": record_dir, "against_dir": against_dir}
-    lines += [
-        f"get_ipython().config.NeuronMagics.{name} = {folder!r}"
-        for name, folder in folders.items()
-        if folder
-    ]
+    lines = config_lines(options, own={name: path for name, path in folders.items() if path})
     lines.append("%load_ext neuron_workbench")
     return "\n".join(lines)
 
@@ -375,15 +371,13 @@ def run_script(
     from neuron_workbench.cell.settings import cell_options
 
     source = read_script(path)
-    values = {"scan": False, **(options or {})}
-    settings = cell_options(values)
-    if timeout is not None and (settings.cluster or settings.resolved_executor == "worker"):
-        values["timeout"] = timeout
     options = cell_options(
-        values,
+        {"scan": False, **(options or {})},
         record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
         against=against,
     )
+    if timeout is not None and (options.cluster or options.resolved_executor == "worker"):
+        options = dataclasses.replace(options, timeout=timeout)
     options.validate()
     program = compile_script(path, source)
     # PyTorch's autograd engine only learns of devices registered before its first backward pass,

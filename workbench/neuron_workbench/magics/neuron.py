@@ -15,7 +15,7 @@ from IPython.utils.capture import capture_output
 from traitlets import Bool, Dict, Enum, Float, HasTraits, Int, List, TraitType, Unicode, default
 
 from neuron_workbench.backends.registry import BackendStatusTable, prepare_target
-from neuron_workbench.cell.option_parsing import argument_spec, given, parsed_value
+from neuron_workbench.cell.option_parsing import argument_spec, given_values
 from neuron_workbench.cell.options import MAGIC, TRAIT, Option, options_for
 from neuron_workbench.cell.session import Session
 from neuron_workbench.cell.settings import cell_options
@@ -77,9 +77,9 @@ def site_folders(start_dir: str) -> list[str]:
 
 def _trait(option: Option) -> TraitType:
     """The ``%config NeuronMagics`` trait of a table option (its session default)."""
-    text = option.help[0].upper() + option.help[1:] + f" (as {option.flag})."
-    if option.name == "scan":
-        text = "Scan each cell's source for CUDA-only code (off: as --no-scan)."
+    # a switch that is on by default (scan) is what its flag (--no-scan) does when False
+    when = " when False" if option.kind == "bool" and option.default else ""
+    text = option.help[0].upper() + option.help[1:] + f"{when} (as {option.flag})."
     if option.kind == "bool":
         return Bool(option.default, help=text).tag(config=True)
     if option.kind == "int":
@@ -240,18 +240,13 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         """
         args = parse_argstring(self.neuron, line)
         try:
-            # A flag given in the cell wins over the session's setting (%config NeuronMagics.x).
-            values = {}
-            for option in options_for(MAGIC):
-                raw = getattr(args, option.name)
-                if given(option, raw):
-                    values[option.name] = parsed_value(option, raw)
-                elif TRAIT in option.fronts:
-                    values[option.name] = getattr(self, option.name)
-            if (
-                args.rtol is not None or args.atol is not None
-            ):  # a cell's pair replaces the session's
-                values["rtol"], values["atol"] = args.rtol, args.atol
+            # A flag given in the cell wins over the session's setting (%config NeuronMagics.x);
+            # a cell's rtol/atol pair replaces the session's pair whole.
+            flags = given_values(args, MAGIC)
+            values = {option.name: getattr(self, option.name) for option in options_for(TRAIT)}
+            if "rtol" in flags or "atol" in flags:
+                values["rtol"] = values["atol"] = None
+            values.update(flags)
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.
             program = compile_cell(
@@ -262,9 +257,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             # The running cell's number, as its sites read it (not shell.execution_count, which
             # IPython has already moved to the next cell).
             count = cells[program.filename]
-            cluster = self._cluster_settings(values.pop("cluster", ""))
+            cluster = self._cluster_settings(values["cluster"])
+            values["cluster"] = cluster.get("cluster", "")
             options = cell_options(
-                {**values, "cluster": cluster.get("cluster", "")},
+                values,
                 record=args.record
                 or (
                     str(Path(self.record_dir) / f"cell-{count}.nwrun.zip")

@@ -254,18 +254,17 @@ class Run:
         Fallback events, op-profile rows, the graphs and graph breaks of its torch.compile record,
         and the files its captured warnings name (``stderr``).
         """
-        run = self
-        for index, event in enumerate(run.fallbacks):
+        for index, event in enumerate(self.fallbacks):
             if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
-                run.fallbacks[index] = {
+                self.fallbacks[index] = {
                     **event,
                     "site": relabel_site(event["site"], cells, folders),
                 }
-        if isinstance(getattr(run, "stderr", None), str):
+        if isinstance(self.stderr, str):
             # warnings name the file they come from: library files read relative to their root
             for folder in sorted((f for f in folders if f), key=len, reverse=True):
-                run.stderr = run.stderr.replace(folder.rstrip(os.sep) + os.sep, "")
-        compiled = recorded(run.extras.get("compile")) if isinstance(run.extras, dict) else None
+                self.stderr = self.stderr.replace(folder.rstrip(os.sep) + os.sep, "")
+        compiled = recorded(self.extras.get("compile")) if isinstance(self.extras, dict) else None
         for key in ("graphs", "graph_breaks"):
             entries = (
                 compiled.get(key) if isinstance(compiled, dict) else getattr(compiled, key, None)
@@ -273,7 +272,7 @@ class Run:
             for index, entry in enumerate(entries or []):
                 if isinstance(entry, dict) and entry.get("file") not in (None, "", "cell"):
                     entries[index] = relabel_site(entry, cells, folders)
-        profile = run.extras.get("profile") if isinstance(run.extras, dict) else None
+        profile = self.extras.get("profile") if isinstance(self.extras, dict) else None
         if profile is None:
             return
         profile = recorded(profile)

@@ -87,9 +87,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 _JUDGED_FROM_REPORTS = ("strict", "strict_graph_breaks", "allow_fallback")
 
 
-def allowed_fallbacks(values: dict[str, Any]) -> list[str]:
+def allowed_fallbacks(values: dict[str, Any]) -> tuple[str, ...]:
     """The ops ``allow_fallback`` exempts from strict mode (``sort,topk`` and repeated flags)."""
-    return [op.strip() for each in values.get("allow_fallback", ()) for op in each.split(",")]
+    from neuron_workbench.cell.settings import split_ops
+
+    return split_ops(values.get("allow_fallback", ()))
 
 
 #: Verdicts the summary line always counts; any other verdict is counted when it occurs.
