@@ -164,6 +164,13 @@ def compare_cell(
         and "profile" not in all_instruments
         and getattr(executor, "concurrent", False)
     )
+    findings: dict[str, dict[str, Any] | None] = {}
+
+    def migration_for(name: str) -> dict[str, Any] | None:
+        if migration is not None and name not in findings:
+            findings[name] = migration(name)
+        return findings.get(name)
+
     if together:
         pending: list[Any] = []
         try:
@@ -173,6 +180,9 @@ def compare_cell(
                         executor.start(spec, backend, run_id=run_id, what_if=options.what_if)  # type: ignore[attr-defined]
                     )
                 ref_run = execute(spec, ref_backend, run_id="ref")
+            # The scan needs no run: it fills the wait for the targets, which usually end later.
+            for backend, _ in targets:
+                migration_for(backend.name)
             target_runs = [_checked_target(each.result()) for each in pending]
         except BaseException:  # an interrupt, an option a target refused: abandon every run
             for each in pending:
@@ -230,7 +240,7 @@ def compare_cell(
             schedule=schedule,
             warnings=warnings,
             compile_check=eager if index == 0 else None,
-            migration=migration(run.backend.name) if migration is not None else None,
+            migration=migration_for(run.backend.name),
         )
         for index, (run, comparison, layers, budget) in enumerate(compared)
     ]
