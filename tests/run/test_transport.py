@@ -184,13 +184,15 @@ def test_ordered_dicts_keep_their_order_attributes_and_subclass(arena):
 
 
 @pytest.mark.inprocess_device
+@pytest.mark.parametrize("in_place", [False, True], ids=["host-copy", "read-in-place"])
 @pytest.mark.parametrize("where", ARENAS, ids=lambda a: "arena" if a else "in-band")
-def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where):
+def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where, in_place):
+    # in_place: the emulated device's storages are host memory, read where they are
     base = torch.arange(12.0, device="neuron")
     param = torch.nn.Parameter(torch.full((3,), 2.0, device="neuron"))
     param.grad = torch.ones(3, device="neuron")
     sent = {"base": base, "view": base[4:10].view(2, 3), "param": param, "cpu": torch.ones(2)}
-    back = loads(dumps(sent, where))
+    back = loads(dumps(sent, where, host_devices=("neuron",) if in_place else ()))
     assert back["base"].device.type == "cpu" and back["base"].tolist() == base.cpu().tolist()
     assert back["view"].tolist() == [[4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
     # one host storage for the device storage: the view still writes into its base
@@ -201,3 +203,13 @@ def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where):
     )
     assert back["param"]._workbench_device == "neuron:0"
     assert base[4].item() == 4.0  # the sender's tensor is untouched
+
+
+@pytest.mark.inprocess_device
+def test_only_the_native_emulated_device_has_its_memory_on_the_host():
+    from neuron_workbench import emulator
+    from neuron_workbench.backends import get_backend
+
+    native = emulator.status().core == "native"
+    assert get_backend("neuron").memory_on_host() is native
+    assert get_backend("cpu").memory_on_host() is False

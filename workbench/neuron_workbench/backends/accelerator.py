@@ -273,6 +273,15 @@ class AcceleratorBackend(Backend):
         """Whether runs on this backend go to the emulated device."""
         return not self._real_backend_loaded()
 
+    def memory_on_host(self) -> bool:
+        """True for the emulated device on the native core (its storages are host memory)."""
+        if not self.is_emulated():
+            return False
+        from neuron_workbench import emulator
+
+        status = emulator.status()
+        return status is not None and status.device == self.name and status.core == "native"
+
     def sdk(self) -> Any:
         """The vendor package (imported lazily), or None when it cannot be imported."""
         module = sys.modules.get(self.sdk_module)

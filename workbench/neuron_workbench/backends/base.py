@@ -184,6 +184,14 @@ class Backend(ABC):
         """A context manager that collects CPU-fallback events of the ops run inside it."""
         return contextlib.nullcontext(FallbackRecording())
 
+    def memory_on_host(self) -> bool:
+        """Whether this device's storages are host memory this process can read in place.
+
+        True only for a device emulated on the host with real storages (the emulator's native
+        core); a real accelerator's memory must be copied to the host to be read.
+        """
+        return False
+
     # -- hooks ---------------------------------------------------------------------------------
     @abstractmethod
     def _availability_impl(self) -> Availability: ...

@@ -258,11 +258,12 @@ def _run_request(
     from neuron_workbench.run.records import recorded
 
     run.extras = {name: recorded(value) for name, value in run.extras.items()}
+    host_devices = (backend.device_type,) if backend.memory_on_host() else ()
     try:
-        return dumps({"run": run}, arena)
+        return dumps({"run": run}, arena, host_devices)
     except Exception:
         _leave_out_what_cannot_be_sent(run, backend.name)
-        return dumps({"run": run}, arena)
+        return dumps({"run": run}, arena, host_devices)
 
 
 def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:

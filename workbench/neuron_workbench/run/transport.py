@@ -30,7 +30,7 @@ import threading
 import types
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -96,18 +96,21 @@ class _StorageSink:
     message can still go in-band).
     """
 
-    def __init__(self, folder: str | None) -> None:
+    def __init__(self, folder: str | None, host_devices: Collection[str] = ()) -> None:
         self.folder = folder
+        # device types whose storages are host memory (an emulated device): read in place
+        self._host_devices = frozenset(host_devices)
         self.table: list[tuple[int, int]] = []
         self.storages: list[pickle.PickleBuffer] = []
         self.path: str | None = None
-        # what each storage's bytes are read from: the storage itself on the host, else a byte
-        # view of it on its device (taken while pickling, where a device that cannot give one
-        # falls back to a host copy of the tensor); keeps storages alive and their ids unique
+        # what each storage's bytes are read from: the storage itself on the host (or in host
+        # memory, an emulated device's), else a byte view of it on its device (taken while
+        # pickling, where a device that cannot give one falls back to a host copy of the tensor);
+        # keeps storages alive and their ids unique
         self._sources: list[torch.UntypedStorage | torch.Tensor] = []
 
     def add(self, storage: torch.UntypedStorage) -> int:
-        if storage.device.type == "cpu":
+        if storage.device.type == "cpu" or storage.device.type in self._host_devices:
             self._sources.append(storage)
         else:
             self._sources.append(_EMPTY(0, dtype=torch.uint8, device=storage.device).set_(storage))
@@ -136,6 +139,7 @@ class _StorageSink:
         hosts: list[torch.UntypedStorage] = []  # alive until written: the chunks point into them
         size = 0
         for source in self._sources:
+            # a host storage, or an emulated device's (host memory): written from where it is
             host = source if type(source) is torch.UntypedStorage else _host_copy(source)
             nbytes = host.nbytes()
             pad = -size % ARENA_ALIGN
@@ -210,6 +214,8 @@ def _host_bytes(source: torch.UntypedStorage | torch.Tensor) -> Any:
     if type(source) is torch.UntypedStorage:
         if not source.nbytes():
             return b""
+        if source.device.type != "cpu":  # an emulated device's storage: host memory, copied
+            return bytearray(_memory_at(source.data_ptr(), source.nbytes()))
         return _EMPTY(0, dtype=torch.uint8).set_(source).numpy()
     return source.cpu().numpy() if source.numel() else b""
 
@@ -321,7 +327,7 @@ class _Pickler(cloudpickle.Pickler):
         return token
 
 
-def dumps(obj: Any, arena: str | None = None) -> Packed:
+def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()) -> Packed:
     """Serialise ``obj`` for another process.
 
     Parameters
@@ -331,10 +337,13 @@ def dumps(obj: Any, arena: str | None = None) -> Packed:
     arena : str, optional
         A folder on shared memory (:func:`arena_folder`): the storages' bytes go into one file
         there, for a receiver on this host. Without it they travel in the message.
+    host_devices : collection of str
+        Device types whose storages are host memory (an emulated device): their bytes are written
+        into the arena straight from the device's memory instead of through a host copy.
     """
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
-    sink = _StorageSink(arena)
+    sink = _StorageSink(arena, host_devices)
     try:
         _Pickler(stream, sink, buffers).dump(obj)
         try:
