@@ -283,13 +283,14 @@ class _Pickler(cloudpickle.Pickler):
         on_device = device.type != "cpu"
         if not (on_device or kind in _PLAIN_TENSOR_TYPES):
             return None  # a tensor subclass pickles itself
-        data = obj.detach()
+        # The tensor's own metadata is read (no detached alias: on a device that is one more op).
+        data = obj
         if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
-            data = data.resolve_conj().resolve_neg()
+            data = obj.detach().resolve_conj().resolve_neg()
         try:
             token = self._token(data.untyped_storage())
         except (RuntimeError, NotImplementedError):  # a device without host-copyable storages
-            data = data.cpu()
+            data = obj.detach().cpu()
             token = self._token(data.untyped_storage())
         attributes = vars(obj)
         if on_device:
