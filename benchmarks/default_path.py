@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 from _workload import GPT_SETUP as SETUP  # noqa: E402
 from _workload import GPT_STEP  # noqa: E402
 
-ROUNDS = 5
+ROUNDS = 11  # minimum over this many alternating rounds: one noisy round moves no figure
 GPT_GOAL = 1.0
 PER_OP_GOAL_US = 1.0
 OPS = 4000  # loop iterations of the per-op cell (four ops each)
