@@ -339,8 +339,9 @@ def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()
         A folder on shared memory (:func:`arena_folder`): the storages' bytes go into one file
         there, for a receiver on this host. Without it they travel in the message.
     host_devices : collection of str
-        Device types whose storages are host memory (an emulated device): their bytes are written
-        into the arena straight from the device's memory instead of through a host copy.
+        Device types whose storages are host memory (an emulated device): their bytes are read
+        straight from the device's memory (written into the arena, or copied into the message),
+        with no device-to-host copy through the device.
     """
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
