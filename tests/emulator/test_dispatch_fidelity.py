@@ -24,6 +24,32 @@ def test_grouped_query_attention_takes_cpus_flash_kernel():
         assert torch.equal(a, b)
 
 
+def _sdpa_results(device, mask, **options):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).to(device).requires_grad_() for _ in range(3))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if mask is None else mask.to(device), **options
+    )
+    (out * torch.arange(out.numel()).reshape(out.shape).to(device)).sum().backward()
+    return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
+
+
+def test_fused_attention_forward_and_backward_match_cpus_flash_kernel():
+    # The device's fused attention op (and its backward) run CPU's flash kernel, in the native
+    # core: every variant the flash kernel takes gives CPU's bits, forward and gradients.
+    additive = torch.randn(16, 16)
+    boolean = torch.rand(16, 16) > 0.3
+    variants = [
+        (None, {"is_causal": True}),
+        (None, {"scale": 0.3}),
+        (additive, {}),
+        (boolean, {}),
+    ]
+    for mask, options in variants:
+        for a, b in zip(_sdpa_results("cpu", mask, **options), _sdpa_results("neuron", mask, **options)):
+            assert torch.equal(a, b), (mask is None, options)
+
+
 def test_composites_the_backend_registers_run_as_one_op():
     # silu_backward has both a CPU kernel and a math decomposition; TorchNeuron registers it, so
     # autograd must call it rather than decompose it (other ops, other rounding in bfloat16).

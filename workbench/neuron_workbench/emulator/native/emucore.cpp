@@ -256,9 +256,14 @@ enum Flag : int {
 // an input of one of them goes to Python, which computes it in a wider dtype.
 constexpr int kGapShift = 8;
 
+// Ops whose Python implementation (kPython) also exists here, for the calls that need nothing
+// only Python does (no bf16 matmul passes, no dtype the CPU kernel lacks).
+enum Native : int { kNoNative = 0, kSdpaFused = 1, kSdpaFusedBackward = 2 };
+
 struct Plan {
   int kind = kRun;
   int flags = 0;
+  int native = kNoNative;
   std::string overload;  // "aten::add.Tensor"
   int device_arg = -1;
   int pin_arg = -1;
@@ -377,6 +382,10 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
   auto plan = std::make_shared<Plan>();
   const auto& schema = op.schema();
   plan->overload = overload_name(schema);
+  if (plan->overload == "aten::_scaled_dot_product_fused_attention_overrideable")
+    plan->native = kSdpaFused;
+  else if (plan->overload == "aten::_scaled_dot_product_fused_attention_overrideable_backward")
+    plan->native = kSdpaFusedBackward;
   const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     const auto& a = arguments[i];
@@ -583,6 +592,48 @@ void run_python(const Plan& plan, const c10::OperatorHandle& op, torch::jit::Sta
   }
 }
 
+// SDPA's overrideable fused op (which TorchNeuron and TorchTPU register) on CPU's flash kernel,
+// as kernels.py's Python implementation does, without entering Python: an attention layer runs it
+// forward and backward on every step.
+std::optional<at::Tensor> optional_tensor(const IValue& v) {
+  if (v.isNone()) return std::nullopt;
+  const at::Tensor& t = v.toTensor();
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+std::optional<double> optional_double(const IValue& v) {
+  return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
+}
+
+void sdpa_fused(torch::jit::Stack& stack, size_t base) {
+  // (query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, *, scale)
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+      stack[base].toTensor(), stack[base + 1].toTensor(), stack[base + 2].toTensor(),
+      stack[base + 4].toDouble(), stack[base + 5].toBool(), optional_tensor(stack[base + 3]),
+      optional_double(stack[base + 7]));
+  const at::Tensor empty = at::empty({0});
+  torch::jit::drop(stack, stack.size() - base);
+  // (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug)
+  for (IValue v : {IValue(out), IValue(lse), IValue(empty), IValue(empty), IValue(int64_t{0}),
+                   IValue(int64_t{0}), IValue(empty), IValue(empty), IValue(empty)})
+    stack.push_back(std::move(v));
+}
+
+void sdpa_fused_backward(torch::jit::Stack& stack, size_t base) {
+  // (grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+  //  cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale)
+  const std::optional<at::Tensor> bias = optional_tensor(stack[base + 4]);
+  auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      stack[base].toTensor(), stack[base + 1].toTensor(), stack[base + 2].toTensor(),
+      stack[base + 3].toTensor(), stack[base + 6].toTensor(), stack[base + 7].toTensor(),
+      stack[base + 12].toDouble(), stack[base + 13].toBool(), bias,
+      optional_double(stack[base + 16]));
+  const at::Tensor grad_bias = bias ? at::zeros_like(*bias) : at::empty({0});
+  torch::jit::drop(stack, stack.size() - base);
+  for (IValue v : {IValue(grad_q), IValue(grad_k), IValue(grad_v), IValue(grad_bias)})
+    stack.push_back(std::move(v));
+}
+
 void emit_event(const Plan& plan, const std::vector<IValue>& originals, double seconds) {
   py::gil_scoped_acquire gil;
   if (!event_fn) return;
@@ -705,12 +756,19 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (narrow_64bit && (plan.flags & (kFp64 | kIntArith))) narrowed = narrow_inputs(*stack, base, plan);
 
   const int gap_mask = plan.flags >> kGapShift;
-  const bool python = plan.kind == kPython || (matmul_passes > 0 && (plan.flags & kMatmul)) ||
-                      (gap_mask != 0 && has_gap_dtype(*stack, base, nargs, gap_mask));
+  const bool passes = matmul_passes > 0 && (plan.flags & kMatmul);
+  const bool gaps = gap_mask != 0 && has_gap_dtype(*stack, base, nargs, gap_mask);
+  const bool native = plan.native != kNoNative && !passes && !gaps;
+  const bool python = !native && (plan.kind == kPython || passes || gaps);
   std::chrono::steady_clock::time_point t0;
   if (plan.kind == kFallback) t0 = std::chrono::steady_clock::now();
   try {
-    if (python) {
+    if (native) {
+      if (plan.native == kSdpaFused)
+        sdpa_fused(*stack, base);
+      else
+        sdpa_fused_backward(*stack, base);
+    } else if (python) {
       run_python(plan, op, stack, base);
     } else {
       op.redispatchBoxed(kCpuKeys, stack);
