@@ -46,7 +46,9 @@ def test_fused_attention_forward_and_backward_match_cpus_flash_kernel():
         (boolean, {}),
     ]
     for mask, options in variants:
-        for a, b in zip(_sdpa_results("cpu", mask, **options), _sdpa_results("neuron", mask, **options)):
+        for a, b in zip(
+            _sdpa_results("cpu", mask, **options), _sdpa_results("neuron", mask, **options)
+        ):
             assert torch.equal(a, b), (mask is None, options)
 
 
