@@ -70,3 +70,15 @@ def test_the_runs_function_modes_do_not_see_the_recorders_own_reads():
     at = recorder.result().at_step(w)
     assert at.step == 2 and type(at.lr) is float
     assert torch.equal(at.grad, torch.tensor([3.0, 3.0]))
+
+
+def test_a_parameter_without_a_gradient_has_none_recorded():
+    used, unused = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([used, unused], lr=0.1)
+    recorder = OptimizerRecorder()
+    with recorder.recording():
+        (used * 2).sum().backward()
+        opt.step()
+    steps = recorder.result()
+    assert torch.equal(steps.at_step(used).grad, torch.tensor([2.0, 2.0]))
+    assert steps.at_step(unused).grad is None and steps.at_step(used).second_moment is None
