@@ -69,3 +69,14 @@ def test_per_call_tracking_attributes_fallbacks_inside_other_ops():
     (normal,) = events
     assert normal["op"] == "aten::normal_" and normal["count"] == 2
     assert normal["site"]["file"] == __file__
+
+
+def test_an_emulated_run_turns_autograd_threads_off_and_back_on():
+    backend = get_backend("neuron")
+    assert torch.autograd.is_multithreading_enabled()
+    with backend.activated():
+        assert not torch.autograd.is_multithreading_enabled()
+        with backend.activated():  # nested (a what-if run inside a run's activation)
+            assert not torch.autograd.is_multithreading_enabled()
+        assert not torch.autograd.is_multithreading_enabled()
+    assert torch.autograd.is_multithreading_enabled()

@@ -245,6 +245,24 @@ def test_backward_hooks_run_with_the_cells_device(ip):
     assert torch.allclose(ip.user_ns["g"], 4 * ip.user_ns["w"])
 
 
+def test_an_emulated_backward_runs_on_the_thread_that_calls_it(ip):
+    # As on the CPU reference: no hand-off to a host thread standing in for the device's.
+    run_cell(ip, "import torch, threading")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "threads = []\n"
+        'p = torch.ones(3, device="cuda", requires_grad=True)\n'
+        "p.register_hook(lambda g: threads.append(threading.get_ident()) or g)\n"
+        "(p * 2).sum().backward()\n"
+        "on_calling_thread = threads == [threading.get_ident()]\n"
+        "del threads  # thread ids differ between processes",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["on_calling_thread"] is True
+
+
 def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_worker(ip):
     # transformers 5 registers what a model class can record when a model is built; the worker
     # only unpickles the notebook's model, so hidden states came back missing.
