@@ -127,10 +127,10 @@ def test_chrome_trace_is_valid_trace_event_format(profiled_runs, tmp_path):
         assert event["args"]["time_kind"] == "host CPU time"
     names = {e["name"] for e in complete}
     assert set(EXPECTED_CALLS) <= names
-    # backward ran on the autograd device thread: a second named thread
+    # the emulated device's backward ran on the thread that called it (the run's main thread)
     thread_names = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     backward_tids = {e["tid"] for e in complete if e["name"] == "aten::convolution_backward"}
-    assert thread_names[1] == "main" and backward_tids and backward_tids != {1}
+    assert thread_names == {1: "main"} and backward_tids == {1}
     process = next(e for e in meta if e["name"] == "process_name")
     assert "host CPU time" in process["args"]["name"] and "emulated" in process["args"]["name"]
 
@@ -184,3 +184,26 @@ def test_a_backend_whose_memory_statistics_fail_is_reported_not_hidden():
     assert OpProfile.from_dict(profile.to_dict()).peak_memory_unavailable == (
         profile.peak_memory_unavailable
     )
+
+
+def test_ops_of_autograds_device_thread_are_a_second_named_thread_of_the_trace():
+    # The emulated device runs backward on the calling thread unless the cell asks for autograd's
+    # device threads (as a real accelerator uses): their ops are named as a thread of their own.
+    from neuron_workbench.run import RunSpec, compile_cell, execute
+
+    cell = (
+        "x = torch.ones(4, device='cuda', requires_grad=True)\n"
+        "y = x.sin().sum()\n"
+        "with torch.autograd.set_multithreading_enabled(True):\n"
+        "    y.backward()\n"
+        "g = x.grad\n"
+    )
+    spec = RunSpec(compile_cell(cell), {"torch": torch}, instruments={"profile": op_profiler})
+    run = execute(spec, get_backend("neuron"))
+    assert run.ok, run.error
+    trace = run.extras["profile"].to_chrome_trace()
+    events = trace["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    tids = {e["name"]: e["tid"] for e in events if e["ph"] == "X"}
+    assert names[1] == "main" and tids["aten::sin"] == 1
+    assert tids["aten::cos"] == 2 and names[2] == "thread 2 (autograd / other)"
