@@ -263,6 +263,31 @@ def test_an_emulated_backward_runs_on_the_thread_that_calls_it(ip):
     assert ip.user_ns["on_calling_thread"] is True
 
 
+def test_an_error_raised_in_an_emulated_backward_names_its_type_and_cell_line(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'p = torch.ones(3, device="cuda", requires_grad=True)\n'
+        "def hook(g):\n"
+        '    if g.device.type != "cpu":\n'
+        '        raise ValueError("no gradients on this device")\n'
+        "    return g\n"
+        "p.register_hook(hook)\n"
+        "(p * 2).sum().backward()",
+    )
+    report = _report(ip)
+    assert report.verdict == "ERROR"
+    error = report.target.error
+    assert (error.type, error.message, error.lineno) == (
+        "ValueError",
+        "no gradients on this device",
+        5,
+    )
+    run_cell(ip, '%%neuron -o r\ny = torch.ones(2, device="cuda") * 3')
+    assert _report(ip).verdict == "PASS"
+
+
 def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_worker(ip):
     # transformers 5 registers what a model class can record when a model is built; the worker
     # only unpickles the notebook's model, so hidden states came back missing.
