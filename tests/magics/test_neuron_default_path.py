@@ -288,6 +288,41 @@ def test_an_error_raised_in_an_emulated_backward_names_its_type_and_cell_line(ip
     assert _report(ip).verdict == "PASS"
 
 
+def test_the_optimizer_evidence_stays_in_the_worker_until_a_failure_asks_for_it(ip):
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "w0 = torch.randn(64, dtype=torch.float64)\nx = torch.randn(64, dtype=torch.float64)",
+    )
+    step = (
+        "w = torch.nn.Parameter(w0.cuda())\n"
+        "opt = torch.optim.SGD([w], lr=1.0)\n"
+        "(w.exp() * x.cuda()).sin().sum().backward()\n"
+        "opt.step()"
+    )
+    # float32 parameters match: nothing to explain, the gradients never leave the worker
+    run_cell(ip, "%%neuron -o r\n" + step.replace("w0.cuda()", "w0.float().cuda()"))
+    passed = _report(ip)
+    assert passed.verdict == "PASS", passed.summary()
+    kept = passed.target.extras["optimizer"]
+    assert kept.held and all(at.grad is None for _, at in kept.params.values())
+    # float64 is float32 on neuron: the failing weight is explained with the worker's gradients
+    run_cell(ip, "%%neuron -o r\n" + step)
+    failed = _report(ip)
+    assert failed.verdict == "FAIL"
+    (w,) = [d for d in failed.comparison.diffs if d.path == "w"]
+    assert any(h.startswith("the gradient already differed at SGD.step()") for h in w.hints), (
+        w.hints
+    )
+    steps = failed.target.extras["optimizer"]
+    assert not steps.held
+    ((param, at),) = steps.params.values()
+    assert at.grad.dtype == torch.float64 and at.grad.shape == (64,)
+    # the first cell's evidence went with the worker's next run: asked now, there is none
+    ((param, at),) = kept.params.values()
+    assert kept.at_step(param) is at and at.grad is None and not kept.held
+
+
 def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_worker(ip):
     # transformers 5 registers what a model class can record when a model is built; the worker
     # only unpickles the notebook's model, so hidden states came back missing.

@@ -82,3 +82,29 @@ def test_a_parameter_without_a_gradient_has_none_recorded():
     steps = recorder.result()
     assert torch.equal(steps.at_step(used).grad, torch.tensor([2.0, 2.0]))
     assert steps.at_step(unused).grad is None and steps.at_step(used).second_moment is None
+
+
+def test_held_copies_come_back_through_the_fetch_and_the_fetch_does_not_travel():
+    import pickle
+
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = torch.optim.Adam([w], lr=1e-3)
+    recorder = OptimizerRecorder()
+    with recorder.recording():
+        for _ in range(2):
+            (w * torch.tensor([3.0, 4.0])).sum().backward()
+            opt.step()
+    steps = recorder.result()
+    recorded = steps.params[id(w)][1]
+    grad, moment = recorded.grad.clone(), recorded.second_moment.clone()
+    copies = steps.hold_copies("token-1")
+    assert steps.held == "token-1" and steps.params[id(w)][1].grad is None
+    asked = []
+    steps.fetch_copies_with(lambda token: asked.append(token) or copies)
+    travelled = pickle.loads(pickle.dumps(steps))
+    assert travelled.held == "token-1" and travelled._fetch is None
+    at = steps.at_step(w)
+    assert asked == ["token-1"] and not steps.held
+    assert torch.equal(at.grad, grad) and torch.equal(at.second_moment, moment)
+    steps.at_step(w)
+    assert asked == ["token-1"]  # fetched once

@@ -303,7 +303,8 @@ class RayActorSlot:
         except BaseException:  # KeyboardInterrupt, a lost connection: the actor's state is unknown
             self.stop()
             raise
-        self.cells_run += 1
+        if "copies" not in answer.value:  # a fetch of a run's held evidence is no cell
+            self.cells_run += 1
         return answer
 
 

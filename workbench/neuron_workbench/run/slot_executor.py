@@ -11,6 +11,7 @@ executors (:class:`~neuron_workbench.run.worker_process.WorkerExecutor`,
 
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 import time
@@ -22,7 +23,7 @@ from neuron_workbench.run.namespace import on_accelerator, tensors_in
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
-from neuron_workbench.run.transport import Loaded, Packed, unloadable_in
+from neuron_workbench.run.transport import Loaded, Packed, dumps, unloadable_in
 
 _ATOMS = (str, int, float, bool, bytes, complex, type(None))
 
@@ -103,7 +104,7 @@ class SlotExecutor:
         info = worker.info or backend.info()
         return PendingRun(self, worker, message, spec, run_id, info)
 
-    def _finish(self, answer: Loaded, spec: Any, run_id: str, target: str) -> Run:
+    def _finish(self, answer: Loaded, spec: Any, run_id: str, target: str, slot: TargetSlot) -> Run:
         value = answer.value
         if "interrupted" in value:
             raise KeyboardInterrupt
@@ -113,7 +114,20 @@ class SlotExecutor:
         if answer.stood_in:
             _not_loadable_here(run, target)
         spec.captured[run_id] = _Printed(run.stdout, run.stderr)
+        for record in run.extras.values():
+            if getattr(record, "held", ""):  # evidence the slot kept: fetched if a failure asks
+                record.fetch_copies_with(
+                    functools.partial(self._held_copies, slot, spec.program.filename)
+                )
         return run
+
+    def _held_copies(self, slot: TargetSlot, cell_filename: str, token: str) -> Any:
+        """What ``slot``'s last run kept under ``token`` (empty once it has run something else)."""
+        request_id = slot.submit(dumps({"held_copies": token}, slot.arena))
+        answer = slot.collect(
+            request_id, timeout=self.timeout, cell_filename=cell_filename, sent=time.monotonic()
+        )
+        return answer.value.get("copies", {})
 
 
 class PendingRun:
@@ -149,7 +163,7 @@ class PendingRun:
         except WorkerDied as exc:
             # The message names the cell line itself; no lineno, so reports do not repeat it.
             return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
-        return executor._finish(answer, self._spec, self._run_id, self._info.name)
+        return executor._finish(answer, self._spec, self._run_id, self._info.name, self._slot)
 
     def cancel(self) -> None:
         """Abandon the run (a worker running it is ended): nothing of it reaches the next cell."""

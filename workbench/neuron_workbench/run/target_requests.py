@@ -20,6 +20,7 @@ import linecache
 import mmap
 import sys
 import types
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -190,6 +191,8 @@ def answer_request(
                 f"({first_line(exc)}); {load_hint}"
             }
         )
+    if "held_copies" in request:  # the kernel explains a failure with what the last run kept
+        return dumps({"copies": _held.get(request["held_copies"], {})}, arena)
     try:
         with running(request) if running is not None else contextlib.nullcontext():
             return _run_request(request, backend, slot, arena=arena)
@@ -211,6 +214,7 @@ def _run_request(
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
     from neuron_workbench.run.library_state import restore_library_state
 
+    _held.clear()  # the previous run's evidence goes before this run needs the memory
     options = request.get("backend_options")
     if options and options != backend.options():  # the cell's adapter options (--list-fallbacks)
         from neuron_workbench.backends import get_backend
@@ -258,12 +262,32 @@ def _run_request(
     from neuron_workbench.run.records import recorded
 
     run.extras = {name: recorded(value) for name, value in run.extras.items()}
+    _hold_copies(run)
     host_devices = (backend.device_type,) if backend.memory_on_host() else ()
     try:
         return dumps({"run": run}, arena, host_devices)
     except Exception:
         _leave_out_what_cannot_be_sent(run, backend.name)
         return dumps({"run": run}, arena, host_devices)
+
+
+#: Host copies the last run's records left here (by token), until the next run request.
+_held: dict[str, Any] = {}
+
+
+def _hold_copies(run: Run) -> None:
+    """Keep the bulky evidence of ``run``'s records here; the answer goes without it.
+
+    A record offering ``hold_copies(token)`` (the optimizer's gradients and second moments at each
+    step) is read only to explain a failing output: the kernel fetches it then, with a
+    ``{"held_copies": token}`` request, before this process runs anything else.
+    """
+    _held.clear()
+    for record in run.extras.values():
+        hold = getattr(record, "hold_copies", None)
+        if callable(hold):
+            token = uuid.uuid4().hex
+            _held[token] = hold(token)
 
 
 def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:

@@ -293,7 +293,8 @@ class WorkerSlot:
         except BaseException:  # KeyboardInterrupt: the worker's state is unknown; start afresh
             self.stop()
             raise
-        self.cells_run += 1
+        if "copies" not in answer.value:  # a fetch of a run's held evidence is no cell
+            self.cells_run += 1
         return answer
 
     def cancel(self, request_id: int) -> None:

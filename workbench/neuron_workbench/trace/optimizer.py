@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,25 +64,75 @@ class ParamAtStep:
 
 @dataclass
 class OptimizerSteps:
-    """Every parameter's state at its optimizer's last step in one run."""
+    """Every parameter's state at its optimizer's last step in one run.
+
+    A target process's record travels without its host copies (:meth:`hold_copies`): they are
+    read only to explain a failure, and can weigh as much as the model twice over. The kernel gives
+    the record a way to fetch them (:meth:`fetch_copies_with`); :meth:`at_step` fetches them on
+    first use, and a record whose copies cannot be fetched any more answers without them.
+    """
 
     calls: int = 0
     skipped: str = ""
     params: dict[int, tuple[Any, ParamAtStep]] = field(default_factory=dict, repr=False)
     optimizers: list[dict[str, Any]] = field(default_factory=list)
+    #: The token of the copies a target process kept (``""``: the copies are here).
+    held: str = ""
+    _fetch: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
 
     def at_step(self, param: Any) -> ParamAtStep | None:
         """The record of ``param`` (the very tensor object), or None."""
         entry = self.params.get(id(param))
-        return entry[1] if entry is not None and entry[0] is param else None
+        if entry is None or entry[0] is not param:
+            return None
+        if self.held:
+            self._take_held_copies()
+        return entry[1]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (no tensors)."""
         return {"calls": self.calls, "optimizers": list(self.optimizers), "skipped": self.skipped}
 
+    def hold_copies(self, token: str) -> dict[tuple[int, int], tuple[Any, Any]]:
+        """Take the host copies out of the records (a target process keeps them under ``token``).
+
+        Returns them by ``(optimizer ordinal, parameter index)``.
+        """
+        copies = {}
+        for _, record in self.params.values():
+            copies[(record.ordinal, record.index)] = (record.grad, record.second_moment)
+            record.grad = record.second_moment = None
+        self.held = token
+        return copies
+
+    def fetch_copies_with(self, fetch: Callable[[str], Any]) -> None:
+        """Set how the held copies are fetched: ``fetch(token)`` returns :meth:`hold_copies`' dict."""
+        self._fetch = fetch
+
+    def _take_held_copies(self) -> None:
+        fetch, token = self._fetch, self.held
+        self.held, self._fetch = "", None
+        copies: dict[tuple[int, int], tuple[Any, Any]] = {}
+        if fetch is not None:
+            try:
+                copies = fetch(token) or {}
+            except Exception:  # the process is gone or busy: hints go without this evidence
+                copies = {}
+        for _, record in self.params.values():
+            record.grad, record.second_moment = copies.get(
+                (record.ordinal, record.index), (None, None)
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fetch"] = None  # a way back to one process, not data
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Rebuilt in another process (a worker's run): the keys are the parameters' new ids there.
         self.__dict__.update(state)
+        self.__dict__.setdefault("held", "")
+        self.__dict__.setdefault("_fetch", None)
         self.params = {id(param): (param, record) for param, record in self.params.values()}
 
 
