@@ -34,9 +34,23 @@ def _sdpa_results(device, mask, **options):
     return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
 
 
-def test_fused_attention_forward_and_backward_match_cpus_flash_kernel():
+def test_fused_attention_forward_and_backward_match_cpus_flash_kernel(monkeypatch):
     # The device's fused attention op (and its backward) run CPU's flash kernel, in the native
-    # core: every variant the flash kernel takes gives CPU's bits, forward and gradients.
+    # core: every variant the flash kernel takes gives CPU's bits, forward and gradients, and the
+    # Python implementations are not called.
+    from neuron_workbench.emulator import _core, status
+
+    if status().core == "native":
+        fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+        for op in (
+            fused.default,
+            torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+        ):
+
+            def python_path(*args, op=op, **kwargs):
+                raise AssertionError(f"{op} went through Python")
+
+            monkeypatch.setitem(_core.CPU_IMPLS, op, python_path)
     additive = torch.randn(16, 16)
     boolean = torch.rand(16, 16) > 0.3
     variants = [

@@ -418,31 +418,37 @@ class AcceleratorBackend(Backend):
         return Availability(False, reason)
 
     def _activate_impl(self) -> None:
-        if self.is_emulated():
-            import torch
+        # One entry per activation (activations nest: a what-if run inside a run's activation).
+        threads_before = self.__dict__.setdefault("_autograd_threads_before", [])
+        if not self.is_emulated():
+            threads_before.append(None)  # a real device keeps autograd's device threads
+            return
+        import torch
 
-            from neuron_workbench import emulator
+        from neuron_workbench import emulator
 
-            status = emulator.status()
-            if status is None or status.device != self.name:
-                emulator.emulate(self.name)
-            _check_emulated_backward(self.name)
-            # Backward passes of the run go on the thread that calls backward, as on the CPU: a
-            # real accelerator's autograd device thread is a host thread here, whose two wake-ups
-            # per backward call cost the emulated run about 0.1 ms each call (a small GPT step:
-            # 15.3 ms against 14.5 ms). Thread-local state, hooks, checkpoint recomputes and errors
-            # are as on the device thread. A real device keeps its threads.
-            self.__dict__.setdefault("_autograd_threads_before", []).append(
-                torch._C._is_multithreading_enabled()
-            )
-            torch._C._set_multithreading_enabled(False)
+        status = emulator.status()
+        if status is None or status.device != self.name:
+            emulator.emulate(self.name)
+        _check_emulated_backward(self.name)
+        # Backward passes of the run go on the thread that calls backward, as on the CPU: a real
+        # accelerator's autograd device thread is a host thread here, whose two wake-ups per
+        # backward call cost the emulated run about 0.1 ms each call (a small GPT step: 15.3 ms
+        # against 14.5 ms). Torch's thread-local state travels to that thread anyway; what differs
+        # from a real device is Python's own: a hook reads the calling thread's threading.local
+        # and context variables (as on CPU), where a device thread would not have them. CUDA code
+        # cannot rely on them in hooks, since CUDA runs hooks on its device thread too.
+        threads_before.append(torch._C._is_multithreading_enabled())
+        torch._C._set_multithreading_enabled(False)
 
     def _deactivate_impl(self) -> None:
-        before = self.__dict__.get("_autograd_threads_before")
-        if before:
-            import torch
+        threads_before = self.__dict__.get("_autograd_threads_before")
+        if threads_before:
+            before = threads_before.pop()
+            if before is not None:
+                import torch
 
-            torch._C._set_multithreading_enabled(before.pop())
+                torch._C._set_multithreading_enabled(before)
 
     def _device_module(self) -> Any:
         import torch
