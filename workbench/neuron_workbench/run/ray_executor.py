@@ -238,7 +238,13 @@ class RayActorSlot:
             message.discard()
 
     def collect(
-        self, request_id: int, *, timeout: float | None, cell_filename: str, sent: float
+        self,
+        request_id: int,
+        *,
+        timeout: float | None,
+        cell_filename: str,
+        sent: float,
+        cell: bool = True,
     ) -> Loaded:
         """Send the request to the actor now and return its answer; its run says where it ran.
 
@@ -250,6 +256,8 @@ class RayActorSlot:
             The actor died or overran ``timeout`` (one line: cause, last op, cell line); it is gone.
         """
         answer = self._run(self._submitted.pop(request_id), timeout=timeout)
+        if cell:
+            self.cells_run += 1
         run = answer.value.get("run") if isinstance(answer.value, dict) else None
         if run is not None and run.backend.details.get("ran_on") != self.where:
             run.backend = _located(run.backend, self)
@@ -303,8 +311,6 @@ class RayActorSlot:
         except BaseException:  # KeyboardInterrupt, a lost connection: the actor's state is unknown
             self.stop()
             raise
-        if "copies" not in answer.value:  # a fetch of a run's held evidence is no cell
-            self.cells_run += 1
         return answer
 
 

@@ -125,7 +125,11 @@ class SlotExecutor:
         """What ``slot``'s last run kept under ``token`` (empty once it has run something else)."""
         request_id = slot.submit(dumps({"held_copies": token}, slot.arena))
         answer = slot.collect(
-            request_id, timeout=self.timeout, cell_filename=cell_filename, sent=time.monotonic()
+            request_id,
+            timeout=self.timeout,
+            cell_filename=cell_filename,
+            sent=time.monotonic(),
+            cell=False,
         )
         return answer.value.get("copies", {})
 

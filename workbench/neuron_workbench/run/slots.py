@@ -89,12 +89,20 @@ class TargetSlot(Protocol):
         ...
 
     def collect(
-        self, request_id: int, *, timeout: float | None, cell_filename: str, sent: float
+        self,
+        request_id: int,
+        *,
+        timeout: float | None,
+        cell_filename: str,
+        sent: float,
+        cell: bool = True,
     ) -> Loaded:
         """The answer to ``request_id``.
 
         Raises :class:`WorkerDied` (one line) when the process died or overran ``timeout`` seconds
         (counted from ``sent``, or from when the slot starts running it); the slot starts afresh.
+        ``cell`` says whether the answer is a cell's run (counted in ``cells_run``); a fetch of what
+        a run kept in the process is not.
         """
         ...
 

@@ -280,9 +280,9 @@ def _hold_copies(run: Run) -> None:
 
     A record offering ``hold_copies(token)`` (the optimizer's gradients and second moments at each
     step) is read only to explain a failing output: the kernel fetches it then, with a
-    ``{"held_copies": token}`` request, before this process runs anything else.
+    ``{"held_copies": token}`` request, before this process runs anything else (which clears
+    them).
     """
-    _held.clear()
     for record in run.extras.values():
         hold = getattr(record, "hold_copies", None)
         if callable(hold):

@@ -267,7 +267,13 @@ class WorkerSlot:
         return request_id
 
     def collect(
-        self, request_id: int, *, timeout: float | None, cell_filename: str, sent: float
+        self,
+        request_id: int,
+        *,
+        timeout: float | None,
+        cell_filename: str,
+        sent: float,
+        cell: bool = True,
     ) -> Loaded:
         """Wait for the answer to ``request_id``, sent at ``sent`` (``time.monotonic()``).
 
@@ -293,7 +299,7 @@ class WorkerSlot:
         except BaseException:  # KeyboardInterrupt: the worker's state is unknown; start afresh
             self.stop()
             raise
-        if "copies" not in answer.value:  # a fetch of a run's held evidence is no cell
+        if cell:
             self.cells_run += 1
         return answer
 
