@@ -1,5 +1,6 @@
 """The worker slot: target runs in a child process, shipped with cloudpickle, crashes contained."""
 
+import os
 import textwrap
 import time
 
@@ -221,7 +222,7 @@ from neuron_workbench.run.transport import dumps, loads
 session = Session()
 worker = session.workers.get("neuron")
 worker.ensure_started()
-print(worker.pid, flush=True)
+print(worker.pid, worker.arena, flush=True)
 ns = {"__name__": "__main__", "torch": torch, "os": os, "time": time}
 cell = "x = torch.ones(1, device='cuda')\\nif os.environ.get('NEURON_WORKBENCH_WORKER'):\\n    time.sleep(600)"
 options = CellOptions(compare=CompareOptions(ref="cpu", target="neuron"), scan=False)
@@ -229,23 +230,29 @@ session.run_cell(cell, ns, options)
 """
 
 
-def test_a_worker_ends_when_its_kernel_is_killed_mid_cell():
+@pytest.mark.parametrize("when", ["mid-cell", "between cells"])
+def test_a_worker_ends_and_removes_its_folder_when_its_kernel_is_killed(when):
     import subprocess
     import sys
 
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", KERNEL_THAT_HANGS], stdout=subprocess.PIPE, text=True
-    )
+    # between cells: the worker waits for the next request when the kernel dies (a notebook's
+    # kernel shut down); mid-cell: its parent watch notices
+    script = KERNEL_THAT_HANGS if when == "mid-cell" else KERNEL_THAT_HANGS.replace("600", "0")
+    script += "time.sleep(600)\n"
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        pid = int(kernel.stdout.readline())
-        time.sleep(2)  # the worker is now inside the hung cell
+        pid, folder = kernel.stdout.readline().split()
+        pid = int(pid)
+        assert os.path.isdir(folder)
+        time.sleep(2)  # the worker is now inside the hung cell, or done with the cell
     finally:
         kernel.kill()
         kernel.wait()
     deadline = time.monotonic() + 10
-    while _running(pid) and time.monotonic() < deadline:
+    while (_running(pid) or os.path.exists(folder)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _running(pid)
+    assert not os.path.exists(folder)  # its arenas and crash records with it
 
 
 def _running(pid):

@@ -98,7 +98,7 @@ def serve(fd: int, folder: str) -> None:
             # of this cell, then the request
             head, data = receive(conn)
         except (EOFError, OSError):
-            return
+            break
         where = head["where"]
         if where["sys_path"] != sys.path:
             sys.path[:] = where["sys_path"]
@@ -121,4 +121,7 @@ def serve(fd: int, folder: str) -> None:
             send(conn, answer, {"id": head["id"]})
         except OSError:  # the kernel is gone (or gave up on this request): nobody will load it
             answer.discard()
-            return
+            break
+    # The pipe closed: the kernel stopped this worker or is gone (a kernel killed between cells
+    # closes it; one killed mid-cell is noticed by the parent watch). Nobody reads the folder now.
+    shutil.rmtree(folder, ignore_errors=True)
