@@ -213,3 +213,38 @@ def test_only_the_native_emulated_device_has_its_memory_on_the_host():
     native = emulator.status().core == "native"
     assert get_backend("neuron").memory_on_host() is native
     assert get_backend("cpu").memory_on_host() is False
+
+
+NOTEBOOK_FUNCTION = """
+import torch
+
+def act(x):
+    return torch.nn.functional.relu(x)  # torch.nn.functional: a submodule reached through torch
+"""
+
+
+def test_a_notebook_function_still_brings_the_submodules_it_uses(monkeypatch):
+    import cloudpickle.cloudpickle as cp
+
+    from neuron_workbench.run import transport
+
+    namespace = {"__name__": "__main__"}
+    exec(NOTEBOOK_FUNCTION, namespace)
+    act = namespace["act"]
+    packages = [torch]
+    found = cp._find_imported_submodules(act.__code__, iter(packages))
+    assert found == transport._find_imported_submodules(act.__code__, packages)  # cloudpickle's
+    assert torch.nn in found and torch.nn.functional in found
+    assert cp._find_imported_submodules(act.__code__, iter(packages)) == found  # again, remembered
+    # a submodule loaded after the function was first sent is found the next time
+    later = {"__name__": "__main__"}
+    exec(NOTEBOOK_FUNCTION.replace("functional.relu", "nwtest_loaded_later"), later)
+    code = later["act"].__code__
+    assert cp._find_imported_submodules(code, iter(packages)) == [torch.nn]
+    fake = type(torch)("torch.nn.nwtest_loaded_later")
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    assert fake in cp._find_imported_submodules(code, iter(packages))
+    back = loads(dumps(act))
+    assert back is not act and torch.equal(
+        back(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0])
+    )

@@ -26,6 +26,7 @@ import io
 import mmap
 import os
 import pickle
+import sys
 import threading
 import types
 import uuid
@@ -46,6 +47,34 @@ _PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
 #: ``torch.empty`` itself: an emulated device wraps the public one in Python (pinned memory).
 _EMPTY = torch._C._VariableFunctions.empty
 _CLOUDPICKLE_DISPATCH = cloudpickle.cloudpickle.Pickler._dispatch_table
+
+
+# A function sent by value (each method of a model class defined in the notebook, with every request
+# and every answer) carries the submodules it may use; cloudpickle finds them by going through every
+# loaded module for each package the function refers to (``torch``, ``nn``, ``F``): about 0.5 ms per
+# function once torch and a model library are loaded. The answer depends only on the function's
+# code, those packages' names and the modules loaded, so it is kept until a module is loaded.
+_find_imported_submodules = getattr(cloudpickle.cloudpickle, "_find_imported_submodules", None)
+_SUBMODULES: dict[tuple[Any, ...], tuple[types.ModuleType, ...]] = {}
+
+
+def _imported_submodules(code: types.CodeType, dependencies: Any) -> list[types.ModuleType]:
+    assert _find_imported_submodules is not None
+    dependencies = tuple(dependencies)
+    packages = tuple(
+        d.__name__ for d in dependencies if isinstance(d, types.ModuleType) and d.__package__
+    )
+    key = (code, packages, len(sys.modules))
+    found = _SUBMODULES.get(key)
+    if found is None:
+        if len(_SUBMODULES) >= 4096:
+            _SUBMODULES.clear()
+        found = _SUBMODULES[key] = tuple(_find_imported_submodules(code, dependencies))
+    return list(found)
+
+
+if _find_imported_submodules is not None:  # a cloudpickle without it: pickled as it does
+    cloudpickle.cloudpickle._find_imported_submodules = _imported_submodules
 
 
 @dataclass
