@@ -1,8 +1,11 @@
-"""Each run's own copy of the notebook state: what the copy keeps of parameters."""
+"""Each run's own copy of the notebook state: what the copy keeps, on the host and on a device."""
 
+import pytest
 import torch
 
-from neuron_workbench.run.namespace import isolate
+from neuron_workbench.run.namespace import isolate, move_to_device
+
+NEURON = "neuron"  # a string: the device exists only in in-process device sessions
 
 
 def _trained(module: torch.nn.Module) -> torch.nn.Module:
@@ -50,3 +53,52 @@ def test_parameter_deepcopy_is_pytorchs_own_outside_a_run():
     import copy
 
     assert copy.deepcopy(lin)[0].weight.grad is None  # PyTorch's behaviour, restored
+
+
+# ---- move_to_device: the copies a run makes on its device ---------------------------------------
+
+
+@pytest.mark.inprocess_device
+@pytest.mark.parametrize("order", ["whole first", "view first"])
+def test_a_moved_tensor_and_its_view_share_one_device_storage(order):
+    whole = torch.arange(6.0)
+    view = whole[2:4]
+    memo: dict = {}
+    names = ["whole", "view"] if order == "whole first" else ["view", "whole"]
+    moved = {
+        name: move_to_device({"whole": whole, "view": view}[name], torch.device(NEURON), True, memo)
+        for name in names
+    }
+    assert moved["whole"].device.type == moved["view"].device.type == "neuron"
+    assert moved["view"].untyped_storage().data_ptr() == moved["whole"].untyped_storage().data_ptr()
+    moved["view"].add_(100)
+    assert moved["whole"].cpu().tolist() == [0.0, 1.0, 102.0, 103.0, 4.0, 5.0]
+    assert whole.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # the host tensors are untouched
+
+
+@pytest.mark.inprocess_device
+def test_a_moved_tensor_keeps_its_strides_and_values():
+    odd = torch.arange(6.0).reshape(1, 6).as_strided((1, 6), (100, 1))  # a size-1 dim's stride
+    channels_last = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    for tensor in (odd, channels_last, torch.randn(3, 4).t(), torch.randn(5)[1:]):
+        moved = move_to_device(tensor, torch.device(NEURON), True, {})
+        assert moved.device.type == "neuron"
+        assert (
+            moved.stride() == tensor.stride() and moved.storage_offset() == tensor.storage_offset()
+        )
+        assert torch.equal(moved.cpu(), tensor)
+
+
+@pytest.mark.inprocess_device
+def test_moved_optimizer_state_and_parameters_keep_their_values_and_links():
+    model = _trained(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)))
+    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer.step()
+    before = {k: v.clone() for k, v in optimizer.state[model[0].weight].items()}
+    memo: dict = {}
+    move_to_device(model, torch.device(NEURON), True, memo)
+    move_to_device(optimizer, torch.device(NEURON), True, memo)
+    state = optimizer.state[model[0].weight]  # the optimizer still holds the model's parameters
+    assert state["exp_avg"].device.type == "neuron" and state["step"].device.type == "cpu"
+    for key, value in before.items():
+        assert torch.equal(state[key].cpu(), value)

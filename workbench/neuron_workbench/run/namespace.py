@@ -149,10 +149,25 @@ def _device_view(
         return data.to(device)
     try:
         source = data.untyped_storage()
-        storage = memo.get(source._cdata)
+        key = source._cdata
+        storage = memo.get(key)
         if storage is None:
-            whole = torch.empty(0, dtype=torch.uint8, device=data.device).set_(source)
-            storage = memo[source._cdata] = whole.to(device).untyped_storage()
+            if (
+                data.storage_offset() == 0
+                and data.is_contiguous()
+                and data.numel() * data.element_size() == source.nbytes()
+            ):
+                # The tensor is its whole storage (a weight, an optimizer state): its own copy is
+                # the storage's device copy, in one op instead of five (a worker moves every
+                # tensor a cell reads).
+                moved = data.to(device)
+                memo[key] = moved.untyped_storage()
+                if moved.stride() == data.stride():
+                    return moved
+                storage = memo[key]  # size-1 dims may restride: the same bytes, viewed as before
+            else:
+                whole = torch.empty(0, dtype=torch.uint8, device=data.device).set_(source)
+                storage = memo[key] = whole.to(device).untyped_storage()
         view = torch.empty(0, dtype=data.dtype, device=device)
         return view.set_(storage, data.storage_offset(), data.shape, data.stride())
     except Exception:  # a device without storage views (or set_): a plain copy

@@ -145,7 +145,12 @@ class _CudaToDeviceMode(TorchFunctionMode):
             cuda_named = False
             for arg in args:
                 kind = type(arg)
-                if kind is str or kind is torch.device:
+                # Only an argument that may name cuda is remapped; a device the run already has
+                # (Module.to's ``t.to(device, dtype, non_blocking)`` for every tensor) goes as is.
+                if (kind is str and arg.startswith("cuda")) or (
+                    kind is torch.device
+                    and (arg.type == "cuda" or (host is not None and host.names_cuda(arg)))
+                ):
                     remapped = tuple(remap_device(a, target) for a in args)
                     cuda_named = any(a is not b for a, b in zip(args, remapped))
                     if host is not None and not cuda_named:
