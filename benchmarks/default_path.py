@@ -5,6 +5,9 @@ Figures, each a ratio or difference of figures measured in this run:
   micro-batches, written for CUDA and left as it is. ``%%neuron`` with no option (warm worker) against
   the same cell run twice as plain CPU code in the same kernel. Goal: at most 1.0x (the reference and
   the target run at the same time on a machine with two or more cores).
+- A notebook-defined model: the small CNN training step of ``_workload`` (its class is defined in
+  the notebook, so it travels by value with every request and answer), the same comparison, for
+  information (no goal: its convolutions are compute-bound, and each run gets half the cores).
 - Per-op overhead of the worker path: tiny ops (add, add_, sum, 4x4 matmul) in the cell's target run,
   in the worker against ``--executor inprocess`` (a separate process holding the emulated device), as
   each report's target wall time divided by the op count. Goal: within 1 us.
@@ -25,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _workload import GPT_SETUP as SETUP  # noqa: E402
-from _workload import GPT_STEP  # noqa: E402
+from _workload import GPT_STEP, cell_for  # noqa: E402
+from _workload import SETUP as CNN_SETUP  # noqa: E402
 
 ROUNDS = 11  # minimum over this many alternating rounds: one noisy round moves no figure
 GPT_GOAL = 1.0
@@ -66,6 +70,29 @@ def per_op_target_us(shell, flags: str) -> float:
         assert report.verdict == "PASS", report.summary()
         best = min(best, report.target.wall_time_s / (4 * OPS))
     return best * 1e6
+
+
+def magic_against_plain_twice(
+    shell, setup: str, cuda_cell: str, cpu_cell: str
+) -> tuple[float, float, float]:
+    """Best ``%%neuron`` time of ``cuda_cell`` against twice ``cpu_cell``, rounds alternating."""
+    from neuron_workbench.testing import run_cell
+
+    run_cell(shell, setup)
+    magic_cell = "%%neuron -o figure_report\n" + cuda_cell
+    run_cell(shell, magic_cell)  # warm
+    assert shell.user_ns["figure_report"].verdict == "PASS"
+    run_cell(shell, cpu_cell)
+    magic_best = plain_best = float("inf")
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        run_cell(shell, cpu_cell)
+        run_cell(shell, cpu_cell)
+        plain_best = min(plain_best, time.perf_counter() - start)
+        start = time.perf_counter()
+        run_cell(shell, magic_cell)
+        magic_best = min(magic_best, time.perf_counter() - start)
+    return magic_best / plain_best, magic_best, plain_best
 
 
 def inprocess_main() -> None:
@@ -121,6 +148,14 @@ def main() -> int:
         f"  the cell's runs inside %%neuron: reference {ref_best * 1e3:.1f} ms, target "
         f"{target_best * 1e3:.1f} ms (emulated neuron: host CPU time), at the same time; "
         f"plain cell once {plain_best / 2 * 1e3:.1f} ms"
+    )
+    cnn_ratio, cnn_magic, cnn_plain = magic_against_plain_twice(
+        shell, CNN_SETUP, cell_for("cuda"), cell_for("cpu")
+    )
+    print(
+        f"notebook-defined CNN training step through %%neuron, default executor, warm: "
+        f"{cnn_ratio:.2f}x the cell run twice as plain CPU code "
+        f"({cnn_magic * 1e3:.1f} ms vs {cnn_plain * 1e3:.1f} ms; for information)"
     )
     worker_us = per_op_target_us(shell, "")
     done = subprocess.run(
