@@ -244,6 +244,14 @@ def test_a_notebook_function_still_brings_the_submodules_it_uses(monkeypatch):
     fake = type(torch)("torch.nn.nwtest_loaded_later")
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     assert fake in cp._find_imported_submodules(code, iter(packages))
+    # one removed and another loaded (as many modules as before): not the remembered answer
+    monkeypatch.delitem(sys.modules, fake.__name__)
+    monkeypatch.setitem(sys.modules, "nwtest_unrelated", type(torch)("nwtest_unrelated"))
+    assert cp._find_imported_submodules(code, iter(packages)) == [torch.nn]
+    # a module object without __package__ is no package, as for cloudpickle
+    bare = type(torch)("nwtest_bare")
+    del bare.__package__
+    assert cp._find_imported_submodules(code, iter([bare])) == []
     back = loads(dumps(act))
     assert back is not act and torch.equal(
         back(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0])
