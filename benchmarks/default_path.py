@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _workload import GPT_SETUP as SETUP  # noqa: E402
-from _workload import GPT_STEP, cell_for  # noqa: E402
+from _workload import GPT_STEP, best_of_interleaved, cell_for  # noqa: E402
 from _workload import SETUP as CNN_SETUP  # noqa: E402
 
 ROUNDS = 11  # minimum over this many alternating rounds: one noisy round moves no figure
@@ -80,18 +80,13 @@ def magic_against_plain_twice(
 
     run_cell(shell, setup)
     magic_cell = "%%neuron -o figure_report\n" + cuda_cell
-    run_cell(shell, magic_cell)  # warm
+    run_cell(shell, magic_cell)
     assert shell.user_ns["figure_report"].verdict == "PASS"
-    run_cell(shell, cpu_cell)
-    magic_best = plain_best = float("inf")
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        run_cell(shell, cpu_cell)
-        run_cell(shell, cpu_cell)
-        plain_best = min(plain_best, time.perf_counter() - start)
-        start = time.perf_counter()
-        run_cell(shell, magic_cell)
-        magic_best = min(magic_best, time.perf_counter() - start)
+    plain_best, magic_best = best_of_interleaved(
+        lambda: (run_cell(shell, cpu_cell), run_cell(shell, cpu_cell)),
+        lambda: run_cell(shell, magic_cell),
+        ROUNDS,
+    )
     return magic_best / plain_best, magic_best, plain_best
 
 
