@@ -1,8 +1,9 @@
-"""The native core writes the name of each op the process runs into a caller's buffer (crash reports).
+"""The native core writes the name of each op the device runs into a caller's buffer (crash reports).
 
-Any op the dispatcher calls, on any device (custom ops registered from Python too), is written as
-``namespace::name[.overload]``; an op that ends gives the slot back to the op still running around
-it, so the slot names the innermost op running, or the last top-level op once none is.
+Each op the emulated device runs, and each op registered outside aten (a custom op) called from
+Python on any device, is written as ``namespace::name[.overload]``; an op that ends gives the slot
+back to the op still running around it, so the slot names the innermost op running, or the last
+top-level op once none is. Host ops are not the device's: they leave the slot as it is.
 """
 
 from __future__ import annotations
@@ -51,19 +52,27 @@ def test_the_last_op_and_its_overload_are_in_the_slot(slot):
     assert _name(slot) == "aten::view"  # the core's own kernel
 
 
-def test_an_op_on_cpu_tensors_is_recorded_too(slot):
-    torch.ones(3).cos()
-    assert _name(slot) == "aten::cos"
+def test_an_op_on_host_tensors_leaves_the_last_device_op(slot):
+    a = torch.ones(3, device="neuron")
+    a.cos()
+    torch.ones(3).sin()
     torch.ones(2) + torch.ones(2)
-    assert _name(slot) == "aten::add.Tensor"
+    assert _name(slot) == "aten::cos"
 
 
 def test_the_ops_a_kernel_runs_inside_an_op_leave_the_outer_name(slot):
-    # float64 on neuron: the core narrows, dispatching casts of its own, inside aten::sum
+    # float64 on neuron: the core narrows, running casts of its own inside aten::sum
     torch.ones(3, device="neuron", dtype=torch.float64).sum()
     assert _name(slot) == "aten::sum"
-    torch.ones(2, 2).matmul(torch.ones(2, 2))  # a composite op: aten::mm runs inside it
-    assert _name(slot) == "aten::matmul"
+    # a copy to the device runs whole on it; its allocation and byte copy nest inside
+    torch.ones(2, 2).to("neuron")
+    assert _name(slot) == "aten::_to_copy"
+
+
+def test_the_parts_of_a_composite_op_are_what_the_device_runs(slot):
+    # aten::matmul has no kernel of the device: the dispatcher runs it as aten::mm
+    torch.ones(2, 2, device="neuron").matmul(torch.ones(2, 2, device="neuron"))
+    assert _name(slot) == "aten::mm"
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +124,7 @@ def test_a_long_name_is_cut_to_the_slot():
     assert small == bytearray(b"aten::c\0")
 
 
-def test_none_stops_the_writes():
+def test_none_stops_the_writes(mine):
     buf = mmap.mmap(-1, SLOT)
     assert record_last_op(buf) is True
     with pytest.raises(BufferError):
@@ -124,6 +133,7 @@ def test_none_stops_the_writes():
     buf[:] = bytes(SLOT)
     torch.ones(3, device="neuron").cos()
     torch.ones(3).cos()
+    assert mine(torch.ones(3), buf) == ["", ""]  # custom ops are not entered either
     assert bytes(buf) == bytes(SLOT)
     buf.close()
     torch.ones(3, device="neuron").cos()  # nothing writes into the unmapped buffer

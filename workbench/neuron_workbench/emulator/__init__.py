@@ -412,16 +412,18 @@ def reset_rule_ops() -> None:
 
 
 def record_last_op(slot: object | None) -> bool:
-    """Have the native core write the name of each op the process runs into ``slot``.
+    """Have the native core write the name of each op the device runs into ``slot``.
 
-    From this call on, every op the dispatcher calls, on any device and from any thread (custom
-    ops registered from Python included), writes its name, ``namespace::name[.overload]`` (e.g.
-    ``aten::add.Tensor``, ``aten::cos``, ``mylib::myop``), into the start of ``slot``: truncated
-    to ``len(slot) - 1`` bytes and NUL-padded, so splitting the buffer at the first NUL gives the
-    name. When an op ends inside another (a custom op's body, a composite op's parts), the slot
-    names the enclosing op again, so it holds the innermost op running, or the last top-level op
-    once none is. A RecordFunction callback does the writes, registered only while recording is
-    on: about 0.1 µs per op, no Python, so a process that may die (a worker) can leave in a
+    From this call on, every op the emulated device runs, from any thread, writes its name,
+    ``namespace::name[.overload]`` (e.g. ``aten::add.Tensor``, ``aten::cos``), into the start of
+    ``slot``: truncated to ``len(slot) - 1`` bytes and NUL-padded, so splitting the buffer at the
+    first NUL gives the name. Ops registered outside aten (``mylib::myop``, custom ops) write
+    theirs too when called from Python, on any device: their kernels are not the device's. When an
+    op ends inside another (a custom op's body, a kernel's own device ops), the slot names the
+    enclosing op again, so it holds the innermost op running, or the last top-level op once none
+    is. Host ops (on CPU tensors) are not the device's and leave the slot as it is. The device's
+    kernels do the writes themselves, only while recording is on: a few nanoseconds per op, no
+    Python, nothing for host ops, so a process that may die (a worker) can leave in a
     memory-mapped file the op it died in.
 
     Parameters

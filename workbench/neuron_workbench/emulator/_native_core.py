@@ -172,6 +172,10 @@ _lock = threading.Lock()
 # The buffer the core writes op names into, as a ctypes view: it keeps the caller's object alive
 # and exported (an mmap cannot be closed, a bytearray not resized) while the core writes to it.
 _last_op_view: Any = None
+# The op classes' own ``__call__`` while recording wraps them (empty when not recording).
+_OP_CALLS: dict[type, Any] = {}
+# Namespaces whose ops are recorded by the device's kernels themselves (when they run on it).
+_DEVICE_NAMESPACES = frozenset({"aten", "prims"})
 
 
 def record_last_op(module: Any, slot: object | None) -> None:
@@ -181,6 +185,7 @@ def record_last_op(module: Any, slot: object | None) -> None:
         if slot is None:
             module.set_last_op_slot(0, 0)
             _last_op_view = None
+            _unwrap_op_calls()
             return
         with memoryview(slot) as view:  # type: ignore[arg-type]
             nbytes = view.nbytes
@@ -190,6 +195,45 @@ def record_last_op(module: Any, slot: object | None) -> None:
         array = (ctypes.c_char * nbytes).from_buffer(slot)  # type: ignore[arg-type]
         module.set_last_op_slot(ctypes.addressof(array), nbytes)
         _last_op_view = array  # the previous buffer is released only after the switch
+        _wrap_op_calls(module)
+
+
+def _wrap_op_calls(module: Any) -> None:
+    """Have ops registered outside aten (custom ops), called from Python, enter their names.
+
+    Their kernels are not the device's (a custom op's Python body, a library's own kernel), so the
+    core cannot see them run; the ops they run on the device nest inside their names.
+    """
+    if _OP_CALLS:
+        return
+    ops = torch._ops
+    for cls, name_of in (
+        (ops.OpOverload, lambda op: op._name),
+        (ops.OpOverloadPacket, lambda op: op._qualified_op_name),
+    ):
+        original = cls.__dict__["__call__"]
+        _OP_CALLS[cls] = original
+        cls.__call__ = _entering(original, name_of, module.enter_op, module.exit_op)  # type: ignore[method-assign]
+
+
+def _entering(original: Any, name_of: Any, enter: Any, exit_: Any) -> Any:
+    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces __call__
+        name = name_of(self)
+        if name.partition("::")[0] in _DEVICE_NAMESPACES or not enter(name):
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            exit_()
+
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+def _unwrap_op_calls() -> None:
+    for cls, original in _OP_CALLS.items():
+        cls.__call__ = original  # type: ignore[method-assign]
+    _OP_CALLS.clear()
 
 
 def whole_ops() -> list[str]:

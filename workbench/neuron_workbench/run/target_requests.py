@@ -8,9 +8,10 @@ by reference, tensors by storage); a target process (a worker, see
 each request with :func:`answer_request`: the finished :class:`~.records.Run`, its tensors moved to
 the host, or a one-line usage error. Results that cannot travel are reported as not compared.
 
-While a run is under way the name of the last dispatched op is kept in a small buffer of
-:data:`LAST_OP_BYTES` (a worker's is a memory-mapped file, so it survives a crash): the emulator's
-native core writes it itself where it is in use (no Python per op), otherwise a dispatch mode does.
+While a run is under way the name of the last op is kept in a small buffer of :data:`LAST_OP_BYTES`
+(a worker's is a memory-mapped file, so it survives a crash): the emulator's native core writes
+each op its device runs itself where it is in use (no Python per op, nothing for host ops),
+otherwise a dispatch mode writes every dispatched op.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from neuron_workbench.run.transport import Packed, dumps, loads
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
-#: Bytes of the record of the last dispatched op (a worker's is memory-mapped).
+#: Bytes of the record of the last op run (a worker's is memory-mapped).
 LAST_OP_BYTES = 128
 #: Seconds a fresh target process may take to import torch and make its device ready.
 START_TIMEOUT_S = 180.0

@@ -3,7 +3,7 @@
 A worker is started by :class:`~neuron_workbench.run.worker_process.WorkerSlot` as
 ``python -c "from neuron_workbench.run.worker_server import serve; serve(fd, folder)"``. It mirrors
 the kernel's ``sys.path``, environment, working directory and torch threads for each request, keeps
-the name of the last dispatched op in a memory-mapped file and lets :mod:`faulthandler` dump its
+the name of the last op its device ran in a memory-mapped file and lets :mod:`faulthandler` dump its
 stacks into its folder (both survive a crash, so the kernel can say where it died), and ends itself
 when the kernel that started it is gone.
 """

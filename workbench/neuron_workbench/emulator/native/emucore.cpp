@@ -14,7 +14,6 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <ATen/record_function.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
 #include <ATen/ops/resize_native.h>
@@ -35,6 +34,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace emucore {
@@ -287,12 +287,14 @@ std::atomic<bool> track_executed{false};
 std::mutex executed_mutex;
 std::set<std::string> executed;
 
-// Optional: the name of the op being run, written into a caller's buffer (a worker's
-// memory-mapped file), so a crash report can name the op a dead process was in. A global
-// RecordFunction callback (FUNCTION scope: every op the dispatcher calls, on any device, custom
-// ops registered from Python included) writes it, registered only while recording is on. Per op:
-// a thread-local push/pop, an atomic load, a memcpy and a short memset; no lock, no allocation,
-// no Python.
+// Optional: the name of the op the device is running, written into a caller's buffer (a worker's
+// memory-mapped file), so a crash report can name the op a dead process was in. The device's own
+// kernels write it (the boxed kernel, the core's explicit kernels) and so do ops registered outside
+// aten when called from Python (enter_op/exit_op, through the Python wrapper that
+// record_last_op installs): no global RecordFunction callback, which would send every op of the
+// process, host ops included, through the dispatcher's slow path (about 1.3 ms of a small GPT
+// step). Per device op: a thread-local push/pop, an atomic load, a memcpy and a short memset; no
+// lock, no allocation, no Python.
 struct LastOpSlot {
   char* data;
   size_t size;               // >= 1
@@ -301,63 +303,78 @@ struct LastOpSlot {
 // Replaced whole and never freed (a few bytes per set_last_op_slot): another thread may still be
 // writing through the slot it loaded.
 std::atomic<LastOpSlot*> last_op_slot{nullptr};
-std::mutex last_op_mutex;                // turning recording on and off
-at::CallbackHandle last_op_callback = 0;  // 0: not registered
+std::mutex last_op_mutex;  // turning recording on and off
 
-// "name[.overload]", truncated to size - 1 bytes, NUL-padded over what an earlier name used.
-void write_last_op(LastOpSlot& slot, const char* name, const char* overload) {
-  const size_t cap = slot.size - 1;
-  size_t n = strnlen(name, cap);
+// `name` (its first `length` bytes), truncated to size - 1 bytes, NUL-padded over what an earlier
+// name used.
+void write_last_op(LastOpSlot& slot, const char* name, size_t length) {
+  const size_t n = std::min(length, slot.size - 1);
   std::memcpy(slot.data, name, n);
-  if (overload != nullptr && *overload != '\0' && n < cap) {
-    slot.data[n++] = '.';
-    const size_t m = strnlen(overload, cap - n);
-    std::memcpy(slot.data + n, overload, m);
-    n += m;
-  }
   const size_t before = slot.used.exchange(n, std::memory_order_relaxed);
   std::memset(slot.data + n, 0, std::max(before, n + 1) - n);
 }
 
-// The ops this thread is inside (RecordFunctions nest and end in reverse order): when an inner op
-// ends (a custom op's Python body calling aten ops, a kernel's own casts and copies), the slot
-// names the op still running around it again, so a crash reads as the innermost op running, and
-// after a top-level op the slot names that op. The names live as long as their RecordFunction.
+// The ops this thread is inside (they nest and end in reverse order): when an inner op ends (a
+// custom op's body running device ops, a kernel's own device ops), the slot names the op still
+// running around it again, so a crash reads as the innermost op running, and after a top-level op
+// the slot names that op. Each name lives as long as its op runs.
 struct OpFrame {
   const char* name;
-  const char* overload;
+  size_t length;
 };
 constexpr int kMaxOpDepth = 64;  // deeper nests are counted, not remembered
 thread_local OpFrame op_frames[kMaxOpDepth];
 thread_local int op_depth = 0;
 
-std::unique_ptr<at::ObserverContext> last_op_start(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  const char* overload = fn.overload_name();
+// Start recording `name` as the op running; false (nothing to end) when recording is off.
+bool enter_op(const char* name, size_t length) {
+  LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire);
+  if (slot == nullptr) return false;
   const int depth = op_depth++;
-  if (depth < kMaxOpDepth) op_frames[depth] = {name, overload};
-  if (LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire))
-    if (name != nullptr) write_last_op(*slot, name, overload);
-  return nullptr;
+  if (depth < kMaxOpDepth) op_frames[depth] = {name, length};
+  write_last_op(*slot, name, length);
+  return true;
 }
 
-void last_op_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (op_depth == 0) return;  // not started here (cannot happen: callbacks are held per call)
+// End the innermost op enter_op started: the op around it (if any) is the one running again.
+void exit_op() {
+  if (op_depth == 0) return;
   const int depth = --op_depth;
   if (depth == 0 || depth > kMaxOpDepth) return;  // top level: the slot keeps the op that ended
   const OpFrame& outer = op_frames[depth - 1];
   if (LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire))
-    if (outer.name != nullptr) write_last_op(*slot, outer.name, outer.overload);
+    write_last_op(*slot, outer.name, outer.length);
 }
 
-// Stop recording (caller holds last_op_mutex). A call already running keeps the callback until
-// it ends, but finds no slot.
-void stop_last_op() {
-  last_op_slot.store(nullptr);
-  if (last_op_callback != 0) {
-    at::removeCallback(last_op_callback);
-    last_op_callback = 0;
+// The device op a kernel runs, for the length of the kernel.
+class RunningOp {
+ public:
+  RunningOp(const char* name, size_t length) : entered_(enter_op(name, length)) {}
+  explicit RunningOp(const std::string& name) : RunningOp(name.data(), name.size()) {}
+  template <size_t N>
+  explicit RunningOp(const char (&name)[N]) : RunningOp(name, N - 1) {}
+  ~RunningOp() {
+    if (entered_) exit_op();
   }
+  RunningOp(const RunningOp&) = delete;
+  RunningOp& operator=(const RunningOp&) = delete;
+
+ private:
+  bool entered_;
+};
+
+// Names the Python side entered (custom ops'), kept for the process (a few): frames point into them.
+std::mutex python_op_mutex;
+std::unordered_set<std::string> python_op_names;
+
+bool enter_python_op(const std::string& name) {
+  if (last_op_slot.load(std::memory_order_acquire) == nullptr) return false;
+  const std::string* kept;
+  {
+    std::lock_guard<std::mutex> lock(python_op_mutex);
+    kept = &*python_op_names.insert(name).first;
+  }
+  return enter_op(kept->data(), kept->size());
 }
 
 [[noreturn]] void rethrow_python(py::error_already_set& e) {
@@ -663,6 +680,7 @@ bool has_gap_dtype(const torch::jit::Stack& stack, size_t base, size_t nargs, in
 void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto plan_ptr = plan_for(op);
   const Plan& plan = *plan_ptr;
+  const RunningOp running(plan.overload);  // the plan (and its name) outlives the call
   const size_t nargs = plan.kwarg_only.size();
   const size_t base = stack->size() - nargs;
   const bool exempt = plan.flags & kExempt;
@@ -833,6 +851,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
                                std::optional<bool> pin_memory,
                                std::optional<at::MemoryFormat> memory_format) {
+  const RunningOp running("aten::empty.memory_format");
   check_factory(layout, device, pin_memory);
   return at::detail::empty_generic(size, &device_allocator, kDeviceKeys,
                                    c10::dtype_or_default(dtype), memory_format);
@@ -841,6 +860,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                          std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  const RunningOp running("aten::empty_strided");
   check_factory(layout, device, pin_memory);
   return at::detail::empty_strided_generic(size, stride, &device_allocator, kDeviceKeys,
                                            c10::dtype_or_default(dtype));
@@ -848,37 +868,45 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       std::optional<int64_t> offset) {
+  const RunningOp running("aten::as_strided");
   return at::cpu::as_strided(self, size, stride, offset);
 }
 
 at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  const RunningOp running("aten::view");
   return at::native::view(self, size);
 }
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  const RunningOp running("aten::_reshape_alias");
   return at::native::_reshape_alias(self, size, stride);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
+  const RunningOp running("aten::resize_");
   // Device-generic: grows the storage through its own allocator (ours).
   return at::native::resize_(self, size, memory_format);
 }
 
 at::Tensor& set_storage(at::Tensor& self, at::Storage source, int64_t offset,
                         c10::IntArrayRef size, c10::IntArrayRef stride) {
+  const RunningOp running("aten::set_.source_Storage_storage_offset");
   return at::cpu::set_(self, source, offset, size, stride);
 }
 
 at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  const RunningOp running("aten::set_.source_Storage");
   return at::cpu::set_(self, source);
 }
 
 at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  const RunningOp running("aten::set_.source_Tensor");
   return at::cpu::set_(self, source);
 }
 
 at::Tensor& set_empty(at::Tensor& self) {
+  const RunningOp running("aten::set_");
   // An empty storage of the device (at::cpu::set_ would make a CPU one).
   c10::Storage storage(c10::Storage::use_byte_size_t(), 0, device_allocator.allocate(0),
                        &device_allocator, /*resizable=*/true);
@@ -890,6 +918,7 @@ at::Tensor host_view(const at::Tensor& t, Aliases& aliases) {
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const RunningOp running("aten::_copy_from");
   Aliases aliases;
   at::Tensor d = host_view(dst, aliases);
   d.copy_(host_view(self, aliases));
@@ -897,6 +926,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  const RunningOp running("aten::_copy_from_and_resize");
   if (dst.numel() == 0 && self.numel() != 0) dst.resize_(self.sizes());
   Aliases aliases;
   at::Tensor d = host_view(dst, aliases);
@@ -1019,7 +1049,7 @@ void register_whole(const std::vector<std::string>& names) {
 void release_callbacks() {
   {
     std::lock_guard<std::mutex> lock(last_op_mutex);
-    stop_last_op();  // the buffer (an mmap) may be gone once Python finalizes
+    last_op_slot.store(nullptr);  // the buffer (an mmap) may be gone once Python finalizes
   }
   classify_fn = py::object();
   event_fn = py::object();
@@ -1050,16 +1080,12 @@ void clear_executed() {
 void set_last_op_slot(uintptr_t address, size_t size) {
   std::lock_guard<std::mutex> lock(last_op_mutex);
   if (address == 0) {
-    stop_last_op();
+    last_op_slot.store(nullptr);  // an op already running writes no more
     return;
   }
   TORCH_CHECK(size >= 1, "set_last_op_slot: the buffer must hold at least one byte");
   // The first write clears the whole buffer: its earlier bytes are not known.
   last_op_slot.store(new LastOpSlot{reinterpret_cast<char*>(address), size, {size}});
-  if (last_op_callback == 0) {
-    last_op_callback = at::addGlobalCallback(
-        at::RecordFunctionCallback(&last_op_start, &last_op_end).scopes({at::RecordScope::FUNCTION}));
-  }
 }
 
 void reset_plans() {
@@ -1129,6 +1155,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("executed_ops", &executed_ops);
   m.def("clear_executed", &clear_executed);
   m.def("set_last_op_slot", &set_last_op_slot, py::arg("address"), py::arg("size"));
+  m.def("enter_op", &enter_python_op, py::arg("name"));
+  m.def("exit_op", &exit_op);
   m.def("memory_stats", &memory_stats);
   m.def("set_capacity", &set_capacity);
   m.def("rule_counts", &rule_counts);
