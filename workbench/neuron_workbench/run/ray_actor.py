@@ -24,6 +24,7 @@ from neuron_workbench.run.target_requests import (
     LAST_OP_BYTES,
     answer_request,
     device_ready,
+    release_answered,
 )
 from neuron_workbench.run.transport import Packed, dumps
 
@@ -108,6 +109,7 @@ class TargetActor:
             hint=ON_HINT,
             running=self._running_cell,
         )
+        release_answered()  # nothing runs after the return: the cell's state goes now
         return flatten(answer)
 
     @contextlib.contextmanager

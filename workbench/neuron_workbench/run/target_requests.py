@@ -182,7 +182,12 @@ def answer_request(
     ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
     (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself;
     ``arena`` is the shared-memory folder for the answer's tensors (a worker).
+
+    What the request held (the cell's whole state here, and the run) stays alive after the answer
+    until :func:`release_answered` (or the next request): freeing it takes a while, which a worker
+    spends after it has sent the answer, not before.
     """
+    release_answered()
     try:
         request = loads(data)
     except Exception as exc:
@@ -192,6 +197,7 @@ def answer_request(
                 f"({first_line(exc)}); {load_hint}"
             }
         )
+    _answered.append(request)
     if "held_copies" in request:  # the kernel explains a failure with what the last run kept
         return dumps({"copies": _held.get(request["held_copies"], {})}, arena)
     try:
@@ -263,6 +269,7 @@ def _run_request(
     from neuron_workbench.run.records import recorded
 
     run.extras = {name: recorded(value) for name, value in run.extras.items()}
+    _answered.append(run)
     _hold_copies(run)
     host_devices = (backend.device_type,) if backend.memory_on_host() else ()
     try:
@@ -270,6 +277,15 @@ def _run_request(
     except Exception:
         _leave_out_what_cannot_be_sent(run, backend.name)
         return dumps({"run": run}, arena, host_devices)
+
+
+#: The last request and its run, kept past the answer until :func:`release_answered`.
+_answered: list[Any] = []
+
+
+def release_answered() -> None:
+    """Free what the last answered request held (its values, its run)."""
+    _answered.clear()
 
 
 #: Host copies the last run's records left here (by token), until the next run request.

@@ -29,6 +29,7 @@ from neuron_workbench.run.target_requests import (
     WORKER_ENV,
     answer_request,
     device_ready,
+    release_answered,
 )
 from neuron_workbench.run.transport import dumps, receive, send
 
@@ -122,6 +123,8 @@ def serve(fd: int, folder: str) -> None:
         except OSError:  # the kernel is gone (or gave up on this request): nobody will load it
             answer.discard()
             break
+        # The cell's state here is freed while the kernel reads the answer, not before it is sent.
+        release_answered()
     # The pipe closed: the kernel stopped this worker or is gone (a kernel killed between cells
     # closes it; one killed mid-cell is noticed by the parent watch). Nobody reads the folder now.
     shutil.rmtree(folder, ignore_errors=True)
