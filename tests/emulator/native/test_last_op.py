@@ -102,6 +102,14 @@ def test_a_python_custom_op_is_named_while_its_body_runs(slot, mine, device):
     assert _name(slot) == "nwtest_lastop::mine"
 
 
+def test_profiler_markers_are_not_ops_of_the_cell(slot):
+    # optimizer.step() and zero_grad() mark themselves with record_function (profiler:: ops)
+    torch.ones(3, device="neuron").cos()
+    with torch.autograd.profiler.record_function("step"):
+        torch.ones(3).sin()
+    assert _name(slot) == "aten::cos"
+
+
 def test_a_device_factory_leaves_its_name(slot):
     torch.empty(2, 3, device="neuron")
     assert _name(slot) == "aten::empty.memory_format"
@@ -211,7 +219,7 @@ torch.ones(3).cos()
 
 
 def test_a_process_exits_cleanly_while_recording(run_py):
-    # at exit the core stops recording (removes its callback) before Python frees the buffer
+    # at exit the core stops recording (forgets the buffer) before Python frees it
     r = run_py(EXITS)
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -174,8 +174,12 @@ _lock = threading.Lock()
 _last_op_view: Any = None
 # The op classes' own ``__call__`` while recording wraps them (empty when not recording).
 _OP_CALLS: dict[type, Any] = {}
-# Namespaces whose ops are recorded by the device's kernels themselves (when they run on it).
-_DEVICE_NAMESPACES = frozenset({"aten", "prims"})
+# Namespaces whose ops do not enter their names: aten's the device's kernels record (prims break
+# into aten ops), and the profiler's record_function markers (every optimizer step makes some) are
+# no ops of the cell's.
+_NOT_ENTERED = frozenset({"aten", "prims", "profiler"})
+# Per op name: whether a wrapped call enters it (a lookup per call, no string work).
+_ENTERS: dict[str, bool] = {}
 
 
 def record_last_op(module: Any, slot: object | None) -> None:
@@ -193,9 +197,9 @@ def record_last_op(module: Any, slot: object | None) -> None:
             raise ValueError("record_last_op: the buffer must hold at least one byte")
         # TypeError for a read-only buffer (bytes, a read-only mmap)
         array = (ctypes.c_char * nbytes).from_buffer(slot)  # type: ignore[arg-type]
+        _wrap_op_calls(module)  # first: a failure leaves recording off as a whole
         module.set_last_op_slot(ctypes.addressof(array), nbytes)
         _last_op_view = array  # the previous buffer is released only after the switch
-        _wrap_op_calls(module)
 
 
 def _wrap_op_calls(module: Any) -> None:
@@ -207,24 +211,37 @@ def _wrap_op_calls(module: Any) -> None:
     if _OP_CALLS:
         return
     ops = torch._ops
-    for cls, name_of in (
+    classes = [
         (ops.OpOverload, lambda op: op._name),
         (ops.OpOverloadPacket, lambda op: op._qualified_op_name),
-    ):
-        original = cls.__dict__["__call__"]
-        _OP_CALLS[cls] = original
-        cls.__call__ = _entering(original, name_of, module.enter_op, module.exit_op)  # type: ignore[method-assign]
+    ]
+    torchbind = getattr(ops, "TorchBindOpOverload", None)
+    if torchbind is not None and "__call__" in torchbind.__dict__:  # its own __call__
+        classes.append((torchbind, lambda op: op._name))
+    wrapped = {
+        cls: _entering(cls.__dict__["__call__"], name_of, module.enter_op, module.exit_op)
+        for cls, name_of in classes
+    }
+    for cls, call in wrapped.items():
+        _OP_CALLS[cls] = call.__wrapped__
+        cls.__call__ = call  # type: ignore[method-assign]
 
 
 def _entering(original: Any, name_of: Any, enter: Any, exit_: Any) -> Any:
     def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces __call__
         name = name_of(self)
-        if name.partition("::")[0] in _DEVICE_NAMESPACES or not enter(name):
+        enters = _ENTERS.get(name)
+        if enters is None:
+            enters = _ENTERS[name] = name.partition("::")[0] not in _NOT_ENTERED
+        if not enters:
             return original(self, *args, **kwargs)
+        entered = False
         try:
+            entered = enter(name)
             return original(self, *args, **kwargs)
         finally:
-            exit_()
+            if entered:
+                exit_()
 
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     return __call__

@@ -99,17 +99,19 @@ class TargetActor:
                 os.chdir(where["cwd"])  # the same folder exists here (a cluster on this host)
         self.hello()
         assert self._backend is not None
-        answer = answer_request(
-            unflatten((data, buffers)),
-            self._backend,
-            self._slot,
-            host="actor",
-            load_hint="install the module on the cluster's nodes or ship it with "
-            "NeuronMagics.ray_runtime_env, or run the cell without --on",
-            hint=ON_HINT,
-            running=self._running_cell,
-        )
-        release_answered()  # nothing runs after the return: the cell's state goes now
+        try:
+            answer = answer_request(
+                unflatten((data, buffers)),
+                self._backend,
+                self._slot,
+                host="actor",
+                load_hint="install the module on the cluster's nodes or ship it with "
+                "NeuronMagics.ray_runtime_env, or run the cell without --on",
+                hint=ON_HINT,
+                running=self._running_cell,
+            )
+        finally:
+            release_answered()  # nothing runs after the return: the cell's state goes now
         return flatten(answer)
 
     @contextlib.contextmanager

@@ -150,10 +150,11 @@ def _record_last_op_natively(slot: mmap.mmap | None) -> bool:
 
 @contextlib.contextmanager
 def _last_op_recorded(slot: mmap.mmap | bytearray) -> Iterator[None]:
-    """Record each op the run dispatches into ``slot``.
+    """Record the run's ops into ``slot``, so a crash report can name the op it died in.
 
     The emulator's native core writes the names itself where it is in use (into a worker's memory
-    map); otherwise a dispatch mode does.
+    map): each op its device runs, and custom ops, not host ops. Otherwise a dispatch mode writes
+    every op the run dispatches.
     """
     if isinstance(slot, mmap.mmap) and _record_last_op_natively(slot):
         try:

@@ -324,7 +324,12 @@ class WorkerSlot:
             time.sleep(0.3)
 
     def _where(self, cell_filename: str) -> str:
-        """`` while running aten::op at cell line N`` from the files the worker left."""
+        """`` while running aten::op at cell line N`` from the files the worker left.
+
+        The op is the one the worker's device was running, or the last one it ran (an emulated
+        device records its own ops and custom ops; a crash in host code names the device op
+        before it).
+        """
         if self._folder is None:
             return ""
         text = ""

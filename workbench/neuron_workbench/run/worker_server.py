@@ -123,7 +123,8 @@ def serve(fd: int, folder: str) -> None:
         except OSError:  # the kernel is gone (or gave up on this request): nobody will load it
             answer.discard()
             break
-        # The cell's state here is freed while the kernel reads the answer, not before it is sent.
+        # The cell's state here is freed while the kernel reads the answer, not before it is sent
+        # (a destructor that crashes the worker now shows on the next cell, as a worker that died).
         release_answered()
     # The pipe closed: the kernel stopped this worker or is gone (a kernel killed between cells
     # closes it; one killed mid-cell is noticed by the parent watch). Nobody reads the folder now.
