@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -72,22 +72,41 @@ def per_op_target_us(shell, flags: str) -> float:
     return best * 1e6
 
 
-def magic_against_plain_twice(
-    shell, setup: str, cuda_cell: str, cpu_cell: str
-) -> tuple[float, float, float]:
+@dataclass
+class Figure:
+    """Best times of a ``%%neuron`` cell and of its plain cell run twice, with the runs' bodies."""
+
+    magic_s: float
+    plain_s: float
+    #: best wall times of the reference and target runs inside ``%%neuron`` (host CPU time both)
+    ref_s: float
+    target_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.magic_s / self.plain_s
+
+
+def magic_against_plain_twice(shell, cuda_cell: str, cpu_cell: str) -> Figure:
     """Best ``%%neuron`` time of ``cuda_cell`` against twice ``cpu_cell``, rounds alternating."""
     from neuron_workbench.testing import run_cell
 
-    run_cell(shell, setup)
     magic_cell = "%%neuron -o figure_report\n" + cuda_cell
-    run_cell(shell, magic_cell)
-    assert shell.user_ns["figure_report"].verdict == "PASS"
+    run_cell(shell, magic_cell)  # starts the worker
+    report = shell.user_ns["figure_report"]
+    assert report.verdict == "PASS", report.summary()
+    bodies = {"ref": float("inf"), "target": float("inf")}
+
+    def magic() -> None:
+        run_cell(shell, magic_cell)
+        report = shell.user_ns["figure_report"]
+        bodies["ref"] = min(bodies["ref"], report.ref.wall_time_s)
+        bodies["target"] = min(bodies["target"], report.target.wall_time_s)
+
     plain_best, magic_best = best_of_interleaved(
-        lambda: (run_cell(shell, cpu_cell), run_cell(shell, cpu_cell)),
-        lambda: run_cell(shell, magic_cell),
-        ROUNDS,
+        lambda: (run_cell(shell, cpu_cell), run_cell(shell, cpu_cell)), magic, ROUNDS
     )
-    return magic_best / plain_best, magic_best, plain_best
+    return Figure(magic_best, plain_best, bodies["ref"], bodies["target"])
 
 
 def inprocess_main() -> None:
@@ -105,52 +124,26 @@ def main() -> int:
 
     assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"
     shell = _shell()
-    magic_cell = "%%neuron -o gpt_report\n" + GPT_STEP
-    plain_cell = GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
-
-    def magic() -> None:
-        run_cell(shell, magic_cell)
-
-    def plain_twice() -> None:
-        run_cell(shell, plain_cell)
-        run_cell(shell, plain_cell)
-
-    magic()  # starts the worker
-    report = shell.user_ns["gpt_report"]
-    assert report.verdict == "PASS", report.summary()
-    plain_twice()
-    plain_best = magic_best = ref_best = target_best = float("inf")
-    for _ in range(ROUNDS):
-        for fn, which in ((plain_twice, "plain"), (magic, "magic")):
-            start = time.perf_counter()
-            fn()
-            elapsed = time.perf_counter() - start
-            if which == "plain":
-                plain_best = min(plain_best, elapsed)
-            else:
-                magic_best = min(magic_best, elapsed)
-                report = shell.user_ns["gpt_report"]
-                ref_best = min(ref_best, report.ref.wall_time_s)
-                target_best = min(target_best, report.target.wall_time_s)
-    ratio = magic_best / plain_best
+    gpt = magic_against_plain_twice(
+        shell, GPT_STEP, GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
+    )
     print(
         f"GPT training step (4 micro-batches) through %%neuron, default executor, warm: "
-        f"{ratio:.2f}x the cell run twice as plain CPU code "
-        f"({magic_best * 1e3:.1f} ms vs {plain_best * 1e3:.1f} ms; goal <= {GPT_GOAL:.1f}x)"
+        f"{gpt.ratio:.2f}x the cell run twice as plain CPU code "
+        f"({gpt.magic_s * 1e3:.1f} ms vs {gpt.plain_s * 1e3:.1f} ms; goal <= {GPT_GOAL:.1f}x)"
     )
     # Where a cell's time goes: the two runs' bodies, side by side (host CPU time both).
     print(
-        f"  the cell's runs inside %%neuron: reference {ref_best * 1e3:.1f} ms, target "
-        f"{target_best * 1e3:.1f} ms (emulated neuron: host CPU time), at the same time; "
-        f"plain cell once {plain_best / 2 * 1e3:.1f} ms"
+        f"  the cell's runs inside %%neuron: reference {gpt.ref_s * 1e3:.1f} ms, target "
+        f"{gpt.target_s * 1e3:.1f} ms (emulated neuron: host CPU time), at the same time; "
+        f"plain cell once {gpt.plain_s / 2 * 1e3:.1f} ms"
     )
-    cnn_ratio, cnn_magic, cnn_plain = magic_against_plain_twice(
-        shell, CNN_SETUP, cell_for("cuda"), cell_for("cpu")
-    )
+    run_cell(shell, CNN_SETUP)
+    cnn = magic_against_plain_twice(shell, cell_for("cuda"), cell_for("cpu"))
     print(
         f"notebook-defined CNN training step through %%neuron, default executor, warm: "
-        f"{cnn_ratio:.2f}x the cell run twice as plain CPU code "
-        f"({cnn_magic * 1e3:.1f} ms vs {cnn_plain * 1e3:.1f} ms; for information)"
+        f"{cnn.ratio:.2f}x the cell run twice as plain CPU code "
+        f"({cnn.magic_s * 1e3:.1f} ms vs {cnn.plain_s * 1e3:.1f} ms; for information)"
     )
     worker_us = per_op_target_us(shell, "")
     done = subprocess.run(
@@ -164,7 +157,7 @@ def main() -> int:
         f"(worker {worker_us:.2f} us vs in-process {inprocess_us:.2f} us per op; "
         f"goal <= {PER_OP_GOAL_US:.1f} us)"
     )
-    return 0 if ratio <= GPT_GOAL and overhead <= PER_OP_GOAL_US else 1
+    return 0 if gpt.ratio <= GPT_GOAL and overhead <= PER_OP_GOAL_US else 1
 
 
 if __name__ == "__main__":
