@@ -82,6 +82,20 @@ def emulated_neuron():
     return emulate("neuron")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _device_before_any_backward(request):
+    """An in-process session installs the device before any other fixture runs a backward pass.
+
+    Session-scoped fixtures (``tests/artifacts``' runs) are set up before the per-test placement
+    below; with the tests spread over several processes (``pytest -n``), any of them may be a
+    process's first.
+    """
+    items = request.session.items
+    # (a session holding both kinds skips the in-process ones: see pytest_collection_finish)
+    if items and all(item.get_closest_marker("inprocess_device") for item in items):
+        request.getfixturevalue("emulated_neuron")
+
+
 @pytest.fixture(autouse=True)
 def _device_placement(request):
     """Install the emulated device for in-process tests; check that the others run without it."""
