@@ -282,7 +282,7 @@ def test_killing_the_actor_mid_run_gives_error_and_the_next_cell_works(ray_ip, r
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                _, line = ray.get(actor.probe.remote(), timeout=5)
+                _, line, _ = ray.get(actor.probe.remote(), timeout=5)
             except Exception:
                 return
             if line == 4:  # in the cell's sleep (line 1 is %%neuron): the run has started
@@ -303,8 +303,8 @@ def test_killing_the_actor_mid_run_gives_error_and_the_next_cell_works(ray_ip, r
     error = report.target.error
     assert error.type == "TargetProcessDied"
     assert re.fullmatch(
-        rf"target actor on {re.escape(where)} died \(ended with ray\.kill\); last seen running "
-        r"aten::\S+ at cell line 4",
+        rf"target actor on {re.escape(where)} died \(ended with ray\.kill\); last seen at cell "
+        r"line 4, after running aten::\S+",
         error.message,
     ), error.message
     # the kernel and its namespace are as they were (the report is the only new name)
@@ -326,8 +326,8 @@ def test_a_hung_target_on_ray_is_ended_after_the_timeout(ray_ip, ray_cluster):
     )
     assert report.verdict == "ERROR"
     assert re.fullmatch(
-        rf"target actor on {re.escape(where)} timed out after 3 s while running aten::\S+ at "
-        r"cell line 4; it was ended",
+        rf"target actor on {re.escape(where)} timed out after 3 s at cell line 4, after running "
+        r"aten::\S+; it was ended",
         report.target.error.message,
     ), report.target.error.message
     assert time.monotonic() - started < 30

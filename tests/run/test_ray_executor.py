@@ -41,9 +41,15 @@ def test_actors_get_the_worker_marker_and_the_jobs_env_vars():
 
 
 def test_where_a_run_was_last_seen():
-    assert _seen(("aten::add.Tensor", 3)) == " while running aten::add.Tensor at cell line 3"
-    assert _seen(("aten::mul.Tensor", None), last=True) == "; last seen running aten::mul.Tensor"
-    assert _seen(("", None)) == ""
+    assert _seen(("aten::add.Tensor", 3, False)) == " while running aten::add.Tensor at cell line 3"
+    assert _seen(("aten::add.Tensor", 3, True)) == " at cell line 3, after running aten::add.Tensor"
+    assert (
+        _seen(("aten::mul.Tensor", None, False), last=True)
+        == "; last seen while running aten::mul.Tensor"
+    )
+    assert _seen(("aten::mul.Tensor", None, True)) == " after running aten::mul.Tensor"
+    assert _seen(("", 4, True), last=True) == "; last seen at cell line 4"
+    assert _seen(("", None, False)) == ""
 
 
 def test_ray_errors_become_one_line():

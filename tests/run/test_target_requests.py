@@ -7,7 +7,15 @@ import torch
 
 from neuron_workbench.backends import get_backend
 from neuron_workbench.run.cell import compile_cell
-from neuron_workbench.run.target_requests import answer_request, pack_request, release_answered
+from neuron_workbench.run.target_requests import (
+    LAST_OP_BYTES,
+    _last_op_recorded,
+    answer_request,
+    pack_request,
+    read_last_op,
+    release_answered,
+    where_it_was,
+)
 from neuron_workbench.run.transport import dumps, loads
 
 
@@ -78,3 +86,42 @@ def test_the_cells_state_outlives_the_answer_until_it_is_released():
         assert freed == ["x"]
     finally:
         del sys.modules["nwtest_release_freed"]
+
+
+@torch.library.custom_op("nwtest_requests::reads_slot", mutates_args=())
+def _reads_slot(x: torch.Tensor) -> torch.Tensor:
+    _SEEN.append(read_last_op(_SLOT))
+    return x * 2
+
+
+_SLOT = bytearray(LAST_OP_BYTES)
+_SEEN: list = []
+
+
+def test_the_dispatch_mode_names_each_op_and_marks_it_ended_when_it_returns():
+    # (no emulated device in this process: the Python dispatch mode records, as in a Ray actor)
+    _SLOT[:] = b"\xff" * LAST_OP_BYTES
+    _SEEN.clear()
+    with _last_op_recorded(_SLOT):
+        torch.ones(2) + 1
+        assert read_last_op(_SLOT) == ("aten::add.Tensor", True)
+        _reads_slot(torch.ones(2))
+    assert _SEEN == [("nwtest_requests::reads_slot", False)]  # inside it: still running
+    assert read_last_op(_SLOT) == ("nwtest_requests::reads_slot", True)
+
+
+def test_where_a_process_was_says_whether_its_last_op_had_ended():
+    assert (
+        where_it_was("aten::mul.Tensor", False, 4)
+        == " while running aten::mul.Tensor at cell line 4"
+    )
+    assert (
+        where_it_was("aten::mul.Tensor", True, 4)
+        == " at cell line 4, after running aten::mul.Tensor"
+    )
+    assert where_it_was("aten::mul.Tensor", True, None) == " after running aten::mul.Tensor"
+    assert where_it_was("", False, 2) == " at cell line 2"
+    assert where_it_was("", True, None) == ""
+    # a record from before the state byte, or a short one, reads as running
+    assert read_last_op(b"aten::cos".ljust(LAST_OP_BYTES, b"\0")) == ("aten::cos", False)
+    assert read_last_op(b"aten::cos\0\1") == ("aten::cos", False)

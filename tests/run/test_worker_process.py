@@ -174,8 +174,10 @@ def test_a_hung_target_is_ended_at_the_timeout(namespace):
         session.close()
     assert elapsed < 10
     message = result.report.target.error.message
-    assert message.startswith("target process timed out after 3 s while running aten::")
-    assert message.endswith("at cell line 3; it was ended")
+    assert message.startswith(
+        "target process timed out after 3 s at cell line 3, after running aten::"
+    )
+    assert message.endswith("; it was ended")
 
 
 def test_a_worker_that_exits_is_reported_and_replaced(session, namespace):
@@ -188,9 +190,9 @@ def test_a_worker_that_exits_is_reported_and_replaced(session, namespace):
         namespace,
         session,
     )
-    # os._exit leaves no stack dump: the op is known, the line is not
+    # os._exit leaves no stack dump: the op (which had ended) is known, the line is not
     assert result.report.target.error.message == (
-        "target process died (exit status 3) while running aten::add.Tensor"
+        "target process died (exit status 3) after running aten::add.Tensor"
     )
     assert compare("y = torch.ones(2, device='cuda')", namespace, session).report.verdict == "PASS"
 

@@ -31,6 +31,11 @@ def _name(buf) -> str:
     return bytes(buf).split(b"\0", 1)[0].decode()
 
 
+def _ended(buf) -> bool:
+    """The slot's last byte: the op it names has returned (1) or is still running (0)."""
+    return bytes(buf)[-1] == 1
+
+
 @pytest.fixture
 def slot():
     buf = mmap.mmap(-1, SLOT)
@@ -45,7 +50,7 @@ def slot():
 def test_the_last_op_and_its_overload_are_in_the_slot(slot):
     a = torch.ones(3, device="neuron")
     a.cos()
-    assert _name(slot) == "aten::cos"  # no overload name
+    assert _name(slot) == "aten::cos" and _ended(slot)  # no overload name
     a + a
     assert _name(slot) == "aten::add.Tensor"
     a.view(3, 1)
@@ -85,21 +90,22 @@ def mine():
         reads["seen"].append(_name(reads["slot"]))
         y = x * 2  # aten::mul.Tensor, inside nwtest_lastop::mine
         reads["seen"].append(_name(reads["slot"]))
+        reads["running"] = not _ended(reads["slot"])  # an inner op ended, the outer one did not
         return y
 
     def run(x, slot):
-        reads["slot"], reads["seen"] = slot, []
+        reads["slot"], reads["seen"], reads["running"] = slot, [], None
         op(x)
-        return reads["seen"]
+        return reads["seen"], reads["running"]
 
     return run
 
 
 @pytest.mark.parametrize("device", ["cpu", "neuron"])
 def test_a_python_custom_op_is_named_while_its_body_runs(slot, mine, device):
-    seen = mine(torch.ones(3, device=device), slot)
-    assert seen == ["nwtest_lastop::mine", "nwtest_lastop::mine"]
-    assert _name(slot) == "nwtest_lastop::mine"
+    seen, running = mine(torch.ones(3, device=device), slot)
+    assert seen == ["nwtest_lastop::mine", "nwtest_lastop::mine"] and running
+    assert _name(slot) == "nwtest_lastop::mine" and _ended(slot)
 
 
 def test_profiler_markers_are_not_ops_of_the_cell(slot):
@@ -119,7 +125,7 @@ def test_a_device_factory_leaves_its_name(slot):
 
 def test_a_shorter_name_leaves_no_tail_of_a_longer_one(slot):
     torch.empty(2, device="neuron").cos()
-    assert bytes(slot) == b"aten::cos".ljust(SLOT, b"\0")
+    assert bytes(slot) == b"aten::cos".ljust(SLOT - 1, b"\0") + b"\1"
 
 
 def test_a_long_name_is_cut_to_the_slot():
@@ -129,7 +135,7 @@ def test_a_long_name_is_cut_to_the_slot():
         torch.ones(2, device="neuron").cos()
     finally:
         record_last_op(None)
-    assert small == bytearray(b"aten::c\0")
+    assert small == bytearray(b"aten::\0\1")
 
 
 def test_none_stops_the_writes(mine):
@@ -141,7 +147,7 @@ def test_none_stops_the_writes(mine):
     buf[:] = bytes(SLOT)
     torch.ones(3, device="neuron").cos()
     torch.ones(3).cos()
-    assert mine(torch.ones(3), buf) == ["", ""]  # custom ops are not entered either
+    assert mine(torch.ones(3), buf) == (["", ""], True)  # custom ops are not entered either
     assert bytes(buf) == bytes(SLOT)
     buf.close()
     torch.ones(3, device="neuron").cos()  # nothing writes into the unmapped buffer
@@ -152,7 +158,7 @@ def test_a_read_only_or_empty_buffer_is_refused():
     with pytest.raises(TypeError):
         record_last_op(b"aten")
     with pytest.raises(ValueError):
-        record_last_op(bytearray())
+        record_last_op(bytearray(1))  # no room for a name and its state
 
 
 KILLED = """
@@ -173,7 +179,8 @@ def test_the_name_outlives_a_killed_process(run_py, tmp_path):
     path.write_bytes(bytes(SLOT))
     r = run_py(KILLED, args=[str(path)])
     assert r.returncode == -9, r.stderr[-2000:]
-    assert _name(path.read_bytes()) == "aten::cos"
+    # killed in host code after the op: named, and marked ended
+    assert _name(path.read_bytes()) == "aten::cos" and _ended(path.read_bytes())
 
 
 ABORTED = """
@@ -202,7 +209,9 @@ def test_a_custom_op_that_aborts_the_process_is_the_last_op(run_py, tmp_path):
     path.write_bytes(bytes(SLOT))
     r = run_py(ABORTED, args=[str(path)])
     assert r.returncode == -6, r.stderr[-2000:]
+    # died inside the op (its inner clone had ended): running
     assert _name(path.read_bytes()) == "nwtest_lastop::boom"
+    assert not _ended(path.read_bytes())
 
 
 EXITS = """

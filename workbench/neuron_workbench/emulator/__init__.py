@@ -416,8 +416,10 @@ def record_last_op(slot: object | None) -> bool:
 
     From this call on, every op the emulated device runs, from any thread, writes its name,
     ``namespace::name[.overload]`` (e.g. ``aten::add.Tensor``, ``aten::cos``), into the start of
-    ``slot``: truncated to ``len(slot) - 1`` bytes and NUL-padded, so splitting the buffer at the
-    first NUL gives the name. Ops registered outside aten (``mylib::myop``, custom ops) write
+    ``slot``: truncated to ``len(slot) - 2`` bytes and NUL-padded, so splitting the buffer at the
+    first NUL gives the name. The last byte is 0 while the named op runs and 1 once it has ended
+    (a top-level op returned), so a crash in host code after it is not taken for one inside it.
+    Ops registered outside aten (``mylib::myop``, custom ops) write
     theirs too when called from Python, on any device: their kernels are not the device's (while
     recording, ``torch.ops`` calls pass through a small Python wrapper for this; the profiler's
     ``record_function`` markers are not written). When an op ends inside another (a custom op's
@@ -430,7 +432,7 @@ def record_last_op(slot: object | None) -> bool:
     Parameters
     ----------
     slot
-        A writable buffer of at least one byte (an ``mmap.mmap``, a ``bytearray``). It is kept
+        A writable buffer of at least two bytes (an ``mmap.mmap``, a ``bytearray``). It is kept
         alive, and cannot be closed or resized, until recording is turned off or pointed
         elsewhere. None turns recording off.
 

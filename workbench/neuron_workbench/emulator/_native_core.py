@@ -193,8 +193,8 @@ def record_last_op(module: Any, slot: object | None) -> None:
             return
         with memoryview(slot) as view:  # type: ignore[arg-type]
             nbytes = view.nbytes
-        if nbytes < 1:
-            raise ValueError("record_last_op: the buffer must hold at least one byte")
+        if nbytes < 2:
+            raise ValueError("record_last_op: the buffer must hold at least two bytes")
         # TypeError for a read-only buffer (bytes, a read-only mmap)
         array = (ctypes.c_char * nbytes).from_buffer(slot)  # type: ignore[arg-type]
         _wrap_op_calls(module)  # first: a failure leaves recording off as a whole

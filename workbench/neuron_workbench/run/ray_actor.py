@@ -24,6 +24,7 @@ from neuron_workbench.run.target_requests import (
     LAST_OP_BYTES,
     answer_request,
     device_ready,
+    read_last_op,
     release_answered,
 )
 from neuron_workbench.run.transport import Packed, dumps
@@ -123,19 +124,19 @@ class TargetActor:
         finally:
             self._running = None
 
-    def probe(self) -> tuple[str, int | None]:
-        """The op the running cell dispatched last, and the cell line it is at (or None)."""
-        op = bytes(self._slot).split(b"\0", 1)[0].decode(errors="replace")
+    def probe(self) -> tuple[str, int | None, bool]:
+        """The op the running cell dispatched last, its cell line (or None), and whether it ended."""
+        op, ended = read_last_op(self._slot)
         running = self._running
         if running is None:
-            return op, None
+            return op, None, ended
         frame: types.FrameType | None = sys._current_frames().get(running[0])
         line = None
         while frame is not None:
             if frame.f_code.co_filename == running[1] and frame.f_code.co_name == "<module>":
                 line = frame.f_lineno
             frame = frame.f_back
-        return op, line
+        return op, line, ended
 
 
 def package_version() -> str:

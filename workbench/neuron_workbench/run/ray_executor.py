@@ -55,7 +55,12 @@ from neuron_workbench.run.ray_cluster import (
 )
 from neuron_workbench.run.slot_executor import SlotExecutor
 from neuron_workbench.run.slots import SlotPool, WorkerDied, WorkerRow
-from neuron_workbench.run.target_requests import START_TIMEOUT_S, WORKER_ENV, first_line
+from neuron_workbench.run.target_requests import (
+    START_TIMEOUT_S,
+    WORKER_ENV,
+    first_line,
+    where_it_was,
+)
 from neuron_workbench.run.transport import Loaded, Packed, loads, loads_leniently
 
 #: Seconds between the kernel's looks at what a running actor is doing (last op, cell line).
@@ -270,7 +275,7 @@ class RayActorSlot:
         actor = self._actor
         data, buffers = flatten(message)
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen: tuple[str, int | None] = ("", None)
+        seen: tuple[str, int | None, bool] = ("", None, False)
         probe = None
         try:
             pending = actor.run.remote(data, buffers, {"cwd": os.getcwd()})
@@ -314,13 +319,10 @@ class RayActorSlot:
         return answer
 
 
-def _seen(seen: tuple[str, int | None], last: bool = False) -> str:
-    op, line = seen
-    text = f" running {op}" if op else ""
-    text += f" at cell line {line}" if line is not None else ""
-    if not text:
-        return ""
-    return f"; last seen{text}" if last else f" while{text}"
+def _seen(seen: tuple[str, int | None, bool], last: bool = False) -> str:
+    op, line, ended = seen
+    text = where_it_was(op, ended, line)
+    return f"; last seen{text}" if last and text else text
 
 
 def _ray_cause(exc: BaseException) -> str:

@@ -8,10 +8,10 @@ by reference, tensors by storage); a target process (a worker, see
 each request with :func:`answer_request`: the finished :class:`~.records.Run`, its tensors moved to
 the host, or a one-line usage error. Results that cannot travel are reported as not compared.
 
-While a run is under way the name of the last op is kept in a small buffer of :data:`LAST_OP_BYTES`
-(a worker's is a memory-mapped file, so it survives a crash): the emulator's native core writes
-each op its device runs itself where it is in use (no Python per op, nothing for host ops),
-otherwise a dispatch mode writes every dispatched op.
+While a run is under way the name of the last op, and whether it has ended, is kept in a small
+buffer of :data:`LAST_OP_BYTES` (a worker's is a memory-mapped file, so it survives a crash): the
+emulator's native core writes each op its device runs itself where it is in use (no Python per op,
+nothing for host ops), otherwise a dispatch mode writes every dispatched op.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from neuron_workbench.run.transport import Packed, dumps, loads
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
-#: Bytes of the record of the last op run (a worker's is memory-mapped).
+#: Bytes of the record of the last op run (a worker's is memory-mapped): the op's name, NUL-padded,
+#: and in the last byte :data:`OP_ENDED` once that op has returned (0 while it runs).
 LAST_OP_BYTES = 128
+OP_ENDED = 1
 #: Seconds a fresh target process may take to import torch and make its device ready.
 START_TIMEOUT_S = 180.0
 #: What a cell that cannot be shipped to its target process is told to do instead.
@@ -56,6 +58,27 @@ def _anchor(namespace: Mapping[str, Any]) -> types.FunctionType:
 def _describe(value: Any) -> str:
     kind = type(value).__name__
     return f"a {kind}" if kind[0].lower() not in "aeiou" else f"an {kind}"
+
+
+def read_last_op(slot: bytes | bytearray | mmap.mmap) -> tuple[str, bool]:
+    """The op a last-op record names (``""`` for none), and whether that op had ended."""
+    data = bytes(slot[:LAST_OP_BYTES])
+    op = data.split(b"\0", 1)[0].decode(errors="replace")
+    return op, len(data) == LAST_OP_BYTES and data[-1] == OP_ENDED
+
+
+def where_it_was(op: str, ended: bool, line: int | None) -> str:
+    """Where a target process was: `` while running aten::op at cell line N``.
+
+    `` at cell line N, after running aten::op`` when the op had ended (the process was in host
+    code after it); ``""`` when nothing is known.
+    """
+    at = f" at cell line {line}" if line is not None else ""
+    if not op:
+        return at
+    if ended:
+        return f"{at}, after running {op}" if at else f" after running {op}"
+    return f" while running {op}{at}"
 
 
 def first_line(exc: BaseException) -> str:
@@ -109,10 +132,13 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
         name = self._names.get(func)
         if name is None:
             # ``aten::add.Tensor``: the same spelling as the native core's record
-            raw = str(func.name()).encode()[: LAST_OP_BYTES - 1]
+            raw = str(func.name()).encode()[: LAST_OP_BYTES - 2]
             name = self._names[func] = raw.ljust(LAST_OP_BYTES, b"\0")
-        self._slot[0:LAST_OP_BYTES] = name
-        return func(*args, **(kwargs or {}))
+        slot = self._slot
+        slot[0:LAST_OP_BYTES] = name
+        out = func(*args, **(kwargs or {}))
+        slot[LAST_OP_BYTES - 1] = OP_ENDED
+        return out
 
 
 # PyTorch wraps a mode's __torch_dispatch__ in a dynamo-disable guard that costs more than this mode

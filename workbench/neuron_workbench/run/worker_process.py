@@ -42,6 +42,8 @@ from neuron_workbench.run.target_requests import (
     START_TIMEOUT_S,
     WORKER_ENV,
     first_line,
+    read_last_op,
+    where_it_was,
 )
 from neuron_workbench.run.transport import (
     Loaded,
@@ -326,17 +328,16 @@ class WorkerSlot:
     def _where(self, cell_filename: str) -> str:
         """`` while running aten::op at cell line N`` from the files the worker left.
 
-        The op is the one the worker's device was running, or the last one it ran (an emulated
-        device records its own ops and custom ops; a crash in host code names the device op
-        before it).
+        The op is the one the worker's device was running, or, when it had ended, the last one it
+        ran: `` at cell line N, after running aten::op`` (an emulated device records its own ops
+        and custom ops, so a crash in host code names the device op before it).
         """
         if self._folder is None:
             return ""
-        text = ""
+        op, ended, line = "", False, None
         with contextlib.suppress(OSError):
             with open(os.path.join(self._folder, "lastop"), "rb") as handle:
-                op = handle.read(LAST_OP_BYTES).split(b"\0", 1)[0].decode(errors="replace")
-            text += f" while running {op}" if op else ""
+                op, ended = read_last_op(handle.read(LAST_OP_BYTES))
         with contextlib.suppress(OSError):
             with open(os.path.join(self._folder, "faults.log"), errors="replace") as handle:
                 dump = handle.read()[-200_000:]
@@ -345,8 +346,8 @@ class WorkerSlot:
             pattern = re.compile(r'File "' + names + r'", line (\d+) in <module>')
             match = pattern.search(dump)
             if match:
-                text += f" at cell line {match.group(1)}"
-        return text
+                line = int(match.group(1))
+        return where_it_was(op, ended, line)
 
 
 class WorkerPool(SlotPool[WorkerSlot]):

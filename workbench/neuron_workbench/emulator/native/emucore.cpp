@@ -295,9 +295,11 @@ std::set<std::string> executed;
 // process, host ops included, through the dispatcher's slow path (about 1.3 ms of a small GPT
 // step). Per device op: a thread-local push/pop, an atomic load, a memcpy and a short memset; no
 // lock, no allocation, no Python.
+// The slot's last byte says whether the op it names is still running (0) or has ended (1, set
+// when a top-level op returns), so a crash in host code after it is not read as a crash inside it.
 struct LastOpSlot {
   char* data;
-  size_t size;               // >= 1
+  size_t size;               // >= 2
   std::atomic<size_t> used;  // bytes an earlier, longer name may still occupy
 };
 // Replaced whole and never freed (a few bytes per set_last_op_slot): another thread may still be
@@ -305,13 +307,14 @@ struct LastOpSlot {
 std::atomic<LastOpSlot*> last_op_slot{nullptr};
 std::mutex last_op_mutex;  // turning recording on and off
 
-// `name` (its first `length` bytes), truncated to size - 1 bytes, NUL-padded over what an earlier
-// name used.
+// `name` (its first `length` bytes), truncated to size - 2 bytes, NUL-padded over what an earlier
+// name used, marked running.
 void write_last_op(LastOpSlot& slot, const char* name, size_t length) {
-  const size_t n = std::min(length, slot.size - 1);
+  const size_t n = std::min(length, slot.size - 2);
   std::memcpy(slot.data, name, n);
   const size_t before = slot.used.exchange(n, std::memory_order_relaxed);
-  std::memset(slot.data + n, 0, std::max(before, n + 1) - n);
+  std::memset(slot.data + n, 0, std::min(std::max(before, n + 1), slot.size - 1) - n);
+  slot.data[slot.size - 1] = 0;
 }
 
 // The ops this thread is inside (they nest and end in reverse order): when an inner op ends (a
@@ -340,10 +343,15 @@ bool enter_op(const char* name, size_t length) {
 void exit_op() {
   if (op_depth == 0) return;
   const int depth = --op_depth;
-  if (depth == 0 || depth > kMaxOpDepth) return;  // top level: the slot keeps the op that ended
+  if (depth > kMaxOpDepth) return;
+  LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire);
+  if (slot == nullptr) return;
+  if (depth == 0) {  // top level: the slot keeps the op, marked ended
+    slot->data[slot->size - 1] = 1;
+    return;
+  }
   const OpFrame& outer = op_frames[depth - 1];
-  if (LastOpSlot* slot = last_op_slot.load(std::memory_order_acquire))
-    write_last_op(*slot, outer.name, outer.length);
+  write_last_op(*slot, outer.name, outer.length);
 }
 
 // The device op a kernel runs, for the length of the kernel.
@@ -1083,7 +1091,7 @@ void set_last_op_slot(uintptr_t address, size_t size) {
     last_op_slot.store(nullptr);  // an op already running writes no more
     return;
   }
-  TORCH_CHECK(size >= 1, "set_last_op_slot: the buffer must hold at least one byte");
+  TORCH_CHECK(size >= 2, "set_last_op_slot: the buffer must hold at least two bytes");
   // The first write clears the whole buffer: its earlier bytes are not known.
   last_op_slot.store(new LastOpSlot{reinterpret_cast<char*>(address), size, {size}});
 }
