@@ -419,15 +419,15 @@ def record_last_op(slot: object | None) -> bool:
     ``slot``: truncated to ``len(slot) - 2`` bytes and NUL-padded, so splitting the buffer at the
     first NUL gives the name. The last byte is 0 while the named op runs and 1 once it has ended
     (a top-level op returned), so a crash in host code after it is not taken for one inside it.
-    Ops registered outside aten (``mylib::myop``, custom ops) write
-    theirs too when called from Python, on any device: their kernels are not the device's (while
-    recording, ``torch.ops`` calls pass through a small Python wrapper for this; the profiler's
-    ``record_function`` markers are not written). When an op ends inside another (a custom op's
-    body, a kernel's own device ops), the slot names the enclosing op again, so it holds the
-    innermost op running, or the last top-level op once none is. Host ops (on CPU tensors) are
-    not the device's and leave the slot as it is. The device's kernels do the writes themselves,
-    only while recording is on (a few nanoseconds per op, no Python), so a process that may die
-    (a worker) can leave in a memory-mapped file the op it died in.
+    Ops registered outside aten (``mylib::myop``, custom ops) write theirs too when called from
+    Python, on any device: their kernels are not the device's (while recording, ``torch.ops``
+    calls pass through a small Python wrapper for this; the profiler's ``record_function`` markers
+    are not written). When an op ends inside another (a custom op's body, a kernel's own device
+    ops), the slot names the enclosing op again, so it holds the innermost op running, or the last
+    top-level op once none is. Host ops (on CPU tensors) are not the device's and leave the slot as
+    it is. The device's kernels do the writes themselves, only while recording is on (a few
+    nanoseconds per op, no Python), so a process that may die (a worker) can leave in a
+    memory-mapped file the op it died in.
 
     Parameters
     ----------
