@@ -257,6 +257,47 @@ def test_a_worker_ends_and_removes_its_folder_when_its_kernel_is_killed(when):
     assert not os.path.exists(folder)  # its arenas and crash records with it
 
 
+KERNEL_THAT_CLOSES_THE_PIPE = '''
+import os, sys, torch
+from neuron_workbench.cell.settings import CompareOptions
+from neuron_workbench.cell.settings import CellOptions
+from neuron_workbench.cell.session import Session
+session = Session()
+ns = {"__name__": "__main__", "torch": torch, "os": os, "sys": sys}
+cell = """
+class Noisy:
+    def __del__(self):
+        sys.stderr.write("finalised in the worker\\\\n")
+if os.environ.get("NEURON_WORKBENCH_WORKER"):
+    sys.modules["nwtest_noisy"] = Noisy()  # lives until the interpreter's own teardown
+x = torch.ones(1, device="cuda")
+"""
+options = CellOptions(compare=CompareOptions(ref="cpu", target="neuron"), scan=False)
+print(session.run_cell(cell, ns, options).report.verdict, flush=True)
+worker = session.workers.get("neuron")
+process, folder = worker._process, worker.arena
+worker._conn.close()  # as a kernel that is gone: the worker ends on its own
+print(process.wait(timeout=60), os.path.exists(folder), flush=True)
+'''
+
+
+def test_a_worker_ends_on_a_closed_pipe_without_the_interpreters_teardown():
+    # Teardown runs library finalisers (torch's dynamo weakref callbacks among them) that can print
+    # "Exception ignored in ..." into the stderr the worker shares with its kernel or the CLI.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL_THAT_CLOSES_THE_PIPE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["PASS", "0", "False"], done.stdout + done.stderr[-2000:]
+    assert "finalised in the worker" not in done.stderr
+
+
 def _running(pid):
     """Whether ``pid`` exists and is not a zombie waiting to be reaped."""
     try:

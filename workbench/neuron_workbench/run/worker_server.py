@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -64,8 +64,8 @@ def _exit_with_parent(folder: str) -> None:
     threading.Thread(target=watch, name="neuron-workbench-parent-watch", daemon=True).start()
 
 
-def serve(fd: int, folder: str) -> None:
-    """Worker main loop: set up, then answer run requests until the pipe closes.
+def serve(fd: int, folder: str) -> NoReturn:
+    """Worker main loop: set up, then answer run requests until the pipe closes, then end.
 
     ``fd`` is the worker's end of the socket pair, ``folder`` its own (last op, stack dumps,
     shared-memory arenas).
@@ -129,3 +129,10 @@ def serve(fd: int, folder: str) -> None:
     # The pipe closed: the kernel stopped this worker or is gone (a kernel killed between cells
     # closes it; one killed mid-cell is noticed by the parent watch). Nobody reads the folder now.
     shutil.rmtree(folder, ignore_errors=True)
+    # Nothing is left to finalise, so the interpreter's teardown is skipped, as the parent watch
+    # skips it: its garbage collection runs library finalisers (torch's dynamo weakref callbacks)
+    # that can print "Exception ignored in ..." into the stderr this process shares with its kernel
+    # or the CLI, often cut off halfway by the kernel's kill.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
