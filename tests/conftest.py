@@ -32,9 +32,14 @@ IN_PROCESS_DEVICE = (
 )
 
 
+def _marked_in_process(item: pytest.Item) -> bool:
+    """Whether ``item`` is marked ``inprocess_device`` (collection marks the listed paths too)."""
+    return item.get_closest_marker("inprocess_device") is not None
+
+
 def _needs_device_in_process(item: pytest.Item) -> bool:
     path = item.path.relative_to(item.config.rootpath).as_posix()
-    return item.get_closest_marker("inprocess_device") is not None or any(
+    return _marked_in_process(item) or any(
         path == entry or path.startswith(entry.rstrip("/") + "/") for entry in IN_PROCESS_DEVICE
     )
 
@@ -61,14 +66,14 @@ def pytest_collection_finish(session):
     default-path tests need a process without it, so each kind runs in a session of its own
     (``scripts/test.sh`` runs both).
     """
-    kinds = {item.get_closest_marker("inprocess_device") is not None for item in session.items}
+    kinds = {_marked_in_process(item) for item in session.items}
     if kinds == {True, False}:
         skip = pytest.mark.skip(
             reason="needs a session of its own: pytest -m inprocess_device (scripts/test.sh "
             "runs both kinds)"
         )
         for item in session.items:
-            if item.get_closest_marker("inprocess_device") is not None:
+            if _marked_in_process(item):
                 item.add_marker(skip)
 
 
@@ -92,14 +97,14 @@ def _device_before_any_backward(request):
     """
     items = request.session.items
     # (a session holding both kinds skips the in-process ones: see pytest_collection_finish)
-    if items and all(item.get_closest_marker("inprocess_device") for item in items):
+    if items and all(_marked_in_process(item) for item in items):
         request.getfixturevalue("emulated_neuron")
 
 
 @pytest.fixture(autouse=True)
 def _device_placement(request):
     """Install the emulated device for in-process tests; check that the others run without it."""
-    if request.node.get_closest_marker("inprocess_device") is not None:
+    if _marked_in_process(request.node):
         request.getfixturevalue("emulated_neuron")
     else:
         # the default path: the test process holds no accelerator backend
