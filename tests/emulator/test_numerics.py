@@ -82,3 +82,23 @@ def test_bf16_matmul_what_if_policy():
     conv(x).sum().backward()
     torch.testing.assert_close(xn.grad.cpu(), x.grad, rtol=2e-2, atol=2e-2)
     assert not torch.equal(xn.grad.cpu(), x.grad)
+
+
+def test_python_scalars_are_narrowed_and_keep_their_promotion():
+    # A Python number is a wrapped scalar: narrowed like a 64-bit input, yet promoted as on CPU.
+    x = torch.tensor(3, dtype=torch.int32)
+    assert (x.to("neuron") + 5).dtype == (x + 5).dtype == torch.int32
+    h = torch.tensor(1.5, dtype=torch.float16)
+    assert (h.to("neuron") * 0.1).dtype == (h * 0.1).dtype == torch.float16
+    # its value is what int32 / float32 arithmetic sees
+    big = torch.tensor([1, 2])
+    assert (big.to("neuron") + 2**33).tolist() == [1, 2]  # 2**33 wraps to 0 in int32
+    assert (big + 2**33).tolist() == [2**33 + 1, 2**33 + 2]
+    f = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    got = (f.to("neuron") * 0.1).cpu()
+    assert torch.equal(got, (f.float() * torch.tensor(0.1).float()).double())
+    assert (f.to("neuron") + 1e300).isinf().all()  # beyond float32's range
+    assert (f.to("neuron") + float("nan")).isnan().all()
+    # float32 tensors see the same scalar as on CPU (it is rounded to float32 there too)
+    g = torch.tensor([1.0, 3.0])
+    assert torch.equal((g.to("neuron") * 0.1).cpu(), g * 0.1)

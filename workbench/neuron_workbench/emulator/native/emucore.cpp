@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <atomic>
@@ -488,6 +489,26 @@ int64_t wrap_int32(int64_t v) {
 // Ops each narrowing rule touched (evidence for hints): one relaxed increment per narrowed op.
 std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0};
 
+// A wrapped number (a Python scalar's 0-dim host tensor, float64 or int64) with its value rounded
+// to float32 or wrapped to int32: itself when the value is one already (the common case, no
+// allocation), else a new wrapped number of the same dtype.
+at::Tensor narrowed_scalar(const at::Tensor& t, at::ScalarType narrow) {
+  if (narrow == at::kFloat) {
+    const double value = *t.const_data_ptr<double>();
+    const double rounded = static_cast<double>(static_cast<float>(value));
+    if (rounded == value || std::isnan(value)) return t;
+    at::Tensor out = at::scalar_tensor(rounded, t.options());
+    out.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return out;
+  }
+  const int64_t value = *t.const_data_ptr<int64_t>();
+  const int64_t wrapped = wrap_int32(value);
+  if (wrapped == value) return t;
+  at::Tensor out = at::scalar_tensor(wrapped, t.options());
+  out.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return out;
+}
+
 // Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any.
 std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t base, const Plan& plan) {
   std::optional<at::ScalarType> found;
@@ -509,9 +530,14 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
         continue;
       }
       found = narrow;
-      // A Python scalar (a wrapped number: x + 1) is not a 64-bit tensor op.
-      if (!t.unsafeGetTensorImpl()->is_wrapped_number())
-        (narrow == at::kFloat ? saw_fp64 : saw_int64) = true;
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+        // A Python scalar (x + 1, x * 0.5): not a 64-bit tensor op (no rule count). Its value is
+        // narrowed in place of two dtype conversions, and it stays a wrapped number, so type
+        // promotion treats it as CPU does (a 0-dim int32 tensor + 5 stays int32).
+        v = narrowed_scalar(t, narrow);
+        continue;
+      }
+      (narrow == at::kFloat ? saw_fp64 : saw_int64) = true;
       if (plan.mutated[i]) {
         at::Tensor target = t;
         target.copy_(t.to(narrow));
