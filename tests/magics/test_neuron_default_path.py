@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 
 from neuron_workbench.backends.registry import resolve_executor
 from neuron_workbench.run import worker_process
+from neuron_workbench.run.namespace import ORIGIN_ATTR
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
 
@@ -343,3 +344,31 @@ def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_w
     assert report.verdict == "PASS", report.summary()
     statuses = {d.path: d.status for d in report.comparison.diffs}
     assert [statuses[f"hidden[{i}]"] for i in range(3)] == ["match"] * 3
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_torch_load_onto_cuda_lands_on_each_runs_device(ip, tmp_path, target):
+    # map_location="cuda" and a checkpoint saved on a GPU (storages tagged cuda:0): torch's cuda
+    # deserializer refused both in every run ("Expected a cuda device, but got: neuron").
+    plain, gpu = tmp_path / "plain.pt", tmp_path / "gpu.pt"
+    torch.save({"w": torch.arange(4.0)}, plain)
+    entry = (-2, lambda storage: "cuda:0", lambda storage, location: None)
+    torch.serialization._package_registry.insert(0, entry)  # tag the next save as a GPU's
+    try:
+        torch.save({"w": torch.arange(4.0)}, gpu)
+    finally:
+        torch.serialization._package_registry.remove(entry)
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        f"a = torch.load({str(plain)!r}, map_location='cuda')['w'] * 2\n"
+        f"b = torch.load({str(plain)!r}, map_location='cuda:0')['w'] + 1\n"
+        f"c = torch.load({str(gpu)!r})['w'] - 1",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    # each came back from the target's device
+    for name in "abc":
+        assert report.target.outputs[name].__dict__[ORIGIN_ATTR].startswith(target)
+    assert ip.user_ns["c"].tolist() == [-1.0, 0.0, 1.0, 2.0]

@@ -71,6 +71,17 @@ def test_cuda_idioms_land_on_the_emulated_neuron_device():
     assert torch.equal(a.cpu(), b.cpu())
 
 
+def test_torch_load_onto_cuda_lands_on_the_run_device(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(3.0)}, path)
+    registry = list(torch.serialization._package_registry)
+    with cuda_remapped_to(get_backend("cpu")):
+        for where in ("cuda", "cuda:0", {"cpu": "cuda"}):
+            loaded = torch.load(path, map_location=where)
+            assert loaded["w"].device.type == "cpu" and loaded["w"].tolist() == [0.0, 1.0, 2.0]
+    assert torch.serialization._package_registry == registry  # put back as it was
+
+
 def test_set_default_device_is_not_leaked_by_a_run(ip):
     from neuron_workbench.testing import run_cell
 

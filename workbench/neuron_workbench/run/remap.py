@@ -10,7 +10,9 @@ What is remapped, and how:
   ``manual_seed``, memory statistics, ...) are swapped for the backend's equivalents;
 - ``torch.autocast("cuda")`` / ``torch.cuda.amp.autocast`` and ``GradScaler`` (whose default device is
   ``cuda``) get the run's device type; autocast keeps CUDA's default dtype, float16, unless the cell
-  names one.
+  names one;
+- ``torch.load`` restores storages located on ``cuda`` (``map_location="cuda"``, a checkpoint saved
+  on a GPU) on the run's device.
 
 When the ``cpu`` backend stands in for ``cuda``, the CUDA parts of the cell also get CUDA's semantics
 (copies on ``.cuda()``, CUDA's autocast lists, pinned memory, foreach optimizers, TF32 when the cell
@@ -409,6 +411,40 @@ def _backward_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> C
     return run_backward
 
 
+@contextlib.contextmanager
+def _cuda_storages_loaded_to(target: str) -> Iterator[None]:
+    """``torch.load`` puts what names cuda on ``target``: ``map_location="cuda"``, GPU checkpoints.
+
+    Torch's own cuda deserializer checks the location through ``torch.device("cuda")``, which the
+    run maps to its device, so it refused every such load ("Expected a cuda device, but got:
+    neuron"). A deserializer ahead of it restores the storage as one saved on ``target`` (the
+    device's own deserializer, or the host's for the cpu backend). Only ``torch.serialization``'s
+    registry list is touched, and only for the run.
+    """
+
+    def deserialize(storage: Any, location: str) -> Any:
+        if not location.startswith("cuda"):
+            return None
+        return torch.serialization.default_restore_location(storage, remap_device(location, target))
+
+    entry = (_CUDA_LOAD_PRIORITY, _untagged, deserialize)
+    registry = torch.serialization._package_registry
+    registry.insert(0, entry)  # ahead of cuda's own (priority 20); sorted, it stays first
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            registry.remove(entry)
+
+
+#: Below every priority torch registers, so the run's cuda deserializer is asked first.
+_CUDA_LOAD_PRIORITY = -1
+
+
+def _untagged(storage: Any) -> None:
+    return None  # saving tags storages as torch does (the device's own tag)
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -467,6 +503,7 @@ def cuda_remapped_to(
         )
         if host is not None:
             stack.enter_context(fused_dropout_on_cpu())
+        stack.enter_context(_cuda_storages_loaded_to(target))
         mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
