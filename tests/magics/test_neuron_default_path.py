@@ -4,6 +4,10 @@ Each test is a bug a user met on this path (results that could not come back, vi
 base, names read without scopes, a worker that did not start in time, a cell that compared nothing).
 """
 
+import os
+import pathlib
+import shutil
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -372,3 +376,46 @@ def test_torch_load_onto_cuda_lands_on_each_runs_device(ip, tmp_path, target):
     for name in "abc":
         assert report.target.outputs[name].__dict__[ORIGIN_ATTR].startswith(target)
     assert ip.user_ns["c"].tolist() == [-1.0, 0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep):
+    # Both runs saved to the same path at the same time: the target's (storages tagged neuron:0)
+    # could win, and the next plain cell could not load the checkpoint.
+    folder = pathlib.Path.cwd() / f".checkpoint-test-{os.getpid()}"
+    folder.mkdir()
+    try:
+        path = str(folder / "ckpt.pt")
+        run_cell(ip, "import torch\nnet = torch.nn.Linear(4, 2)")
+        for _ in range(3):  # one run or the other could finish last
+            run_cell(
+                ip,
+                f"%%neuron --keep {keep} -o r\n"
+                "model = net.cuda()\n"
+                f"torch.save(model.state_dict(), {path!r})\n"
+                f"back = torch.load({path!r})['weight'] * 1",  # each run reads its own file
+            )
+            report = _report(ip)
+            assert report.verdict == "PASS", report.summary()
+            # the file is the kept run's: on the host a reference saves host storages
+            tags = _storage_locations(path)
+            assert tags == ({"cpu"} if keep == "ref" else {"neuron:0"}), tags
+            saved = torch.load(path, map_location="cpu")
+            assert torch.equal(saved["weight"], ip.user_ns["model"].weight.detach().cpu())
+            other = report.target if keep == "ref" else report.ref
+            note = f"{other.backend.label}: its writes to 1 file were kept apart"
+            assert any(n.startswith(note) for n in report.notes), report.notes
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _storage_locations(path):
+    """The device locations a torch.save file's storages are tagged with."""
+    locations = set()
+
+    def remember(storage, location):
+        locations.add(location)
+        return storage
+
+    torch.load(path, map_location=remember)
+    return locations

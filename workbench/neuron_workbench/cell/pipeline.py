@@ -155,6 +155,8 @@ def compare_cell(
         rng_on_cpu=options.rng == "cpu",
         steps=options.steps,
         ref_precision=options.ref_precision,
+        # the run whose results the namespace gets is the one whose files stay on disk
+        kept_run="target" if reference is not None or options.keep == "target" else "ref",
     )
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).

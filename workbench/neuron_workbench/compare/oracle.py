@@ -276,5 +276,6 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,
         ref_precision=spec.ref_precision,
+        kept_run=spec.kept_run,
     )
     return execute(again, backend, run_id="oracle")

@@ -64,6 +64,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,
         ref_precision=spec.ref_precision,
+        kept_run=spec.kept_run,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

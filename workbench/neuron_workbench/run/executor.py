@@ -22,6 +22,7 @@ from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
+from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.measurements import reads_memory_statistics
 from neuron_workbench.run.namespace import (
     ResidentObjects,
@@ -154,6 +155,7 @@ class RunSpec:
         steps: int = 1,
         isolate_inputs: bool = True,
         ref_precision: str = "cuda",
+        kept_run: str | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -170,6 +172,14 @@ class RunSpec:
         self.captured: dict[str, Captured] = {}
         #: False when the namespace is already a private copy (a worker's): no deep copies.
         self.isolate_inputs = isolate_inputs
+        #: The run whose file writes reach the disk (``"ref"``, ``"target"``); every other run of
+        #: the cell keeps its writes apart (:mod:`~neuron_workbench.run.file_writes`). None: a
+        #: single run, which writes as any code does.
+        self.kept_run = kept_run
+
+    def keeps_writes_apart(self, run_id: str | None) -> bool:
+        """Whether the run ``run_id`` of this cell must keep the files it writes apart."""
+        return self.kept_run is not None and run_id != self.kept_run
 
 
 def _is_output_name(name: str, hidden: frozenset[str]) -> bool:
@@ -251,6 +261,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     run: Run
     captured: Captured | None = None
     recording = None
+    writes = None
     facts: RunFacts | None = None
     shared: list[str] = []
     observed: dict[str, Any] = {}
@@ -298,6 +309,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             # the remapped run would map the run's wrappers and leave torch.rand* unknown to it.
             importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
+            writes = (
+                stack.enter_context(writes_kept_apart())
+                if spec.keeps_writes_apart(run_id)
+                else None
+            )
             recording = stack.enter_context(backend.fallback_recording())
             captured = stack.enter_context(spec.capture())
             facts = stack.enter_context(
@@ -345,6 +361,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.steps = step_scalars
         run.facts = facts
         facts.rule_ops = dict(recording.rule_ops)
+        if writes is not None and writes.written:
+            facts.notes.append(kept_apart_note(writes.written, spec.kept_run))
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = torch.get_rng_state()

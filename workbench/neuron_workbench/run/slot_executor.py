@@ -97,6 +97,9 @@ class SlotExecutor:
             "steps": spec.steps,
             "what_if": what_if,
             "ref_precision": getattr(spec, "ref_precision", "cuda"),
+            # the worker runs it as the kernel named it: whether its file writes are kept apart
+            "run_id": run_id,
+            "kept_run": getattr(spec, "kept_run", None),
             "backend_options": backend.options(),
             "lines": linecache.getlines(spec.program.filename),
         }

@@ -285,10 +285,11 @@ def _run_request(
         steps=request["steps"],
         isolate_inputs=False,
         ref_precision=request["ref_precision"],
+        kept_run=request.get("kept_run"),
     )
     try:
         with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot):
-            run = execute(spec, backend, run_id="target")
+            run = execute(spec, backend, run_id=request.get("run_id", "target"))
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
         slot[0:LAST_OP_BYTES] = bytes(LAST_OP_BYTES)
         return dumps({"interrupted": True})

@@ -1,0 +1,92 @@
+import builtins
+import io
+import os
+import pathlib
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
+
+
+@pytest.fixture
+def folder():
+    # Not under the temporary folder: that one is left alone (compilers read what is written there).
+    here = pathlib.Path.cwd() / f".file-writes-test-{os.getpid()}"
+    here.mkdir()
+    yield here
+    for path in sorted(here.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    here.rmdir()
+
+
+def test_writes_stay_apart_and_read_back_inside(folder):
+    ckpt, log = folder / "ckpt.pt", folder / "log.txt"
+    ckpt.write_text("the notebook's")
+    log.write_text("line0\n")
+    with writes_kept_apart() as writes:
+        torch.save({"w": torch.arange(3.0)}, ckpt)  # torch's C++ zip writer, given a path
+        assert torch.load(ckpt)["w"].tolist() == [0.0, 1.0, 2.0]
+        with open(log, "a") as handle:  # appends build on the file as it was
+            handle.write("line1\n")
+        assert log.read_text().split() == ["line0", "line1"]
+        np.save(folder / "new.npy", np.arange(4))
+        assert os.path.exists(folder / "new.npy") and np.load(folder / "new.npy").sum() == 6
+        with open(folder / "part.tmp", "w") as handle:  # an atomic save: write, then rename
+            handle.write("done")
+        os.replace(folder / "part.tmp", folder / "final.txt")
+        assert (folder / "final.txt").read_text() == "done"
+        assert not os.path.exists(folder / "part.tmp")
+        os.remove(folder / "new.npy")
+        assert not os.path.exists(folder / "new.npy")
+        with pytest.raises(FileExistsError):
+            open(ckpt, "x")
+        assert writes.written == [str(ckpt), str(log), str(folder / "final.txt")]
+    # nothing reached the real files, and the run's copies are gone
+    assert ckpt.read_text() == "the notebook's" and log.read_text() == "line0\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "log.txt"]
+    assert not os.path.exists(writes.folder)
+
+
+def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(folder):
+    data = folder / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    originals = (builtins.open, io.open, os.replace, os.rename, os.remove, os.unlink, os.stat)
+    zip_writer = torch.serialization._open_zipfile_writer
+    with writes_kept_apart() as writes:
+        assert data.read_text() == "a,b\n1,2\n"
+        with open(data, "rb") as handle:
+            assert handle.read(3) == b"a,b"
+        assert writes.written == []
+    assert (
+        builtins.open,
+        io.open,
+        os.replace,
+        os.rename,
+        os.remove,
+        os.unlink,
+        os.stat,
+    ) == originals
+    assert torch.serialization._open_zipfile_writer is zip_writer
+
+
+def test_the_temporary_folder_is_written_for_real():
+    # torch.compile's and other tools' files there are read by compilers and other processes
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "kernel.cpp")
+        with writes_kept_apart() as writes:
+            with open(path, "w") as handle:
+                handle.write("int main() {}")
+        assert writes.written == []
+        with open(path) as handle:
+            assert handle.read() == "int main() {}"
+
+
+def test_the_note_names_the_files_and_the_kept_run(folder):
+    paths = [str(folder / f"f{i}.pt") for i in range(5)]
+    note = kept_apart_note(paths, "ref")
+    assert note.startswith("its writes to 5 files were kept apart")
+    assert "hold the reference run's" in note and "and 2 more" in note
+    assert "target run's" in kept_apart_note(paths[:1], "target")
