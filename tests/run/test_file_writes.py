@@ -29,6 +29,7 @@ def test_writes_stay_apart_and_read_back_inside(folder):
     with writes_kept_apart() as writes:
         torch.save({"w": torch.arange(3.0)}, ckpt)  # torch's C++ zip writer, given a path
         assert torch.load(ckpt)["w"].tolist() == [0.0, 1.0, 2.0]
+        assert torch.load(ckpt, mmap=True)["w"].tolist() == [0.0, 1.0, 2.0]  # maps the path
         with open(log, "a") as handle:  # appends build on the file as it was
             handle.write("line1\n")
         assert log.read_text().split() == ["line0", "line1"]
@@ -54,7 +55,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
     data = folder / "data.csv"
     data.write_text("a,b\n1,2\n")
     originals = (builtins.open, io.open, os.replace, os.rename, os.remove, os.unlink, os.stat)
-    zip_writer = torch.serialization._open_zipfile_writer
+    zip_writer, load = torch.serialization._open_zipfile_writer, torch.load
     with writes_kept_apart() as writes:
         assert data.read_text() == "a,b\n1,2\n"
         with open(data, "rb") as handle:
@@ -70,6 +71,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
         os.stat,
     ) == originals
     assert torch.serialization._open_zipfile_writer is zip_writer
+    assert torch.load is torch.serialization.load is load
 
 
 def test_the_temporary_folder_is_written_for_real():

@@ -8,7 +8,7 @@ whichever finished last won, so after the cell the file could hold the target's 
 
 While :func:`writes_kept_apart` is active, Python-level opens for writing (``open``/``io.open``,
 which NumPy, pandas, ``pickle`` to a file, ``json``, matplotlib and ``pathlib`` use, and
-``torch.save``'s zip writer)
+``torch.save``'s zip writer; ``torch.load(path, mmap=True)`` too)
 go to a private folder instead of the named file, and the run reads back what it wrote from there;
 ``os.replace``/``os.rename``/``os.remove``/``os.unlink`` and ``os.stat`` (so ``os.path.exists``)
 follow the files it wrote. Files it did not write read as they are. Not covered: writes made below
@@ -192,6 +192,15 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
             name_or_buffer = record.open_path(name_or_buffer, "wb", real_open)
         return real_zip_writer(name_or_buffer)
 
+    torch = sys.modules.get("torch")
+    real_load = getattr(serialization, "load", None)
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        # torch.load(path, mmap=True) maps the path itself, below Python
+        if isinstance(f, str | os.PathLike):
+            f = record.open_path(f, "rb", real_open)
+        return real_load(f, *args, **kwargs)
+
     saved = [
         (builtins, "open", real_open),
         (io, "open", io.open),
@@ -204,6 +213,9 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
     if real_zip_writer is not None:
         saved.append((serialization, "_open_zipfile_writer", real_zip_writer))
         serialization._open_zipfile_writer = zip_writer  # type: ignore[union-attr]
+    if real_load is not None and torch is not None and torch.load is real_load:
+        saved += [(serialization, "load", real_load), (torch, "load", real_load)]
+        serialization.load = torch.load = load  # type: ignore[union-attr]
     builtins.open = open_
     io.open = open_
     os.replace, os.rename, os.remove, os.unlink, os.stat = replace, rename, remove, unlink, stat
