@@ -2,6 +2,7 @@ import builtins
 import io
 import os
 import pathlib
+import shutil
 import tempfile
 
 import numpy as np
@@ -11,15 +12,14 @@ import torch
 from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 
 
-@pytest.fixture
-def folder():
-    # Not under the temporary folder: that one is left alone (compilers read what is written there).
-    here = pathlib.Path.cwd() / f".file-writes-test-{os.getpid()}"
+@pytest.fixture(params=["project", "under the temporary folder"])
+def folder(request):
+    # A notebook's folder, or one kept under /tmp (not scratch: tempfile names its own "tmp...").
+    root = pathlib.Path.cwd() if request.param == "project" else pathlib.Path(tempfile.gettempdir())
+    here = root / f"file-writes-test-{os.getpid()}"
     here.mkdir()
     yield here
-    for path in sorted(here.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    here.rmdir()
+    shutil.rmtree(here)
 
 
 def test_writes_stay_apart_and_read_back_inside(folder):
@@ -74,16 +74,26 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
     assert torch.load is torch.serialization.load is load
 
 
-def test_the_temporary_folder_is_written_for_real():
-    # torch.compile's and other tools' files there are read by compilers and other processes
-    with tempfile.TemporaryDirectory() as scratch:
-        path = os.path.join(scratch, "kernel.cpp")
+def test_scratch_files_are_written_for_real():
+    # tempfile's files and folders, and torch.compile's cache: compilers and other processes read them
+    scratch = tempfile.mkdtemp()
+    cache = os.path.join(tempfile.gettempdir(), f"torchinductor_test{os.getpid()}")
+    os.makedirs(cache)
+    try:
         with writes_kept_apart() as writes:
-            with open(path, "w") as handle:
+            with open(os.path.join(scratch, "kernel.cpp"), "w") as handle:
                 handle.write("int main() {}")
-        assert writes.written == []
-        with open(path) as handle:
-            assert handle.read() == "int main() {}"
+            with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as named:
+                named.write("x = 1")
+            with open(os.path.join(cache, "graph.py"), "w") as handle:
+                handle.write("y = 2")
+            assert writes.written == []
+        assert os.path.getsize(os.path.join(scratch, "kernel.cpp"))
+        assert os.path.getsize(named.name) and os.path.getsize(os.path.join(cache, "graph.py"))
+        os.unlink(named.name)
+    finally:
+        shutil.rmtree(scratch)
+        shutil.rmtree(cache)
 
 
 def test_the_note_names_the_files_and_the_kept_run(folder):

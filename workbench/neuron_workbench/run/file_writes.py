@@ -13,8 +13,10 @@ go to a private folder instead of the named file, and the run reads back what it
 ``os.replace``/``os.rename``/``os.remove``/``os.unlink`` and ``os.stat`` (so ``os.path.exists``)
 follow the files it wrote. Files it did not write read as they are. Not covered: writes made below
 Python (``safetensors``' Rust writer, HDF5), and other processes reading what the run wrote (a
-subprocess sees the notebook's file). Temporary and cache folders (``tempfile``'s, ``~/.cache``,
-Triton's, torch.compile's) are left alone: compilers and other processes read what is written there.
+subprocess sees the notebook's file). Scratch and cache folders (``tempfile``'s ``tmp...`` files and
+folders, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and
+other processes read what is written there. Other paths under the temporary folder (a project kept
+in ``/tmp``) are the notebook's like any other.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class WritesKeptApart:
         self._count = 0
         self._lock = threading.Lock()
         self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
+        self._scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
 
     @property
     def written(self) -> list[str]:
@@ -63,6 +66,12 @@ class WritesKeptApart:
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
         if path.startswith(self._exempt):
             return None
+        if path.startswith(self._scratch_root):
+            # tempfile's own names (mkstemp, mkdtemp: "tmp...") and torch.compile's cache hold
+            # scratch files other processes read; a project kept under /tmp is the notebook's
+            first = path[len(self._scratch_root) :].partition(os.sep)[0]
+            if first.startswith(_SCRATCH_PREFIXES):
+                return None
         return path
 
     def _new_shadow(self, real: str) -> str:
@@ -130,11 +139,14 @@ class WritesKeptApart:
         return path if shadow is None else shadow
 
 
+#: First names below the temporary folder that are scratch: tempfile's, torch.compile's cache.
+_SCRATCH_PREFIXES = ("tmp", "torchinductor_")
+
+
 def _exempt_folders(own: str) -> list[str]:
     home = os.path.expanduser("~")
     folders = [
         own,
-        tempfile.gettempdir(),
         os.path.join(home, ".cache"),
         os.path.join(home, ".triton"),
         "/dev",
@@ -162,6 +174,9 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
     real_remove, real_unlink, real_stat = os.remove, os.unlink, os.stat
 
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("opener") is not None or (len(args) > 5 and args[5] is not None):
+            # an opener decides what is opened (NamedTemporaryFile names its folder here)
+            return real_open(file, mode, *args, **kwargs)
         return real_open(record.open_path(file, mode, real_open), mode, *args, **kwargs)
 
     def replace(src: Any, dst: Any, **kwargs: Any) -> None:
