@@ -419,3 +419,25 @@ def _storage_locations(path):
 
     torch.load(path, map_location=remember)
     return locations
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_prefetching_loader_on_a_side_stream_runs(ip, target):
+    # timm's PrefetchLoader and apex's data_prefetcher copy the next batch on a side stream:
+    # torch.cuda.Stream refused both runs ("requires CUDA support"), record_stream every stand-in.
+    run_cell(ip, "import torch\nX = torch.randn(4, 8)")
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        "side = torch.cuda.Stream()\n"
+        "with torch.cuda.stream(side):\n"
+        "    batch = X.pin_memory().cuda(non_blocking=True)\n"
+        "torch.cuda.current_stream().wait_stream(side)\n"
+        "batch.record_stream(torch.cuda.current_stream())\n"
+        "side.record_event().synchronize()\n"
+        "torch.cuda.set_stream(torch.cuda.default_stream())\n"
+        "y = batch * 2",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert torch.equal(ip.user_ns["y"], ip.user_ns["X"] * 2)

@@ -14,6 +14,7 @@ Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBE
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import types
@@ -104,6 +105,51 @@ class HostEvent:
         return elapsed_ms((float(end_event._time) - float(self._time)) * 1000.0)
 
 
+class HostStream:
+    """Stand-in for ``torch.cuda.Stream`` where the run is synchronous: every call is a no-op.
+
+    Prefetching loaders (timm's ``PrefetchLoader``, apex's ``data_prefetcher``) copy the next batch
+    on a side stream and make the current stream wait for it; on the host there is nothing to wait
+    for, and the numbers are the same.
+    """
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+    def wait_stream(self, stream: Any) -> None:
+        """Nothing to wait for."""
+
+    def wait_event(self, event: Any) -> None:
+        """Nothing to wait for."""
+
+    def record_event(self, event: Any = None) -> Any:
+        """Record ``event`` (a new one by default) now."""
+        event = event if event is not None else HostEvent()
+        event.record(self)
+        return event
+
+    def __enter__(self) -> HostStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_HOST_STREAM = HostStream()
+
+
+def _host_stream_context(stream: Any = None) -> contextlib.AbstractContextManager[Any]:
+    """``torch.cuda.stream(s)`` on the host: nothing to switch."""
+    return contextlib.nullcontext(stream)
+
+
 def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
     """``torch.cuda`` attribute replacements that forward to ``backend``.
 
@@ -191,7 +237,25 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
     def empty_cache() -> None:
         return None
 
+    def streams() -> dict[str, Any]:
+        # A device module's own streams where it has them (torch.neuron.Stream), else no-ops.
+        module = device_module() if host is None else None
+        own = {
+            name: getattr(module, name)
+            for name in ("Stream", "stream", "current_stream", "default_stream", "set_stream")
+            if module is not None and callable(getattr(module, name, None))
+        }
+        return {
+            "Stream": own.get("Stream", HostStream),
+            "stream": own.get("stream", _host_stream_context),
+            "StreamContext": _host_stream_context if "stream" not in own else own["stream"],
+            "current_stream": own.get("current_stream", lambda device=None: _HOST_STREAM),
+            "default_stream": own.get("default_stream", lambda device=None: _HOST_STREAM),
+            "set_stream": own.get("set_stream", lambda stream: None),
+        }
+
     return {
+        **streams(),
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "init": init,

@@ -12,7 +12,9 @@ What is remapped, and how:
   ``cuda``) get the run's device type; autocast keeps CUDA's default dtype, float16, unless the cell
   names one;
 - ``torch.load`` restores storages located on ``cuda`` (``map_location="cuda"``, a checkpoint saved
-  on a GPU) on the run's device.
+  on a GPU) on the run's device;
+- ``torch.cuda.Stream`` and the stream functions are the device module's (no-ops on the host), and
+  ``Tensor.record_stream`` with such a stand-in records nothing.
 
 When the ``cpu`` backend stands in for ``cuda``, the CUDA parts of the cell also get CUDA's semantics
 (copies on ``.cuda()``, CUDA's autocast lists, pinned memory, foreach optimizers, TF32 when the cell
@@ -295,6 +297,16 @@ _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
 _TENSOR_IS_PINNED = torch.Tensor.is_pinned
+_TENSOR_RECORD_STREAM = torch.Tensor.record_stream
+
+
+def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    # A stand-in stream (the host's, an emulated device's no-op one) is no torch.Stream, which
+    # torch's argument parser refuses before any mode sees the call: there is nothing to record.
+    if isinstance(stream, torch.Stream):
+        _TENSOR_RECORD_STREAM(tensor, stream)
+
+
 _AS_TENSOR = frozenset({original_function(torch.as_tensor), original_function(torch.asarray)})
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _CONVOLUTIONS = frozenset(
@@ -504,6 +516,7 @@ def cuda_remapped_to(
         if host is not None:
             stack.enter_context(fused_dropout_on_cpu())
         stack.enter_context(_cuda_storages_loaded_to(target))
+        stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
