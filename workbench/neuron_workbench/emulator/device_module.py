@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.emulator import _core
+from neuron_workbench.synchronous import SynchronousStream
 
 
 def _idx(device: Any) -> int:
@@ -140,37 +141,12 @@ class DeviceProperties:
     total_memory: int
 
 
-class Stream:
+class Stream(SynchronousStream):
     """A no-op stream (the emulated device runs synchronously)."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        super().__init__(device, priority)
         self.device = _core.DEVICE
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def query(self) -> bool:
-        """Always complete."""
-        return True
-
-    def wait_stream(self, stream: Any) -> None:
-        """No-op."""
-
-    def wait_event(self, event: Any) -> None:
-        """No-op."""
-
-    def record_event(self, event: Any = None) -> Event:
-        """Record an event (completed immediately)."""
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class Event:
@@ -201,6 +177,7 @@ class Event:
         return (end._t - self._t) * 1000.0
 
 
+Stream.event_type = Event
 _default_stream = Stream()
 
 

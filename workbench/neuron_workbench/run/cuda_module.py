@@ -24,6 +24,7 @@ import torch
 
 from neuron_workbench.backends.base import Backend, MemoryStats
 from neuron_workbench.run.measurements import elapsed_ms
+from neuron_workbench.synchronous import SynchronousStream
 
 #: Environment variable with the compute capability the stand-ins report (``major.minor``).
 CAPABILITY_ENV = "NEURON_WORKBENCH_CUDA_CAPABILITY"
@@ -105,41 +106,10 @@ class HostEvent:
         return elapsed_ms((float(end_event._time) - float(self._time)) * 1000.0)
 
 
-class HostStream:
-    """Stand-in for ``torch.cuda.Stream`` where the run is synchronous: every call is a no-op.
+class HostStream(SynchronousStream):
+    """Stand-in for ``torch.cuda.Stream`` on the host, whose runs are synchronous (no-ops)."""
 
-    Prefetching loaders (timm's ``PrefetchLoader``, apex's ``data_prefetcher``) copy the next batch
-    on a side stream and make the current stream wait for it; on the host there is nothing to wait
-    for, and the numbers are the same.
-    """
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        """Nothing to wait for."""
-
-    def query(self) -> bool:
-        """Always complete."""
-        return True
-
-    def wait_stream(self, stream: Any) -> None:
-        """Nothing to wait for."""
-
-    def wait_event(self, event: Any) -> None:
-        """Nothing to wait for."""
-
-    def record_event(self, event: Any = None) -> Any:
-        """Record ``event`` (a new one by default) now."""
-        event = event if event is not None else HostEvent()
-        event.record(self)
-        return event
-
-    def __enter__(self) -> HostStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+    event_type = HostEvent
 
 
 _HOST_STREAM = HostStream()
