@@ -38,8 +38,8 @@ args = parser.parse_args()
 def note_where():  # each run appends a line (the device differs: it is not a global)
     seen = {"argv": list(sys.argv), "cwd": os.getcwd(), "name": __name__,
             "device": torch.ones(1, device="cuda").device.type}
-    with open("where.txt", "a") as f:
-        f.write(repr(seen) + "\\n")
+    print("where", repr(seen))
+    open("where.txt", "a").write(repr(seen) + "\\n")  # closed at once (CPython)
 
 note_where()
 
@@ -84,20 +84,24 @@ def test_the_script_gets_its_arguments_folder_and_main_on_both_runs(context_scri
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = (context_script.parent / "where.txt").read_text().splitlines()
-    seen = [ast.literal_eval(line) for line in lines]
-    # one line per run: the reference here, the target in its worker
-    assert sorted(s.pop("device") for s in seen) == ["cpu", "neuron"]
-    assert seen == 2 * [
-        {
-            "argv": [str(context_script), "--steps=3", "--lr", "0.05"],
-            "cwd": str(context_script.parent),
-            "name": "__main__",
-        }
-    ]
     document = json.loads((tmp_path / "r.json").read_text())
     assert document["options"]["args"] == ["--steps=3", "--lr", "0.05"]
     report = document["reports"][0]
+    # each run printed what it saw: the reference here, the target in its worker
+    seen = {side: _where(report[side]["stdout"]) for side in ("ref", "target")}
+    assert {side: s.pop("device") for side, s in seen.items()} == {"ref": "cpu", "target": "neuron"}
+    context = {
+        "argv": [str(context_script), "--steps=3", "--lr", "0.05"],
+        "cwd": str(context_script.parent),
+        "name": "__main__",
+    }
+    assert seen == {"ref": context, "target": context}
+    # the file both appended to holds the kept run's line; the target's was kept apart
+    lines = (context_script.parent / "where.txt").read_text().splitlines()
+    assert [ast.literal_eval(line)["device"] for line in lines] == ["cpu"]
+    assert any(
+        "its writes to 1 file were kept apart" in n and "where.txt" in n for n in report["notes"]
+    )
     sites = {s["site"]: s for s in report["scalars"]["sites"]}
     # loss.item() in the loop and int(tensor) after it, three times each, on both runs
     assert sorted(sites) == ["ctx.py:24", "ctx.py:25"]
@@ -107,6 +111,12 @@ def test_the_script_gets_its_arguments_folder_and_main_on_both_runs(context_scri
     assert report["scalars"]["first"] is None
 
 
+def _where(stdout):
+    """The context a run of the script printed (its ``where {...}`` line)."""
+    line = next(line for line in stdout.splitlines() if line.startswith("where "))
+    return ast.literal_eval(line.removeprefix("where "))
+
+
 def test_cwd_sets_the_working_folder(context_script, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -114,7 +124,8 @@ def test_cwd_sets_the_working_folder(context_script, tmp_path):
         "run", str(context_script), "--cwd", str(elsewhere), "--", "--steps=1", cwd=tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len((elsewhere / "where.txt").read_text().splitlines()) == 2
+    # the kept (reference) run's line, written in the folder --cwd named
+    assert len((elsewhere / "where.txt").read_text().splitlines()) == 1
     assert not (context_script.parent / "where.txt").exists()
     bad = cli("run", str(context_script), "--cwd", str(tmp_path / "nope"), cwd=tmp_path)
     assert bad.returncode == 2

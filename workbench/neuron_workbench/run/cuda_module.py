@@ -218,7 +218,6 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         return {
             "Stream": own.get("Stream", HostStream),
             "stream": own.get("stream", _host_stream_context),
-            "StreamContext": _host_stream_context if "stream" not in own else own["stream"],
             "current_stream": own.get("current_stream", lambda device=None: _HOST_STREAM),
             "default_stream": own.get("default_stream", lambda device=None: _HOST_STREAM),
             "set_stream": own.get("set_stream", lambda stream: None),
