@@ -102,3 +102,15 @@ def test_python_scalars_are_narrowed_and_keep_their_promotion():
     # float32 tensors see the same scalar as on CPU (it is rounded to float32 there too)
     g = torch.tensor([1.0, 3.0])
     assert torch.equal((g.to("neuron") * 0.1).cpu(), g * 0.1)
+    # a Python int with a floating tensor is converted, not wrapped as int32 arithmetic would
+    for big in (2**32, 2**31, 2**33):
+        assert torch.equal((g.to("neuron") / big).cpu(), g / big)
+        assert torch.equal((g.to("neuron") + big).cpu(), g + big)
+    # and the float64 result is still rounded as float32 arithmetic (the tensor decides)
+    one = torch.tensor([0.1], dtype=torch.float64)
+    for got, expected in (
+        (one.to("neuron") + 1, one.float() + 1),
+        (one.to("neuron") * 3, one.float() * 3),
+    ):
+        assert got.dtype == torch.float64
+        assert torch.equal(got.cpu(), expected.double())

@@ -441,3 +441,35 @@ def test_a_prefetching_loader_on_a_side_stream_runs(ip, target):
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert torch.equal(ip.user_ns["y"], ip.user_ns["X"] * 2)
+
+
+def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
+    # A notebook cell's open() is IPython's wrapper, not builtins.open; and --compile-check reruns
+    # the cell in the kernel after the kept run, where rotating a checkpoint moved the kept one.
+    folder = pathlib.Path.cwd() / f".rotate-test-{os.getpid()}"
+    folder.mkdir()
+    try:
+        log, ckpt, prev = folder / "log.txt", folder / "ckpt.pt", folder / "ckpt.prev.pt"
+        torch.save({"gen": 0}, ckpt)
+        run_cell(ip, "import os, torch")
+        run_cell(
+            ip,
+            "%%neuron --compile-check -o r\n"
+            f"os.replace({str(ckpt)!r}, {str(prev)!r})\n"
+            "device = str(torch.ones(1).cuda().device.type)\n"
+            f"torch.save({{'gen': 1, 'device': device}}, {str(ckpt)!r})\n"
+            f"with open({str(log)!r}, 'a') as handle:\n"
+            "    handle.write(device + '\\n')\n"
+            "del device, handle\n"
+            "y = torch.ones(2, device='cuda') * 2",
+        )
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert log.read_text().split() == ["cpu"]  # the reference's line alone
+        assert torch.load(prev) == {"gen": 0}
+        assert torch.load(ckpt) == {"gen": 1, "device": "cpu"}
+        assert sorted(p.name for p in folder.iterdir()) == ["ckpt.prev.pt", "ckpt.pt", "log.txt"]
+        note = f"{report.target.backend.label}: its writes to 3 files were kept apart"
+        assert any(n.startswith(note) for n in report.notes), report.notes
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

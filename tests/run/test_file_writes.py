@@ -102,3 +102,40 @@ def test_the_note_names_the_files_and_the_kept_run(folder):
     assert note.startswith("its writes to 5 files were kept apart")
     assert "hold the reference run's" in note and "and 2 more" in note
     assert "target run's" in kept_apart_note(paths[:1], "target")
+
+
+def test_real_files_removed_or_renamed_in_the_run_are_only_hidden_from_it(folder):
+    # A rerun (the precision oracle, --compile-check) comes after the kept run wrote its files:
+    # rotating a checkpoint there must not move or delete the kept run's.
+    ckpt, old = folder / "ckpt.pt", folder / "ckpt.prev.pt"
+    ckpt.write_text("the kept run's")
+    (folder / "gone.txt").write_text("stays")
+    keep = folder / "keep.txt"
+    keep.write_text("mode stays")
+    mode = keep.stat().st_mode
+    with writes_kept_apart() as writes:
+        os.replace(ckpt, old)
+        assert not ckpt.exists() and old.read_text() == "the kept run's"
+        with pytest.raises(FileNotFoundError):
+            open(ckpt)
+        ckpt.write_text("this run's")
+        os.remove(folder / "gone.txt")
+        assert not os.path.exists(folder / "gone.txt")
+        with pytest.raises(FileNotFoundError):
+            os.remove(folder / "gone.txt")
+        # an atomic save: a scratch file written, then renamed into place
+        handle, scratch = tempfile.mkstemp()
+        with open(handle, "w") as out:
+            out.write("atomic")
+        os.replace(scratch, folder / "result.txt")
+        assert (folder / "result.txt").read_text() == "atomic" and not os.path.exists(scratch)
+        # shutil.copy sets the copy's mode: on the run's copy, not on a real file
+        shutil.copy(folder / "result.txt", folder / "copy.txt")
+        assert (folder / "copy.txt").read_text() == "atomic"
+        os.chmod(keep, 0o600)  # a real file the run did not write: left alone
+        assert sorted(os.path.basename(p) for p in writes.written) == [
+            "ckpt.prev.pt", "ckpt.pt", "copy.txt", "result.txt",
+        ]  # fmt: skip
+    assert ckpt.read_text() == "the kept run's" and (folder / "gone.txt").read_text() == "stays"
+    assert keep.stat().st_mode == mode
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "gone.txt", "keep.txt"]

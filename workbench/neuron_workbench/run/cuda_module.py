@@ -111,6 +111,10 @@ class HostStream(SynchronousStream):
 
     event_type = HostEvent
 
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        super().__init__(device, priority)
+        self.device = torch.device("cpu")  # where the host's "cuda" tensors are
+
 
 _HOST_STREAM = HostStream()
 

@@ -310,7 +310,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             writes = (
-                stack.enter_context(writes_kept_apart())
+                stack.enter_context(writes_kept_apart(ns))
                 if spec.keeps_writes_apart(run_id)
                 else None
             )

@@ -1,22 +1,26 @@
 """Files a run writes that must not reach the notebook's: every run but the kept one.
 
 A ``%%neuron`` cell runs twice, and on the default path both runs go at the same time. A cell that
-saves a checkpoint (``torch.save(model.state_dict(), "ckpt.pt")``) had both runs write the same file:
-whichever finished last won, so after the cell the file could hold the target's storages, tagged
-``neuron:0``, which the kernel (no device) cannot load. The namespace holds the kept run's results
-(the reference's unless ``--keep target``), and so must the files.
+saves a checkpoint (``torch.save(model.state_dict(), "ckpt.pt")``) had both runs write the same
+file: whichever finished last won, so after the cell the file could hold the target's storages,
+tagged ``neuron:0``, which the kernel (no device) cannot load. The namespace holds the kept run's
+results (the reference's unless ``--keep target``), and so must the files.
 
 While :func:`writes_kept_apart` is active, Python-level opens for writing (``open``/``io.open``,
 which NumPy, pandas, ``pickle`` to a file, ``json``, matplotlib and ``pathlib`` use, and
-``torch.save``'s zip writer; ``torch.load(path, mmap=True)`` too)
-go to a private folder instead of the named file, and the run reads back what it wrote from there;
-``os.replace``/``os.rename``/``os.remove``/``os.unlink`` and ``os.stat`` (so ``os.path.exists``)
-follow the files it wrote. Files it did not write read as they are. Not covered: writes made below
-Python (``safetensors``' Rust writer, HDF5), and other processes reading what the run wrote (a
-subprocess sees the notebook's file). Scratch and cache folders (``tempfile``'s ``tmp...`` files and
-folders, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and
-other processes read what is written there. Other paths under the temporary folder (a project kept
-in ``/tmp``) are the notebook's like any other.
+``torch.save``'s zip writer; ``torch.load(path, mmap=True)`` too) go to a private folder instead of
+the named file, and the run reads back what it wrote from there (the ``open`` a notebook's namespace
+holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unlink`` act in the run's view
+only: a real file the run removes or renames away is hidden from it, never touched; ``os.stat`` (so
+``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same view. Files it did not write read
+as they are. Not covered: writes made below Python (``safetensors``' Rust writer, HDF5, ``os.open``,
+``Path.touch``), folder listings and folder renames (``os.listdir``, ``glob`` do not show the run's
+copies), and other processes reading what the run wrote (a subprocess sees the notebook's file). The
+patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
+apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders, torch.compile's
+``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other processes read what
+is written there. Other paths under the temporary folder (a project kept in ``/tmp``) are the
+notebook's like any other.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import functools
 import io
 import os
 import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 __all__ = ["WritesKeptApart", "kept_apart_note", "writes_kept_apart"]
@@ -40,13 +45,18 @@ _WRITING = frozenset("wax+")
 
 
 class WritesKeptApart:
-    """The files one run wrote (by their real path, in order) and where their bytes are."""
+    """The files one run wrote (by their real path, in order) and where their bytes are.
+
+    The run's view of the disk is the real one, plus the files it wrote (private copies), minus
+    the real files it removed or renamed away (only hidden from it: the disk keeps them).
+    """
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self._shadows: dict[str, str] = {}
+        self._deleted: set[str] = set()
         self._count = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
         self._scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
 
@@ -75,59 +85,92 @@ class WritesKeptApart:
         return path
 
     def _new_shadow(self, real: str) -> str:
-        with self._lock:
-            self._count += 1
-            shadow = os.path.join(self.folder, str(self._count))
-            self._shadows[real] = shadow
+        self._count += 1
+        shadow = os.path.join(self.folder, str(self._count))
+        self._shadows[real] = shadow
+        self._deleted.discard(real)
         return shadow
+
+    def _exists(self, real: str) -> bool:
+        """Whether the run sees ``real``: a copy of its own, or a real file it did not remove."""
+        return real in self._shadows or (real not in self._deleted and os.path.lexists(real))
 
     def open_path(self, file: Any, mode: str, real_open: Any) -> Any:
         """The path ``open(file, mode)`` should open instead of ``file`` (or ``file`` itself)."""
         real = self._real(file)
         if real is None:
             return file
-        shadow = self._shadows.get(real)
-        if shadow is not None:
-            return shadow
-        if not _WRITING & set(mode):
-            return file  # a file the run did not write reads as it is
-        exists = os.path.exists(real)
-        if "x" in mode and exists:
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(file))
-        if "w" not in mode and "x" not in mode:  # "a", "r+": they build on the file as it is
-            if not exists:
-                if "r" in mode:
-                    return file  # r+ of a missing file: the open fails as it would
-            else:
+        with self._lock:
+            shadow = self._shadows.get(real)
+            if shadow is not None:
+                return shadow
+            gone = real in self._deleted
+            if not _WRITING & set(mode):
+                if gone:
+                    raise _not_found(file)
+                return file  # a file the run did not write reads as it is
+            exists = not gone and os.path.exists(real)
+            if "x" in mode and exists:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(file))
+            if "w" not in mode and "x" not in mode and exists:
+                # "a", "r+": they build on the file as it is
                 shadow = self._new_shadow(real)
                 with real_open(real, "rb") as source, real_open(shadow, "wb") as copy:
                     shutil.copyfileobj(source, copy)
                 return shadow
-        return self._new_shadow(real)
+            if "r" in mode and "w" not in mode and not exists:
+                raise _not_found(file)  # r+ of a file that is not there
+            return self._new_shadow(real)
 
-    def renamed(self, src: Any, dst: Any) -> bool:
-        """Follow ``os.replace(src, dst)`` of a file the run wrote; False when it wrote none."""
+    def renamed(self, src: Any, dst: Any, real_replace: Any) -> bool:
+        """Carry out ``os.replace(src, dst)`` in the run's view; False: do it for real."""
         real_src, real_dst = self._real(src), self._real(dst)
-        if real_src is None or real_dst is None:
-            return False
+        if real_src is None and real_dst is None:
+            return False  # scratch to scratch
         with self._lock:
-            shadow = self._shadows.pop(real_src, None)
-            if shadow is None:
-                return False
+            if real_src is not None and not self._exists(real_src):
+                raise _not_found(src)
+            shadow = self._shadows.pop(real_src, None) if real_src is not None else None
+            if real_dst is None:
+                # into scratch (a compiler's input, say): the bytes go there for real
+                if shadow is not None:
+                    real_replace(shadow, dst)
+                else:
+                    shutil.copyfile(real_src, dst)  # type: ignore[arg-type]
+                    self._deleted.add(real_src)  # type: ignore[arg-type]
+                return True
             old = self._shadows.pop(real_dst, None)
-            self._shadows[real_dst] = shadow
+            target = self._new_shadow(real_dst)
+            if shadow is not None:
+                real_replace(shadow, target)
+            elif real_src is None:
+                # a scratch file (mkstemp's, written then renamed into place): moved in whole
+                try:
+                    real_replace(src, target)
+                except OSError:  # another file system
+                    shutil.copyfile(src, target)
+                    os.unlink(src)
+            else:
+                # a real file the run did not write: copied, and hidden from the run at its name
+                shutil.copyfile(real_src, target)
+                self._deleted.add(real_src)
         if old is not None:
             with contextlib.suppress(OSError):
                 os.unlink(old)
         return True
 
     def removed(self, path: Any) -> bool:
-        """Follow ``os.remove(path)`` of a file the run wrote; False when it wrote none."""
+        """Carry out ``os.remove(path)`` in the run's view; False: do it for real."""
         real = self._real(path)
-        with self._lock:
-            shadow = self._shadows.pop(real, None) if real is not None else None
-        if shadow is None:
+        if real is None:
             return False
+        with self._lock:
+            if not self._exists(real):
+                raise _not_found(path)
+            shadow = self._shadows.pop(real, None)
+            if shadow is None:
+                self._deleted.add(real)  # the real file stays: the kept run decides about it
+                return True
         with contextlib.suppress(OSError):
             os.unlink(shadow)
         return True
@@ -135,8 +178,30 @@ class WritesKeptApart:
     def stat_path(self, path: Any) -> Any:
         """The path ``os.stat(path)`` should look at: the run's copy of a file it wrote."""
         real = self._real(path)
-        shadow = self._shadows.get(real) if real is not None else None
-        return path if shadow is None else shadow
+        if real is None:
+            return path
+        shadow = self._shadows.get(real)
+        if shadow is not None:
+            return shadow
+        if real in self._deleted:
+            raise _not_found(path)
+        return path
+
+    def changed_path(self, path: Any) -> Any:
+        """The path ``os.chmod``/``os.utime`` should change, or None: a real file left alone."""
+        real = self._real(path)
+        if real is None:
+            return path
+        shadow = self._shadows.get(real)
+        if shadow is not None:
+            return shadow
+        if real in self._deleted or not os.path.lexists(real):
+            raise _not_found(path)
+        return None  # a real file the run did not write: the kept run sets its own metadata
+
+
+def _not_found(path: Any) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fsdecode(os.fspath(path)))
 
 
 #: First names below the temporary folder that are scratch: tempfile's, torch.compile's cache.
@@ -160,19 +225,25 @@ def _exempt_folders(own: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def writes_kept_apart() -> Iterator[WritesKeptApart]:
+def writes_kept_apart(
+    namespace: MutableMapping[str, Any] | None = None,
+) -> Iterator[WritesKeptApart]:
     """Keep the files the code run inside writes apart from the real ones, until it ends.
 
     Yields the :class:`WritesKeptApart` record (``written``: the real paths the run wrote). The
-    private copies are deleted on exit. Patches ``builtins.open``, ``io.open`` and ``os``'s
-    ``replace``, ``rename``, ``remove``, ``unlink`` and ``stat`` for the duration, in every thread.
+    private copies are deleted on exit. Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``,
+    ``rename``, ``remove``, ``unlink``, ``stat``, ``chmod`` and ``utime``, and torch's zip writer
+    and ``load``, for the duration, in every thread; ``namespace``'s own ``open`` (a notebook's)
+    goes through the private copies too.
     """
     folder = tempfile.mkdtemp(prefix="neuron-workbench-writes-")
     record = WritesKeptApart(folder)
     real_open = builtins.open
     real_replace, real_rename = os.replace, os.rename
     real_remove, real_unlink, real_stat = os.remove, os.unlink, os.stat
+    real_chmod, real_utime = os.chmod, os.utime
 
+    @functools.wraps(real_open)
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("opener") is not None or (len(args) > 5 and args[5] is not None):
             # an opener decides what is opened (NamedTemporaryFile names its folder here)
@@ -180,23 +251,33 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
         return real_open(record.open_path(file, mode, real_open), mode, *args, **kwargs)
 
     def replace(src: Any, dst: Any, **kwargs: Any) -> None:
-        if not record.renamed(src, dst):
+        if kwargs or not record.renamed(src, dst, real_replace):
             real_replace(src, dst, **kwargs)
 
     def rename(src: Any, dst: Any, **kwargs: Any) -> None:
-        if not record.renamed(src, dst):
+        if kwargs or not record.renamed(src, dst, real_replace):
             real_rename(src, dst, **kwargs)
 
     def remove(path: Any, **kwargs: Any) -> None:
-        if not record.removed(path):
+        if kwargs or not record.removed(path):
             real_remove(path, **kwargs)
 
     def unlink(path: Any, **kwargs: Any) -> None:
-        if not record.removed(path):
+        if kwargs or not record.removed(path):
             real_unlink(path, **kwargs)
 
     def stat(path: Any, **kwargs: Any) -> Any:
-        return real_stat(record.stat_path(path), **kwargs)
+        return real_stat(path if kwargs.get("dir_fd") else record.stat_path(path), **kwargs)
+
+    def chmod(path: Any, mode: int, **kwargs: Any) -> None:
+        target = path if kwargs.get("dir_fd") else record.changed_path(path)
+        if target is not None:
+            real_chmod(target, mode, **kwargs)
+
+    def utime(path: Any, *args: Any, **kwargs: Any) -> None:
+        target = path if kwargs.get("dir_fd") else record.changed_path(path)
+        if target is not None:
+            real_utime(target, *args, **kwargs)
 
     serialization = sys.modules.get("torch.serialization")
     real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
@@ -216,6 +297,8 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
             f = record.open_path(f, "rb", real_open)
         return real_load(f, *args, **kwargs)
 
+    if real_load is not None:
+        load = functools.wraps(real_load)(load)
     saved = [
         (builtins, "open", real_open),
         (io, "open", io.open),
@@ -224,7 +307,22 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
         (os, "remove", real_remove),
         (os, "unlink", real_unlink),
         (os, "stat", real_stat),
+        (os, "chmod", real_chmod),
+        (os, "utime", real_utime),
     ]
+    # A notebook's cells have an ``open`` of their own: IPython's wrapper in the kernel (it
+    # refuses the fds 0-2), the real one a worker received with the cell's values. Patching
+    # builtins does not reach it, so for the run the namespace's goes through the private copies.
+    cell_open = namespace.get("open") if namespace is not None else None
+    if callable(cell_open):
+
+        @functools.wraps(cell_open)
+        def namespace_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("opener") is None and not (len(args) > 5 and args[5] is not None):
+                file = record.open_path(file, mode, real_open)
+            return cell_open(file, mode, *args, **kwargs)
+
+        namespace["open"] = namespace_open  # type: ignore[index]
     if real_zip_writer is not None:
         saved.append((serialization, "_open_zipfile_writer", real_zip_writer))
         serialization._open_zipfile_writer = zip_writer  # type: ignore[union-attr]
@@ -234,11 +332,14 @@ def writes_kept_apart() -> Iterator[WritesKeptApart]:
     builtins.open = open_
     io.open = open_
     os.replace, os.rename, os.remove, os.unlink, os.stat = replace, rename, remove, unlink, stat
+    os.chmod, os.utime = chmod, utime
     try:
         yield record
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+        if callable(cell_open) and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
+            namespace["open"] = cell_open  # type: ignore[index]
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -514,6 +514,16 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
   std::optional<at::ScalarType> found;
   bool saw_fp64 = false, saw_int64 = false;
   const bool fp64 = plan.flags & kFp64, int_arith = plan.flags & kIntArith;
+  // A Python int in arithmetic with a floating tensor is converted to the tensor's type, as on
+  // CPU: there is no int64 arithmetic to wrap (f32 / 2**32 is not f32 / 0).
+  bool float_input = false;
+  for (size_t i = 0; i < plan.kwarg_only.size() && !float_input; ++i) {
+    const IValue& v = stack[base + i];
+    if (plan.kwarg_only[i] || !v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    float_input = t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
+                  (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
+  }
   for (size_t i = 0; i < plan.kwarg_only.size(); ++i) {
     if (plan.kwarg_only[i]) continue;
     IValue& v = stack[base + i];
@@ -529,14 +539,17 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
       } else {
         continue;
       }
-      found = narrow;
       if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
         // A Python scalar (x + 1, x * 0.5): not a 64-bit tensor op (no rule count). Its value is
         // narrowed in place of two dtype conversions, and it stays a wrapped number, so type
-        // promotion treats it as CPU does (a 0-dim int32 tensor + 5 stays int32).
+        // promotion treats it as CPU does (a 0-dim int32 tensor + 5 stays int32). It narrows the
+        // results only where no tensor input does (f64 + 1 is rounded as float32, not wrapped).
+        if (narrow == at::kInt && float_input) continue;
         v = narrowed_scalar(t, narrow);
+        if (!found) found = narrow;
         continue;
       }
+      found = narrow;
       (narrow == at::kFloat ? saw_fp64 : saw_int64) = true;
       if (plan.mutated[i]) {
         at::Tensor target = t;
@@ -544,7 +557,7 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
       } else {
         v = t.to(narrow).to(dt);
       }
-    } else if (v.isInt() && int_arith) {
+    } else if (v.isInt() && int_arith && !float_input) {
       const int64_t x = v.toInt();
       if (x < kI32Min || x >= (int64_t(1) << 31)) v = wrap_int32(x);
     }
