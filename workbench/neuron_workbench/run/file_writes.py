@@ -175,27 +175,32 @@ class WritesKeptApart:
             os.unlink(shadow)
         return True
 
-    def stat_path(self, path: Any) -> Any:
-        """The path ``os.stat(path)`` should look at: the run's copy of a file it wrote."""
+    def _in_view(self, path: Any) -> tuple[str | None, Any]:
+        """``path``'s real path (None: not kept apart) and what the run sees there.
+
+        The run's copy of a file it wrote, else ``path`` itself; ``FileNotFoundError`` for a file
+        it removed or renamed away.
+        """
         real = self._real(path)
         if real is None:
-            return path
+            return None, path
         shadow = self._shadows.get(real)
         if shadow is not None:
-            return shadow
+            return real, shadow
         if real in self._deleted:
             raise _not_found(path)
-        return path
+        return real, path
+
+    def stat_path(self, path: Any) -> Any:
+        """The path ``os.stat(path)`` should look at: the run's copy of a file it wrote."""
+        return self._in_view(path)[1]
 
     def changed_path(self, path: Any) -> Any:
         """The path ``os.chmod``/``os.utime`` should change, or None: a real file left alone."""
-        real = self._real(path)
-        if real is None:
-            return path
-        shadow = self._shadows.get(real)
-        if shadow is not None:
-            return shadow
-        if real in self._deleted or not os.path.lexists(real):
+        real, seen = self._in_view(path)
+        if real is None or seen is not path:
+            return seen
+        if not os.path.lexists(real):
             raise _not_found(path)
         return None  # a real file the run did not write: the kept run sets its own metadata
 
