@@ -446,6 +446,8 @@ def test_a_prefetching_loader_on_a_side_stream_runs(ip, target):
 def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
     # A notebook cell's open() is IPython's wrapper, not builtins.open; and --compile-check reruns
     # the cell in the kernel after the kept run, where rotating a checkpoint moved the kept one.
+    # --profile runs the two runs one after the other: at the same time, the target could find
+    # ckpt.pt gone, moved by the reference a moment before (the README's limit).
     folder = pathlib.Path.cwd() / f".rotate-test-{os.getpid()}"
     folder.mkdir()
     try:
@@ -454,7 +456,7 @@ def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
         run_cell(ip, "import os, torch")
         run_cell(
             ip,
-            "%%neuron --compile-check -o r\n"
+            "%%neuron --compile-check --profile -o r\n"
             f"os.replace({str(ckpt)!r}, {str(prev)!r})\n"
             "device = str(torch.ones(1).cuda().device.type)\n"
             f"torch.save({{'gen': 1, 'device': device}}, {str(ckpt)!r})\n"
