@@ -38,6 +38,8 @@ import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+from neuron_workbench.run.patching import patched_attributes
+
 __all__ = ["WritesKeptApart", "kept_apart_note", "writes_kept_apart"]
 
 #: Mode letters that write.
@@ -243,108 +245,99 @@ def writes_kept_apart(
     """
     folder = tempfile.mkdtemp(prefix="neuron-workbench-writes-")
     record = WritesKeptApart(folder)
-    real_open = builtins.open
-    real_replace, real_rename = os.replace, os.rename
-    real_remove, real_unlink, real_stat = os.remove, os.unlink, os.stat
-    real_chmod, real_utime = os.chmod, os.utime
+    real_open, real_replace = builtins.open, os.replace
 
-    @functools.wraps(real_open)
-    def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("opener") is not None or (len(args) > 5 and args[5] is not None):
-            # an opener decides what is opened (NamedTemporaryFile names its folder here)
-            return real_open(file, mode, *args, **kwargs)
-        return real_open(record.open_path(file, mode, real_open), mode, *args, **kwargs)
+    def redirecting(open_fn: Any) -> Any:
+        @functools.wraps(open_fn)
+        def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            # an opener decides what is opened (NamedTemporaryFile names its folder there)
+            if kwargs.get("opener") is None and not (len(args) > 5 and args[5] is not None):
+                file = record.open_path(file, mode, real_open)
+            return open_fn(file, mode, *args, **kwargs)
 
-    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
-        if kwargs or not record.renamed(src, dst, real_replace):
-            real_replace(src, dst, **kwargs)
+        return open_
 
-    def rename(src: Any, dst: Any, **kwargs: Any) -> None:
-        if kwargs or not record.renamed(src, dst, real_replace):
-            real_rename(src, dst, **kwargs)
+    def in_view(real: Any, carried_out: Any) -> Any:
+        # os.replace/rename/remove/unlink: done in the run's view, or for real where it says so
+        def call(*paths: Any, **kwargs: Any) -> None:
+            if kwargs or not carried_out(*paths):
+                real(*paths, **kwargs)
 
-    def remove(path: Any, **kwargs: Any) -> None:
-        if kwargs or not record.removed(path):
-            real_remove(path, **kwargs)
+        return call
 
-    def unlink(path: Any, **kwargs: Any) -> None:
-        if kwargs or not record.removed(path):
-            real_unlink(path, **kwargs)
+    def on_metadata(real: Any) -> Any:
+        # os.chmod/utime: on the run's copy; a real file it did not write is left alone
+        def call(path: Any, *args: Any, **kwargs: Any) -> None:
+            target = path if kwargs.get("dir_fd") else record.changed_path(path)
+            if target is not None:
+                real(target, *args, **kwargs)
+
+        return call
 
     def stat(path: Any, **kwargs: Any) -> Any:
         return real_stat(path if kwargs.get("dir_fd") else record.stat_path(path), **kwargs)
 
-    def chmod(path: Any, mode: int, **kwargs: Any) -> None:
-        target = path if kwargs.get("dir_fd") else record.changed_path(path)
-        if target is not None:
-            real_chmod(target, mode, **kwargs)
+    def renamed(src: Any, dst: Any) -> bool:
+        return record.renamed(src, dst, real_replace)
 
-    def utime(path: Any, *args: Any, **kwargs: Any) -> None:
-        target = path if kwargs.get("dir_fd") else record.changed_path(path)
-        if target is not None:
-            real_utime(target, *args, **kwargs)
-
+    real_stat = os.stat
+    open_ = redirecting(real_open)
+    patches = [
+        (builtins, {"open": open_}),
+        (io, {"open": open_}),
+        (
+            os,
+            {
+                "replace": in_view(real_replace, renamed),
+                "rename": in_view(os.rename, renamed),
+                "remove": in_view(os.remove, record.removed),
+                "unlink": in_view(os.unlink, record.removed),
+                "stat": stat,
+                "chmod": on_metadata(os.chmod),
+                "utime": on_metadata(os.utime),
+            },
+        ),
+    ]
     serialization = sys.modules.get("torch.serialization")
     real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
+    if real_zip_writer is not None:
 
-    def zip_writer(name_or_buffer: Any) -> Any:
-        # torch.save hands a path to its C++ zip writer, which opens it below Python
-        if isinstance(name_or_buffer, str | os.PathLike):
-            name_or_buffer = record.open_path(name_or_buffer, "wb", real_open)
-        return real_zip_writer(name_or_buffer)
+        def zip_writer(name_or_buffer: Any) -> Any:
+            # torch.save hands a path to its C++ zip writer, which opens it below Python
+            if isinstance(name_or_buffer, str | os.PathLike):
+                name_or_buffer = record.open_path(name_or_buffer, "wb", real_open)
+            return real_zip_writer(name_or_buffer)
 
+        patches.append((serialization, {"_open_zipfile_writer": zip_writer}))
     torch = sys.modules.get("torch")
     real_load = getattr(serialization, "load", None)
+    if real_load is not None and torch is not None and torch.load is real_load:
 
-    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        # torch.load(path, mmap=True) maps the path itself, below Python
-        if isinstance(f, str | os.PathLike):
-            f = record.open_path(f, "rb", real_open)
-        return real_load(f, *args, **kwargs)
+        @functools.wraps(real_load)
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            # torch.load(path, mmap=True) maps the path itself, below Python
+            if isinstance(f, str | os.PathLike):
+                f = record.open_path(f, "rb", real_open)
+            return real_load(f, *args, **kwargs)
 
-    if real_load is not None:
-        load = functools.wraps(real_load)(load)
-    saved = [
-        (builtins, "open", real_open),
-        (io, "open", io.open),
-        (os, "replace", real_replace),
-        (os, "rename", real_rename),
-        (os, "remove", real_remove),
-        (os, "unlink", real_unlink),
-        (os, "stat", real_stat),
-        (os, "chmod", real_chmod),
-        (os, "utime", real_utime),
-    ]
+        patches += [(serialization, {"load": load}), (torch, {"load": load})]
     # A notebook's cells have an ``open`` of their own: IPython's wrapper in the kernel (it
     # refuses the fds 0-2), the real one a worker received with the cell's values. Patching
     # builtins does not reach it, so for the run the namespace's goes through the private copies.
     cell_open = namespace.get("open") if namespace is not None else None
-    if callable(cell_open):
-
-        @functools.wraps(cell_open)
-        def namespace_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("opener") is None and not (len(args) > 5 and args[5] is not None):
-                file = record.open_path(file, mode, real_open)
-            return cell_open(file, mode, *args, **kwargs)
-
-        namespace["open"] = namespace_open  # type: ignore[index]
-    if real_zip_writer is not None:
-        saved.append((serialization, "_open_zipfile_writer", real_zip_writer))
-        serialization._open_zipfile_writer = zip_writer  # type: ignore[union-attr]
-    if real_load is not None and torch is not None and torch.load is real_load:
-        saved += [(serialization, "load", real_load), (torch, "load", real_load)]
-        serialization.load = torch.load = load  # type: ignore[union-attr]
-    builtins.open = open_
-    io.open = open_
-    os.replace, os.rename, os.remove, os.unlink, os.stat = replace, rename, remove, unlink, stat
-    os.chmod, os.utime = chmod, utime
+    namespace_open = redirecting(cell_open) if callable(cell_open) else None
     try:
-        yield record
+        with contextlib.ExitStack() as stack:
+            for owner, replacements in patches:
+                stack.enter_context(patched_attributes(owner, replacements))
+            if namespace_open is not None:
+                namespace["open"] = namespace_open  # type: ignore[index]
+            try:
+                yield record
+            finally:
+                if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
+                    namespace["open"] = cell_open  # type: ignore[index]
     finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
-        if callable(cell_open) and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
-            namespace["open"] = cell_open  # type: ignore[index]
         shutil.rmtree(folder, ignore_errors=True)
 
 
