@@ -493,20 +493,19 @@ std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0};
 // to float32 or wrapped to int32: itself when the value is one already (the common case, no
 // allocation), else a new wrapped number of the same dtype.
 at::Tensor narrowed_scalar(const at::Tensor& t, at::ScalarType narrow) {
+  const auto wrapped_number = [&t](const at::Scalar& value) {
+    at::Tensor out = at::scalar_tensor(value, t.options());
+    out.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return out;
+  };
   if (narrow == at::kFloat) {
     const double value = *t.const_data_ptr<double>();
     const double rounded = static_cast<double>(static_cast<float>(value));
-    if (rounded == value || std::isnan(value)) return t;
-    at::Tensor out = at::scalar_tensor(rounded, t.options());
-    out.unsafeGetTensorImpl()->set_wrapped_number(true);
-    return out;
+    return rounded == value || std::isnan(value) ? t : wrapped_number(rounded);
   }
   const int64_t value = *t.const_data_ptr<int64_t>();
   const int64_t wrapped = wrap_int32(value);
-  if (wrapped == value) return t;
-  at::Tensor out = at::scalar_tensor(wrapped, t.options());
-  out.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return out;
+  return wrapped == value ? t : wrapped_number(wrapped);
 }
 
 // Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any.
