@@ -78,9 +78,12 @@ class WritesKeptApart:
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
         if path.startswith(self._exempt):
             return None
-        if path.startswith(self._scratch_root):
+        if path.startswith(self._scratch_root) and not path.startswith(
+            os.path.join(os.getcwd(), "")
+        ):
             # tempfile's own names (mkstemp, mkdtemp: "tmp...") and torch.compile's cache hold
-            # scratch files other processes read; a project kept under /tmp is the notebook's
+            # scratch files other processes read; a project kept under /tmp is the notebook's,
+            # and so is everything below the working folder (a clone made by `mktemp -d`)
             first = path[len(self._scratch_root) :].partition(os.sep)[0]
             if first.startswith(_SCRATCH_PREFIXES):
                 return None
