@@ -378,6 +378,32 @@ def test_torch_load_onto_cuda_lands_on_each_runs_device(ip, tmp_path, target):
     assert ip.user_ns["c"].tolist() == [-1.0, 0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_cuda_generator_draws_in_both_runs(ip, target):
+    # `torch.Generator("cuda").manual_seed(0)` (diffusers' idiom) raised in both runs.
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        "device = torch.device('cuda')\n"
+        "g = torch.Generator(device='cuda').manual_seed(0)\n"
+        "h = torch.Generator(device).manual_seed(1)\n"
+        "x = torch.randn(4, generator=g, device='cuda')\n"
+        "y = torch.rand(3, generator=h, device=device)\n"
+        "is_generator = isinstance(g, torch.Generator)",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert {"x", "y"} <= {d.path for d in report.comparison.diffs}
+    assert ip.user_ns["is_generator"] is True
+    # the emulated device has no generators of its own: the report says what stood in
+    stood_in = f"{target} (emulated): torch.Generator for this device is a host (CPU) generator"
+    assert [n for n in report.notes if n.startswith(stood_in)], report.notes
+    # the kept generator goes on drawing in the next cell, in both runs
+    run_cell(ip, f"%%neuron --target {target} -o r\nz = torch.randn(2, generator=g, device='cuda')")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep):
     # Both runs saved to the same path at the same time: the target's (storages tagged neuron:0)

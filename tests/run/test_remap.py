@@ -71,6 +71,28 @@ def test_cuda_idioms_land_on_the_emulated_neuron_device():
     assert torch.equal(a.cpu(), b.cpu())
 
 
+@pytest.mark.parametrize("name", ["cpu", "neuron"])
+def test_a_cuda_generator_is_one_the_run_can_draw_with(name):
+    # torch.Generator is no torch function: the mode never saw its "cuda", so both runs raised.
+    backend = get_backend(name)
+    original = torch.Generator
+    with backend.activated(), cuda_remapped_to(backend) as facts:
+        g = torch.Generator(device="cuda").manual_seed(3)
+        h = torch.Generator(torch.device("cuda:0")).manual_seed(3)
+        drawn = [torch.randn(4, generator=each, device="cuda") for each in (g, h)]
+        assert isinstance(g, torch.Generator) and isinstance(
+            torch.default_generator, torch.Generator
+        )
+        assert torch.Generator().device.type == "cpu"
+    assert torch.Generator is original  # put back
+    assert g.device.type == h.device.type == "cpu"  # neither the host nor the emulator has others
+    expected = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    for each in drawn:
+        assert each.device.type == backend.device_type and torch.equal(each.cpu(), expected)
+    notes = [n for n in facts.notes if n.startswith("torch.Generator for this device is a host")]
+    assert len(notes) == (1 if name == "neuron" else 0), facts.notes
+
+
 def test_torch_load_onto_cuda_lands_on_the_run_device(tmp_path):
     path = tmp_path / "w.pt"
     torch.save({"w": torch.arange(3.0)}, path)

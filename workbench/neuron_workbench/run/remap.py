@@ -14,7 +14,9 @@ What is remapped, and how:
 - ``torch.load`` restores storages located on ``cuda`` (``map_location="cuda"``, a checkpoint saved
   on a GPU) on the run's device;
 - ``torch.cuda.Stream`` and the stream functions are the device module's (no-ops on the host), and
-  ``Tensor.record_stream`` with such a stand-in records nothing.
+  ``Tensor.record_stream`` with such a stand-in records nothing;
+- ``torch.Generator("cuda")`` makes the run's device's generator, or a CPU one where the device has
+  none of its own (the host, the emulated devices).
 
 When the ``cpu`` backend stands in for ``cuda``, the CUDA parts of the cell also get CUDA's semantics
 (copies on ``.cuda()``, CUDA's autocast lists, pinned memory, foreach optimizers, TF32 when the cell
@@ -457,6 +459,56 @@ def _untagged(storage: Any) -> None:
     return None  # saving tags storages as torch does (the device's own tag)
 
 
+class _AnyGenerator(type(torch._C.Generator)):  # type: ignore[misc]
+    """The run's ``torch.Generator`` class: every generator is one of it (``isinstance`` holds)."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, torch._C.Generator)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, torch._C.Generator)
+
+
+def _run_generator_class(
+    target: str, facts: RunFacts, host: CudaOnHost | None, original: Callable[..., Any]
+) -> type:
+    """``torch.Generator`` for one run: ``torch.Generator("cuda")`` makes one for the run's device.
+
+    A generator is no torch function, so the run's mode never sees its device. On the host standing
+    in for cuda it is a CPU generator (CUDA's own stream is listed among what stays different). On
+    a device that cannot make generators of its own (the emulated ones draw from the host's) it is
+    a CPU generator too, which device draws accept (diffusers draws on the CPU with one), and the
+    report says so. ``original`` makes every generator (the emulator's class explains its limit).
+    """
+
+    class Generator(torch._C.Generator, metaclass=_AnyGenerator):
+        __module__ = "torch"
+        __qualname__ = "Generator"
+
+        def __new__(cls, device: Any = "cpu") -> Any:
+            kind = type(device)
+            named_cuda = (kind is str and device.startswith("cuda")) or (
+                kind is torch.device
+                and (device.type == "cuda" or (host is not None and host.names_cuda(device)))
+            )
+            if named_cuda:
+                device = remap_device(device, target)
+            elif target == "cpu" or torch.device(device).type != target:
+                return original(device)  # a device the run does not stand in for, as named
+            if target == "cpu":
+                return original("cpu")
+            try:  # the run's device ("cuda", or a device object a "cuda" became in the run)
+                return original(device)
+            except (NotImplementedError, RuntimeError) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                note = f"torch.Generator for this device is a host (CPU) generator: {why}"
+                if note not in facts.notes:
+                    facts.notes.append(note)
+                return original("cpu")
+
+    return Generator
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -517,6 +569,11 @@ def cuda_remapped_to(
             stack.enter_context(fused_dropout_on_cpu())
         stack.enter_context(_cuda_storages_loaded_to(target))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
+        stack.enter_context(
+            patched_attributes(
+                torch, {"Generator": _run_generator_class(target, facts, host, torch.Generator)}
+            )
+        )
         mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
