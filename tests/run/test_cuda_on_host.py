@@ -226,3 +226,40 @@ def test_sparse_tensor_on_the_target_is_a_one_line_error(ip):
     assert "\n" not in error.message
     assert "torch.sparse_coo" in error.message and "aten::" in error.message
     assert "coverage has no op for sparse tensors" in error.message
+
+
+def test_data_parallel_runs_on_the_reference_as_on_one_gpu_and_says_why_not_on_the_target(ip):
+    # Unguarded nn.DataParallel: the reference raised AttributeError (no multi_processor_count in
+    # the device properties), then could not scatter (no torch._C._scatter without CUDA); the
+    # target raised ZeroDivisionError (the emulated capacity, 0).
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn as nn\ntorch.manual_seed(0)\n"
+        "net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\nx = torch.randn(5, 4)",
+    )
+    report = _report(
+        ip,
+        "model = nn.DataParallel(net).cuda()\n"
+        "xin = x.cuda().requires_grad_()\n"
+        "loss = model(xin).pow(2).sum()\n"
+        "loss.backward()\n"
+        "same_device = torch.device('cuda', 0) == next(model.parameters()).device\n"
+        "cores = torch.cuda.get_device_properties(0).multi_processor_count",
+    )
+    ref, target = report.ref, report.target
+    assert ref.ok, ref.error
+    net, x = ip.user_ns["net"], ip.user_ns["x"]
+    plain_x = x.clone().requires_grad_()
+    plain_loss = net(plain_x).pow(2).sum()
+    plain_loss.backward()
+    assert torch.equal(ref.outputs["loss"], plain_loss)
+    assert torch.equal(ref.outputs["xin"].grad, plain_x.grad)  # scattered back through backward
+    assert ref.outputs["same_device"] is True and ref.outputs["cores"] >= 1
+    assert target.error.type == "RuntimeError"
+    assert target.error.message.startswith(
+        "nn.DataParallel cannot run on neuron: it scatters inputs and gathers outputs with CUDA "
+        "kernels (torch._C._scatter)"
+    )
+    assert target.error.lineno == 2
+    # the scanner says it before anything runs
+    assert "NW141" in {f["rule_id"] for f in report.migration["findings"]}

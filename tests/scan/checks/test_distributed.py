@@ -1,4 +1,4 @@
-"""Distributed training (NW140): each rule fires on its snippets and not on look-alikes."""
+"""Distributed training (NW140, NW141): each rule fires on its snippets and not on look-alikes."""
 
 from area_cases import AreaCases
 
@@ -18,6 +18,19 @@ CASES = {
             'import torch.distributed as dist\ndist.init_process_group("neuron")',
             'print("nccl")',
             'import torch.distributed as dist\ndist.init_process_group(backend="gloo")',
+        ],
+    ),
+    "NW141": (
+        [
+            "import torch.nn as nn\nm = nn.DataParallel(nn.Linear(2, 2))",
+            "import torch\nm = torch.nn.DataParallel(model).cuda()",
+            "from torch.nn import DataParallel\nm = DataParallel(model, device_ids=[0, 1])",
+            "from torch.nn.parallel import data_parallel\ny = data_parallel(model, x)",
+        ],
+        [
+            "import torch.nn as nn\nm = nn.parallel.DistributedDataParallel(model)",
+            "class DataParallel:\n    pass\nm = DataParallel()",
+            'print("DataParallel")',
         ],
     ),
 }

@@ -10,6 +10,7 @@ its device, the target worker processes).
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,16 +66,28 @@ def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, 
     return run, artifacts.source_mismatch_warning(artifact, cell_source)
 
 
-def migration_findings(cell_source: str, target: str, first_line: int = 1) -> dict[str, Any] | None:
+def migration_findings(
+    cell_source: str,
+    target: str,
+    first_line: int = 1,
+    namespace: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
     """The scanner's findings for the cell source (the report's Migration tab).
 
     ``first_line`` is the line number the source's first line has where the user reads it.
+    ``namespace``: the notebook's, whose imported modules the cell may use by their names
+    (``nn.DataParallel`` after an earlier ``import torch.nn as nn``).
     """
     if target not in DEVICES:
         return None
     from neuron_workbench.scan import scan_cell
 
-    report = scan_cell("\n" * (first_line - 1) + cell_source, target=target)
+    imports = {
+        name: value.__name__
+        for name, value in (namespace or {}).items()
+        if isinstance(value, types.ModuleType) and not name.startswith("_")
+    }
+    report = scan_cell("\n" * (first_line - 1) + cell_source, target=target, imports=imports)
     data = report.to_dict()
     data["html"] = report.to_html()
     data["text"] = report.to_text()
@@ -221,7 +234,7 @@ class Session:
             extra_targets=options.extra_targets,
             relabel=relabel,
             warnings=[warning] if warning else [],
-            migration=(lambda target: self._migration(source, target, options))
+            migration=(lambda target: self._migration(source, target, options, namespace))
             if options.scan
             else None,
         )
@@ -258,9 +271,15 @@ class Session:
             artifact=Path(artifact) if artifact is not None else None,
         )
 
-    def _migration(self, source: str, target: str, options: CellOptions) -> dict[str, Any] | None:
+    def _migration(
+        self,
+        source: str,
+        target: str,
+        options: CellOptions,
+        namespace: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
         """The scanner's findings for the cell on ``target``; a rerun folds the ones shown before."""
-        found = migration_findings(source, target, options.source_first_line)
+        found = migration_findings(source, target, options.source_first_line, namespace)
         if found and found.get("findings"):
             found["repeat"] = (target, source) in self._scanned
             self._scanned.add((target, source))

@@ -50,13 +50,19 @@ class DeviceProperties:
 
     ``total_memory`` is the device's capacity where the backend knows it (the host's RAM for the
     cpu reference, an emulated capacity when one is set), else 0; ``major``/``minor`` are
-    :func:`stand_in_capability`.
+    :func:`stand_in_capability`. ``multi_processor_count`` (what ``nn.DataParallel`` balances
+    GPUs by) exists on the cpu reference only, as the host's cores; a target's properties have
+    no such field (TorchNeuron's have ``name`` and ``total_memory``).
     """
 
-    def __init__(self, name: str, total_memory: int) -> None:
+    def __init__(
+        self, name: str, total_memory: int, multi_processor_count: int | None = None
+    ) -> None:
         self.name = name
         self.total_memory = int(total_memory)
         self.major, self.minor = stand_in_capability()
+        if multi_processor_count is not None:
+            self.multi_processor_count = int(multi_processor_count)
 
     def __repr__(self) -> str:
         return (
@@ -193,7 +199,9 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         return backend.info().device_name
 
     def get_device_properties(device: Any = None) -> DeviceProperties:
-        return DeviceProperties(get_device_name(), total_memory())
+        on_host = host is not None or backend.device_type == "cpu"
+        cores = (os.cpu_count() or 1) if on_host else None
+        return DeviceProperties(get_device_name(), total_memory(), multi_processor_count=cores)
 
     def get_device_capability(device: Any = None) -> tuple[int, int]:
         return stand_in_capability()

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from neuron_workbench.backends.base import MemoryStats
+from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.records import RunFacts
 
 #: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
@@ -356,3 +357,50 @@ def _foreach_by_default(host: CudaOnHost) -> Iterator[None]:
     finally:
         optimizer_module._get_foreach_kernels_supported_devices = saved
         foreach_utils._get_foreach_kernels_supported_devices = original
+
+
+@contextlib.contextmanager
+def parallel_comm_on_host() -> Iterator[None]:
+    """``nn.DataParallel`` on the host standing in for one GPU: its scatter and gather work.
+
+    A torch without CUDA has no ``torch._C._scatter``/``_gather``, which
+    ``torch.nn.parallel.comm`` calls; on one GPU, scattering splits the input into views on that
+    device and gathering concatenates, which is what these do on the host.
+    """
+    if hasattr(torch._C, "_scatter"):  # a CUDA build of torch has its own
+        yield
+        return
+    from torch.nn.parallel import comm
+
+    def scatter(
+        tensor: torch.Tensor,
+        devices: Any = None,
+        chunk_sizes: Any = None,
+        dim: int = 0,
+        streams: Any = None,
+        *,
+        out: Any = None,
+    ) -> tuple[torch.Tensor, ...]:
+        if out is not None:
+            chunks = tensor.split([o.shape[dim] for o in out], dim)
+            return tuple(o.copy_(c) for o, c in zip(out, chunks))
+        if chunk_sizes is not None:
+            return tuple(tensor.split(list(chunk_sizes), dim))
+        return tuple(tensor.chunk(len(devices), dim))
+
+    def gather(
+        tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None
+    ) -> torch.Tensor:
+        return torch.cat(list(tensors), dim, out=out)
+
+    def scatter_backward(ctx: Any, *grad_output: torch.Tensor) -> tuple[Any, ...]:
+        # the input's gradient gathered back (torch's Gather refuses host tensors)
+        return None, None, None, torch.cat(grad_output, ctx.dim)
+
+    from torch.nn.parallel._functions import Scatter
+
+    with (
+        patched_attributes(comm, {"scatter": scatter, "gather": gather}),
+        patched_attributes(Scatter, {"backward": staticmethod(scatter_backward)}),
+    ):
+        yield

@@ -43,7 +43,7 @@ from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims
-from neuron_workbench.run.cuda_on_host import CudaOnHost
+from neuron_workbench.run.cuda_on_host import CudaOnHost, parallel_comm_on_host
 from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_draws import (
@@ -186,7 +186,9 @@ class _CudaToDeviceMode(TorchFunctionMode):
             else func(*args, **kwargs)
         )
         if func is torch.device:
-            return host.remember_cuda_device(result)
+            # torch.device("cuda", 0) is the host's one device: no index, as the host's tensors
+            # report it (cuda:0 equals a tensor's device on a GPU; cpu:0 never equals cpu)
+            return host.remember_cuda_device(torch.device(result.type))
         if func is _TENSOR_TO:
             return host.moved(args[0], result)
         if func in _AS_TENSOR and args:
@@ -509,6 +511,24 @@ def _run_generator_class(
     return Generator
 
 
+def _data_parallel_refused(target: str) -> contextlib.AbstractContextManager[Any]:
+    """``nn.DataParallel`` says at once why it cannot run on ``target``, in this torch.
+
+    Its scatter and gather are CUDA kernels (``torch._C._scatter``), which a torch without CUDA
+    lacks; with the run's ``torch.cuda`` answering for the device, it failed on the way there
+    instead (a division by the emulated capacity, 0 unless one is set).
+    """
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        raise RuntimeError(
+            f"nn.DataParallel cannot run on {target}: it scatters inputs and gathers outputs with "
+            "CUDA kernels (torch._C._scatter), which this torch lacks; call the module itself on "
+            "one device, or use DistributedDataParallel"
+        )
+
+    return patched_attributes(torch.nn.parallel.DataParallel, {"__init__": __init__})
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -567,6 +587,9 @@ def cuda_remapped_to(
         )
         if host is not None:
             stack.enter_context(fused_dropout_on_cpu())
+            stack.enter_context(parallel_comm_on_host())
+        elif not hasattr(torch._C, "_scatter"):
+            stack.enter_context(_data_parallel_refused(target))
         stack.enter_context(_cuda_storages_loaded_to(target))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         stack.enter_context(

@@ -11,6 +11,8 @@ module, rewriting uses libcst; nothing here imports torch or IPython.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from neuron_workbench.scan.api import (
     iter_source_files,
     migrate_path,
@@ -56,7 +58,9 @@ __all__ = [
 ]
 
 
-def scan_cell(source: str, *, target: str = "neuron") -> ScanReport:
+def scan_cell(
+    source: str, *, target: str = "neuron", imports: Mapping[str, str] | None = None
+) -> ScanReport:
     """Scan one notebook cell and return a renderable report (for the ``%%neuron`` Migration tab).
 
     Parameters
@@ -65,6 +69,8 @@ def scan_cell(source: str, *, target: str = "neuron") -> ScanReport:
         The cell body (IPython syntax is accepted).
     target : {"neuron", "tpu"}
         The device the suggestions are written for.
+    imports : mapping of str to str, optional
+        Modules earlier cells imported, by the name the cell uses (``{"nn": "torch.nn"}``).
 
     Returns
     -------
@@ -73,7 +79,7 @@ def scan_cell(source: str, *, target: str = "neuron") -> ScanReport:
         is reported by the run itself, not by the Migration tab.
     """
     try:
-        findings = scan_source(source, "<cell>", target=target, ipython=True)
+        findings = scan_source(source, "<cell>", target=target, ipython=True, imports=imports)
     except ScanSyntaxError:
         findings = []
     return ScanReport(tuple(findings), target)

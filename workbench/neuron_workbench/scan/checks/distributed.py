@@ -1,4 +1,4 @@
-"""Distributed training: the NCCL process-group backend (NW140)."""
+"""Distributed training: the NCCL process-group backend (NW140), ``nn.DataParallel`` (NW141)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,24 @@ NW140 = Rule(
     f"{TPU_NOTES} §2",
 )
 
+NW141 = Rule(
+    "NW141",
+    "data-parallel",
+    "warning",
+    "`nn.DataParallel` scatters and gathers with CUDA kernels; the target's parallelism is DDP.",
+    "On one device call the module itself; across devices use DistributedDataParallel (or FSDP).",
+    f"{NEURON_NOTES} §10 (Distributed: DDP, FSDP, DTensor TP/SP supported; DataParallel is not "
+    f"among them; {NEURON_LANDING})",
+)
+
+_DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
+}
+
 _DIST_INIT = {
     "torch.distributed.init_process_group",
     "torch.distributed.distributed_c10d.init_process_group",
@@ -27,6 +45,9 @@ _DIST_INIT = {
 
 def _call(scan: Scan, node: ast.Call) -> None:
     qn = scan.qn(node.func)
+    if qn in _DATA_PARALLEL:
+        scan.report(NW141, node, f"`{qn.rsplit('.', 1)[-1]}` runs through CUDA's scatter/gather")
+        return
     if qn in _DIST_INIT:
         _nccl(scan, arg(node, 0, "backend"))
         return
@@ -55,4 +76,4 @@ def _torch_name(scan: Scan, node: ast.Attribute | ast.Name, qn: str, called: boo
         scan.report(NW140, node, "`Backend.NCCL` needs NCCL")
 
 
-AREA = Area("distributed", (NW140,), {ast.Call: _call}, torch_name=_torch_name)
+AREA = Area("distributed", (NW140, NW141), {ast.Call: _call}, torch_name=_torch_name)
