@@ -404,6 +404,34 @@ def test_a_cuda_generator_draws_in_both_runs(ip, target):
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
+def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
+    # Each raised "Torch not compiled with CUDA enabled" (or a KeyError) in both runs.
+    run_cell(ip, "import torch\nw = torch.randn(4, 3)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "torch.cuda.set_device(0)\n"
+        "with torch.cuda.device(0):\n"
+        "    x = torch.ones(2, 4, device='cuda')\n"
+        "depth = torch.cuda.nvtx.range_push('forward')\n"
+        "with torch.cuda.nvtx.range('matmul {}', 1), torch.cuda.device_of(x):\n"
+        "    y = x @ w.cuda()\n"
+        "ended = torch.cuda.nvtx.range_pop()\n"
+        "torch.cuda.empty_cache()\n"
+        "torch.cuda.ipc_collect()\n"
+        "summary = torch.cuda.memory_summary()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert (ip.user_ns["depth"], ip.user_ns["ended"]) == (0, 0)
+    assert "allocated: current" in ip.user_ns["summary"]
+    # the summary is the run's own accounting: shown as a measurement, never compared
+    assert "summary" in {m.path for m in report.comparison.measurements}
+    run_cell(ip, "%%neuron -o r\nwith torch.cuda.device(1):\n    z = torch.zeros(1, device='cuda')")
+    report = _report(ip)
+    assert report.ref.error.message.startswith("invalid device ordinal: the run stands in for one")
+
+
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep):
     # Both runs saved to the same path at the same time: the target's (storages tagged neuron:0)

@@ -1,8 +1,8 @@
 """What ``torch.cuda`` resolves to while a run remaps CUDA onto another backend.
 
 The shims forward ``torch.cuda``'s helpers that CUDA notebooks call (availability, synchronize,
-seeding, memory statistics, device properties, events) to the run's backend; everything else still
-comes from the real module.
+seeding, memory statistics, device properties, events, the ``device`` context, NVTX annotations) to
+the run's backend; everything else still comes from the real module.
 
 Memory statistics come from the backend (an emulated device's accounting, a real device's
 allocator) or, for the host CPU standing in for cuda, from the run's own accounting of the tensor
@@ -69,6 +69,80 @@ class DeviceProperties:
             f"DeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, "
             f"total_memory={self.total_memory // 2**20}MB)"
         )
+
+
+class OneDevice:
+    """``torch.cuda.device(i)`` and ``device_of(t)`` on a stand-in, which has one device (index 0).
+
+    Entering it selects that device (nothing to do); another index is refused as CUDA refuses an
+    index a one-GPU machine lacks.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.idx = _device_index(device)
+
+    def __enter__(self) -> OneDevice:
+        if self.idx > 0:
+            raise RuntimeError(
+                f"invalid device ordinal: the run stands in for one CUDA device (0), not {self.idx}"
+            )
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
+def _device_index(device: Any) -> int:
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        _, _, index = device.partition(":")
+        return int(index) if index.isdigit() else 0
+    index = getattr(device, "index", None)
+    return 0 if index is None else int(index)
+
+
+class NvtxRanges(types.ModuleType):
+    """``torch.cuda.nvtx`` on a stand-in: annotations with no profiler to read them.
+
+    Ranges nest as NVTX's do (``range_push`` returns the new range's depth, ``range_pop`` the
+    ended one's); nothing is recorded, as on a GPU no profiler is attached to.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("torch.cuda.nvtx")
+        self._depth = 0
+        self._next_id = 0
+
+    def range_push(self, msg: str) -> int:
+        self._depth += 1
+        return self._depth - 1
+
+    def range_pop(self) -> int:
+        if self._depth == 0:
+            return -1
+        self._depth -= 1
+        return self._depth
+
+    def range_start(self, msg: str) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def range_end(self, range_id: int) -> None:
+        return None
+
+    def mark(self, msg: str) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def range(self, msg: str, *args: Any, **kwargs: Any) -> Any:
+        self.range_push(msg.format(*args, **kwargs))
+        try:
+            yield
+        finally:
+            self.range_pop()
 
 
 def host_memory_bytes() -> int:
@@ -189,6 +263,19 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
             )
         return max(total - memory_allocated(), 0), total
 
+    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+        # torch's own table reads a CUDA allocator's statistics; this one has what the run knows
+        where = (
+            "the run's accounting of its host tensor storages"
+            if host is not None
+            else f"the {backend.name} backend's accounting"
+        )
+        return (
+            f"memory summary of {get_device_name()} ({where}):\n"
+            f"  allocated: current {memory_allocated()} B, peak {max_memory_allocated()} B\n"
+            "  (nothing is cached: reserved equals allocated)"
+        )
+
     def reset_peak_memory_stats(device: Any = None) -> None:
         if host is not None:
             host.reset_peak_memory()
@@ -260,6 +347,11 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "reset_peak_memory_stats": reset_peak_memory_stats,
         "reset_max_memory_allocated": reset_peak_memory_stats,
         "empty_cache": empty_cache,
+        "ipc_collect": empty_cache,
+        "memory_summary": memory_summary,
+        "device": OneDevice,
+        "device_of": lambda obj: OneDevice(-1),
+        "nvtx": NvtxRanges(),
         "get_device_name": get_device_name,
         "get_device_properties": get_device_properties,
         "get_device_capability": get_device_capability,

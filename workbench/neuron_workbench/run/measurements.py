@@ -443,6 +443,7 @@ CUDA_SOURCES = {
     "max_memory_reserved": ("memory", "B"),
     "memory_stats": ("memory", None),
     "mem_get_info": ("memory", "B"),
+    "memory_summary": ("memory", None),
     "get_device_properties": ("device", None),
     "get_device_name": ("device", None),
     "get_device_capability": ("device", None),
