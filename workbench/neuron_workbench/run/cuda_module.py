@@ -117,27 +117,33 @@ class NvtxRanges(types.ModuleType):
         self._next_id = 0
 
     def range_push(self, msg: str) -> int:
+        """Start a nested range; its zero-based depth."""
         self._depth += 1
         return self._depth - 1
 
     def range_pop(self) -> int:
+        """End the innermost range; its depth (-1 when none was open)."""
         if self._depth == 0:
             return -1
         self._depth -= 1
         return self._depth
 
     def range_start(self, msg: str) -> int:
+        """Start a range that may span threads; its id."""
         self._next_id += 1
         return self._next_id
 
     def range_end(self, range_id: int) -> None:
+        """End the range ``range_id``."""
         return None
 
     def mark(self, msg: str) -> None:
+        """An instant event."""
         return None
 
     @contextlib.contextmanager
     def range(self, msg: str, *args: Any, **kwargs: Any) -> Any:
+        """A range around a block (``msg`` formatted with the arguments)."""
         self.range_push(msg.format(*args, **kwargs))
         try:
             yield
