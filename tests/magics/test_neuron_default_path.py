@@ -404,6 +404,37 @@ def test_a_cuda_generator_draws_in_both_runs(ip, target):
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_legacy_cuda_tensor_types_build_on_each_runs_device(ip, target):
+    # PyTorch-GAN's idiom: "Cannot initialize CUDA without ATen_cuda library" in both runs.
+    run_cell(ip, "import torch\nimport numpy as np\nimgs = torch.randn(4, 3)")
+    run_cell(
+        ip,
+        f"%%neuron --target {target} -o r\n"
+        "cuda = True if torch.cuda.is_available() else False\n"
+        "Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor\n"
+        "valid = Tensor(imgs.size(0), 1).fill_(1.0)\n"
+        "real_imgs = imgs.type(Tensor)\n"
+        "z = Tensor(np.random.normal(0, 1, (imgs.shape[0], 2)))\n"
+        "labels = torch.cuda.LongTensor([1, 2, 3])\n"
+        "doubled = imgs.type('torch.cuda.DoubleTensor')\n"
+        "checks = (isinstance(real_imgs, Tensor), isinstance(labels, Tensor), real_imgs.is_cuda)",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    target_out = report.target.outputs
+    for name in ("valid", "real_imgs", "z", "labels", "doubled"):
+        assert target_out[name].__dict__[ORIGIN_ATTR].startswith(target), name
+    assert (
+        target_out["labels"].dtype == torch.int64 and target_out["doubled"].dtype == torch.float64
+    )
+    assert torch.equal(ip.user_ns["real_imgs"], ip.user_ns["imgs"])
+    assert ip.user_ns["checks"] == (True, False, True)
+    # the constructor the notebook now holds goes on working in the next cell, in both runs
+    run_cell(ip, f"%%neuron --target {target} -o r\nones = Tensor(2, 2).fill_(1.0)")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
 def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     # Each raised "Torch not compiled with CUDA enabled" (or a KeyError) in both runs.
     run_cell(ip, "import torch\nw = torch.randn(4, 3)")

@@ -151,6 +151,88 @@ class NvtxRanges(types.ModuleType):
             self.range_pop()
 
 
+class LegacyCudaType(type):
+    """``torch.cuda.FloatTensor`` and its kin during a run: the legacy typed constructors.
+
+    Older CUDA code builds tensors with them (``Tensor = torch.cuda.FloatTensor if cuda else
+    torch.FloatTensor``; ``Tensor(n, 1).fill_(1.0)``, ``x.type(Tensor)``). Each makes its dtype's
+    tensor on ``"cuda"``, which the run maps to its device (new ones are zero-filled: uninitialised
+    memory would differ between the runs); ``isinstance`` holds for a tensor of the dtype that
+    ``is_cuda``; ``Tensor.type`` with one (or with its name) converts, through the run's mode.
+    Outside a run they fail as the real ones do without CUDA.
+    """
+
+    dtype: torch.dtype
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """A new tensor of sizes ``args`` (zero-filled), or of the data given, on ``"cuda"``."""
+        if kwargs.pop("device", None) not in (None, "cuda") or kwargs:
+            raise TypeError(f"torch.cuda.{cls.__name__}() takes sizes or data only")
+        if not args:
+            return torch.empty(0, dtype=cls.dtype, device="cuda")
+        if (len(args) == 1 and isinstance(args[0], torch.Size)) or all(
+            isinstance(a, int) for a in args
+        ):
+            return torch.zeros(*args, dtype=cls.dtype, device="cuda")
+        if len(args) == 1 and isinstance(args[0], torch.Tensor):
+            return args[0].to("cuda", cls.dtype)
+        if len(args) == 1:
+            return torch.tensor(args[0], dtype=cls.dtype, device="cuda")
+        raise TypeError(f"torch.cuda.{cls.__name__}() takes sizes or data only")
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return (
+            isinstance(instance, torch.Tensor)
+            and instance.dtype == cls.dtype
+            and bool(instance.is_cuda)
+        )
+
+    def __repr__(cls) -> str:
+        return f"<class 'torch.cuda.{cls.__name__}'>"
+
+
+def _legacy_type(name: str, dtype: torch.dtype) -> LegacyCudaType:
+    return LegacyCudaType(name, (), {"dtype": dtype, "is_cuda": True, "__module__": __name__})
+
+
+#: The legacy typed constructors a run's ``torch.cuda`` has (importable, so they travel to a worker).
+FloatTensor = _legacy_type("FloatTensor", torch.float32)
+DoubleTensor = _legacy_type("DoubleTensor", torch.float64)
+HalfTensor = _legacy_type("HalfTensor", torch.float16)
+BFloat16Tensor = _legacy_type("BFloat16Tensor", torch.bfloat16)
+LongTensor = _legacy_type("LongTensor", torch.int64)
+IntTensor = _legacy_type("IntTensor", torch.int32)
+ShortTensor = _legacy_type("ShortTensor", torch.int16)
+CharTensor = _legacy_type("CharTensor", torch.int8)
+ByteTensor = _legacy_type("ByteTensor", torch.uint8)
+BoolTensor = _legacy_type("BoolTensor", torch.bool)
+LEGACY_TYPES = {
+    kind.__name__: kind
+    for kind in (
+        FloatTensor,
+        DoubleTensor,
+        HalfTensor,
+        BFloat16Tensor,
+        LongTensor,
+        IntTensor,
+        ShortTensor,
+        CharTensor,
+        ByteTensor,
+        BoolTensor,
+    )
+}
+
+
+def legacy_cuda_dtype(value: Any) -> torch.dtype | None:
+    """The dtype ``Tensor.type(value)`` asks for when ``value`` names a legacy CUDA type."""
+    if isinstance(value, LegacyCudaType):
+        return value.dtype
+    if isinstance(value, str) and value.startswith("torch.cuda."):
+        kind = LEGACY_TYPES.get(value.removeprefix("torch.cuda."))
+        return kind.dtype if kind is not None else None
+    return None
+
+
 def host_memory_bytes() -> int:
     """The host's physical memory in bytes (0 where the platform cannot tell)."""
     try:
@@ -358,6 +440,7 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "device": OneDevice,
         "device_of": lambda obj: OneDevice(-1),
         "nvtx": NvtxRanges(),
+        **LEGACY_TYPES,
         "get_device_name": get_device_name,
         "get_device_properties": get_device_properties,
         "get_device_capability": get_device_capability,

@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
-from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims
+from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, legacy_cuda_dtype
 from neuron_workbench.run.cuda_on_host import CudaOnHost, parallel_comm_on_host
 from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
 from neuron_workbench.run.patching import patched_attributes
@@ -141,6 +141,13 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 if host is not None:
                     result = host.moved(args[0], result)
                 return result
+            if func is _TENSOR_TYPE:
+                dtype = legacy_cuda_dtype(args[1] if len(args) > 1 else kwargs.get("dtype"))
+                if dtype is not None:  # x.type(torch.cuda.FloatTensor): to the run's device
+                    blocking = {"non_blocking": kwargs.get("non_blocking", False)}
+                    return self.__torch_function__(
+                        _TENSOR_TO, types, (args[0], "cuda"), {"dtype": dtype, **blocking}
+                    )
             if func is _TENSOR_PIN_MEMORY:
                 return _pinned(host, args[0])
             if func is _TENSOR_IS_PINNED and host is not None:
@@ -300,6 +307,7 @@ def _may_share_memory(source: Any) -> bool:
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
+_TENSOR_TYPE = torch.Tensor.type
 _TENSOR_IS_PINNED = torch.Tensor.is_pinned
 _TENSOR_RECORD_STREAM = torch.Tensor.record_stream
 
@@ -363,6 +371,7 @@ _SPECIAL = frozenset(
     {
         *SCALAR_CONVERSIONS,
         _TENSOR_CUDA,
+        _TENSOR_TYPE,
         _TENSOR_PIN_MEMORY,
         _TENSOR_IS_PINNED,
         _IS_CUDA_DESCRIPTOR.__get__,
