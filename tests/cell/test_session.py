@@ -43,3 +43,20 @@ def test_compare_of_a_recording_gives_the_live_report(tmp_path, capsys):
     compared = json.loads(out.read_text())
     assert compared["options"]["tolerance"]["preset"] == "fp32-accelerator"
     assert _without_timings(compared) == _without_timings(json.loads(json.dumps(live)))
+
+
+def test_the_migration_tab_sees_what_earlier_cells_imported():
+    # `nn.DataParallel(...)` in a cell whose `nn` (or `DataParallel`) an earlier cell imported
+    import torch
+    from torch.nn import DataParallel
+
+    from neuron_workbench.cell.session import migration_findings
+
+    def rules(source, namespace):
+        found = migration_findings(source, "neuron", namespace=namespace)
+        return {f["rule_id"] for f in found["findings"]}
+
+    assert rules("m = nn.DataParallel(model)", {}) == set()
+    assert rules("m = nn.DataParallel(model)", {"nn": torch.nn}) == {"NW141"}
+    assert rules("m = DataParallel(model)", {"DataParallel": DataParallel}) == {"NW141"}
+    assert rules("m = DataParallel(model)", {"DataParallel": object}) == set()  # not torch's

@@ -23,6 +23,16 @@ def _report(ip, name="r"):
     return ip.user_ns[name]
 
 
+def _passed(ip, body, target="neuron", setup=None):
+    """The report of ``body`` run as a %%neuron cell on ``target`` (after ``setup``): a PASS."""
+    if setup is not None:
+        run_cell(ip, setup)
+    run_cell(ip, f"%%neuron --target {target} -o r\n{body}")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    return report
+
+
 def test_the_default_executor_is_a_worker_here():
     # The test process holds no accelerator: `auto` means a worker, as in a user's kernel.
     assert resolve_executor("auto", ["neuron"]) == "worker"
@@ -381,36 +391,43 @@ def test_torch_load_onto_cuda_lands_on_each_runs_device(ip, tmp_path, target):
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_a_cuda_generator_draws_in_both_runs(ip, target):
     # `torch.Generator("cuda").manual_seed(0)` (diffusers' idiom) raised in both runs.
-    run_cell(ip, "import torch")
-    run_cell(
-        ip,
-        f"%%neuron --target {target} -o r\n"
+    cell = (
         "device = torch.device('cuda')\n"
         "g = torch.Generator(device='cuda').manual_seed(0)\n"
         "h = torch.Generator(device).manual_seed(1)\n"
         "x = torch.randn(4, generator=g, device='cuda')\n"
         "y = torch.rand(3, generator=h, device=device)\n"
-        "is_generator = isinstance(g, torch.Generator)",
+        "is_generator = isinstance(g, torch.Generator)"
     )
-    report = _report(ip)
-    assert report.verdict == "PASS", report.summary()
+    report = _passed(ip, cell, target, setup="import torch")
     assert {"x", "y"} <= {d.path for d in report.comparison.diffs}
     assert ip.user_ns["is_generator"] is True
     # the emulated device has no generators of its own: the report says what stood in
     stood_in = f"{target} (emulated): torch.Generator for this device is a host (CPU) generator"
     assert [n for n in report.notes if n.startswith(stood_in)], report.notes
-    # the kept generator goes on drawing in the next cell, in both runs
-    run_cell(ip, f"%%neuron --target {target} -o r\nz = torch.randn(2, generator=g, device='cuda')")
-    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    # the kept generator goes on drawing in the next cell, in both runs; so does the class a
+    # cell kept (it travels to the worker by name) and an NVTX module bound to a name
+    _passed(
+        ip,
+        "from torch import Generator\nnvtx = torch.cuda.nvtx\n"
+        "z = torch.randn(2, generator=g, device='cuda')",
+        target,
+    )
+    _passed(
+        ip,
+        "nvtx.range_push('draw')\n"
+        "w = torch.randn(2, generator=Generator('cuda').manual_seed(3), device='cuda')\n"
+        "nvtx.range_pop()",
+        target,
+    )
 
 
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_legacy_cuda_tensor_types_build_on_each_runs_device(ip, target):
     # PyTorch-GAN's idiom: "Cannot initialize CUDA without ATen_cuda library" in both runs.
-    run_cell(ip, "import torch\nimport numpy as np\nimgs = torch.randn(4, 3)")
-    run_cell(
+    setup = "import torch\nimport numpy as np\nimgs = torch.randn(4, 3)"
+    report = _passed(
         ip,
-        f"%%neuron --target {target} -o r\n"
         "cuda = True if torch.cuda.is_available() else False\n"
         "Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor\n"
         "valid = Tensor(imgs.size(0), 1).fill_(1.0)\n"
@@ -418,10 +435,12 @@ def test_legacy_cuda_tensor_types_build_on_each_runs_device(ip, target):
         "z = Tensor(np.random.normal(0, 1, (imgs.shape[0], 2)))\n"
         "labels = torch.cuda.LongTensor([1, 2, 3])\n"
         "doubled = imgs.type('torch.cuda.DoubleTensor')\n"
-        "checks = (isinstance(real_imgs, Tensor), isinstance(labels, Tensor), real_imgs.is_cuda)",
+        "checks = (isinstance(real_imgs, Tensor), isinstance(labels, Tensor), real_imgs.is_cuda)\n"
+        "sized = Tensor(np.int64(4), 1).shape, Tensor(torch.Size([2, 3])).shape",
+        target,
+        setup,
     )
-    report = _report(ip)
-    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["sized"] == (torch.Size([4, 1]), torch.Size([2, 3]))
     target_out = report.target.outputs
     for name in ("valid", "real_imgs", "z", "labels", "doubled"):
         assert target_out[name].__dict__[ORIGIN_ATTR].startswith(target), name
@@ -431,16 +450,14 @@ def test_legacy_cuda_tensor_types_build_on_each_runs_device(ip, target):
     assert torch.equal(ip.user_ns["real_imgs"], ip.user_ns["imgs"])
     assert ip.user_ns["checks"] == (True, False, True)
     # the constructor the notebook now holds goes on working in the next cell, in both runs
-    run_cell(ip, f"%%neuron --target {target} -o r\nones = Tensor(2, 2).fill_(1.0)")
-    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    _passed(ip, "ones = Tensor(2, 2).fill_(1.0)", target)
 
 
 def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     # Each raised "Torch not compiled with CUDA enabled" (or a KeyError) in both runs.
     run_cell(ip, "import torch\nw = torch.randn(4, 3)")
-    run_cell(
+    report = _passed(
         ip,
-        "%%neuron -o r\n"
         "torch.cuda.set_device(0)\n"
         "with torch.cuda.device(0):\n"
         "    x = torch.ones(2, 4, device='cuda')\n"
@@ -452,8 +469,6 @@ def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
         "torch.cuda.ipc_collect()\n"
         "summary = torch.cuda.memory_summary()",
     )
-    report = _report(ip)
-    assert report.verdict == "PASS", report.summary()
     assert (ip.user_ns["depth"], ip.user_ns["ended"]) == (0, 0)
     assert "allocated: current" in ip.user_ns["summary"]
     # the summary is the run's own accounting: shown as a measurement, never compared
@@ -461,6 +476,11 @@ def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     run_cell(ip, "%%neuron -o r\nwith torch.cuda.device(1):\n    z = torch.zeros(1, device='cuda')")
     report = _report(ip)
     assert report.ref.error.message.startswith("invalid device ordinal: the run stands in for one")
+    # a legacy constructor given a number that is no size says so, as torch's own does
+    run_cell(ip, "%%neuron -o r\nbad = torch.cuda.FloatTensor(2.5)")
+    assert _report(ip).ref.error.message == (
+        "torch.cuda.FloatTensor(): data must be a sequence (got float)"
+    )
 
 
 @pytest.mark.parametrize("keep", ["ref", "target"])

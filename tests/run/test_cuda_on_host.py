@@ -263,3 +263,20 @@ def test_data_parallel_runs_on_the_reference_as_on_one_gpu_and_says_why_not_on_t
     assert target.error.lineno == 2
     # the scanner says it before anything runs
     assert "NW141" in {f["rule_id"] for f in report.migration["findings"]}
+    # a host input is copied to the "GPU" as CUDA copies it: the module's in-place ReLU leaves the
+    # notebook's tensor alone; more devices than one are refused as on a one-GPU machine; the
+    # functional form says on the target what the class says
+    report = _report(
+        ip,
+        "relu_first = nn.DataParallel(nn.Sequential(nn.ReLU(inplace=True), net)).cuda()\n"
+        "kept = x.clone()\n"
+        "out = relu_first(kept)\n"
+        "untouched = torch.equal(kept, x)",
+    )
+    assert report.ref.ok and report.ref.outputs["untouched"] is True, report.ref.error
+    report = _report(ip, "two = nn.DataParallel(net, device_ids=[0, 1])")
+    assert report.ref.error.message == "Invalid device id"
+    report = _report(ip, "y = nn.parallel.data_parallel(net.cuda(), x.cuda())")
+    assert report.ref.ok and report.target.error.message.startswith(
+        "nn.DataParallel cannot run on neuron"
+    )

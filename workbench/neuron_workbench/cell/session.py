@@ -75,18 +75,24 @@ def migration_findings(
     """The scanner's findings for the cell source (the report's Migration tab).
 
     ``first_line`` is the line number the source's first line has where the user reads it.
-    ``namespace``: the notebook's, whose imported modules the cell may use by their names
-    (``nn.DataParallel`` after an earlier ``import torch.nn as nn``).
+    ``namespace``: the notebook's, whose imported modules and torch classes and functions the cell
+    may use by their names (``nn.DataParallel`` after an earlier ``import torch.nn as nn``).
     """
     if target not in DEVICES:
         return None
     from neuron_workbench.scan import scan_cell
 
-    imports = {
-        name: value.__name__
-        for name, value in (namespace or {}).items()
-        if isinstance(value, types.ModuleType) and not name.startswith("_")
-    }
+    imports: dict[str, str] = {}
+    for name, value in (namespace or {}).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, types.ModuleType):
+            imports[name] = value.__name__
+        elif isinstance(value, type | types.FunctionType) and str(
+            getattr(value, "__module__", "")
+        ).startswith("torch"):
+            # `from torch.nn import DataParallel` in an earlier cell: where it is defined
+            imports[name] = f"{value.__module__}.{value.__qualname__}"
     report = scan_cell("\n" * (first_line - 1) + cell_source, target=target, imports=imports)
     data = report.to_dict()
     data["html"] = report.to_html()

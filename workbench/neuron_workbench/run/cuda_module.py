@@ -15,9 +15,13 @@ Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBE
 from __future__ import annotations
 
 import contextlib
+import itertools
+import numbers
 import os
+import threading
 import time
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -92,6 +96,12 @@ class OneDevice:
         return False
 
 
+def _only_device(device: Any) -> None:
+    # torch.cuda's answer for an index a one-GPU machine lacks (DataParallel(device_ids=[0, 1]))
+    if _device_index(device) > 0:
+        raise AssertionError("Invalid device id")
+
+
 def _device_index(device: Any) -> int:
     if device is None:
         return -1
@@ -104,34 +114,42 @@ def _device_index(device: Any) -> int:
     return 0 if index is None else int(index)
 
 
-class NvtxRanges(types.ModuleType):
-    """``torch.cuda.nvtx`` on a stand-in: annotations with no profiler to read them.
+class NvtxRanges:
+    """``torch.cuda.nvtx`` on a stand-in: annotations that nothing records.
 
-    Ranges nest as NVTX's do (``range_push`` returns the new range's depth, ``range_pop`` the
-    ended one's); nothing is recorded, as on a GPU no profiler is attached to.
+    Ranges nest per thread; ``range_push`` returns the new range's depth and ``range_pop`` the
+    ended one's (-1 with none open), ``range_start`` a new id. What a GPU's NVTX returns without
+    a profiler attached is not known here: cells that only annotate are what this serves. One
+    object for every run (:data:`NVTX`), so a cell that keeps it ships it by name.
     """
 
     def __init__(self) -> None:
-        super().__init__("torch.cuda.nvtx")
-        self._depth = 0
-        self._next_id = 0
+        self._local = threading.local()
+        self._ids = itertools.count(1)
+
+    def __reduce__(self) -> str:
+        return "NVTX"
+
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
 
     def range_push(self, msg: str) -> int:
         """Start a nested range; its zero-based depth."""
-        self._depth += 1
-        return self._depth - 1
+        depth = self._depth()
+        self._local.depth = depth + 1
+        return depth
 
     def range_pop(self) -> int:
         """End the innermost range; its depth (-1 when none was open)."""
-        if self._depth == 0:
+        depth = self._depth() - 1
+        if depth < 0:
             return -1
-        self._depth -= 1
-        return self._depth
+        self._local.depth = depth
+        return depth
 
     def range_start(self, msg: str) -> int:
         """Start a range that may span threads; its id."""
-        self._next_id += 1
-        return self._next_id
+        return next(self._ids)
 
     def range_end(self, range_id: int) -> None:
         """End the range ``range_id``."""
@@ -142,13 +160,17 @@ class NvtxRanges(types.ModuleType):
         return None
 
     @contextlib.contextmanager
-    def range(self, msg: str, *args: Any, **kwargs: Any) -> Any:
+    def range(self, msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
         """A range around a block (``msg`` formatted with the arguments)."""
         self.range_push(msg.format(*args, **kwargs))
         try:
             yield
         finally:
             self.range_pop()
+
+
+#: ``torch.cuda.nvtx`` in every run.
+NVTX = NvtxRanges()
 
 
 class LegacyCudaType(type):
@@ -164,21 +186,25 @@ class LegacyCudaType(type):
 
     dtype: torch.dtype
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(cls, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
         """A new tensor of sizes ``args`` (zero-filled), or of the data given, on ``"cuda"``."""
-        if kwargs.pop("device", None) not in (None, "cuda") or kwargs:
-            raise TypeError(f"torch.cuda.{cls.__name__}() takes sizes or data only")
+        if kwargs:
+            raise TypeError(f"torch.cuda.{cls.__name__}() got {', '.join(kwargs)}")
+        if device is not None and str(device).partition(":")[0] != "cuda":
+            raise RuntimeError(f"torch.cuda.{cls.__name__}() is a cuda type, not on {device}")
+        where = "cuda" if device is None else device
         if not args:
-            return torch.empty(0, dtype=cls.dtype, device="cuda")
-        if (len(args) == 1 and isinstance(args[0], torch.Size)) or all(
-            isinstance(a, int) for a in args
-        ):
-            return torch.zeros(*args, dtype=cls.dtype, device="cuda")
+            return torch.empty(0, dtype=cls.dtype, device=where)
+        if len(args) == 1 and isinstance(args[0], torch.Size):
+            args = tuple(args[0])
+        if all(_is_size(a) for a in args):
+            return torch.zeros(*(int(a) for a in args), dtype=cls.dtype, device=where)
         if len(args) == 1 and isinstance(args[0], torch.Tensor):
-            return args[0].to("cuda", cls.dtype)
-        if len(args) == 1:
-            return torch.tensor(args[0], dtype=cls.dtype, device="cuda")
-        raise TypeError(f"torch.cuda.{cls.__name__}() takes sizes or data only")
+            return args[0].to(where, cls.dtype)
+        if len(args) == 1 and not isinstance(args[0], int | float | complex | bool):
+            return torch.tensor(args[0], dtype=cls.dtype, device=where)
+        kinds = ", ".join(type(a).__name__ for a in args)
+        raise TypeError(f"torch.cuda.{cls.__name__}(): data must be a sequence (got {kinds})")
 
     def __instancecheck__(cls, instance: Any) -> bool:
         return (
@@ -189,6 +215,11 @@ class LegacyCudaType(type):
 
     def __repr__(cls) -> str:
         return f"<class 'torch.cuda.{cls.__name__}'>"
+
+
+def _is_size(value: Any) -> bool:
+    # an int, or a NumPy integer (imgs.shape[0] of an array), as the legacy constructors take
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _legacy_type(name: str, dtype: torch.dtype) -> LegacyCudaType:
@@ -371,14 +402,17 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
             backend.reset_peak_memory()
 
     def get_device_name(device: Any = None) -> str:
+        _only_device(device)
         return backend.info().device_name
 
     def get_device_properties(device: Any = None) -> DeviceProperties:
+        _only_device(device)
         on_host = host is not None or backend.device_type == "cpu"
         cores = (os.cpu_count() or 1) if on_host else None
         return DeviceProperties(get_device_name(), total_memory(), multi_processor_count=cores)
 
     def get_device_capability(device: Any = None) -> tuple[int, int]:
+        _only_device(device)
         return stand_in_capability()
 
     def manual_seed(seed: int) -> None:
@@ -389,7 +423,8 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         return None
 
     def set_device(device: Any) -> None:
-        return None
+        with OneDevice(device):  # index 0 (or none): nothing to switch to
+            return None
 
     def empty_cache() -> None:
         return None
@@ -439,7 +474,7 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "memory_summary": memory_summary,
         "device": OneDevice,
         "device_of": lambda obj: OneDevice(-1),
-        "nvtx": NvtxRanges(),
+        "nvtx": NVTX,
         **LEGACY_TYPES,
         "get_device_name": get_device_name,
         "get_device_properties": get_device_properties,

@@ -360,12 +360,13 @@ def _foreach_by_default(host: CudaOnHost) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def parallel_comm_on_host() -> Iterator[None]:
+def parallel_comm_on_host(host: CudaOnHost) -> Iterator[None]:
     """``nn.DataParallel`` on the host standing in for one GPU: its scatter and gather work.
 
     A torch without CUDA has no ``torch._C._scatter``/``_gather``, which
-    ``torch.nn.parallel.comm`` calls; on one GPU, scattering splits the input into views on that
-    device and gathering concatenates, which is what these do on the host.
+    ``torch.nn.parallel.comm`` calls. On one GPU, scattering an input already there gives views of
+    it, and a host input is copied to the GPU; gathering concatenates. These do the same on
+    ``host``.
     """
     if hasattr(torch._C, "_scatter"):  # a CUDA build of torch has its own
         yield
@@ -385,8 +386,12 @@ def parallel_comm_on_host() -> Iterator[None]:
             chunks = tensor.split([o.shape[dim] for o in out], dim)
             return tuple(o.copy_(c) for o, c in zip(out, chunks))
         if chunk_sizes is not None:
-            return tuple(tensor.split(list(chunk_sizes), dim))
-        return tuple(tensor.chunk(len(devices), dim))
+            chunks = tensor.split(list(chunk_sizes), dim)
+        else:
+            chunks = tensor.chunk(len(devices), dim)
+        if host.on_device(tensor):
+            return tuple(chunks)
+        return tuple(host.mark(device_copy(chunk)) for chunk in chunks)
 
     def gather(
         tensors: Any, dim: int = 0, destination: Any = None, *, out: Any = None

@@ -480,62 +480,89 @@ class _AnyGenerator(type(torch._C.Generator)):  # type: ignore[misc]
         return issubclass(subclass, torch._C.Generator)
 
 
-def _run_generator_class(
-    target: str, facts: RunFacts, host: CudaOnHost | None, original: Callable[..., Any]
-) -> type:
-    """``torch.Generator`` for one run: ``torch.Generator("cuda")`` makes one for the run's device.
+class Generator(torch._C.Generator, metaclass=_AnyGenerator):
+    """``torch.Generator`` during a run: ``torch.Generator("cuda")`` makes one for the run's device.
 
     A generator is no torch function, so the run's mode never sees its device. On the host standing
     in for cuda it is a CPU generator (CUDA's own stream is listed among what stays different). On
     a device that cannot make generators of its own (the emulated ones draw from the host's) it is
     a CPU generator too, which device draws accept (diffusers draws on the CPU with one), and the
-    report says so. ``original`` makes every generator (the emulator's class explains its limit).
+    report says so. One class for every run (the run it serves is looked up when it is called), so
+    a cell that keeps it (``from torch import Generator``) keeps something the next cell can ship to
+    its worker; outside a run it makes what ``torch.Generator`` makes there.
     """
 
-    class Generator(torch._C.Generator, metaclass=_AnyGenerator):
-        __module__ = "torch"
-        __qualname__ = "Generator"
+    def __new__(cls, device: Any = "cpu") -> Any:
+        """A generator for ``device`` as the current run stands in for it (see the class)."""
+        if not _GENERATOR_RUNS:
+            original = torch.Generator if torch.Generator is not Generator else torch._C.Generator
+            return original(device)
+        target, facts, host, original = _GENERATOR_RUNS[-1]
+        kind = type(device)
+        named_cuda = (kind is str and device.startswith("cuda")) or (
+            kind is torch.device
+            and (device.type == "cuda" or (host is not None and host.names_cuda(device)))
+        )
+        if named_cuda:
+            device = remap_device(device, target)
+        elif target == "cpu" or torch.device(device).type != target:
+            return original(device)  # a device the run does not stand in for, as named
+        if target == "cpu":
+            return original("cpu")
+        try:  # the run's device ("cuda", or a device object a "cuda" became in the run)
+            return original(device)
+        except (NotImplementedError, RuntimeError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            note = f"torch.Generator for this device is a host (CPU) generator: {why}"
+            if note not in facts.notes:
+                facts.notes.append(note)
+            return original("cpu")
 
-        def __new__(cls, device: Any = "cpu") -> Any:
-            kind = type(device)
-            named_cuda = (kind is str and device.startswith("cuda")) or (
-                kind is torch.device
-                and (device.type == "cuda" or (host is not None and host.names_cuda(device)))
-            )
-            if named_cuda:
-                device = remap_device(device, target)
-            elif target == "cpu" or torch.device(device).type != target:
-                return original(device)  # a device the run does not stand in for, as named
-            if target == "cpu":
-                return original("cpu")
-            try:  # the run's device ("cuda", or a device object a "cuda" became in the run)
-                return original(device)
-            except (NotImplementedError, RuntimeError) as exc:
-                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                note = f"torch.Generator for this device is a host (CPU) generator: {why}"
-                if note not in facts.notes:
-                    facts.notes.append(note)
-                return original("cpu")
 
-    return Generator
+#: The runs ``Generator`` serves, innermost last: target, facts, host, the class it stands for.
+_GENERATOR_RUNS: list[tuple[str, RunFacts, CudaOnHost | None, Callable[..., Any]]] = []
 
 
-def _data_parallel_refused(target: str) -> contextlib.AbstractContextManager[Any]:
-    """``nn.DataParallel`` says at once why it cannot run on ``target``, in this torch.
+@contextlib.contextmanager
+def _generators_for(target: str, facts: RunFacts, host: CudaOnHost | None) -> Iterator[None]:
+    """``torch.Generator`` is :class:`Generator` for the run, serving it."""
+    original = torch.Generator
+    if original is Generator:  # a run inside a run (an oracle's): the class it stands for
+        original = _GENERATOR_RUNS[-1][3] if _GENERATOR_RUNS else torch._C.Generator
+    _GENERATOR_RUNS.append((target, facts, host, original))
+    try:
+        with patched_attributes(torch, {"Generator": Generator}):
+            yield
+    finally:
+        _GENERATOR_RUNS.pop()
 
-    Its scatter and gather are CUDA kernels (``torch._C._scatter``), which a torch without CUDA
-    lacks; with the run's ``torch.cuda`` answering for the device, it failed on the way there
-    instead (a division by the emulated capacity, 0 unless one is set).
+
+@contextlib.contextmanager
+def _data_parallel_refused(target: str) -> Iterator[None]:
+    """``nn.DataParallel`` (and ``nn.parallel.data_parallel``) say at once why not on ``target``.
+
+    Their scatter and gather are CUDA kernels (``torch._C._scatter``), which a torch without CUDA
+    lacks; with the run's ``torch.cuda`` answering for the device, the class failed on the way
+    there instead (a division by the emulated capacity, 0 unless one is set), the function on a
+    missing attribute.
     """
+    why = (
+        f"nn.DataParallel cannot run on {target}: it scatters inputs and gathers outputs with CUDA "
+        "kernels (torch._C._scatter), which this torch lacks; call the module itself on one "
+        "device, or use DistributedDataParallel"
+    )
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
-        raise RuntimeError(
-            f"nn.DataParallel cannot run on {target}: it scatters inputs and gathers outputs with "
-            "CUDA kernels (torch._C._scatter), which this torch lacks; call the module itself on "
-            "one device, or use DistributedDataParallel"
-        )
+        raise RuntimeError(why)
 
-    return patched_attributes(torch.nn.parallel.DataParallel, {"__init__": __init__})
+    def data_parallel(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(why)
+
+    with (
+        patched_attributes(torch.nn.parallel.DataParallel, {"__init__": __init__}),
+        patched_attributes(torch.nn.parallel, {"data_parallel": data_parallel}),
+    ):
+        yield
 
 
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
@@ -596,16 +623,12 @@ def cuda_remapped_to(
         )
         if host is not None:
             stack.enter_context(fused_dropout_on_cpu())
-            stack.enter_context(parallel_comm_on_host())
+            stack.enter_context(parallel_comm_on_host(host))
         elif not hasattr(torch._C, "_scatter"):
             stack.enter_context(_data_parallel_refused(target))
         stack.enter_context(_cuda_storages_loaded_to(target))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
-        stack.enter_context(
-            patched_attributes(
-                torch, {"Generator": _run_generator_class(target, facts, host, torch.Generator)}
-            )
-        )
+        stack.enter_context(_generators_for(target, facts, host))
         mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
