@@ -453,6 +453,25 @@ def test_legacy_cuda_tensor_types_build_on_each_runs_device(ip, target):
     _passed(ip, "ones = Tensor(2, 2).fill_(1.0)", target)
 
 
+def test_an_accelerator_index_means_cuda_in_both_runs(ip):
+    # DDP scripts' model.to(rank) / x.to(rank): the reference raised "Cannot access accelerator
+    # device when none is available" (the host has none); so did the allocator helpers below.
+    setup = "import torch\nnet = torch.nn.Linear(4, 2)\nx = torch.randn(3, 4)\nrank = 0"
+    report = _passed(
+        ip,
+        "torch.cuda.set_per_process_memory_fraction(0.9)\n"
+        "capturing = torch.cuda.is_current_stream_capturing()\n"
+        "model = net.to(rank)\n"
+        "xr = x.to(rank, non_blocking=True).mul_(2)\n"
+        "out = model(xr) + torch.zeros(2, device=rank)",
+        setup=setup,
+    )
+    for name in ("xr", "out"):
+        assert report.target.outputs[name].__dict__[ORIGIN_ATTR].startswith("neuron"), name
+    assert not torch.equal(ip.user_ns["xr"], ip.user_ns["x"])  # a copy on "cuda", as on a GPU
+    assert ip.user_ns["capturing"] is False
+
+
 def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     # Each raised "Torch not compiled with CUDA enabled" (or a KeyError) in both runs.
     run_cell(ip, "import torch\nw = torch.randn(4, 3)")

@@ -471,6 +471,9 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "reset_max_memory_allocated": reset_peak_memory_stats,
         "empty_cache": empty_cache,
         "ipc_collect": empty_cache,
+        # a cap on a caching allocator the stand-ins do not have; no graph is ever being captured
+        "set_per_process_memory_fraction": lambda fraction, device=None: None,
+        "is_current_stream_capturing": lambda: False,
         "memory_summary": memory_summary,
         "device": OneDevice,
         "device_of": lambda obj: OneDevice(-1),

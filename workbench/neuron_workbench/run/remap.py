@@ -114,6 +114,9 @@ class _CudaToDeviceMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func is _TENSOR_TO and len(args) > 1 and type(args[1]) is int and self.remap:
+            # x.to(rank): an index of the current accelerator, which the cell's is cuda
+            args = (args[0], f"cuda:{args[1]}", *args[2:])
         # Most calls (attribute reads, views, arithmetic) name no device and need no note: they go
         # straight through. Only a str or torch.device argument, or a device keyword, can name one.
         if func not in _SPECIAL:
@@ -171,6 +174,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
                     args = remapped
                     break
             device = kwargs.get("device")
+            if type(device) is int:  # device=rank: an index of the accelerator, cuda's here
+                device = kwargs["device"] = f"cuda:{device}"
             if device is not None:
                 kwargs["device"] = remap_device(device, target)
                 cuda_named = cuda_named or kwargs["device"] is not device
@@ -565,6 +570,23 @@ def _data_parallel_refused(target: str) -> Iterator[None]:
         yield
 
 
+def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Module.to(rank)``: an index of the current accelerator, which the cell's is cuda.
+
+    ``Module.to`` parses its arguments in C++, where no mode sees them; on the host, which has no
+    accelerator, an index raised there.
+    """
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args and type(args[0]) is int:
+            args = (f"cuda:{args[0]}", *args[1:])
+        if type(kwargs.get("device")) is int:
+            kwargs["device"] = f"cuda:{kwargs['device']}"
+        return original(self, *args, **kwargs)
+
+    return to
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -629,6 +651,8 @@ def cuda_remapped_to(
         stack.enter_context(_cuda_storages_loaded_to(target))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         stack.enter_context(_generators_for(target, facts, host))
+        module_to = vars(torch.nn.Module)["to"]
+        stack.enter_context(patched_attributes(torch.nn.Module, {"to": _module_to(module_to)}))
         mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
