@@ -18,6 +18,28 @@ from neuron_workbench.run.namespace import ORIGIN_ATTR
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
 
+#: A notebook class whose methods carry autocast decorators (built when the cell defines it).
+AUTOCAST_DECORATED = """
+import torch
+import torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 4)
+
+    @torch.autocast("cuda", dtype=torch.bfloat16)
+    def forward(self, x):
+        return self.l(x)
+
+    @torch.autocast("cuda", enabled=False)
+    def exact(self, x):
+        return self.l(x.float())
+
+net = Net()
+x = torch.randn(2, 8)
+"""
+
 
 def _report(ip, name="r"):
     return ip.user_ns[name]
@@ -470,6 +492,24 @@ def test_an_accelerator_index_means_cuda_in_both_runs(ip):
         assert report.target.outputs[name].__dict__[ORIGIN_ATTR].startswith("neuron"), name
     assert not torch.equal(ip.user_ns["xr"], ip.user_ns["x"])  # a copy on "cuda", as on a GPU
     assert ip.user_ns["capturing"] is False
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_autocast_decorators_built_outside_the_run_apply_in_it(ip, target):
+    # Built when the class was defined (no CUDA there: autocast turned itself off), the decorators
+    # did nothing in either run: float32 throughout, where a GPU computes in bfloat16.
+    setup = AUTOCAST_DECORATED
+    body = (
+        "model = net.cuda()\n"
+        "low = model(x.cuda()).dtype\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    full = model.exact(x.cuda()).dtype\n"
+        "    inside = model.l(x.cuda()).dtype"
+    )
+    report = _passed(ip, body, target, setup)
+    for run in (report.ref, report.target):
+        dtypes = [run.outputs[name] for name in ("low", "full", "inside")]
+        assert dtypes == [torch.bfloat16, torch.float32, torch.bfloat16], run.backend.name
 
 
 def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):

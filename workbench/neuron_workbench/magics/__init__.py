@@ -19,6 +19,10 @@ def register(shell: Any) -> None:
     installed right away: PyTorch's autograd engine only learns about devices registered before its
     first backward pass. With the worker executor the kernel installs nothing.
     """
+    from neuron_workbench.run.remap import remember_autocast_requests
+
+    # autocast decorators the notebook builds from now on can be entered as meant in a run
+    remember_autocast_requests()
     instances = []
     for module_name, class_name in MAGICS:
         cls = getattr(importlib.import_module(module_name), class_name)

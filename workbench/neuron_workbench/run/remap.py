@@ -587,6 +587,58 @@ def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
     return to
 
 
+def remember_autocast_requests() -> None:
+    """Make every ``torch.autocast`` object remember what it was asked for (once per process).
+
+    A decorator such as ``@torch.autocast("cuda", dtype=torch.bfloat16)`` on a method is built when
+    its class is defined, in a notebook cell or an imported module, outside any run; without CUDA
+    it turns itself off there ("CUDA is not available"), so both runs computed in float32 where a
+    GPU computes in bfloat16. Remembering the request lets a run enter it as the cell meant (see
+    :func:`_autocast_enter`). Nothing else changes.
+    """
+    cls = torch.amp.autocast_mode.autocast
+    init = vars(cls)["__init__"]
+    if getattr(init, "_workbench_remembers", False):
+        return
+
+    def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        self._workbench_request = (device_type, args, kwargs)
+        init(self, device_type, *args, **kwargs)
+
+    __init__._workbench_remembers = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _autocast_enter(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``autocast.__enter__`` in a run: one built for "cuda" outside the run is entered as a new one.
+
+    The new one is built with the request it remembers (:func:`remember_autocast_requests`), so the
+    run's autocast mapping gives it the run's device; ``__exit__`` leaves it again.
+    """
+
+    def __enter__(self: Any) -> Any:  # noqa: N807
+        request = self.__dict__.get("_workbench_request")
+        if request is None or request[0] != "cuda" or self.device != "cuda":
+            return original(self)
+        device_type, args, kwargs = request
+        inner = torch.amp.autocast_mode.autocast(device_type, *args, **kwargs)
+        self.__dict__.setdefault("_workbench_entered", []).append(inner)
+        inner.__enter__()
+        return self
+
+    return __enter__
+
+
+def _autocast_exit(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807
+        entered = self.__dict__.get("_workbench_entered")
+        if entered:
+            return entered.pop().__exit__(*exc)
+        return original(self, *exc)
+
+    return __exit__
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -635,7 +687,11 @@ def cuda_remapped_to(
         stack.enter_context(
             patched_attributes(
                 autocast_cls,
-                {"__init__": _autocast_init(target, autocast_cls.__init__, facts, host)},
+                {
+                    "__init__": _autocast_init(target, autocast_cls.__init__, facts, host),
+                    "__enter__": _autocast_enter(autocast_cls.__enter__),
+                    "__exit__": _autocast_exit(autocast_cls.__exit__),
+                },
             )
         )
         stack.enter_context(
