@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_workbench.compare import compare_outputs, default_tolerance
+from neuron_workbench.compare import compare_leaf, compare_outputs, default_tolerance
 from neuron_workbench.errors import WorkbenchUsageError
 
 
@@ -85,6 +85,21 @@ def test_strings_and_python_floats():
     assert one("a", "b").status == "differ"
     assert one(1.0, 1.0 + 1e-7).status == "match"  # float32 tolerance for Python floats
     assert one(1.0, 1.001).status == "differ"
+
+
+def test_strings_naming_each_runs_device_match():
+    # str(x.device), x.device.type: the cell's cuda as each run sees it
+    cpu_ref = ("cpu", "neuron:0")
+    assert compare_leaf("d", "cpu", "neuron:0", devices=cpu_ref).status == "match"
+    assert compare_leaf("d", "cpu", "neuron", devices=cpu_ref).status == "match"
+    gpu_ref = ("cuda:0", "tpu:0")
+    assert compare_leaf("d", "cuda:0", "tpu:0", devices=gpu_ref).status == "match"
+    assert compare_leaf("d", "cuda:1", "tpu:0", devices=gpu_ref).status == "differ"
+    assert compare_leaf("d", "cuda", "neuron", devices=gpu_ref).status == "differ"
+    assert compare_leaf("d", "cpu", "gpu", devices=cpu_ref).status == "differ"
+    assert compare_leaf("d", "cpu", "neuron", devices=None).status == "differ"
+    both = compare_outputs({"d": "cpu"}, {"d": "neuron"}, devices=cpu_ref)
+    assert both.passed and "the runs' devices" in both.diffs[0].detail
 
 
 def test_tolerances_both_or_neither():

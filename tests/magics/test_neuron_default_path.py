@@ -639,3 +639,61 @@ def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
         assert any(n.startswith(note) for n in report.notes), report.notes
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_nvtx_imported_from_torch_cuda_and_device_names_run_in_both_runs(ip, target):
+    # `from torch.cuda import nvtx` reached the real module ("NVTX functions not installed" in both
+    # runs); a device's name bound by the cell differed by construction ('cpu' != 'neuron').
+    setup = "import torch\nfrom torch.cuda import nvtx as top_nvtx\nw = torch.randn(3)"
+    report = _passed(
+        ip,
+        "from torch.cuda import nvtx\n"
+        "top_nvtx.range_push('step')\n"
+        "with nvtx.range('fwd'):\n"
+        "    y = w.cuda() * 2\n"
+        "ended = top_nvtx.range_pop()\n"
+        "kind, text = y.device.type, str(y.device)\n"
+        "torch.set_default_device('cuda')\n"
+        "made = torch.zeros(2).device.type\n"
+        "torch.set_default_device(None)",
+        target,
+        setup,
+    )
+    assert ip.user_ns["ended"] == 0
+    assert [report.target.outputs[n] for n in ("kind", "text", "made")] == [
+        target,
+        f"{target}:0",
+        target,
+    ]
+    assert [report.ref.outputs[n] for n in ("kind", "text", "made")] == ["cpu"] * 3
+
+
+def test_a_compiled_training_step_inlines_a_notebook_model(ip):
+    # TorchDynamo reads an inlined function's globals through sys.modules["__main__"]; in the
+    # worker that was the process's own module: "module '__main__' has no attribute 'F'".
+    setup = (
+        "import copy, torch, torch.nn as nn, torch.nn.functional as F\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(6, 3)\n"
+        "    def forward(self, x):\n"
+        "        return F.relu(self.fc(x))\n"
+        "torch.manual_seed(0)\n"
+        "net = Net()\n"
+        "x = torch.randn(4, 6)\n"
+        "y = torch.randint(0, 3, (4,))"
+    )
+    body = (
+        "model = copy.deepcopy(net).cuda()\n"
+        "@torch.compile(backend='aot_eager')\n"  # 'eager' makes no guard that reads it
+        "def step(inputs, labels):\n"
+        "    loss = F.cross_entropy(model(inputs), labels)\n"
+        "    loss.backward()\n"
+        "    return loss\n"
+        "loss = step(x.cuda(), y.cuda())"
+    )
+    report = _passed(ip, body, setup=setup)
+    paths = {d.path for d in report.comparison.diffs if d.status == "match"}
+    assert {"loss", "model.fc.weight.grad"} <= paths

@@ -481,7 +481,12 @@ def compare_runs(
         return None, None
     policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
     _complete_outputs(ref, target)
-    comparison = compare_outputs(ref.outputs, target.outputs, policy=policy)
+    comparison = compare_outputs(
+        ref.outputs,
+        target.outputs,
+        policy=policy,
+        devices=(ref.backend.device, target.backend.device),
+    )
     failures = comparison.failures
     if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure
         evidence = Evidence(ref, target, policy)

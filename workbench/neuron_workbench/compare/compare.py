@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,6 +310,7 @@ def compare_outputs(
     atol: float | None = None,
     policy: TolerancePolicy | None = None,
     user_modules: Collection[str] = USER_MODULES,
+    devices: tuple[str, str] | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
 
@@ -324,6 +326,10 @@ def compare_outputs(
     user_modules : collection of str, optional
         ``__module__`` of the classes whose instances are compared through their attributes
         (see :func:`~neuron_workbench.compare.flatten.iter_leaves`).
+    devices : tuple of (str, str), optional
+        The device each run's tensors lived on (``cpu`` or ``cuda:0``, ``neuron:0``): the cell's
+        ``cuda`` on each side. A string naming the reference's device matches one naming the
+        target's (``str(x.device)``, ``x.device.type``), as the same device seen by each run.
 
     Returns
     -------
@@ -369,7 +375,9 @@ def compare_outputs(
                 OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
             )
             continue
-        diffs.append(compare_leaf(path, ref_leaves[path], target_leaves[path], policy))
+        diffs.append(
+            compare_leaf(path, ref_leaves[path], target_leaves[path], policy, devices=devices)
+        )
     return Comparison(diffs, measurements)
 
 
@@ -396,11 +404,17 @@ def _not_compared(path: str, ref: Any, target: Any) -> OutputDiff:
 
 
 def compare_leaf(
-    path: str, ref: Any, target: Any, policy: TolerancePolicy | None = None
+    path: str,
+    ref: Any,
+    target: Any,
+    policy: TolerancePolicy | None = None,
+    *,
+    devices: tuple[str, str] | None = None,
 ) -> OutputDiff:
     """Compare one leaf pair; never raises for a value problem (it becomes status ``error``).
 
-    A :class:`NotCompared` marker on either side gives status ``not-compared``.
+    A :class:`NotCompared` marker on either side gives status ``not-compared``. ``devices`` are
+    the runs' devices (see :func:`compare_outputs`).
     """
     policy = policy or TolerancePolicy()
     if type(ref) in _PLAIN_TENSORS and type(target) in _PLAIN_TENSORS:
@@ -432,12 +446,32 @@ def compare_leaf(
         kind = "none" if ref is None and target is None else "text"
         status = "match" if type(ref) is type(target) and ref == target else "differ"
         detail = "" if status == "match" else f"{_short(ref)} != {_short(target)}"
+        if status == "differ" and devices is not None and _same_device_named(ref, target, devices):
+            status, detail = "match", f"the runs' devices: {_short(ref)} and {_short(target)}"
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
         return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
 
 
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_DEVICE_NAME = re.compile(r"([a-z_][a-z0-9_]*)(?::(\d+))?")
+
+
+def _same_device_named(ref: Any, target: Any, devices: tuple[str, str]) -> bool:
+    """Whether ``ref`` and ``target`` are strings naming each run's own device.
+
+    ``cpu`` standing in for ``cuda`` names no index (``str(x.device)`` is ``cpu``); where both
+    strings carry one, the indices must agree.
+    """
+    if type(ref) is not str or type(target) is not str:
+        return False
+    named = []
+    for text, device in zip((ref, target), devices, strict=True):
+        match = _DEVICE_NAME.fullmatch(text)
+        if match is None or match.group(1) != device.partition(":")[0]:
+            return False
+        named.append(match.group(2))
+    return None in named or named[0] == named[1]
 
 
 def _short(value: Any) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,7 +43,12 @@ from torch.overrides import TorchFunctionMode
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
-from neuron_workbench.run.cuda_module import CudaModuleShim, cuda_module_shims, legacy_cuda_dtype
+from neuron_workbench.run.cuda_module import (
+    NVTX,
+    CudaModuleShim,
+    cuda_module_shims,
+    legacy_cuda_dtype,
+)
 from neuron_workbench.run.cuda_on_host import CudaOnHost, parallel_comm_on_host
 from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
 from neuron_workbench.run.patching import patched_attributes
@@ -639,6 +645,15 @@ def _autocast_exit(original: Callable[..., Any]) -> Callable[..., Any]:
     return __exit__
 
 
+#: The real ``torch.cuda.nvtx`` module (during a run ``torch.cuda.nvtx`` is the stand-in), and its
+#: functions as the run's stand-in answers them.
+_REAL_NVTX = sys.modules["torch.cuda.nvtx"]
+_NVTX_FUNCTIONS = {
+    name: getattr(NVTX, name)
+    for name in ("range_push", "range_pop", "range_start", "range_end", "mark", "range")
+}
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -684,6 +699,9 @@ def cuda_remapped_to(
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
         stack.enter_context(patched_attributes(torch, {"cuda": shim}))
         stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
+        # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
+        # module, not the shim's attribute: its functions answer for NVTX during the run.
+        stack.enter_context(patched_attributes(_REAL_NVTX, _NVTX_FUNCTIONS))
         stack.enter_context(
             patched_attributes(
                 autocast_cls,

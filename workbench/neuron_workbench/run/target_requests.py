@@ -288,7 +288,11 @@ def _run_request(
         kept_run=request.get("kept_run"),
     )
     try:
-        with what_if_policy(backend, request["what_if"]), _last_op_recorded(slot):
+        with (
+            what_if_policy(backend, request["what_if"]),
+            _last_op_recorded(slot),
+            _main_module_over(namespace),
+        ):
             run = execute(spec, backend, run_id=request.get("run_id", "target"))
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
         slot[0:LAST_OP_BYTES] = bytes(LAST_OP_BYTES)
@@ -305,6 +309,33 @@ def _run_request(
     except Exception:
         _leave_out_what_cannot_be_sent(run, backend.name)
         return dumps({"run": run}, arena, host_devices)
+
+
+class _NamespaceModule:
+    """A module whose attributes are a namespace's names (what IPython registers as ``__main__``)."""
+
+
+@contextlib.contextmanager
+def _main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
+    """For the run, the module named by the namespace's ``__name__`` is the namespace, as in a kernel.
+
+    TorchDynamo reads the globals of a function it inlines (a notebook model's ``forward`` called
+    from a compiled training step) through ``sys.modules[f.__globals__["__name__"]]``; in a
+    kernel that is IPython's user module, in this process it would be the process's own
+    ``__main__`` ("module '__main__' has no attribute 'F'").
+    """
+    name = namespace["__name__"]
+    module = _NamespaceModule()
+    module.__dict__ = namespace
+    saved = sys.modules.get(name)
+    sys.modules[name] = module  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if saved is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = saved
 
 
 #: The last request and its run, kept past the answer until :func:`release_answered`.
