@@ -172,3 +172,69 @@ def test_a_library_op_without_an_autocast_wrapper_for_the_device_is_named(ip):
     assert "boxes should have the same type as scores" in report.target.error.message
     note = next(n for n in report.notes if "autocast wrappers" in n)
     assert "wbtest::pair_score has autocast wrappers for cpu, cuda only, none for neuron" in note
+
+
+def _adam_first_step(w_before, grad, lr=1e-3, eps=1e-8):
+    """AdamW's first step (weight decay 0) in float64: ``w - lr * g / (|g| + eps)``."""
+    return w_before - lr * grad / (grad.abs() + eps)
+
+
+def _run_with_step(name, weight, grad, lr=1e-3, eps=1e-8):
+    """A finished run whose output ``w`` went through one recorded AdamW step with ``grad``."""
+    from neuron_workbench.backends.base import BackendInfo
+    from neuron_workbench.run.records import Run
+    from neuron_workbench.trace.optimizer import OptimizerSteps, ParamAtStep
+
+    at = ParamAtStep("AdamW", 0, 0, grad, None, 0, lr, eps, 0.9, 0.999, 0.0)
+    steps = OptimizerSteps(calls=1, params={id(weight): (weight, at)})
+    return Run(BackendInfo(name, name, name), outputs={"w": weight}, extras={"optimizer": steps})
+
+
+def test_a_weight_beyond_budget_after_adam_is_judged_by_its_gradients_against_the_oracle():
+    import torch
+
+    from neuron_workbench.compare import compare_outputs
+    from neuron_workbench.compare.budget import against_oracle
+    from neuron_workbench.report.hints import Evidence
+
+    torch.manual_seed(0)
+    # gradients of every scale, some near eps (where Adam's division magnifies their rounding)
+    g_oracle = torch.randn(256, dtype=torch.float64) * 10.0 ** torch.randint(-9, -1, (256,))
+    # weights a little over lr, of the gradient's sign, so that w - lr * update cancels
+    w_before = (g_oracle.sign() * 1e-3 * (1.2 + 0.6 * torch.rand(256))).float().double()
+    g_ref = g_oracle.float()
+    g_target = g_ref.clone()  # every third element one rounding away from the reference's
+    g_target[::3] = torch.nextafter(g_target[::3], torch.zeros_like(g_target[::3]))
+    oracle = _adam_first_step(w_before, g_oracle)
+    w_ref = oracle.float()  # the reference's step happens to round exactly (fused multiply-adds)
+    # the target rounds at the scale of the weight before the step (its decay, then the update):
+    # after the cancellation that is two or three ulps of the result
+    before = w_before.float().abs()
+    ulp_before = (torch.nextafter(before, torch.full_like(before, 1.0)) - before).double()
+    signs = torch.where(torch.rand(256) < 0.5, -1.0, 1.0).double()
+    w_target = (_adam_first_step(w_before, g_target.double()) + 1.25 * ulp_before * signs).float()
+    runs = [
+        _run_with_step(name, torch.nn.Parameter(w), g)
+        for name, w, g in (
+            ("cpu", w_ref, g_ref),
+            ("neuron", w_target, g_target),
+            ("oracle", oracle, g_oracle),
+        )
+    ]
+    ref, target, oracle_run = runs
+    # what --judge budget measures: the target 'less accurate' by rounding alone
+    measured = against_oracle("w", w_ref, w_target, oracle)
+    assert not measured.within, measured
+    diff = compare_outputs(ref.outputs, target.outputs).diffs[0]
+    why = Evidence(ref, target).amplification_within_budget(diff, oracle_run)
+    assert why is not None and why.startswith(
+        "AdamW amplification, judged by the gradients: w's gradients at AdamW.step() are within "
+        "budget against the float64 oracle's"
+    ), why
+    # a weight off by more than rounding and the gradients can account for: still beyond budget
+    target.outputs["w"].data[3] += 1e-5
+    assert Evidence(ref, target).amplification_within_budget(diff, oracle_run) is None
+    target.outputs["w"].data[3] -= 1e-5
+    # gradients less accurate than the reference's: the pass, not the optimizer
+    target.extras["optimizer"].at_step(target.outputs["w"]).grad = (g_oracle * 1.01).float()
+    assert Evidence(ref, target).amplification_within_budget(diff, oracle_run) is None

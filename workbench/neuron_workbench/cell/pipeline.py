@@ -419,17 +419,28 @@ def precision_budget(
         return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
     budget.tolerances = tolerance_lines(comparison.failures, budget)
     if judge == "budget":
-        _explain_beyond_budget(comparison, budget, ref, target)
+        _explain_beyond_budget(comparison, budget, ref, target, oracle)
     return budget
 
 
-def _explain_beyond_budget(comparison: Comparison, budget: Budget, ref: Run, target: Run) -> None:
-    """Hints for outputs within tolerance but beyond budget (the tolerance judge gave them none)."""
+def _explain_beyond_budget(
+    comparison: Comparison, budget: Budget, ref: Run, target: Run, oracle: OracleRuns | None
+) -> None:
+    """Explain or hint the outputs beyond budget.
+
+    A weight an Adam step amplified is judged by its gradients against the oracle's; the others
+    within tolerance get hints (the tolerance judge gave them none).
+    """
     evidence = None
+    oracle_run = oracle.oracle if oracle is not None else None
     for diff in comparison.compared:
         measured = budget.get(diff.path)
-        if diff.passed and measured is not None and not measured.within:
-            evidence = evidence or Evidence(ref, target)
+        if diff.explained or measured is None or measured.within:
+            continue
+        evidence = evidence or Evidence(ref, target)
+        if oracle_run is not None and oracle_run.ok:
+            diff.explained = evidence.amplification_within_budget(diff, oracle_run) or ""
+        if diff.passed and not diff.explained:
             # judged as the failure the budget says it is
             diff.hints = hints_for(
                 dataclasses.replace(diff, status="differ"), ref, target, evidence

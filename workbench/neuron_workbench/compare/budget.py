@@ -430,10 +430,7 @@ def measure_budget(
             continue
         oracle = _float_leaf(oracle_leaves[path])
         assert oracle is not None
-        least = _ulp_floor(oracle, a.dtype)
-        measured_output = _output_budget(
-            path, ORACLE, _distance(a, oracle), _target_distance(a, b, oracle), least=least
-        )
+        measured_output = against_oracle(path, a, b, oracle)
         measured_output.histogram = error_histogram(_errors(a, oracle), _errors(b, oracle))
         budget.outputs.append(measured_output)
     if fallback:
@@ -446,6 +443,19 @@ def measure_budget(
         order = list(wanted)
         budget.outputs.sort(key=lambda o: order.index(o.path))
     return budget
+
+
+def against_oracle(
+    path: str, ref: torch.Tensor, target: torch.Tensor, oracle: torch.Tensor
+) -> OutputBudget:
+    """``R`` of one value: the target's distance to its float64 ``oracle`` over the reference's.
+
+    Both distances count from one ulp of ``ref``'s dtype (see :func:`_ulp_floor`).
+    """
+    least = _ulp_floor(oracle, ref.dtype)
+    return _output_budget(
+        path, ORACLE, _distance(ref, oracle), _target_distance(ref, target, oracle), least=least
+    )
 
 
 def _rounding_budgets(

@@ -262,6 +262,16 @@ def _stopping(spec: RunSpec) -> dict[str, Any]:
     return {"scalars": scalars} if scalars is not None else {}
 
 
+def _optimizer_steps(spec: RunSpec) -> dict[str, Any]:
+    """The run's ``optimizer`` instrument, for a rerun.
+
+    The oracle's gradients at each ``step()`` judge a weight an Adam step moved beyond budget by
+    the gradients that moved it (see ``Evidence.amplification_within_budget``).
+    """
+    optimizer = spec.instruments.get("optimizer")
+    return {"optimizer": optimizer} if optimizer is not None else {}
+
+
 def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
     """The cell once more on the reference path, with one instrument and its printing discarded."""
     again = RunSpec(
@@ -271,7 +281,12 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         hidden=spec.hidden,
         resident=spec.resident,
         # compiled code runs eagerly: Dynamo would trace the promoting mode (the math is the same)
-        instruments={"budget": instrument, **_stopping(spec), "compile_off": eager_instrument},
+        instruments={
+            "budget": instrument,
+            **_stopping(spec),
+            **_optimizer_steps(spec),
+            "compile_off": eager_instrument,
+        },
         rng_on_cpu=spec.rng_on_cpu,
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,

@@ -9,6 +9,7 @@ kernel choice that differs between real devices. A failing output with no suppor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -163,6 +164,85 @@ class Evidence:
             f"({small} with |grad| < 10·eps {ref_at.eps:.0e}) differ by no more than "
             f"{ref_at.optimizer}'s division by sqrt(v)+eps makes of those gradient differences "
             f"({first}; max|Δ| {float(delta.max()):.1e})"
+        )
+
+    def amplification_within_budget(self, diff: OutputDiff, oracle: Run) -> str | None:
+        """Why a weight beyond budget after an Adam step is its gradients' rounding, or None.
+
+        :meth:`amplification` for ``--judge budget``, with the float64 oracle in place of the
+        reference: given when the oracle recorded the step too, the target's gradients at it are
+        within budget against the oracle's, and every weight element's distance to the oracle
+        exceeds the reference's (or the update's own rounding: two ulps of the weight before the
+        step, four roundings of the update) by no more than the update difference between the
+        target's and the oracle's gradients. Where ``|grad|`` is
+        near ``eps`` that difference reaches ``lr`` from float32 rounding alone, in either run,
+        so the weights' ``R`` measures which run's rounding the division happened to magnify.
+        """
+        from neuron_workbench.compare.budget import against_oracle
+
+        if diff.kind != "tensor":
+            return None
+        steps = [recorded(run.extras.get("optimizer")) for run in (self.ref, self.target, oracle)]
+        if not all(hasattr(each, "at_step") for each in steps):
+            return None
+        ref_leaves, target_leaves = self.leaves()
+        oracle_leaves = dict(iter_leaves(oracle.outputs))
+        values = [leaves.get(diff.path) for leaves in (ref_leaves, target_leaves, oracle_leaves)]
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return None
+        ref_at, target_at, oracle_at = (
+            each.at_step(value) for each, value in zip(steps, values, strict=True)
+        )
+        if ref_at is None or target_at is None or oracle_at is None:
+            return None
+        grads = (ref_at.grad, target_at.grad, oracle_at.grad)
+        if (
+            any(g is None or g.shape != values[0].shape for g in grads)
+            or any(v.shape != values[0].shape for v in values)
+            or ref_at.optimizer not in _ADAM
+            or len({ref_at.optimizer, target_at.optimizer, oracle_at.optimizer}) != 1
+            or oracle_at.eps is None
+            or not oracle_at.lr
+            or (oracle_at.optimizer == "Adam" and (oracle_at.weight_decay or 0.0) != 0.0)
+        ):
+            return None
+        g_ref, g_target, g_oracle = (g.double() for g in grads)  # type: ignore[union-attr]
+        gradients = against_oracle(f"{diff.path}.grad", ref_at.grad, g_target, g_oracle)  # type: ignore[arg-type]
+        if not gradients.within:
+            return None  # the gradients are less accurate: the pass, not the optimizer
+        bound = _update_difference(
+            oracle_at, target_at, g_oracle, g_target, (g_target - g_oracle).abs()
+        )
+        if bound is None:
+            return None
+        w_ref, w_target, w_oracle = (v.detach().to("cpu", torch.float64) for v in values)
+        lr = oracle_at.lr
+        # The update's size per element: exact on the first step (lr * |g| / (|g| + eps)), at most
+        # lr on later ones (Adam's m_hat / sqrt(v_hat) is about one, whatever the gradient's scale).
+        update = (
+            lr * g_oracle.abs() / (g_oracle.abs() + oracle_at.eps)
+            if oracle_at.step == 0
+            else torch.full_like(g_oracle, lr)
+        )
+        # The update's own rounding in the weight's dtype, however exact the reference happens to
+        # be: two ulps of the larger of the weight before and after the step (decay, subtraction),
+        # and four roundings of the update (moments, square root, eps, division).
+        dtype = values[0].dtype
+        stored = (w_oracle.abs() + update).to(dtype)
+        ulp = (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
+        rounding = 2 * ulp + 4 * torch.finfo(dtype).eps * update
+        slack = torch.maximum((w_ref - w_oracle).abs(), rounding)
+        excess = (w_target - w_oracle).abs() - slack
+        if not bool(excess.isfinite().all()) or bool((excess > bound).any()):
+            return None
+        beyond = int((excess > 0).sum())
+        first = "first step, exact" if oracle_at.step == 0 else "first-order bound"
+        return (
+            f"{oracle_at.optimizer} amplification, judged by the gradients: {diff.path}'s "
+            f"gradients at {oracle_at.optimizer}.step() are within budget against the float64 "
+            f"oracle's (R {gradients.factor}); its {beyond} element(s) farther from the oracle than "
+            f"the reference's are no farther than {oracle_at.optimizer}'s division by sqrt(v)+eps "
+            f"makes of those gradient differences ({first})"
         )
 
 

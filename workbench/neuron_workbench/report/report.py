@@ -178,14 +178,14 @@ class Report:
                 body = _within_budget(self.budget, {d.path for d in compared if d.explained})
             judged = {id(d) for d in failures}
             passing = [d for d in self.comparison.failures if id(d) not in judged]
-            amplified = sum(bool(d.explained) for d in passing)
-            within = len(passing) - amplified
+            # judged by their gradients: past their tolerance, or (--judge budget) past their budget
+            amplified = sum(bool(d.explained) for d in compared if id(d) not in judged)
+            within = sum(not d.explained for d in passing)
             matched = len(compared) - len(failures) - within - amplified
             body += f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
             if amplified:
-                body += (
-                    f", {amplified} within tolerance by their gradients (optimizer amplification)"
-                )
+                by = "budget" if self.judge == "budget" and self.budget is not None else "tolerance"
+                body += f", {amplified} within {by} by their gradients (optimizer amplification)"
             if within:
                 body += f", {within} within budget"
             if failures:
