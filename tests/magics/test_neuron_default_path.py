@@ -697,3 +697,45 @@ def test_a_compiled_training_step_inlines_a_notebook_model(ip):
     report = _passed(ip, body, setup=setup)
     paths = {d.path for d in report.comparison.diffs if d.status == "match"}
     assert {"loss", "model.fc.weight.grad"} <= paths
+
+
+def test_seeding_helpers_parametrized_models_and_pinned_factories_run(ip, tmp_path):
+    # A notebook's seed_everything() (it sets torch.backends.cudnn flags) and a weight_norm model
+    # could not be sent to the worker ("cannot pickle 'CudnnModule'", "Serialization of
+    # parametrized modules is only supported through state_dict()"); safetensors' load onto cuda
+    # makes torch.empty(..., pin_memory=True), which the cpu reference refused. (On tpu, without a
+    # CPU fallback, weight_norm's backward is an honest ERROR: no kernel for it.)
+    setup = (
+        "import random, torch, torch.nn as nn\n"
+        "def seed_everything(seed):\n"
+        "    random.seed(seed)\n"
+        "    torch.manual_seed(seed)\n"
+        "    torch.backends.cudnn.deterministic = True\n"
+        "    torch.backends.cudnn.benchmark = False\n"
+        "seed_everything(0)\n"
+        "net = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(4, 3)), nn.ReLU())\n"
+        "opt = torch.optim.Adam(net.parameters(), lr=1e-2)\n"
+        "x = torch.randn(6, 4)"
+    )
+    path = tmp_path / "net.safetensors"
+    body = (
+        "seed_everything(1)\n"
+        "net.cuda()\n"
+        "loss = net(x.cuda()).square().mean()\n"
+        "loss.backward()\n"
+        "opt.step()\n"
+        "from safetensors.torch import load_file\n"
+        f"loaded = load_file({str(path)!r}, device='cuda')\n"
+        "pinned = torch.empty(3, pin_memory=True).is_pinned()"
+    )
+    run_cell(ip, setup)
+    run_cell(
+        ip,
+        "from safetensors.torch import save_file\n"
+        f"save_file({{'w': torch.arange(4.0)}}, {str(path)!r})",
+    )
+    report = _passed(ip, body)
+    assert ip.user_ns["pinned"] is True
+    assert torch.equal(ip.user_ns["loaded"]["w"], torch.arange(4.0))
+    paths = {d.path for d in report.comparison.diffs}
+    assert "net.0.parametrizations.weight.original1.grad" in paths, paths

@@ -57,6 +57,42 @@ def test_a_model_its_optimizer_and_tied_weights_arrive_connected(arena):
     assert torch.equal(back_model[0].weight.grad, emb.weight.grad)
 
 
+def test_parametrized_modules_arrive_parametrized_with_their_optimizer(arena):
+    # torch.nn.utils.parametrize refuses pickling ("only supported through state_dict()")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3)),
+        torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(3, 2)),
+    )
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+    back_net, back_opt = loads(dumps((net, opt), arena))
+    assert torch.nn.utils.parametrize.is_parametrized(back_net[0], "weight")
+    assert type(back_net[0]).__name__ == "ParametrizedLinear"
+    assert type(back_net[0]) is not type(net[0])  # a class of its own, as parametrize makes
+    assert torch.equal(back_net(x), net(x))
+    originals = [p for p in back_net.parameters()]
+    assert back_opt.param_groups[0]["params"] == originals
+    assert all(a is b for a, b in zip(back_opt.param_groups[0]["params"], originals, strict=True))
+    back_net(x).sum().backward()
+    back_opt.step()  # the arrived copy trains on its own
+    assert not torch.equal(back_net[0].weight, net[0].weight)
+
+
+def test_a_function_using_cudnn_flags_travels():
+    # torch.backends.cudnn is an instance of a module subclass ("cannot pickle 'CudnnModule'")
+    namespace = {"torch": torch}
+    exec(
+        "def seed_everything(seed):\n"
+        "    torch.manual_seed(seed)\n"
+        "    torch.backends.cudnn.deterministic = True\n"
+        "    return torch.backends.cudnn",
+        namespace,
+    )
+    back = loads(dumps(namespace["seed_everything"]))
+    assert back(0) is torch.backends.cudnn
+
+
 def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):
     z = torch.randn(3, dtype=torch.complex64)
     values = {

@@ -248,6 +248,11 @@ class CudaOnHost:
         self._pinned[pinned] = True
         return pinned
 
+    def pinned_new(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, just made with ``pin_memory=True``: pinned from now on."""
+        self._pinned[tensor] = True
+        return tensor
+
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         """What ``tensor.is_pinned()`` answers on a CUDA machine."""
         return tensor in self._pinned

@@ -133,7 +133,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
                         break
                 else:
                     return func(*args)
-            elif "device" not in kwargs:
+            elif "device" not in kwargs and "pin_memory" not in kwargs:
                 for arg in args:
                     kind = type(arg)
                     if kind is str or kind is torch.device:
@@ -145,6 +145,11 @@ class _CudaToDeviceMode(TorchFunctionMode):
             return materialise(func, args, kwargs)
         if self.remap:
             host = self.host
+            if host is not None and kwargs.get("pin_memory") is True:
+                # torch.empty(..., pin_memory=True) (safetensors' load onto cuda): a tensor the
+                # host answers is_pinned() for, as CUDA's pinned allocator would give
+                unpinned = {**kwargs, "pin_memory": False}
+                return host.pinned_new(self.__torch_function__(func, types, args, unpinned))
             if func is _TENSOR_CUDA:
                 result = _tensor_cuda_to(self.target, *args, **kwargs)
                 if host is not None:

@@ -311,6 +311,16 @@ class _Pickler(cloudpickle.Pickler):
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
+        if kind is not types.ModuleType and isinstance(obj, types.ModuleType):
+            # torch.backends.cudnn and its kin put an instance of a module subclass in sys.modules
+            # (a seeding helper that sets cudnn.deterministic refers to it): by name, as cloudpickle
+            # sends a plain module
+            if sys.modules.get(obj.__name__) is obj:
+                return cloudpickle.cloudpickle.subimport, (obj.__name__,)
+        elif "__getstate__" in kind.__dict__:
+            reduced = _reduce_parametrized(obj, kind)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
@@ -364,6 +374,36 @@ class _Pickler(cloudpickle.Pickler):
         if token is None:
             token = self._tokens[key] = _StorageToken(self._sink.add(storage))
         return token
+
+
+def _reduce_parametrized(obj: Any, kind: type) -> Any:
+    """A parametrized module (``weight_norm``, ``spectral_norm``) as its class and its state.
+
+    ``torch.nn.utils.parametrize`` gives each such module a class of its own, made from the
+    module's class, with a property per parametrized tensor and a ``__getstate__`` that refuses
+    pickling ("only supported through state_dict()"). Deep copies work, so the reference runs
+    them; here the module travels as its original class, the parametrized names and its state,
+    and is parametrized again on arrival.
+    """
+    getstate = kind.__dict__["__getstate__"]
+    if getattr(getstate, "__qualname__", "").partition(".")[0] != "_inject_new_class":
+        return None
+    parametrizations = vars(obj).get("_modules", {}).get("parametrizations")
+    if parametrizations is None:
+        return None
+    base = kind.__bases__[0]
+    return _parametrized, (base, tuple(parametrizations.keys())), vars(obj)
+
+
+def _parametrized(base: type, names: tuple[str, ...]) -> Any:
+    """An empty instance of ``base`` parametrized on ``names`` (its state is set after)."""
+    from torch.nn.utils import parametrize
+
+    module = base.__new__(base)
+    parametrize._inject_new_class(module)
+    for name in names:
+        parametrize._inject_property(module, name)
+    return module
 
 
 def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()) -> Packed:
