@@ -124,6 +124,21 @@ def test_unshippable_object_is_a_one_line_usage_error(ip):
     assert "first" not in ip.user_ns
 
 
+def test_a_magic_line_in_the_cell_says_the_worker_has_no_ipython(ip):
+    # `%time out = f(x)` is get_ipython().run_line_magic(...): "'get_ipython' (a method) cannot be
+    # sent ... (cannot pickle '_thread.lock' object)" did not say what to do about it
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    with pytest.raises(UsageError) as caught:
+        run_cell(ip, "%%neuron --executor worker\ny = x.cuda()\n%time z = y * 2")
+    message = str(caught.value)
+    assert message == (
+        "the cell runs IPython itself (a %magic or !command line), which the neuron worker "
+        "process does not have; move that line out of the %%neuron cell, or run the cell with "
+        "--executor inprocess"
+    )
+    assert "z" not in ip.user_ns
+
+
 def test_a_hung_target_with_timeout_5_is_reported_within_10_seconds(ip):
     run_cell(ip, "import os, time, torch\nkept = torch.ones(2)")
     run_cell(ip, "%%neuron --executor worker --target tpu\nwarm = torch.ones(1, device='cuda')")

@@ -107,6 +107,12 @@ def pack_request(
             try:
                 dumps({"anchor": message["anchor"], name: values[name]})
             except Exception as item_exc:
+                if name == "get_ipython":  # what IPython makes of a %magic or !command line
+                    raise WorkbenchUsageError(
+                        f"the cell runs IPython itself (a %magic or !command line), which the "
+                        f"{target} worker process does not have; move that line out of the "
+                        f"%%neuron cell, or {EXECUTOR_HINT}"
+                    ) from None
                 raise WorkbenchUsageError(
                     f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
                     f"process ({first_line(item_exc)}); {EXECUTOR_HINT}"
