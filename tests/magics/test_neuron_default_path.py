@@ -739,3 +739,62 @@ def test_seeding_helpers_parametrized_models_and_pinned_factories_run(ip, tmp_pa
     assert torch.equal(ip.user_ns["loaded"]["w"], torch.arange(4.0))
     paths = {d.path for d in report.comparison.diffs}
     assert "net.0.parametrizations.weight.original1.grad" in paths, paths
+
+
+def test_torch_settings_of_earlier_cells_hold_in_the_worker(ip):
+    # The worker had its own torch: after `torch.set_default_dtype(torch.float64)` in a notebook
+    # cell, the target built float32 tensors ("z dtype float64 vs float32"); a global
+    # set_grad_enabled(False), deterministic algorithms, the matmul precision and the cuDNN flags
+    # did not hold there either.
+    from neuron_workbench.run import torch_settings
+
+    before = torch_settings.current()
+    try:
+        run_cell(
+            ip,
+            "import torch\n"
+            "torch.set_default_dtype(torch.float64)\n"
+            "torch.set_grad_enabled(False)\n"
+            "torch.use_deterministic_algorithms(True, warn_only=True)\n"
+            "torch.set_float32_matmul_precision('high')\n"
+            "torch.backends.cudnn.benchmark = True\n"
+            "w = torch.nn.Linear(3, 2)",
+        )
+        report = _passed(
+            ip,
+            "z = torch.zeros(2, device='cuda') + 0.1\n"
+            "y = w.cuda()(torch.ones(1, 3, device='cuda'))\n"
+            "state = (torch.get_default_dtype(), y.requires_grad,\n"
+            "         torch.are_deterministic_algorithms_enabled(),\n"
+            "         torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)",
+        )
+        expected = (torch.float64, False, True, "high", True)
+        assert report.target.outputs["state"] == expected
+        assert report.target.outputs["z"].dtype == torch.float64
+    finally:
+        torch_settings.apply(before)
+
+
+def test_a_name_one_run_leaves_as_it_was_is_compared_with_that_value(ip):
+    # Runs find outputs by identity: rebinding `on_host = True` to True again is no output, so the
+    # other run's False read "missing on the reference" instead of the difference it is.
+    run_cell(ip, "import torch\non_host = True")
+    run_cell(ip, "%%neuron -o r\non_host = torch.ones(1, device='cuda').device.type == 'cpu'")
+    report = _report(ip)
+    diff = next(d for d in report.comparison.diffs if d.path == "on_host")
+    assert diff.status == "differ"
+    assert (report.ref.outputs["on_host"], report.target.outputs["on_host"]) == (True, False)
+
+
+def test_a_cached_notebook_function_travels_to_the_worker(ip):
+    # pickle finds an lru_cache wrapper by name: "Can't get attribute 'table' on <module
+    # '__main__'>" in the worker
+    run_cell(
+        ip,
+        "import functools, torch\n"
+        "@functools.lru_cache(maxsize=None)\n"
+        "def table(n):\n"
+        "    return torch.arange(n).float() + 2",
+    )
+    _passed(ip, "t = table(4).cuda() * 2\nhits = table.cache_info().hits")
+    assert ip.user_ns["t"].tolist() == [4.0, 6.0, 8.0, 10.0]

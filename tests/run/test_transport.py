@@ -93,6 +93,21 @@ def test_a_function_using_cudnn_flags_travels():
     assert back(0) is torch.backends.cudnn
 
 
+def test_a_cached_notebook_function_travels_as_its_function():
+    namespace = {"__name__": "__main__"}
+    exec(
+        "import functools\n"
+        "@functools.lru_cache(maxsize=8, typed=True)\n"
+        "def fib(n):\n"
+        "    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+        namespace,
+    )
+    back = loads(dumps(namespace["fib"]))
+    assert back(20) == 6765
+    assert back.cache_parameters() == {"maxsize": 8, "typed": True}
+    assert back.cache_info().hits > 0  # its recursion goes through the new cache
+
+
 def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):
     z = torch.randn(3, dtype=torch.complex64)
     values = {

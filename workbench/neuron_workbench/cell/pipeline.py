@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from neuron_workbench.run import (
     mark_resident,
 )
 from neuron_workbench.run.executor import (
+    LAST_EXPRESSION,
     Captured,
     Executor,
     InProcessExecutor,
@@ -208,7 +209,9 @@ def compare_cell(
     oracle = OracleRuns()
     compared = []
     for run in target_runs:
-        comparison, layers = compare_runs(ref_run, run, policy)
+        # a recorded reference ran from another namespace: nothing of this one stands for it
+        before = namespace if reference is None else None
+        comparison, layers = compare_runs(ref_run, run, policy, unchanged=before)
         budget = None
         if reference is None:
             budget = precision_budget(
@@ -482,16 +485,22 @@ def _checked_target(run: Run) -> Run:
 
 
 def compare_runs(
-    ref: Run, target: Run, policy: TolerancePolicy | None = None
+    ref: Run,
+    target: Run,
+    policy: TolerancePolicy | None = None,
+    *,
+    unchanged: Mapping[str, Any] | None = None,
 ) -> tuple[Comparison | None, LayerComparison | None]:
     """Compare two finished runs, live or recorded: outputs with hints, and layers if both have them.
 
+    ``unchanged`` is the namespace both runs started from, before anything is committed: a name
+    one run bound and the other left as it was is compared with the value it was left at.
     Returns ``(None, None)`` when either run raised.
     """
     if not (ref.ok and target.ok):
         return None, None
     policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
-    _complete_outputs(ref, target)
+    _complete_outputs(ref, target, unchanged)
     comparison = compare_outputs(
         ref.outputs,
         target.outputs,
@@ -518,17 +527,28 @@ def compare_runs(
     return comparison, layers
 
 
-def _complete_outputs(ref: Run, target: Run) -> None:
-    """Compare an input one run changed in place with the other run's final value of it.
+def _complete_outputs(ref: Run, target: Run, unchanged: Mapping[str, Any] | None = None) -> None:
+    """Compare an output of one run with the other run's final value of that name.
 
     Moving a module to a device can read as an in-place change on one backend and not on another
     (an emulated device swaps parameter tensors; CPU and CUDA swap their ``.data``); either way the
-    cell's effect is the object's final state, which every run keeps in its bindings.
+    cell's effect is the object's final state, which every run keeps in its bindings. A run finds
+    its outputs by identity, so rebinding a name to the object it held (``True``, a small int, an
+    interned string) is no output: that run's value is the one in ``unchanged``.
     """
     for run, other in ((ref, target), (target, ref)):
         for name in other.outputs:
-            if name not in run.outputs and name in run.bindings:
+            if name in run.outputs:
+                continue
+            if name in run.bindings:
                 run.outputs[name] = run.bindings[name]
+            elif (
+                unchanged is not None
+                and name in unchanged
+                and name != LAST_EXPRESSION  # IPython's output history, not the cell's value
+                and name not in run.deleted
+            ):
+                run.outputs[name] = unchanged[name]
 
 
 def with_precision_floor(policy: TolerancePolicy, ref: Run, target: Run) -> TolerancePolicy:

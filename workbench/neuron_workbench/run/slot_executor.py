@@ -69,6 +69,7 @@ class SlotExecutor:
         process) while a :attr:`concurrent` slot runs; :meth:`PendingRun.result` waits for the
         answer.
         """
+        from neuron_workbench.run import torch_settings
         from neuron_workbench.run.cell import referenced_names
 
         worker = self.pool.get(backend.name)
@@ -102,6 +103,8 @@ class SlotExecutor:
             "kept_run": getattr(spec, "kept_run", None),
             "backend_options": backend.options(),
             "lines": linecache.getlines(spec.program.filename),
+            # what earlier cells set in this process's torch (default dtype, grad mode, flags)
+            "torch_settings": torch_settings.current(),
         }
         message = pack_request(request, values, namespace, backend.name, worker.arena)
         info = worker.info or backend.info()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -311,6 +312,12 @@ class _Pickler(cloudpickle.Pickler):
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
+        if kind is _LRU_CACHE_WRAPPER and getattr(obj, "__module__", None) not in _BY_NAME_OK:
+            # a notebook's @functools.lru_cache / @cache function: pickle finds it by name, which
+            # the receiver's __main__ does not have; it travels as its function (the cache empty)
+            reduced = _reduce_cached_function(obj)
+            if reduced is not None:
+                return reduced
         if kind is not types.ModuleType and isinstance(obj, types.ModuleType):
             # torch.backends.cudnn and its kin put an instance of a module subclass in sys.modules
             # (a seeding helper that sets cudnn.deterministic refers to it): by name, as cloudpickle
@@ -374,6 +381,33 @@ class _Pickler(cloudpickle.Pickler):
         if token is None:
             token = self._tokens[key] = _StorageToken(self._sink.add(storage))
         return token
+
+
+_LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+
+class _ImportedModules:
+    """Module names whose functions pickle by name: those importable in the receiver too."""
+
+    def __contains__(self, module: object) -> bool:
+        return isinstance(module, str) and module != "__main__" and module in sys.modules
+
+
+_BY_NAME_OK = _ImportedModules()
+
+
+def _reduce_cached_function(obj: Any) -> Any:
+    """A cached function defined in the notebook as ``(lru_cache(maxsize, typed), function)``."""
+    wrapped = getattr(obj, "__wrapped__", None)
+    parameters = getattr(obj, "cache_parameters", None)
+    if wrapped is None or parameters is None:
+        return None
+    settings = parameters()
+    return _cached_function, (wrapped, settings["maxsize"], settings["typed"])
+
+
+def _cached_function(function: Any, maxsize: int | None, typed: bool) -> Any:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(function)
 
 
 def _reduce_parametrized(obj: Any, kind: type) -> Any:
