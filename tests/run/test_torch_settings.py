@@ -21,6 +21,7 @@ def test_settings_taken_in_another_state_come_back_as_they_were(restored):
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = True
+    torch.set_printoptions(precision=2, sci_mode=False)
     changed = torch_settings.current()
     assert changed != defaults
     torch_settings.apply(defaults)
@@ -32,6 +33,7 @@ def test_settings_taken_in_another_state_come_back_as_they_were(restored):
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert torch.backends.cuda.matmul.allow_tf32  # precision "high" is TF32 matmuls
+    assert str(torch.tensor([1.23456])) == "tensor([1.23])"
 
 
 def test_nothing_to_take_changes_nothing(restored):

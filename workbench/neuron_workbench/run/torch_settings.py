@@ -2,11 +2,11 @@
 
 A cell runs in the kernel's torch as earlier cells left it: ``torch.set_default_dtype``,
 ``torch.set_grad_enabled(False)``, deterministic algorithms, anomaly detection, the float32 matmul
-precision and the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
-``torch.backends.cuda.matmul.allow_tf32``). The reference runs in the kernel and sees them; a
-target in another process (a worker, a Ray actor) has its own torch, so each run request carries
-the kernel's settings and the target process takes them before the run. A cell that changes one
-changes it in each process, as on one machine.
+precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
+``torch.backends.cuda.matmul.allow_tf32``) and the print options. The reference runs in the kernel
+and sees them; a target in another process (a worker, a Ray actor) has its own torch, so each run
+request carries the kernel's settings and the target process takes them before the run. A cell
+that changes one changes it in each process, as on one machine.
 """
 
 from __future__ import annotations
@@ -45,7 +45,13 @@ def current() -> dict[str, Any]:
             "deterministic": cudnn.deterministic,
             "allow_tf32": cudnn.allow_tf32,
         },
+        "print_options": _print_options(),
     }
+
+
+def _print_options() -> dict[str, Any]:
+    get = getattr(torch._tensor_str, "get_printoptions", None)  # not public: may go
+    return dict(get()) if get is not None else {}
 
 
 def apply(settings: dict[str, Any] | None) -> None:
@@ -67,6 +73,10 @@ def apply(settings: dict[str, Any] | None) -> None:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     if "float32_matmul_precision" in settings:
         torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    options = settings.get("print_options")
+    if options and options != _print_options():
+        with contextlib.suppress(TypeError):
+            torch.set_printoptions(**options)
     for owner, flags in (
         (torch.backends.cuda.matmul, settings.get("cuda_matmul", {})),
         (torch.backends.cudnn, settings.get("cudnn", {})),
