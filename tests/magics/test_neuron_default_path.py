@@ -798,3 +798,23 @@ def test_a_cached_notebook_function_travels_to_the_worker(ip):
     )
     _passed(ip, "t = table(4).cuda() * 2\nhits = table.cache_info().hits")
     assert ip.user_ns["t"].tolist() == [4.0, 6.0, 8.0, 10.0]
+
+
+def test_a_notebook_default_device_of_cuda_is_each_runs_device(ip):
+    # torch.set_default_device("cuda") in a plain cell (phi-2's model card) succeeds without CUDA;
+    # the next %%neuron cell raised "Torch not compiled with CUDA enabled" on the reference and its
+    # target's answer could not be rebuilt in the kernel.
+    run_cell(ip, "import torch\nw = torch.ones(3)\ntorch.set_default_device('cuda')")
+    try:
+        report = _passed(
+            ip,
+            "z = torch.zeros(3) + w.cuda()\nkind = z.device.type\nm = torch.nn.Linear(3, 1)\n"
+            "y = m(z)",
+        )
+        assert report.target.outputs["kind"] == "neuron"
+        # made on the target's device (its tensors come back as host copies marked with it)
+        assert getattr(report.target.outputs["m"].weight, ORIGIN_ATTR) == "neuron:0"
+        # the notebook's, as it was (torch.get_default_device() itself raises without CUDA)
+        assert torch._GLOBAL_DEVICE_CONTEXT.device_context.device == torch.device("cuda")
+    finally:
+        torch.set_default_device(None)

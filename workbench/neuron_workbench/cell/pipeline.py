@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from neuron_workbench.run.executor import (
     InProcessExecutor,
     Instrument,
     capture_text,
+    notebook_default_device_suspended,
 )
 from neuron_workbench.run.records import recorded
 
@@ -75,6 +77,24 @@ class CellReports:
         return self.reports[0]
 
 
+def _runs_on_their_own_default_device(
+    function: Callable[..., CellReports],
+) -> Callable[..., CellReports]:
+    """``function`` with the notebook's default device unset meanwhile and given as ``default_device``.
+
+    ``torch.set_default_device("cuda")`` in the notebook: each run works with its own device, and
+    the kernel's own work here (answers rebuilt, comparisons) with none.
+    """
+
+    @functools.wraps(function)
+    def with_default_device(*args: Any, **kwargs: Any) -> CellReports:
+        with notebook_default_device_suspended() as notebook_device:
+            return function(*args, default_device=notebook_device, **kwargs)
+
+    return with_default_device
+
+
+@_runs_on_their_own_default_device
 def compare_cell(
     program: CellProgram,
     namespace: MutableMapping[str, Any],
@@ -90,6 +110,7 @@ def compare_cell(
     relabel: Callable[[Run], None] | None = None,
     warnings: Sequence[str] = (),
     migration: Callable[[str], dict[str, Any] | None] | None = None,
+    default_device: torch.device | None = None,
 ) -> CellReports:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
 
@@ -110,6 +131,10 @@ def compare_cell(
         Warnings for every report (a recorded reference of another cell's source).
     migration : callable, optional
         The migration findings of the cell for a target's name (None: no scan).
+    default_device : torch.device, optional
+        Filled in by the decorator: what ``torch.set_default_device`` set in the notebook, unset
+        while the cell is handled (each run works with its own device; see
+        :func:`~neuron_workbench.run.executor.notebook_default_device_suspended`).
 
     Raises
     ------
@@ -158,6 +183,7 @@ def compare_cell(
         ref_precision=options.ref_precision,
         # the run whose results the namespace gets is the one whose files stay on disk
         kept_run="target" if reference is not None or options.keep == "target" else "ref",
+        default_device=default_device,
     )
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).

@@ -292,5 +292,6 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         isolate_inputs=spec.isolate_inputs,
         ref_precision=spec.ref_precision,
         kept_run=spec.kept_run,
+        default_device=spec.default_device,
     )
     return execute(again, backend, run_id="oracle")

@@ -65,6 +65,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         isolate_inputs=spec.isolate_inputs,
         ref_precision=spec.ref_precision,
         kept_run=spec.kept_run,
+        default_device=spec.default_device,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

@@ -156,6 +156,7 @@ class RunSpec:
         isolate_inputs: bool = True,
         ref_precision: str = "cuda",
         kept_run: str | None = None,
+        default_device: torch.device | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -176,6 +177,10 @@ class RunSpec:
         #: the cell keeps its writes apart (:mod:`~neuron_workbench.run.file_writes`). None: a
         #: single run, which writes as any code does.
         self.kept_run = kept_run
+        #: What ``torch.set_default_device`` set in the notebook before the cell (None: unset). A
+        #: ``cuda`` default is each run's device for the run (the kernel itself keeps none meanwhile:
+        #: see :func:`notebook_default_device_suspended`).
+        self.default_device = default_device
 
     def keeps_writes_apart(self, run_id: str | None) -> bool:
         """Whether the run ``run_id`` of this cell must keep the files it writes apart."""
@@ -257,6 +262,9 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     ns = spec.namespace
     saved = dict(ns)
     default_device = _default_device_setting()
+    run_default = _run_default_device(spec.default_device, backend)
+    if run_default != default_device:
+        torch.set_default_device(run_default)
     info: BackendInfo = backend.info()
     run: Run
     captured: Captured | None = None
@@ -393,6 +401,41 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
 #: Globals torch.compile installs in the namespace of the code it compiles; its compiled code and
 #: cleanup hooks look them up there later, so they stay (they are never outputs).
 _DYNAMO_GLOBALS = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_", "___")
+
+
+def _run_default_device(notebook: torch.device | None, backend: Backend) -> torch.device | None:
+    """The default device a run works with, given the notebook's: its ``cuda`` is the run's device.
+
+    On the host standing in for cuda the default is left unset (its factories make CPU tensors).
+    """
+    if notebook is None or notebook.type != "cuda":
+        return notebook
+    return None if backend.device_type == "cpu" else torch.device(backend.device)
+
+
+@contextlib.contextmanager
+def notebook_default_device_suspended() -> Iterator[torch.device | None]:
+    """Unset the notebook's default device while a cell is handled; yield what it was.
+
+    ``torch.set_default_device("cuda")`` in a notebook cell (a model card's first lines) succeeds
+    in a kernel without CUDA, and then every tensor made without a device (rebuilding a target's
+    answer, comparing) would be made on cuda. Each run works with its own device instead
+    (:attr:`RunSpec.default_device`); the notebook's setting is back afterwards.
+    """
+    notebook = _default_device_setting()
+    if notebook is None:
+        yield None
+        return
+    torch.set_default_device(None)
+    try:
+        yield notebook
+    finally:
+        torch.set_default_device(notebook)
+
+
+def default_device_setting() -> torch.device | None:
+    """What ``torch.set_default_device`` last set in this process (None when unset)."""
+    return _default_device_setting()
 
 
 def _default_device_setting() -> torch.device | None:

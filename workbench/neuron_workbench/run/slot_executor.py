@@ -105,6 +105,7 @@ class SlotExecutor:
             "lines": linecache.getlines(spec.program.filename),
             # what earlier cells set in this process's torch (default dtype, grad mode, flags)
             "torch_settings": torch_settings.current(),
+            "default_device": getattr(spec, "default_device", None),
         }
         message = pack_request(request, values, namespace, backend.name, worker.arena)
         info = worker.info or backend.info()

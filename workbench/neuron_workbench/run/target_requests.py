@@ -294,6 +294,7 @@ def _run_request(
         isolate_inputs=False,
         ref_precision=request["ref_precision"],
         kept_run=request.get("kept_run"),
+        default_device=request.get("default_device"),
     )
     try:
         with (
