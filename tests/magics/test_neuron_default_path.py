@@ -670,8 +670,10 @@ def test_nvtx_imported_from_torch_cuda_and_device_names_run_in_both_runs(ip, tar
 
 
 def test_a_compiled_training_step_inlines_a_notebook_model(ip):
-    # TorchDynamo reads an inlined function's globals through sys.modules["__main__"]; in the
-    # worker that was the process's own module: "module '__main__' has no attribute 'F'".
+    # TorchDynamo reads an inlined function's globals through sys.modules["__main__"] when they are
+    # not the compiled function's; in the worker that was the process's own module: "module
+    # '__main__' has no attribute 'F'". A notebook class that already went to the worker once is
+    # the same class there again (cloudpickle keeps it), its forward's globals the first cell's.
     setup = (
         "import copy, torch, torch.nn as nn, torch.nn.functional as F\n"
         "class Net(nn.Module):\n"
@@ -694,9 +696,21 @@ def test_a_compiled_training_step_inlines_a_notebook_model(ip):
         "    return loss\n"
         "loss = step(x.cuda(), y.cuda())"
     )
-    report = _passed(ip, body, setup=setup)
+    run_cell(ip, setup)
+    _passed(ip, "first = net.cuda()(x.cuda())")
+    report = _passed(ip, body)
     paths = {d.path for d in report.comparison.diffs if d.status == "match"}
     assert {"loss", "model.fc.weight.grad"} <= paths
+    # __main__ is a real module there, as in the kernel (multiprocessing's spawn reads __spec__,
+    # which a fresh IPython's namespace has; this test shell's reset removed it)
+    run_cell(ip, "__spec__ = None")
+    _passed(
+        ip,
+        "import inspect, sys\n"
+        "main = sys.modules['__main__']\n"
+        "seen = (inspect.ismodule(main), main.__spec__ is None, main.net is net)",
+    )
+    assert ip.user_ns["seen"] == (True, True, True)
 
 
 def test_seeding_helpers_parametrized_models_and_pinned_factories_run(ip, tmp_path):
@@ -736,6 +750,10 @@ def test_seeding_helpers_parametrized_models_and_pinned_factories_run(ip, tmp_pa
     )
     report = _passed(ip, body)
     assert ip.user_ns["pinned"] is True
+    # pinned memory is host memory: asked for on cuda, both runs refuse it as CUDA does
+    run_cell(ip, "%%neuron -o r\nbad = torch.zeros(2, device='cuda', pin_memory=True)")
+    errors = {run.error.message for run in (_report(ip).ref, _report(ip).target)}
+    assert errors == {"Only dense CPU tensors can be pinned"}
     assert torch.equal(ip.user_ns["loaded"]["w"], torch.arange(4.0))
     paths = {d.path for d in report.comparison.diffs}
     assert "net.0.parametrizations.weight.original1.grad" in paths, paths

@@ -179,13 +179,13 @@ def _adam_first_step(w_before, grad, lr=1e-3, eps=1e-8):
     return w_before - lr * grad / (grad.abs() + eps)
 
 
-def _run_with_step(name, weight, grad, lr=1e-3, eps=1e-8):
-    """A finished run whose output ``w`` went through one recorded AdamW step with ``grad``."""
+def _run_with_step(name, weight, grad, lr=1e-3, eps=1e-8, step=0, second_moment=None):
+    """A finished run whose output ``w`` went through a recorded AdamW step with ``grad``."""
     from neuron_workbench.backends.base import BackendInfo
     from neuron_workbench.run.records import Run
     from neuron_workbench.trace.optimizer import OptimizerSteps, ParamAtStep
 
-    at = ParamAtStep("AdamW", 0, 0, grad, None, 0, lr, eps, 0.9, 0.999, 0.0)
+    at = ParamAtStep("AdamW", 0, 0, grad, second_moment, step, lr, eps, 0.9, 0.999, 0.0)
     steps = OptimizerSteps(calls=1, params={id(weight): (weight, at)})
     return Run(BackendInfo(name, name, name), outputs={"w": weight}, extras={"optimizer": steps})
 
@@ -238,3 +238,39 @@ def test_a_weight_beyond_budget_after_adam_is_judged_by_its_gradients_against_th
     # gradients less accurate than the reference's: the pass, not the optimizer
     target.extras["optimizer"].at_step(target.outputs["w"]).grad = (g_oracle * 1.01).float()
     assert Evidence(ref, target).amplification_within_budget(diff, oracle_run) is None
+
+
+def test_no_gradient_difference_accounts_for_more_than_an_adam_step_can_move():
+    # A later step where v is about 0 (a unit no batch reached): the first-order bound,
+    # sensitivity * |Δg|, grew without limit, so a weight 30 lr off passed as amplification.
+    import torch
+
+    from neuron_workbench.compare import compare_outputs
+    from neuron_workbench.report.hints import Evidence
+
+    torch.manual_seed(0)
+    g_oracle = torch.randn(64, dtype=torch.float64) * 1e-3
+    g_oracle[5] = 1e-12  # a unit that saw (almost) no gradient so far
+    v = (g_oracle * g_oracle).float()
+    v[5] = 0.0
+    g_ref = g_oracle.float()
+    g_target = g_ref.clone()
+    g_target[5] = 2e-6
+    w_oracle = torch.randn(64, dtype=torch.float64) * 0.02
+    w_ref = w_oracle.float()
+    w_target = w_ref.clone()
+    w_target[5] += 0.03  # 30 lr: no Adam step moves a weight that far
+    runs = [
+        _run_with_step(name, torch.nn.Parameter(w), g, step=5, second_moment=v)
+        for name, w, g in (
+            ("cpu", w_ref, g_ref),
+            ("neuron", w_target, g_target),
+            ("oracle", w_oracle, g_oracle),
+        )
+    ]
+    ref, target, oracle_run = runs
+    diff = compare_outputs(ref.outputs, target.outputs).diffs[0]
+    assert diff.status == "differ"
+    evidence = Evidence(ref, target)
+    assert evidence.amplification_within_budget(diff, oracle_run) is None
+    assert evidence.amplification(diff) is None

@@ -15,6 +15,7 @@ def restored():
 
 def test_settings_taken_in_another_state_come_back_as_they_were(restored):
     defaults = torch_settings.current()
+    torch_settings.apply(defaults)  # the first taken: this process's own settings are these
     torch.set_default_dtype(torch.float64)
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -32,8 +33,27 @@ def test_settings_taken_in_another_state_come_back_as_they_were(restored):
     assert torch.tensor([0.5]).dtype == torch.float64
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.is_deterministic_algorithms_warn_only_enabled()
-    assert torch.backends.cuda.matmul.allow_tf32  # precision "high" is TF32 matmuls
+    assert torch.get_float32_matmul_precision() == "high"
     assert str(torch.tensor([1.23456])) == "tensor([1.23])"
+
+
+def test_a_backend_default_stays_where_the_kernel_has_torchs(restored):
+    # an emulated TPU reports its one-pass DEFAULT mode as "medium"; a CUDA kernel says "highest"
+    torch_settings.apply(torch_settings.current())
+    torch.set_float32_matmul_precision("medium")
+    own = dict(torch_settings._own)
+    torch_settings._own.update(torch_settings.current())  # as if "medium" were this backend's
+    try:
+        kernel = {"float32_matmul_precision": "highest"}
+        torch_settings.apply(kernel)
+        assert torch.get_float32_matmul_precision() == "medium"
+        torch_settings.apply({"float32_matmul_precision": "high"})  # chosen by the notebook
+        assert torch.get_float32_matmul_precision() == "high"
+        torch_settings.apply(kernel)  # and back to torch's default: the backend's own again
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch_settings._own.clear()
+        torch_settings._own.update(own)
 
 
 def test_nothing_to_take_changes_nothing(restored):

@@ -79,6 +79,30 @@ def test_parametrized_modules_arrive_parametrized_with_their_optimizer(arena):
     assert not torch.equal(back_net[0].weight, net[0].weight)
 
 
+class _Locked(torch.nn.Linear):
+    """A module class of the user's that drops its lock when pickled."""
+
+    def __init__(self):
+        super().__init__(3, 2)
+        self.lock = __import__("threading").Lock()
+
+    def __getstate__(self):
+        return {k: v for k, v in super().__getstate__().items() if k != "lock"}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.lock = __import__("threading").Lock()
+
+
+def test_a_parametrized_module_keeps_its_own_state_rules():
+    module = torch.nn.utils.parametrizations.weight_norm(_Locked())
+    back = loads(dumps(module))
+    assert type(back).__name__ == "Parametrized_Locked"
+    assert back.lock is not module.lock and not back.lock.locked()
+    x = torch.randn(4, 3)
+    assert torch.equal(back(x), module(x))
+
+
 def test_a_function_using_cudnn_flags_travels():
     # torch.backends.cudnn is an instance of a module subclass ("cannot pickle 'CudnnModule'")
     namespace = {"torch": torch}

@@ -259,19 +259,48 @@ def _update_difference(
 ) -> torch.Tensor | None:
     """How far apart the two runs' Adam updates can be, per element, from their gradients alone."""
     lr, eps = ref_at.lr, ref_at.eps
+    if not _same_step(ref_at, target_at):
+        return None
     if ref_at.step == 0 and target_at.step == 0:
         # first step: m_hat = g and v_hat = g**2, so the update is lr * g / (|g| + eps)
         return lr * (g_ref / (g_ref.abs() + eps) - g_target / (g_target.abs() + eps)).abs()
     beta1 = ref_at.beta1 if ref_at.beta1 is not None else 0.9
     beta2 = ref_at.beta2 if ref_at.beta2 is not None else 0.999
     t = ref_at.step + 1
+    largest = _largest_update(lr, beta1, beta2, t)
+    if largest is None:
+        return None
     sensitivities = []
     for at, g in ((ref_at, g_ref), (target_at, g_target)):
         if at.second_moment is None or at.second_moment.shape != g.shape:
             return None
         v_hat = (beta2 * at.second_moment.double() + (1 - beta2) * g * g) / (1 - beta2**t)
         sensitivities.append(lr * (1 - beta1) / (1 - beta1**t) / (v_hat.sqrt() + eps))
-    return torch.maximum(*sensitivities) * grad_delta
+    # The first-order bound grows without limit where v is about 0 (a unit no batch reached); no
+    # two Adam updates differ by more than twice the largest one.
+    return (torch.maximum(*sensitivities) * grad_delta).clamp(max=2 * largest)
+
+
+def _same_step(a: Any, b: Any) -> bool:
+    """Whether two records are of the same step of equally set optimizers."""
+    return all(
+        getattr(a, name) == getattr(b, name)
+        for name in ("optimizer", "step", "lr", "eps", "beta1", "beta2", "weight_decay")
+    )
+
+
+def _largest_update(lr: float, beta1: float, beta2: float, t: int) -> float | None:
+    """The most one Adam step ``t`` (1-based) can move an element: ``lr * max|m_hat| / sqrt(v_hat)``.
+
+    With ``m`` and ``v`` the decayed sums of ``g`` and ``g**2``, Cauchy-Schwarz gives
+    ``|m_t| / sqrt(v_t) <= (1 - beta1) / sqrt((1 - beta2) * (1 - beta1**2 / beta2))`` whatever the
+    gradients; the bias corrections scale it by ``sqrt(1 - beta2**t) / (1 - beta1**t)``. None when
+    ``beta1**2 >= beta2`` (no such bound).
+    """
+    if not 0.0 <= beta1 < 1.0 or not 0.0 < beta2 < 1.0 or beta1 * beta1 >= beta2:
+        return None
+    ratio = (1 - beta1) / math.sqrt((1 - beta2) * (1 - beta1 * beta1 / beta2))
+    return lr * ratio * math.sqrt(1 - beta2**t) / (1 - beta1**t)
 
 
 def hints_for(

@@ -147,7 +147,13 @@ class _CudaToDeviceMode(TorchFunctionMode):
             host = self.host
             if host is not None and kwargs.get("pin_memory") is True:
                 # torch.empty(..., pin_memory=True) (safetensors' load onto cuda): a tensor the
-                # host answers is_pinned() for, as CUDA's pinned allocator would give
+                # host answers is_pinned() for, as CUDA's pinned allocator would give; pinned
+                # memory is host memory, so one asked for on cuda is refused as CUDA refuses it
+                device = kwargs.get("device")
+                if device is not None and (
+                    type(device) is int or remap_device(device, "x") is not device
+                ):
+                    raise RuntimeError("Only dense CPU tensors can be pinned")
                 unpinned = {**kwargs, "pin_memory": False}
                 return host.pinned_new(self.__torch_function__(func, types, args, unpinned))
             if func is _TENSOR_CUDA:

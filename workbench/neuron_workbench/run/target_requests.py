@@ -320,8 +320,38 @@ def _run_request(
         return dumps({"run": run}, arena, host_devices)
 
 
-class _NamespaceModule:
-    """A module whose attributes are a namespace's names (what IPython registers as ``__main__``)."""
+
+
+def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
+    """A module whose attributes are ``namespace``'s names, as IPython's ``__main__`` in a kernel.
+
+    A real module (``inspect.ismodule``), whose own ``__spec__``, ``__loader__`` and ``__package__``
+    (None) answer where the namespace has none (``multiprocessing``'s spawn reads
+    ``__main__.__spec__``); a module's ``__dict__`` cannot be replaced, so it reads and writes the
+    namespace instead.
+    """
+
+    class NamespaceModule(types.ModuleType):
+        @property  # type: ignore[misc]
+        def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+            return namespace
+
+        def __getattr__(self, name: str) -> Any:
+            try:
+                return namespace[name]
+            except KeyError:
+                raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            namespace[name] = value
+
+        def __delattr__(self, name: str) -> None:
+            try:
+                del namespace[name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+    return NamespaceModule(namespace.get("__name__", "__main__"))
 
 
 @contextlib.contextmanager
@@ -334,8 +364,7 @@ def _main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
     ``__main__`` ("module '__main__' has no attribute 'F'").
     """
     name = namespace["__name__"]
-    module = _NamespaceModule()
-    module.__dict__ = namespace
+    module = _namespace_module(namespace)
     saved = sys.modules.get(name)
     sys.modules[name] = module  # type: ignore[assignment]
     try:

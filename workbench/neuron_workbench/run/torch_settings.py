@@ -7,31 +7,38 @@ precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
 and sees them; a target in another process (a worker, a Ray actor) has its own torch, so each run
 request carries the kernel's settings and the target process takes them before the run. A cell
 that changes one changes it in each process, as on one machine.
+
+A backend may define its own default for a setting: TorchTPU computes float32 matmuls in its
+DEFAULT mode (one bf16 pass) until the program asks for more, which torch reports as "medium"
+where a CUDA machine reports "highest". The kernel's setting at torch's own default therefore
+leaves the target at its backend's default; only a value the notebook chose travels. (A notebook
+that sets "highest" explicitly cannot be told from one that never set it.)
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 
 def current() -> dict[str, Any]:
-    """The settings of this process, as :func:`apply` takes them."""
+    """The settings of this process, as :func:`apply` takes them (one torch cannot read: left out)."""
     cudnn = torch.backends.cudnn
     matmul = torch.backends.cuda.matmul
-    return {
-        "default_dtype": torch.get_default_dtype(),
-        "grad_enabled": torch.is_grad_enabled(),
-        "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
-        "deterministic": (
+    readers: dict[str, Callable[[], Any]] = {
+        "default_dtype": torch.get_default_dtype,
+        "grad_enabled": torch.is_grad_enabled,
+        "anomaly": lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        "deterministic": lambda: (
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         ),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cuda_matmul": {
-            "allow_tf32": matmul.allow_tf32,
+        # cuBLAS's allow_tf32 is this setting too ("high" is TF32), so it travels as this alone
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "cuda_matmul": lambda: {
             "allow_fp16_reduced_precision_reduction": (
                 matmul.allow_fp16_reduced_precision_reduction
             ),
@@ -39,14 +46,29 @@ def current() -> dict[str, Any]:
                 matmul.allow_bf16_reduced_precision_reduction
             ),
         },
-        "cudnn": {
+        "cudnn": lambda: {
             "enabled": cudnn.enabled,
             "benchmark": cudnn.benchmark,
             "deterministic": cudnn.deterministic,
             "allow_tf32": cudnn.allow_tf32,
         },
-        "print_options": _print_options(),
+        "print_options": _print_options,
     }
+    settings = {}
+    for key, read in readers.items():
+        # torch refuses to read the matmul precision once a program mixed its legacy and new
+        # TF32 switches ("PyTorch is checking the matmul precision without a specific backend")
+        with contextlib.suppress(RuntimeError, AttributeError):
+            settings[key] = read()
+    return settings
+
+
+_NO_DEFAULT = object()
+
+
+def _own_now(key: str) -> Any:
+    """The value of one setting in this process now (``_NO_DEFAULT`` when unreadable)."""
+    return current().get(key, _NO_DEFAULT)
 
 
 def _print_options() -> dict[str, Any]:
@@ -54,13 +76,27 @@ def _print_options() -> dict[str, Any]:
     return dict(get()) if get is not None else {}
 
 
+#: Settings a backend may default differently, with torch's own default: at that value the target
+#: process keeps its backend's default.
+BACKEND_DEFAULTED = {"float32_matmul_precision": "highest"}
+#: This process's own settings before any were taken (its backend's defaults).
+_own: dict[str, Any] = {}
+
+
 def apply(settings: dict[str, Any] | None) -> None:
     """Take ``settings`` (another process's :func:`current`) in this process.
 
-    A setting this torch does not have (another version's) is left as it is.
+    A setting this torch does not have (another version's) is left as it is; one of
+    :data:`BACKEND_DEFAULTED` at torch's default goes back to this process's own.
     """
     if not settings:
         return
+    if not _own:
+        _own.update(current())
+    settings = {
+        key: _own.get(key, value) if BACKEND_DEFAULTED.get(key, _NO_DEFAULT) == value else value
+        for key, value in settings.items()
+    }
     if settings.get("default_dtype") is not None:
         torch.set_default_dtype(settings["default_dtype"])
     if "grad_enabled" in settings:
@@ -71,8 +107,10 @@ def apply(settings: dict[str, Any] | None) -> None:
     if "deterministic" in settings:
         enabled, warn_only = settings["deterministic"]
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-    if "float32_matmul_precision" in settings:
-        torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    precision = settings.get("float32_matmul_precision")
+    if precision is not None and precision != _own_now("float32_matmul_precision"):
+        with contextlib.suppress(RuntimeError):
+            torch.set_float32_matmul_precision(precision)
     options = settings.get("print_options")
     if options and options != _print_options():
         with contextlib.suppress(TypeError):

@@ -426,7 +426,9 @@ def _reduce_parametrized(obj: Any, kind: type) -> Any:
     if parametrizations is None:
         return None
     base = kind.__bases__[0]
-    return _parametrized, (base, tuple(parametrizations.keys())), vars(obj)
+    # the state as the module's own class gives it (a class of the user's may drop a lock)
+    state = super(kind, obj).__getstate__()
+    return _parametrized, (base, tuple(parametrizations.keys())), state
 
 
 def _parametrized(base: type, names: tuple[str, ...]) -> Any:
