@@ -320,8 +320,6 @@ def _run_request(
         return dumps({"run": run}, arena, host_devices)
 
 
-
-
 def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
     """A module whose attributes are ``namespace``'s names, as IPython's ``__main__`` in a kernel.
 
@@ -340,7 +338,9 @@ def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
             try:
                 return namespace[name]
             except KeyError:
-                raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+                raise AttributeError(
+                    f"module {self.__name__!r} has no attribute {name!r}"
+                ) from None
 
         def __setattr__(self, name: str, value: Any) -> None:
             namespace[name] = value
