@@ -15,7 +15,6 @@ def restored():
 
 def test_settings_taken_in_another_state_come_back_as_they_were(restored):
     defaults = torch_settings.current()
-    torch_settings.apply(defaults)  # the first taken: this process's own settings are these
     torch.set_default_dtype(torch.float64)
     torch.set_grad_enabled(False)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -39,10 +38,9 @@ def test_settings_taken_in_another_state_come_back_as_they_were(restored):
 
 def test_a_backend_default_stays_where_the_kernel_has_torchs(restored):
     # an emulated TPU reports its one-pass DEFAULT mode as "medium"; a CUDA kernel says "highest"
-    torch_settings.apply(torch_settings.current())
     torch.set_float32_matmul_precision("medium")
     own = dict(torch_settings._own)
-    torch_settings._own.update(torch_settings.current())  # as if "medium" were this backend's
+    torch_settings.keep_own()  # a target process whose backend defaults to "medium"
     try:
         kernel = {"float32_matmul_precision": "highest"}
         torch_settings.apply(kernel)
@@ -52,7 +50,7 @@ def test_a_backend_default_stays_where_the_kernel_has_torchs(restored):
         torch_settings.apply(kernel)  # and back to torch's default: the backend's own again
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
-        torch_settings._own.clear()
+        torch_settings._own.clear()  # this test process takes settings exactly again
         torch_settings._own.update(own)
 
 
@@ -61,3 +59,11 @@ def test_nothing_to_take_changes_nothing(restored):
     torch_settings.apply(None)
     torch_settings.apply({})
     assert torch_settings.current() == before
+
+
+def test_a_process_that_kept_no_settings_of_its_own_takes_them_exactly(restored):
+    # the kernel (a test restoring what it changed): torch's default is a value like any other
+    assert not torch_settings._own
+    torch.set_float32_matmul_precision("high")
+    torch_settings.apply({"float32_matmul_precision": "highest"})
+    assert torch.get_float32_matmul_precision() == "highest"

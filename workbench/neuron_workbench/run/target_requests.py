@@ -164,6 +164,9 @@ def device_ready(backend: Backend, host: str) -> dict[str, Any]:
         if availability:
             with backend.activated():  # install the emulated device before any backward pass
                 pass
+            from neuron_workbench.run import torch_settings
+
+            torch_settings.keep_own()  # what the backend defaults (a TPU's matmul precision)
         return {"availability": availability, "info": backend.info() if availability else None}
     except Exception as exc:
         reason = f"{backend.name} {host}: {first_line(exc)}"

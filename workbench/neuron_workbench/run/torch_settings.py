@@ -79,8 +79,18 @@ def _print_options() -> dict[str, Any]:
 #: Settings a backend may default differently, with torch's own default: at that value the target
 #: process keeps its backend's default.
 BACKEND_DEFAULTED = {"float32_matmul_precision": "highest"}
-#: This process's own settings before any were taken (its backend's defaults).
+#: A target process's own settings, as its device left them (see :func:`keep_own`).
 _own: dict[str, Any] = {}
+
+
+def keep_own() -> None:
+    """Remember this process's settings as its backend's own (a target process, device ready).
+
+    Only then does :func:`apply` keep a backend default where the kernel has torch's; a process
+    that never called it (the kernel) takes settings exactly.
+    """
+    _own.clear()
+    _own.update(current())
 
 
 def apply(settings: dict[str, Any] | None) -> None:
@@ -91,8 +101,6 @@ def apply(settings: dict[str, Any] | None) -> None:
     """
     if not settings:
         return
-    if not _own:
-        _own.update(current())
     settings = {
         key: _own.get(key, value) if BACKEND_DEFAULTED.get(key, _NO_DEFAULT) == value else value
         for key, value in settings.items()
