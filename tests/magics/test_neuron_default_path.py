@@ -793,6 +793,33 @@ def test_torch_settings_of_earlier_cells_hold_in_the_worker(ip):
         torch_settings.apply(before)
 
 
+def test_a_target_started_after_the_reference_takes_the_settings_from_before_it(ip):
+    # --profile runs the reference first: the worker took the settings the reference's run had
+    # just left ("y dtype float32 vs float64"; a backward with grad mode already off raised)
+    from neuron_workbench.run import torch_settings
+
+    before = torch_settings.current()
+    try:
+        run_cell(ip, "import torch")
+        _passed(ip, "y = torch.ones(2) / 3\ntorch.set_default_dtype(torch.float64)")
+        run_cell(ip, "torch.set_default_dtype(torch.float32)")
+        run_cell(
+            ip,
+            "%%neuron --profile -o r\n"
+            "y = torch.ones(2) / 3\n"
+            "w = torch.ones(3, requires_grad=True)\n"
+            "(w * 2).sum().backward()\n"
+            "g = w.grad.clone()\n"
+            "torch.set_default_dtype(torch.float64)\n"
+            "torch.set_grad_enabled(False)",
+        )
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert report.target.outputs["y"].dtype == torch.float32
+    finally:
+        torch_settings.apply(before)
+
+
 def test_a_name_one_run_leaves_as_it_was_is_compared_with_that_value(ip):
     # Runs find outputs by identity: rebinding `on_host = True` to True again is no output, so the
     # other run's False read "missing on the reference" instead of the difference it is.

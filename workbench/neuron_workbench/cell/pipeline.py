@@ -32,6 +32,7 @@ from neuron_workbench.run import (
     commit,
     execute,
     mark_resident,
+    torch_settings,
 )
 from neuron_workbench.run.executor import (
     LAST_EXPRESSION,
@@ -184,6 +185,7 @@ def compare_cell(
         # the run whose results the namespace gets is the one whose files stay on disk
         kept_run="target" if reference is not None or options.keep == "target" else "ref",
         default_device=default_device,
+        torch_settings=torch_settings.current(),
     )
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).

@@ -293,5 +293,6 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         ref_precision=spec.ref_precision,
         kept_run=spec.kept_run,
         default_device=spec.default_device,
+        torch_settings=spec.torch_settings,
     )
     return execute(again, backend, run_id="oracle")

@@ -66,6 +66,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         ref_precision=spec.ref_precision,
         kept_run=spec.kept_run,
         default_device=spec.default_device,
+        torch_settings=spec.torch_settings,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

@@ -157,6 +157,7 @@ class RunSpec:
         ref_precision: str = "cuda",
         kept_run: str | None = None,
         default_device: torch.device | None = None,
+        torch_settings: dict[str, Any] | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -181,6 +182,10 @@ class RunSpec:
         #: ``cuda`` default is each run's device for the run (the kernel itself keeps none meanwhile:
         #: see :func:`notebook_default_device_suspended`).
         self.default_device = default_device
+        #: This process's torch settings before any run of the cell changed them
+        #: (:func:`~neuron_workbench.run.torch_settings.current`): what a target process takes,
+        #: whenever its run starts. None: as they are when the request is sent.
+        self.torch_settings = torch_settings
 
     def keeps_writes_apart(self, run_id: str | None) -> bool:
         """Whether the run ``run_id`` of this cell must keep the files it writes apart."""

@@ -103,8 +103,9 @@ class SlotExecutor:
             "kept_run": getattr(spec, "kept_run", None),
             "backend_options": backend.options(),
             "lines": linecache.getlines(spec.program.filename),
-            # what earlier cells set in this process's torch (default dtype, grad mode, flags)
-            "torch_settings": torch_settings.current(),
+            # what earlier cells set in this process's torch (default dtype, grad mode, flags),
+            # as before the reference ran (--profile runs it first, and the cell may change them)
+            "torch_settings": getattr(spec, "torch_settings", None) or torch_settings.current(),
             "default_device": getattr(spec, "default_device", None),
         }
         message = pack_request(request, values, namespace, backend.name, worker.arena)
