@@ -236,9 +236,9 @@ def compare_cell(
     # the oracle reruns the cell from the namespace as it was: before anything is committed
     oracle = OracleRuns()
     compared = []
+    # a recorded reference ran from another namespace: nothing of this one stands for it
+    before = namespace if reference is None else None
     for run in target_runs:
-        # a recorded reference ran from another namespace: nothing of this one stands for it
-        before = namespace if reference is None else None
         comparison, layers = compare_runs(ref_run, run, policy, unchanged=before)
         budget = None
         if reference is None:

@@ -317,12 +317,17 @@ def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
         dtype = torch.float64 if dtype in (torch.complex128, torch.float64) else torch.float32
     if not dtype.is_floating_point:
         return 0.0, 0.0
-    stored = value.detach().cpu().abs().to(dtype)
-    ulp = (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
+    ulp = ulps(value, dtype)
     ulp = ulp[torch.isfinite(ulp)]
     if not ulp.numel():
         return 0.0, 0.0
     return float(torch.linalg.vector_norm(ulp)), float(ulp.max())
+
+
+def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of each element of ``|value|`` stored in ``dtype``, in float64."""
+    stored = value.detach().cpu().abs().to(dtype)
+    return (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
 
 
 def _ratio(error: float, floor: float, least: float = 0.0) -> float:

@@ -40,6 +40,7 @@ class Evidence:
         self.policy = policy or TolerancePolicy()
         self.same_random = same_random_numbers(ref.facts, target.facts)
         self._leaves: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self._oracle: tuple[Run, dict[str, Any]] | None = None
 
     def leaves(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Each run's outputs by path (built on first use)."""
@@ -49,6 +50,12 @@ class Evidence:
                 dict(iter_leaves(self.target.outputs)),
             )
         return self._leaves
+
+    def _oracle_leaves(self, oracle: Run) -> dict[str, Any]:
+        """The oracle run's outputs by path (built once per oracle)."""
+        if self._oracle is None or self._oracle[0] is not oracle:
+            self._oracle = (oracle, dict(iter_leaves(oracle.outputs)))
+        return self._oracle[1]
 
     def optimizer_hint(self, diff: OutputDiff) -> str | None:
         """Optimizer evidence for a failing parameter: gradients at ``step()``, and the update's gain."""
@@ -178,7 +185,7 @@ class Evidence:
         near ``eps`` that difference reaches ``lr`` from float32 rounding alone, in either run,
         so the weights' ``R`` measures which run's rounding the division happened to magnify.
         """
-        from neuron_workbench.compare.budget import against_oracle
+        from neuron_workbench.compare.budget import against_oracle, ulps
 
         if diff.kind != "tensor":
             return None
@@ -186,7 +193,7 @@ class Evidence:
         if not all(hasattr(each, "at_step") for each in steps):
             return None
         ref_leaves, target_leaves = self.leaves()
-        oracle_leaves = dict(iter_leaves(oracle.outputs))
+        oracle_leaves = self._oracle_leaves(oracle)
         values = [leaves.get(diff.path) for leaves in (ref_leaves, target_leaves, oracle_leaves)]
         if not all(isinstance(v, torch.Tensor) for v in values):
             return None
@@ -228,9 +235,7 @@ class Evidence:
         # be: two ulps of the larger of the weight before and after the step (decay, subtraction),
         # and four roundings of the update (moments, square root, eps, division).
         dtype = values[0].dtype
-        stored = (w_oracle.abs() + update).to(dtype)
-        ulp = (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
-        rounding = 2 * ulp + 4 * torch.finfo(dtype).eps * update
+        rounding = 2 * ulps(w_oracle.abs() + update, dtype) + 4 * torch.finfo(dtype).eps * update
         slack = torch.maximum((w_ref - w_oracle).abs(), rounding)
         excess = (w_target - w_oracle).abs() - slack
         if not bool(excess.isfinite().all()) or bool((excess > bound).any()):

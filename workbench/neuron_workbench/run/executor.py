@@ -438,11 +438,6 @@ def notebook_default_device_suspended() -> Iterator[torch.device | None]:
         torch.set_default_device(notebook)
 
 
-def default_device_setting() -> torch.device | None:
-    """What ``torch.set_default_device`` last set in this process (None when unset)."""
-    return _default_device_setting()
-
-
 def _default_device_setting() -> torch.device | None:
     """What ``torch.set_default_device`` last set (None when unset).
 

@@ -66,9 +66,12 @@ def current() -> dict[str, Any]:
 _NO_DEFAULT = object()
 
 
-def _own_now(key: str) -> Any:
-    """The value of one setting in this process now (``_NO_DEFAULT`` when unreadable)."""
-    return current().get(key, _NO_DEFAULT)
+def _matmul_precision() -> str | None:
+    """The float32 matmul precision of this process (None where torch refuses to read it)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
 
 
 def _print_options() -> dict[str, Any]:
@@ -116,7 +119,7 @@ def apply(settings: dict[str, Any] | None) -> None:
         enabled, warn_only = settings["deterministic"]
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     precision = settings.get("float32_matmul_precision")
-    if precision is not None and precision != _own_now("float32_matmul_precision"):
+    if precision is not None and precision != _matmul_precision():
         with contextlib.suppress(RuntimeError):
             torch.set_float32_matmul_precision(precision)
     options = settings.get("print_options")

@@ -312,7 +312,7 @@ class _Pickler(cloudpickle.Pickler):
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
-        if kind is _LRU_CACHE_WRAPPER and getattr(obj, "__module__", None) not in _BY_NAME_OK:
+        if kind is _LRU_CACHE_WRAPPER and not _found_by_name(getattr(obj, "__module__", None)):
             # a notebook's @functools.lru_cache / @cache function: pickle finds it by name, which
             # the receiver's __main__ does not have; it travels as its function (the cache empty)
             reduced = _reduce_cached_function(obj)
@@ -386,14 +386,9 @@ class _Pickler(cloudpickle.Pickler):
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
 
 
-class _ImportedModules:
-    """Module names whose functions pickle by name: those importable in the receiver too."""
-
-    def __contains__(self, module: object) -> bool:
-        return isinstance(module, str) and module != "__main__" and module in sys.modules
-
-
-_BY_NAME_OK = _ImportedModules()
+def _found_by_name(module: object) -> bool:
+    """Whether a function of ``module`` pickles by name: the module is importable there too."""
+    return isinstance(module, str) and module != "__main__" and module in sys.modules
 
 
 def _reduce_cached_function(obj: Any) -> Any:
