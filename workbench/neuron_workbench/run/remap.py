@@ -89,6 +89,26 @@ def remap_device(value: Any, target: str) -> Any:
     return value
 
 
+def _may_name_cuda(value: Any, host: CudaOnHost | None) -> bool:
+    """Whether ``value`` may name the cell's cuda.
+
+    A ``"cuda…"`` string, a cuda device, or a device the ``host`` standing in for cuda made from one.
+    """
+    kind = type(value)
+    return (kind is str and value.startswith("cuda")) or (
+        kind is torch.device
+        and (value.type == "cuda" or (host is not None and host.names_cuda(value)))
+    )
+
+
+def _index_as_cuda(value: Any) -> Any:
+    """An accelerator index (a DDP script's ``rank``) as the cell means it: ``cuda:<index>``.
+
+    Anything else is returned as it is.
+    """
+    return f"cuda:{value}" if type(value) is int else value
+
+
 class _CudaToDeviceMode(TorchFunctionMode):
     """Rewrites CUDA device arguments of torch calls to the run's device type.
 
@@ -121,8 +141,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if func is _TENSOR_TO and len(args) > 1 and type(args[1]) is int and self.remap:
-            # x.to(rank): an index of the current accelerator, which the cell's is cuda
-            args = (args[0], f"cuda:{args[1]}", *args[2:])
+            args = (args[0], _index_as_cuda(args[1]), *args[2:])  # x.to(rank)
         # Most calls (attribute reads, views, arithmetic) name no device and need no note: they go
         # straight through. Only a str or torch.device argument, or a device keyword, can name one.
         if func not in _SPECIAL:
@@ -149,10 +168,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 # torch.empty(..., pin_memory=True) (safetensors' load onto cuda): a tensor the
                 # host answers is_pinned() for, as CUDA's pinned allocator would give; pinned
                 # memory is host memory, so one asked for on cuda is refused as CUDA refuses it
-                device = kwargs.get("device")
-                if device is not None and (
-                    type(device) is int or remap_device(device, "x") is not device
-                ):
+                device = _index_as_cuda(kwargs.get("device"))
+                if device is not None and remap_device(device, "x") is not device:
                     raise RuntimeError("Only dense CPU tensors can be pinned")
                 unpinned = {**kwargs, "pin_memory": False}
                 return host.pinned_new(self.__torch_function__(func, types, args, unpinned))
@@ -177,13 +194,9 @@ class _CudaToDeviceMode(TorchFunctionMode):
             target = self.target
             cuda_named = False
             for arg in args:
-                kind = type(arg)
                 # Only an argument that may name cuda is remapped; a device the run already has
                 # (Module.to's ``t.to(device, dtype, non_blocking)`` for every tensor) goes as is.
-                if (kind is str and arg.startswith("cuda")) or (
-                    kind is torch.device
-                    and (arg.type == "cuda" or (host is not None and host.names_cuda(arg)))
-                ):
+                if _may_name_cuda(arg, host):
                     remapped = tuple(remap_device(a, target) for a in args)
                     cuda_named = any(a is not b for a, b in zip(args, remapped))
                     if host is not None and not cuda_named:
@@ -191,8 +204,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
                     args = remapped
                     break
             device = kwargs.get("device")
-            if type(device) is int:  # device=rank: an index of the accelerator, cuda's here
-                device = kwargs["device"] = f"cuda:{device}"
+            if type(device) is int:  # device=rank
+                device = kwargs["device"] = _index_as_cuda(device)
             if device is not None:
                 kwargs["device"] = remap_device(device, target)
                 cuda_named = cuda_named or kwargs["device"] is not device
@@ -520,12 +533,7 @@ class Generator(torch._C.Generator, metaclass=_AnyGenerator):
             original = torch.Generator if torch.Generator is not Generator else torch._C.Generator
             return original(device)
         target, facts, host, original = _GENERATOR_RUNS[-1]
-        kind = type(device)
-        named_cuda = (kind is str and device.startswith("cuda")) or (
-            kind is torch.device
-            and (device.type == "cuda" or (host is not None and host.names_cuda(device)))
-        )
-        if named_cuda:
+        if _may_name_cuda(device, host):
             device = remap_device(device, target)
         elif target == "cpu" or torch.device(device).type != target:
             return original(device)  # a device the run does not stand in for, as named
@@ -596,9 +604,9 @@ def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args and type(args[0]) is int:
-            args = (f"cuda:{args[0]}", *args[1:])
+            args = (_index_as_cuda(args[0]), *args[1:])
         if type(kwargs.get("device")) is int:
-            kwargs["device"] = f"cuda:{kwargs['device']}"
+            kwargs["device"] = _index_as_cuda(kwargs["device"])
         return original(self, *args, **kwargs)
 
     return to
