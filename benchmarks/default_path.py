@@ -8,6 +8,10 @@ Figures, each a ratio or difference of figures measured in this run:
 - A notebook-defined model: the small CNN training step of ``_workload`` (its class is defined in
   the notebook, so it travels by value with every request and answer), the same comparison, for
   information (no goal: its convolutions are compute-bound, and each run gets half the cores).
+- Where the GPT cell's time goes, for information: the two runs' bodies inside ``%%neuron`` (they
+  run at the same time), the time outside the longer body (shipping the cell's state, the answer,
+  comparison, report and display), and what the remap's Python function mode alone adds to one
+  body (the step run plain and under the remap, in this process on the host, rounds alternating).
 - Per-op overhead of the worker path: tiny ops (add, add_, sum, 4x4 matmul) in the cell's target run,
   in the worker against ``--executor inprocess`` (a separate process holding the emulated device), as
   each report's target wall time divided by the op count. Goal: within 1 us.
@@ -109,6 +113,29 @@ def magic_against_plain_twice(shell, cuda_cell: str, cpu_cell: str) -> Figure:
     return Figure(magic_best, plain_best, bodies["ref"], bodies["target"])
 
 
+def remap_mode_cost_s(shell, cuda_cell: str, cpu_cell: str) -> tuple[float, float]:
+    """Best body time of ``cpu_cell`` plain and of ``cuda_cell`` under the host's remap (no report).
+
+    Both run in the kernel's namespace, on the host (this process holds no device): the difference
+    is what the remap's function mode, the part a run cannot do without today, costs a body.
+    """
+    from neuron_workbench.backends import get_backend
+    from neuron_workbench.run.cuda_on_host import CudaOnHost
+    from neuron_workbench.run.remap import cuda_remapped_to
+
+    namespace = shell.user_ns
+    plain, remapped = compile(cpu_cell, "plain", "exec"), compile(cuda_cell, "remapped", "exec")
+    cpu = get_backend("cpu")
+    host = CudaOnHost([])  # one for every round: after the warm-up the model is on its "cuda"
+
+    def under_remap() -> None:
+        with cuda_remapped_to(cpu, host=host):
+            exec(remapped, namespace)
+
+    under_remap()  # warm-up: the first move to the host's cuda copies the model
+    return best_of_interleaved(lambda: exec(plain, namespace), under_remap, ROUNDS)
+
+
 def inprocess_main() -> None:
     """The in-process baseline of the per-op figure (this process holds the emulated device)."""
     from neuron_workbench import emulate
@@ -137,6 +164,16 @@ def main() -> int:
         f"  the cell's runs inside %%neuron: reference {gpt.ref_s * 1e3:.1f} ms, target "
         f"{gpt.target_s * 1e3:.1f} ms (emulated neuron: host CPU time), at the same time; "
         f"plain cell once {gpt.plain_s / 2 * 1e3:.1f} ms"
+    )
+    plain_body, remapped_body = remap_mode_cost_s(
+        shell, GPT_STEP, GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
+    )
+    outside = gpt.magic_s - max(gpt.ref_s, gpt.target_s)
+    print(
+        f"  outside the longer body: {outside * 1e3:.1f} ms (shipping state and answer, "
+        f"comparison, report, display); the remap's function mode adds "
+        f"{(remapped_body - plain_body) * 1e3:.1f} ms to one body "
+        f"({remapped_body * 1e3:.1f} ms vs {plain_body * 1e3:.1f} ms plain, host, one at a time)"
     )
     run_cell(shell, CNN_SETUP)
     cnn = magic_against_plain_twice(shell, cell_for("cuda"), cell_for("cpu"))
