@@ -863,3 +863,23 @@ def test_a_notebook_default_device_of_cuda_is_each_runs_device(ip):
         assert torch._GLOBAL_DEVICE_CONTEXT.device_context.device == torch.device("cuda")
     finally:
         torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_a_default_device_the_cell_sets_holds_for_the_next_cells(ip, keep):
+    # torch.set_default_device("cuda") inside a %%neuron cell held for that cell only: the next
+    # cell's torch.ones(2) was made on the CPU while the model's tensors were on the device, and the
+    # target raised "Expected all tensors to be on the same device" where CUDA runs the cell.
+    run_cell(ip, "import torch")
+    try:
+        _passed(ip, "torch.set_default_device('cuda')\na = torch.ones(2)")
+        run_cell(ip, f"%%neuron --keep {keep} -o r\nb = torch.ones(2) + a\nkind = b.device.type")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert report.target.outputs["kind"] == "neuron"
+        # the notebook holds it as a plain cell's call leaves it
+        assert torch._GLOBAL_DEVICE_CONTEXT.device_context.device == torch.device("cuda")
+        _passed(ip, "torch.set_default_device(None)\nc = torch.ones(1)")
+        assert getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None
+    finally:
+        torch.set_default_device(None)

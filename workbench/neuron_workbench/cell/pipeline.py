@@ -71,6 +71,10 @@ class CellReports:
     reports: list[Report]
     captured: dict[str, Captured]
     last_value: Any = None
+    #: The kept run set torch's default device (``torch.set_default_device`` in the cell): to what,
+    #: as the cell named it; the notebook gets it once the cell is handled.
+    sets_default_device: bool = False
+    default_device: str | None = None
 
     @property
     def report(self) -> Report:
@@ -84,13 +88,19 @@ def _runs_on_their_own_default_device(
     """``function`` with the notebook's default device unset meanwhile and given as ``default_device``.
 
     ``torch.set_default_device("cuda")`` in the notebook: each run works with its own device, and
-    the kernel's own work here (answers rebuilt, comparisons) with none.
+    the kernel's own work here (answers rebuilt, comparisons) with none. One the cell itself sets
+    holds for the notebook afterwards, as it would in a plain cell.
     """
 
     @functools.wraps(function)
     def with_default_device(*args: Any, **kwargs: Any) -> CellReports:
         with notebook_default_device_suspended() as notebook_device:
-            return function(*args, default_device=notebook_device, **kwargs)
+            result = function(*args, default_device=notebook_device, **kwargs)
+        if result.sets_default_device:
+            # a device this process cannot name (an accelerator the kernel lacks) stays unset
+            with contextlib.suppress(RuntimeError):
+                torch.set_default_device(result.default_device)
+        return result
 
     return with_default_device
 
@@ -253,6 +263,7 @@ def compare_cell(
         else None
     )
     last_value = None
+    sets_default_device = False
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
             kept, other = target_run, ref_run
@@ -261,6 +272,7 @@ def compare_cell(
         commit(namespace, kept)
         mark_resident(resident, kept, other)
         last_value = kept.last_value
+        sets_default_device = kept.sets_default_device
     reports = [
         build_report(
             ref_run,
@@ -277,7 +289,13 @@ def compare_cell(
         )
         for index, (run, comparison, layers, budget) in enumerate(compared)
     ]
-    return CellReports(reports, spec.captured, last_value)
+    return CellReports(
+        reports,
+        spec.captured,
+        last_value,
+        sets_default_device=sets_default_device,
+        default_device=kept.default_device if sets_default_device else None,
+    )
 
 
 def build_report(

@@ -33,6 +33,7 @@ from neuron_workbench.run.namespace import (
     tensors_in,
     version_signature,
 )
+from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.records import Run, RunError, RunFacts, recorded
 from neuron_workbench.run.remap import cuda_remapped_to
 from neuron_workbench.run.scalars import StopRun
@@ -278,6 +279,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     facts: RunFacts | None = None
     shared: list[str] = []
     observed: dict[str, Any] = {}
+    default_devices_set: list[Any] = []
     try:
         inputs = referenced_names(spec.program, ns)
         if spec.isolate_inputs:
@@ -328,6 +330,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 else None
             )
             recording = stack.enter_context(backend.fallback_recording())
+            default_devices_set = stack.enter_context(_default_devices_set())
             captured = stack.enter_context(spec.capture())
             facts = stack.enter_context(
                 cuda_remapped_to(
@@ -368,6 +371,9 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             wall = time.perf_counter() - start
             memory = backend.memory_stats()
         run = _collect(spec, ns, before_run, versions, copies, info, last_value)
+        if default_devices_set:  # torch.set_default_device in the cell: the last one holds
+            run.sets_default_device = True
+            run.default_device = _as_the_cell_means(default_devices_set[-1], backend, host)
         run.fallbacks = recording.events
         # every run ends as plain data, here as in a worker: readers never meet a live recorder
         run.extras = {name: recorded(value) for name, value in observed.items()}
@@ -416,6 +422,42 @@ def _run_default_device(notebook: torch.device | None, backend: Backend) -> torc
     if notebook is None or notebook.type != "cuda":
         return notebook
     return None if backend.device_type == "cpu" else torch.device(backend.device)
+
+
+@contextlib.contextmanager
+def _default_devices_set() -> Iterator[list[Any]]:
+    """Note what the run passes to ``torch.set_default_device``, in order, as the cell passed it.
+
+    The run's own setting ends with the run; the notebook gets the last one when the run is kept
+    (a state left behind cannot tell "unset" from the host's unset standing for cuda).
+    """
+    calls: list[Any] = []
+    original = torch.set_default_device
+
+    def set_default_device(device: Any) -> None:
+        original(device)
+        calls.append(device)  # once torch took it (it refuses a device that does not exist)
+
+    with patched_attributes(torch, {"set_default_device": set_default_device}):
+        yield calls
+
+
+def _as_the_cell_means(device: Any, backend: Backend, host: CudaOnHost | None) -> str | None:
+    """A device the cell set as the default, as the notebook would hold it: the run's own is cuda.
+
+    ``"cuda"`` as the cell wrote it stays; a device object the run made from it (the run's device,
+    or on the host one it remembers as cuda) is cuda again.
+    """
+    if device is None:
+        return None
+    if type(device) is int:  # an accelerator index: the cell's is cuda
+        return f"cuda:{device}"
+    if type(device) is torch.device:
+        if host is not None and host.names_cuda(device):
+            return "cuda"
+        if backend.device_type != "cpu" and device.type == backend.device_type:
+            return "cuda" if device.index is None else f"cuda:{device.index}"
+    return str(device)
 
 
 @contextlib.contextmanager

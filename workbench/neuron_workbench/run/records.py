@@ -230,6 +230,10 @@ class Run:
     # What committing this run into the user's namespace means: names to (re)bind, names to delete.
     bindings: dict[str, Any] = field(default_factory=dict, repr=False)
     deleted: list[str] = field(default_factory=list)
+    #: Whether the cell set (or unset) torch's default device, and to what, as the cell means it
+    #: (``"cuda"`` for the run's own device, None for unset): committing the run sets it.
+    sets_default_device: bool = False
+    default_device: str | None = None
     rng_state: Any = field(default=None, repr=False)
     facts: RunFacts = field(default_factory=RunFacts)
     #: With ``steps > 1``: the scalars the cell bound after each repetition (a loss curve).
