@@ -883,3 +883,33 @@ def test_a_default_device_the_cell_sets_holds_for_the_next_cells(ip, keep):
         assert getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None
     finally:
         torch.set_default_device(None)
+
+
+def test_a_cell_that_reads_the_model_only_keeps_its_optimizer_attached(ip):
+    # Model and optimizer built in one cell, the backward pass in a %%neuron cell that reads only
+    # the model, the step in one that reads only the optimizer: the first committed a copy of the
+    # model while the optimizer kept the old parameters, so the step changed nothing the model had
+    # (both runs alike: PASS, and a model that never trained).
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(4, 3)",
+    )
+    _passed(ip, "model.cuda()\nloss = model(x.cuda()).sum()\nloss.backward()")
+    run_cell(ip, "before = model.weight.detach().clone()\ngrad = model.weight.grad.clone()")
+    report = _passed(ip, "opt.step()\nopt.zero_grad()")
+    assert "model" in report.target.outputs  # the step changed it: compared as well
+    run_cell(ip, "step_taken = torch.allclose(model.weight.detach(), before - 0.1 * grad)")
+    assert ip.user_ns["model"].weight is ip.user_ns["opt"].param_groups[0]["params"][0]
+    assert ip.user_ns["step_taken"] is True
+
+
+def test_names_sharing_a_tensor_with_the_cells_see_what_it_did(ip):
+    # `b = a` and a view `v` of `a`, neither read by the cell: they kept the values from before it.
+    run_cell(ip, "import torch\na = torch.zeros(4)\nb = a\nv = a[:2]")
+    _passed(ip, "a.add_(1)")
+    assert ip.user_ns["b"] is ip.user_ns["a"]
+    assert ip.user_ns["v"].tolist() == [1.0, 1.0]
+    assert (
+        ip.user_ns["v"].untyped_storage().data_ptr() == ip.user_ns["a"].untyped_storage().data_ptr()
+    )

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from neuron_workbench.run.namespace import isolate, move_to_device
+from neuron_workbench.run import namespace as namespace_module
+from neuron_workbench.run.namespace import isolate, move_to_device, with_names_sharing_state
 
 NEURON = "neuron"  # a string: the device exists only in in-process device sessions
 
@@ -102,3 +103,44 @@ def test_moved_optimizer_state_and_parameters_keep_their_values_and_links():
     assert state["exp_avg"].device.type == "neuron" and state["step"].device.type == "cpu"
     for key, value in before.items():
         assert torch.equal(state[key].cpu(), value)
+
+
+def _model_and_optimizer():
+    model = torch.nn.Linear(3, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("read", ["model", "opt"])
+def test_a_model_and_its_optimizer_go_together_whichever_the_cell_reads(read):
+    model, opt = _model_and_optimizer()
+    ns = {"model": model, "opt": opt, "other": torch.ones(2), "n": 3}
+    assert with_names_sharing_state({read}, ns) == {"model", "opt"}
+
+
+def test_aliases_views_and_gradients_share_and_chains_are_followed():
+    a = torch.zeros(4)
+    w = torch.nn.Parameter(torch.ones(2))
+    w.grad = torch.zeros(2)
+    ns = {
+        "a": a,
+        "b": a,  # the same tensor
+        "v": a[:2],  # a view
+        "pair": [a[2:], w],  # a container holding a view: and through it, w
+        "g": w.grad,  # w's gradient
+        "alone": torch.zeros(4),
+    }
+    assert with_names_sharing_state({"a"}, ns) == {"a", "b", "v", "pair", "g"}
+
+
+def test_history_hidden_and_unshared_names_are_never_added():
+    a = torch.zeros(2)
+    ns = {"a": a, "_": a, "_7": a, "Out": {7: a}, "kept": a, "f": print}
+    assert with_names_sharing_state({"a"}, ns, hidden={"Out"}) == {"a", "kept"}
+    assert with_names_sharing_state({"f"}, ns) == {"f"}  # nothing of it is a tensor
+
+
+def test_a_value_past_the_walk_limit_is_passed_over(monkeypatch):
+    a = torch.zeros(3)
+    monkeypatch.setattr(namespace_module, "SHARING_WALK_LIMIT", 2)
+    ns = {"a": a, "few": [a], "many": [torch.zeros(1), torch.zeros(1), a]}
+    assert with_names_sharing_state({"a"}, ns) == {"a", "few"}

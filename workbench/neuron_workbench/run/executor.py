@@ -32,6 +32,7 @@ from neuron_workbench.run.namespace import (
     on_accelerator,
     tensors_in,
     version_signature,
+    with_names_sharing_state,
 )
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.records import Run, RunError, RunFacts, recorded
@@ -281,7 +282,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     observed: dict[str, Any] = {}
     default_devices_set: list[Any] = []
     try:
-        inputs = referenced_names(spec.program, ns)
+        inputs = with_names_sharing_state(referenced_names(spec.program, ns), ns, spec.hidden)
         if spec.isolate_inputs:
             copies, shared = isolate(ns, inputs)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -201,6 +201,76 @@ def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item, depth + 1)
+
+
+#: Tensors looked at per notebook value when finding what shares state with the cell's values (a
+#: dataset held as a list of tensors is passed over beyond this; sharing through it goes unseen).
+SHARING_WALK_LIMIT = 10_000
+
+
+def with_names_sharing_state(
+    names: Iterable[str], namespace: Mapping[str, Any], hidden: Collection[str] = ()
+) -> set[str]:
+    """``names`` and every other notebook name whose value shares tensor memory with theirs.
+
+    A cell that reads ``model`` only (``model.cuda()``, a backward pass) changes what ``optimizer``
+    holds too, and one that steps ``optimizer`` changes ``model``; ``b = a`` and views of ``a`` see
+    what is done to ``a``. Each run copies such names together with the ones the cell reads, so the
+    copies keep sharing, and the kept run commits them together: a name the cell did not read never
+    keeps the state from before the cell while its partner moves on. Tensors are found through
+    modules (parameters, buffers, gradients), optimizers (parameters and state) and containers;
+    ``hidden`` names and names starting with ``_`` (IPython's history) are never added.
+    """
+    found = set(names)
+    keys: set[int] = set()
+    for name in found:
+        if name in namespace:
+            keys |= _storage_keys(namespace[name])
+    if not keys:
+        return found
+    others = {
+        name: value
+        for name, value in namespace.items()
+        if name not in found
+        and name not in hidden
+        and not name.startswith("_")  # IPython's history (_, _7, _i7, _oh) among them
+        and needs_copy(value)
+    }
+    candidates = {name: _storage_keys(value) for name, value in others.items()}
+    grown = True
+    while grown:  # a name sharing with an added name shares with the cell's values too
+        grown = False
+        for name, their_keys in list(candidates.items()):
+            if their_keys & keys:
+                found.add(name)
+                keys |= their_keys
+                del candidates[name]
+                grown = True
+    return found
+
+
+def _storage_keys(value: Any) -> set[int]:
+    """Identities of the tensor storages reachable from ``value`` (empty past the walk limit)."""
+    keys: set[int] = set()
+    for count, tensor in enumerate(_state_tensors(value)):
+        if count >= SHARING_WALK_LIMIT:
+            return set()
+        for each in (tensor, tensor.grad if tensor.is_leaf else None):
+            if each is None or each.layout != torch.strided:
+                continue
+            try:
+                keys.add(each.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own
+                continue
+    return keys
+
+
+def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """:func:`tensors_in`, plus the parameters an optimizer steps (its state holds the rest)."""
+    yield from tensors_in(value)
+    if isinstance(value, torch.optim.Optimizer):
+        for group in value.param_groups:
+            yield from (p for p in group.get("params", ()) if isinstance(p, torch.Tensor))
 
 
 def version_signature(value: Any) -> tuple[tuple[int, int, int], ...]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
-from neuron_workbench.run.namespace import on_accelerator, tensors_in
+from neuron_workbench.run.namespace import on_accelerator, tensors_in, with_names_sharing_state
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -75,7 +75,9 @@ class SlotExecutor:
         worker = self.pool.get(backend.name)
         worker.ensure_started()
         namespace = spec.namespace
-        names = set(referenced_names(spec.program, namespace))
+        names = with_names_sharing_state(
+            referenced_names(spec.program, namespace), namespace, spec.hidden
+        )
         # Plain values the cell may rebind without reading: in this process a run finds its outputs
         # by identity against the whole namespace, so `device = "cuda"` twice is no new binding.
         names |= {
