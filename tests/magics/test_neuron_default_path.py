@@ -905,9 +905,12 @@ def test_a_cell_that_reads_the_model_only_keeps_its_optimizer_attached(ip):
 
 
 def test_names_sharing_a_tensor_with_the_cells_see_what_it_did(ip):
-    # `b = a` and a view `v` of `a`, neither read by the cell: they kept the values from before it.
-    run_cell(ip, "import torch\na = torch.zeros(4)\nb = a\nv = a[:2]")
-    _passed(ip, "a.add_(1)")
+    # `b = a`, a view `v` of `a` and `log = history`, none read by the cell: they kept the values
+    # from before it.
+    run_cell(ip, "import torch\na = torch.zeros(4)\nb = a\nv = a[:2]\nhistory = []\nlog = history")
+    _passed(ip, "a.add_(1)\nhistory.append(float(a.sum()))")
+    assert ip.user_ns["log"] is ip.user_ns["history"]
+    assert ip.user_ns["log"] == [4.0]
     assert ip.user_ns["b"] is ip.user_ns["a"]
     assert ip.user_ns["v"].tolist() == [1.0, 1.0]
     assert (

@@ -132,10 +132,21 @@ def test_aliases_views_and_gradients_share_and_chains_are_followed():
     assert with_names_sharing_state({"a"}, ns) == {"a", "b", "v", "pair", "g"}
 
 
-def test_history_hidden_and_unshared_names_are_never_added():
+def test_history_hidden_and_unshared_names_are_never_added_and_one_object_is_shared():
     a = torch.zeros(2)
-    ns = {"a": a, "_": a, "_7": a, "Out": {7: a}, "kept": a, "f": print}
+    history = [1]
+    ns = {
+        "a": a,
+        "_": a,
+        "_7": a,
+        "Out": {7: a},
+        "kept": a,
+        "f": print,
+        "h": history,
+        "log": history,
+    }
     assert with_names_sharing_state({"a"}, ns, hidden={"Out"}) == {"a", "kept"}
+    assert with_names_sharing_state({"h"}, ns) == {"h", "log"}  # the same list
     assert with_names_sharing_state({"f"}, ns) == {"f"}  # nothing of it is a tensor
 
 

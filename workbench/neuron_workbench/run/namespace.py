@@ -211,21 +211,23 @@ SHARING_WALK_LIMIT = 10_000
 def with_names_sharing_state(
     names: Iterable[str], namespace: Mapping[str, Any], hidden: Collection[str] = ()
 ) -> set[str]:
-    """``names`` and every other notebook name whose value shares tensor memory with theirs.
+    """``names`` and every other notebook name whose value is one of theirs or shares tensor memory.
 
     A cell that reads ``model`` only (``model.cuda()``, a backward pass) changes what ``optimizer``
     holds too, and one that steps ``optimizer`` changes ``model``; ``b = a`` and views of ``a`` see
-    what is done to ``a``. Each run copies such names together with the ones the cell reads, so the
-    copies keep sharing, and the kept run commits them together: a name the cell did not read never
-    keeps the state from before the cell while its partner moves on. Tensors are found through
-    modules (parameters, buffers, gradients), optimizers (parameters and state) and containers;
-    ``hidden`` names and names starting with ``_`` (IPython's history) are never added.
+    what is done to ``a``, as ``log = history`` sees what is appended to ``history``. Each run
+    copies such names together with the ones the cell reads, so the copies keep sharing, and the
+    kept run commits them together: a name the cell did not read never keeps the state from before
+    the cell while its partner moves on. Tensors are found through modules (parameters, buffers,
+    gradients), optimizers (parameters and state) and containers; other objects shared deeper
+    inside two values are not looked for. ``hidden`` names and names starting with ``_`` (IPython's
+    history) are never added.
     """
     found = set(names)
-    keys: set[int] = set()
+    keys: set[tuple[str, int]] = set()
     for name in found:
         if name in namespace:
-            keys |= _storage_keys(namespace[name])
+            keys |= _sharing_keys(namespace[name])
     if not keys:
         return found
     others = {
@@ -236,7 +238,7 @@ def with_names_sharing_state(
         and not name.startswith("_")  # IPython's history (_, _7, _i7, _oh) among them
         and needs_copy(value)
     }
-    candidates = {name: _storage_keys(value) for name, value in others.items()}
+    candidates = {name: _sharing_keys(value) for name, value in others.items()}
     grown = True
     while grown:  # a name sharing with an added name shares with the cell's values too
         grown = False
@@ -249,17 +251,17 @@ def with_names_sharing_state(
     return found
 
 
-def _storage_keys(value: Any) -> set[int]:
-    """Identities of the tensor storages reachable from ``value`` (empty past the walk limit)."""
-    keys: set[int] = set()
+def _sharing_keys(value: Any) -> set[tuple[str, int]]:
+    """The object itself and the tensor storages reachable from it (past the walk limit: itself)."""
+    keys = {("object", id(value))} if needs_copy(value) else set()
     for count, tensor in enumerate(_state_tensors(value)):
         if count >= SHARING_WALK_LIMIT:
-            return set()
+            return {("object", id(value))}
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
             if each is None or each.layout != torch.strided:
                 continue
             try:
-                keys.add(each.untyped_storage()._cdata)
+                keys.add(("storage", each.untyped_storage()._cdata))
             except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own
                 continue
     return keys
