@@ -525,3 +525,37 @@ def test_each_graph_names_the_users_forward_and_line_and_its_run_time_on_both_ba
         resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
     )
     jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
+
+
+@pytest.mark.parametrize(
+    "compiled",
+    [
+        "@torch.compile\ndef double_gelu(t):\n    return torch.nn.functional.gelu(t) * 2",
+        "def gelu_twice(t):\n    return torch.nn.functional.gelu(t) * 2\n"
+        "double_gelu = torch.compile(gelu_twice, dynamic=False)",
+    ],
+    ids=["decorator", "call"],
+)
+def test_a_function_compiled_in_an_earlier_cell_compiles_on_the_target(ip, compiled):
+    # The setup cell's compiled function is a closure over Dynamo's thread-local state: it was
+    # refused ("cannot pickle 'DynamoTLS' object"), so no cell could call it on the default path.
+    run_cell(ip, "import torch\n" + compiled)
+    run_cell(ip, '%%neuron -o r\ny = double_gelu(torch.randn(5, device="cuda"))')
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    assert {g["backend"] for g in data["ref"]["compile"]["graphs"]} == {"inductor"}
+    assert [g["backend"] for g in data["target"]["compile"]["graphs"]] == ["neuron"]
+
+
+def test_a_module_compiled_in_an_earlier_cell_compiles_with_the_targets_backend(ip):
+    # It travelled with the kernel's compiler settings, and no graph compiled on the target; on a
+    # Trainium host the same cell compiles with TorchNeuron's backend.
+    run_cell(ip, MLP + "\ncompiled_mlp = torch.compile(mlp)")
+    run_cell(ip, "%%neuron -o r\ncompiled_mlp.cuda()\ny = compiled_mlp(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert [g["backend"] for g in report.to_dict()["target"]["compile"]["graphs"]] == ["neuron"]
+    # the compiled module and its original are still one model in the notebook
+    assert ip.user_ns["compiled_mlp"]._orig_mod is ip.user_ns["mlp"]
+    assert next(ip.user_ns["mlp"].parameters()) is next(ip.user_ns["compiled_mlp"].parameters())

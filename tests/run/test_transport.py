@@ -9,13 +9,17 @@ import textwrap
 import pytest
 import torch
 
+from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.run.target_requests import pack_request
 from neuron_workbench.run.transport import (
+    COMPILE_REQUEST_ATTR,
     Unloadable,
     arena_folder,
     device_module_equivalent,
     dumps,
     loads,
     loads_leniently,
+    remember_compile_requests,
     unloadable_in,
 )
 
@@ -130,6 +134,35 @@ def test_a_cached_notebook_function_travels_as_its_function():
     assert back(20) == 6765
     assert back.cache_parameters() == {"maxsize": 8, "typed": True}
     assert back.cache_info().hits > 0  # its recursion goes through the new cache
+
+
+def test_compiled_functions_and_modules_travel_as_their_original_compiled_again(arena):
+    remember_compile_requests()
+    namespace = {"__name__": "__main__"}
+    exec("def double(t):\n    return t * 2", namespace)
+    compiled = torch.compile(namespace["double"], backend="eager")
+    model = torch.nn.Linear(2, 2)
+    compiled_model = torch.compile(model, mode="max-autotune-no-cudagraphs")
+    assert COMPILE_REQUEST_ATTR not in vars(model)  # the original module is left as it was
+    back = loads(dumps({"f": compiled, "m": compiled_model, "model": model}, arena))
+    assert getattr(back["f"], COMPILE_REQUEST_ATTR) == {"backend": "eager"}
+    assert (
+        back["f"]._torchdynamo_orig_callable.__code__.co_code
+        == namespace["double"].__code__.co_code
+    )
+    assert back["f"](torch.ones(2)).tolist() == [2.0, 2.0]
+    assert type(back["m"]) is type(compiled_model)
+    assert back["m"]._orig_mod is back["model"]
+    assert getattr(back["m"], COMPILE_REQUEST_ATTR) == {"mode": "max-autotune-no-cudagraphs"}
+
+
+def test_a_function_compiled_before_the_extension_says_what_to_do():
+    remember_compile_requests()
+    unremembered = torch.compile.__wrapped__(lambda t: t + 1, backend="eager")
+    with pytest.raises(
+        WorkbenchUsageError, match="before %load_ext neuron_workbench.*run the cell"
+    ):
+        pack_request({}, {"step": unremembered}, {"__name__": "__main__"}, "neuron")
 
 
 def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):

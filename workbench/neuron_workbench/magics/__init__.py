@@ -20,6 +20,7 @@ def register(shell: Any) -> None:
     first backward pass. With the worker executor the kernel installs nothing.
     """
     from neuron_workbench.run.remap import remember_autocast_requests
+    from neuron_workbench.run.transport import remember_compile_requests
 
     # autocast decorators the notebook builds from now on can be entered as meant in a run
     remember_autocast_requests()
@@ -34,3 +35,6 @@ def register(shell: Any) -> None:
     from neuron_workbench.magics.neuron import prepare_target
 
     prepare_target(instances[0].target, instances[0].executor)
+    # functions and modules the notebook compiles from now on can travel to a target's process,
+    # compiled again there (after prepare_target: an emulated torch.compile here stays inside)
+    remember_compile_requests()

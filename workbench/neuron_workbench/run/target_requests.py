@@ -113,6 +113,13 @@ def pack_request(
                         f"{target} worker process does not have; move that line out of the "
                         f"%%neuron cell, or {EXECUTOR_HINT}"
                     ) from None
+                if getattr(values[name], "_torchdynamo_orig_callable", None) is not None:
+                    # compiled before the extension remembered what torch.compile was asked
+                    raise WorkbenchUsageError(
+                        f"{name!r} was compiled with torch.compile before %load_ext "
+                        f"neuron_workbench, so it cannot be sent to the {target} worker process; "
+                        f"run the cell that compiles it again, or {EXECUTOR_HINT}"
+                    ) from None
                 raise WorkbenchUsageError(
                     f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
                     f"process ({first_line(item_exc)}); {EXECUTOR_HINT}"

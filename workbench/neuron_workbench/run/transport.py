@@ -324,8 +324,12 @@ class _Pickler(cloudpickle.Pickler):
             # sends a plain module
             if sys.modules.get(obj.__name__) is obj:
                 return cloudpickle.cloudpickle.subimport, (obj.__name__,)
-        elif "__getstate__" in kind.__dict__:
-            reduced = _reduce_parametrized(obj, kind)
+        elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
+            # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
+            # parametrized module
+            reduced = _reduce_compiled(obj)
+            if reduced is None and kind is not types.FunctionType:
+                reduced = _reduce_parametrized(obj, kind)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
@@ -403,6 +407,66 @@ def _reduce_cached_function(obj: Any) -> Any:
 
 def _cached_function(function: Any, maxsize: int | None, typed: bool) -> Any:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(function)
+
+
+#: What ``torch.compile`` was asked for, kept on what it returned (:func:`remember_compile_requests`).
+COMPILE_REQUEST_ATTR = "_workbench_compile_request"
+
+
+def remember_compile_requests() -> None:
+    """Make what ``torch.compile`` returns remember the arguments it was given (once per process).
+
+    A function compiled in a notebook cell (``@torch.compile``, ``f = torch.compile(g)``) is a
+    closure over Dynamo's thread-local state, which cannot be pickled, and a compiled module pickles
+    with the compiler settings of the process that compiled it. With the request remembered, either
+    travels to a target process as its original and those arguments and is compiled again there by
+    that process's own ``torch.compile`` (an emulated device's picks its backend, as the vendor's
+    does on its machine). Nothing else changes.
+    """
+    current = torch.compile
+    if getattr(current, "_workbench_remembers", False):
+        return
+
+    def compile(model: Any = None, **kwargs: Any) -> Any:  # noqa: A001 - it is torch.compile
+        if model is None:  # @torch.compile(mode=...): the decorator, remembering too
+            return functools.partial(compile, **kwargs)
+        request = dict(kwargs)  # before a compile of an emulated process changes its own copy
+        compiled = current(model, **kwargs)
+        if compiled is not model:  # disable=True gives the model itself
+            _remember(compiled, request)
+        return compiled
+
+    functools.update_wrapper(compile, current)
+    compile._workbench_remembers = True  # type: ignore[attr-defined]
+    torch.compile = compile  # type: ignore[assignment]
+
+
+def _reduce_compiled(obj: Any) -> Any:
+    """A compiled function or module as ``(its original, the compile request)``, when remembered."""
+    attributes = getattr(obj, "__dict__", None)
+    request = attributes.get(COMPILE_REQUEST_ATTR) if isinstance(attributes, dict) else None
+    if request is None:
+        return None
+    if isinstance(obj, torch.nn.Module):
+        original = getattr(obj, "_orig_mod", None)
+    else:
+        original = attributes.get("_torchdynamo_orig_callable")
+    if original is None:
+        return None
+    return _compiled_again, (original, request)
+
+
+def _compiled_again(original: Any, request: dict[str, Any]) -> Any:
+    """``torch.compile(original, **request)`` in this process, remembering the request again."""
+    compiled = torch.compile(original, **request)
+    _remember(compiled, request)
+    return compiled
+
+
+def _remember(compiled: Any, request: dict[str, Any]) -> None:
+    # On the object itself: a compiled module's own setattr would give it to the original module.
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(compiled, COMPILE_REQUEST_ATTR, request)
 
 
 def _reduce_parametrized(obj: Any, kind: type) -> Any:
