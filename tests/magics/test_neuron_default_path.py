@@ -916,3 +916,28 @@ def test_names_sharing_a_tensor_with_the_cells_see_what_it_did(ip):
     assert (
         ip.user_ns["v"].untyped_storage().data_ptr() == ip.user_ns["a"].untyped_storage().data_ptr()
     )
+
+
+def test_a_backward_pass_through_an_earlier_cells_graph_is_refused_in_one_line(ip):
+    # Forward pass in one %%neuron cell, loss.backward() and the step in the next: each run got a
+    # copy of `loss` without its graph, so the gradients reached nothing, the step changed nothing,
+    # and the cell read PASS.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.5)\nx = torch.randn(4, 3)",
+    )
+    _passed(ip, "model.cuda()\nloss = model(x.cuda()).pow(2).mean()")
+    before = {name: ip.user_ns[name] for name in ("model", "opt", "loss")}
+    with pytest.raises(UsageError) as raised:
+        run_cell(ip, "%%neuron\nloss.backward()\nopt.step()")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "'loss' (MeanBackward0) holds the autograd graph of an earlier cell" in message
+    assert "run the forward pass here too" in message
+    assert all(ip.user_ns[name] is value for name, value in before.items())  # nothing ran
+    # as the line says: the forward pass in the same cell trains the model
+    run_cell(ip, "w_before = model.weight.detach().clone()")
+    _passed(ip, "loss = model(x.cuda()).pow(2).mean()\nloss.backward()\nopt.step()")
+    run_cell(ip, "trained = not torch.equal(w_before, model.weight.detach())")
+    assert ip.user_ns["trained"] is True
