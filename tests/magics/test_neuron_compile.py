@@ -551,11 +551,19 @@ def test_a_function_compiled_in_an_earlier_cell_compiles_on_the_target(ip, compi
 def test_a_module_compiled_in_an_earlier_cell_compiles_with_the_targets_backend(ip):
     # It travelled with the kernel's compiler settings, and no graph compiled on the target; on a
     # Trainium host the same cell compiles with TorchNeuron's backend.
-    run_cell(ip, MLP + "\ncompiled_mlp = torch.compile(mlp)")
-    run_cell(ip, "%%neuron -o r\ncompiled_mlp.cuda()\ny = compiled_mlp(x.cuda())")
+    # a class of the notebook's: its forward is new code, which the worker has never compiled
+    run_cell(
+        ip,
+        "import torch\nclass Doubled(torch.nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.lin = torch.nn.Linear(8, 4)\n"
+        "    def forward(self, x):\n        return self.lin(x) * 2\n"
+        "doubled = Doubled()\ncompiled_doubled = torch.compile(doubled)\nx = torch.randn(4, 8)",
+    )
+    run_cell(ip, "%%neuron -o r\ncompiled_doubled.cuda()\ny = compiled_doubled(x.cuda())")
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert [g["backend"] for g in report.to_dict()["target"]["compile"]["graphs"]] == ["neuron"]
     # the compiled module and its original are still one model in the notebook
-    assert ip.user_ns["compiled_mlp"]._orig_mod is ip.user_ns["mlp"]
-    assert next(ip.user_ns["mlp"].parameters()) is next(ip.user_ns["compiled_mlp"].parameters())
+    compiled, original = ip.user_ns["compiled_doubled"], ip.user_ns["doubled"]
+    assert compiled._orig_mod is original
+    assert next(original.parameters()) is next(compiled.parameters())

@@ -941,3 +941,17 @@ def test_a_backward_pass_through_an_earlier_cells_graph_is_refused_in_one_line(i
     _passed(ip, "loss = model(x.cuda()).pow(2).mean()\nloss.backward()\nopt.step()")
     run_cell(ip, "trained = not torch.equal(w_before, model.weight.detach())")
     assert ip.user_ns["trained"] is True
+
+
+def test_a_scheduler_step_alone_reaches_the_notebooks_optimizer(ip):
+    # `sched.step()` in a cell of its own committed a copy of the scheduler with a copy of its
+    # optimizer: the notebook's optimizer kept its learning rate.
+    run_cell(
+        ip,
+        "import torch\nmodel = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.5)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)",
+    )
+    _passed(ip, "sched.step()")
+    assert ip.user_ns["sched"].optimizer is ip.user_ns["opt"]
+    assert ip.user_ns["opt"].param_groups[0]["lr"] == 0.25

@@ -155,3 +155,15 @@ def test_a_value_past_the_walk_limit_is_passed_over(monkeypatch):
     monkeypatch.setattr(namespace_module, "SHARING_WALK_LIMIT", 2)
     ns = {"a": a, "few": [a], "many": [torch.zeros(1), torch.zeros(1), a]}
     assert with_names_sharing_state({"a"}, ns) == {"a", "few"}
+
+
+def test_objects_holding_a_model_or_optimizer_share_with_them():
+    model, opt = _model_and_optimizer()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+
+    class Trainer:
+        def __init__(self):
+            self.parts = {"model": model}
+
+    ns = {"model": model, "opt": opt, "sched": sched, "trainer": Trainer(), "n": 1}
+    assert with_names_sharing_state({"sched"}, ns) == {"sched", "opt", "model", "trainer"}

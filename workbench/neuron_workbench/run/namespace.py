@@ -203,9 +203,11 @@ def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from tensors_in(item, depth + 1)
 
 
-#: Tensors looked at per notebook value when finding what shares state with the cell's values (a
-#: dataset held as a list of tensors is passed over beyond this; sharing through it goes unseen).
+#: Objects looked at per notebook value when finding what shares state with the cell's values (a
+#: dataset held as a list of tensors is passed over beyond this: sharing through it goes unseen).
 SHARING_WALK_LIMIT = 10_000
+#: How deep containers and object attributes are followed (modules and optimizers: all of them).
+_SHARING_DEPTH = 4
 
 
 def with_names_sharing_state(
@@ -253,10 +255,13 @@ def with_names_sharing_state(
 
 def _sharing_keys(value: Any) -> set[tuple[str, int]]:
     """The object itself and the tensor storages reachable from it (past the walk limit: itself)."""
-    keys = {("object", id(value))} if needs_copy(value) else set()
-    for count, tensor in enumerate(_state_tensors(value)):
-        if count >= SHARING_WALK_LIMIT:
-            return {("object", id(value))}
+    itself = {("object", id(value))} if needs_copy(value) else set()
+    keys = set(itself)
+    try:
+        tensors = list(_state_tensors(value))
+    except _WalkTooLong:
+        return itself
+    for tensor in tensors:
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
             if each is None or each.layout != torch.strided:
                 continue
@@ -267,12 +272,48 @@ def _sharing_keys(value: Any) -> set[tuple[str, int]]:
     return keys
 
 
+class _WalkTooLong(Exception):
+    pass
+
+
 def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
-    """:func:`tensors_in`, plus the parameters an optimizer steps (its state holds the rest)."""
-    yield from tensors_in(value)
-    if isinstance(value, torch.optim.Optimizer):
-        for group in value.param_groups:
-            yield from (p for p in group.get("params", ()) if isinstance(p, torch.Tensor))
+    """Tensors reachable from ``value``, for what shares state with what.
+
+    Modules' parameters and buffers, optimizers' parameters and state, and what containers and
+    object attributes hold (an LR scheduler's optimizer, a trainer's model) down to a few levels.
+    Raises :class:`_WalkTooLong` past :data:`SHARING_WALK_LIMIT` objects.
+    """
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    seen: set[int] = set()
+    while todo:
+        item, depth = todo.pop()
+        if type(item) in _ATOMS or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if len(seen) > SHARING_WALK_LIMIT:
+            raise _WalkTooLong
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, torch.nn.Module):
+            yield from item.parameters()
+            yield from item.buffers()
+        elif isinstance(item, torch.optim.Optimizer):
+            for group in item.param_groups:
+                yield from (p for p in group.get("params", ()) if isinstance(p, torch.Tensor))
+            for state in item.state.values():
+                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+        elif depth < _SHARING_DEPTH:
+            if isinstance(item, list | tuple | set | frozenset):
+                todo.extend((each, depth + 1) for each in item)
+            elif isinstance(item, dict):
+                todo.extend((each, depth + 1) for each in item.values())
+            elif needs_copy(item):
+                attributes = getattr(item, "__dict__", None)
+                if isinstance(attributes, dict):
+                    todo.extend((each, depth + 1) for each in attributes.values())
+
+
+_ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device})
 
 
 def version_signature(value: Any) -> tuple[tuple[int, int, int], ...]:
