@@ -955,3 +955,16 @@ def test_a_scheduler_step_alone_reaches_the_notebooks_optimizer(ip):
     _passed(ip, "sched.step()")
     assert ip.user_ns["sched"].optimizer is ip.user_ns["opt"]
     assert ip.user_ns["opt"].param_groups[0]["lr"] == 0.25
+
+
+def test_a_name_along_that_cannot_be_sent_stays_behind_and_the_cell_runs(ip):
+    # `it` iterates the dataset the cell reads (so it shares its tensors) and cannot be sent to the
+    # worker: the cell was refused over a name it never used.
+    run_cell(
+        ip,
+        "import torch, threading\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "data = torch.randn(8, 3)\nloader = DataLoader(TensorDataset(data), batch_size=4)\n"
+        "it = iter(loader)\nrun_state = {'data': [data], 'lock': threading.Lock()}",
+    )
+    report = _passed(ip, "first = data[0].cuda() * 2")
+    assert report.ref.shared_names == [] and report.target.shared_names == []

@@ -112,3 +112,21 @@ def test_repeat_runs_the_cell_as_consecutive_steps_and_records_scalars():
     assert [step["loss"] for step in run.steps] == [2.0, 4.0, 8.0]
     assert [step[LAST_EXPRESSION] for step in run.steps] == [2.0, 4.0, 8.0]
     assert float(run.outputs["w"]) == 8.0 and float(ns["w"]) == 1.0
+
+
+def test_a_name_sharing_state_that_cannot_be_copied_stays_as_it_is():
+    # A DataLoader iterator over the dataset the cell reads shares its tensors; it cannot be copied,
+    # and it is no input: the cell runs, and nothing is reported shared.
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = torch.randn(8, 3)
+    loader = DataLoader(TensorDataset(data), batch_size=4)
+    ns = _ns(data=data, loader=loader, it=iter(loader))
+    run = execute(
+        RunSpec(compile_cell("first = data[0] * 2\ndata.add_(1)"), ns), get_backend("cpu")
+    )
+    assert run.ok, run.error
+    assert run.shared_names == []
+    assert "loader" in run.bindings and "it" not in run.bindings
+    commit(ns, run)
+    assert ns["loader"].dataset.tensors[0] is ns["data"]  # copied and kept together

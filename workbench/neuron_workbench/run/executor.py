@@ -282,9 +282,13 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     observed: dict[str, Any] = {}
     default_devices_set: list[Any] = []
     try:
-        inputs = with_names_sharing_state(referenced_names(spec.program, ns), ns, spec.hidden)
+        read = referenced_names(spec.program, ns)
+        inputs = with_names_sharing_state(read, ns, spec.hidden)
         if spec.isolate_inputs:
             copies, shared = isolate(ns, inputs)
+            # a name that only shares state with the cell's and cannot be copied (a DataLoader
+            # iterator over a dataset the cell reads) stays as it is, as had it shared nothing
+            shared = [name for name in shared if name in read]
         else:
             copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
         storages: dict[int, torch.UntypedStorage] = {}  # views of one storage stay views of one

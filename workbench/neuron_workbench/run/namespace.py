@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import types
@@ -283,10 +284,11 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
     object attributes hold (an LR scheduler's optimizer, a trainer's model) down to a few levels.
     Raises :class:`_WalkTooLong` past :data:`SHARING_WALK_LIMIT` objects.
     """
-    todo: list[tuple[Any, int]] = [(value, 0)]
+    # breadth first: an object reached along several paths is seen at its shallowest depth
+    todo: collections.deque[tuple[Any, int]] = collections.deque([(value, 0)])
     seen: set[int] = set()
     while todo:
-        item, depth = todo.pop()
+        item, depth = todo.popleft()
         if type(item) in _ATOMS or id(item) in seen:
             continue
         seen.add(id(item))

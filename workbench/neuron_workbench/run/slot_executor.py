@@ -75,9 +75,9 @@ class SlotExecutor:
         worker = self.pool.get(backend.name)
         worker.ensure_started()
         namespace = spec.namespace
-        names = with_names_sharing_state(
-            referenced_names(spec.program, namespace), namespace, spec.hidden
-        )
+        read = referenced_names(spec.program, namespace)
+        names = with_names_sharing_state(read, namespace, spec.hidden)
+        along = names - read  # names that only share state with the cell's: sent when they can be
         # Plain values the cell may rebind without reading: in this process a run finds its outputs
         # by identity against the whole namespace, so `device = "cuda"` twice is no new binding.
         names |= {
@@ -110,7 +110,15 @@ class SlotExecutor:
             "torch_settings": getattr(spec, "torch_settings", None) or torch_settings.current(),
             "default_device": getattr(spec, "default_device", None),
         }
-        message = pack_request(request, values, namespace, backend.name, worker.arena)
+        try:
+            message = pack_request(request, values, namespace, backend.name, worker.arena)
+        except WorkbenchUsageError:
+            # one of the names along cannot be sent (a DataLoader iterator over a dataset the cell
+            # reads): it stays behind, as it would had it shared nothing
+            sendable = {n: v for n, v in values.items() if n not in along or _can_be_sent(v)}
+            if len(sendable) == len(values):
+                raise
+            message = pack_request(request, sendable, namespace, backend.name, worker.arena)
         info = worker.info or backend.info()
         return PendingRun(self, worker, message, spec, run_id, info)
 
@@ -182,6 +190,14 @@ class PendingRun:
     def cancel(self) -> None:
         """Abandon the run (a worker running it is ended): nothing of it reaches the next cell."""
         self._slot.cancel(self._request_id)
+
+
+def _can_be_sent(value: Any) -> bool:
+    try:
+        dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 def _not_loadable_here(run: Run, target: str) -> None:
