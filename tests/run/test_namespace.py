@@ -153,8 +153,8 @@ def test_history_hidden_and_unshared_names_are_never_added_and_one_object_is_sha
 def test_a_value_past_the_walk_limit_is_passed_over(monkeypatch):
     a = torch.zeros(3)
     monkeypatch.setattr(namespace_module, "SHARING_WALK_LIMIT", 2)
-    ns = {"a": a, "few": [a], "many": [torch.zeros(1), torch.zeros(1), a]}
-    assert with_names_sharing_state({"a"}, ns) == {"a", "few"}
+    ns = {"a": a, "few": [a], "many": [torch.zeros(1), torch.zeros(1), a], "ints": [1, 2, a]}
+    assert with_names_sharing_state({"a"}, ns) == {"a", "few"}  # plain ints count too
 
 
 def test_objects_holding_a_model_or_optimizer_share_with_them():

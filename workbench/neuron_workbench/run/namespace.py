@@ -282,37 +282,47 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
 
     Modules' parameters and buffers, optimizers' parameters and state, and what containers and
     object attributes hold (an LR scheduler's optimizer, a trainer's model) down to a few levels.
-    Raises :class:`_WalkTooLong` past :data:`SHARING_WALK_LIMIT` objects.
+    Raises :class:`_WalkTooLong` past :data:`SHARING_WALK_LIMIT` elements looked at (a tokenized
+    corpus of plain ints counts each of them).
     """
     # breadth first: an object reached along several paths is seen at its shallowest depth
     todo: collections.deque[tuple[Any, int]] = collections.deque([(value, 0)])
     seen: set[int] = set()
+    looked_at = 0
+
+    def follow(items: Iterable[Any], depth: int) -> None:
+        nonlocal looked_at
+        for each in items:
+            looked_at += 1
+            if looked_at > SHARING_WALK_LIMIT:
+                raise _WalkTooLong
+            if type(each) not in _ATOMS:
+                todo.append((each, depth))
+
     while todo:
         item, depth = todo.popleft()
-        if type(item) in _ATOMS or id(item) in seen:
+        if id(item) in seen:
             continue
         seen.add(id(item))
-        if len(seen) > SHARING_WALK_LIMIT:
-            raise _WalkTooLong
         if isinstance(item, torch.Tensor):
             yield item
         elif isinstance(item, torch.nn.Module):
-            yield from item.parameters()
-            yield from item.buffers()
+            follow(item.parameters(), depth + 1)
+            follow(item.buffers(), depth + 1)
         elif isinstance(item, torch.optim.Optimizer):
             for group in item.param_groups:
-                yield from (p for p in group.get("params", ()) if isinstance(p, torch.Tensor))
+                follow((p for p in group.get("params", ()) if isinstance(p, torch.Tensor)), depth)
             for state in item.state.values():
-                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+                follow((v for v in state.values() if isinstance(v, torch.Tensor)), depth)
         elif depth < _SHARING_DEPTH:
             if isinstance(item, list | tuple | set | frozenset):
-                todo.extend((each, depth + 1) for each in item)
+                follow(item, depth + 1)
             elif isinstance(item, dict):
-                todo.extend((each, depth + 1) for each in item.values())
+                follow(item.values(), depth + 1)
             elif needs_copy(item):
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
-                    todo.extend((each, depth + 1) for each in attributes.values())
+                    follow(attributes.values(), depth + 1)
 
 
 _ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device})
