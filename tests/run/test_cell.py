@@ -1,12 +1,7 @@
 import pytest
-import torch
 
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.run.cell import (
-    backward_through_earlier_graphs,
-    compile_cell,
-    referenced_names,
-)
+from neuron_workbench.run.cell import compile_cell, referenced_names
 
 
 def test_last_expression_is_split_off():
@@ -173,39 +168,3 @@ def test_a_statement_symtable_rejects_counts_every_name():
     # parses, but has no binding for the nonlocal: the compile fails later; no name is dropped meanwhile
     tree = ast.parse("def f(a):\n    nonlocal q\n    return a + q + r")
     assert set(_names_read_before_bound(tree)) == {"a", "q", "r"}
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        "loss.backward()",
-        "scaler.scale(loss).backward()",
-        "grads = torch.autograd.grad(loss, [w])",
-        "(loss + 0).backward()",
-        "loss = loss * 2\nloss.backward()",  # read before this cell binds it: through the old graph
-    ],
-)
-def test_a_backward_pass_through_an_earlier_cells_graph_is_found(body):
-    w = torch.ones(2, requires_grad=True)
-    namespace = {"torch": torch, "w": w, "loss": (w * 3).sum(), "scaler": object()}
-    assert backward_through_earlier_graphs(compile_cell(body), namespace) == ["loss"]
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        "loss = (w * 2).sum()\nloss.backward()",  # computed here
-        "total = loss.item()",  # only its value is used
-        "losses.append(1)\n(w * 2).sum().backward()",  # a list holding graphs: not a backward input
-        "kept.backward()",  # no graph: a leaf
-    ],
-)
-def test_graphs_the_cell_builds_or_does_not_go_through_are_not(body):
-    w = torch.ones(2, requires_grad=True)
-    namespace = {
-        "w": w,
-        "loss": (w * 3).sum(),
-        "losses": [(w * 5).sum()],
-        "kept": torch.ones(1, requires_grad=True),
-    }
-    assert backward_through_earlier_graphs(compile_cell(body), namespace) == []

@@ -167,3 +167,16 @@ def test_objects_holding_a_model_or_optimizer_share_with_them():
 
     ns = {"model": model, "opt": opt, "sched": sched, "trainer": Trainer(), "n": 1}
     assert with_names_sharing_state({"sched"}, ns) == {"sched", "opt", "model", "trainer"}
+
+
+def test_a_tensor_a_graph_computed_is_copied_and_says_so_when_backward_reaches_it():
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    copies, shared = isolate({"loss": loss, "out": {"loss": loss}}, ["loss", "out"])
+    assert shared == []  # PyTorch's deepcopy refuses it: it was shared between the runs
+    copy = copies["loss"]
+    assert copies["out"]["loss"] is copy and copy.is_leaf and copy.requires_grad
+    assert copy.item() == 6.0
+    with pytest.raises(RuntimeError, match=r"an earlier cell computed \(SumBackward0\)"):
+        (copy * 2).backward()
+    assert w.grad is None  # nothing reached the original graph

@@ -136,7 +136,8 @@ def test_a_cached_notebook_function_travels_as_its_function():
     assert back.cache_info().hits > 0  # its recursion goes through the new cache
 
 
-def test_compiled_functions_and_modules_travel_as_their_original_compiled_again(arena):
+def test_compiled_functions_and_modules_travel_as_their_original_compiled_again(arena, monkeypatch):
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
     remember_compile_requests()
     namespace = {"__name__": "__main__"}
     exec("def double(t):\n    return t * 2", namespace)
@@ -156,13 +157,22 @@ def test_compiled_functions_and_modules_travel_as_their_original_compiled_again(
     assert getattr(back["m"], COMPILE_REQUEST_ATTR) == {"mode": "max-autotune-no-cudagraphs"}
 
 
-def test_a_function_compiled_before_the_extension_says_what_to_do():
+def test_a_function_compiled_before_the_extension_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
     remember_compile_requests()
     unremembered = torch.compile.__wrapped__(lambda t: t + 1, backend="eager")
     with pytest.raises(
         WorkbenchUsageError, match="before %load_ext neuron_workbench.*run the cell"
     ):
         pack_request({}, {"step": unremembered}, {"__name__": "__main__"}, "neuron")
+
+
+def test_a_tensor_a_graph_computed_arrives_saying_so_when_backward_reaches_it(arena):
+    w = torch.ones(2, requires_grad=True)
+    back = loads(dumps({"loss": (w * 3).sum()}, arena))["loss"]
+    assert back.is_leaf and back.requires_grad and back.item() == 6.0
+    with pytest.raises(RuntimeError, match=r"an earlier cell computed \(SumBackward0\)"):
+        back.backward()
 
 
 def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):

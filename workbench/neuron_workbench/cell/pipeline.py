@@ -21,7 +21,7 @@ from neuron_workbench.compare.budget import (
     tolerance_lines,
 )
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
-from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
 from neuron_workbench.report.report import Report
 from neuron_workbench.run import (
@@ -153,7 +153,6 @@ def compare_cell(
         When a backend cannot run here (before anything is executed).
     """
     options.validate()
-    _refuse_backward_through_earlier_graphs(program, namespace)
     policy = options.policy()
     ref_backend = get_backend(options.ref)
     target_backend = options.backend(options.target)
@@ -296,24 +295,6 @@ def compare_cell(
         last_value,
         sets_default_device=sets_default_device,
         default_device=kept.default_device if sets_default_device else None,
-    )
-
-
-def _refuse_backward_through_earlier_graphs(
-    program: CellProgram, namespace: Mapping[str, Any]
-) -> None:
-    """One line, before anything runs, for a backward pass through a graph an earlier cell built."""
-    from neuron_workbench.run.cell import backward_through_earlier_graphs
-
-    names = backward_through_earlier_graphs(program, namespace)
-    if not names:
-        return
-    held = ", ".join(f"{n!r} ({type(namespace[n].grad_fn).__name__})" for n in names)
-    raise WorkbenchUsageError(
-        f"{held} holds the autograd graph of an earlier cell, and each run gets a copy without "
-        "it: its backward() would reach none of that cell's parameters (an optimizer step would "
-        "change nothing); compute it in this cell (run the forward pass here too), or .detach() it "
-        "if its graph is not needed"
     )
 
 

@@ -300,43 +300,6 @@ def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[
     return seen
 
 
-def backward_through_earlier_graphs(
-    program: CellProgram, namespace: Mapping[str, Any]
-) -> list[str]:
-    """Notebook names the cell runs a backward pass through whose tensor holds an earlier graph.
-
-    ``loss`` computed by an earlier cell and ``loss.backward()`` (or ``scaler.scale(loss)
-    .backward()``, ``torch.autograd.grad(loss, ...)``) here: on a GPU the gradients reach the
-    parameters the earlier cell used. A run works on a copy of ``loss``, which carries no graph, so
-    they would reach nothing (an optimizer step after it changes nothing). Only tensors bound to a
-    name the cell reads, that require grad and have a ``grad_fn``, are looked at.
-    """
-    holding = {n for n in program.read_names if _holds_a_graph(namespace.get(n))}
-    if not holding:
-        return []
-    through: set[str] = set()
-    for node in ast.walk(ast.parse(program.source)):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if called not in ("backward", "grad"):
-            continue
-        # what it is called on (loss.backward()) and what it is given (autograd.grad(loss, ...))
-        roots: list[ast.AST] = [func.value] if isinstance(func, ast.Attribute) else []
-        roots += node.args[:1]
-        roots += [k.value for k in node.keywords if k.arg in ("tensors", "outputs")]
-        for root in roots:
-            through |= {n.id for n in ast.walk(root) if isinstance(n, ast.Name)}
-    return sorted(through & holding)
-
-
-def _holds_a_graph(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor) and value.grad_fn is not None
-
-
 def calls_backward(program: CellProgram, namespace: Mapping[str, Any]) -> bool:
     """Whether the cell, or a notebook function it reaches, mentions ``backward``.
 

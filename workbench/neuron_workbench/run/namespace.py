@@ -75,11 +75,66 @@ def _parameters_copied_whole() -> Iterator[None]:
     and in what it commits back to the notebook.
     """
     original = torch.nn.Parameter.__deepcopy__
+    original_tensor = torch.Tensor.__deepcopy__
     torch.nn.Parameter.__deepcopy__ = _deepcopy_parameter  # type: ignore[method-assign]
+    torch.Tensor.__deepcopy__ = _deepcopy_tensor_of_a_graph(original_tensor)  # type: ignore[method-assign]
     try:
         yield
     finally:
         torch.nn.Parameter.__deepcopy__ = original  # type: ignore[method-assign]
+        torch.Tensor.__deepcopy__ = original_tensor  # type: ignore[method-assign]
+
+
+def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.__deepcopy__`` that also copies a tensor an autograd graph computed (``loss``).
+
+    PyTorch's refuses such a tensor, which then stayed shared between the runs, and the reference's
+    backward through it reached the notebook's own parameters. Its copy has its values and no graph,
+    and says so if a backward pass reaches it (:func:`guard_graph_left_behind`).
+    """
+
+    def __deepcopy__(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:  # noqa: N807
+        if self.grad_fn is None or type(self) is not torch.Tensor:
+            result = original(self, memo)
+            left_behind = vars(self).get(GRAPH_LEFT_BEHIND_ATTR)
+            if left_behind is not None and result.requires_grad:  # a copy's copy: hooks stay
+                guard_graph_left_behind(result, left_behind)
+            return result
+        if id(self) in memo:
+            return memo[id(self)]
+        data = self.detach()  # a leaf on the same storage: its copy keeps views as views
+        memo.setdefault(id(memo), []).append(data)  # alive with the memo (its id is a key)
+        result = original(data, memo).requires_grad_(True)
+        guard_graph_left_behind(result, type(self.grad_fn).__name__)
+        memo[id(self)] = result
+        return result
+
+    return __deepcopy__
+
+
+#: Attribute of a tensor guarded by :func:`guard_graph_left_behind`: the ``grad_fn`` it was computed
+#: by (copies and moves of it are guarded again; hooks do not come with them).
+GRAPH_LEFT_BEHIND_ATTR = "_workbench_graph_left_behind"
+
+
+def guard_graph_left_behind(tensor: torch.Tensor, grad_fn: str) -> None:
+    """Make a backward pass that reaches ``tensor`` fail with a line saying why.
+
+    ``tensor`` is a run's copy of one an earlier cell computed (its ``grad_fn``): the copy has no
+    graph, so gradients through it cannot reach that cell's parameters (on a GPU they would), and an
+    optimizer step after it would change nothing.
+    """
+    tensor.__dict__[GRAPH_LEFT_BEHIND_ATTR] = grad_fn
+
+    def graph_left_behind(grad: torch.Tensor) -> None:
+        raise RuntimeError(
+            f"backward() reached a tensor an earlier cell computed ({grad_fn}); a run gets a copy "
+            "of it without its autograd graph, so the gradients cannot reach that cell's "
+            "parameters: compute it in this cell (run the forward pass here too), or .detach() it "
+            "if its graph is not needed"
+        )
+
+    tensor.register_hook(graph_left_behind)
 
 
 def move_to_device(
@@ -136,6 +191,9 @@ def _moved_tensor(
             moved.requires_grad_(tensor.requires_grad)
         if tensor.grad is not None:
             moved.grad = _device_view(tensor.grad.detach(), device, memo)
+        left_behind = vars(tensor).get(GRAPH_LEFT_BEHIND_ATTR)
+        if left_behind is not None and moved.requires_grad:
+            guard_graph_left_behind(moved, left_behind)
         return moved
     return tensor.to(device)
 

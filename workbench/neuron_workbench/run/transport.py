@@ -40,7 +40,11 @@ from typing import Any
 import cloudpickle
 import torch
 
-from neuron_workbench.run.namespace import ORIGIN_ATTR
+from neuron_workbench.run.namespace import (
+    GRAPH_LEFT_BEHIND_ATTR,
+    ORIGIN_ATTR,
+    guard_graph_left_behind,
+)
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
@@ -364,6 +368,7 @@ class _Pickler(cloudpickle.Pickler):
             or (kind is not torch.Tensor and isinstance(obj, torch.nn.Parameter))
             or "_is_param" in attributes
         )
+        leaf = obj.is_leaf
         return (
             _rebuild_tensor,
             (
@@ -373,9 +378,11 @@ class _Pickler(cloudpickle.Pickler):
                 tuple(data.shape),
                 data.stride(),
                 obj.requires_grad,
-                obj.grad if obj.is_leaf else None,
+                obj.grad if leaf else None,
                 parameter,
                 state,
+                # computed by a graph that stays here: a backward pass reaching it there says so
+                None if leaf or obj.grad_fn is None else type(obj.grad_fn).__name__,
             ),
         )
 
@@ -555,6 +562,7 @@ def _rebuild_tensor(
     grad: torch.Tensor | None,
     parameter: bool,
     state: dict[str, Any],
+    graph: str | None = None,
 ) -> torch.Tensor:
     data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
     tensor: torch.Tensor = (
@@ -566,6 +574,9 @@ def _rebuild_tensor(
         tensor.grad = grad
     if state:
         tensor.__dict__.update(state)
+    graph = graph or state.get(GRAPH_LEFT_BEHIND_ATTR)
+    if graph is not None and requires_grad:
+        guard_graph_left_behind(tensor, graph)
     return tensor
 
 
