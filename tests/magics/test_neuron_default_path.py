@@ -991,3 +991,19 @@ def test_a_name_along_that_cannot_be_sent_stays_behind_and_the_cell_runs(ip):
     )
     report = _passed(ip, "first = data[0].cuda() * 2")
     assert report.ref.shared_names == [] and report.target.shared_names == []
+
+
+def test_a_default_device_read_off_a_cuda_tensor_is_cuda_for_the_notebook(ip):
+    # On the host standing in for cuda, w.device is the host's cpu: the notebook got "cpu", and the
+    # next cell's torch.ones(2) + w failed on the target (found by an independent review).
+    run_cell(ip, "import torch")
+    try:
+        _passed(
+            ip,
+            "w = torch.randn(2, device='cuda')\ntorch.set_default_device(w.device)\n"
+            "a = torch.ones(2)",
+        )
+        assert torch._GLOBAL_DEVICE_CONTEXT.device_context.device.type == "cuda"
+        _passed(ip, "b = torch.ones(2) + w")
+    finally:
+        torch.set_default_device(None)

@@ -263,7 +263,7 @@ def compare_cell(
         else None
     )
     last_value = None
-    sets_default_device = False
+    sets_default_device, default_device_set = False, None
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
             kept, other = target_run, ref_run
@@ -272,7 +272,7 @@ def compare_cell(
         commit(namespace, kept)
         mark_resident(resident, kept, other)
         last_value = kept.last_value
-        sets_default_device = kept.sets_default_device
+        sets_default_device, default_device_set = _default_device_set(kept, other)
     reports = [
         build_report(
             ref_run,
@@ -294,8 +294,23 @@ def compare_cell(
         spec.captured,
         last_value,
         sets_default_device=sets_default_device,
-        default_device=kept.default_device if sets_default_device else None,
+        default_device=default_device_set,
     )
+
+
+def _default_device_set(kept: Run, other: Run) -> tuple[bool, str | None]:
+    """Whether the kept run set torch's default device, and to what, judged with the other run.
+
+    On the host standing in for cuda, a device read off a tensor the cell put on cuda
+    (``torch.set_default_device(w.device)``) is the host's cpu; the accelerator run's is its own
+    device, which means cuda.
+    """
+    if not kept.sets_default_device:
+        return False, None
+    device = kept.default_device
+    if other.sets_default_device and (other.default_device or "").startswith("cuda"):
+        device = other.default_device
+    return True, device
 
 
 def build_report(
