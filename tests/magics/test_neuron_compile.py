@@ -567,3 +567,20 @@ def test_a_module_compiled_in_an_earlier_cell_compiles_with_the_targets_backend(
     compiled, original = ip.user_ns["compiled_doubled"], ip.user_ns["doubled"]
     assert compiled._orig_mod is original
     assert next(original.parameters()) is next(compiled.parameters())
+
+
+@pytest.mark.parametrize("where", ["earlier cell", "this cell"])
+def test_a_compiled_graph_on_cpu_tensors_compiles_with_inductor_on_the_target(ip, where):
+    # Graphs without device inputs go to Inductor on the CPU; Inductor read the run's torch.cuda
+    # stand-in and asked it for a GPU's properties: "'DeviceProperties' object has no attribute
+    # 'gcnArchName'" (found by an independent review).
+    run_cell(ip, "import torch\ncpu_model = torch.nn.Linear(3, 2)\nx = torch.randn(4, 3)")
+    if where == "earlier cell":
+        run_cell(ip, "compiled_cpu = torch.compile(cpu_model)")
+        body = "y = compiled_cpu(x)"
+    else:
+        body = "compiled_cpu = torch.compile(cpu_model)\ny = compiled_cpu(x)"
+    run_cell(ip, "%%neuron -o r\n" + body)
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert report.to_dict()["target"]["compile"]["errors"] == []

@@ -155,7 +155,12 @@ class DeviceBackend:
         if (self.auto or self.inductor) and not on_device:
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs, **kwargs)
+            stand_in = torch.cuda
+            torch.cuda = _real_cuda_module(stand_in)
+            try:
+                return compile_fx(gm, example_inputs, **kwargs)
+            finally:
+                torch.cuda = stand_in
         if self.inductor:
             raise _inductor_on_tpu_error()
         if self.dynamic:
@@ -357,6 +362,17 @@ def _named_backend(device_type: str) -> Any:
 
 
 @functools.cache
+def _real_cuda_module(cuda: Any) -> Any:
+    """``torch.cuda`` as the process has it, for Inductor compiling a CPU graph.
+
+    During a ``%%neuron`` run ``torch.cuda`` is a stand-in answering for the emulated device (the
+    run keeps the real module as its ``_real``); Inductor's CPU code path reads it too and then
+    asked the stand-in for a GPU's properties ("'DeviceProperties' object has no attribute
+    'gcnArchName'"). On the vendor's machine it sees the real module, without CUDA.
+    """
+    return getattr(cuda, "_real", cuda)
+
+
 def _backend_for(device_type: str, dynamic: bool, *, auto: bool, inductor: bool) -> DeviceBackend:
     # One backend object per setting: code compiled by an earlier torch.compile call with the same
     # settings is reused, as with a named backend (a new object would fail Dynamo's backend guard).
