@@ -584,3 +584,19 @@ def test_a_compiled_graph_on_cpu_tensors_compiles_with_inductor_on_the_target(ip
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert report.to_dict()["target"]["compile"]["errors"] == []
+
+
+def test_a_function_the_cell_compiles_comes_back_with_keep_target(ip):
+    # The target's compiled function (a closure over Dynamo's state) could not come back: listed
+    # as not compared, and the name was gone from the notebook after --keep target (found by an
+    # independent review).
+    run_cell(ip, "import torch\ndef triple(t):\n    return t * 3\nx = torch.randn(3)")
+    run_cell(
+        ip, "%%neuron --keep target -o r\ntripled = torch.compile(triple)\ny = tripled(x.cuda())"
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert "not compared" not in report.summary()
+    tripled = ip.user_ns["tripled"]
+    assert tripled._torchdynamo_orig_callable.__name__ == "triple"
+    assert torch.equal(tripled(torch.ones(2)), torch.full((2,), 3.0))

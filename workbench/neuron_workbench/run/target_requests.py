@@ -31,7 +31,7 @@ from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.namespace import ResidentObjects
 from neuron_workbench.run.records import NotCompared, Run
-from neuron_workbench.run.transport import Packed, dumps, loads
+from neuron_workbench.run.transport import Packed, dumps, loads, remember_compile_requests
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
@@ -174,6 +174,9 @@ def device_ready(backend: Backend, host: str) -> dict[str, Any]:
             from neuron_workbench.run import torch_settings
 
             torch_settings.keep_own()  # what the backend defaults (a TPU's matmul precision)
+            # a function or module the cell compiles can come back, compiled again in the kernel
+            # (after the device: an emulated torch.compile stays inside)
+            remember_compile_requests()
         return {"availability": availability, "info": backend.info() if availability else None}
     except Exception as exc:
         reason = f"{backend.name} {host}: {first_line(exc)}"
