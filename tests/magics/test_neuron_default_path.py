@@ -1007,3 +1007,16 @@ def test_a_default_device_read_off_a_cuda_tensor_is_cuda_for_the_notebook(ip):
         _passed(ip, "b = torch.ones(2) + w")
     finally:
         torch.set_default_device(None)
+
+
+def test_a_report_kept_in_the_notebook_is_not_copied_along(ip):
+    # A report kept with -o holds the kept run, so it shares the model's tensors: copied and sent
+    # along with every cell that read the model, each copy holding the one before it, it grew
+    # without end (gigabytes within a benchmark's hundred cells).
+    from neuron_workbench.run.namespace import with_names_sharing_state
+
+    run_cell(ip, "import torch\nmodel = torch.nn.Linear(3, 1)")
+    _passed(ip, "model.cuda()\ny = model(torch.ones(1, 3, device='cuda'))")
+    assert ip.user_ns["r"].ref.bindings["model"] is ip.user_ns["model"]  # it does share
+    names = with_names_sharing_state({"model", "torch"}, ip.user_ns, ip.user_ns_hidden)
+    assert "r" not in names and "model" in names

@@ -298,6 +298,7 @@ def with_names_sharing_state(
         and name not in hidden
         and not name.startswith("_")  # IPython's history (_, _7, _i7, _oh) among them
         and needs_copy(value)
+        and not _ours(value)
     }
     candidates = {name: _sharing_keys(value) for name, value in others.items()}
     grown = True
@@ -310,6 +311,15 @@ def with_names_sharing_state(
                 del candidates[name]
                 grown = True
     return found
+
+
+def _ours(value: Any) -> bool:
+    """Whether ``value`` is a result of the workbench's (a report kept with ``-o``).
+
+    It holds runs' outputs to show them, not state the notebook works with: copied along, every run
+    it holds would be copied (and sent to the worker) with each cell, and kept, growing each time.
+    """
+    return type(value).__module__.startswith("neuron_workbench.")
 
 
 def _sharing_keys(value: Any) -> set[tuple[str, int]]:
@@ -377,7 +387,7 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
                 follow(item, depth + 1)
             elif isinstance(item, dict):
                 follow(item.values(), depth + 1)
-            elif needs_copy(item):
+            elif needs_copy(item) and not _ours(item):
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
                     follow(attributes.values(), depth + 1)
