@@ -262,7 +262,7 @@ def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from tensors_in(item, depth + 1)
 
 
-#: Objects looked at per notebook value when finding what shares state with the cell's values (a
+#: Elements looked at per notebook value when finding what shares state with the cell's values (a
 #: dataset held as a list of tensors is passed over beyond this: sharing through it goes unseen).
 SHARING_WALK_LIMIT = 10_000
 #: How deep containers and object attributes are followed (modules and optimizers: all of them).
@@ -280,9 +280,10 @@ def with_names_sharing_state(
     copies such names together with the ones the cell reads, so the copies keep sharing, and the
     kept run commits them together: a name the cell did not read never keeps the state from before
     the cell while its partner moves on. Tensors are found through modules (parameters, buffers,
-    gradients), optimizers (parameters and state) and containers; other objects shared deeper
-    inside two values are not looked for. ``hidden`` names and names starting with ``_`` (IPython's
-    history) are never added.
+    gradients), optimizers (parameters and state), containers and object attributes, a few levels
+    down (:func:`_state_tensors`); other objects shared inside two values are not looked for.
+    ``hidden`` names, names starting with ``_`` (IPython's history) and the workbench's own results
+    are never added.
     """
     found = set(names)
     keys: set[tuple[str, int]] = set()
@@ -393,7 +394,8 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
                     follow(attributes.values(), depth + 1)
 
 
-_ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device})
+#: Values the walk passes over: nothing a run can change in place, no tensor inside.
+_ATOMS = frozenset(_IMMUTABLE)
 
 
 def version_signature(value: Any) -> tuple[tuple[int, int, int], ...]:
