@@ -600,3 +600,54 @@ def test_a_function_the_cell_compiles_comes_back_with_keep_target(ip):
     tripled = ip.user_ns["tripled"]
     assert tripled._torchdynamo_orig_callable.__name__ == "triple"
     assert torch.equal(tripled(torch.ones(2)), torch.full((2,), 3.0))
+
+
+NET_OF_THE_NOTEBOOK = (
+    "import torch\n"
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.a = torch.nn.Linear(4, 8)\n"
+    "        self.b = torch.nn.Linear(8, 2)\n"
+    "    def forward(self, x):\n"
+    "        return self.b(self.a(x).relu())\n"
+    "torch.manual_seed(0)\n"
+    "model = Net()\n"
+    "x = torch.randn(3, 4)"
+)
+
+
+def _graphs(report, role):
+    return [(g["function"], g["ops"]) for g in report.to_dict()[role]["compile"]["graphs"]]
+
+
+def test_a_model_compiled_in_place_stays_compiled_in_later_cells_on_both_sides(ip):
+    # model.compile() sets the module's compiled call, which Module.__getstate__ drops: every
+    # later cell ran an eager copy on both sides (no graph), while the notebook's model was
+    # compiled.
+    run_cell(ip, NET_OF_THE_NOTEBOOK)
+    run_cell(ip, "%%neuron -o r\nmodel.cuda()\nmodel.compile()\ny = model(x.cuda())")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert ip.user_ns["model"]._compiled_call_impl is not None
+    for _ in range(2):
+        run_cell(ip, "%%neuron -o r\ny = model(x.cuda())\ny.sum().backward()")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        for role in ("ref", "target"):
+            assert _graphs(report, role) == [("forward", 3)], (role, report.to_dict()[role])
+        assert ip.user_ns["model"]._compiled_call_impl is not None  # committed compiled
+
+
+def test_a_module_compiled_in_place_compiles_none_of_the_workbenchs_frames(ip):
+    # A module of torch's own (nn.Sequential) compiled in place: Dynamo skips its _call_impl and
+    # compiles the frames it meets below. The remap's __torch_function__ was one: a graph of one op
+    # per call, named after it, and Dynamo's recompile limit; a plain run compiles nothing.
+    run_cell(ip, MLP)
+    run_cell(
+        ip, "%%neuron -o r\nmlp.cuda()\nmlp.compile()\ny = mlp(x.cuda())\nz = mlp(x[:2].cuda())"
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    for role in ("ref", "target"):
+        record = report.to_dict()[role]["compile"]
+        assert record["graphs"] == [] and record["recompiles"] == [], (role, record)

@@ -56,6 +56,23 @@ def test_parameter_deepcopy_is_pytorchs_own_outside_a_run():
     assert copy.deepcopy(lin)[0].weight.grad is None  # PyTorch's behaviour, restored
 
 
+def test_a_module_compiled_in_place_stays_compiled_in_the_copy(monkeypatch):
+    # Module.__getstate__ drops what model.compile() set: each run had an eager copy
+    from neuron_workbench.run.transport import COMPILE_REQUEST_ATTR, remember_compile_requests
+
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
+    remember_compile_requests()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.compile(backend="eager")
+    plain = torch.nn.Linear(2, 2)
+    copies, _ = isolate({"model": model, "plain": plain}, ["model", "plain"])
+    compiled = vars(copies["model"])["_compiled_call_impl"]
+    assert compiled is not None and compiled is not vars(model)["_compiled_call_impl"]
+    assert getattr(compiled, COMPILE_REQUEST_ATTR) == {"backend": "eager"}
+    assert vars(copies["plain"]).get("_compiled_call_impl") is None
+    assert "__deepcopy__" not in vars(torch.nn.Module)  # PyTorch's own copy outside a run
+
+
 # ---- move_to_device: the copies a run makes on its device ---------------------------------------
 
 

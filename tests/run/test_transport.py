@@ -157,6 +157,33 @@ def test_compiled_functions_and_modules_travel_as_their_original_compiled_again(
     assert getattr(back["m"], COMPILE_REQUEST_ATTR) == {"mode": "max-autotune-no-cudagraphs"}
 
 
+def test_a_module_compiled_in_place_travels_compiled_again_with_its_request(arena, monkeypatch):
+    # Module.__getstate__ drops what model.compile() set: the receiver had an eager model
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
+    remember_compile_requests()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model.compile(backend="eager", dynamic=False)
+    sent = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+    back = loads(dumps(sent, arena))
+    compiled = vars(back["model"])["_compiled_call_impl"]
+    assert compiled is not None and compiled is not vars(model)["_compiled_call_impl"]
+    assert getattr(compiled, COMPILE_REQUEST_ATTR) == {"backend": "eager", "dynamic": False}
+    # the module's state arrived whole: its optimizer still holds its parameters
+    assert back["optimizer"].param_groups[0]["params"][0] is back["model"][0].weight
+    assert torch.equal(back["model"](torch.ones(1, 2)), model(torch.ones(1, 2)))
+
+
+def test_a_module_compiled_in_place_before_the_extension_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
+    model = torch.nn.Linear(2, 2)
+    model.compile(backend="eager")  # torch's own compile: no request remembered
+    remember_compile_requests()
+    with pytest.raises(
+        WorkbenchUsageError, match="'layers'.*before %load_ext neuron_workbench.*run the cell"
+    ):
+        pack_request({}, {"layers": [model]}, {"__name__": "__main__"}, "neuron")
+
+
 def test_a_function_compiled_before_the_extension_says_what_to_do(monkeypatch):
     monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
     remember_compile_requests()

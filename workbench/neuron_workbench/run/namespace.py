@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import copyreg
 import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
@@ -33,7 +34,7 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
     two runs, and the report says so).
     """
     wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
-    with _parameters_copied_whole():
+    with _copies_keep_state():
         try:
             return copy.deepcopy(wanted), []
         except Exception:  # one value refuses deepcopy (a generator, a file): copy one by one
@@ -66,23 +67,63 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
     return result
 
 
-@contextlib.contextmanager
-def _parameters_copied_whole() -> Iterator[None]:
-    """``Parameter.__deepcopy__`` keeps ``.grad`` while the body runs.
+#: What ``torch.compile`` was asked for, kept on what it returned
+#: (:func:`~neuron_workbench.run.transport.remember_compile_requests`).
+COMPILE_REQUEST_ATTR = "_workbench_compile_request"
 
-    PyTorch's own copies the data alone: gradients accumulated over earlier cells (gradient
-    accumulation, a cell that steps after a cell that ran backward) would be lost in the run's copy,
-    and in what it commits back to the notebook.
+
+def compile_request_in_place(module: torch.nn.Module) -> dict[str, Any] | None:
+    """What ``module.compile()`` was asked for (None: not compiled in place, or not remembered)."""
+    compiled = vars(module).get("_compiled_call_impl")
+    attributes = getattr(compiled, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return None
+    return attributes.get(COMPILE_REQUEST_ATTR)
+
+
+def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Module:  # noqa: N807
+    """A module's deep copy as ``copy.deepcopy`` makes it, compiled again if it was in place.
+
+    ``Module.__getstate__`` drops what ``model.compile()`` set: without this, every run of a later
+    cell would use an eager copy of a model the notebook compiled.
     """
+    reductor = copyreg.dispatch_table.get(type(self))
+    reduced = reductor(self) if reductor is not None else self.__reduce_ex__(4)
+    if isinstance(reduced, str):  # a global, as copy.deepcopy treats it
+        return self
+    result = copy._reconstruct(self, memo, *reduced)  # type: ignore[attr-defined]
+    if vars(self).get("_compiled_call_impl") is not None:
+        request = compile_request_in_place(self)
+        if request is not None:
+            result.compile(**request)
+    return result
+
+
+@contextlib.contextmanager
+def _copies_keep_state() -> Iterator[None]:
+    """While the body runs, deep copies keep what PyTorch's own would lose.
+
+    ``Parameter.__deepcopy__`` keeps ``.grad``: PyTorch's copies the data alone, and gradients
+    accumulated over earlier cells (gradient accumulation, a cell that steps after a cell that ran
+    backward) would be lost in the run's copy, and in what it commits back to the notebook. A tensor
+    an autograd graph computed is copied (:func:`_deepcopy_tensor_of_a_graph`), and a module
+    compiled in place stays compiled (:func:`_deepcopy_module`).
+    """
+    module_copier = vars(torch.nn.Module).get("__deepcopy__")
     original = torch.nn.Parameter.__deepcopy__
     original_tensor = torch.Tensor.__deepcopy__
     torch.nn.Parameter.__deepcopy__ = _deepcopy_parameter  # type: ignore[method-assign]
     torch.Tensor.__deepcopy__ = _deepcopy_tensor_of_a_graph(original_tensor)  # type: ignore[method-assign]
+    torch.nn.Module.__deepcopy__ = _deepcopy_module  # type: ignore[attr-defined]
     try:
         yield
     finally:
         torch.nn.Parameter.__deepcopy__ = original  # type: ignore[method-assign]
         torch.Tensor.__deepcopy__ = original_tensor  # type: ignore[method-assign]
+        if module_copier is None:
+            del torch.nn.Module.__deepcopy__  # type: ignore[attr-defined]
+        else:
+            torch.nn.Module.__deepcopy__ = module_copier  # type: ignore[attr-defined]
 
 
 def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
+from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.cuda_module import (
     NVTX,
     CudaModuleShim,
@@ -697,6 +698,7 @@ def cuda_remapped_to(
     """
     target = backend.device_type
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
+    keep_dynamo_out_of_the_workbench()  # an earlier cell compiled: not the remap's own frames
     if target == "cuda":
         if rng_on_cpu:
             with (

@@ -31,7 +31,13 @@ from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.namespace import ResidentObjects
 from neuron_workbench.run.records import NotCompared, Run
-from neuron_workbench.run.transport import Packed, dumps, loads, remember_compile_requests
+from neuron_workbench.run.transport import (
+    COMPILED_BEFORE_LOAD,
+    Packed,
+    dumps,
+    loads,
+    remember_compile_requests,
+)
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
@@ -113,7 +119,9 @@ def pack_request(
                         f"{target} worker process does not have; move that line out of the "
                         f"%%neuron cell, or {EXECUTOR_HINT}"
                     ) from None
-                if getattr(values[name], "_torchdynamo_orig_callable", None) is not None:
+                if getattr(
+                    values[name], "_torchdynamo_orig_callable", None
+                ) is not None or COMPILED_BEFORE_LOAD in str(item_exc):
                     # compiled before the extension remembered what torch.compile was asked
                     raise WorkbenchUsageError(
                         f"{name!r} was compiled with torch.compile before %load_ext "

@@ -40,9 +40,12 @@ from typing import Any
 import cloudpickle
 import torch
 
+from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.namespace import (
+    COMPILE_REQUEST_ATTR,
     GRAPH_LEFT_BEHIND_ATTR,
     ORIGIN_ATTR,
+    compile_request_in_place,
     guard_graph_left_behind,
 )
 
@@ -328,6 +331,9 @@ class _Pickler(cloudpickle.Pickler):
             # sends a plain module
             if sys.modules.get(obj.__name__) is obj:
                 return cloudpickle.cloudpickle.subimport, (obj.__name__,)
+        elif isinstance(obj, torch.nn.Module) and vars(obj).get("_compiled_call_impl"):
+            # compiled in place (``model.compile()``): Module.__getstate__ drops the compiled call
+            return _reduce_compiled_in_place(obj)
         elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
             # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
             # parametrized module
@@ -416,10 +422,6 @@ def _cached_function(function: Any, maxsize: int | None, typed: bool) -> Any:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(function)
 
 
-#: What ``torch.compile`` was asked for, kept on what it returned (:func:`remember_compile_requests`).
-COMPILE_REQUEST_ATTR = "_workbench_compile_request"
-
-
 def remember_compile_requests() -> None:
     """Make what ``torch.compile`` returns remember the arguments it was given (once per process).
 
@@ -439,6 +441,7 @@ def remember_compile_requests() -> None:
             return functools.partial(compile, **kwargs)
         request = dict(kwargs)  # before a compile of an emulated process changes its own copy
         compiled = current(model, **kwargs)
+        keep_dynamo_out_of_the_workbench()  # before anything compiled runs; Dynamo is loaded now
         if compiled is not model:  # disable=True gives the model itself
             _remember(compiled, request)
         return compiled
@@ -461,6 +464,33 @@ def _reduce_compiled(obj: Any) -> Any:
     if original is None:
         return None
     return _compiled_again, (original, request)
+
+
+def _reduce_compiled_in_place(module: torch.nn.Module) -> Any:
+    """A module compiled with ``module.compile()``: as pickle gives it, compiled again on arrival.
+
+    Raises
+    ------
+    pickle.PicklingError
+        When it was compiled before the request could be remembered (before ``%load_ext``).
+    """
+    request = compile_request_in_place(module)
+    if request is None:
+        raise pickle.PicklingError(COMPILED_BEFORE_LOAD)
+    func, args, state, items, entries = (*module.__reduce_ex__(5), None, None, None)[:5]
+    return func, args, (state, request), items, entries, _compiled_in_place_again
+
+
+def _compiled_in_place_again(module: torch.nn.Module, state: tuple[Any, dict[str, Any]]) -> None:
+    """Set a module's pickled state, then ``module.compile(**request)`` in this process."""
+    module_state, request = state
+    if module_state is not None:
+        module.__setstate__(module_state)
+    module.compile(**request)
+
+
+#: Why a module or function compiled in an earlier cell cannot go to another process.
+COMPILED_BEFORE_LOAD = "compiled with torch.compile before %load_ext neuron_workbench"
 
 
 def _compiled_again(original: Any, request: dict[str, Any]) -> Any:
