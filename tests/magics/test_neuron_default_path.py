@@ -1020,3 +1020,161 @@ def test_a_report_kept_in_the_notebook_is_not_copied_along(ip):
     assert ip.user_ns["r"].ref.bindings["model"] is ip.user_ns["model"]  # it does share
     names = with_names_sharing_state({"model", "torch"}, ip.user_ns, ip.user_ns_hidden)
     assert "r" not in names and "model" in names
+
+
+# ---- state reached through closures, bound methods, partials and notebook objects ---------------
+
+STEP_FACTORY = (
+    "import functools\nimport torch\nimport torch.nn as nn\n"
+    "def make_step(m, o):\n"
+    "    def step(x):\n"
+    "        loss = m(x).pow(2).mean()\n"
+    "        loss.backward()\n"
+    "        o.step()\n"
+    "        o.zero_grad()\n"
+    "        return loss.item()\n"
+    "    return step\n"
+    "def train_step(m, o, x):\n"
+    "    return make_step(m, o)(x)\n"
+    "torch.manual_seed(0)\n"
+    "model = nn.Linear(3, 1)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "w0 = model.weight.detach().clone()\n"
+)
+
+
+@pytest.mark.parametrize(
+    "bind",
+    ["step = make_step(model, opt)", "step = functools.partial(train_step, model, opt)"],
+    ids=["closure", "partial"],
+)
+@pytest.mark.parametrize("where", ["cpu", "cuda"])
+def test_a_step_holding_the_model_trains_the_notebooks_model(ip, bind, where):
+    # The reference trained the notebook's own model through the function (functions were never
+    # copied), then committed its untrained copy: PASS with `model` unchanged and `step` holding
+    # another model. With the model on cuda the target got it on the CPU: a false ERROR, after which
+    # the notebook's model had been trained anyway.
+    run_cell(ip, STEP_FACTORY)
+    if where == "cuda":
+        _passed(ip, "model.cuda()")
+    run_cell(ip, bind)
+    x = 'torch.ones(4, 3, device="cuda")' if where == "cuda" else "torch.ones(4, 3)"
+    report = _passed(ip, f"loss = step({x})")
+    model, step = ip.user_ns["model"], ip.user_ns["step"]
+    assert not torch.equal(model.weight.detach(), ip.user_ns["w0"])  # trained
+    held = step.__closure__[0].cell_contents if bind.startswith("step = make") else step.args[0]
+    assert held is model
+    assert ip.user_ns["opt"].param_groups[0]["params"][0] is model.weight
+    assert "model.weight" in [d.path for d in report.comparison.diffs]
+
+
+def test_a_bound_method_and_a_wrapper_read_the_globals_of_their_functions(ip):
+    # A bound method in a name (`fit = trainer.fit`) and a decorated notebook function reach the
+    # global model and optimizer through functions the name does not show: they were not copied or
+    # moved, and the target got the model on the CPU (a false ERROR).
+    run_cell(ip, STEP_FACTORY)
+    _passed(ip, "model.cuda()")
+    run_cell(
+        ip,
+        "def timed(f):\n"
+        "    @functools.wraps(f)\n"
+        "    def wrapper(*args):\n"
+        "        return f(*args)\n"
+        "    return wrapper\n"
+        "@timed\n"
+        "def global_step():\n"
+        "    loss = model(torch.ones(4, 3, device='cuda')).pow(2).mean()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    return loss.detach()\n"
+        "class Trainer:\n"
+        "    def fit(self):\n"
+        "        return global_step()\n"
+        "fit = Trainer().fit",
+    )
+    for call in ("loss = global_step()", "loss = fit()"):
+        before = ip.user_ns["model"].weight.detach().clone()
+        _passed(ip, call)
+        assert not torch.equal(ip.user_ns["model"].weight.detach(), before)
+
+
+NOTEBOOK_TRAINER = (
+    "import torch\nimport torch.nn as nn\n"
+    "class Trainer:\n"
+    "    def __init__(self, device):\n"
+    "        torch.manual_seed(0)\n"
+    "        self.device = device\n"
+    "        self.model = nn.Linear(8, 8).double().to(device)\n"
+    "        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n"
+    "    def fit(self, x):\n"
+    "        loss = self.model(x.to(self.device)).pow(2).mean()\n"
+    "        loss.backward()\n"
+    "        self.opt.step()\n"
+    "        self.opt.zero_grad()\n"
+)
+
+
+def test_what_a_notebook_object_holds_is_compared_and_stays_on_its_device(ip):
+    # trainer.fit(x) changed the trainer's model in place: nothing was compared but `Out`, a None
+    # (PASS, 1 output). A trainer built on cuda in one cell reached the next cell's target on the
+    # CPU: a false ERROR.
+    run_cell(ip, NOTEBOOK_TRAINER)
+    _passed(ip, 'trainer = Trainer("cuda")')
+    report = _passed(ip, "trainer.fit(torch.randn(4, 8, dtype=torch.float64))")
+    paths = [d.path for d in report.comparison.diffs]
+    assert "trainer.model.weight" in paths and "Out" not in paths
+    run_cell(
+        ip,
+        "from collections import namedtuple\nfrom dataclasses import dataclass\n"
+        "Batch = namedtuple('Batch', 'x y')\n"
+        "@dataclass\nclass Pair:\n    a: torch.Tensor\n    b: torch.Tensor",
+    )
+    _passed(
+        ip, "bt = Batch(torch.ones(2).cuda(), 1)\npr = Pair(torch.ones(2).cuda(), torch.zeros(2))"
+    )
+    _passed(ip, 'y = bt.x + pr.a + torch.ones(2, device="cuda")')
+
+
+def test_a_last_expression_of_none_is_no_output(ip):
+    # print(...) as the last line was compared as an output, a None: PASS, 1 output, 1 match
+    run_cell(ip, "import torch")
+    run_cell(ip, '%%neuron -o r\nprint(torch.ones(2, device="cuda").sum())')
+    report = _report(ip)
+    assert report.verdict == "UNCOMPARED", report.summary()
+
+
+def test_gradient_hooks_on_parameters_run_in_both_runs_and_stay_in_the_notebook(ip):
+    # Deep copies and the transport left a parameter's hooks behind: both runs' gradients ignored
+    # them (PASS), and the notebook's parameter had lost them for good.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 2)\n"
+        "model.weight.register_hook(lambda g: g * 0)\ncalls = []\n"
+        "model.bias.register_post_accumulate_grad_hook(lambda p: calls.append(1))",
+    )
+    _passed(ip, "model.cuda()\nmodel(torch.ones(4, 3).cuda()).sum().backward()")
+    model = ip.user_ns["model"]
+    assert torch.count_nonzero(model.weight.grad) == 0 and ip.user_ns["calls"] == [1]
+    model.zero_grad()
+    model(torch.ones(4, 3)).sum().backward()
+    assert torch.count_nonzero(model.weight.grad) == 0 and ip.user_ns["calls"] == [1, 1]
+
+
+def test_an_optimizer_keeps_its_hooks_and_its_schedulers_watch(ip):
+    # Optimizer.__getstate__ keeps only its state: each run's copy lost the step hooks (an EMA
+    # update never ran) and the LR scheduler's wrapper of step, so scheduler.step() warned that
+    # optimizer.step() had been overridden, in both runs, and the notebook kept the bare copy.
+    run_cell(
+        ip,
+        "import torch\nmodel = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.5)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)\n"
+        "steps = []\nopt.register_step_post_hook(lambda o, args, kwargs: steps.append(1))",
+    )
+    report = _passed(ip, "model(torch.ones(1, 2)).sum().backward()\nopt.step()\nsched.step()")
+    for run in (report.ref, report.target):
+        assert "overridden" not in run.stderr, run.stderr
+    assert ip.user_ns["steps"] == [1]  # the reference's hook appended to the notebook's list
+    opt = ip.user_ns["opt"]
+    assert getattr(opt.step, "_wrapped_by_lr_sched", False) and opt._opt_called
+    assert len(opt._optimizer_step_post_hooks) == 1

@@ -73,6 +73,40 @@ def test_a_module_compiled_in_place_stays_compiled_in_the_copy(monkeypatch):
     assert "__deepcopy__" not in vars(torch.nn.Module)  # PyTorch's own copy outside a run
 
 
+def test_a_closure_holding_state_is_copied_around_the_copies_of_what_it_holds():
+    namespace = {"__name__": "__main__"}
+    exec(
+        "import torch\n"
+        "def make_step(m):\n"
+        "    def step():\n"
+        "        m.weight.data.add_(1)\n"
+        "    return step\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "step = make_step(model)\n"
+        "def plain():\n"
+        "    return 1\n",
+        namespace,
+    )
+    copies, _ = isolate(namespace, ["step", "model", "plain"])
+    assert "plain" not in copies  # holds nothing: nothing to copy
+    before = namespace["model"].weight.detach().clone()
+    copies["step"]()
+    assert copies["step"].__closure__[0].cell_contents is copies["model"]
+    assert torch.equal(namespace["model"].weight, before)  # the notebook's model is untouched
+    assert not torch.equal(copies["model"].weight, before)
+
+
+def test_a_parameters_hooks_are_in_its_copy():
+    lin = torch.nn.Linear(2, 1)
+    lin.weight.register_hook(lambda g: g * 0)
+    calls = []
+    lin.bias.register_post_accumulate_grad_hook(lambda p: calls.append(p))
+    copies, _ = isolate({"lin": lin}, ["lin"])
+    copies["lin"](torch.ones(1, 2)).sum().backward()
+    assert torch.count_nonzero(copies["lin"].weight.grad) == 0
+    assert calls == [copies["lin"].bias]
+
+
 # ---- move_to_device: the copies a run makes on its device ---------------------------------------
 
 

@@ -42,7 +42,7 @@ def test_pass_prints_the_verdict_and_writes_reports(recorded, tmp_path, capsys):
     code = main(["compare", str(a), str(b), "--json", str(j), "--html", str(h), "--junit", str(x)])
     out = capsys.readouterr()
     assert code == 0 and out.err == ""
-    assert out.out.startswith("PASS neuron (emulated) vs cpu (as cuda) — 8 outputs, 8 match")
+    assert out.out.startswith("PASS neuron (emulated) vs cpu (as cuda) — 7 outputs, 7 match")
     data = json.loads(j.read_text())
     assert data["summary"] == out.out.strip() and data["verdict"] == "PASS"
     assert data["artifacts"] == {"ref": str(a), "target": str(b)} and data["warnings"] == []

@@ -80,6 +80,11 @@ def _walk(
             yield f"{path}.{name}", buffer
         return
     if isinstance(value, torch.optim.Optimizer):
+        # the learning rate a scheduler sets: a schedule that differs is a difference of the port
+        for index, group in enumerate(value.param_groups):
+            lr = group.get("lr")
+            if type(lr) is float:
+                yield f"{path}.param_groups[{index}]['lr']", lr
         params = [p for group in value.param_groups for p in group["params"]]
         for index, param in enumerate(params):
             for key, item in value.state.get(param, {}).items():

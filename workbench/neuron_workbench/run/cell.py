@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import itertools
 import linecache
 import symtable
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import CodeType, FunctionType
+from types import CodeType, FunctionType, MethodType
 from typing import Any
 
 from neuron_workbench.errors import WorkbenchUsageError
@@ -260,11 +262,33 @@ def _code_names(code: CodeType) -> Iterable[str]:
             yield from _code_names(const)
 
 
-def _user_functions(value: Any, namespace: Mapping[str, Any]) -> Iterable[FunctionType]:
-    """Functions whose globals are ``namespace``: defined in the notebook, so they see its names."""
+def _user_functions(
+    value: Any, namespace: Mapping[str, Any], depth: int = 0
+) -> Iterable[FunctionType]:
+    """Functions whose globals are ``namespace``: defined in the notebook, so they see its names.
+
+    Also those a value calls through: a bound method's function (and its instance's class), a
+    partial's function, a wrapper's wrapped function and the functions its closure holds
+    (``@timed def train_step()``).
+    """
+    if depth > 4:
+        return
+    if isinstance(value, MethodType):
+        yield from _user_functions(value.__func__, namespace, depth + 1)
+        value = value.__self__
+    elif isinstance(value, functools.partial):
+        yield from _user_functions(value.func, namespace, depth + 1)
+        return
     if isinstance(value, FunctionType):
         if value.__globals__ is namespace:
             yield value
+        inner = [vars(value).get("__wrapped__")]
+        for cell in value.__closure__ or ():
+            with contextlib.suppress(ValueError):  # a cell not filled yet
+                inner.append(cell.cell_contents)
+        for each in inner:
+            if isinstance(each, FunctionType | MethodType | functools.partial):
+                yield from _user_functions(each, namespace, depth + 1)
         return
     owner = value if isinstance(value, type) else type(value)
     if owner.__module__ != namespace.get("__name__", "__main__"):

@@ -545,7 +545,12 @@ def _collect(
         and version_signature(value) != versions[name]
     ]
     outputs = {name: ns[name] for name in (*rebound, *mutated)}
-    if spec.program.last_expr is not None and spec.program.last_expr_name not in outputs:
+    # A last expression of None (print(...), trainer.fit(x)) is no output, as IPython keeps no Out
+    if (
+        spec.program.last_expr is not None
+        and spec.program.last_expr_name not in outputs
+        and last_value is not None
+    ):
         outputs[LAST_EXPRESSION] = last_value
     bindings = {name: ns[name] for name in rebound}
     # Every copied input is committed too: the run may have changed it in place, and rebinding all

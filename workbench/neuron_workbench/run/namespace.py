@@ -6,6 +6,8 @@ import collections
 import contextlib
 import copy
 import copyreg
+import dataclasses
+import functools
 import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
@@ -23,8 +25,62 @@ _NEVER_COPIED = (
 
 
 def needs_copy(value: Any) -> bool:
-    """False for values a run cannot change in place (numbers, strings, functions, classes)."""
+    """False for values a run cannot change in place (numbers, strings, functions, classes).
+
+    A notebook function whose closure holds state (``step = make_step(model, opt)``) and a method
+    bound to such state (``trainer.fit``) are state: each run gets its own, around its copies.
+    """
+    kind = type(value)
+    if kind is types.FunctionType:
+        return bool(_closure_state(value))
+    if kind is types.MethodType:
+        return needs_copy(value.__self__)
     return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
+
+
+def _closure_state(function: types.FunctionType) -> list[Any]:
+    """What a notebook function's closure holds that a run can change in place (else empty).
+
+    Library functions (torch's, a compiled function's Dynamo state) are left as they are.
+    """
+    if (
+        function.__closure__ is None
+        or function.__module__ != "__main__"
+        or "_torchdynamo_orig_callable" in vars(function)
+    ):
+        return []
+    held = []
+    for cell in function.__closure__:
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if type(contents) is not types.FunctionType and needs_copy(contents):
+            held.append(contents)
+    return held
+
+
+def held_values(value: Any) -> list[Any]:
+    """What a callable holds that is state: a closure's, a bound method's self, a partial's arguments.
+
+    Empty for anything else.
+    """
+    kind = type(value)
+    if kind is types.FunctionType:
+        return _closure_state(value)
+    if kind is types.MethodType:
+        return [value.__self__]
+    if kind is functools.partial:
+        return [*value.args, *value.keywords.values()]
+    return []
+
+
+def user_object(value: Any) -> bool:
+    """Whether ``value`` is an instance of a notebook class or a dataclass: its attributes are state."""
+    kind = type(value)
+    return (kind.__module__ == "__main__" and not isinstance(value, type)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
 
 
 def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
@@ -49,6 +105,33 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
             return copies, shared
 
 
+def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:
+    """A notebook function holding state, around copies of what it holds (else the function).
+
+    ``copy.deepcopy`` leaves functions as they are: a training step made by a factory
+    (``step = make_step(model, opt)``), or a forward hook appending to a list, went on reaching
+    the notebook's objects from the run's copy.
+    """
+    if not _closure_state(value):
+        return value
+    assert value.__closure__ is not None
+    cells = tuple(types.CellType() for _ in value.__closure__)
+    result = types.FunctionType(
+        value.__code__, value.__globals__, value.__name__, value.__defaults__, cells
+    )
+    result.__kwdefaults__ = value.__kwdefaults__
+    result.__qualname__ = value.__qualname__
+    result.__module__ = value.__module__
+    result.__doc__ = value.__doc__
+    result.__dict__.update(value.__dict__)
+    memo[id(value)] = result
+    memo.setdefault(id(memo), []).append(value)  # alive with the memo (its id is a key)
+    for cell, new in zip(value.__closure__, cells, strict=True):
+        with contextlib.suppress(ValueError):  # a cell not filled yet stays empty
+            new.cell_contents = copy.deepcopy(cell.cell_contents, memo)
+    return result
+
+
 def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torch.nn.Parameter:
     """A parameter's deep copy with its gradient, its attributes and its storage's other views."""
     if id(param) in memo:
@@ -59,6 +142,7 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
     data = param.data
     memo.setdefault(id(memo), []).append(data)
     result = type(param)(data.__deepcopy__(memo), param.requires_grad)
+    add_leaf_hooks(result, leaf_hooks(param))
     memo[id(param)] = result
     if param.grad is not None:
         result.grad = copy.deepcopy(param.grad, memo)
@@ -99,6 +183,103 @@ def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     return result
 
 
+def leaf_hooks(tensor: torch.Tensor) -> tuple[list[Any], list[Any]] | None:
+    """A leaf tensor's gradient hooks and post-accumulate-grad hooks, in order (None: none).
+
+    PyTorch's copies (deep copies, ``.to``, pickling) leave them behind: a parameter whose gradient
+    a hook zeroes or clips had no hook in either run, nor in the notebook after the commit.
+    """
+    if not tensor.is_leaf:
+        return None
+    backward = tensor._backward_hooks
+    accumulated = getattr(tensor, "_post_accumulate_grad_hooks", None)
+    if not backward and not accumulated:
+        return None
+    return list((backward or {}).values()), list((accumulated or {}).values())
+
+
+def add_leaf_hooks(tensor: torch.Tensor, hooks: tuple[list[Any], list[Any]] | None) -> None:
+    """Register :func:`leaf_hooks` of another tensor on ``tensor`` (a copy of it)."""
+    if hooks is None or not tensor.requires_grad:
+        return
+    backward, accumulated = hooks
+    for hook in backward:
+        tensor.register_hook(hook)
+    for hook in accumulated:
+        tensor.register_post_accumulate_grad_hook(hook)
+
+
+#: An optimizer's hooks, which ``Optimizer.__getstate__`` leaves out of copies and pickles.
+_OPTIMIZER_HOOKS = (
+    "_optimizer_step_pre_hooks",
+    "_optimizer_step_post_hooks",
+    "_optimizer_state_dict_pre_hooks",
+    "_optimizer_state_dict_post_hooks",
+    "_optimizer_load_state_dict_pre_hooks",
+    "_optimizer_load_state_dict_post_hooks",
+)
+
+
+def optimizer_extras(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What ``Optimizer.__getstate__`` drops that the notebook's optimizer has (empty: nothing).
+
+    Its hooks (an EMA update registered with ``register_step_post_hook``), and an LR scheduler's
+    watch on ``step`` (without it each copy's ``scheduler.step()`` warns that ``optimizer.step()``
+    was overridden).
+    """
+    attributes = vars(optimizer)
+    extras: dict[str, Any] = {
+        key: list(attributes[key].items()) for key in _OPTIMIZER_HOOKS if attributes.get(key)
+    }
+    if "_opt_called" in attributes:
+        extras["_opt_called"] = attributes["_opt_called"]
+    if getattr(attributes.get("step"), "_wrapped_by_lr_sched", False):
+        extras["step"] = True
+    return extras
+
+
+def restore_optimizer_extras(optimizer: torch.optim.Optimizer, extras: dict[str, Any]) -> None:
+    """Give a copy of an optimizer what :func:`optimizer_extras` found on its original."""
+    attributes = vars(optimizer)
+    for key in _OPTIMIZER_HOOKS:
+        if key in extras:
+            attributes[key] = collections.OrderedDict(extras[key])
+    if "_opt_called" in extras:
+        attributes["_opt_called"] = extras["_opt_called"]
+    if extras.get("step"):
+        _watched_by_lr_scheduler(optimizer)
+
+
+def _watched_by_lr_scheduler(optimizer: torch.optim.Optimizer) -> None:
+    """Wrap ``optimizer.step`` as an LR scheduler does at its creation (it notes each call)."""
+    import weakref
+
+    step = type(optimizer).step
+    optimizer_ref = weakref.ref(optimizer)
+
+    @functools.wraps(step)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        watched = optimizer_ref()
+        watched._opt_called = True  # type: ignore[union-attr]
+        return step(watched, *args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = wrapper  # type: ignore[method-assign]
+
+
+def _deepcopy_optimizer(self: torch.optim.Optimizer, memo: dict[int, Any]) -> Any:  # noqa: N807
+    """An optimizer's deep copy as ``copy.deepcopy`` makes it, with :func:`optimizer_extras`."""
+    reductor = copyreg.dispatch_table.get(type(self))
+    reduced = reductor(self) if reductor is not None else self.__reduce_ex__(4)
+    if isinstance(reduced, str):
+        return self
+    result = copy._reconstruct(self, memo, *reduced)  # type: ignore[attr-defined]
+    extras = optimizer_extras(self)
+    if extras:
+        restore_optimizer_extras(result, extras)
+    return result
+
+
 @contextlib.contextmanager
 def _copies_keep_state() -> Iterator[None]:
     """While the body runs, deep copies keep what PyTorch's own would lose.
@@ -106,24 +287,34 @@ def _copies_keep_state() -> Iterator[None]:
     ``Parameter.__deepcopy__`` keeps ``.grad``: PyTorch's copies the data alone, and gradients
     accumulated over earlier cells (gradient accumulation, a cell that steps after a cell that ran
     backward) would be lost in the run's copy, and in what it commits back to the notebook. A tensor
-    an autograd graph computed is copied (:func:`_deepcopy_tensor_of_a_graph`), and a module
-    compiled in place stays compiled (:func:`_deepcopy_module`).
+    an autograd graph computed is copied (:func:`_deepcopy_tensor_of_a_graph`), a module
+    compiled in place stays compiled (:func:`_deepcopy_module`), and an optimizer keeps its hooks
+    and its LR scheduler's watch (:func:`_deepcopy_optimizer`).
     """
     module_copier = vars(torch.nn.Module).get("__deepcopy__")
+    optimizer_copier = vars(torch.optim.Optimizer).get("__deepcopy__")
     original = torch.nn.Parameter.__deepcopy__
     original_tensor = torch.Tensor.__deepcopy__
+    function_copier = copy._deepcopy_dispatch[types.FunctionType]  # type: ignore[attr-defined]
+    copy._deepcopy_dispatch[types.FunctionType] = _deepcopy_function  # type: ignore[attr-defined]
     torch.nn.Parameter.__deepcopy__ = _deepcopy_parameter  # type: ignore[method-assign]
     torch.Tensor.__deepcopy__ = _deepcopy_tensor_of_a_graph(original_tensor)  # type: ignore[method-assign]
     torch.nn.Module.__deepcopy__ = _deepcopy_module  # type: ignore[attr-defined]
+    torch.optim.Optimizer.__deepcopy__ = _deepcopy_optimizer  # type: ignore[attr-defined]
     try:
         yield
     finally:
+        copy._deepcopy_dispatch[types.FunctionType] = function_copier  # type: ignore[attr-defined]
         torch.nn.Parameter.__deepcopy__ = original  # type: ignore[method-assign]
         torch.Tensor.__deepcopy__ = original_tensor  # type: ignore[method-assign]
-        if module_copier is None:
-            del torch.nn.Module.__deepcopy__  # type: ignore[attr-defined]
-        else:
-            torch.nn.Module.__deepcopy__ = module_copier  # type: ignore[attr-defined]
+        for owner, copier in (
+            (torch.nn.Module, module_copier),
+            (torch.optim.Optimizer, optimizer_copier),
+        ):
+            if copier is None:
+                del owner.__deepcopy__  # type: ignore[attr-defined]
+            else:
+                owner.__deepcopy__ = copier  # type: ignore[attr-defined]
 
 
 def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -136,7 +327,10 @@ def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., A
 
     def __deepcopy__(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:  # noqa: N807
         if self.grad_fn is None or type(self) is not torch.Tensor:
+            known = id(self) in memo
             result = original(self, memo)
+            if not known and result is not self:
+                add_leaf_hooks(result, leaf_hooks(self))
             left_behind = vars(self).get(GRAPH_LEFT_BEHIND_ATTR)
             if left_behind is not None and result.requires_grad:  # a copy's copy: hooks stay
                 guard_graph_left_behind(result, left_behind)
@@ -211,12 +405,26 @@ def move_to_device(
     if isinstance(value, list):
         value[:] = [move_to_device(v, device, force, memo) for v in value]
         return value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(move_to_device(v, device, force, memo) for v in value)
+    if isinstance(value, tuple):
+        moved = [move_to_device(v, device, force, memo) for v in value]
+        if all(m is v for m, v in zip(moved, value, strict=True)):
+            return value
+        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
     if isinstance(value, dict):
         for key in list(value):
             value[key] = move_to_device(value[key], device, force, memo)
         return value
+    # The run's own copies of objects that hold state (a trainer, a closure's model): in place.
+    if user_object(value) and isinstance(getattr(value, "__dict__", None), dict):
+        attributes = vars(value)
+        for key in list(attributes):
+            attributes[key] = move_to_device(attributes[key], device, force, memo)
+    elif type(value) is types.FunctionType and _closure_state(value):
+        for cell in value.__closure__ or ():
+            with contextlib.suppress(ValueError):
+                cell.cell_contents = move_to_device(cell.cell_contents, device, force, memo)
+    elif type(value) is types.MethodType:
+        move_to_device(value.__self__, device, force, memo)
     return value
 
 
@@ -232,6 +440,7 @@ def _moved_tensor(
             moved.requires_grad_(tensor.requires_grad)
         if tensor.grad is not None:
             moved.grad = _device_view(tensor.grad.detach(), device, memo)
+        add_leaf_hooks(moved, leaf_hooks(tensor))
         left_behind = vars(tensor).get(GRAPH_LEFT_BEHIND_ATTR)
         if left_behind is not None and moved.requires_grad:
             guard_graph_left_behind(moved, left_behind)
@@ -283,8 +492,12 @@ def on_accelerator(tensor: torch.Tensor) -> bool:
     return tensor.device.type != "cpu" or ORIGIN_ATTR in getattr(tensor, "__dict__", ())
 
 
-def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
-    """Tensors directly reachable from ``value`` through modules and containers (bounded depth)."""
+def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iterable[torch.Tensor]:
+    """Tensors directly reachable from ``value`` (bounded depth).
+
+    Through modules, optimizers, containers, the attributes of notebook objects and dataclasses
+    (``trainer.model``), and what notebook closures, bound methods and partials hold.
+    """
     if depth > 8:
         return
     if isinstance(value, torch.Tensor):
@@ -295,12 +508,23 @@ def tensors_in(value: Any, depth: int = 0) -> Iterable[torch.Tensor]:
     elif isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
             yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))
-    elif isinstance(value, list | tuple | set | frozenset):
-        for item in value:
-            yield from tensors_in(item, depth + 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item, depth + 1)
+    elif type(value) in _ATOMS:
+        return
+    else:
+        seen = set() if seen is None else seen
+        if id(value) in seen:  # an object graph with cycles (obj.parent.child is obj)
+            return
+        seen.add(id(value))
+        if isinstance(value, list | tuple | set | frozenset):
+            items: Iterable[Any] = value
+        elif isinstance(value, dict):
+            items = value.values()
+        elif user_object(value):
+            items = list(vars(value).values()) if hasattr(value, "__dict__") else []
+        else:
+            items = held_values(value)
+        for item in items:
+            yield from tensors_in(item, depth + 1, seen)
 
 
 #: Elements looked at per notebook value when finding what shares state with the cell's values (a
@@ -368,10 +592,12 @@ def _sharing_keys(value: Any) -> set[tuple[str, int]]:
     """The object itself and the tensor storages reachable from it (past the walk limit: itself)."""
     itself = {("object", id(value))} if needs_copy(value) else set()
     keys = set(itself)
+    objects: set[int] = set()
     try:
-        tensors = list(_state_tensors(value))
+        tensors = list(_state_tensors(value, objects))
     except _WalkTooLong:
         return itself
+    keys.update(("object", each) for each in objects)
     for tensor in tensors:
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
             if each is None or each.layout != torch.strided:
@@ -387,11 +613,13 @@ class _WalkTooLong(Exception):
     pass
 
 
-def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
+def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torch.Tensor]:
     """Tensors reachable from ``value``, for what shares state with what.
 
-    Modules' parameters and buffers, optimizers' parameters and state, and what containers and
-    object attributes hold (an LR scheduler's optimizer, a trainer's model) down to a few levels.
+    Modules' parameters, buffers, hooks and other attributes (a recorder whose method is a forward
+    hook, a logger the model holds), optimizers' parameters and state, and what containers, object
+    attributes, closures, bound methods and partials hold (an LR scheduler's optimizer, a trainer's
+    model) down to a few levels. The ids of the objects met on the way go into ``objects``.
     Raises :class:`_WalkTooLong` past :data:`SHARING_WALK_LIMIT` elements looked at (a tokenized
     corpus of plain ints counts each of them).
     """
@@ -416,9 +644,15 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
             yield item
-        elif isinstance(item, torch.nn.Module):
-            follow(item.parameters(), depth + 1)
-            follow(item.buffers(), depth + 1)
+            continue
+        if objects is not None and type(item) not in _CALLABLES_HOLDING_STATE:
+            objects.add(id(item))
+        if isinstance(item, torch.nn.Module):
+            for key, attribute in vars(item).items():
+                if key in _MODULE_STATE:  # parameters, buffers, submodules, hooks: by value
+                    follow(attribute.values(), depth + 1)
+                elif not key.startswith("_") and key != "training":
+                    follow((attribute,), depth + 1)
         elif isinstance(item, torch.optim.Optimizer):
             for group in item.param_groups:
                 follow((p for p in group.get("params", ()) if isinstance(p, torch.Tensor)), depth)
@@ -429,6 +663,8 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
                 follow(item, depth + 1)
             elif isinstance(item, dict):
                 follow(item.values(), depth + 1)
+            elif type(item) in _CALLABLES_HOLDING_STATE:
+                follow(held_values(item), depth + 1)
             elif needs_copy(item) and not _ours(item):
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
@@ -437,19 +673,38 @@ def _state_tensors(value: Any) -> Iterator[torch.Tensor]:
 
 #: Values the walk passes over: nothing a run can change in place, no tensor inside.
 _ATOMS = frozenset(_IMMUTABLE)
+#: What a module holds by name, each a dict of its values.
+_MODULE_STATE = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_state_dict_hooks",
+        "_load_state_dict_pre_hooks",
+    }
+)
+_CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.partial)
 
 
-def version_signature(value: Any) -> tuple[tuple[int, int, int], ...]:
+def version_signature(value: Any) -> tuple[Any, ...]:
     """In-place-modification counters of the tensors in ``value`` (grads included).
+
+    An optimizer's learning rates are part of it.
 
     PyTorch bumps ``Tensor._version`` on every in-place op, so a changed signature means the run
     mutated the object (an optimizer step, ``.backward()`` filling ``.grad``) without rebinding it.
     """
-    signature = []
+    signature: list[Any] = []
     for tensor in tensors_in(value):
         grad = tensor.grad if tensor.is_leaf else None
         grad_sig = (0, -1) if grad is None else (id(grad), grad._version)
         signature.append((tensor._version, *grad_sig))
+    if isinstance(value, torch.optim.Optimizer):  # an LR scheduler's step changes no tensor
+        signature.append(tuple(group.get("lr") for group in value.param_groups))
     return tuple(signature)
 
 

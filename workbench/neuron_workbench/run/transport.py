@@ -45,8 +45,12 @@ from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
     GRAPH_LEFT_BEHIND_ATTR,
     ORIGIN_ATTR,
+    add_leaf_hooks,
     compile_request_in_place,
     guard_graph_left_behind,
+    leaf_hooks,
+    optimizer_extras,
+    restore_optimizer_extras,
 )
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
@@ -334,6 +338,10 @@ class _Pickler(cloudpickle.Pickler):
         elif isinstance(obj, torch.nn.Module) and vars(obj).get("_compiled_call_impl"):
             # compiled in place (``model.compile()``): Module.__getstate__ drops the compiled call
             return _reduce_compiled_in_place(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            extras = optimizer_extras(obj)
+            if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
+                return _reduce_optimizer(obj, extras)
         elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
             # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
             # parametrized module
@@ -389,6 +397,7 @@ class _Pickler(cloudpickle.Pickler):
                 state,
                 # computed by a graph that stays here: a backward pass reaching it there says so
                 None if leaf or obj.grad_fn is None else type(obj.grad_fn).__name__,
+                _sendable_hooks(leaf_hooks(obj)),
             ),
         )
 
@@ -401,6 +410,22 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+
+def _sendable_hooks(hooks: tuple[list[Any], list[Any]] | None) -> Any:
+    """A tensor's hooks that can travel (a hook bound to an object holding a lock stays behind)."""
+    if hooks is None:
+        return None
+    return tuple([h for h in kind if _can_travel(h)] for kind in hooks)
+
+
+def _can_travel(hook: Any) -> bool:
+    """Whether a hook pickles (a tensor or optimizer travels without one that does not)."""
+    try:
+        cloudpickle.dumps(hook)
+    except Exception:
+        return False
+    return True
 
 
 def _found_by_name(module: object) -> bool:
@@ -479,6 +504,22 @@ def _reduce_compiled_in_place(module: torch.nn.Module) -> Any:
         raise pickle.PicklingError(COMPILED_BEFORE_LOAD)
     func, args, state, items, entries = (*module.__reduce_ex__(5), None, None, None)[:5]
     return func, args, (state, request), items, entries, _compiled_in_place_again
+
+
+def _reduce_optimizer(optimizer: torch.optim.Optimizer, extras: dict[str, Any]) -> Any:
+    """An optimizer as pickle gives it, with its extras (the hooks that can travel) set on arrival."""
+    for key, hooks in list(extras.items()):
+        if key.startswith("_optimizer_"):
+            extras[key] = [(k, hook) for k, hook in hooks if _can_travel(hook)]
+    func, args, state, items, entries = (*optimizer.__reduce_ex__(5), None, None, None)[:5]
+    return func, args, (state, extras), items, entries, _optimizer_with_extras
+
+
+def _optimizer_with_extras(optimizer: torch.optim.Optimizer, state: tuple[Any, Any]) -> None:
+    optimizer_state, extras = state
+    if optimizer_state is not None:
+        optimizer.__setstate__(optimizer_state)
+    restore_optimizer_extras(optimizer, extras)
 
 
 def _compiled_in_place_again(module: torch.nn.Module, state: tuple[Any, dict[str, Any]]) -> None:
@@ -593,6 +634,7 @@ def _rebuild_tensor(
     parameter: bool,
     state: dict[str, Any],
     graph: str | None = None,
+    hooks: tuple[list[Any], list[Any]] | None = None,
 ) -> torch.Tensor:
     data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
     tensor: torch.Tensor = (
@@ -607,6 +649,7 @@ def _rebuild_tensor(
     graph = graph or state.get(GRAPH_LEFT_BEHIND_ATTR)
     if graph is not None and requires_grad:
         guard_graph_left_behind(tensor, graph)
+    add_leaf_hooks(tensor, hooks)
     return tensor
 
 
