@@ -73,6 +73,34 @@ def test_a_module_compiled_in_place_stays_compiled_in_the_copy(monkeypatch):
     assert "__deepcopy__" not in vars(torch.nn.Module)  # PyTorch's own copy outside a run
 
 
+def test_a_model_of_thousands_of_modules_keeps_its_optimizer():
+    # a module's structure (submodules, hooks, attributes) counted towards the walk limit: past
+    # about 1,700 parameters the optimizer was no longer copied with its model (found by an
+    # independent review)
+    model = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(3000))
+    namespace = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1)}
+    assert with_names_sharing_state({"model"}, namespace) == {"model", "opt"}
+
+
+def test_constants_two_objects_hold_are_no_shared_state():
+    import enum
+    import logging
+
+    class Mode(enum.Enum):
+        TRAIN = 1
+
+    def holder():
+        module = torch.nn.TransformerEncoderLayer(8, 2, 16, activation="gelu")
+        module.mode, module.norm_cls = Mode.TRAIN, torch.nn.LayerNorm
+        module.log = logging.getLogger("train")
+        return module
+
+    namespace = {"a": holder(), "b": holder()}
+    assert with_names_sharing_state({"a"}, namespace) == {"a"}
+    namespace["c"] = namespace["a"].linear1  # a submodule is shared state
+    assert with_names_sharing_state({"a"}, namespace) == {"a", "c"}
+
+
 def test_a_closure_holding_state_is_copied_around_the_copies_of_what_it_holds():
     namespace = {"__name__": "__main__"}
     exec(

@@ -173,7 +173,7 @@ def test_a_module_compiled_in_place_travels_compiled_again_with_its_request(aren
     assert torch.equal(back["model"](torch.ones(1, 2)), model(torch.ones(1, 2)))
 
 
-def test_a_parameters_hooks_travel_and_one_that_cannot_stays_behind(arena):
+def test_a_parameters_hooks_travel_and_one_that_cannot_says_so(arena):
     import threading
 
     class Locked:
@@ -185,11 +185,14 @@ def test_a_parameters_hooks_travel_and_one_that_cannot_stays_behind(arena):
 
     lin = torch.nn.Linear(2, 1)
     lin.weight.register_hook(lambda g: g * 0)
-    lin.bias.register_hook(Locked().hook)  # cannot be pickled: the tensor travels without it
     back = loads(dumps({"lin": lin}, arena))["lin"]
     back(torch.ones(1, 2)).sum().backward()
     assert torch.count_nonzero(back.weight.grad) == 0
     assert back.bias.grad.item() == 1.0
+    # one that cannot travel is not dropped on one side only: the value cannot be sent
+    lin.bias.register_hook(Locked().hook)
+    with pytest.raises(WorkbenchUsageError, match="'lin'.*cannot be sent.*lock"):
+        pack_request({}, {"lin": lin}, {"__name__": "__main__"}, "neuron", arena)
 
 
 def test_a_module_compiled_in_place_before_the_extension_says_what_to_do(monkeypatch):

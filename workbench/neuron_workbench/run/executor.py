@@ -13,6 +13,7 @@ import io
 import random
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, Protocol
 
@@ -570,11 +571,37 @@ def _collect(
 
 def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
     """Apply a successful run's bindings and deletions to the namespace."""
-    namespace.update(run.bindings)
+    namespace.update({name: _reading(namespace, value) for name, value in run.bindings.items()})
     for name in run.deleted:
         namespace.pop(name, None)
     if run.rng_state is not None:
         torch.set_rng_state(run.rng_state)
+
+
+def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:
+    """``value``, or a notebook function sent back from a target process made to read ``namespace``.
+
+    The transport rebuilds a function of the notebook with globals of its own: committed as it
+    came (``--keep target``), it would go on reading the values its globals had in the worker, and
+    no name the notebook defines later.
+    """
+    if (
+        type(value) is not types.FunctionType
+        or not isinstance(namespace, dict)
+        or value.__globals__ is namespace
+        # a function of the notebook (not a library's wrapper of one, which takes its __module__)
+        or value.__globals__.get("__name__") != namespace.get("__name__", "__main__")
+        or "_torchdynamo_orig_callable" in vars(value)
+    ):
+        return value
+    function = types.FunctionType(
+        value.__code__, namespace, value.__name__, value.__defaults__, value.__closure__
+    )
+    function.__kwdefaults__ = value.__kwdefaults__
+    function.__qualname__ = value.__qualname__
+    function.__doc__ = value.__doc__
+    function.__dict__.update(value.__dict__)
+    return function
 
 
 def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:

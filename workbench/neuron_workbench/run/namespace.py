@@ -7,6 +7,7 @@ import contextlib
 import copy
 import copyreg
 import dataclasses
+import enum
 import functools
 import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -38,14 +39,17 @@ def needs_copy(value: Any) -> bool:
     return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
 
 
-def _closure_state(function: types.FunctionType) -> list[Any]:
+def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:
     """What a notebook function's closure holds that a run can change in place (else empty).
 
-    Library functions (torch's, a compiled function's Dynamo state) are left as they are.
+    That includes a notebook function holding state itself (a wrapper around ``make_step(...)``'s
+    step). Library functions (torch's, a compiled function's Dynamo state) are left as they are.
     """
     if (
-        function.__closure__ is None
-        or function.__module__ != "__main__"
+        depth > 4  # a closure holding itself (a recursive inner function)
+        or function.__closure__ is None
+        # the notebook's (not a library's wrapper of one, which takes its __module__)
+        or function.__globals__.get("__name__") != "__main__"
         or "_torchdynamo_orig_callable" in vars(function)
     ):
         return []
@@ -55,7 +59,10 @@ def _closure_state(function: types.FunctionType) -> list[Any]:
             contents = cell.cell_contents
         except ValueError:  # a cell not filled yet
             continue
-        if type(contents) is not types.FunctionType and needs_copy(contents):
+        if type(contents) is types.FunctionType:
+            if contents is not function and _closure_state(contents, depth + 1):
+                held.append(contents)
+        elif needs_copy(contents):
             held.append(contents)
     return held
 
@@ -142,7 +149,8 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
     data = param.data
     memo.setdefault(id(memo), []).append(data)
     result = type(param)(data.__deepcopy__(memo), param.requires_grad)
-    add_leaf_hooks(result, leaf_hooks(param))
+    # its hooks with the run's copies of what they hold (a gradient recorder's list)
+    add_leaf_hooks(result, copy.deepcopy(leaf_hooks(param), memo))
     memo[id(param)] = result
     if param.grad is not None:
         result.grad = copy.deepcopy(param.grad, memo)
@@ -275,8 +283,8 @@ def _deepcopy_optimizer(self: torch.optim.Optimizer, memo: dict[int, Any]) -> An
         return self
     result = copy._reconstruct(self, memo, *reduced)  # type: ignore[attr-defined]
     extras = optimizer_extras(self)
-    if extras:
-        restore_optimizer_extras(result, extras)
+    if extras:  # its hooks with the run's copies of what they hold (an EMA model)
+        restore_optimizer_extras(result, copy.deepcopy(extras, memo))
     return result
 
 
@@ -330,7 +338,7 @@ def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., A
             known = id(self) in memo
             result = original(self, memo)
             if not known and result is not self:
-                add_leaf_hooks(result, leaf_hooks(self))
+                add_leaf_hooks(result, copy.deepcopy(leaf_hooks(self), memo))
             left_behind = vars(self).get(GRAPH_LEFT_BEHIND_ATTR)
             if left_behind is not None and result.requires_grad:  # a copy's copy: hooks stay
                 guard_graph_left_behind(result, left_behind)
@@ -377,6 +385,7 @@ def move_to_device(
     device: torch.device,
     force: bool = False,
     memo: dict[int, torch.UntypedStorage] | None = None,
+    seen: set[int] | None = None,
 ) -> Any:
     """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
 
@@ -384,7 +393,10 @@ def move_to_device(
     optimizer state tensors move too (except the ``step`` counters PyTorch keeps on the host); lists,
     tuples and dicts are rebuilt around moved elements. CPU tensors stay on the CPU unless ``force``:
     in CUDA code a CPU tensor is there on purpose. Tensors that share a storage share one device
-    storage afterwards (views keep their base), across every call given the same ``memo``.
+    storage afterwards (views keep their base), across every call given the same ``memo``. The
+    attributes of notebook objects and what notebook closures and bound methods hold move in place;
+    ``seen`` holds the containers and objects gone through (a graph with cycles: a trainer's
+    callbacks holding the trainer).
     """
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
@@ -402,29 +414,39 @@ def move_to_device(
                 if key != "step" and isinstance(item, torch.Tensor):
                     state[key] = move_to_device(item, device, force, memo)
         return value
+    if type(value) in _ATOMS:
+        return value
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return value
+    seen.add(id(value))
+
+    def moved(item: Any) -> Any:
+        return move_to_device(item, device, force, memo, seen)
+
     if isinstance(value, list):
-        value[:] = [move_to_device(v, device, force, memo) for v in value]
+        value[:] = [moved(v) for v in value]
         return value
     if isinstance(value, tuple):
-        moved = [move_to_device(v, device, force, memo) for v in value]
-        if all(m is v for m, v in zip(moved, value, strict=True)):
+        items = [moved(v) for v in value]
+        if all(m is v for m, v in zip(items, value, strict=True)):
             return value
-        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
         for key in list(value):
-            value[key] = move_to_device(value[key], device, force, memo)
+            value[key] = moved(value[key])
         return value
     # The run's own copies of objects that hold state (a trainer, a closure's model): in place.
     if user_object(value) and isinstance(getattr(value, "__dict__", None), dict):
         attributes = vars(value)
         for key in list(attributes):
-            attributes[key] = move_to_device(attributes[key], device, force, memo)
+            attributes[key] = moved(attributes[key])
     elif type(value) is types.FunctionType and _closure_state(value):
         for cell in value.__closure__ or ():
             with contextlib.suppress(ValueError):
-                cell.cell_contents = move_to_device(cell.cell_contents, device, force, memo)
+                cell.cell_contents = moved(cell.cell_contents)
     elif type(value) is types.MethodType:
-        move_to_device(value.__self__, device, force, memo)
+        moved(value.__self__)
     return value
 
 
@@ -589,14 +611,16 @@ def _ours(value: Any) -> bool:
 
 
 def _sharing_keys(value: Any) -> set[tuple[str, int]]:
-    """The object itself and the tensor storages reachable from it (past the walk limit: itself)."""
+    """The object itself, and the state objects and tensor storages reachable from it.
+
+    Past the walk limit, what the walk found until then (breadth first: the shallowest).
+    """
     itself = {("object", id(value))} if needs_copy(value) else set()
     keys = set(itself)
     objects: set[int] = set()
-    try:
-        tensors = list(_state_tensors(value, objects))
-    except _WalkTooLong:
-        return itself
+    tensors: list[torch.Tensor] = []
+    with contextlib.suppress(_WalkTooLong):  # past the limit: what was found until then
+        tensors.extend(_state_tensors(value, objects))
     keys.update(("object", each) for each in objects)
     for tensor in tensors:
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
@@ -624,40 +648,54 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
     corpus of plain ints counts each of them).
     """
     # breadth first: an object reached along several paths is seen at its shallowest depth
-    todo: collections.deque[tuple[Any, int]] = collections.deque([(value, 0)])
+    # (item, depth, whether it was reached inside a library object: a logger's handler list is
+    # that library's business, not state two notebook names share)
+    todo: collections.deque[tuple[Any, int, bool]] = collections.deque([(value, 0, False)])
     seen: set[int] = set()
     looked_at = 0
+    inside_library = False
 
-    def follow(items: Iterable[Any], depth: int) -> None:
+    def follow(items: Iterable[Any], depth: int, counted: bool = True) -> None:
         nonlocal looked_at
         for each in items:
-            looked_at += 1
-            if looked_at > SHARING_WALK_LIMIT:
-                raise _WalkTooLong
+            if counted:
+                looked_at += 1
+                if looked_at > SHARING_WALK_LIMIT:
+                    raise _WalkTooLong
             if type(each) not in _ATOMS:
-                todo.append((each, depth))
+                todo.append((each, depth, inside_library))
 
     while todo:
-        item, depth = todo.popleft()
+        item, depth, inside_library = todo.popleft()
         if id(item) in seen:
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
             yield item
+            hooks = leaf_hooks(item)  # a gradient recorder's list, held by its hook's closure
+            if hooks is not None:
+                follow((*hooks[0], *hooks[1]), depth, counted=False)
             continue
-        if objects is not None and type(item) not in _CALLABLES_HOLDING_STATE:
+        if objects is not None and not inside_library and _holds_state(item):
             objects.add(id(item))
         if isinstance(item, torch.nn.Module):
+            # its tensors count towards the limit, as before; its structure (submodules, hooks,
+            # attributes) is the model's own size, not a dataset's
+            # (its depth is its holder's: only data structures nest towards the depth limit)
             for key, attribute in vars(item).items():
-                if key in _MODULE_STATE:  # parameters, buffers, submodules, hooks: by value
-                    follow(attribute.values(), depth + 1)
+                if key in _MODULE_TENSORS:
+                    follow(attribute.values(), depth)
+                elif key in _MODULE_STATE:
+                    follow(attribute.values(), depth, counted=False)
                 elif not key.startswith("_") and key != "training":
-                    follow((attribute,), depth + 1)
+                    follow((attribute,), depth, counted=False)
         elif isinstance(item, torch.optim.Optimizer):
             for group in item.param_groups:
                 follow((p for p in group.get("params", ()) if isinstance(p, torch.Tensor)), depth)
             for state in item.state.values():
                 follow((v for v in state.values() if isinstance(v, torch.Tensor)), depth)
+            for key in _OPTIMIZER_HOOKS:  # an EMA update registered as a step hook
+                follow(vars(item).get(key, {}).values(), depth, counted=False)
         elif depth < _SHARING_DEPTH:
             if isinstance(item, list | tuple | set | frozenset):
                 follow(item, depth + 1)
@@ -666,6 +704,7 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
             elif type(item) in _CALLABLES_HOLDING_STATE:
                 follow(held_values(item), depth + 1)
             elif needs_copy(item) and not _ours(item):
+                inside_library = inside_library or not user_object(item)
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
                     follow(attributes.values(), depth + 1)
@@ -673,11 +712,10 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
 
 #: Values the walk passes over: nothing a run can change in place, no tensor inside.
 _ATOMS = frozenset(_IMMUTABLE)
-#: What a module holds by name, each a dict of its values.
+#: What a module holds by name, each a dict of its values: its tensors, and the rest of its state.
+_MODULE_TENSORS = frozenset({"_parameters", "_buffers"})
 _MODULE_STATE = frozenset(
     {
-        "_parameters",
-        "_buffers",
         "_modules",
         "_forward_hooks",
         "_forward_pre_hooks",
@@ -688,6 +726,17 @@ _MODULE_STATE = frozenset(
     }
 )
 _CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.partial)
+
+
+def _holds_state(item: Any) -> bool:
+    """Whether two names reaching ``item`` share state through it.
+
+    Modules, optimizers, mutable containers and notebook objects; not what is only shared as a
+    constant (a class, a function, an enum member, a library's logger).
+    """
+    return isinstance(item, torch.nn.Module | torch.optim.Optimizer | list | dict | set) or (
+        user_object(item) and not isinstance(item, enum.Enum)
+    )
 
 
 def version_signature(value: Any) -> tuple[Any, ...]:

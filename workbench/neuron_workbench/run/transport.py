@@ -350,6 +350,10 @@ class _Pickler(cloudpickle.Pickler):
                 reduced = _reduce_parametrized(obj, kind)
             if reduced is not None:
                 return reduced
+        elif "__slots__" in kind.__dict__ and kind.__module__ == "__main__":
+            reduced = _reduce_slotted(obj)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
@@ -397,7 +401,7 @@ class _Pickler(cloudpickle.Pickler):
                 state,
                 # computed by a graph that stays here: a backward pass reaching it there says so
                 None if leaf or obj.grad_fn is None else type(obj.grad_fn).__name__,
-                _sendable_hooks(leaf_hooks(obj)),
+                leaf_hooks(obj),
             ),
         )
 
@@ -410,22 +414,6 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
-
-
-def _sendable_hooks(hooks: tuple[list[Any], list[Any]] | None) -> Any:
-    """A tensor's hooks that can travel (a hook bound to an object holding a lock stays behind)."""
-    if hooks is None:
-        return None
-    return tuple([h for h in kind if _can_travel(h)] for kind in hooks)
-
-
-def _can_travel(hook: Any) -> bool:
-    """Whether a hook pickles (a tensor or optimizer travels without one that does not)."""
-    try:
-        cloudpickle.dumps(hook)
-    except Exception:
-        return False
-    return True
 
 
 def _found_by_name(module: object) -> bool:
@@ -506,11 +494,33 @@ def _reduce_compiled_in_place(module: torch.nn.Module) -> Any:
     return func, args, (state, request), items, entries, _compiled_in_place_again
 
 
+def _reduce_slotted(obj: Any) -> Any:
+    """An instance of a notebook class with ``__slots__``, its slots' values as slots only.
+
+    cloudpickle rebuilds such a class by value without real slots: its instances in a target
+    process have a ``__dict__`` too, and pickle gives the slots' values in both parts of the state;
+    loaded here, where the class has real slots, that state failed ("'P' object has no attribute
+    '__dict__'").
+    """
+    reduced = obj.__reduce_ex__(5)
+    if not isinstance(reduced, tuple) or len(reduced) < 3:
+        return None
+    state = reduced[2]
+    if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict)):
+        return None
+    slots = set(_slot_names(type(obj)))
+    rest = {k: v for k, v in state[0].items() if k not in slots} or None
+    return (*reduced[:2], (rest, state[1]), *reduced[3:])
+
+
+def _slot_names(kind: type) -> Iterator[str]:
+    for klass in kind.__mro__:
+        names = vars(klass).get("__slots__", ())
+        yield from (names,) if isinstance(names, str) else names
+
+
 def _reduce_optimizer(optimizer: torch.optim.Optimizer, extras: dict[str, Any]) -> Any:
-    """An optimizer as pickle gives it, with its extras (the hooks that can travel) set on arrival."""
-    for key, hooks in list(extras.items()):
-        if key.startswith("_optimizer_"):
-            extras[key] = [(k, hook) for k, hook in hooks if _can_travel(hook)]
+    """An optimizer as pickle gives it, with its extras (hooks, a scheduler's watch) set on arrival."""
     func, args, state, items, entries = (*optimizer.__reduce_ex__(5), None, None, None)[:5]
     return func, args, (state, extras), items, entries, _optimizer_with_extras
 
