@@ -1283,3 +1283,24 @@ def test_an_instance_of_a_notebook_class_with_slots_comes_back(ip):
     report = _passed(ip, "pair = Pair(torch.ones(2).cuda() * 2, 3)")
     assert [d.path for d in report.comparison.diffs] == ["pair.a", "pair.b"]
     assert ip.user_ns["pair"].b == 3
+
+
+def test_a_tuple_reached_twice_reaches_the_target_on_its_device(ip):
+    # the second visit of a tuple rebuilt around moved tensors found the unmoved one: a false
+    # ERROR (found by an independent review)
+    run_cell(ip, "import torch")
+    _passed(ip, "a = torch.randn(3).cuda()\npair = (a, a * 2)\nd = {'x': pair, 'y': pair}")
+    _passed(ip, "out = d['y'][0] + d['x'][1]")
+
+
+def test_a_tensor_a_notebook_object_keeps_on_the_host_stays_there(ip):
+    # an object the cell put on cuda had every tensor moved, a counter kept on the host too:
+    # `.numpy()` of it raised on the target (found by an independent review)
+    run_cell(
+        ip,
+        "import torch\nclass Trainer:\n    def __init__(self):\n"
+        "        self.model = torch.nn.Linear(2, 2).cuda()\n        self.counts = torch.zeros(2)\n"
+        "        self.on_device = torch.ones(2).cuda()",
+    )
+    _passed(ip, "trainer = Trainer()")
+    _passed(ip, "c = trainer.counts.numpy().copy()\ny = trainer.model(trainer.on_device)")

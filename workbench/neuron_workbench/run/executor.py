@@ -28,6 +28,7 @@ from neuron_workbench.run.measurements import reads_memory_statistics
 from neuron_workbench.run.namespace import (
     ResidentObjects,
     isolate,
+    mark_attribute_tensors,
     move_to_device,
     needs_copy,
     on_accelerator,
@@ -621,4 +622,5 @@ def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
         )
         if on_device:
             resident.add(value)
+            mark_attribute_tensors(value, counterpart)
     resident.prune()

@@ -106,10 +106,25 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
             memo: dict[int, Any] = {}
             for name, value in wanted.items():
                 try:
-                    copies[name] = copy.deepcopy(value, memo)
+                    copies[name] = _deepcopy_or_undo(value, memo)
                 except Exception:
                     shared.append(name)
             return copies, shared
+
+
+def _deepcopy_or_undo(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``; if it fails, the memo is left as it was, and it raises.
+
+    A copy that fails part way has put half-built objects in the memo (a trainer whose attributes
+    were never set): another value copied with the same memo would get them as its copies.
+    """
+    known = len(memo)
+    try:
+        return copy.deepcopy(value, memo)
+    except Exception:
+        for key in list(memo)[known:]:  # a dict keeps insertion order: what this copy added
+            del memo[key]
+        raise
 
 
 def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:
@@ -134,8 +149,14 @@ def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types
     memo[id(value)] = result
     memo.setdefault(id(memo), []).append(value)  # alive with the memo (its id is a key)
     for cell, new in zip(value.__closure__, cells, strict=True):
-        with contextlib.suppress(ValueError):  # a cell not filled yet stays empty
-            new.cell_contents = copy.deepcopy(cell.cell_contents, memo)
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell not filled yet stays empty
+            continue
+        try:
+            new.cell_contents = _deepcopy_or_undo(contents, memo)
+        except Exception:  # an open file, a lock: shared by the runs, as the function was
+            new.cell_contents = contents
     return result
 
 
@@ -385,7 +406,7 @@ def move_to_device(
     device: torch.device,
     force: bool = False,
     memo: dict[int, torch.UntypedStorage] | None = None,
-    seen: set[int] | None = None,
+    seen: dict[int, Any] | None = None,
 ) -> Any:
     """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
 
@@ -395,12 +416,14 @@ def move_to_device(
     in CUDA code a CPU tensor is there on purpose. Tensors that share a storage share one device
     storage afterwards (views keep their base), across every call given the same ``memo``. The
     attributes of notebook objects and what notebook closures and bound methods hold move in place;
-    ``seen`` holds the containers and objects gone through (a graph with cycles: a trainer's
-    callbacks holding the trainer).
+    ``seen`` maps the containers and objects gone through to what they became (a graph with
+    cycles: a trainer's callbacks holding the trainer; a tuple reached twice). A tensor a notebook
+    object holds moves when the cell had put it on the device (:func:`mark_attribute_tensors`),
+    not because the object did.
     """
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        if (force or value.device.type != "cpu") and value.device != device:
+        if (force or on_accelerator(value)) and value.device != device:
             return _moved_tensor(value, device, memo)
         return value
     if isinstance(value, torch.nn.Module):
@@ -416,12 +439,12 @@ def move_to_device(
         return value
     if type(value) in _ATOMS:
         return value
-    seen = set() if seen is None else seen
+    seen = {} if seen is None else seen
     if id(value) in seen:
-        return value
-    seen.add(id(value))
+        return seen[id(value)]
+    seen[id(value)] = value  # what a cycle back to it finds while it is being moved
 
-    def moved(item: Any) -> Any:
+    def moved(item: Any, force: bool = force) -> Any:
         return move_to_device(item, device, force, memo, seen)
 
     if isinstance(value, list):
@@ -429,9 +452,11 @@ def move_to_device(
         return value
     if isinstance(value, tuple):
         items = [moved(v) for v in value]
-        if all(m is v for m, v in zip(items, value, strict=True)):
-            return value
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if not all(m is v for m, v in zip(items, value, strict=True)):
+            rebuilt = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+            seen[id(value)] = rebuilt
+            return rebuilt
+        return value
     if isinstance(value, dict):
         for key in list(value):
             value[key] = moved(value[key])
@@ -440,7 +465,9 @@ def move_to_device(
     if user_object(value) and isinstance(getattr(value, "__dict__", None), dict):
         attributes = vars(value)
         for key in list(attributes):
-            attributes[key] = moved(attributes[key])
+            item = attributes[key]
+            # its own tensors by where the cell had them (a counter kept on the host stays)
+            attributes[key] = moved(item, force and not isinstance(item, torch.Tensor))
     elif type(value) is types.FunctionType and _closure_state(value):
         for cell in value.__closure__ or ():
             with contextlib.suppress(ValueError):
@@ -507,6 +534,28 @@ def _device_view(
 
 #: Attribute a host tensor carries when it was sent back from a target worker's device (its device).
 ORIGIN_ATTR = "_workbench_device"
+
+
+def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
+    """Mark the tensors notebook objects in ``kept`` hold where ``other``'s are on a device.
+
+    ``kept`` and ``other`` are one name's values after the two runs of a cell. A run on the host
+    holds every tensor on the CPU: the accelerator run's placement of the same attribute says which
+    ones the cell put on cuda, for the next cell's runs (:func:`move_to_device`).
+    """
+    if depth > 8 or not user_object(kept) or type(other) is not type(kept):
+        return
+    mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return
+    for key, item in mine.items():
+        counterpart = theirs.get(key)
+        if isinstance(item, torch.Tensor) and isinstance(counterpart, torch.Tensor):
+            if on_accelerator(counterpart) and not on_accelerator(item):
+                with contextlib.suppress(AttributeError, TypeError):
+                    vars(item)[ORIGIN_ATTR] = "cuda"
+        elif item is not kept:
+            mark_attribute_tensors(item, counterpart, depth + 1)
 
 
 def on_accelerator(tensor: torch.Tensor) -> bool:
@@ -704,7 +753,7 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
             elif type(item) in _CALLABLES_HOLDING_STATE:
                 follow(held_values(item), depth + 1)
             elif needs_copy(item) and not _ours(item):
-                inside_library = inside_library or not user_object(item)
+                inside_library = inside_library or type(item).__module__ != "__main__"
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
                     follow(attributes.values(), depth + 1)
@@ -731,11 +780,12 @@ _CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.part
 def _holds_state(item: Any) -> bool:
     """Whether two names reaching ``item`` share state through it.
 
-    Modules, optimizers, mutable containers and notebook objects; not what is only shared as a
-    constant (a class, a function, an enum member, a library's logger).
+    Modules, optimizers, mutable containers and objects of notebook classes; not what is only
+    shared as a constant (a class, a function, an enum member, a library's logger or config: a
+    teacher and a student built from one config share no state through it).
     """
     return isinstance(item, torch.nn.Module | torch.optim.Optimizer | list | dict | set) or (
-        user_object(item) and not isinstance(item, enum.Enum)
+        type(item).__module__ == "__main__" and not isinstance(item, type | enum.Enum)
     )
 
 
