@@ -194,18 +194,23 @@ def compile_request_in_place(module: torch.nn.Module) -> dict[str, Any] | None:
     return attributes.get(COMPILE_REQUEST_ATTR)
 
 
+def _deepcopy_as_copy_does(value: Any, memo: dict[int, Any]) -> Any:
+    """What ``copy.deepcopy`` makes of an object without a ``__deepcopy__`` of its own."""
+    reductor = copyreg.dispatch_table.get(type(value))
+    reduced = reductor(value) if reductor is not None else value.__reduce_ex__(4)
+    if isinstance(reduced, str):  # a global, as copy.deepcopy treats it
+        return value
+    return copy._reconstruct(value, memo, *reduced)  # type: ignore[attr-defined]
+
+
 def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Module:  # noqa: N807
     """A module's deep copy as ``copy.deepcopy`` makes it, compiled again if it was in place.
 
     ``Module.__getstate__`` drops what ``model.compile()`` set: without this, every run of a later
     cell would use an eager copy of a model the notebook compiled.
     """
-    reductor = copyreg.dispatch_table.get(type(self))
-    reduced = reductor(self) if reductor is not None else self.__reduce_ex__(4)
-    if isinstance(reduced, str):  # a global, as copy.deepcopy treats it
-        return self
-    result = copy._reconstruct(self, memo, *reduced)  # type: ignore[attr-defined]
-    if vars(self).get("_compiled_call_impl") is not None:
+    result = _deepcopy_as_copy_does(self, memo)
+    if result is not self and vars(self).get("_compiled_call_impl") is not None:
         request = compile_request_in_place(self)
         if request is not None:
             result.compile(**request)
@@ -298,12 +303,8 @@ def _watched_by_lr_scheduler(optimizer: torch.optim.Optimizer) -> None:
 
 def _deepcopy_optimizer(self: torch.optim.Optimizer, memo: dict[int, Any]) -> Any:  # noqa: N807
     """An optimizer's deep copy as ``copy.deepcopy`` makes it, with :func:`optimizer_extras`."""
-    reductor = copyreg.dispatch_table.get(type(self))
-    reduced = reductor(self) if reductor is not None else self.__reduce_ex__(4)
-    if isinstance(reduced, str):
-        return self
-    result = copy._reconstruct(self, memo, *reduced)  # type: ignore[attr-defined]
-    extras = optimizer_extras(self)
+    result = _deepcopy_as_copy_does(self, memo)
+    extras = optimizer_extras(self) if result is not self else {}
     if extras:  # its hooks with the run's copies of what they hold (an EMA model)
         restore_optimizer_extras(result, copy.deepcopy(extras, memo))
     return result
