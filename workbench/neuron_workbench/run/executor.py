@@ -27,10 +27,12 @@ from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.measurements import reads_memory_statistics
 from neuron_workbench.run.namespace import (
     ResidentObjects,
+    function_like,
     isolate,
     mark_attribute_tensors,
     move_to_device,
     needs_copy,
+    notebook_function,
     on_accelerator,
     tensors_in,
     version_signature,
@@ -590,19 +592,10 @@ def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:
         type(value) is not types.FunctionType
         or not isinstance(namespace, dict)
         or value.__globals__ is namespace
-        # a function of the notebook (not a library's wrapper of one, which takes its __module__)
-        or value.__globals__.get("__name__") != namespace.get("__name__", "__main__")
-        or "_torchdynamo_orig_callable" in vars(value)
+        or not notebook_function(value, namespace.get("__name__", "__main__"))
     ):
         return value
-    function = types.FunctionType(
-        value.__code__, namespace, value.__name__, value.__defaults__, value.__closure__
-    )
-    function.__kwdefaults__ = value.__kwdefaults__
-    function.__qualname__ = value.__qualname__
-    function.__doc__ = value.__doc__
-    function.__dict__.update(value.__dict__)
-    return function
+    return function_like(value, namespace, value.__closure__)
 
 
 def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:

@@ -48,9 +48,7 @@ def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:
     if (
         depth > 4  # a closure holding itself (a recursive inner function)
         or function.__closure__ is None
-        # the notebook's (not a library's wrapper of one, which takes its __module__)
-        or function.__globals__.get("__name__") != "__main__"
-        or "_torchdynamo_orig_callable" in vars(function)
+        or not notebook_function(function)
     ):
         return []
     held = []
@@ -65,6 +63,37 @@ def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:
         elif needs_copy(contents):
             held.append(contents)
     return held
+
+
+def notebook_function(function: types.FunctionType, module_name: str = "__main__") -> bool:
+    """Whether ``function`` is the notebook's own (its globals are those of ``module_name``).
+
+    Not a library's wrapper of one (``functools.wraps`` gives it the notebook's ``__module__``), nor
+    a compiled function (Dynamo's state is in its closure).
+    """
+    return function.__globals__.get(
+        "__name__"
+    ) == module_name and "_torchdynamo_orig_callable" not in vars(function)
+
+
+def function_like(
+    function: types.FunctionType,
+    globals_: dict[str, Any],
+    closure: tuple[types.CellType, ...] | None,
+) -> types.FunctionType:
+    """``function`` made again over ``globals_`` and ``closure``.
+
+    Its code, defaults, names and attributes are the same.
+    """
+    result = types.FunctionType(
+        function.__code__, globals_, function.__name__, function.__defaults__, closure
+    )
+    result.__kwdefaults__ = function.__kwdefaults__
+    result.__qualname__ = function.__qualname__
+    result.__module__ = function.__module__
+    result.__doc__ = function.__doc__
+    result.__dict__.update(function.__dict__)
+    return result
 
 
 def held_values(value: Any) -> list[Any]:
@@ -138,14 +167,7 @@ def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types
         return value
     assert value.__closure__ is not None
     cells = tuple(types.CellType() for _ in value.__closure__)
-    result = types.FunctionType(
-        value.__code__, value.__globals__, value.__name__, value.__defaults__, cells
-    )
-    result.__kwdefaults__ = value.__kwdefaults__
-    result.__qualname__ = value.__qualname__
-    result.__module__ = value.__module__
-    result.__doc__ = value.__doc__
-    result.__dict__.update(value.__dict__)
+    result = function_like(value, value.__globals__, cells)
     memo[id(value)] = result
     memo.setdefault(id(memo), []).append(value)  # alive with the memo (its id is a key)
     for cell, new in zip(value.__closure__, cells, strict=True):

@@ -23,7 +23,7 @@ from neuron_workbench.run.namespace import on_accelerator, tensors_in, with_name
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
-from neuron_workbench.run.transport import Loaded, Packed, dumps, unloadable_in
+from neuron_workbench.run.transport import Loaded, Packed, dumps, sending_error, unloadable_in
 
 _ATOMS = (str, int, float, bool, bytes, complex, type(None))
 
@@ -115,7 +115,9 @@ class SlotExecutor:
         except WorkbenchUsageError:
             # one of the names along cannot be sent (a DataLoader iterator over a dataset the cell
             # reads): it stays behind, as it would had it shared nothing
-            sendable = {n: v for n, v in values.items() if n not in along or _can_be_sent(v)}
+            sendable = {
+                n: v for n, v in values.items() if n not in along or sending_error(v) is None
+            }
             if len(sendable) == len(values):
                 raise
             message = pack_request(request, sendable, namespace, backend.name, worker.arena)
@@ -190,14 +192,6 @@ class PendingRun:
     def cancel(self) -> None:
         """Abandon the run (a worker running it is ended): nothing of it reaches the next cell."""
         self._slot.cancel(self._request_id)
-
-
-def _can_be_sent(value: Any) -> bool:
-    try:
-        dumps(value)
-    except Exception:
-        return False
-    return True
 
 
 def _not_loadable_here(run: Run, target: str) -> None:

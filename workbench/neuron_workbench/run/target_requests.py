@@ -37,6 +37,7 @@ from neuron_workbench.run.transport import (
     dumps,
     loads,
     remember_compile_requests,
+    sending_error,
 )
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
@@ -429,11 +430,10 @@ def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
     """Replace each result that cannot be pickled by a :class:`NotCompared` naming why."""
 
     def why(value: Any) -> str | None:
-        try:
-            dumps(value).discard()
-        except Exception as exc:
-            return f"could not be sent back from the {target} worker process ({first_line(exc)})"
-        return None
+        exc = sending_error(value)
+        if exc is None:
+            return None
+        return f"could not be sent back from the {target} worker process ({first_line(exc)})"
 
     not_compared(run, why)
 

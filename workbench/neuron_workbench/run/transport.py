@@ -32,7 +32,7 @@ import threading
 import types
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -341,7 +341,7 @@ class _Pickler(cloudpickle.Pickler):
         elif isinstance(obj, torch.optim.Optimizer):
             extras = optimizer_extras(obj)
             if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
-                return _reduce_optimizer(obj, extras)
+                return _reduced_then(obj, restore_optimizer_extras, extras)
         elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
             # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
             # parametrized module
@@ -490,8 +490,27 @@ def _reduce_compiled_in_place(module: torch.nn.Module) -> Any:
     request = compile_request_in_place(module)
     if request is None:
         raise pickle.PicklingError(COMPILED_BEFORE_LOAD)
-    func, args, state, items, entries = (*module.__reduce_ex__(5), None, None, None)[:5]
-    return func, args, (state, request), items, entries, _compiled_in_place_again
+    return _reduced_then(module, _compile_in_place, request)
+
+
+def _reduced_then(obj: Any, then: Callable[[Any, Any], None], extra: Any) -> Any:
+    """``obj`` as pickle reduces it; on arrival its state is set, then ``then(obj, extra)`` runs.
+
+    For what ``__getstate__`` drops (a module's compiled call, an optimizer's hooks).
+    """
+    func, args, state, items, entries = (*obj.__reduce_ex__(5), None, None, None)[:5]
+    return func, args, (state, then, extra), items, entries, _state_then
+
+
+def _state_then(obj: Any, packed: tuple[Any, Callable[[Any, Any], None], Any]) -> None:
+    state, then, extra = packed
+    if state is not None:
+        obj.__setstate__(state)
+    then(obj, extra)
+
+
+def _compile_in_place(module: torch.nn.Module, request: dict[str, Any]) -> None:
+    module.compile(**request)
 
 
 def _reduce_slotted(obj: Any) -> Any:
@@ -517,27 +536,6 @@ def _slot_names(kind: type) -> Iterator[str]:
     for klass in kind.__mro__:
         names = vars(klass).get("__slots__", ())
         yield from (names,) if isinstance(names, str) else names
-
-
-def _reduce_optimizer(optimizer: torch.optim.Optimizer, extras: dict[str, Any]) -> Any:
-    """An optimizer as pickle gives it, with its extras (hooks, a scheduler's watch) set on arrival."""
-    func, args, state, items, entries = (*optimizer.__reduce_ex__(5), None, None, None)[:5]
-    return func, args, (state, extras), items, entries, _optimizer_with_extras
-
-
-def _optimizer_with_extras(optimizer: torch.optim.Optimizer, state: tuple[Any, Any]) -> None:
-    optimizer_state, extras = state
-    if optimizer_state is not None:
-        optimizer.__setstate__(optimizer_state)
-    restore_optimizer_extras(optimizer, extras)
-
-
-def _compiled_in_place_again(module: torch.nn.Module, state: tuple[Any, dict[str, Any]]) -> None:
-    """Set a module's pickled state, then ``module.compile(**request)`` in this process."""
-    module_state, request = state
-    if module_state is not None:
-        module.__setstate__(module_state)
-    module.compile(**request)
 
 
 #: Why a module or function compiled in an earlier cell cannot go to another process.
@@ -622,6 +620,15 @@ def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()
         sink.abandon()
         raise
     return Packed(stream.getvalue(), buffers, sink.storages, sink.path, sink.table)
+
+
+def sending_error(value: Any) -> Exception | None:
+    """Why ``value`` cannot be sent to another process (None: it can)."""
+    try:
+        dumps(value).discard()
+    except Exception as exc:
+        return exc
+    return None
 
 
 # ---- receiving -----------------------------------------------------------------------------------
