@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 
 from neuron_workbench.backends.registry import resolve_executor
 from neuron_workbench.run import worker_process
-from neuron_workbench.run.namespace import ORIGIN_ATTR
+from neuron_workbench.run.namespace import ORIGIN_ATTR, on_accelerator
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
 
@@ -1304,3 +1304,51 @@ def test_a_tensor_a_notebook_object_keeps_on_the_host_stays_there(ip):
     )
     _passed(ip, "trainer = Trainer()")
     _passed(ip, "c = trainer.counts.numpy().copy()\ny = trainer.model(trainer.on_device)")
+
+
+#: A model and a tensor a %%neuron cell put on cuda, then moved in a plain cell.
+ON_CUDA = """%%neuron -o r0
+model = torch.nn.Linear(4, 2).cuda()
+x = torch.ones(1, 4, device="cuda")
+"""
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+@pytest.mark.parametrize(
+    "move", ["model.cpu()", "model = model.to('cpu')", "device = 'cpu'\nmodel.to(device)"]
+)
+def test_a_model_moved_back_in_a_plain_cell_stays_on_the_cpu(ip, keep, move):
+    # On a GPU the model is on the CPU after the plain cell, and a CPU input works with it; the
+    # next cell had put it on the target's device again (a device mismatch there: a false ERROR).
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    run_cell(ip, ON_CUDA.replace("-o r0", f"-o r0 --keep {keep}"))
+    assert _report(ip, "r0").verdict == "PASS"
+    run_cell(ip, move)
+    report = _passed(ip, "y = model(torch.ones(1, 4))\nw = model.weight.cuda() * 2")
+    assert not on_accelerator(report.target.bindings["y"])
+    # what the cell moves to cuda again is on the device (the answer's tensors say where they were)
+    assert on_accelerator(report.target.bindings["w"])
+    _passed(ip, "z = model.cuda()(x).sum()")
+
+
+def test_a_tensor_copied_to_the_cpu_leaves_the_original_on_the_device(ip):
+    # `y = x.cpu()` on a GPU: y is a CPU copy, x stays on cuda. Here both names held one object,
+    # so the next cell put y on the device too (a false ERROR with a CPU tensor).
+    run_cell(ip, "import torch")
+    run_cell(ip, ON_CUDA)
+    run_cell(ip, "y = x.cpu()\nx.cpu()")
+    assert ip.user_ns["y"] is not ip.user_ns["x"]
+    report = _passed(ip, "a = y + torch.ones(4)\nb = x + torch.ones(4, device='cuda')")
+    assert not on_accelerator(report.target.bindings["a"])
+    assert on_accelerator(report.target.bindings["b"])
+    run_cell(ip, "x = x.cpu()")
+    report = _passed(ip, "c = x + torch.ones(4)")
+    assert not on_accelerator(report.target.bindings["c"])
+
+
+def test_a_plain_cell_that_fails_moves_nothing(ip):
+    run_cell(ip, "import torch")
+    run_cell(ip, ON_CUDA)
+    assert not run_cell(ip, "model.cpu()\nraise ValueError('stop')", allow_error=True).success
+    report = _passed(ip, "z = model(x)")
+    assert on_accelerator(report.target.bindings["z"])

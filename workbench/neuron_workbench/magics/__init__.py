@@ -34,6 +34,11 @@ def register(shell: Any) -> None:
         instances.append(instance)
     from neuron_workbench.magics.neuron import prepare_target
 
+    # a plain cell's moves to the CPU (model.cpu()) hold for the next %%neuron cell
+    callbacks = shell.events.callbacks["post_run_cell"]
+    callbacks[:] = [c for c in callbacks if getattr(c, "__name__", "") != "after_plain_cell"]
+    shell.events.register("post_run_cell", instances[0].after_plain_cell)
+
     prepare_target(instances[0].target, instances[0].executor)
     # functions and modules the notebook compiles from now on can travel to a target's process,
     # compiled again there (after prepare_target: an emulated torch.compile here stays inside)

@@ -172,6 +172,25 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         self.session = Session()
         self._start_dir = os.getcwd()
 
+    def after_plain_cell(self, result: Any) -> None:
+        """After every cell (IPython's ``post_run_cell``): what a plain cell moved to the CPU.
+
+        ``model.cpu()`` in a plain cell changes nothing in a kernel holding the cpu stand-in for
+        cuda; without this the next ``%%neuron`` cell put the model back on each run's device.
+        """
+        if not getattr(result, "success", False):
+            return  # what ran before the error is unknown: everything stays where it was
+        raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
+        if ".cpu(" not in raw and ".to(" not in raw:
+            return
+        from neuron_workbench.run.host_moves import forget_moves_to_host
+
+        try:
+            source = self.shell.transform_cell(raw)
+            forget_moves_to_host(source, self.shell.user_ns, self.session.resident)
+        except Exception:  # noqa: BLE001 - a plain cell's aftermath must never fail the cell
+            return
+
     @magic_arguments()
     @_table_arguments
     @argument(

@@ -854,6 +854,11 @@ class ResidentObjects:
 
         self._entries[id(value)] = ref
 
+    def discard(self, value: Any) -> None:
+        """Forget ``value`` (moved off the device); nothing happens if it was not remembered."""
+        if value in self:
+            del self._entries[id(value)]
+
     def __contains__(self, value: Any) -> bool:
         ref = self._entries.get(id(value))
         return ref is not None and ref() is value
