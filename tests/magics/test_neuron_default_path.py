@@ -1352,3 +1352,31 @@ def test_a_plain_cell_that_fails_moves_nothing(ip):
     assert not run_cell(ip, "model.cpu()\nraise ValueError('stop')", allow_error=True).success
     report = _passed(ip, "z = model(x)")
     assert on_accelerator(report.target.bindings["z"])
+
+
+def test_a_notebook_class_keeps_its_own_methods_after_its_instance_comes_back(ip):
+    # The answer's instance is of the notebook's own class; loading it set the worker's copies of
+    # the class's methods on it, whose globals were the worker's copy of the notebook's: every
+    # later call read stale globals (PASS while the cell computed with an old `act`).
+    run_cell(
+        ip,
+        "import torch\nact = torch.relu\ncalls = 0\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(2, 2)\n"
+        "    def forward(self, x):\n"
+        "        global calls\n"
+        "        calls += 1\n"
+        "        return act(self.fc(x))\n"
+        "torch.manual_seed(0)\nmodel = Net()\nx = torch.tensor([[1.0, -2.0]])",
+    )
+    forward = ip.user_ns["Net"].forward
+    _passed(ip, "model.cuda()")
+    assert ip.user_ns["Net"].forward is forward
+    assert ip.user_ns["Net"].forward.__globals__ is ip.user_ns
+    run_cell(ip, "act = torch.tanh\nmodel(x)")
+    assert ip.user_ns["calls"] == 1
+    report = _passed(ip, "y = model(x.cuda())")
+    assert torch.equal(report.ref.bindings["y"], torch.tanh(ip.user_ns["model"].fc(ip.user_ns["x"])))
+    assert (ip.user_ns["y"] < 0).any()  # tanh, not the relu the worker's copy held

@@ -424,3 +424,18 @@ def test_a_notebook_function_still_brings_the_submodules_it_uses(monkeypatch):
     assert back is not act and torch.equal(
         back(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0])
     )
+
+
+def test_an_answer_leaves_a_class_this_process_has_as_it_is():
+    # A notebook class travels by value; an answer's instance is of this process's own class, whose
+    # methods must not become the sender's copies (their globals are the sender's).
+    namespace = {"__name__": "__main__", "SCALE": 2}
+    exec("class Scaled:\n    def get(self):\n        return SCALE", namespace)
+    cls = namespace["Scaled"]
+    packed = dumps(cls())
+    cls.get = lambda self: "changed here after sending"
+    method = cls.get
+    back = loads_leniently(packed).value
+    assert type(back) is cls and cls.get is method
+    # a request (loads) keeps cloudpickle's way: the sender's class is the truth there
+    assert loads(packed).get() == 2 and cls.get is not method

@@ -751,6 +751,8 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(stream, buffers=buffers)
         self.lenient = lenient
         self.stood_in = False
+        # classes sent by value that this process already had (found by cloudpickle's tracker id)
+        self._known_classes: set[int] = set()
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -760,9 +762,31 @@ class _Unpickler(pickle.Unpickler):
                 raise
             self.stood_in = True
             return _stand_in(f"{module}.{name}", exc)
-        if self.lenient and found is cloudpickle.cloudpickle.subimport:
-            return self._subimport
+        if self.lenient:
+            if found is cloudpickle.cloudpickle.subimport:
+                return self._subimport
+            # An answer's notebook class is the kernel's own (cloudpickle finds it by its tracker
+            # id), and stays as the notebook defined it: cloudpickle would set the target's rebuilt
+            # methods on it, whose globals are the target's copy of the notebook's, so every
+            # method of the class read stale globals from then on, in every later cell.
+            if found in _SKELETON_MAKERS:
+                return functools.partial(self._skeleton, found)
+            if found is _CLASS_SETSTATE:
+                return self._class_setstate
         return found
+
+    def _skeleton(self, make: Callable[..., Any], *args: Any) -> Any:
+        tracker_id = args[-2] if len(args) > 1 else None  # (..., class_tracker_id, extra)
+        known = tracker_id is not None and tracker_id in _CLASS_TRACKER
+        made = make(*args)
+        if known:
+            self._known_classes.add(id(made))
+        return made
+
+    def _class_setstate(self, obj: Any, state: Any) -> Any:
+        if id(obj) in self._known_classes:
+            return obj
+        return _CLASS_SETSTATE(obj, state)
 
     def _subimport(self, name: str) -> Any:
         try:
@@ -773,6 +797,14 @@ class _Unpickler(pickle.Unpickler):
                 return equivalent
             self.stood_in = True
             return _stand_in(f"module {name}", exc)()
+
+
+_CLASS_SETSTATE = cloudpickle.cloudpickle._class_setstate
+_CLASS_TRACKER = cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
+_SKELETON_MAKERS = (
+    cloudpickle.cloudpickle._make_skeleton_class,
+    cloudpickle.cloudpickle._make_skeleton_enum,
+)
 
 
 def device_module_equivalent(name: str) -> types.ModuleType | None:
@@ -800,7 +832,12 @@ def loads(packed: Packed) -> Any:
 
 
 def loads_leniently(packed: Packed) -> Loaded:
-    """Like :func:`loads`, with :class:`Unloadable` stand-ins for what cannot be rebuilt here."""
+    """Like :func:`loads`, for a target's answer in the kernel.
+
+    What cannot be rebuilt here becomes an :class:`Unloadable` stand-in, and a class sent by value
+    that this process already has stays as it is here (the target's copy of its methods is not set
+    on it).
+    """
     return _load(packed, True)
 
 
