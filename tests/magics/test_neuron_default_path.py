@@ -1378,5 +1378,7 @@ def test_a_notebook_class_keeps_its_own_methods_after_its_instance_comes_back(ip
     run_cell(ip, "act = torch.tanh\nmodel(x)")
     assert ip.user_ns["calls"] == 1
     report = _passed(ip, "y = model(x.cuda())")
-    assert torch.equal(report.ref.bindings["y"], torch.tanh(ip.user_ns["model"].fc(ip.user_ns["x"])))
+    assert torch.equal(
+        report.ref.bindings["y"], torch.tanh(ip.user_ns["model"].fc(ip.user_ns["x"]))
+    )
     assert (ip.user_ns["y"] < 0).any()  # tanh, not the relu the worker's copy held
