@@ -129,7 +129,7 @@ def test_every_compare_option_set_reaches_the_report_and_back():
         elif option.kind == "choice":
             changed[option.name] = next(c for c in option.choices if c != option.default)
         elif option.kind == "int":
-            changed[option.name] = option.default + 2
+            changed[option.name] = (option.default or 0) + 2
     options = CompareOptions(**changed)
     assert {f.name for f in dataclasses.fields(CompareOptions)} <= set(changed)
     data = options.to_dict()

@@ -633,8 +633,13 @@ def test_a_model_compiled_in_place_stays_compiled_in_later_cells_on_both_sides(i
         run_cell(ip, "%%neuron -o r\ny = model(x.cuda())\ny.sum().backward()")
         report = _report(ip)
         assert report.verdict == "PASS", report.summary()
+        # the kernel's copy reuses the graph its first cell compiled, as a copy does in plain
+        # PyTorch; the worker compiles again (the notebook's class arrives anew with each request)
+        assert _graphs(report, "ref") == [], report.to_dict()["ref"]["compile"]
+        assert _graphs(report, "target") == [("forward", 3)], report.to_dict()["target"]
         for role in ("ref", "target"):
-            assert _graphs(report, role) == [("forward", 3)], (role, report.to_dict()[role])
+            record = report.to_dict()[role]["compile"]
+            assert record["recompiles"] == [] and record["graph_breaks"] == [], record
         assert ip.user_ns["model"]._compiled_call_impl is not None  # committed compiled
 
 

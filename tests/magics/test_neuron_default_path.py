@@ -6,8 +6,10 @@ base, names read without scopes, a worker that did not start in time, a cell tha
 
 import os
 import pathlib
+import random
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -1382,3 +1384,56 @@ def test_a_notebook_class_keeps_its_own_methods_after_its_instance_comes_back(ip
         report.ref.bindings["y"], torch.tanh(ip.user_ns["model"].fc(ip.user_ns["x"]))
     )
     assert (ip.user_ns["y"] < 0).any()  # tanh, not the relu the worker's copy held
+
+
+def _kept(ip, body, keep):
+    run_cell(ip, f"%%neuron --keep {keep} -o r\n{body}")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    return report
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_each_cell_draws_on_from_the_notebooks_random_state(ip, keep):
+    # Plain code draws on from `torch.manual_seed(123)`; every %%neuron cell restarted at seed 0,
+    # so each epoch cell shuffled and drew the same numbers, and the notebook's seed was ignored.
+    run_cell(ip, "import random\nimport numpy as np\nimport torch\ntorch.manual_seed(123)")
+    run_cell(ip, "random.seed(7)\nnp.random.seed(7)")
+    cell = "a = torch.randn(3, device='cuda')\np = random.random()\nn = np.random.rand()"
+    first = _kept(ip, cell, keep)
+    p1, n1 = ip.user_ns["p"], ip.user_ns["n"]
+    second = _kept(ip, cell, keep)
+    run_cell(ip, "after = torch.randn(3)")
+    torch_draws = torch.Generator().manual_seed(123)
+    expected = [torch.randn(3, generator=torch_draws) for _ in range(3)]
+    for report, draw in ((first, expected[0]), (second, expected[1])):
+        assert torch.equal(report.ref.bindings["a"], draw)
+        assert torch.equal(report.target.bindings["a"], draw)  # the emulated device draws alike
+    assert torch.equal(ip.user_ns["after"], expected[2])
+    python_draws, numpy_draws = random.Random(7), np.random.RandomState(7)
+    assert (p1, ip.user_ns["p"]) == (python_draws.random(), python_draws.random())
+    assert (n1, ip.user_ns["n"]) == (numpy_draws.rand(), numpy_draws.rand())
+
+
+def test_an_epoch_cell_shuffles_anew_each_time(ip):
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader\ntorch.manual_seed(0)\n"
+        "loader = DataLoader(list(range(8)), batch_size=8, shuffle=True)",
+    )
+    orders = [_passed(ip, "order = next(iter(loader)).tolist()").ref.bindings["order"]]
+    orders.append(_passed(ip, "order = next(iter(loader)).tolist()").ref.bindings["order"])
+    run_cell(ip, "torch.manual_seed(0)\nplain = [next(iter(loader)).tolist() for _ in range(2)]")
+    assert orders == ip.user_ns["plain"] and orders[0] != orders[1]
+
+
+def test_a_seed_given_seeds_every_run_and_a_failed_cell_draws_nothing(ip):
+    run_cell(ip, "import torch\ntorch.manual_seed(5)\nfirst = torch.randn(2)\ntorch.manual_seed(1)")
+    for _ in range(2):
+        run_cell(ip, "%%neuron --seed 5 -o r\na = torch.randn(2, device='cuda')")
+        assert torch.equal(ip.user_ns["a"], ip.user_ns["first"])
+    run_cell(ip, "torch.manual_seed(1)")
+    run_cell(ip, "%%neuron -o r\nb = torch.randn(2, device='cuda')\nraise ValueError('stop')")
+    assert _report(ip).verdict == "ERROR" and "b" not in ip.user_ns
+    run_cell(ip, "after = torch.randn(2)\ntorch.manual_seed(1)\nexpected = torch.randn(2)")
+    assert torch.equal(ip.user_ns["after"], ip.user_ns["expected"])

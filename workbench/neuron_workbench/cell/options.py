@@ -145,9 +145,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "seed",
-        "seed of torch, random and numpy at the start of each run",
+        "seed of torch, random and numpy at the start of each run (default: each run starts from "
+        "the notebook's random state, and the kept run's carries on in the notebook)",
         kind="int",
-        default=0,
+        default=None,
         metavar="N",
         fronts=CELL | {RECORD},
     ),

@@ -43,6 +43,7 @@ from neuron_workbench.run.executor import (
     capture_text,
     notebook_default_device_suspended,
 )
+from neuron_workbench.run.random_state import restore_random_state
 from neuron_workbench.run.records import recorded
 
 if TYPE_CHECKING:
@@ -273,6 +274,10 @@ def compare_cell(
         mark_resident(resident, kept, other)
         last_value = kept.last_value
         sets_default_device, default_device_set = _default_device_set(kept, other)
+    elif spec.seed is None:
+        restore_random_state(
+            spec.random_state
+        )  # nothing committed: the notebook's state is as it was
     reports = [
         build_report(
             ref_run,

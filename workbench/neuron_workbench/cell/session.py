@@ -10,6 +10,7 @@ its device, the target worker processes).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -213,9 +214,11 @@ class Session:
         compare = options.compare
         program = program if program is not None else compile_cell(source)
         reference, warning = recorded_reference(options.against, source)
+        if compare.seed is None and (options.record or reference is not None):
+            # a recording is compared on another machine, from another notebook: its runs start
+            # from a seed that machine can give its own runs too, not from this notebook's state
+            compare = dataclasses.replace(compare, seed=0)
         if reference is not None:
-            import dataclasses
-
             compare = dataclasses.replace(compare, ref=reference.backend.name, keep="target")
         instruments = dict(instruments or {})
         if options.profile:

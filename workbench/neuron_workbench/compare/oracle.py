@@ -278,6 +278,7 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         spec.program,
         spec.namespace,
         seed=spec.seed,
+        random_state=spec.random_state,
         hidden=spec.hidden,
         resident=spec.resident,
         # compiled code runs eagerly: Dynamo would trace the promoting mode (the math is the same)

@@ -56,6 +56,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         spec.program,
         spec.namespace,
         seed=spec.seed,
+        random_state=spec.random_state,
         hidden=spec.hidden,
         resident=spec.resident,
         capture=spec.capture,

@@ -39,6 +39,11 @@ from neuron_workbench.run.namespace import (
     with_names_sharing_state,
 )
 from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.run.random_state import (
+    RandomState,
+    current_random_state,
+    restore_random_state,
+)
 from neuron_workbench.run.records import Run, RunError, RunFacts, recorded
 from neuron_workbench.run.remap import cuda_remapped_to
 from neuron_workbench.run.scalars import StopRun
@@ -152,7 +157,8 @@ class RunSpec:
         program: CellProgram,
         namespace: MutableMapping[str, Any],
         *,
-        seed: int = 0,
+        seed: int | None = 0,
+        random_state: RandomState | None = None,
         hidden: frozenset[str] = frozenset(),
         resident: ResidentObjects | None = None,
         capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
@@ -173,7 +179,13 @@ class RunSpec:
         self.rng_on_cpu = rng_on_cpu
         self.instruments = dict(instruments or {})
         self.namespace = namespace
+        #: Every run is seeded with it; None: every run starts from :attr:`random_state`.
         self.seed = seed
+        #: With no seed, the random state every run starts from (the notebook's, by default as it
+        #: is when the spec is made: before any run of the cell).
+        self.random_state = (
+            random_state if random_state is not None or seed is not None else current_random_state()
+        )
         self.hidden = hidden
         self.resident = resident if resident is not None else ResidentObjects()
         self.capture = capture
@@ -355,7 +367,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 name: stack.enter_context(instrument(backend))
                 for name, instrument in spec.instruments.items()
             }
-            seed_everything(spec.seed)
+            if spec.seed is None:
+                restore_random_state(spec.random_state)
+            else:
+                seed_everything(spec.seed)
             backend.reset_peak_memory()
             start = time.perf_counter()
             step_scalars: list[dict[str, float]] = []
@@ -393,7 +408,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             facts.notes.append(kept_apart_note(writes.written, spec.kept_run))
         run.memory = memory
         run.wall_time_s = wall
-        run.rng_state = torch.get_rng_state()
+        run.rng_state = current_random_state()
     except KeyboardInterrupt:
         raise
     except (Exception, SystemExit) as exc:  # the cell's own error: reported, never raised
@@ -578,7 +593,7 @@ def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
     for name in run.deleted:
         namespace.pop(name, None)
     if run.rng_state is not None:
-        torch.set_rng_state(run.rng_state)
+        restore_random_state(run.rng_state)
 
 
 def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:

@@ -93,6 +93,7 @@ class SlotExecutor:
         request = {
             "program": spec.program,
             "seed": spec.seed,
+            "random_state": getattr(spec, "random_state", None),
             "hidden": frozenset(spec.hidden) & (set(names) | set(spec.program.body.co_names)),
             "force": force,
             "instruments": spec.instruments,

@@ -308,6 +308,7 @@ def _run_request(
         program,
         namespace,
         seed=request["seed"],
+        random_state=request.get("random_state"),
         hidden=request["hidden"],
         resident=resident,
         instruments=request["instruments"],
