@@ -1437,3 +1437,29 @@ def test_a_seed_given_seeds_every_run_and_a_failed_cell_draws_nothing(ip):
     assert _report(ip).verdict == "ERROR" and "b" not in ip.user_ns
     run_cell(ip, "after = torch.randn(2)\ntorch.manual_seed(1)\nexpected = torch.randn(2)")
     assert torch.equal(ip.user_ns["after"], ip.user_ns["expected"])
+
+
+def test_generators_queues_and_arrays_held_by_two_names_stay_one_object(ip):
+    # `cfg` holds the notebook's generator, NumPy generator and deque: the cell draws and appends
+    # through cfg. Only containers, modules, optimizers and notebook objects counted as shared
+    # state, so `g`, `rng` and `q` kept their old objects: nothing advanced, nothing appended.
+    run_cell(
+        ip,
+        "import collections\nimport numpy as np\nimport torch\n"
+        "g = torch.Generator().manual_seed(1)\nrng = np.random.default_rng(1)\n"
+        "q = collections.deque()\nbuf = np.zeros(2)\n"
+        "cfg = {'gen': g, 'rng': rng, 'q': q, 'buf': buf}",
+    )
+    _passed(
+        ip,
+        "x = torch.rand(2, generator=cfg['gen']).cuda()\nu = cfg['rng'].random()\n"
+        "cfg['q'].append(1)\ncfg['buf'] += 1",
+    )
+    ns = ip.user_ns
+    for name, key in (("g", "gen"), ("rng", "rng"), ("q", "q"), ("buf", "buf")):
+        assert ns["cfg"][key] is ns[name], name
+    assert list(ns["q"]) == [1] and ns["buf"].tolist() == [1.0, 1.0]
+    plain_g, plain_rng = torch.Generator().manual_seed(1), np.random.default_rng(1)
+    torch.rand(2, generator=plain_g), plain_rng.random()
+    assert torch.equal(torch.rand(2, generator=ns["g"]), torch.rand(2, generator=plain_g))
+    assert ns["rng"].random() == plain_rng.random()

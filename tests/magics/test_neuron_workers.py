@@ -120,7 +120,10 @@ def test_unshippable_object_is_a_one_line_usage_error(ip):
     message = str(caught.value)
     assert "\n" not in message
     assert "'numbers' (a generator) cannot be sent to the neuron worker process" in message
-    assert message.endswith("run the cell with --executor inprocess")
+    # not --executor inprocess: both runs would draw from the one generator, each another item
+    assert message.endswith(
+        "take the item in a plain cell (batch = next(numbers)) and use it in the %%neuron cell"
+    )
     assert "first" not in ip.user_ns
 
 

@@ -2,6 +2,7 @@
 
 import os
 import textwrap
+import threading
 import time
 
 import pytest
@@ -114,12 +115,12 @@ def test_cell_runs_in_a_reused_worker_and_leaves_the_namespace_alone(session, na
 
 
 def test_unshippable_value_is_a_one_line_error_naming_it(session, namespace):
-    namespace["numbers"] = (i for i in range(3))
+    namespace["lock"] = threading.Lock()
     with pytest.raises(WorkbenchUsageError) as caught:
-        compare("first = next(numbers)", namespace, session)
+        compare("with lock:\n    first = 1", namespace, session)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("'numbers' (a generator) cannot be sent to the neuron worker")
+    assert message.startswith("'lock' (a lock) cannot be sent to the neuron worker")
     assert message.endswith("run the cell with --executor inprocess")
 
 

@@ -9,6 +9,7 @@ import copyreg
 import dataclasses
 import enum
 import functools
+import random
 import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
@@ -803,13 +804,31 @@ _CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.part
 def _holds_state(item: Any) -> bool:
     """Whether two names reaching ``item`` share state through it.
 
-    Modules, optimizers, mutable containers and objects of notebook classes; not what is only
-    shared as a constant (a class, a function, an enum member, a library's logger or config: a
-    teacher and a student built from one config share no state through it).
+    Modules, optimizers, mutable containers (a deque, a NumPy array), random generators (torch's,
+    ``random.Random``, NumPy's) and objects of notebook classes; not what is only shared as a
+    constant (a class, a function, an enum member, a library's logger or config: a teacher and a
+    student built from one config share no state through it).
     """
-    return isinstance(item, torch.nn.Module | torch.optim.Optimizer | list | dict | set) or (
-        type(item).__module__ == "__main__" and not isinstance(item, type | enum.Enum)
+    kind = type(item)
+    return (
+        isinstance(item, _STATE_HOLDERS)
+        or (kind.__module__ == "__main__" and not isinstance(item, type | enum.Enum))
+        or (kind.__module__.startswith("numpy") and kind.__name__ in _NUMPY_STATE_HOLDERS)
     )
+
+
+_STATE_HOLDERS = (
+    torch.nn.Module,
+    torch.optim.Optimizer,
+    torch.Generator,
+    list,
+    dict,
+    set,
+    collections.deque,
+    bytearray,
+    random.Random,
+)
+_NUMPY_STATE_HOLDERS = frozenset({"ndarray", "Generator", "RandomState"})
 
 
 def version_signature(value: Any) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ nothing for host ops), otherwise a dispatch mode writes every dispatched op.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import linecache
 import mmap
@@ -128,6 +129,15 @@ def pack_request(
                         f"{name!r} was compiled with torch.compile before %load_ext "
                         f"neuron_workbench, so it cannot be sent to the {target} worker process; "
                         f"run the cell that compiles it again, or {EXECUTOR_HINT}"
+                    ) from None
+                if isinstance(values[name], collections.abc.Iterator):
+                    # --executor inprocess would share it: both runs (and a FAIL's float64 oracle)
+                    # would draw from it, each a different item, and compare those
+                    raise WorkbenchUsageError(
+                        f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} "
+                        f"worker process ({first_line(item_exc)}), and both runs cannot draw from "
+                        f"one iterator; take the item in a plain cell (batch = next({name})) and "
+                        f"use it in the %%neuron cell"
                     ) from None
                 raise WorkbenchUsageError(
                     f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
