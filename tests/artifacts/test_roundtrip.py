@@ -207,8 +207,9 @@ FAILING = "flag = torch.tensor([1.0]) + (1.0 if torch.zeros(1, device='cuda').de
 
 @pytest.mark.parametrize("cell", [CELL, FAILING], ids=["pass-with-fallback", "numeric-fail"])
 def test_against_a_recording_reproduces_the_live_verdict(tmp_path, cell):
+    # seeded, as a recorded cell is (the session seeds --record and --against runs with 0)
     live = compare_cell(
-        compile_cell(cell), {"torch": torch}, CompareOptions(ref="cpu", target="neuron")
+        compile_cell(cell), {"torch": torch}, CompareOptions(ref="cpu", target="neuron", seed=0)
     ).report
     path = save(
         tmp_path / "ref.nwrun.zip", runs={"ref": live.ref}, cell_source=cell, report=live.to_dict()
