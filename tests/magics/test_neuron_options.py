@@ -52,6 +52,20 @@ def test_record_then_against_reproduces_the_verdict(ip, tmp_path):
     assert any("source" in w for w in ip.user_ns["changed"].warnings)
 
 
+def test_against_a_recording_a_class_changes_as_the_target_run_changed_it(ip, tmp_path):
+    # With --against the target's is the only run: the class change it made is the cell's. (The
+    # kernel keeps its own class when its reference run is live, and that run changed it.)
+    path = tmp_path / "run.nwrun.zip"
+    setup = "import torch\nclass C:\n    n = 0\n    def get(self):\n        return C.n"
+    cell = "obj = C()\nC.n += 1\nx = torch.ones(2).cuda()"
+    for option in (f"--record {path}", f"--against {path}"):
+        run_cell(ip, setup)
+        run_cell(ip, f"%%neuron {option} -o r\n{cell}")
+        assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+        assert (ip.user_ns["C"].n, ip.user_ns["obj"].get()) == (1, 1), option
+        assert type(ip.user_ns["obj"]) is ip.user_ns["C"]
+
+
 def test_against_a_missing_file_is_a_one_line_usage_error(ip, tmp_path):
     result = run_cell(ip, f"%%neuron --against {tmp_path / 'nope.zip'}\nx = 1", allow_error=True)
     assert isinstance(result.error_in_exec, UsageError)

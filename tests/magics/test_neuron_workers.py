@@ -127,6 +127,24 @@ def test_unshippable_object_is_a_one_line_usage_error(ip):
     assert "first" not in ip.user_ns
 
 
+def test_an_open_file_the_cell_writes_to_keeps_the_inprocess_hint(ip, tmp_path):
+    # a file is an iterator too, but nothing is drawn from it: --executor inprocess is the way
+    run_cell(ip, f"import torch\nlog = open({str(tmp_path / 'log.txt')!r}, 'w')")
+    with pytest.raises(UsageError) as caught:
+        run_cell(ip, "%%neuron\nlog.write(str(torch.ones(1, device='cuda').sum().item()))")
+    assert str(caught.value).endswith("run the cell with --executor inprocess")
+    run_cell(ip, "log.close()")
+
+
+def test_a_refused_cell_leaves_the_random_state_as_it_was(ip):
+    # --profile runs the reference first: it drew before the target's values were refused
+    run_cell(ip, "import torch\nnumbers = (i for i in range(3))\ntorch.manual_seed(3)")
+    with pytest.raises(UsageError):
+        run_cell(ip, "%%neuron --profile\na = torch.randn(2, device='cuda')\nb = next(numbers)")
+    run_cell(ip, "after = torch.randn(2)\ntorch.manual_seed(3)\nexpected = torch.randn(2)")
+    assert torch.equal(ip.user_ns["after"], ip.user_ns["expected"])
+
+
 def test_a_magic_line_in_the_cell_says_the_worker_has_no_ipython(ip):
     # `%time out = f(x)` is get_ipython().run_line_magic(...): "'get_ipython' (a method) cannot be
     # sent ... (cannot pickle '_thread.lock' object)" did not say what to do about it

@@ -48,8 +48,12 @@ def test_a_tensor_keeps_its_place_unless_its_name_is_rebound():
     namespace, resident = {"x": x}, ResidentObjects()
     assert forget_moves_to_host("x.cpu()\nprint(x.cpu())", namespace, resident) == []
     assert on_accelerator(x)
+    namespace["b"] = x  # another holder of the tensor: on a GPU it keeps it on the device
     assert forget_moves_to_host("x = x.cpu()", namespace, resident) == ["x"]
-    assert not on_accelerator(x)
+    assert not on_accelerator(namespace["x"]) and on_accelerator(namespace["b"])
+    namespace["x"] = x
+    assert forget_moves_to_host("x = x.cpu().float()", namespace, resident) == ["x"]
+    assert namespace["x"] is not x and not on_accelerator(namespace["x"])
 
 
 def test_a_tensor_bound_to_another_name_gives_that_name_a_cpu_copy():
@@ -79,3 +83,21 @@ def test_an_object_that_moved_into_something_new_stays_on_the_device():
 def test_nothing_on_the_device_nothing_to_do():
     namespace, resident = {"model": torch.nn.Linear(2, 2)}, ResidentObjects()
     assert forget_moves_to_host("model.cpu()", namespace, resident) == []
+
+
+def test_a_move_back_to_the_device_or_code_that_only_defines_moves_nothing():
+    cuda_stand_in = torch.device("cpu")  # what a %%neuron cell leaves for torch.device("cuda")
+    for source in (
+        "model.eval()\nmodel.to(device)",  # the device the notebook made for cuda
+        "model.cpu()\nsave(model)\nmodel.to(device)",  # the last move wins
+        "model.cpu()\nmodel.cuda()",
+        "def save_cpu_copy():\n    model.cpu()",
+        "class Saver:\n    def save(self):\n        model.cpu()",
+        "f = lambda: model.cpu()",
+    ):
+        namespace, resident = _on_device(model=torch.nn.Linear(2, 2), device=cuda_stand_in)
+        assert forget_moves_to_host(source, namespace, resident) == [], source
+        assert namespace["model"] in resident
+    namespace, resident = _on_device(model=torch.nn.Linear(2, 2))
+    source = "model.to(device)\nif True:\n    model.cpu()"
+    assert forget_moves_to_host(source, namespace, resident) == ["model"]

@@ -45,6 +45,7 @@ from neuron_workbench.run.executor import (
 )
 from neuron_workbench.run.random_state import restore_random_state
 from neuron_workbench.run.records import recorded
+from neuron_workbench.run.transport import answers_set_classes
 
 if TYPE_CHECKING:
     from neuron_workbench.compare.layer_divergence import LayerComparison
@@ -229,13 +230,22 @@ def compare_cell(
         except BaseException:  # an interrupt, an option a target refused: abandon every run
             for each in pending:
                 each.cancel()
+            _random_state_as_it_was(spec)
             raise
     else:
-        ref_run = reference if reference is not None else execute(spec, ref_backend, run_id="ref")
-        target_runs = [
-            _run_target(spec, executor, backend, run_id, options.what_if)
-            for backend, run_id in targets
-        ]
+        try:
+            ref_run = (
+                reference if reference is not None else execute(spec, ref_backend, run_id="ref")
+            )
+            # with no run here (--against), the target's is the one that changed notebook classes
+            with answers_set_classes() if reference is not None else contextlib.nullcontext():
+                target_runs = [
+                    _run_target(spec, executor, backend, run_id, options.what_if)
+                    for backend, run_id in targets
+                ]
+        except BaseException:  # a value the target cannot receive, an interrupt
+            _random_state_as_it_was(spec)
+            raise
     target_run = target_runs[0]
     for run in (ref_run, *target_runs):
         _note_compiled_draws(run)
@@ -274,10 +284,8 @@ def compare_cell(
         mark_resident(resident, kept, other)
         last_value = kept.last_value
         sets_default_device, default_device_set = _default_device_set(kept, other)
-    elif spec.seed is None:
-        restore_random_state(
-            spec.random_state
-        )  # nothing committed: the notebook's state is as it was
+    else:
+        _random_state_as_it_was(spec)  # nothing committed
     reports = [
         build_report(
             ref_run,
@@ -301,6 +309,12 @@ def compare_cell(
         sets_default_device=sets_default_device,
         default_device=default_device_set,
     )
+
+
+def _random_state_as_it_was(spec: RunSpec) -> None:
+    """The notebook's random state as before the cell (none of its runs is committed)."""
+    if spec.seed is None:
+        restore_random_state(spec.random_state)
 
 
 def _default_device_set(kept: Run, other: Run) -> tuple[bool, str | None]:

@@ -11,18 +11,22 @@ The plain cell's source says it instead. After a plain cell, for each name it mo
 
 - a module, or any object moved in place (``model.cpu()``, ``model.to("cpu")``,
   ``model = model.to(device)`` with ``device`` naming the cpu): no longer on the device;
-- a tensor rebinding its own name (``x = x.cpu()``): the name now holds a CPU tensor;
-- a tensor bound to another name (``y = x.cpu()``): on a GPU ``y`` is a CPU copy and ``x`` stays on
-  the device, while here both names hold one object. ``y`` becomes a CPU copy of it, as on a GPU.
+- a tensor bound by the move (``x = x.cpu()``, ``y = x.cpu().float()``): on a GPU the name holds a
+  CPU copy and every other holder of the tensor still has it on the device, while here the call
+  gave the same object back. The name gets a CPU copy of it, as on a GPU.
 
-``x.cpu()`` alone leaves a tensor where it is, as on a GPU. Moves the source does not show (a loop
-over a list of models, ``getattr``) are not seen.
+Statements run at the cell's top level count (branches and loops included), in order: a later move
+back to the device (``model.to(device)`` with the device a ``%%neuron`` cell made for cuda,
+``.cuda()``) undoes an earlier move to the CPU. Function and class bodies the cell only defines do
+not. ``x.cpu()`` alone leaves a tensor where it is, as on a GPU. Moves the source does not show by
+name (a loop over a list of models, ``trainer.model.cpu()``) are not seen, and a reference to the
+tensor taken in the same cell (``d = {"y": y}``) keeps the object the call returned.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -55,52 +59,85 @@ def forget_moves_to_host(
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
+    finder = _Moves(namespace, resident)
+    finder.visit(tree)
     moved = []
-    for target, receiver in _moves_to_host(tree, namespace):
+    for receiver, (where, target) in finder.last.items():
         if receiver not in namespace:
             continue
         value = namespace[receiver]
         if not _on_device(value, resident):
             continue
         if isinstance(value, torch.Tensor):
-            if target is None:
-                continue  # x.cpu() alone: a copy on a GPU, x stays where it was
-            if target != receiver:
-                if namespace.get(target) is value:
-                    namespace[target] = _host_copy(value)
-                    moved.append(target)
-                continue
-        elif target is not None and target != receiver and namespace.get(target) is not value:
+            # a copy on a GPU: each name a move bound gets one, the tensor stays where it is
+            for bound in finder.bound.get(receiver, ()):
+                if namespace.get(bound) is value:
+                    namespace[bound] = _host_copy(value)
+                    moved.append(bound)
+            continue
+        if where != "cpu":
+            continue
+        if target is not None and target != receiver and namespace.get(target) is not value:
             continue  # `y = obj.to("cpu")` gave something new: obj itself did not move
         _forget(value, resident)
         moved.append(receiver)
     return moved
 
 
-def _moves_to_host(tree: ast.AST, namespace: MutableMapping[str, Any]) -> Iterator[tuple[Any, str]]:
-    """``(assigned name or None, receiver name)`` of each ``<name>.cpu()`` / ``.to(<cpu>)`` call."""
-    assigned: dict[int, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            name = node.targets[0]
-            if isinstance(name, ast.Name):
-                assigned[id(node.value)] = name.id
-    for node in ast.walk(tree):
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-        ):
-            continue
-        method = node.func.attr
-        if method == "cpu" or (method == "to" and _names_cpu(node, namespace)):
-            yield assigned.get(id(node)), node.func.value.id
+class _Moves(ast.NodeVisitor):
+    """The last move of each name at the cell's top level: ``{name: ("cpu"|"device", bound)}``."""
 
+    def __init__(self, namespace: MutableMapping[str, Any], resident: ResidentObjects) -> None:
+        self.namespace = namespace
+        self.resident = resident
+        self.last: dict[str, tuple[str, str | None]] = {}
+        #: the names each name's moves to the CPU bound (``y = x.cpu()``)
+        self.bound: dict[str, list[str]] = {}
+        self._bound: dict[int, str] = {}  # an assigned call: the name it binds
+        self._inner: set[int] = set()  # calls inside a chain already read with its outer call
 
-def _names_cpu(call: ast.Call, namespace: MutableMapping[str, Any]) -> bool:
-    """Whether a ``.to(...)`` call's device argument names the cpu."""
-    candidates = [*call.args[:1], *(k.value for k in call.keywords if k.arg == "device")]
-    return any(_is_cpu(_device_of(arg, namespace)) for arg in candidates)
+    def visit_FunctionDef(self, node: ast.AST) -> None:  # noqa: N802 - ast.NodeVisitor's names
+        return None  # only defined here: it may never run
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef  # noqa: N815
+
+    def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self._bound[id(node.value)] = node.targets[0].id
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:  # noqa: N802
+        if id(node) not in self._inner:
+            links = []  # (method, call), from the name outwards
+            link: ast.expr = node
+            while isinstance(link, ast.Call) and isinstance(link.func, ast.Attribute):
+                links.append((link.func.attr, link))
+                self._inner.add(id(link))
+                link = link.func.value
+            if isinstance(link, ast.Name):
+                where = None
+                for method, call in reversed(links):
+                    where = self._where(method, call) or where
+                if where is not None:
+                    target = self._bound.get(id(node))
+                    self.last[link.id] = (where, target)
+                    if where == "cpu" and target is not None:
+                        self.bound.setdefault(link.id, []).append(target)
+        self.generic_visit(node)
+
+    def _where(self, method: str, call: ast.Call) -> str | None:
+        if method == "cpu":
+            return "cpu"
+        if method == "cuda":
+            return "device"
+        if method != "to":
+            return None
+        arguments = [*call.args[:1], *(k.value for k in call.keywords if k.arg == "device")]
+        for argument in arguments:
+            where = _device_named(_device_of(argument, self.namespace), self.resident)
+            if where is not None:
+                return where
+        return None
 
 
 def _device_of(node: ast.expr, namespace: MutableMapping[str, Any]) -> Any:
@@ -119,10 +156,17 @@ def _device_of(node: ast.expr, namespace: MutableMapping[str, Any]) -> Any:
     return None
 
 
-def _is_cpu(device: Any) -> bool:
+def _device_named(device: Any, resident: ResidentObjects) -> str | None:
+    """``"cpu"``, ``"device"`` (cuda, as the cell means it) or None for a ``.to`` argument."""
     if type(device) is str:
-        return device == "cpu" or device.startswith("cpu:")
-    return type(device) is torch.device and device.type == "cpu"
+        if device == "cpu" or device.startswith("cpu:"):
+            return "cpu"
+        return "device" if device.startswith("cuda") else None
+    if type(device) is torch.device:
+        if device.type == "cuda" or device in resident:
+            return "device"  # a device a %%neuron cell made for cuda (the cpu stand-in here)
+        return "cpu" if device.type == "cpu" else None
+    return None
 
 
 def _on_device(value: Any, resident: ResidentObjects) -> bool:

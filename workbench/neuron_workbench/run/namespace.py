@@ -804,10 +804,12 @@ _CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.part
 def _holds_state(item: Any) -> bool:
     """Whether two names reaching ``item`` share state through it.
 
-    Modules, optimizers, mutable containers (a deque, a NumPy array), random generators (torch's,
+    Modules, optimizers, mutable containers (a deque), random generators (torch's,
     ``random.Random``, NumPy's) and objects of notebook classes; not what is only shared as a
     constant (a class, a function, an enum member, a library's logger or config: a teacher and a
-    student built from one config share no state through it).
+    student built from one config share no state through it). Nor a NumPy array: a dataset's arrays
+    held in one dict would join every one of them (gigabytes copied with each cell) to a cell that
+    reads one.
     """
     kind = type(item)
     return (
@@ -828,7 +830,7 @@ _STATE_HOLDERS = (
     bytearray,
     random.Random,
 )
-_NUMPY_STATE_HOLDERS = frozenset({"ndarray", "Generator", "RandomState"})
+_NUMPY_STATE_HOLDERS = frozenset({"Generator", "RandomState"})
 
 
 def version_signature(value: Any) -> tuple[Any, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import io
 import linecache
 import mmap
 import sys
@@ -130,7 +131,10 @@ def pack_request(
                         f"neuron_workbench, so it cannot be sent to the {target} worker process; "
                         f"run the cell that compiles it again, or {EXECUTOR_HINT}"
                     ) from None
-                if isinstance(values[name], collections.abc.Iterator):
+                if isinstance(values[name], collections.abc.Iterator) and not isinstance(
+                    values[name],
+                    io.IOBase,  # a file is an iterator too, but not drawn from here
+                ):
                     # --executor inprocess would share it: both runs (and a FAIL's float64 oracle)
                     # would draw from it, each a different item, and compare those
                     raise WorkbenchUsageError(

@@ -769,10 +769,11 @@ class _Unpickler(pickle.Unpickler):
             # id), and stays as the notebook defined it: cloudpickle would set the target's rebuilt
             # methods on it, whose globals are the target's copy of the notebook's, so every
             # method of the class read stale globals from then on, in every later cell.
-            if found in _SKELETON_MAKERS:
-                return functools.partial(self._skeleton, found)
-            if found is _CLASS_SETSTATE:
-                return self._class_setstate
+            if not getattr(_ANSWERS_SET_CLASSES, "on", False):
+                if found in _SKELETON_MAKERS:
+                    return functools.partial(self._skeleton, found)
+                if found is _CLASS_SETSTATE:
+                    return self._class_setstate
         return found
 
     def _skeleton(self, make: Callable[..., Any], *args: Any) -> Any:
@@ -797,6 +798,25 @@ class _Unpickler(pickle.Unpickler):
                 return equivalent
             self.stood_in = True
             return _stand_in(f"module {name}", exc)()
+
+
+#: On while answers may change this process's classes (:func:`answers_set_classes`).
+_ANSWERS_SET_CLASSES = threading.local()
+
+
+@contextlib.contextmanager
+def answers_set_classes() -> Iterator[None]:
+    """Answers loaded meanwhile change the classes this process has, as the target changed them.
+
+    For a cell no run of which happens here (``--against``): the target's run is the only one that
+    changed a notebook class (``C.count += 1``). Otherwise the kernel's own run did, in place.
+    """
+    before = getattr(_ANSWERS_SET_CLASSES, "on", False)
+    _ANSWERS_SET_CLASSES.on = True
+    try:
+        yield
+    finally:
+        _ANSWERS_SET_CLASSES.on = before
 
 
 _CLASS_SETSTATE = cloudpickle.cloudpickle._class_setstate
@@ -836,7 +856,7 @@ def loads_leniently(packed: Packed) -> Loaded:
 
     What cannot be rebuilt here becomes an :class:`Unloadable` stand-in, and a class sent by value
     that this process already has stays as it is here (the target's copy of its methods is not set
-    on it).
+    on it) unless :func:`answers_set_classes` is on.
     """
     return _load(packed, True)
 
