@@ -37,3 +37,12 @@ def test_the_remaps_frames_are_not_compiled_where_another_modes_are():
     assert _graphs_compiled(_Counted) > 0
     # the remap (the same mode kind, in the workbench) has none compiled
     assert _graphs_compiled(lambda: cuda_remapped_to(get_backend("cpu"))) == 0
+
+
+def test_the_names_dynamo_puts_into_a_namespace_are_told_from_the_notebooks():
+    from neuron_workbench.run.compiled_frames import compiled_global
+
+    for name in ("__compiled_fn_1_ab", "__resume_at_30_2", "___stack0", "_140270807021296_c18"):
+        assert compiled_global(name), name
+    for name in ("model", "_", "_7", "_i7", "__name__", "_hidden_c"):
+        assert not compiled_global(name), name

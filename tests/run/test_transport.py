@@ -439,3 +439,24 @@ def test_an_answer_leaves_a_class_this_process_has_as_it_is():
     assert type(back) is cls and cls.get is method
     # a request (loads) keeps cloudpickle's way: the sender's class is the truth there
     assert loads(packed).get() == 2 and cls.get is not method
+
+
+def test_a_request_rebuilds_the_same_code_and_one_namespace_for_the_notebooks_functions():
+    # torch.compile keeps what it compiled on the code object and reads its graph from the
+    # globals it compiled under: a target process compiled a notebook's model again in each cell
+    from neuron_workbench.run.transport import notebook_globals_cleared
+
+    namespace = {"__name__": "__main__", "SCALE": 2}
+    exec("def scaled(t):\n    return t * SCALE", namespace)
+    first = loads(dumps(namespace["scaled"]))
+    first.__globals__["__compiled_fn_7"] = "a graph"  # as Dynamo installs it
+    first.__globals__["_140001_c0"] = "a guarded object"
+    notebook_globals_cleared()  # the next request
+    namespace["SCALE"] = 3
+    second = loads(dumps(namespace["scaled"]))
+    assert second.__code__ is first.__code__ and second.__globals__ is first.__globals__
+    assert second(torch.ones(1)).item() == 3.0  # the new request's globals, not the old ones
+    assert second.__globals__["__compiled_fn_7"] == "a graph"
+    assert second.__globals__["_140001_c0"] == "a guarded object"
+    exec("def scaled(t):\n    return t * SCALE * 10", namespace)  # redefined: new code
+    assert loads(dumps(namespace["scaled"])).__code__ is not first.__code__

@@ -15,6 +15,7 @@ call.
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from typing import Any
@@ -80,3 +81,13 @@ def _codes_of(module: types.ModuleType) -> list[types.CodeType]:
     for value in list(vars(module).values()):
         add(value, 0)
     return list(found.values())
+
+
+#: What Dynamo puts into the globals of the code it compiles: its compiled graphs, resume
+#: functions, imports, and the objects its guards read (``_<id>_c<n>``).
+_COMPILED_GLOBAL = re.compile(r"__compiled_fn|__resume_at|__builtins_dict__|__import_|___|_\d+_c\d")
+
+
+def compiled_global(name: str) -> bool:
+    """Whether ``name`` is one Dynamo put into a namespace (it must stay while its code does)."""
+    return _COMPILED_GLOBAL.match(name) is not None

@@ -22,6 +22,7 @@ import torch
 from neuron_workbench.backends.base import Backend, BackendInfo
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
+from neuron_workbench.run.compiled_frames import compiled_global
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.measurements import reads_memory_statistics
@@ -423,7 +424,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)
-        for name in [n for n in ns if n not in saved and not n.startswith(_DYNAMO_GLOBALS)]:
+        for name in [n for n in ns if n not in saved and not compiled_global(n)]:
             del ns[name]
         ns.update(saved)
     run.shared_names = shared
@@ -435,7 +436,6 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
 
 #: Globals torch.compile installs in the namespace of the code it compiles; its compiled code and
 #: cleanup hooks look them up there later, so they stay (they are never outputs).
-_DYNAMO_GLOBALS = ("__compiled_fn", "__resume_at", "__builtins_dict__", "__import_", "___")
 
 
 def _run_default_device(notebook: torch.device | None, backend: Backend) -> torch.device | None:

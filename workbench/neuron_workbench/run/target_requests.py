@@ -38,8 +38,10 @@ from neuron_workbench.run.transport import (
     Packed,
     dumps,
     loads,
+    notebook_globals_cleared,
     remember_compile_requests,
     sending_error,
+    share_compile_backends,
 )
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
@@ -257,6 +259,8 @@ def answer_request(
     spends after it has sent the answer, not before.
     """
     release_answered()
+    share_compile_backends()  # a compiled model's code compiled in one cell serves the next
+    notebook_globals_cleared()  # before the request's functions are rebuilt over them
     try:
         request = loads(data)
     except Exception as exc:

@@ -40,7 +40,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
+from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
     GRAPH_LEFT_BEHIND_ATTR,
@@ -317,8 +317,8 @@ class _Pickler(cloudpickle.Pickler):
             return super().reducer_override(obj)
         if kind is types.CodeType:
             # cloudpickle blanks file names; error reports and crash dumps need the cell's
-            rebuild, args = cloudpickle.cloudpickle._code_reduce(obj)
-            return rebuild, tuple(
+            _, args = cloudpickle.cloudpickle._code_reduce(obj)
+            return _rebuilt_code, tuple(
                 obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
@@ -414,6 +414,51 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+#: Every code object this process rebuilt, by itself and its file: the same code sent again is the
+#: same object here.
+_CODES: dict[tuple[types.CodeType, str], types.CodeType] = {}
+
+
+def _rebuilt_code(*args: Any) -> types.CodeType:
+    """A code object sent by value: the one this process rebuilt before when it is the same.
+
+    A notebook's functions and its classes' methods arrive anew with every request. torch.compile
+    keeps what it compiled on the code object (and in the globals its functions read, see
+    :func:`notebook_globals_cleared`), so a model compiled in place compiled again in every cell's
+    target run, where a notebook, and the kernel's copy, compile it once.
+    """
+    code = types.CodeType(*args)
+    return _CODES.setdefault((code, code.co_filename), code)
+
+
+#: The globals of the notebook's functions in this process, kept from one request to the next.
+_NOTEBOOK_GLOBALS: dict[str, Any] = {"__name__": "__main__"}
+
+
+def notebook_globals_cleared() -> None:
+    """Empty the notebook's globals here for the next request, but what torch.compile put there.
+
+    Every request rebuilds the notebook's functions over one dict, this one, as the notebook's own
+    functions share its namespace: code torch.compile rewrote reads its compiled graph from the
+    globals it was compiled under, which a dict of each request's own lost (``NameError:
+    __compiled_fn_...``).
+    """
+    kept = {k: v for k, v in _NOTEBOOK_GLOBALS.items() if compiled_global(k)}
+    _NOTEBOOK_GLOBALS.clear()
+    _NOTEBOOK_GLOBALS.update(kept, __name__="__main__")
+
+
+def _make_notebook_function(
+    code: types.CodeType, namespace: dict[str, Any], *args: Any
+) -> types.FunctionType:
+    if namespace.get("__name__") == "__main__" and namespace is not _NOTEBOOK_GLOBALS:
+        _NOTEBOOK_GLOBALS.update(namespace)
+        namespace = _NOTEBOOK_GLOBALS
+    return _MAKE_FUNCTION(code, namespace, *args)
+
+
+_MAKE_FUNCTION = cloudpickle.cloudpickle._make_function
 
 
 def _found_by_name(module: object) -> bool:
@@ -547,6 +592,41 @@ def _compiled_again(original: Any, request: dict[str, Any]) -> Any:
     compiled = torch.compile(original, **request)
     _remember(compiled, request)
     return compiled
+
+
+#: The backend each torch.compile setting got in this process (see share_compile_backends).
+_BACKENDS: dict[str, Any] = {}
+
+
+def share_compile_backends() -> None:
+    """``torch.compile`` gives the same settings the same backend object in this process (once).
+
+    For a target's process. A notebook compiles once and calls the compiled code in later cells;
+    a target's process compiles the request again with each cell, and torch.compile wraps its
+    backend anew each time, which Dynamo's cache entries guard on (BACKEND_MATCH): every cell
+    compiled again. The emulated device's backend and a backend named by a string are shared by
+    their settings; a backend of the user's own is left as torch.compile gives it.
+    """
+    wrapper_class = torch._TorchCompileWrapper  # type: ignore[attr-defined]
+    if "_workbench_shared" in vars(wrapper_class):
+        return
+
+    def __new__(cls: type, backend: Any, mode: Any, options: Any, dynamic: Any) -> Any:  # noqa: N807
+        if isinstance(backend, str):
+            named = backend
+        elif type(backend).__module__.startswith("neuron_workbench."):
+            # the emulated device's backend, made anew by each call: the same by its settings
+            named = repr((type(backend).__qualname__, sorted(vars(backend).items())))
+        else:
+            return object.__new__(cls)
+        key = repr((named, mode, sorted((options or {}).items()), dynamic))
+        wrapper = _BACKENDS.get(key)
+        if wrapper is None:
+            wrapper = _BACKENDS[key] = object.__new__(cls)
+        return wrapper  # __init__ sets it up again, with the same settings
+
+    wrapper_class.__new__ = __new__
+    wrapper_class._workbench_shared = True
 
 
 def _remember(compiled: Any, request: dict[str, Any]) -> None:
@@ -762,6 +842,8 @@ class _Unpickler(pickle.Unpickler):
                 raise
             self.stood_in = True
             return _stand_in(f"{module}.{name}", exc)
+        if not self.lenient and found is _MAKE_FUNCTION:  # a request: the notebook's globals
+            return _make_notebook_function
         if self.lenient:
             if found is cloudpickle.cloudpickle.subimport:
                 return self._subimport
