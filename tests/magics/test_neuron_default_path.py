@@ -1476,3 +1476,17 @@ def test_a_plain_cell_moving_a_model_to_the_notebooks_cuda_device_keeps_it_there
     run_cell(ip, "model.eval()\nmodel.to(device)\ndef to_cpu():\n    model.cpu()")
     report = _passed(ip, "y = model(torch.ones(3, 4, device=device))")
     assert on_accelerator(report.target.bindings["y"])
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_a_function_imported_from_random_draws_from_the_notebooks_stream(ip, keep):
+    # `shuffle` is a method of the random module's generator: each run copied that generator, so
+    # the notebook's stream did not move on and its `shuffle` was left bound to a copy.
+    run_cell(ip, "import random\nimport torch\nfrom random import shuffle\nrandom.seed(0)")
+    _kept(ip, "order = list(range(10))\nshuffle(order)\nx = torch.ones(1, device='cuda')", keep)
+    run_cell(ip, "after = random.random()\nbound = shuffle.__self__ is random._inst")
+    plain = random.Random(0)
+    order = list(range(10))
+    plain.shuffle(order)
+    assert ip.user_ns["order"] == order
+    assert ip.user_ns["after"] == plain.random() and ip.user_ns["bound"]

@@ -37,7 +37,14 @@ def needs_copy(value: Any) -> bool:
         return bool(_closure_state(value))
     if kind is types.MethodType:
         return needs_copy(value.__self__)
+    if value is _RANDOM_MODULE_GENERATOR:
+        # `from random import shuffle`: the module's own generator, whose state each run starts
+        # from and the kept run leaves (run/random_state.py); a copy would cut the name off it
+        return False
     return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
+
+
+_RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]
 
 
 def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:

@@ -27,6 +27,7 @@ import io
 import mmap
 import os
 import pickle
+import random
 import sys
 import threading
 import types
@@ -323,6 +324,10 @@ class _Pickler(cloudpickle.Pickler):
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
+        if kind is types.MethodType and obj.__self__ is _RANDOM_MODULE_GENERATOR:
+            # `from random import shuffle`: the receiver's own module function, drawing from the
+            # receiver's generator (which a run starts from the notebook's state), not a copy
+            return getattr, (random, obj.__name__)
         if kind is _LRU_CACHE_WRAPPER and not _found_by_name(getattr(obj, "__module__", None)):
             # a notebook's @functools.lru_cache / @cache function: pickle finds it by name, which
             # the receiver's __main__ does not have; it travels as its function (the cache empty)
@@ -414,6 +419,7 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+_RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]
 
 #: Every code object this process rebuilt, by itself and its file: the same code sent again is the
 #: same object here.
