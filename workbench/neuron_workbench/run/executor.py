@@ -434,10 +434,6 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     return run
 
 
-#: Globals torch.compile installs in the namespace of the code it compiles; its compiled code and
-#: cleanup hooks look them up there later, so they stay (they are never outputs).
-
-
 def _run_default_device(notebook: torch.device | None, backend: Backend) -> torch.device | None:
     """The default device a run works with, given the notebook's: its ``cuda`` is the run's device.
 

@@ -34,7 +34,6 @@ import torch
 from neuron_workbench.run.namespace import (
     ORIGIN_ATTR,
     ResidentObjects,
-    on_accelerator,
     tensors_in,
 )
 
@@ -66,13 +65,14 @@ def forget_moves_to_host(
         if receiver not in namespace:
             continue
         value = namespace[receiver]
-        if not _on_device(value, resident):
+        if not resident.on_device(value):
             continue
         if isinstance(value, torch.Tensor):
             # a copy on a GPU: each name a move bound gets one, the tensor stays where it is
             for bound in finder.bound.get(receiver, ()):
                 if namespace.get(bound) is value:
-                    namespace[bound] = _host_copy(value)
+                    # what .cpu() gives on a GPU: a copy (no device mark), linked by autograd
+                    namespace[bound] = value.clone()
                     moved.append(bound)
             continue
         if where != "cpu":
@@ -169,18 +169,7 @@ def _device_named(device: Any, resident: ResidentObjects) -> str | None:
     return None
 
 
-def _on_device(value: Any, resident: ResidentObjects) -> bool:
-    return value in resident or any(on_accelerator(t) for t in tensors_in(value))
-
-
 def _forget(value: Any, resident: ResidentObjects) -> None:
     resident.discard(value)
     for tensor in tensors_in(value):
         vars(tensor).pop(ORIGIN_ATTR, None)
-
-
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """What ``tensor.cpu()`` gives on a GPU: a copy, linked to it by autograd as a copy is."""
-    copied = tensor.clone()
-    vars(copied).pop(ORIGIN_ATTR, None)
-    return copied

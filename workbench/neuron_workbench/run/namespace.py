@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
+
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
 _NEVER_COPIED = (
     types.ModuleType,
@@ -37,14 +39,11 @@ def needs_copy(value: Any) -> bool:
         return bool(_closure_state(value))
     if kind is types.MethodType:
         return needs_copy(value.__self__)
-    if value is _RANDOM_MODULE_GENERATOR:
+    if value is RANDOM_MODULE_GENERATOR:
         # `from random import shuffle`: the module's own generator, whose state each run starts
         # from and the kept run leaves (run/random_state.py); a copy would cut the name off it
         return False
     return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
-
-
-_RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]
 
 
 def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:
@@ -886,6 +885,10 @@ class ResidentObjects:
         """Forget ``value`` (moved off the device); nothing happens if it was not remembered."""
         if value in self:
             del self._entries[id(value)]
+
+    def on_device(self, value: Any) -> bool:
+        """Whether an earlier cell left ``value`` on the device: remembered, or a tensor in it is."""
+        return value in self or any(on_accelerator(t) for t in tensors_in(value))
 
     def __contains__(self, value: Any) -> bool:
         ref = self._entries.get(id(value))

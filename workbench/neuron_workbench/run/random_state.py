@@ -16,6 +16,10 @@ from typing import Any
 
 import torch
 
+#: The generator behind the ``random`` module's functions (``from random import shuffle``): the one
+#: whose state a run starts from and leaves, never copied.
+RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]
+
 
 @dataclass
 class RandomState:

@@ -19,7 +19,7 @@ from typing import Any
 
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
-from neuron_workbench.run.namespace import on_accelerator, tensors_in, with_names_sharing_state
+from neuron_workbench.run.namespace import with_names_sharing_state
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -85,11 +85,7 @@ class SlotExecutor:
         }
         names = sorted(n for n in names if n in namespace)
         values = {name: namespace[name] for name in names}
-        force = [
-            name
-            for name, value in values.items()
-            if value in spec.resident or any(on_accelerator(t) for t in tensors_in(value))
-        ]
+        force = [name for name, value in values.items() if spec.resident.on_device(value)]
         request = {
             "program": spec.program,
             "seed": spec.seed,

@@ -53,6 +53,7 @@ from neuron_workbench.run.namespace import (
     optimizer_extras,
     restore_optimizer_extras,
 )
+from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
@@ -324,7 +325,7 @@ class _Pickler(cloudpickle.Pickler):
             )
         if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
             return _rebuild_device, (obj.type, obj.index)
-        if kind is types.MethodType and obj.__self__ is _RANDOM_MODULE_GENERATOR:
+        if kind is types.MethodType and obj.__self__ is RANDOM_MODULE_GENERATOR:
             # `from random import shuffle`: the receiver's own module function, drawing from the
             # receiver's generator (which a run starts from the notebook's state), not a copy
             return getattr, (random, obj.__name__)
@@ -419,7 +420,6 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
-_RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]
 
 #: Every code object this process rebuilt, by itself and its file: the same code sent again is the
 #: same object here.
