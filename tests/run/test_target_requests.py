@@ -3,6 +3,7 @@
 import gc
 import sys
 
+import pytest
 import torch
 
 from neuron_workbench.backends import get_backend
@@ -47,13 +48,17 @@ def test_a_request_the_target_cannot_load_or_run_is_a_one_line_usage_error():
     assert answer == {"usage_error": "the cpu worker failed: KeyError: 'program'; H"}
 
 
-def test_the_cells_state_outlives_the_answer_until_it_is_released():
+@pytest.mark.parametrize("module", ["nwtest_release", "__main__"])
+def test_the_cells_state_outlives_the_answer_until_it_is_released(module):
     # A worker frees the cell's state after it has sent the answer (release_answered), not before:
-    # freeing a model's worth of objects would otherwise delay every answer.
+    # freeing a model's worth of objects would otherwise delay every answer. A notebook's
+    # (__main__) values live in the notebook globals the worker keeps between requests: they go
+    # then too, not at the start of the next request.
     program = compile_cell(
         "import sys, weakref\n"
         "x = torch.ones(3) * 2\n"
         "weakref.finalize(x, sys.modules[__name__ + '_freed'].append, 'x')\n"
+        "weakref.finalize(v, sys.modules[__name__ + '_freed'].append, 'v')\n"
     )
     freed: list[str] = []
     request = {
@@ -69,10 +74,10 @@ def test_the_cells_state_outlives_the_answer_until_it_is_released():
         "backend_options": {},
         "lines": None,
     }
-    namespace = {"torch": torch, "__name__": "nwtest_release"}
-    sys.modules["nwtest_release_freed"] = freed  # type: ignore[assignment]
+    namespace = {"torch": torch, "__name__": module}
+    sys.modules[f"{module}_freed"] = freed  # type: ignore[assignment]
     try:
-        packed = pack_request(request, {"torch": torch}, namespace, "cpu")
+        packed = pack_request(request, {"torch": torch, "v": torch.zeros(2)}, namespace, "cpu")
         answer = loads(
             answer_request(
                 packed, get_backend("cpu"), bytearray(256), host="worker", load_hint="L", hint="H"
@@ -80,12 +85,12 @@ def test_the_cells_state_outlives_the_answer_until_it_is_released():
         )
         assert torch.equal(answer["run"].outputs["x"], torch.full((3,), 2.0))
         gc.collect()
-        assert freed == []  # the run's x is still held
+        assert freed == []  # the run's x, and the v it read, are still held
         release_answered()
         gc.collect()
-        assert freed == ["x"]
+        assert sorted(freed) == ["v", "x"]
     finally:
-        del sys.modules["nwtest_release_freed"]
+        del sys.modules[f"{module}_freed"]
 
 
 @torch.library.custom_op("nwtest_requests::reads_slot", mutates_args=())

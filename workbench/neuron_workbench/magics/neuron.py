@@ -183,6 +183,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
         if ".cpu(" not in raw and ".to(" not in raw:
             return
+        if raw.lstrip().startswith("%%"):
+            return  # a cell magic's body is no top-level statement of the cell (a %%neuron cell)
         from neuron_workbench.run.host_moves import forget_moves_to_host
 
         try:

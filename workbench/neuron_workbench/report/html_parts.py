@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+#: What :func:`html.escape` replaces: most of a report's texts (numbers, paths) have none of it.
+_ESCAPED = re.compile("[&<>\"']")
 
 
 def esc(value: Any) -> str:
     """Escape any value for HTML text or attribute context."""
-    return html.escape("" if value is None else str(value), quote=True)
+    text = "" if value is None else str(value)
+    return html.escape(text, quote=True) if _ESCAPED.search(text) else text
 
 
 def table(

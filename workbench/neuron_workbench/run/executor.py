@@ -14,7 +14,7 @@ import random
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Collection, Iterator, MutableMapping
 from typing import Any, Protocol
 
 import torch
@@ -171,6 +171,7 @@ class RunSpec:
         kept_run: str | None = None,
         default_device: torch.device | None = None,
         torch_settings: dict[str, Any] | None = None,
+        inputs: Collection[str] | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -205,6 +206,26 @@ class RunSpec:
         #: (:func:`~neuron_workbench.run.torch_settings.current`): what a target process takes,
         #: whenever its run starts. None: as they are when the request is sent.
         self.torch_settings = torch_settings
+        #: The names the runs take as the cell's inputs, when the caller found them already (a
+        #: target process: what the kernel sent, the names sharing state with the cell's among
+        #: them). None: :meth:`inputs` finds them.
+        self.given_inputs = None if inputs is None else frozenset(inputs)
+        self._inputs: tuple[frozenset[str], frozenset[str]] | None = None
+
+    def inputs(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The names the cell reads, and those with every name sharing state with them.
+
+        Found once for all the runs of the cell: each starts from the namespace as it was before
+        the cell (every run restores it, and none is committed before all of them ended).
+        """
+        if self._inputs is None:
+            read = frozenset(referenced_names(self.program, self.namespace))
+            if self.given_inputs is not None:
+                shared = read | self.given_inputs
+            else:
+                shared = frozenset(with_names_sharing_state(read, self.namespace, self.hidden))
+            self._inputs = read, shared
+        return self._inputs
 
     def keeps_writes_apart(self, run_id: str | None) -> bool:
         """Whether the run ``run_id`` of this cell must keep the files it writes apart."""
@@ -299,8 +320,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     observed: dict[str, Any] = {}
     default_devices_set: list[Any] = []
     try:
-        read = referenced_names(spec.program, ns)
-        inputs = with_names_sharing_state(read, ns, spec.hidden)
+        read, inputs = spec.inputs()
         if spec.isolate_inputs:
             copies, shared = isolate(ns, inputs)
             # a name that only shares state with the cell's and cannot be copied (a DataLoader

@@ -19,7 +19,6 @@ from typing import Any
 
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
-from neuron_workbench.run.namespace import with_names_sharing_state
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -70,13 +69,11 @@ class SlotExecutor:
         answer.
         """
         from neuron_workbench.run import torch_settings
-        from neuron_workbench.run.cell import referenced_names
 
         worker = self.pool.get(backend.name)
         worker.ensure_started()
         namespace = spec.namespace
-        read = referenced_names(spec.program, namespace)
-        names = with_names_sharing_state(read, namespace, spec.hidden)
+        read, names = spec.inputs()
         along = names - read  # names that only share state with the cell's: sent when they can be
         # Plain values the cell may rebind without reading: in this process a run finds its outputs
         # by identity against the whole namespace, so `device = "cuda"` twice is no new binding.

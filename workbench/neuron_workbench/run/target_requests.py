@@ -258,9 +258,8 @@ def answer_request(
     until :func:`release_answered` (or the next request): freeing it takes a while, which a worker
     spends after it has sent the answer, not before.
     """
-    release_answered()
+    release_answered()  # the notebook's globals too: the request's functions are rebuilt over them
     share_compile_backends()  # a compiled model's code compiled in one cell serves the next
-    notebook_globals_cleared()  # before the request's functions are rebuilt over them
     try:
         request = loads(data)
     except Exception as exc:
@@ -336,6 +335,8 @@ def _run_request(
         ref_precision=request["ref_precision"],
         kept_run=request.get("kept_run"),
         default_device=request.get("default_device"),
+        # the kernel sent the names sharing state with the cell's: no walk to find them again
+        inputs=request["values"].keys(),
     )
     try:
         with (
@@ -422,8 +423,13 @@ _answered: list[Any] = []
 
 
 def release_answered() -> None:
-    """Free what the last answered request held (its values, its run)."""
+    """Free what the last answered request held (its values, its run, the notebook's globals).
+
+    The run's values live in the notebook's globals here (:func:`notebook_globals_cleared`) until
+    then: a worker frees them after sending the answer, while the kernel reads it.
+    """
     _answered.clear()
+    notebook_globals_cleared()
 
 
 #: Host copies the last run's records left here (by token), until the next run request.
