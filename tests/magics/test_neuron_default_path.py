@@ -1490,3 +1490,50 @@ def test_a_function_imported_from_random_draws_from_the_notebooks_stream(ip, kee
     plain.shuffle(order)
     assert ip.user_ns["order"] == order
     assert ip.user_ns["after"] == plain.random() and ip.user_ns["bound"]
+
+
+#: A result the emulated target computes differently (int64 narrowed to int32: 2**32 wraps to 0).
+NARROWED = """
+import argparse, collections, types
+import torch
+import torch.nn as nn
+
+def narrowed():
+    return (torch.tensor([2**30], device="cuda") * 4).float()
+
+class Cached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(2, 2)
+        self.kv = None
+
+    def forward(self, x):
+        self.kv = x if self.kv is None else torch.cat([self.kv, x])
+        return self.l(x)
+
+dq, ns, holder, args = collections.deque(), types.SimpleNamespace(), [], argparse.Namespace()
+net = Cached()
+"""
+
+
+@pytest.mark.parametrize(
+    "body, path",
+    [
+        ("dq.append(narrowed() + 1)", "dq[0]"),
+        ("ns.v = narrowed() + 1", "ns.v"),
+        ("args.v = narrowed() + 1", "args.v"),
+        ("holder.append(types.SimpleNamespace(v=narrowed()))", "holder[0].v"),
+        (
+            "net.cuda()\ny = net(torch.ones(1, 2, device='cuda'))\nnet.kv = net.kv + narrowed()",
+            "net.kv",
+        ),
+    ],
+)
+def test_a_difference_in_what_a_container_or_a_module_holds_fails_the_cell(ip, body, path):
+    # A deque, a namespace, a list of them and a module's plain tensor attribute (a KV cache) were
+    # neither seen as changed in place nor walked: the cell read PASS on a 4.3e9 difference.
+    run_cell(ip, NARROWED)
+    run_cell(ip, f"%%neuron -o r\n{body}\ngood = torch.ones(2, device='cuda')")
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    assert path in report.summary()

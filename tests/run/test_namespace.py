@@ -1,10 +1,19 @@
 """Each run's own copy of the notebook state: what the copy keeps, on the host and on a device."""
 
+import argparse
+import collections
+import types
+
 import pytest
 import torch
 
 from neuron_workbench.run import namespace as namespace_module
-from neuron_workbench.run.namespace import isolate, move_to_device, with_names_sharing_state
+from neuron_workbench.run.namespace import (
+    isolate,
+    move_to_device,
+    version_signature,
+    with_names_sharing_state,
+)
 
 NEURON = "neuron"  # a string: the device exists only in in-process device sessions
 
@@ -320,3 +329,47 @@ def test_a_tensor_a_graph_computed_is_copied_and_says_so_when_backward_reaches_i
     with pytest.raises(RuntimeError, match=r"an earlier cell computed \(SumBackward0\)"):
         (copy * 2).backward()
     assert w.grad is None  # nothing reached the original graph
+
+
+class _WithCache(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+        self.register_buffer("ema", torch.zeros(2))
+        self.kv = None
+
+
+@pytest.mark.parametrize(
+    "make, change",
+    [
+        (lambda: collections.deque(), lambda v: v.append(torch.ones(1))),
+        (lambda: [0.5], lambda v: v.append(0.25)),
+        (lambda: [0.5], lambda v: v.__setitem__(0, 0.75)),
+        (lambda: {"acc": 0.5}, lambda v: v.__setitem__("acc", 0.75)),
+        (lambda: types.SimpleNamespace(v=torch.ones(1)), lambda v: setattr(v, "v", torch.ones(1))),
+        (lambda: argparse.Namespace(step=1), lambda v: setattr(v, "step", 2)),
+        (_WithCache, lambda m: setattr(m, "kv", torch.ones(2))),  # a plain attribute
+        (_WithCache, lambda m: setattr(m, "ema", torch.ones(2))),  # a buffer replaced
+        (_WithCache, lambda m: setattr(m, "fc", torch.nn.Linear(2, 2))),  # a layer replaced
+        (lambda: [types.SimpleNamespace(h=[])], lambda v: v[0].h.append(1.0)),
+    ],
+)
+def test_a_change_in_place_changes_the_version_signature(make, change):
+    value = make()
+    before = version_signature(value)
+    assert version_signature(value) == before  # reading it changes nothing
+    change(value)
+    assert version_signature(value) != before
+
+
+def test_tensors_in_reaches_deques_namespaces_and_module_attributes():
+    a, b, c = torch.ones(1), torch.ones(2), torch.ones(3)
+    model = _WithCache()
+    model.kv = c
+    found = list(
+        namespace_module.tensors_in(
+            [collections.deque([a]), types.SimpleNamespace(b=b), argparse.Namespace(m=model)]
+        )
+    )
+    assert any(t is a for t in found) and any(t is b for t in found)
+    assert any(t is c for t in found)

@@ -5,8 +5,10 @@ What is walked, in order of precedence:
 - tensors, NumPy arrays and scalars, Python numbers, strings, bytes and ``None`` are leaves;
 - a :class:`~neuron_workbench.run.records.NotCompared` marker (an output that could not come back
   from the target's process) is a leaf, so the comparison can say so;
-- ``nn.Module`` parameters, their ``.grad`` and buffers; optimizer state;
-- dataclasses, mappings, lists and tuples, by field, key and index;
+- ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
+  submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
+- dataclasses, mappings, lists, tuples and deques, by field, key and index; ``SimpleNamespace`` and
+  ``argparse.Namespace`` objects by attribute;
 - instances of classes defined in the notebook (a class whose ``__module__`` is one of
   ``user_modules``, ``__main__`` by default), by their instance attributes: ``trainer.model.fc.weight``.
   Every attribute in the instance's ``__dict__`` (and ``__slots__``) is walked, ``_``-names
@@ -20,12 +22,14 @@ numeric output and yields nothing, as does a notebook object with nothing compar
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from neuron_workbench.run.namespace import PLAIN_NAMESPACES, module_attributes
 from neuron_workbench.run.records import NotCompared
 
 __all__ = ["USER_MODULES", "iter_leaves"]
@@ -78,6 +82,11 @@ def _walk(
                 yield f"{path}.{name}.grad", param.grad
         for name, buffer in value.named_buffers():
             yield f"{path}.{name}", buffer
+        for prefix, module in value.named_modules():
+            where = f"{path}.{prefix}" if prefix else path
+            for key, item in module_attributes(module):
+                if _holds_tensors(item):
+                    yield from _walk(f"{where}.{key}", item, depth + 1, seen, modules)
         return
     if isinstance(value, torch.optim.Optimizer):
         # the learning rate a scheduler sets: a schedule that differs is a difference of the port
@@ -102,9 +111,16 @@ def _walk(
         for key, item in value.items():
             yield from _walk(f"{path}[{key!r}]", item, depth + 1, seen, modules)
         return
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | collections.deque):
         for index, item in enumerate(value):
             yield from _walk(f"{path}[{index}]", item, depth + 1, seen, modules)
+        return
+    if isinstance(value, PLAIN_NAMESPACES):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        for name, item in vars(value).items():
+            yield from _walk(f"{path}.{name}", item, depth + 1, seen, modules)
         return
     if isinstance(value, bool | int | float | complex | str | bytes) or value is None:
         yield path, value
@@ -117,6 +133,17 @@ def _walk(
             yield from _walk(f"{path}.{name}", item, depth + 1, seen, modules)
         return
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
+
+
+def _holds_tensors(value: Any) -> bool:
+    """A tensor, or a container with a tensor among its items: a module's state, not its settings."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        value = value.values()
+    elif not isinstance(value, list | tuple | collections.deque):
+        return False
+    return any(isinstance(item, torch.Tensor) for item in value)
 
 
 def _is_numpy_array(value: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import copy
@@ -116,6 +117,33 @@ def held_values(value: Any) -> list[Any]:
     if kind is functools.partial:
         return [*value.args, *value.keywords.values()]
     return []
+
+
+#: What ``nn.Module`` itself keeps in an instance's ``__dict__`` (parameters, buffers, submodules,
+#: hooks, the training flag); every other attribute is the module class's own.
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+#: Objects that are only a bag of attributes (a script's parsed arguments, a config namespace).
+PLAIN_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+
+
+def module_attributes(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    """The attributes ``module``'s class set on it (a KV cache kept as ``self.kv``, a setting)."""
+    return ((k, v) for k, v in vars(module).items() if k not in MODULE_INTERNALS)
+
+
+def _modules_of(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``module`` and its submodules, each once (``Module.modules()`` without building names)."""
+    found: list[torch.nn.Module] = []
+    seen: set[int] = set()
+    todo = [module]
+    while todo:
+        each = todo.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
+        found.append(each)
+        todo.extend(reversed([m for m in each._modules.values() if m is not None]))
+    return found
 
 
 def user_object(value: Any) -> bool:
@@ -606,6 +634,10 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
     elif isinstance(value, torch.nn.Module):
         yield from value.parameters()
         yield from value.buffers()
+        for module in _modules_of(value):  # tensors held as plain attributes (a KV cache)
+            for item in vars(module).values():
+                if isinstance(item, torch.Tensor):  # never one of nn.Module's own
+                    yield item
     elif isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
             yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))
@@ -616,11 +648,11 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
         if id(value) in seen:  # an object graph with cycles (obj.parent.child is obj)
             return
         seen.add(id(value))
-        if isinstance(value, list | tuple | set | frozenset):
+        if isinstance(value, list | tuple | set | frozenset | collections.deque):
             items: Iterable[Any] = value
         elif isinstance(value, dict):
             items = value.values()
-        elif user_object(value):
+        elif user_object(value) or isinstance(value, PLAIN_NAMESPACES):
             items = list(vars(value).values()) if hasattr(value, "__dict__") else []
         else:
             items = held_values(value)
@@ -840,21 +872,68 @@ _NUMPY_STATE_HOLDERS = frozenset({"Generator", "RandomState"})
 
 
 def version_signature(value: Any) -> tuple[Any, ...]:
-    """In-place-modification counters of the tensors in ``value`` (grads included).
-
-    An optimizer's learning rates are part of it.
+    """In-place-modification counters of the tensors in ``value``, and what its objects hold.
 
     PyTorch bumps ``Tensor._version`` on every in-place op, so a changed signature means the run
     mutated the object (an optimizer step, ``.backward()`` filling ``.grad``) without rebinding it.
+    Gradients count, an optimizer's learning rates too, and what lists, deques, dicts, sets,
+    notebook objects, namespaces and modules hold, by identity: an append, an item or attribute set,
+    a buffer, layer or parameter replaced. The objects walked are those of :func:`tensors_in`.
     """
     signature: list[Any] = []
-    for tensor in tensors_in(value):
-        grad = tensor.grad if tensor.is_leaf else None
-        grad_sig = (0, -1) if grad is None else (id(grad), grad._version)
-        signature.append((tensor._version, *grad_sig))
-    if isinstance(value, torch.optim.Optimizer):  # an LR scheduler's step changes no tensor
-        signature.append(tuple(group.get("lr") for group in value.param_groups))
+    _sign(value, 0, set(), signature)
     return tuple(signature)
+
+
+def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
+    if depth > 8:
+        return
+    if isinstance(value, torch.Tensor):
+        grad = value.grad if value.is_leaf else None
+        grad_sig = (0, -1) if grad is None else (id(grad), grad._version)
+        out.append((id(value), value._version, *grad_sig))
+        return
+    if type(value) in _ATOMS or id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.nn.Module):
+        for module in _modules_of(value):
+            for key, item in vars(module).items():
+                if key in _MODULE_TENSORS:
+                    for tensor in item.values():
+                        if tensor is not None:
+                            _sign(tensor, depth, seen, out)
+                elif key == "_modules":
+                    out.append(tuple(map(id, item.values())))  # a layer replaced
+                elif key not in MODULE_INTERNALS:  # the class's own: a cache list, a setting
+                    out.append(id(item))
+                    if not isinstance(item, torch.nn.Module):
+                        _sign(item, depth + 1, seen, out)
+        return
+    if isinstance(value, torch.optim.Optimizer):
+        for group in value.param_groups:  # an LR scheduler's step changes no tensor
+            out.append((group.get("lr"), tuple(map(id, group.get("params", ())))))
+        for state in value.state.values():
+            for key, item in state.items():
+                if key != "step" and isinstance(item, torch.Tensor):
+                    _sign(item, depth, seen, out)
+        return
+    if isinstance(value, list | tuple | set | frozenset | collections.deque):
+        items: Iterable[Any] = value
+    elif isinstance(value, dict):
+        items = value.values()
+    elif user_object(value) or isinstance(value, PLAIN_NAMESPACES):
+        items = list(vars(value).values()) if hasattr(value, "__dict__") else []
+    else:
+        items = held_values(value)  # a closure's, a bound method's object, a partial's
+        for item in items:
+            _sign(item, depth + 1, seen, out)
+        return
+    items = list(items)
+    out.append(len(items))
+    out.extend(map(id, items))
+    for item in items:
+        _sign(item, depth + 1, seen, out)
 
 
 class ResidentObjects:

@@ -1,0 +1,59 @@
+"""compare/flatten.py: the leaves of containers and objects a cell changes in place."""
+
+import argparse
+import collections
+import types
+
+import torch
+
+from neuron_workbench.compare.flatten import iter_leaves
+
+
+class _Cached(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(2, 2)
+        self.kv = torch.zeros(2)  # a plain attribute: state the forward keeps
+        self.history = [torch.ones(1)]
+        self.width = 2  # a setting: no tensor, not an output
+        self.unused = None
+
+
+def test_deques_and_namespaces_are_walked_by_index_and_attribute():
+    t = torch.ones(1)
+    leaves = dict(
+        iter_leaves(
+            {
+                "dq": collections.deque([t, 2.0]),
+                "ns": types.SimpleNamespace(v=t),
+                "args": argparse.Namespace(lr=0.1),
+            }
+        )
+    )
+    assert list(leaves) == ["dq[0]", "dq[1]", "ns.v", "args.lr"]
+    assert leaves["dq[0]"] is t and leaves["ns.v"] is t
+
+
+def test_tensors_a_module_holds_as_attributes_are_leaves_after_its_parameters():
+    model = torch.nn.Sequential(_Cached())
+    model[0].inner.extra = torch.full((3,), 7.0)
+    paths = [path for path, _ in iter_leaves({"m": model})]
+    assert paths == [
+        "m.0.inner.weight",
+        "m.0.inner.bias",
+        "m.0.kv",
+        "m.0.history[0]",
+        "m.0.inner.extra",
+    ]
+
+
+def test_a_library_model_has_only_its_parameters_and_buffers():
+    model = torch.nn.BatchNorm1d(3)
+    paths = [path for path, _ in iter_leaves({"bn": model})]
+    assert paths == [
+        "bn.weight",
+        "bn.bias",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+    ]
