@@ -1537,3 +1537,44 @@ def test_a_difference_in_what_a_container_or_a_module_holds_fails_the_cell(ip, b
     report = _report(ip)
     assert report.verdict == "FAIL", report.summary()
     assert path in report.summary()
+
+
+HOOKED = """
+import torch
+import torch.nn as nn
+
+model = nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+calls, grads, steps, backward, accumulated = [], [], [], [], []
+handles = [model.register_forward_hook(lambda m, i, o: calls.append(1))]
+handles.append(model.bias.register_post_accumulate_grad_hook(lambda p: accumulated.append(1)))
+grad_handle = model.weight.register_hook(lambda g: grads.append(1))
+step_handle = opt.register_step_post_hook(lambda o, a, k: steps.append(1))
+backward_handle = model.register_full_backward_hook(lambda m, gi, go: backward.append(1))
+"""
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_hook_handles_made_before_a_cell_still_remove_their_hooks(ip, keep):
+    # A handle holds only a weak reference to its hooks' dict: it was not copied along with the
+    # model, and after the cell h.remove() removed from the dict of a model the notebook no
+    # longer had; the hook went on firing in every cell.
+    run_cell(ip, HOOKED)
+    _kept(
+        ip,
+        "model.cuda()\ny = model(torch.ones(1, 2, device='cuda'))\ny.sum().backward()\nopt.step()",
+        keep,
+    )
+    run_cell(
+        ip,
+        "handles[0].remove(); handles[1].remove(); grad_handle.remove(); step_handle.remove(); "
+        "backward_handle.remove()\n"
+        "model(torch.ones(1, 2)).sum().backward()\nopt.step()",
+    )
+    ns = ip.user_ns
+    counts = [len(ns[name]) for name in ("calls", "grads", "steps", "backward", "accumulated")]
+    assert counts == [1, 1, 1, 1, 1]
+    model, opt = ns["model"], ns["opt"]
+    assert not model._forward_hooks and not model._backward_hooks
+    assert not model.weight._backward_hooks and not opt._optimizer_step_post_hooks
+    assert not model.bias._post_accumulate_grad_hooks

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
@@ -274,11 +275,13 @@ def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     return result
 
 
-def leaf_hooks(tensor: torch.Tensor) -> tuple[list[Any], list[Any]] | None:
-    """A leaf tensor's gradient hooks and post-accumulate-grad hooks, in order (None: none).
+def leaf_hooks(tensor: torch.Tensor) -> tuple[dict[Any, Any] | None, dict[Any, Any] | None] | None:
+    """A leaf tensor's gradient hooks and post-accumulate-grad hooks (None: none).
 
     PyTorch's copies (deep copies, ``.to``, pickling) leave them behind: a parameter whose gradient
-    a hook zeroes or clips had no hook in either run, nor in the notebook after the commit.
+    a hook zeroes or clips had no hook in either run, nor in the notebook after the commit. They are
+    the dicts PyTorch keeps them in, keyed by their handles' ids: copied together with a handle
+    (``h = w.register_hook(...)``), the copy of the handle removes the hook from the copy.
     """
     if not tensor.is_leaf:
         return None
@@ -286,18 +289,24 @@ def leaf_hooks(tensor: torch.Tensor) -> tuple[list[Any], list[Any]] | None:
     accumulated = getattr(tensor, "_post_accumulate_grad_hooks", None)
     if not backward and not accumulated:
         return None
-    return list((backward or {}).values()), list((accumulated or {}).values())
+    return backward or None, accumulated or None
 
 
-def add_leaf_hooks(tensor: torch.Tensor, hooks: tuple[list[Any], list[Any]] | None) -> None:
-    """Register :func:`leaf_hooks` of another tensor on ``tensor`` (a copy of it)."""
+def add_leaf_hooks(
+    tensor: torch.Tensor, hooks: tuple[dict[Any, Any] | None, dict[Any, Any] | None] | None
+) -> None:
+    """Give ``tensor`` (a copy of another) :func:`leaf_hooks` of the other, in their dicts."""
     if hooks is None or not tensor.requires_grad:
         return
     backward, accumulated = hooks
-    for hook in backward:
-        tensor.register_hook(hook)
-    for hook in accumulated:
-        tensor.register_post_accumulate_grad_hook(hook)
+    if backward:
+        for key, hook in (tensor._backward_hooks or {}).items():  # its own (a guard) stay
+            backward.setdefault(key, hook)
+        tensor._backward_hooks = backward
+    if accumulated:
+        for key, hook in (getattr(tensor, "_post_accumulate_grad_hooks", None) or {}).items():
+            accumulated.setdefault(key, hook)
+        tensor._post_accumulate_grad_hooks = accumulated  # torch registers what it is set to
 
 
 #: An optimizer's hooks, which ``Optimizer.__getstate__`` leaves out of copies and pickles.
@@ -319,8 +328,9 @@ def optimizer_extras(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     was overridden).
     """
     attributes = vars(optimizer)
+    # the dicts themselves: a handle copied along (register_step_post_hook's) keeps reaching them
     extras: dict[str, Any] = {
-        key: list(attributes[key].items()) for key in _OPTIMIZER_HOOKS if attributes.get(key)
+        key: attributes[key] for key in _OPTIMIZER_HOOKS if attributes.get(key)
     }
     if "_opt_called" in attributes:
         extras["_opt_called"] = attributes["_opt_called"]
@@ -334,7 +344,7 @@ def restore_optimizer_extras(optimizer: torch.optim.Optimizer, extras: dict[str,
     attributes = vars(optimizer)
     for key in _OPTIMIZER_HOOKS:
         if key in extras:
-            attributes[key] = collections.OrderedDict(extras[key])
+            attributes[key] = extras[key]
     if "_opt_called" in extras:
         attributes["_opt_called"] = extras["_opt_called"]
     if extras.get("step"):
@@ -785,10 +795,24 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
             yield item
             hooks = leaf_hooks(item)  # a gradient recorder's list, held by its hook's closure
             if hooks is not None:
-                follow((*hooks[0], *hooks[1]), depth, counted=False)
+                for each in hooks:
+                    if each is not None:
+                        follow(each.values(), depth, counted=False)
+                        if objects is not None:
+                            objects.add(id(each))  # what a handle to one of them removes from
+            continue
+        if isinstance(item, RemovableHandle):  # shares state with the hooks' owner
+            if objects is not None:
+                for ref in (item.hooks_dict_ref, *item.extra_dict_ref):
+                    hooks = ref()
+                    if hooks is not None:
+                        objects.add(id(hooks))
             continue
         if objects is not None and not inside_library and _holds_state(item):
             objects.add(id(item))
+        if isinstance(item, torch.nn.Module | torch.optim.Optimizer) and objects is not None:
+            # the dicts its hooks are kept in: a handle to one of them removes from it
+            objects.update(id(v) for k, v in vars(item).items() if k in _HOOK_DICTS)
         if isinstance(item, torch.nn.Module):
             # its tensors count towards the limit, as before; its structure (submodules, hooks,
             # attributes) is the model's own size, not a dataset's
@@ -837,6 +861,11 @@ _MODULE_STATE = frozenset(
     }
 )
 _CALLABLES_HOLDING_STATE = (types.FunctionType, types.MethodType, functools.partial)
+#: The dicts modules and optimizers keep their hooks in, by handle id.
+_HOOK_DICTS = frozenset(
+    {key for key in MODULE_INTERNALS if "hooks" in key and key != "_is_full_backward_hook"}
+    | set(_OPTIMIZER_HOOKS)
+)
 
 
 def _holds_state(item: Any) -> bool:

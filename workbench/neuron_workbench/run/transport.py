@@ -737,7 +737,7 @@ def _rebuild_tensor(
     parameter: bool,
     state: dict[str, Any],
     graph: str | None = None,
-    hooks: tuple[list[Any], list[Any]] | None = None,
+    hooks: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
     tensor: torch.Tensor = (
