@@ -1578,3 +1578,48 @@ def test_hook_handles_made_before_a_cell_still_remove_their_hooks(ip, keep):
     assert not model._forward_hooks and not model._backward_hooks
     assert not model.weight._backward_hooks and not opt._optimizer_step_post_hooks
     assert not model.bias._post_accumulate_grad_hooks
+
+
+def test_a_caught_exception_and_a_storage_come_back_from_the_worker(ip):
+    # Python rebuilds an exception from its args: a notebook's with arguments of its own failed to
+    # load in the kernel, and the cell read ERROR "TargetProcessDied" (the worker was alive).
+    # torch's own pickling of a storage could not be loaded back either.
+    run_cell(
+        ip,
+        "import torch\nclass StopTraining(Exception):\n"
+        "    def __init__(self, step, loss):\n"
+        "        super().__init__(f'stop at {step}')\n        self.step, self.loss = step, loss",
+    )
+    _passed(
+        ip,
+        "try:\n    for step in range(10):\n"
+        "        loss = torch.tensor(1.0 / (step + 1), device='cuda')\n"
+        "        if loss < 0.3:\n            raise StopTraining(step, loss)\n"
+        "except StopTraining as e:\n    caught = e\n"
+        "st = torch.ones(2, device='cuda').untyped_storage()",
+    )
+    caught = ip.user_ns["caught"]
+    assert type(caught) is ip.user_ns["StopTraining"] and str(caught) == "stop at 3"
+    assert caught.step == 3 and float(caught.loss) == 0.25
+    assert isinstance(ip.user_ns["st"], torch.UntypedStorage)
+
+
+def test_an_answer_the_kernel_cannot_load_is_an_error_of_its_own_and_the_worker_serves_on(ip):
+    run_cell(
+        ip,
+        "import os\nimport torch\n"
+        "def rebuilt_in(pid):\n"
+        "    if os.getpid() != pid:\n        raise RuntimeError('only where it was made')\n"
+        "    return Fragile()\n"
+        "class Fragile:\n    def __reduce__(self):\n        return rebuilt_in, (os.getpid(),)",
+    )
+    run_cell(ip, "%%neuron -o r\nx = torch.ones(2, device='cuda')\no = Fragile()")
+    report = _report(ip)
+    assert report.verdict == "ERROR", report.summary()
+    summary = report.summary()
+    assert "AnswerNotLoaded" in summary and "only where it was made" in summary
+    assert "TargetProcessDied" not in summary
+    pids = {row.target: row.pid for row in ip.run_line_magic("neuron_workers", "").rows}
+    _passed(ip, "y = torch.ones(2, device='cuda') * 2")
+    after = {row.target: row.pid for row in ip.run_line_magic("neuron_workers", "").rows}
+    assert after["neuron"] == pids["neuron"]  # the same worker

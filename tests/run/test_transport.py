@@ -460,3 +460,24 @@ def test_a_request_rebuilds_the_same_code_and_one_namespace_for_the_notebooks_fu
     assert second.__globals__["_140001_c0"] == "a guarded object"
     exec("def scaled(t):\n    return t * SCALE * 10", namespace)  # redefined: new code
     assert loads(dumps(namespace["scaled"])).__code__ is not first.__code__
+
+
+class _Stopped(Exception):
+    def __init__(self, step, loss):
+        super().__init__(f"stop at {step}")
+        self.step, self.loss = step, loss
+
+
+class _Custom(Exception):
+    def __reduce__(self):  # an exception that says how it is rebuilt is rebuilt so
+        return _Custom, ("rebuilt",)
+
+
+def test_exceptions_travel_without_their_init_and_storages_by_bytes():
+    stopped = _Stopped(3, torch.tensor(0.25))
+    storage = torch.arange(4, dtype=torch.uint8).untyped_storage()
+    back = loads(dumps({"e": stopped, "st": storage, "c": _Custom("x")}))
+    assert type(back["e"]) is _Stopped and back["e"].args == ("stop at 3",)
+    assert back["e"].step == 3 and torch.equal(back["e"].loss, torch.tensor(0.25))
+    assert isinstance(back["st"], torch.UntypedStorage) and list(back["st"]) == [0, 1, 2, 3]
+    assert back["c"].args == ("rebuilt",)

@@ -20,7 +20,7 @@ from typing import Any
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
 from neuron_workbench.run.records import Run, RunError
-from neuron_workbench.run.slots import SlotPool, TargetSlot, WorkerDied
+from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
 from neuron_workbench.run.transport import Loaded, Packed, dumps, sending_error, unloadable_in
 
@@ -178,6 +178,8 @@ class PendingRun:
                 cell_filename=self._spec.program.filename,
                 sent=self._sent,
             )
+        except AnswerNotLoaded as exc:
+            return Run(backend=self._info, error=RunError("AnswerNotLoaded", str(exc)))
         except WorkerDied as exc:
             # The message names the cell line itself; no lineno, so reports do not repeat it.
             return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))

@@ -24,6 +24,10 @@ class WorkerDied(Exception):
     """The slot's process (a worker or an actor) ended, or was ended, while running a cell."""
 
 
+class AnswerNotLoaded(WorkerDied):
+    """The slot's answer could not be rebuilt in this process; the process itself serves on."""
+
+
 @dataclass
 class WorkerRow:
     """One line of ``%neuron_workers``."""

@@ -317,6 +317,9 @@ class _Pickler(cloudpickle.Pickler):
             if reduced is not None:
                 return reduced
             return super().reducer_override(obj)
+        if kind is torch.UntypedStorage:
+            # torch's own reduction of a storage cannot be loaded back (it asks for a dtype)
+            return _storage_at, (self._token(obj).index,)
         if kind is types.CodeType:
             # cloudpickle blanks file names; error reports and crash dumps need the cell's
             _, args = cloudpickle.cloudpickle._code_reduce(obj)
@@ -348,6 +351,10 @@ class _Pickler(cloudpickle.Pickler):
             extras = optimizer_extras(obj)
             if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
                 return _reduced_then(obj, restore_optimizer_extras, extras)
+        elif isinstance(obj, BaseException) and kind.__reduce__ is BaseException.__reduce__:
+            # rebuilt without calling __init__: a notebook's exception with its own arguments
+            # (StopTraining(step, loss)) cannot be rebuilt from its args (Python's own pickling)
+            return _rebuilt_exception, (kind, obj.args, vars(obj) or None)
         elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
             # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
             # parametrized module
@@ -720,6 +727,16 @@ def sending_error(value: Any) -> Exception | None:
 # ---- receiving -----------------------------------------------------------------------------------
 
 _LOADING = threading.local()
+
+
+def _rebuilt_exception(
+    kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any] | None
+) -> BaseException:
+    exception = kind.__new__(kind, *args)
+    exception.args = args
+    if state:
+        exception.__dict__.update(state)
+    return exception
 
 
 def _storage_at(index: int) -> torch.UntypedStorage:

@@ -36,7 +36,7 @@ import torch
 from neuron_workbench.backends.base import Availability, BackendInfo
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.run.slot_executor import SlotExecutor
-from neuron_workbench.run.slots import SlotPool, WorkerDied, WorkerRow
+from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, WorkerDied, WorkerRow
 from neuron_workbench.run.target_requests import (
     LAST_OP_BYTES,
     START_TIMEOUT_S,
@@ -234,8 +234,9 @@ class WorkerSlot:
                     return loads_leniently(packed)
                 except Exception as exc:  # an answer this process cannot rebuild at all
                     packed.discard()
-                    raise WorkerDied(
-                        f"its answer could not be loaded here ({first_line(exc)})"
+                    raise AnswerNotLoaded(
+                        f"the {self.target} worker's answer could not be loaded in the kernel "
+                        f"({first_line(exc)})"
                     ) from None
             if self._process.poll() is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -294,6 +295,8 @@ class WorkerSlot:
             raise WorkerDied(
                 f"target process timed out after {timeout:g} s{where}; it was ended"
             ) from None
+        except AnswerNotLoaded:
+            raise  # the worker ran the cell and serves on
         except WorkerDied as exc:
             where = self._where(cell_filename)
             self.stop()
