@@ -232,3 +232,32 @@ def test_presets_and_per_output_overrides():
         TolerancePolicy(preset="loose")
     with pytest.raises(WorkbenchUsageError):
         parse_override("logits=1e-3")
+
+
+def test_meta_tensors_compare_by_shape_and_dtype():
+    meta = torch.empty(3, 2, device="meta")
+    assert one(meta, torch.empty(3, 2, device="meta")).status == "match"
+    assert one(meta, torch.empty(2, 3, device="meta")).status == "shape"
+    d = one(meta, torch.zeros(3, 2))
+    assert d.status == "differ" and "reference holds a meta tensor" in d.detail
+
+
+def test_sparse_tensors_compare_by_their_dense_values():
+    a = torch.eye(3).to_sparse()
+    assert one(a, torch.eye(3).to_sparse()).status == "match"
+    d = one(a, (torch.eye(3) * 2).to_sparse())
+    assert d.status == "differ" and d.max_abs == 1.0
+    d = one(a, torch.eye(3))
+    assert d.status == "differ" and "layout" in d.detail
+
+
+def test_a_leaf_that_cannot_be_compared_is_an_error_of_one_line(monkeypatch):
+    # torch's dispatcher errors run to dozens of lines (the list of backends): the report's line
+    # takes the first
+    def equal(a, b):
+        raise NotImplementedError("Could not run 'aten::equal'\nCPU: registered\nMeta: ...")
+
+    monkeypatch.setattr(torch, "equal", equal)
+    d = one(torch.ones(2), torch.ones(2))
+    assert d.status == "error"
+    assert d.detail == "NotImplementedError: Could not run 'aten::equal'"

@@ -1623,3 +1623,16 @@ def test_an_answer_the_kernel_cannot_load_is_an_error_of_its_own_and_the_worker_
     _passed(ip, "y = torch.ones(2, device='cuda') * 2")
     after = {row.target: row.pid for row in ip.run_line_magic("neuron_workers", "").rows}
     assert after["neuron"] == pids["neuron"]  # the same worker
+
+
+def test_a_model_built_on_the_meta_device_and_a_sparse_result_pass(ip):
+    # Fingerprinting the random draws of a meta model's initialisation read its values (there are
+    # none): ERROR on both runs; a meta or sparse output failed in the comparison.
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    report = _passed(
+        ip,
+        "with torch.device('meta'):\n    lin = nn.Linear(3, 2)\n"
+        "t = torch.randn(3, device='meta')\nsp = torch.eye(2).to_sparse()\n"
+        "x = torch.ones(2, device='cuda')",
+    )
+    assert {d.path for d in report.comparison.diffs} >= {"lin.weight", "t", "sp", "x"}

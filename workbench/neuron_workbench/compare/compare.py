@@ -423,7 +423,7 @@ def compare_leaf(
         try:
             return _compare_tensors(path, "tensor", ref.detach(), target.detach(), policy)
         except Exception as exc:  # a comparison bug must not hide the other outputs
-            return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
+            return OutputDiff(path, "error", "none", EXACT, detail=_one_line(exc))
     if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
         return _not_compared(path, ref, target)
     try:
@@ -450,7 +450,13 @@ def compare_leaf(
             status, detail = "match", f"the runs' devices: {_short(ref)} and {_short(target)}"
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
-        return OutputDiff(path, "error", "none", EXACT, detail=f"{type(exc).__name__}: {exc}")
+        return OutputDiff(path, "error", "none", EXACT, detail=_one_line(exc))
+
+
+def _one_line(exc: Exception) -> str:
+    # torch's dispatcher errors run to dozens of lines: the report line gets the first
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -574,6 +580,20 @@ def _compare_tensors(
         diff.status = "dtype"
         diff.detail = f"dtype {diff.ref_dtype} vs {diff.target_dtype}"
         return diff
+    if ref.is_meta or target.is_meta:  # a model built on the meta device: shapes, no values
+        if not (ref.is_meta and target.is_meta):
+            diff.status = "differ"
+            which = "reference" if ref.is_meta else "target"
+            diff.detail = f"the {which} holds a meta tensor (no values)"
+        else:
+            diff.detail = "meta tensors: no values, same shape and dtype"
+        return diff
+    if ref.layout != target.layout:
+        diff.status = "differ"
+        diff.detail = f"layout {ref.layout} vs {target.layout}"
+        return diff
+    if ref.layout != torch.strided:  # sparse: compared as their dense values
+        ref, target = ref.to_dense(), target.to_dense()
     # Emulated device tensors are compared through their host copy; a CUDA pair stays on the GPU.
     a = ref if ref.device.type in ("cpu", "cuda") else ref.cpu()
     b = target if target.device == a.device else target.to(a.device)

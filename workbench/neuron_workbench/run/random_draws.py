@@ -49,6 +49,8 @@ def fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
     """
     if not isinstance(value, torch.Tensor):
         return ()
+    if value.is_meta or value.layout != torch.strided:
+        return (tuple(value.shape),)  # no values to read (a model built on the meta device)
     if torch._C._len_torch_dispatch_stack() == 0:  # nothing to hide the reads from (the usual case)
         return _head(value, zeros_only)  # reads of a detached tensor record no autograd graph
     from torch.utils._python_dispatch import _disable_current_modes
