@@ -261,3 +261,11 @@ def test_a_leaf_that_cannot_be_compared_is_an_error_of_one_line(monkeypatch):
     d = one(torch.ones(2), torch.ones(2))
     assert d.status == "error"
     assert d.detail == "NotImplementedError: Could not run 'aten::equal'"
+
+
+def test_the_tight_rtol_of_integers_passes_where_isclose_rounds_in_float32():
+    # 1/164 * 164 is 0.99999994 in float32: the exact rtol of a difference of 1 did not pass
+    ref = torch.tensor([0, 164], dtype=torch.int32)
+    target = torch.tensor([0, 165], dtype=torch.int32)
+    d = one(ref, target)
+    assert _assert_close_passes(target, ref, rtol=d.tight_rtol, atol=0.0)
