@@ -178,6 +178,20 @@ def test_syntax_error_in_cell_is_a_usage_error(ip):
     assert "syntax error in the cell, line 2" in str(result.error_in_exec)
 
 
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ("async def f():\n    return 1\nx = await f()", "line 4: 'await' outside function"),
+        ("x = 1\nreturn x", "line 3: 'return' outside function"),
+    ],
+)
+def test_what_only_the_whole_cell_shows_is_a_syntax_error_of_one_line(ip, body, says):
+    # compile() of the whole cell raised these after the parse: a raw traceback
+    result = run_cell(ip, f"%%neuron\n{body}", allow_error=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    assert f"syntax error in the cell, {says}" in str(result.error_in_exec)
+
+
 def test_functions_from_earlier_cells_see_each_runs_own_copy(ip):
     run_cell(ip, SETUP)
     run_cell(

@@ -85,12 +85,23 @@ def compile_cell(
     read_names = _names_read_before_bound(tree)
     last_expr = None
     last_expr_name = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        node = tree.body.pop()
-        last_expr = compile(ast.Expression(node.value), filename, "eval")
-        if isinstance(node.value, ast.Name):
-            last_expr_name = node.value.id
-    body = compile(tree, filename, "exec")
+    try:  # what only the whole module shows: `await` at the top, `return` or `yield` outside
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            node = tree.body.pop()
+            last_expr = compile(ast.Expression(node.value), filename, "eval")
+            if isinstance(node.value, ast.Name):
+                last_expr_name = node.value.id
+        body = compile(tree, filename, "exec")
+    except SyntaxError as exc:
+        hint = (
+            "; top-level await works in plain cells only: await it in a plain cell and use the "
+            "result here"
+            if "await" in exc.msg
+            else ""
+        )
+        raise WorkbenchUsageError(
+            f"syntax error in the cell, line {exc.lineno}: {exc.msg}{hint}"
+        ) from None
     # Register the source so tracebacks and error reports can show the offending line.
     lines = ["\n"] * before + source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
