@@ -1636,3 +1636,25 @@ def test_a_model_built_on_the_meta_device_and_a_sparse_result_pass(ip):
         "x = torch.ones(2, device='cuda')",
     )
     assert {d.path for d in report.comparison.diffs} >= {"lin.weight", "t", "sp", "x"}
+
+
+def test_the_device_generic_accelerator_api_answers_as_on_a_cuda_machine(ip):
+    # torch.accelerator (PyTorch 2.6 on) answered for each process: the host has none, the
+    # emulated target has one, so `ok` differed (a false FAIL), and the idiom picking the device
+    # from it ran the reference as plain "cpu", without CUDA's semantics.
+    run_cell(ip, "import torch")
+    _passed(
+        ip,
+        "ok = torch.accelerator.is_available()\nacc = torch.accelerator.current_accelerator()\n"
+        "n = torch.accelerator.device_count()\ni = torch.accelerator.current_device_index()\n"
+        "torch.accelerator.synchronize()\nx = torch.ones(2, device=acc)",
+    )
+    ns = ip.user_ns
+    assert (ns["ok"], ns["acc"], ns["n"], ns["i"]) == (True, torch.device("cuda"), 1, 0)
+    report = _passed(
+        ip,
+        "device = torch.accelerator.current_accelerator().type "
+        "if torch.accelerator.is_available() else 'cpu'\ny = torch.ones(2, device=device)",
+    )
+    assert ns["device"] == "cuda" and on_accelerator(report.target.bindings["y"])
+    assert torch.accelerator.is_available() is False  # the kernel's own answer after the cell

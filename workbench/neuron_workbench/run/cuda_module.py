@@ -15,13 +15,15 @@ Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBE
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import numbers
 import os
+import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -502,3 +504,69 @@ class CudaModuleShim(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+#: What ``torch.accelerator.current_accelerator()`` names on a CUDA machine (made here, outside any
+#: run: a run's remap would give its own device).
+_CUDA = torch.device("cuda")
+#: ``torch.accelerator`` functions, and the ``torch.cuda`` ones that answer them on a CUDA machine.
+_ACCELERATOR_AS_CUDA = {
+    "is_available": "is_available",
+    "device_count": "device_count",
+    "current_device_index": "current_device",
+    "current_device_idx": "current_device",
+    "set_device_index": "set_device",
+    "set_device_idx": "set_device",
+    "device_index": "device",
+    "synchronize": "synchronize",
+    "current_stream": "current_stream",
+    "set_stream": "set_stream",
+    "empty_cache": "empty_cache",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "memory_stats": "memory_stats",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "get_memory_info": "mem_get_info",
+}
+
+
+class AcceleratorShim(types.ModuleType):
+    """What ``torch.accelerator`` resolves to during a run: CUDA's answers, for the cell's code.
+
+    ``torch.accelerator.is_available()``, ``current_accelerator()`` (``cuda``), device counts,
+    synchronisation and memory figures answer as the run's ``torch.cuda`` does, so a cell written
+    with the device-generic API (PyTorch 2.6 on) runs as the CUDA cell it is on each backend. torch's
+    own code (a DataLoader choosing where to pin memory) keeps the real module's answers, as the
+    process's device is; like ``torch.cuda``, only the attribute of the ``torch`` package is swapped.
+    """
+
+    def __init__(self, real: types.ModuleType, cuda: types.ModuleType) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self._real = real
+        answers = {
+            name: getattr(cuda, cuda_name)
+            for name, cuda_name in _ACCELERATOR_AS_CUDA.items()
+            if hasattr(real, name)
+        }
+        answers["current_accelerator"] = lambda check_available=False: _CUDA
+        self.__dict__.update(
+            {name: _for_the_cell(getattr(real, name), as_cuda) for name, as_cuda in answers.items()}
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _for_the_cell(real: Callable[..., Any], as_cuda: Callable[..., Any]) -> Callable[..., Any]:
+    """``as_cuda`` for a caller outside torch, ``real`` for torch's own code."""
+
+    @functools.wraps(real)
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1).f_globals.get("__name__") or ""
+        if caller == "torch" or caller.startswith("torch."):
+            return real(*args, **kwargs)
+        return as_cuda(*args, **kwargs)
+
+    return answer

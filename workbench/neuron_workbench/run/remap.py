@@ -46,6 +46,7 @@ from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.cuda_module import (
     NVTX,
+    AcceleratorShim,
     CudaModuleShim,
     cuda_module_shims,
     legacy_cuda_dtype,
@@ -718,7 +719,10 @@ def cuda_remapped_to(
         if host is not None:
             stack.enter_context(host.active(may_enable_tf32))
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
-        stack.enter_context(patched_attributes(torch, {"cuda": shim}))
+        modules: dict[str, Any] = {"cuda": shim}
+        if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
+            modules["accelerator"] = AcceleratorShim(torch.accelerator, shim)
+        stack.enter_context(patched_attributes(torch, modules))
         stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
