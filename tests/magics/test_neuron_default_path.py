@@ -1658,3 +1658,14 @@ def test_the_device_generic_accelerator_api_answers_as_on_a_cuda_machine(ip):
     )
     assert ns["device"] == "cuda" and on_accelerator(report.target.bindings["y"])
     assert torch.accelerator.is_available() is False  # the kernel's own answer after the cell
+
+
+def test_get_device_names_cuda_0_on_the_host_standing_in_for_it(ip):
+    # The host's tensors answered -1 (a CPU tensor's), so `.to(x.get_device())` asked for cuda:-1
+    run_cell(ip, "import torch")
+    _passed(
+        ip,
+        "x = torch.ones(2, device='cuda')\ngd = x.get_device()\ny = torch.zeros(2).to(gd)\n"
+        "fd = torch.get_device(x)",
+    )
+    assert ip.user_ns["gd"] == ip.user_ns["fd"] == 0

@@ -193,6 +193,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 return host.is_pinned(args[0])
             if getattr(func, "__self__", None) is _IS_CUDA_DESCRIPTOR:
                 return args[0].device.type == self.target
+            if func in _GET_DEVICE and host is not None and args[0].device.type == "cpu":
+                return 0  # on the host standing in for cuda:0 (as is_cuda answers, every tensor)
             target = self.target
             cuda_named = False
             for arg in args:
@@ -373,6 +375,10 @@ _CONVOLUTIONS = frozenset(
 )
 _RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
+#: ``x.get_device()`` and ``torch.get_device(x)``: -1 for a CPU tensor, the index on a GPU.
+_GET_DEVICE = frozenset(
+    {torch.Tensor.get_device, *((torch.get_device,) if hasattr(torch, "get_device") else ())}
+)
 
 # Accumulating scatters are non-deterministic on GPUs and accelerators when indices repeat.
 _ACCUMULATE_ONLY = frozenset({torch.Tensor.index_put_, torch.index_put, torch.Tensor.put_})
@@ -412,6 +418,7 @@ _SPECIAL = frozenset(
         _TENSOR_PIN_MEMORY,
         _TENSOR_IS_PINNED,
         _IS_CUDA_DESCRIPTOR.__get__,
+        *_GET_DEVICE,
         *_NOTEWORTHY,
     }
 )
