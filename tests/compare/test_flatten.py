@@ -57,3 +57,13 @@ def test_a_library_model_has_only_its_parameters_and_buffers():
         "bn.running_var",
         "bn.num_batches_tracked",
     ]
+
+
+def test_a_modules_own_parameters_held_again_are_not_leaves_twice_and_nested_caches_are():
+    lstm = torch.nn.LSTM(2, 3)
+    paths = [path for path, _ in iter_leaves({"lstm": lstm})]
+    assert not any("_flat_weights" in p for p in paths) and len(paths) == len(set(paths)) == 4
+    model = torch.nn.Linear(2, 2)
+    model.past = [(torch.ones(1), torch.zeros(1))]  # the legacy KV-cache format
+    paths = [path for path, _ in iter_leaves({"m": model})]
+    assert paths[-2:] == ["m.past[0][0]", "m.past[0][1]"]

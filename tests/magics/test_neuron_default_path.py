@@ -1669,3 +1669,19 @@ def test_get_device_names_cuda_0_on_the_host_standing_in_for_it(ip):
         "fd = torch.get_device(x)",
     )
     assert ip.user_ns["gd"] == ip.user_ns["fd"] == 0
+
+
+def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
+    # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
+    # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn as nn\nclass M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(4, 4)\n        self.table = torch.arange(4.0)\n"
+        "    def forward(self, x):\n        t = self.table.cuda()\n        t += 1\n"
+        "        return self.lin(x) + t\nx = torch.ones(1, 4)",
+    )
+    _passed(ip, "m = M().cuda()")
+    _passed(ip, "a = m(x.cuda())\nb = m(x.cuda())")
+    assert torch.equal(ip.user_ns["m"].table, torch.arange(4.0))

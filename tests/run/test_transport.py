@@ -481,3 +481,26 @@ def test_exceptions_travel_without_their_init_and_storages_by_bytes():
     assert back["e"].step == 3 and torch.equal(back["e"].loss, torch.tensor(0.25))
     assert isinstance(back["st"], torch.UntypedStorage) and list(back["st"]) == [0, 1, 2, 3]
     assert back["c"].args == ("rebuilt",)
+
+
+class _Missing(OSError):
+    def __init__(self, path):
+        super().__init__(2, "missing", path)
+        self.where = path
+
+
+def test_built_in_exceptions_keep_what_they_hold_outside_their_args():
+    back = loads(
+        dumps(
+            {
+                "stop": StopIteration(5),
+                "exit": SystemExit(3),
+                "syntax": SyntaxError("bad", ("f.py", 3, 1, "x")),
+                "missing": _Missing("/data"),
+            }
+        )
+    )
+    assert back["stop"].value == 5 and back["exit"].code == 3
+    assert back["syntax"].lineno == 3 and str(back["syntax"]) == "bad (f.py, line 3)"
+    assert back["missing"].errno == 2 and back["missing"].filename == "/data"
+    assert back["missing"].where == "/data"

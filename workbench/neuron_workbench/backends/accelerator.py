@@ -325,9 +325,12 @@ class AcceleratorBackend(Backend):
 
     @staticmethod
     def _generic(name: str) -> Callable[..., Any] | None:
-        import torch
+        import sys
 
-        accelerator = getattr(torch, "accelerator", None)
+        import torch  # noqa: F401 - torch.accelerator is imported with it
+
+        # the module itself: during a run the ``torch.accelerator`` attribute answers for CUDA
+        accelerator = sys.modules.get("torch.accelerator")
         fn = getattr(accelerator, name, None)
         return fn if callable(fn) else None
 

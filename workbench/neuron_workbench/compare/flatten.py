@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.run.namespace import PLAIN_NAMESPACES, module_attributes
+from neuron_workbench.run.namespace import PLAIN_NAMESPACES, module_attributes, tensors_held
 from neuron_workbench.run.records import NotCompared
 
 __all__ = ["USER_MODULES", "iter_leaves"]
@@ -76,16 +76,20 @@ def _walk(
         if id(value) in seen:
             return
         seen.add(id(value))
+        named = set()
         for name, param in value.named_parameters():
+            named.add(id(param))
             yield f"{path}.{name}", param
             if param.grad is not None:
                 yield f"{path}.{name}.grad", param.grad
         for name, buffer in value.named_buffers():
+            named.add(id(buffer))
             yield f"{path}.{name}", buffer
         for prefix, module in value.named_modules():
             where = f"{path}.{prefix}" if prefix else path
             for key, item in module_attributes(module):
-                if _holds_tensors(item):
+                # its own state, not its parameters again (an RNN's _flat_weights)
+                if any(id(t) not in named for t in tensors_held(item)):
                     yield from _walk(f"{where}.{key}", item, depth + 1, seen, modules)
         return
     if isinstance(value, torch.optim.Optimizer):
@@ -133,17 +137,6 @@ def _walk(
             yield from _walk(f"{path}.{name}", item, depth + 1, seen, modules)
         return
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
-
-
-def _holds_tensors(value: Any) -> bool:
-    """A tensor, or a container with a tensor among its items: a module's state, not its settings."""
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, Mapping):
-        value = value.values()
-    elif not isinstance(value, list | tuple | collections.deque):
-        return False
-    return any(isinstance(item, torch.Tensor) for item in value)
 
 
 def _is_numpy_array(value: Any) -> bool:

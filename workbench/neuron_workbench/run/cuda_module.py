@@ -538,8 +538,9 @@ class AcceleratorShim(types.ModuleType):
     ``torch.accelerator.is_available()``, ``current_accelerator()`` (``cuda``), device counts,
     synchronisation and memory figures answer as the run's ``torch.cuda`` does, so a cell written
     with the device-generic API (PyTorch 2.6 on) runs as the CUDA cell it is on each backend. torch's
-    own code (a DataLoader choosing where to pin memory) keeps the real module's answers, as the
-    process's device is; like ``torch.cuda``, only the attribute of the ``torch`` package is swapped.
+    own code (a DataLoader choosing where to pin memory) and the workbench's (a backend adapter
+    synchronising its device) keep the real module's answers, as the process's device is; like
+    ``torch.cuda``, only the attribute of the ``torch`` package is swapped.
     """
 
     def __init__(self, real: types.ModuleType, cuda: types.ModuleType) -> None:
@@ -560,13 +561,19 @@ class AcceleratorShim(types.ModuleType):
 
 
 def _for_the_cell(real: Callable[..., Any], as_cuda: Callable[..., Any]) -> Callable[..., Any]:
-    """``as_cuda`` for a caller outside torch, ``real`` for torch's own code."""
+    """``as_cuda`` for the cell's code, ``real`` for torch's own and the workbench's."""
 
     @functools.wraps(real)
     def answer(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # Dynamo cannot read frames: torch's own answer
+            return real(*args, **kwargs)
         caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller == "torch" or caller.startswith("torch."):
+        if caller.partition(".")[0] in _KEEP_THE_PROCESS_ANSWERS:
             return real(*args, **kwargs)
         return as_cuda(*args, **kwargs)
 
     return answer
+
+
+#: Packages whose calls to ``torch.accelerator`` get the process's own answers during a run.
+_KEEP_THE_PROCESS_ANSWERS = frozenset({"torch", "neuron_workbench"})

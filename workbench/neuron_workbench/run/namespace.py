@@ -132,6 +132,28 @@ def module_attributes(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     return ((k, v) for k, v in vars(module).items() if k not in MODULE_INTERNALS)
 
 
+def tensors_held(value: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """The tensors ``value`` is, or holds in lists, tuples, deques and dict values (a few deep).
+
+    What a module's plain attribute holds as state: a KV cache ``self.kv``, ``self.past = [(k,
+    v)]``; not a setting (``self.width = 4``) nor a library object.
+    """
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth > 0:
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list | tuple | collections.deque):
+            return
+        for item in value:
+            yield from tensors_held(item, depth - 1)
+
+
+def holds_tensors(value: Any) -> bool:
+    """Whether :func:`tensors_held` finds any."""
+    return next(tensors_held(value), None) is not None
+
+
 def _modules_of(module: torch.nn.Module) -> list[torch.nn.Module]:
     """``module`` and its submodules, each once (``Module.modules()`` without building names)."""
     found: list[torch.nn.Module] = []
@@ -642,12 +664,10 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, torch.nn.Module):
+        # (not its plain tensor attributes: Module.to leaves them where they are, so they tell
+        # nothing of where the cell put the module)
         yield from value.parameters()
         yield from value.buffers()
-        for module in _modules_of(value):  # tensors held as plain attributes (a KV cache)
-            for item in vars(module).values():
-                if isinstance(item, torch.Tensor):  # never one of nn.Module's own
-                    yield item
     elif isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
             yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))
@@ -934,10 +954,11 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
                             _sign(tensor, depth, seen, out)
                 elif key == "_modules":
                     out.append(tuple(map(id, item.values())))  # a layer replaced
-                elif key not in MODULE_INTERNALS:  # the class's own: a cache list, a setting
+                elif key not in MODULE_INTERNALS and holds_tensors(item):
+                    # the class's own state (a KV cache); a setting the forward rewrites
+                    # (self.last_shape) is no output, as the comparison does not read it
                     out.append(id(item))
-                    if not isinstance(item, torch.nn.Module):
-                        _sign(item, depth + 1, seen, out)
+                    _sign(item, depth + 1, seen, out)
         return
     if isinstance(value, torch.optim.Optimizer):
         for group in value.param_groups:  # an LR scheduler's step changes no tensor

@@ -351,10 +351,15 @@ class _Pickler(cloudpickle.Pickler):
             extras = optimizer_extras(obj)
             if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
                 return _reduced_then(obj, restore_optimizer_extras, extras)
-        elif isinstance(obj, BaseException) and kind.__reduce__ is BaseException.__reduce__:
-            # rebuilt without calling __init__: a notebook's exception with its own arguments
-            # (StopTraining(step, loss)) cannot be rebuilt from its args (Python's own pickling)
-            return _rebuilt_exception, (kind, obj.args, vars(obj) or None)
+        elif (
+            isinstance(obj, BaseException)
+            and kind.__reduce__ in _EXCEPTION_REDUCTIONS
+            and kind.__reduce_ex__ is object.__reduce_ex__
+        ):
+            # Python's pickling rebuilds an exception from its args: one of the notebook's with
+            # arguments of its own (StopTraining(step, loss)) could not be rebuilt
+            reduced = obj.__reduce__()  # OSError's carries its filename among the args
+            return _rebuilt_exception, (kind, reduced[1], reduced[2] if len(reduced) > 2 else None)
         elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
             # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
             # parametrized module
@@ -729,13 +734,27 @@ def sending_error(value: Any) -> Exception | None:
 _LOADING = threading.local()
 
 
+#: The reductions of exceptions that rebuild them from their args alone.
+_EXCEPTION_REDUCTIONS = (BaseException.__reduce__, OSError.__reduce__)
+
+
 def _rebuilt_exception(
     kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any] | None
 ) -> BaseException:
-    exception = kind.__new__(kind, *args)
-    exception.args = args
+    """An exception as Python's pickling rebuilds it, or without ``__init__`` where that fails.
+
+    ``kind(*args)`` fills what built-in exceptions keep outside their args (``StopIteration.value``,
+    ``SystemExit.code``); a notebook's exception with arguments of its own is made by its built-in
+    base's ``__init__`` (its args, an ``OSError``'s errno and filename) and gets its attributes.
+    """
+    try:
+        exception = kind(*args)
+    except Exception:
+        exception = kind.__new__(kind, *args)
+        base = next(k for k in kind.__mro__ if k.__module__ == "builtins")
+        base.__init__(exception, *args)
     if state:
-        exception.__dict__.update(state)
+        exception.__setstate__(state)
     return exception
 
 
