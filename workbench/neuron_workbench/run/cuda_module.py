@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.backends.base import Backend, MemoryStats
+from neuron_workbench.cuda_semantics.accelerator_api import CUDA_TO_ACCELERATOR
 from neuron_workbench.run.measurements import elapsed_ms
 from neuron_workbench.synchronous import SynchronousStream
 
@@ -509,25 +510,12 @@ class CudaModuleShim(types.ModuleType):
 #: What ``torch.accelerator.current_accelerator()`` names on a CUDA machine (made here, outside any
 #: run: a run's remap would give its own device).
 _CUDA = torch.device("cuda")
-#: ``torch.accelerator`` functions, and the ``torch.cuda`` ones that answer them on a CUDA machine.
+#: ``torch.accelerator`` functions, and the ``torch.cuda`` ones that answer them on a CUDA machine
+#: (with the ``_idx`` spellings of PyTorch 2.6 and ``mem_get_info``).
 _ACCELERATOR_AS_CUDA = {
-    "is_available": "is_available",
-    "device_count": "device_count",
-    "current_device_index": "current_device",
+    **{accelerator: cuda for cuda, accelerator in CUDA_TO_ACCELERATOR.items()},
     "current_device_idx": "current_device",
-    "set_device_index": "set_device",
     "set_device_idx": "set_device",
-    "device_index": "device",
-    "synchronize": "synchronize",
-    "current_stream": "current_stream",
-    "set_stream": "set_stream",
-    "empty_cache": "empty_cache",
-    "memory_allocated": "memory_allocated",
-    "max_memory_allocated": "max_memory_allocated",
-    "memory_reserved": "memory_reserved",
-    "max_memory_reserved": "max_memory_reserved",
-    "memory_stats": "memory_stats",
-    "reset_peak_memory_stats": "reset_peak_memory_stats",
     "get_memory_info": "mem_get_info",
 }
 
@@ -549,7 +537,7 @@ class AcceleratorShim(types.ModuleType):
         answers = {
             name: getattr(cuda, cuda_name)
             for name, cuda_name in _ACCELERATOR_AS_CUDA.items()
-            if hasattr(real, name)
+            if hasattr(real, name) and cuda_name in vars(cuda)  # the run's own, not CUDA's
         }
         answers["current_accelerator"] = lambda check_available=False: _CUDA
         self.__dict__.update(

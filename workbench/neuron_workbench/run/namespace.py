@@ -678,16 +678,20 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
         if id(value) in seen:  # an object graph with cycles (obj.parent.child is obj)
             return
         seen.add(id(value))
-        if isinstance(value, list | tuple | set | frozenset | collections.deque):
-            items: Iterable[Any] = value
-        elif isinstance(value, dict):
-            items = value.values()
-        elif user_object(value) or isinstance(value, PLAIN_NAMESPACES):
-            items = list(vars(value).values()) if hasattr(value, "__dict__") else []
-        else:
-            items = held_values(value)
-        for item in items:
+        items = _contents(value)
+        for item in held_values(value) if items is None else items:
             yield from tensors_in(item, depth + 1, seen)
+
+
+def _contents(value: Any) -> Iterable[Any] | None:
+    """What a container, a notebook object or a namespace holds (None: ``value`` is none of them)."""
+    if isinstance(value, list | tuple | set | frozenset | collections.deque):
+        return value
+    if isinstance(value, dict):
+        return value.values()
+    if user_object(value) or isinstance(value, PLAIN_NAMESPACES):
+        return list(vars(value).values()) if hasattr(value, "__dict__") else []
+    return None
 
 
 #: Elements looked at per notebook value when finding what shares state with the cell's values (a
@@ -968,18 +972,12 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
                 if key != "step" and isinstance(item, torch.Tensor):
                     _sign(item, depth, seen, out)
         return
-    if isinstance(value, list | tuple | set | frozenset | collections.deque):
-        items: Iterable[Any] = value
-    elif isinstance(value, dict):
-        items = value.values()
-    elif user_object(value) or isinstance(value, PLAIN_NAMESPACES):
-        items = list(vars(value).values()) if hasattr(value, "__dict__") else []
-    else:
-        items = held_values(value)  # a closure's, a bound method's object, a partial's
-        for item in items:
+    contents = _contents(value)
+    if contents is None:  # a closure's, a bound method's object, a partial's: by their own
+        for item in held_values(value):
             _sign(item, depth + 1, seen, out)
         return
-    items = list(items)
+    items = list(contents)
     out.append(len(items))
     out.extend(map(id, items))
     for item in items:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 
+from neuron_workbench.cuda_semantics.accelerator_api import CUDA_TO_ACCELERATOR
 from neuron_workbench.scan.checks.base import Area, Scan
 from neuron_workbench.scan.rule import (
     NEURON_ABOUT,
@@ -96,24 +97,7 @@ NEURON_EQUIVALENTS: dict[str, str] = {
 
 # torch.accelerator equivalents used for the tpu target (core PyTorch API; the notes do not list
 # torch.tpu's functions, torchtpu.md §2).
-ACCELERATOR_EQUIVALENTS: dict[str, str] = {
-    "is_available": "is_available",
-    "device_count": "device_count",
-    "synchronize": "synchronize",
-    "current_device": "current_device_index",
-    "set_device": "set_device_index",
-    "device": "device_index",
-    "current_stream": "current_stream",
-    "set_stream": "set_stream",
-    "empty_cache": "empty_cache",
-    "memory_allocated": "memory_allocated",
-    "max_memory_allocated": "max_memory_allocated",
-    "memory_reserved": "memory_reserved",
-    "max_memory_reserved": "max_memory_reserved",
-    "memory_stats": "memory_stats",
-    "reset_peak_memory_stats": "reset_peak_memory_stats",
-    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
-}
+ACCELERATOR_EQUIVALENTS = CUDA_TO_ACCELERATOR
 
 # Hints for torch.cuda names with no equivalent (NW104).
 _NO_EQUIVALENT_HINTS: dict[str, str] = {
