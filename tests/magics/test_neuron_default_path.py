@@ -1685,3 +1685,18 @@ def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     _passed(ip, "m = M().cuda()")
     _passed(ip, "a = m(x.cuda())\nb = m(x.cuda())")
     assert torch.equal(ip.user_ns["m"].table, torch.arange(4.0))
+
+
+def test_a_tensor_optimised_alone_trains_across_cells(ip):
+    # Style transfer's idiom: the image is the parameter, made in one cell and optimised in the
+    # next. The worker moved it as a new tensor, its optimizer kept stepping the one left on the
+    # host, and every optimising cell read FAIL.
+    run_cell(ip, "import torch")
+    _passed(
+        ip,
+        "img = torch.zeros(3, device='cuda').requires_grad_(True)\n"
+        "opt = torch.optim.SGD([img], lr=0.1)",
+    )
+    for _ in range(2):
+        _passed(ip, "opt.zero_grad()\nloss = ((img - 1) ** 2).sum()\nloss.backward()\nopt.step()")
+    assert torch.allclose(ip.user_ns["img"].detach(), torch.full((3,), 0.36))

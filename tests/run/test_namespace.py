@@ -223,7 +223,8 @@ def test_a_moved_tensor_and_its_view_share_one_device_storage(order):
     assert moved["view"].untyped_storage().data_ptr() == moved["whole"].untyped_storage().data_ptr()
     moved["view"].add_(100)
     assert moved["whole"].cpu().tolist() == [0.0, 1.0, 102.0, 103.0, 4.0, 5.0]
-    assert whole.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # the host tensors are untouched
+    # a leaf moves in place (the run's own copy), as Module.to moves a parameter
+    assert moved["whole"] is whole and moved["view"] is view
 
 
 @pytest.mark.inprocess_device
@@ -231,12 +232,27 @@ def test_a_moved_tensor_keeps_its_strides_and_values():
     odd = torch.arange(6.0).reshape(1, 6).as_strided((1, 6), (100, 1))  # a size-1 dim's stride
     channels_last = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
     for tensor in (odd, channels_last, torch.randn(3, 4).t(), torch.randn(5)[1:]):
+        stride, offset, values = tensor.stride(), tensor.storage_offset(), tensor.clone()
         moved = move_to_device(tensor, torch.device(NEURON), True, {})
         assert moved.device.type == "neuron"
-        assert (
-            moved.stride() == tensor.stride() and moved.storage_offset() == tensor.storage_offset()
-        )
-        assert torch.equal(moved.cpu(), tensor)
+        assert moved.stride() == stride and moved.storage_offset() == offset
+        assert torch.equal(moved.cpu(), values)
+
+
+@pytest.mark.inprocess_device
+def test_a_tensor_optimised_alone_moves_with_its_optimizer_attached():
+    # A leaf was moved as a new tensor: the optimizer stepped the one left on the host, and a
+    # cell stepping it on the target changed nothing (a false FAIL)
+    image = torch.zeros(3, requires_grad=True)
+    image.grad = torch.ones(3)
+    optimizer = torch.optim.SGD([image], lr=0.5)
+    memo: dict = {}
+    moved = move_to_device(image, torch.device(NEURON), True, memo)
+    move_to_device(optimizer, torch.device(NEURON), True, memo)
+    assert moved is image and optimizer.param_groups[0]["params"][0] is image
+    assert image.device.type == "neuron" and image.grad.device.type == "neuron" and image.is_leaf
+    optimizer.step()
+    assert image.cpu().tolist() == [-0.5, -0.5, -0.5]
 
 
 @pytest.mark.inprocess_device

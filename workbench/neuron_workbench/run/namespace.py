@@ -500,9 +500,11 @@ def move_to_device(
 ) -> Any:
     """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
 
-    Modules move in place (``Module.to``), keeping parameter identity so optimizers stay attached;
-    optimizer state tensors move too (except the ``step`` counters PyTorch keeps on the host); lists,
-    tuples and dicts are rebuilt around moved elements. CPU tensors stay on the CPU unless ``force``:
+    Modules move in place (``Module.to``), keeping parameter identity so optimizers stay attached,
+    and so does a leaf tensor (its ``.data`` and ``.grad``: a tensor optimised alone keeps its
+    optimizer); a computed tensor becomes a moved copy. Optimizer state tensors move too (except
+    the ``step`` counters PyTorch keeps on the host); lists, tuples and dicts are rebuilt around
+    moved elements. CPU tensors stay on the CPU unless ``force``:
     in CUDA code a CPU tensor is there on purpose. Tensors that share a storage share one device
     storage afterwards (views keep their base), across every call given the same ``memo``. The
     attributes of notebook objects and what notebook closures and bound methods hold move in place;
@@ -570,20 +572,15 @@ def move_to_device(
 def _moved_tensor(
     tensor: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
 ) -> torch.Tensor:
-    # A leaf that requires grad must stay a leaf on the new device (``.to`` would give it a grad_fn).
+    # A leaf moves in place, as Module.to moves a parameter: it stays a leaf (``.to`` would give it
+    # a grad_fn), and what else holds it (an optimizer of a tensor optimised alone, a list) holds
+    # the moved tensor, hooks and marks included.
     if tensor.is_leaf:
-        moved = _device_view(tensor.detach(), device, memo)
-        if isinstance(tensor, torch.nn.Parameter):
-            moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
-        else:
-            moved.requires_grad_(tensor.requires_grad)
-        if tensor.grad is not None:
-            moved.grad = _device_view(tensor.grad.detach(), device, memo)
-        add_leaf_hooks(moved, leaf_hooks(tensor))
-        left_behind = vars(tensor).get(GRAPH_LEFT_BEHIND_ATTR)
-        if left_behind is not None and moved.requires_grad:
-            guard_graph_left_behind(moved, left_behind)
-        return moved
+        grad = tensor.grad
+        tensor.data = _device_view(tensor.detach(), device, memo)
+        if grad is not None:
+            tensor.grad = _device_view(grad.detach(), device, memo)
+        return tensor
     return tensor.to(device)
 
 
