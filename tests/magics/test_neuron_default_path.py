@@ -1700,3 +1700,30 @@ def test_a_tensor_optimised_alone_trains_across_cells(ip):
     for _ in range(2):
         _passed(ip, "opt.zero_grad()\nloss = ((img - 1) ** 2).sum()\nloss.backward()\nopt.step()")
     assert torch.allclose(ip.user_ns["img"].detach(), torch.full((3,), 0.36))
+
+
+def test_cuda_tensors_in_a_deque_a_namespace_or_a_modules_cache_are_there_next_cell(ip):
+    # They stayed on the host in the worker's next run (Module.to leaves a plain attribute; deques
+    # and namespaces were not gone through): Expected all tensors to be on the same device
+    run_cell(
+        ip,
+        "import argparse, collections, types\nimport torch\nimport torch.nn as nn\n"
+        "class Attn(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.k = nn.Linear(4, 4)\n        self.kv = None\n"
+        "    def forward(self, x):\n        k = self.k(x)\n"
+        "        self.kv = k if self.kv is None else torch.cat([self.kv, k])\n"
+        "        return self.kv.sum(0)",
+    )
+    _passed(
+        ip,
+        "m = Attn().cuda()\nout1 = m(torch.ones(2, 4, device='cuda'))\n"
+        "cfg = types.SimpleNamespace(w=torch.ones(2, device='cuda'))\n"
+        "args = argparse.Namespace(w=torch.ones(2, device='cuda'))\n"
+        "dq = collections.deque([torch.ones(2, device='cuda')], maxlen=3)",
+    )
+    _passed(
+        ip,
+        "out2 = m(torch.ones(1, 4, device='cuda'))\ny = cfg.w * args.w * dq[0]\n"
+        "dq.append(torch.full((2,), 3.0, device='cuda'))\nz = sum(dq)",
+    )
+    assert ip.user_ns["m"].kv.shape == (3, 4) and ip.user_ns["z"].tolist() == [4.0, 4.0]

@@ -522,6 +522,13 @@ def move_to_device(
         tensors = list(value.parameters()) + list(value.buffers())
         if any((force or t.device.type != "cpu") and t.device != device for t in tensors):
             value.to(device)
+        # Module.to leaves the tensors its class keeps as plain attributes (a KV cache): they move
+        # where the cell had put them (mark_attribute_tensors)
+        for module in _modules_of(value):
+            attributes = vars(module)
+            for key, item in list(module_attributes(module)):
+                if holds_tensors(item):
+                    attributes[key] = move_to_device(item, device, False, memo, seen)
         return value
     if isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
@@ -542,6 +549,11 @@ def move_to_device(
     if isinstance(value, list):
         value[:] = [moved(v) for v in value]
         return value
+    if isinstance(value, collections.deque):
+        items = [moved(v) for v in value]
+        value.clear()
+        value.extend(items)
+        return value
     if isinstance(value, tuple):
         items = [moved(v) for v in value]
         if not all(m is v for m, v in zip(items, value, strict=True)):
@@ -554,7 +566,9 @@ def move_to_device(
             value[key] = moved(value[key])
         return value
     # The run's own copies of objects that hold state (a trainer, a closure's model): in place.
-    if user_object(value) and isinstance(getattr(value, "__dict__", None), dict):
+    if (user_object(value) or isinstance(value, PLAIN_NAMESPACES)) and isinstance(
+        getattr(value, "__dict__", None), dict
+    ):
         attributes = vars(value)
         for key in list(attributes):
             item = attributes[key]
@@ -630,7 +644,11 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
     holds every tensor on the CPU: the accelerator run's placement of the same attribute says which
     ones the cell put on cuda, for the next cell's runs (:func:`move_to_device`).
     """
-    if depth > 8 or not user_object(kept) or type(other) is not type(kept):
+    if (
+        depth > 8
+        or not (user_object(kept) or isinstance(kept, PLAIN_NAMESPACES))
+        or type(other) is not type(kept)
+    ):
         return
     mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
