@@ -1727,3 +1727,32 @@ def test_cuda_tensors_in_a_deque_a_namespace_or_a_modules_cache_are_there_next_c
         "dq.append(torch.full((2,), 3.0, device='cuda'))\nz = sum(dq)",
     )
     assert ip.user_ns["m"].kv.shape == (3, 4) and ip.user_ns["z"].tolist() == [4.0, 4.0]
+
+
+def test_numbers_a_cell_makes_from_tensors_are_plain_in_the_notebook_and_in_its_files(ip):
+    # They stayed the workbench's tagged subclasses: torch.load (weights_only) refused a checkpoint
+    # holding loss.item(), statistics.mean raised in the cell and after it, yaml.safe_dump refused
+    # the history, and a pickle of it needed this package to load.
+    path = pathlib.Path.cwd() / f".tagged-test-{os.getpid()}.pt"
+    run_cell(
+        ip,
+        "import pickle, statistics\nimport torch\nimport torch.nn as nn\n"
+        "model = nn.Linear(3, 1)\nX = torch.randn(4, 3)\nhistory = []",
+    )
+    try:
+        _passed(
+            ip,
+            "model.cuda()\nloss = model(X.cuda()).pow(2).mean()\nhistory.append(loss.item())\n"
+            "losses = [model(row.cuda()).pow(2).sum().item() for row in X]\n"
+            "mean_loss = statistics.mean(losses)\n"
+            f"torch.save({{'model': model.state_dict(), 'loss': loss.item()}}, {str(path)!r})",
+        )
+        run_cell(ip, f"checkpoint = torch.load({str(path)!r})\ndata = pickle.dumps(history)")
+        ns = ip.user_ns
+        assert (
+            type(ns["checkpoint"]["loss"]) is float and ns["checkpoint"]["loss"] == ns["history"][0]
+        )
+        assert {type(v) for v in (*ns["history"], *ns["losses"], ns["mean_loss"])} == {float}
+        assert b"neuron_workbench" not in ns["data"]
+    finally:
+        path.unlink(missing_ok=True)

@@ -73,10 +73,19 @@ def test_tagged_numbers_behave_as_plain_numbers():
     assert math.floor(ms) == 12 and provenance_of(math.floor(ms)) == MS
 
 
-def test_tagged_numbers_pickle_and_copy_with_their_provenance():
+def test_tagged_numbers_travel_and_copy_with_their_provenance_and_pickle_plain():
+    from neuron_workbench.run.transport import dumps, loads
+
     ms = TaggedFloat(12.5, MS)
-    for copied in (pickle.loads(pickle.dumps([ms])), copy.deepcopy([ms])):
+    for copied in (loads(dumps([ms])), copy.deepcopy([ms])):
         assert type(copied[0]) is TaggedFloat and provenance_of(copied[0]) == MS
+    # any other pickle (a checkpoint, pickle.dump) holds the number plain code holds: no module
+    # of this package is needed to load it
+    data = pickle.dumps([ms, TaggedInt(3, BYTES)])
+    assert b"neuron_workbench" not in data
+    assert [type(x) for x in pickle.loads(data)] == [float, int]
+    # type(x)(value), as statistics converts, is a plain number
+    assert type(TaggedFloat(2.5)) is float and type(TaggedInt(2)) is int
 
 
 def test_tracked_puts_every_source_back():

@@ -25,7 +25,7 @@ from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.compiled_frames import compiled_global
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
-from neuron_workbench.run.measurements import reads_memory_statistics
+from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     ResidentObjects,
     function_like,
@@ -604,8 +604,18 @@ def _collect(
 
 
 def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
-    """Apply a successful run's bindings and deletions to the namespace."""
-    namespace.update({name: _reading(namespace, value) for name, value in run.bindings.items()})
+    """Apply a successful run's bindings and deletions to the namespace.
+
+    The numbers and strings the run made from tensors are committed plain (their provenance served
+    the comparison): what the cell bound or changed holds a ``float`` where plain code does.
+    """
+    changed = run.outputs.keys()
+    namespace.update(
+        {
+            name: _reading(namespace, untagged(value) if name in changed else value)
+            for name, value in run.bindings.items()
+        }
+    )
     for name in run.deleted:
         namespace.pop(name, None)
     if run.rng_state is not None:

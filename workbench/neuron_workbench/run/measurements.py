@@ -34,7 +34,9 @@ functions, and tensors built from tagged numbers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import math
 import operator
 import time
@@ -181,7 +183,81 @@ def _plain(value: Any) -> Any:
         return float.__float__(value)
     if isinstance(value, TaggedInt):
         return int.__int__(value)
+    if isinstance(value, TaggedStr):
+        return str.__str__(value)
     return value
+
+
+def untagged(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
+    """``value`` with the tagged numbers and strings in it made plain, containers in place.
+
+    What a kept run commits to the notebook: plain code holds a ``float`` from ``loss.item()``
+    (``type(x) is float``, ``yaml.safe_dump``); the provenance served the run's comparison. Lists,
+    dicts, deques and the attributes of notebook objects and namespaces change in place, a few
+    levels deep; a tuple holding a tagged value is rebuilt.
+    """
+    if isinstance(value, _TAGGED):
+        return _plain(value)
+    if depth > 4 or isinstance(value, (bool, int, float, str, bytes)) or value is None:
+        return value
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return value
+    seen.add(id(value))
+    if isinstance(value, list):
+        value[:] = [untagged(item, depth + 1, seen) for item in value]
+    elif isinstance(value, collections.deque):
+        items = [untagged(item, depth + 1, seen) for item in value]
+        value.clear()
+        value.extend(items)
+    elif isinstance(value, dict):
+        for key in list(value):
+            value[key] = untagged(value[key], depth + 1, seen)
+    elif type(value) is tuple:  # a namedtuple or a subclass keeps what it holds
+        items = tuple(untagged(item, depth + 1, seen) for item in value)
+        if any(a is not b for a, b in zip(items, value, strict=True)):
+            return items
+    elif _holds_attributes(value):
+        attributes = vars(value)
+        for key in list(attributes):
+            attributes[key] = untagged(attributes[key], depth + 1, seen)
+    return value
+
+
+def without_tags(value: Any, depth: int = 0) -> Any:
+    """``value`` itself when it holds no tagged value, else a copy holding plain ones.
+
+    What ``torch.save`` writes during a run: ``{"model": sd, "loss": loss.item()}`` as plain code
+    writes it (a ``float``, which ``torch.load(weights_only=True)`` accepts). Dicts (a state dict's
+    ``_metadata`` kept), lists and tuples are copied only where a tagged value is inside.
+    """
+    if isinstance(value, _TAGGED):
+        return _plain(value)
+    if depth > 4:
+        return value
+    if isinstance(value, dict):
+        items = {key: without_tags(item, depth + 1) for key, item in value.items()}
+        if all(items[key] is value[key] for key in value):
+            return value
+        copied = copy.copy(value)
+        copied.update(items)
+        return copied
+    if type(value) in (list, tuple):
+        items_list = [without_tags(item, depth + 1) for item in value]
+        if all(a is b for a, b in zip(items_list, value, strict=True)):
+            return value
+        return type(value)(items_list)
+    return value
+
+
+def _holds_attributes(value: Any) -> bool:
+    """A notebook object or a namespace: its attributes are the cell's values."""
+    kind = type(value)
+    return (
+        isinstance(getattr(value, "__dict__", None), dict)
+        and (kind.__module__ == "__main__" or kind.__name__ in ("SimpleNamespace", "Namespace"))
+        and not isinstance(value, type)
+    )
 
 
 def _combined(
@@ -286,13 +362,24 @@ def _rebuild(cls: type, value: Any, provenance: Provenance) -> Any:
     return cls(value, provenance)
 
 
+def reduce_tagged(value: Any) -> tuple[Any, ...]:
+    """How the workbench's own transport pickles a tagged value: with its provenance.
+
+    Every other pickle (``torch.save`` of a checkpoint holding ``loss.item()``, ``pickle.dump``)
+    gets the plain number or string: a file that needs this package to load, or that
+    ``torch.load(weights_only=True)`` refuses, is no file the cell meant to write.
+    """
+    return _rebuild, (type(value), _plain(value), value.provenance)
+
+
 class _TaggedNumber:
     """Arithmetic that keeps the provenance (mixed into the float and int subclasses)."""
 
     provenance: Provenance
 
     def __reduce__(self) -> Any:
-        return _rebuild, (type(self), _plain(self), self.provenance)
+        plain = _plain(self)
+        return type(plain), (plain,)
 
     def __copy__(self) -> Any:
         return self
@@ -310,7 +397,9 @@ for _dunder, _func in _UNARY.items():
 class TaggedFloat(_TaggedNumber, float):
     """A ``float`` that remembers where it came from (see :class:`Provenance`)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedFloat:  # noqa: D102
+    def __new__(cls, value: Any, provenance: Provenance | None = None) -> Any:  # noqa: D102
+        if provenance is None:  # type(x)(value), as statistics.mean converts: a plain float
+            return float(value)
         self = float.__new__(cls, value)
         self.provenance = provenance
         return self
@@ -323,7 +412,9 @@ class TaggedFloat(_TaggedNumber, float):
 class TaggedInt(_TaggedNumber, int):
     """An ``int`` that remembers where it came from (see :class:`Provenance`)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedInt:  # noqa: D102
+    def __new__(cls, value: Any, provenance: Provenance | None = None) -> Any:  # noqa: D102
+        if provenance is None:
+            return int(value)
         self = int.__new__(cls, value)
         self.provenance = provenance
         return self
@@ -336,13 +427,15 @@ class TaggedInt(_TaggedNumber, int):
 class TaggedStr(str):
     """A ``str`` that remembers where it came from (a device name)."""
 
-    def __new__(cls, value: Any, provenance: Provenance) -> TaggedStr:  # noqa: D102
+    def __new__(cls, value: Any, provenance: Provenance | None = None) -> Any:  # noqa: D102
+        if provenance is None:
+            return str(value)
         self = str.__new__(cls, value)
         self.provenance = provenance
         return self
 
     def __reduce__(self) -> Any:
-        return _rebuild, (TaggedStr, str(self), self.provenance)
+        return str, (str.__str__(self),)
 
 
 _TAGGED = (TaggedFloat, TaggedInt, TaggedStr)

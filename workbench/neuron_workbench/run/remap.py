@@ -32,6 +32,7 @@ Everything is restored on exit. On the ``cuda`` backend itself nothing is change
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -52,7 +53,12 @@ from neuron_workbench.run.cuda_module import (
     legacy_cuda_dtype,
 )
 from neuron_workbench.run.cuda_on_host import CudaOnHost, parallel_comm_on_host
-from neuron_workbench.run.measurements import SCALAR_CONVERSIONS, materialise, tracked
+from neuron_workbench.run.measurements import (
+    SCALAR_CONVERSIONS,
+    materialise,
+    tracked,
+    without_tags,
+)
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_draws import (
     DROPOUTS,
@@ -506,6 +512,20 @@ def _cuda_storages_loaded_to(target: str) -> Iterator[None]:
             registry.remove(entry)
 
 
+def _saving_plain_numbers(save: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.save`` writing the numbers the run made from tensors as plain ones.
+
+    ``{"loss": loss.item()}`` holds a tagged float during a run, which pickles by a constructor
+    call that ``torch.load(weights_only=True)``, the default, refuses.
+    """
+
+    @functools.wraps(save)
+    def save_plain(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        return save(without_tags(obj), *args, **kwargs)
+
+    return save_plain
+
+
 #: Below every priority torch registers, so the run's cuda deserializer is asked first.
 _CUDA_LOAD_PRIORITY = -1
 
@@ -755,6 +775,8 @@ def cuda_remapped_to(
         elif not hasattr(torch._C, "_scatter"):
             stack.enter_context(_data_parallel_refused(target))
         stack.enter_context(_cuda_storages_loaded_to(target))
+        save = torch.save
+        stack.enter_context(patched_attributes(torch, {"save": _saving_plain_numbers(save)}))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         stack.enter_context(_generators_for(target, facts, host))
         module_to = vars(torch.nn.Module)["to"]
