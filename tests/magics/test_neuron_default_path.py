@@ -1756,3 +1756,20 @@ def test_numbers_a_cell_makes_from_tensors_are_plain_in_the_notebook_and_in_its_
         assert b"neuron_workbench" not in ns["data"]
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_a_cell_whose_target_put_nothing_on_its_device_says_so(ip):
+    # `device` chosen in a plain cell from torch.cuda.is_available() is the CPU in this kernel:
+    # both runs computed on the CPU and the cell read a plain PASS (the same cell on "cuda" FAILs)
+    run_cell(
+        ip,
+        "import torch\ndevice = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "x = torch.full((1000,), 1 + 1e-9, dtype=torch.float64)",
+    )
+    report = _passed(ip, "xd = x.to(device)\ns = (xd * 3.0).sum() - 3000.0")
+    assert report.summary().endswith("; nothing ran on neuron")
+    assert any("is the CPU in a kernel without a GPU" in w for w in report.warnings)
+    run_cell(ip, "%%neuron -o r\nxd = x.to('cuda')\ns = (xd * 3.0).sum() - 3000.0")
+    assert "nothing ran" not in _report(ip).summary() and not _report(ip).warnings
+    report = _passed(ip, "n = 3")  # no tensor computed: nothing to say
+    assert "nothing ran" not in report.summary()

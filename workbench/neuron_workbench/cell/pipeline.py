@@ -23,7 +23,7 @@ from neuron_workbench.compare.budget import (
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
-from neuron_workbench.report.report import Report
+from neuron_workbench.report.report import IDLE_TARGET, Report
 from neuron_workbench.run import (
     CellProgram,
     ResidentObjects,
@@ -302,6 +302,7 @@ def compare_cell(
         )
         for index, (run, comparison, layers, budget) in enumerate(compared)
     ]
+    reports = [_idle_target_noted(report) for report in reports]
     return CellReports(
         reports,
         spec.captured,
@@ -309,6 +310,28 @@ def compare_cell(
         sets_default_device=sets_default_device,
         default_device=default_device_set,
     )
+
+
+def _idle_target_noted(report: Report) -> Report:
+    """Say so when the target put nothing on its device while the cell computed tensors.
+
+    The usual cause: ``device`` chosen in a plain cell from ``torch.cuda.is_available()``, which is
+    the CPU in a kernel without a GPU, so both runs computed on the CPU and the comparison shows
+    nothing of the device. Judged by the target's peak device memory, where its backend knows it.
+    """
+    target = report.target
+    memory = target.memory
+    if (
+        not target.ok
+        or report.comparison is None
+        or target.backend.device.partition(":")[0] in ("cpu", "cuda")
+        or memory is None
+        or memory.peak_bytes != 0
+        or not any(diff.kind == "tensor" for diff in report.comparison.compared)
+    ):
+        return report
+    warning = IDLE_TARGET.format(target=target.backend.name)
+    return dataclasses.replace(report, idle_target=True, warnings=[*report.warnings, warning])
 
 
 def _random_state_as_it_was(spec: RunSpec) -> None:

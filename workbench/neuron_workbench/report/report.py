@@ -51,6 +51,15 @@ def measurement_basis(kind: str, backend: BackendInfo) -> str:
     return "as the device reports it"
 
 
+#: The warning of a report whose target put nothing on its device.
+IDLE_TARGET = (
+    "nothing this cell computed was on {target}: its tensors stayed on the CPU in both runs, so the "
+    "comparison was of the CPU against the CPU. A device chosen in a plain cell from "
+    "torch.cuda.is_available() is the CPU in a kernel without a GPU: choose it inside a %%neuron "
+    'cell, or write "cuda".'
+)
+
+
 @dataclass(frozen=True)
 class Report:
     """Reference run, target run, and how their outputs compare: finished when built.
@@ -73,6 +82,9 @@ class Report:
     #: How the runs were compared beyond the verdict: autocast's tolerance floor, and how a
     #: reference stood in for another device (``cpu (as cuda)``) with what stays different.
     notes: list[str] = field(default_factory=list)
+    #: The target put nothing on its device (its peak device memory was 0 while the cell's outputs
+    #: hold tensors): the comparison was of the CPU against the CPU (see :data:`IDLE_TARGET`).
+    idle_target: bool = False
     #: Each floating output's noise floor and error ratio R (:mod:`neuron_workbench.compare.budget`):
     #: measured for every floating output under ``judge="budget"``, for the failing ones otherwise.
     budget: Any = None
@@ -204,6 +216,8 @@ class Report:
         fallback_ops = self.target.fallback_ops()
         if fallback_ops:
             body += f"; {_plural(len(fallback_ops), 'op', 'ops')} fell back to CPU"
+        if self.idle_target:
+            body += f"; nothing ran on {self.target.backend.name}"
         first = self.first_divergence
         backward = self.layers.first_backward if self.layers is not None else None
         if verdict == "FAIL" and first is not None:
