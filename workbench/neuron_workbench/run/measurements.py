@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.run.namespace import PLAIN_NAMESPACES, user_object
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.scalar_sites import user_site
 
@@ -137,7 +138,7 @@ _NUMBER = (int, float)
 
 def provenance_of(value: Any) -> Provenance | None:
     """The :class:`Provenance` of a tagged value, or None."""
-    return getattr(value, "provenance", None) if isinstance(value, _TAGGED) else None
+    return getattr(value, "provenance", None) if isinstance(value, TAGGED) else None
 
 
 def is_measurement(value: Any) -> bool:
@@ -196,7 +197,7 @@ def untagged(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
     dicts, deques and the attributes of notebook objects and namespaces change in place, a few
     levels deep; a tuple holding a tagged value is rebuilt.
     """
-    if isinstance(value, _TAGGED):
+    if isinstance(value, TAGGED):
         return _plain(value)
     if depth > 4 or isinstance(value, (bool, int, float, str, bytes)) or value is None:
         return value
@@ -217,7 +218,9 @@ def untagged(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
         items = tuple(untagged(item, depth + 1, seen) for item in value)
         if any(a is not b for a, b in zip(items, value, strict=True)):
             return items
-    elif _holds_attributes(value):
+    elif (user_object(value) or isinstance(value, PLAIN_NAMESPACES)) and isinstance(
+        getattr(value, "__dict__", None), dict
+    ):
         attributes = vars(value)
         for key in list(attributes):
             attributes[key] = untagged(attributes[key], depth + 1, seen)
@@ -231,7 +234,7 @@ def without_tags(value: Any, depth: int = 0) -> Any:
     writes it (a ``float``, which ``torch.load(weights_only=True)`` accepts). Dicts (a state dict's
     ``_metadata`` kept), lists and tuples are copied only where a tagged value is inside.
     """
-    if isinstance(value, _TAGGED):
+    if isinstance(value, TAGGED):
         return _plain(value)
     if depth > 4:
         return value
@@ -248,16 +251,6 @@ def without_tags(value: Any, depth: int = 0) -> Any:
             return value
         return type(value)(items_list)
     return value
-
-
-def _holds_attributes(value: Any) -> bool:
-    """A notebook object or a namespace: its attributes are the cell's values."""
-    kind = type(value)
-    return (
-        isinstance(getattr(value, "__dict__", None), dict)
-        and (kind.__module__ == "__main__" or kind.__name__ in ("SimpleNamespace", "Namespace"))
-        and not isinstance(value, type)
-    )
 
 
 def _combined(
@@ -438,7 +431,8 @@ class TaggedStr(str):
         return str, (str.__str__(self),)
 
 
-_TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
+#: The tagged types: what the workbench's transport pickles with the provenance.
+TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
 
 
 # ---- tensor to Python scalar: the one interception point ------------------------------------------

@@ -746,10 +746,11 @@ def cuda_remapped_to(
         if host is not None:
             stack.enter_context(host.active(may_enable_tf32))
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
-        modules: dict[str, Any] = {"cuda": shim}
+        # torch.save writes the numbers the run made from tensors as plain ones
+        replaced: dict[str, Any] = {"cuda": shim, "save": _saving_plain_numbers(torch.save)}
         if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
-            modules["accelerator"] = AcceleratorShim(torch.accelerator, shim)
-        stack.enter_context(patched_attributes(torch, modules))
+            replaced["accelerator"] = AcceleratorShim(torch.accelerator, shim)
+        stack.enter_context(patched_attributes(torch, replaced))
         stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
@@ -775,8 +776,6 @@ def cuda_remapped_to(
         elif not hasattr(torch._C, "_scatter"):
             stack.enter_context(_data_parallel_refused(target))
         stack.enter_context(_cuda_storages_loaded_to(target))
-        save = torch.save
-        stack.enter_context(patched_attributes(torch, {"save": _saving_plain_numbers(save)}))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         stack.enter_context(_generators_for(target, facts, host))
         module_to = vars(torch.nn.Module)["to"]

@@ -42,7 +42,7 @@ import cloudpickle
 import torch
 
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
-from neuron_workbench.run.measurements import TaggedFloat, TaggedInt, TaggedStr, reduce_tagged
+from neuron_workbench.run.measurements import TAGGED, reduce_tagged
 from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
     GRAPH_LEFT_BEHIND_ATTR,
@@ -318,7 +318,7 @@ class _Pickler(cloudpickle.Pickler):
             if reduced is not None:
                 return reduced
             return super().reducer_override(obj)
-        if kind in _TAGGED:  # with its provenance (any other pickle gets the plain value)
+        if kind in TAGGED:  # with its provenance (any other pickle gets the plain value)
             return reduce_tagged(obj)
         if kind is torch.UntypedStorage:
             # torch's own reduction of a storage cannot be loaded back (it asks for a dtype)
@@ -435,7 +435,6 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
-_TAGGED = frozenset({TaggedFloat, TaggedInt, TaggedStr})
 
 #: Every code object this process rebuilt, by itself and its file: the same code sent again is the
 #: same object here.
