@@ -2,6 +2,7 @@
 
 import argparse
 import collections
+import copy
 import types
 
 import pytest
@@ -203,6 +204,196 @@ def test_a_parameters_hooks_are_in_its_copy():
     copies["lin"](torch.ones(1, 2)).sum().backward()
     assert torch.count_nonzero(copies["lin"].weight.grad) == 0
     assert calls == [copies["lin"].bias]
+
+
+# ---- the isolation copy's fast paths: what copy.deepcopy and PyTorch's own copies make ----------
+
+
+def _assert_alike(first, second, pairs=None, path="value"):
+    """``first`` and ``second`` are copies alike: types, values, what is shared, views of one storage.
+
+    ``pairs`` maps what was met in ``first`` (by id) to its counterpart in ``second``, and each
+    storage of ``first``'s tensors to ``second``'s: one object met twice is one object in both.
+    """
+    pairs = {} if pairs is None else pairs
+    assert type(first) is type(second), path
+    if isinstance(first, int | float | str | bytes | type(None) | type):
+        assert first == second, path
+        return
+    if id(first) in pairs:
+        assert pairs[id(first)] is second, f"{path}: shared in one copy only"
+        return
+    pairs[id(first)] = second
+    if isinstance(first, torch.Tensor):
+        for fact in ("shape", "dtype", "requires_grad", "is_leaf"):
+            assert getattr(first, fact) == getattr(second, fact), f"{path}.{fact}"
+        assert first.stride() == second.stride(), path
+        assert first.storage_offset() == second.storage_offset(), path
+        assert first.is_conj() == second.is_conj() and first.is_neg() == second.is_neg(), path
+        storage = ("storage", first.untyped_storage()._cdata)
+        counterpart = second.untyped_storage()
+        assert pairs.setdefault(storage, counterpart._cdata) == counterpart._cdata, path
+        assert first.untyped_storage().nbytes() == counterpart.nbytes(), path
+        assert torch.equal(first.detach().resolve_conj(), second.detach().resolve_conj()), path
+        if first.is_leaf:
+            _assert_alike(first.grad, second.grad, pairs, f"{path}.grad")
+        _assert_alike(vars(first), vars(second), pairs, f"{path}.__dict__")
+    elif isinstance(first, list | tuple):
+        assert len(first) == len(second), path
+        for index, (one, other) in enumerate(zip(first, second, strict=True)):
+            _assert_alike(one, other, pairs, f"{path}[{index}]")
+    elif isinstance(first, dict):
+        assert len(first) == len(second), path
+        for (key, one), (other_key, other) in zip(first.items(), second.items(), strict=True):
+            _assert_alike(key, other_key, pairs, f"{path} key {key!r}")
+            _assert_alike(one, other, pairs, f"{path}[{key!r}]")
+        if isinstance(first, collections.defaultdict):
+            assert first.default_factory is second.default_factory, path
+    elif isinstance(first, set | frozenset):
+        assert first == second and list(first) == list(second), path
+    elif isinstance(first, types.MethodType):
+        assert first.__func__ is second.__func__, path
+        _assert_alike(first.__self__, second.__self__, pairs, f"{path}.__self__")
+    elif hasattr(first, "__dict__"):
+        _assert_alike(vars(first), vars(second), pairs, f"{path}.__dict__")
+
+
+def _objects_of_many_kinds():
+    shared = [1.5, "x"]
+    cycle: list = []
+    cycle.append((cycle, 1))  # a tuple in a cycle: copied once
+    annotated = collections.OrderedDict(a=shared)
+    annotated.note = shared  # an attribute of its own: copied as copy does
+    recorder = types.SimpleNamespace(seen=shared)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    handle = model.register_forward_hook(lambda module, args, out: None)
+    optimizer = torch.optim.AdamW(model.parameters())
+    _trained(model)
+    optimizer.step()
+    base = torch.arange(12.0).reshape(3, 4)
+    holding, names = (shared, 2), {"a", "b", 3}
+    return {
+        "shared": shared,
+        "again": shared,
+        "holding": holding,
+        "holding too": holding,  # one tuple, one set: one copy of each
+        "names": names,
+        "names too": names,
+        "constants": (1, "a", None),
+        "cycle": cycle,
+        "annotated": annotated,
+        "empty": collections.OrderedDict(),
+        "default": collections.defaultdict(list, {"k": shared}),
+        "pairs": {(1, 2), (3, 4)},
+        "frozen": frozenset({1, 2}),
+        "method": types.MethodType(len, recorder),
+        "recorder": recorder,
+        "model": model,
+        "handle": handle,
+        "optimizer": optimizer,
+        "tensors": [base, base[1:], base.t(), base.view(torch.int32), torch.ones(2).expand(3, 2)],
+    }
+
+
+def test_the_isolation_deepcopy_makes_what_copy_deepcopy_makes():
+    # namespace._deepcopy copies dicts, lists, tuples, ordered dicts and sets itself (a model's
+    # modules hold hundreds): what it makes must be what copy.deepcopy's generic machinery makes
+    value = _objects_of_many_kinds()
+    with namespace_module._copies_keep_state():
+        fast = namespace_module._deepcopy(value, {})
+        general = copy.deepcopy(value)
+    _assert_alike(fast, general)
+    assert fast["shared"] is fast["again"] is fast["holding"][0] is fast["annotated"].note
+    assert fast["holding"] is fast["holding too"] and fast["names"] is fast["names too"]
+    assert fast["constants"] is value["constants"]  # constants only: itself, as copy keeps it
+    assert fast["cycle"][0][0] is fast["cycle"]
+    assert (
+        fast["annotated"] is not value["annotated"]
+        and fast["method"].__self__.seen is fast["shared"]
+    )
+    # the handle removes the hook from the copy's hooks, and the optimizer steps the copy's model
+    fast["handle"].remove()
+    assert not fast["model"]._forward_hooks and value["model"]._forward_hooks
+    assert fast["optimizer"].param_groups[0]["params"][0] is fast["model"][0].weight
+
+
+def _tensors_of_many_layouts():
+    base = torch.randn(6, 8)
+    weight = torch.randn(3, 3, requires_grad=True)
+    weight.grad = torch.randn(3, 3)
+    noted = torch.ones(2)
+    noted.note = "an attribute"  # PyTorch's own path
+    return [
+        torch.randn(3, 4).t(),  # all of its storage, not in its order
+        base,
+        base[2],  # views of it, copied after it: views of its copy
+        base[:, 3],
+        base[1:4, ::2],
+        base.t(),
+        base.view(torch.int32),  # another dtype on the same storage
+        torch.arange(10.0)[3:7],  # a view met before its whole storage
+        torch.empty(0, 3),
+        torch.tensor(3.0),
+        torch.arange(5),
+        torch.ones(4, dtype=torch.bool),
+        torch.randn(5).half(),
+        torch.empty_strided((1, 4), (100, 1)).fill_(3),  # a size-1 dim's own stride
+        torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        torch.randn(1, 3).expand(4, 3),
+        weight,
+        weight.detach()[1:],
+        torch.randn(3, dtype=torch.complex64).conj(),  # PyTorch's own path
+        noted,
+    ]
+
+
+def test_the_isolation_copy_of_a_tensor_is_pytorchs_own():
+    # namespace._pytorchs_deepcopy takes PyTorch's steps itself for a plain CPU tensor (and one
+    # clone for a tensor that is its whole storage): the copies must be PyTorch's, views included
+    tensors = _tensors_of_many_layouts()
+    original = torch.Tensor.__deepcopy__
+    assert sum(map(namespace_module._copied_by_storage, tensors)) == len(tensors) - 2
+    fast_memo: dict = {}
+    fast = [namespace_module._pytorchs_deepcopy(t, fast_memo, original) for t in tensors]
+    pytorchs_memo: dict = {}
+    pytorchs = [original(t, pytorchs_memo) for t in tensors]
+    _assert_alike(fast, pytorchs)
+    for tensor, copied in zip(tensors, fast, strict=True):
+        assert copied.untyped_storage()._cdata != tensor.untyped_storage()._cdata
+    fast[1].zero_()
+    assert torch.count_nonzero(fast[2]) == 0 and torch.count_nonzero(tensors[2]) > 0
+
+
+def test_the_one_look_up_instance_check_is_isinstance():
+    class Config:  # a library config: its __getattribute__ is Python code
+        def __getattribute__(self, name):
+            return super().__getattribute__(name)
+
+    class Claiming:  # a proxy claiming to be a list
+        @property
+        def __class__(self):
+            return list
+
+    classes = (int, list, torch.nn.Module, torch.Generator, type)
+    check = namespace_module._instance_check(classes)
+    for value in (
+        3,
+        True,
+        [1],
+        Config(),
+        Claiming(),
+        torch.nn.Linear(1, 1),
+        torch.Generator(),
+        int,
+    ):
+        assert check(value) == isinstance(value, classes), value
+
+
+def test_holds_tensors_looks_where_tensors_held_looks():
+    t = torch.ones(1)
+    for value in (t, 3, [1, [t]], [[[t]]], [[[[t]]]], {"a": (t,)}, collections.deque([t]), {t}):
+        found = next(namespace_module.tensors_held(value), None) is not None
+        assert namespace_module.holds_tensors(value) == found
 
 
 # ---- move_to_device: the copies a run makes on its device ---------------------------------------

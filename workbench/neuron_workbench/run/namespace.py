@@ -30,6 +30,36 @@ _NEVER_COPIED = (
 )
 
 
+def _instance_check(classes: tuple[type, ...]) -> Callable[[Any], bool]:
+    """``isinstance(value, classes)`` as a function that asks ``value.__class__`` once.
+
+    ``isinstance`` asks for it (a proxy may claim a class it is not an instance of) once per class
+    that ``value``'s type is not a subclass of: for a library object whose ``__getattribute__`` is
+    Python code (a transformers config, held by every layer of a model) that is a Python call per
+    class, and :func:`needs_copy` cost 14 µs. Classes whose metaclass has an ``__instancecheck__``
+    of its own (``torch.Generator``'s) are asked through ``isinstance``.
+    """
+    plain = tuple(each for each in classes if type(each) is type)
+    others = tuple(each for each in classes if type(each) is not type)
+
+    def instance_of(value: Any) -> bool:
+        kind = type(value)
+        if issubclass(kind, plain):
+            return True
+        try:
+            claimed = value.__class__
+        except AttributeError:  # as isinstance takes it
+            claimed = kind
+        if claimed is not kind and isinstance(claimed, type) and issubclass(claimed, plain):
+            return True
+        return bool(others) and isinstance(value, others)
+
+    return instance_of
+
+
+_never_state = _instance_check(_IMMUTABLE + _NEVER_COPIED)
+
+
 def needs_copy(value: Any) -> bool:
     """False for values a run cannot change in place (numbers, strings, functions, classes).
 
@@ -37,6 +67,8 @@ def needs_copy(value: Any) -> bool:
     bound to such state (``trainer.fit``) are state: each run gets its own, around its copies.
     """
     kind = type(value)
+    if kind in _ATOMS:
+        return False
     if kind is types.FunctionType:
         return bool(_closure_state(value))
     if kind is types.MethodType:
@@ -45,7 +77,7 @@ def needs_copy(value: Any) -> bool:
         # `from random import shuffle`: the module's own generator, whose state each run starts
         # from and the kept run leaves (run/random_state.py); a copy would cut the name off it
         return False
-    return not isinstance(value, _IMMUTABLE + _NEVER_COPIED)
+    return not _never_state(value)
 
 
 def _closure_state(function: types.FunctionType, depth: int = 0) -> list[Any]:
@@ -146,12 +178,26 @@ def tensors_held(value: Any, depth: int = 3) -> Iterator[torch.Tensor]:
         elif not isinstance(value, list | tuple | collections.deque):
             return
         for item in value:
-            yield from tensors_held(item, depth - 1)
+            if type(item) not in _ATOMS:  # (a number holds none: no generator for it)
+                yield from tensors_held(item, depth - 1)
 
 
-def holds_tensors(value: Any) -> bool:
-    """Whether :func:`tensors_held` finds any."""
-    return next(tensors_held(value), None) is not None
+def holds_tensors(value: Any, depth: int = 3) -> bool:
+    """Whether :func:`tensors_held` finds any (looking as it does, without its generators)."""
+    if type(value) in _ATOMS:
+        return False
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, list | tuple | collections.deque):
+        return False
+    for item in value:
+        if holds_tensors(item, depth - 1):
+            return True
+    return False
 
 
 def _modules_of(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -186,7 +232,7 @@ def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[st
     wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
     with _copies_keep_state():
         try:
-            return copy.deepcopy(wanted), []
+            return _deepcopy(wanted, {}), []
         except Exception:  # one value refuses deepcopy (a generator, a file): copy one by one
             copies: dict[str, Any] = {}
             shared: list[str] = []
@@ -207,11 +253,128 @@ def _deepcopy_or_undo(value: Any, memo: dict[int, Any]) -> Any:
     """
     known = len(memo)
     try:
-        return copy.deepcopy(value, memo)
+        return _deepcopy(value, memo)
     except Exception:
         for key in list(memo)[known:]:  # a dict keeps insertion order: what this copy added
             del memo[key]
         raise
+
+
+_MISSING = object()
+#: Types ``copy.deepcopy`` returns as they are, without looking at the memo.
+_COPIED_AS_THEMSELVES = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _deepcopy(value: Any, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy(value, memo)``, faster for what a model and its optimizer are made of.
+
+    The same steps in the same order, with the same memo entries for every object the copy can
+    meet again: dicts, lists, tuples, ordered dicts (a module's hooks) and sets of constants are
+    copied here rather than through ``copy``'s generic reduce-and-reconstruct machinery (an empty
+    ``OrderedDict`` alone costs a ``__reduce_ex__`` and a ``copyreg._slotnames`` call), and what
+    objects hold is copied by this function again, ``copy._reconstruct`` included. Used under
+    :func:`_copies_keep_state` only: a run's isolation copies thousands of objects per cell.
+    """
+    kind = type(value)
+    if kind in _COPIED_AS_THEMSELVES:
+        return value
+    key = id(value)
+    result = memo.get(key, _MISSING)
+    if result is not _MISSING:
+        return result
+    copier = _FAST_COPIERS.get(kind) or copy._deepcopy_dispatch.get(kind)  # type: ignore[attr-defined]
+    if copier is not None:
+        result = copier(value, memo)
+    elif issubclass(kind, type):
+        result = value
+    else:
+        method = getattr(value, "__deepcopy__", None)
+        result = method(memo) if method is not None else _deepcopy_as_copy_does(value, memo)
+    if result is not value:
+        memo[key] = result
+        try:  # alive with the memo, as copy._keep_alive keeps it: its id is a memo key
+            memo[id(memo)].append(value)
+        except KeyError:
+            memo[id(memo)] = [value]
+    return result
+
+
+def _deepcopy_list(value: list[Any], memo: dict[int, Any]) -> list[Any]:
+    result: list[Any] = []
+    memo[id(value)] = result
+    append = result.append
+    for item in value:
+        append(item if type(item) in _COPIED_AS_THEMSELVES else _deepcopy(item, memo))
+    return result
+
+
+def _deepcopy_tuple(value: tuple[Any, ...], memo: dict[int, Any]) -> tuple[Any, ...]:
+    items = [_deepcopy(item, memo) for item in value]
+    # a tuple is not in the memo, unless an item holding it copied it already (a cycle)
+    try:
+        return memo[id(value)]
+    except KeyError:
+        pass
+    for item, original in zip(items, value, strict=True):
+        if item is not original:
+            return tuple(items)
+    return value
+
+
+def _deepcopy_dict(value: dict[Any, Any], memo: dict[int, Any]) -> dict[Any, Any]:
+    result: dict[Any, Any] = {}
+    memo[id(value)] = result
+    if value:  # (a module's buffers and a tensor's attributes, mostly none)
+        _deepcopy_items(value, result, memo)
+    return result
+
+
+def _deepcopy_items(value: Mapping[Any, Any], result: Any, memo: dict[int, Any]) -> None:
+    """Put copies of ``value``'s keys and items in ``result``, in order, each key before its item.
+
+    (Constants, most keys and many items, are themselves, without a call: a model's modules hold
+    thousands.)
+    """
+    atoms = _COPIED_AS_THEMSELVES
+    for key, item in value.items():
+        if type(key) not in atoms:
+            key = _deepcopy(key, memo)
+        result[key] = item if type(item) in atoms else _deepcopy(item, memo)
+
+
+def _deepcopy_ordered_dict(
+    value: collections.OrderedDict[Any, Any], memo: dict[int, Any]
+) -> collections.OrderedDict[Any, Any]:
+    if vars(value):  # attributes set on it: their copies too, as copy does
+        return _deepcopy_as_copy_does(value, memo)
+    # what copy._reconstruct makes of OrderedDict.__reduce__'s (OrderedDict, (), None, None, items)
+    result: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    memo[id(value)] = result
+    if value:  # (a module's hooks, mostly none)
+        _deepcopy_items(value, result, memo)
+    return result
+
+
+def _deepcopy_set(value: set[Any], memo: dict[int, Any]) -> set[Any]:
+    if all(type(item) in _COPIED_AS_THEMSELVES for item in value):
+        # what copy._reconstruct makes of set.__reduce__'s (set, (list(value),), None)
+        return set(list(value))
+    return _deepcopy_as_copy_does(value, memo)
+
+
+def _deepcopy_method(value: types.MethodType, memo: dict[int, Any]) -> types.MethodType:
+    return type(value)(value.__func__, _deepcopy(value.__self__, memo))
+
+
+#: ``copy``'s own copiers of these exact types, copying what they hold with :func:`_deepcopy`.
+_FAST_COPIERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {
+    list: _deepcopy_list,
+    tuple: _deepcopy_tuple,
+    dict: _deepcopy_dict,
+    collections.OrderedDict: _deepcopy_ordered_dict,
+    set: _deepcopy_set,
+    types.MethodType: _deepcopy_method,
+}
 
 
 def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:
@@ -251,12 +414,12 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
     memo.setdefault(id(memo), []).append(data)
     result = type(param)(data.__deepcopy__(memo), param.requires_grad)
     # its hooks with the run's copies of what they hold (a gradient recorder's list)
-    add_leaf_hooks(result, copy.deepcopy(leaf_hooks(param), memo))
+    add_leaf_hooks(result, _deepcopy(leaf_hooks(param), memo))
     memo[id(param)] = result
     if param.grad is not None:
-        result.grad = copy.deepcopy(param.grad, memo)
+        result.grad = _deepcopy(param.grad, memo)
     if param.__dict__:
-        result.__dict__.update(copy.deepcopy(param.__dict__, memo))
+        result.__dict__.update(_deepcopy(param.__dict__, memo))
     return result
 
 
@@ -275,12 +438,15 @@ def compile_request_in_place(module: torch.nn.Module) -> dict[str, Any] | None:
 
 
 def _deepcopy_as_copy_does(value: Any, memo: dict[int, Any]) -> Any:
-    """What ``copy.deepcopy`` makes of an object without a ``__deepcopy__`` of its own."""
+    """What ``copy.deepcopy`` makes of an object without a ``__deepcopy__`` of its own.
+
+    What it holds is copied by :func:`_deepcopy`.
+    """
     reductor = copyreg.dispatch_table.get(type(value))
     reduced = reductor(value) if reductor is not None else value.__reduce_ex__(4)
     if isinstance(reduced, str):  # a global, as copy.deepcopy treats it
         return value
-    return copy._reconstruct(value, memo, *reduced)  # type: ignore[attr-defined]
+    return copy._reconstruct(value, memo, *reduced, deepcopy=_deepcopy)  # type: ignore[attr-defined]
 
 
 def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Module:  # noqa: N807
@@ -395,7 +561,7 @@ def _deepcopy_optimizer(self: torch.optim.Optimizer, memo: dict[int, Any]) -> An
     result = _deepcopy_as_copy_does(self, memo)
     extras = optimizer_extras(self) if result is not self else {}
     if extras:  # its hooks with the run's copies of what they hold (an EMA model)
-        restore_optimizer_extras(result, copy.deepcopy(extras, memo))
+        restore_optimizer_extras(result, _deepcopy(extras, memo))
     return result
 
 
@@ -447,9 +613,9 @@ def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., A
     def __deepcopy__(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:  # noqa: N807
         if self.grad_fn is None or type(self) is not torch.Tensor:
             known = id(self) in memo
-            result = original(self, memo)
+            result = _pytorchs_deepcopy(self, memo, original)
             if not known and result is not self:
-                add_leaf_hooks(result, copy.deepcopy(leaf_hooks(self), memo))
+                add_leaf_hooks(result, _deepcopy(leaf_hooks(self), memo))
             left_behind = vars(self).get(GRAPH_LEFT_BEHIND_ATTR)
             if left_behind is not None and result.requires_grad:  # a copy's copy: hooks stay
                 guard_graph_left_behind(result, left_behind)
@@ -458,12 +624,80 @@ def _deepcopy_tensor_of_a_graph(original: Callable[..., Any]) -> Callable[..., A
             return memo[id(self)]
         data = self.detach()  # a leaf on the same storage: its copy keeps views as views
         memo.setdefault(id(memo), []).append(data)  # alive with the memo (its id is a key)
-        result = original(data, memo).requires_grad_(True)
+        result = _pytorchs_deepcopy(data, memo, original).requires_grad_(True)
         guard_graph_left_behind(result, type(self.grad_fn).__name__)
         memo[id(self)] = result
         return result
 
     return __deepcopy__
+
+
+def _pytorchs_deepcopy(
+    tensor: torch.Tensor, memo: dict[int, Any], original: Callable[..., Any]
+) -> torch.Tensor:
+    """``original(tensor, memo)``: PyTorch's ``Tensor.__deepcopy__``, its steps taken here if plain.
+
+    For a plain CPU tensor (:func:`_copied_by_storage`), the same steps as PyTorch's: a copy of its
+    storage, one per storage through the memo's ``"torch"`` entry so views stay views; an empty
+    tensor set to it; ``requires_grad``; the gradient's copy; the attribute dict's copy. Without
+    its generic detours (a ``TypedStorage``, a ``copy.deepcopy`` of the storage, a ``no_grad``
+    block, checks for sparse, quantized and subclass tensors), and in one clone for a tensor that
+    is its whole storage: a run copies a hundred tensors per cell of a small GPT.
+    """
+    if not _copied_by_storage(tensor):
+        return original(tensor, memo)
+    if id(tensor) in memo:
+        return memo[id(tensor)]
+    storage = tensor.untyped_storage()
+    storage_copies = memo.setdefault("torch", {})  # PyTorch's own key: its copies of storages
+    copied = storage_copies.get(storage._cdata)
+    result = None
+    if copied is None and _whole_storage(tensor, storage):
+        # its clone is a copy of its storage too, viewed as it is: one op instead of four
+        result = (tensor.detach() if tensor.requires_grad else tensor).clone()
+        if result.stride() == tensor.stride():
+            copied = storage_copies[storage._cdata] = result.untyped_storage()
+        else:  # (a dense clone keeps its strides: never, but then as PyTorch does)
+            result = None
+    if result is None:
+        if copied is None:
+            copied = storage_copies[storage._cdata] = storage.clone()
+        result = tensor.new_empty([])
+        result.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
+    if tensor.requires_grad:
+        result.requires_grad_()
+    grad = tensor.grad
+    if grad is not None:
+        result.grad = grad.__deepcopy__(memo)
+    result.__dict__ = _deepcopy(vars(tensor), memo)  # empty, as PyTorch copies it
+    memo[id(tensor)] = result
+    return result
+
+
+def _whole_storage(tensor: torch.Tensor, storage: torch.UntypedStorage) -> bool:
+    """Whether ``tensor`` is all of ``storage``, in its order (a weight, an optimizer state)."""
+    return (
+        tensor.storage_offset() == 0
+        and tensor.is_contiguous()
+        and tensor.nbytes == storage.nbytes()
+    )
+
+
+def _copied_by_storage(tensor: torch.Tensor) -> bool:
+    """Whether PyTorch's ``Tensor.__deepcopy__`` of ``tensor`` is the plain copy of its storage.
+
+    A plain strided CPU leaf with no attributes and no ``__torch_function__`` in the way (no
+    subclass, no mode); not a quantized, nested, conjugated or negated view one.
+    """
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.is_cpu
+        and tensor.layout == torch.strided
+        and tensor.grad_fn is None
+        and not (tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg())
+        and not vars(tensor)
+        and not torch._C._has_torch_function_unary(tensor)
+    )
 
 
 #: Attribute of a tensor guarded by :func:`guard_graph_left_behind`: the ``grad_fn`` it was computed
@@ -733,7 +967,7 @@ def with_names_sharing_state(
     are never added.
     """
     found = set(names)
-    keys: set[tuple[str, int]] = set()
+    keys: set[int | tuple[str, int]] = set()
     for name in found:
         if name in namespace:
             keys |= _sharing_keys(namespace[name])
@@ -770,18 +1004,16 @@ def _ours(value: Any) -> bool:
     return type(value).__module__.startswith("neuron_workbench.")
 
 
-def _sharing_keys(value: Any) -> set[tuple[str, int]]:
+def _sharing_keys(value: Any) -> set[int | tuple[str, int]]:
     """The object itself, and the state objects and tensor storages reachable from it.
 
-    Past the walk limit, what the walk found until then (breadth first: the shallowest).
+    Objects by their ids, storages as ``("storage", address)``. Past the walk limit, what the walk
+    found until then (breadth first: the shallowest).
     """
-    itself = {("object", id(value))} if needs_copy(value) else set()
-    keys = set(itself)
-    objects: set[int] = set()
+    keys: set[int | tuple[str, int]] = {id(value)} if needs_copy(value) else set()
     tensors: list[torch.Tensor] = []
     with contextlib.suppress(_WalkTooLong):  # past the limit: what was found until then
-        tensors.extend(_state_tensors(value, objects))
-    keys.update(("object", each) for each in objects)
+        tensors.extend(_state_tensors(value, keys))  # (the objects it meets: into the keys)
     for tensor in tensors:
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
             if each is None or each.layout != torch.strided:
@@ -797,7 +1029,7 @@ class _WalkTooLong(Exception):
     pass
 
 
-def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torch.Tensor]:
+def _state_tensors(value: Any, objects: set[Any] | None = None) -> Iterator[torch.Tensor]:
     """Tensors reachable from ``value``, for what shares state with what.
 
     Modules' parameters, buffers, hooks and other attributes (a recorder whose method is a forward
@@ -849,21 +1081,28 @@ def _state_tensors(value: Any, objects: set[int] | None = None) -> Iterator[torc
             continue
         if objects is not None and not inside_library and _holds_state(item):
             objects.add(id(item))
-        if isinstance(item, torch.nn.Module | torch.optim.Optimizer) and objects is not None:
-            # the dicts its hooks are kept in: a handle to one of them removes from it
-            objects.update(id(v) for k, v in vars(item).items() if k in _HOOK_DICTS)
         if isinstance(item, torch.nn.Module):
             # its tensors count towards the limit, as before; its structure (submodules, hooks,
             # attributes) is the model's own size, not a dataset's
             # (its depth is its holder's: only data structures nest towards the depth limit)
             for key, attribute in vars(item).items():
+                if objects is not None and key in _HOOK_DICTS:
+                    # the dicts its hooks are kept in: a handle to one of them removes from it
+                    objects.add(id(attribute))
                 if key in _MODULE_TENSORS:
                     follow(attribute.values(), depth)
                 elif key in _MODULE_STATE:
-                    follow(attribute.values(), depth, counted=False)
-                elif not key.startswith("_") and key != "training":
-                    follow((attribute,), depth, counted=False)
+                    if attribute:  # (most hook dicts are empty)
+                        follow(attribute.values(), depth, counted=False)
+                elif (
+                    not key.startswith("_")
+                    and key != "training"
+                    and type(attribute) not in _ATOMS  # as follow() passes over them
+                ):
+                    todo.append((attribute, depth, inside_library))
         elif isinstance(item, torch.optim.Optimizer):
+            if objects is not None:  # its hooks' dicts, as a module's
+                objects.update(id(v) for k, v in vars(item).items() if k in _HOOK_DICTS)
             for group in item.param_groups:
                 follow((p for p in group.get("params", ()) if isinstance(p, torch.Tensor)), depth)
             for state in item.state.values():
@@ -919,7 +1158,7 @@ def _holds_state(item: Any) -> bool:
     """
     kind = type(item)
     return (
-        isinstance(item, _STATE_HOLDERS)
+        _state_holder(item)
         or (kind.__module__ == "__main__" and not isinstance(item, type | enum.Enum))
         or (kind.__module__.startswith("numpy") and kind.__name__ in _NUMPY_STATE_HOLDERS)
     )
@@ -936,6 +1175,7 @@ _STATE_HOLDERS = (
     bytearray,
     random.Random,
 )
+_state_holder = _instance_check(_STATE_HOLDERS)
 _NUMPY_STATE_HOLDERS = frozenset({"Generator", "RandomState"})
 
 
@@ -967,13 +1207,14 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
     if isinstance(value, torch.nn.Module):
         for module in _modules_of(value):
             for key, item in vars(module).items():
-                if key in _MODULE_TENSORS:
-                    for tensor in item.values():
-                        if tensor is not None:
-                            _sign(tensor, depth, seen, out)
-                elif key == "_modules":
-                    out.append(tuple(map(id, item.values())))  # a layer replaced
-                elif key not in MODULE_INTERNALS and holds_tensors(item):
+                if key in MODULE_INTERNALS:
+                    if key in _MODULE_TENSORS:
+                        for tensor in item.values():
+                            if tensor is not None:
+                                _sign(tensor, depth, seen, out)
+                    elif key == "_modules":
+                        out.append(tuple(map(id, item.values())))  # a layer replaced
+                elif type(item) not in _ATOMS and holds_tensors(item):
                     # the class's own state (a KV cache); a setting the forward rewrites
                     # (self.last_shape) is no output, as the comparison does not read it
                     out.append(id(item))
