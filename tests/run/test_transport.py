@@ -1,9 +1,12 @@
 """The worker transport: one pickle, tensors by storage, arenas on shared memory, lenient loading."""
 
+import gc
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -23,12 +26,22 @@ from neuron_workbench.run.transport import (
     unloadable_in,
 )
 
-ARENAS = [None, arena_folder()] if arena_folder() else [None]
+ARENAS = ["in-band", "shared memory", "own folder"] if arena_folder() else ["in-band", "own folder"]
 
 
-@pytest.fixture(params=ARENAS, ids=lambda a: "arena" if a else "in-band")
-def arena(request):
-    return request.param
+@pytest.fixture(params=ARENAS)
+def arena(request, tmp_path):
+    """Where the storages go: in the message, to shared memory, or to a folder of a worker's own.
+
+    In a folder of its own a loaded arena is kept for the next message.
+    """
+    if request.param == "in-band":
+        return None
+    if request.param == "shared memory":
+        return arena_folder()
+    folder = tempfile.mkdtemp(prefix="neuron-workbench-test-", dir=arena_folder() or tmp_path)
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
 
 
 def test_views_share_their_base_after_the_trip(arena):
@@ -256,6 +269,127 @@ def test_an_arena_is_one_file_removed_once_loaded():
     assert not os.path.exists(packed.arena)
     back["a"].add_(1)  # writable, copy-on-write
     assert back["a"].sum().item() == 200.0
+    # nothing is kept in the host's shared-memory folder: it would outlive both processes
+    del back
+    gc.collect()
+    assert not any(name.startswith("kept-arena") for name in os.listdir(folder))
+
+
+def test_an_arena_loaded_in_a_folder_of_its_own_is_kept_once_its_tensors_are_gone(
+    tmp_path, monkeypatch
+):
+    from neuron_workbench.run import transport
+
+    folder = tempfile.mkdtemp(prefix="neuron-workbench-test-", dir=arena_folder() or tmp_path)
+    try:
+        kept = [os.path.join(folder, name) for name in ("kept-arena-0", "kept-arena-1")]
+        x = torch.arange(8.0)
+        first = dumps({"x": x, "head": x[:3]}, folder)
+        back = loads(first)
+        with pytest.raises(FileNotFoundError):
+            loads(first)  # a message is loaded once, as when its file was removed
+        second = dumps({"y": torch.full((4,), 7.0)}, folder)  # a file of its own: none kept
+        back["head"].add_(100)  # views of one storage, writable, copy-on-write
+        assert back["x"].tolist() == [100.0, 101.0, 102.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+        assert x.tolist() == list(map(float, range(8)))
+        assert not any(map(os.path.exists, kept))
+        del back
+        gc.collect()
+        # its tensors gone, the first arena is kept; the next message is written into it
+        assert os.path.exists(kept[0]) and not os.path.exists(kept[1])
+        inode = os.stat(kept[0]).st_ino
+        third = dumps({"z": torch.full((2,), 3.0)}, folder)
+        assert not os.path.exists(kept[0]) and os.stat(third.arena).st_ino == inode
+        assert os.path.getsize(third.arena) == 8  # cut to its own bytes
+        assert loads(second)["y"].tolist() == [7.0] * 4
+        assert loads(third)["z"].tolist() == [3.0] * 2
+        assert loads(dumps({"w": torch.ones(1)}, folder))["w"].tolist() == [1.0]
+        gc.collect()
+        assert sorted(os.listdir(folder)) == ["kept-arena-0", "kept-arena-1"]  # two at most
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        # one loaded before this process forked is not kept, by either process: the other one
+        # may still map it
+        shared = loads(dumps({"v": torch.ones(2)}, folder))["v"]
+        child = os.fork()
+        if child == 0:
+            del shared
+            gc.collect()
+            os._exit(1 if any(map(os.path.exists, kept)) else 0)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        del shared
+        gc.collect()
+        assert os.listdir(folder) == []
+        loads(dumps({"w": torch.ones(1)}, folder))
+        gc.collect()
+        assert os.listdir(folder) == ["kept-arena-0"]
+        # a larger arena (here one written into that kept file) is removed once loaded, as in
+        # shared memory
+        monkeypatch.setattr(transport, "ARENA_KEPT_BYTES", 4)
+        big = loads(dumps({"w": torch.ones(4)}, folder))["w"]
+        assert os.listdir(folder) == []
+        assert big.tolist() == [1.0] * 4
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_arena_is_written_whole_across_short_writes(tmp_path, monkeypatch):
+    from neuron_workbench.run import transport
+
+    real = os.pwritev
+
+    def short(fd, buffers, offset):  # at most 5 bytes a call, as a write may be cut short
+        return real(fd, [b"".join(bytes(buffer) for buffer in buffers)[:5]], offset)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    monkeypatch.setattr(transport, "_IOV_MAX", 2)  # and more chunks than one call takes
+    chunks = [b"abc", memoryview(b"defghij"), b"k", memoryview(b"lmnopqrstu")]
+    fd = os.open(tmp_path / "arena", os.O_WRONLY | os.O_CREAT)
+    try:
+        transport._write_all(fd, chunks, 21)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "arena").read_bytes() == b"abcdefghijklmnopqrstu"
+    values = {"a": torch.arange(10.0), "b": torch.arange(3), "c": torch.ones(2)}
+    back = loads(dumps(values, str(tmp_path)))
+    assert all(torch.equal(back[name], value) for name, value in values.items())
+
+
+def test_a_tensors_attributes_and_flags_arrive_as_they_were(arena):
+    # most tensors travel without state, graph or hooks (a shorter stream): same tensors arrive
+    labelled = torch.ones(2)
+    labelled.label = "inputs"
+    only_backward = torch.ones(2)
+    only_backward._backward_note = 1  # dropped, as always
+    marked = torch.ones(2)
+    marked._is_param = True
+    values = {
+        "plain": torch.arange(3.0),
+        "labelled": labelled,
+        "only_backward": only_backward,
+        "marked": marked,
+        "requires_grad": torch.ones(2, requires_grad=True),
+        "parameter": torch.nn.Parameter(torch.ones(2)),
+        "frozen": torch.nn.Parameter(torch.ones(2), requires_grad=False),
+        "ints": torch.arange(3),
+    }
+    back = loads(dumps(values, arena))
+    for name, value in values.items():
+        assert torch.equal(back[name], value), name
+        assert type(back[name]) is type(value) or name == "marked", name
+        assert back[name].requires_grad == value.requires_grad and back[name].is_leaf, name
+        assert back[name].grad is None, name
+    assert vars(back["labelled"]) == {"label": "inputs"}
+    assert vars(back["only_backward"]) == {} and vars(back["plain"]) == {}
+    assert isinstance(back["marked"], torch.nn.Parameter)
+
+
+def test_device_names_are_torchs_own():
+    from neuron_workbench.run.transport import _device_name, _device_type
+
+    for device in (torch.device("cpu"), torch.device("meta"), torch.device("cuda", 1)):
+        for _ in range(2):  # the remembered answer too
+            assert (_device_type(device), _device_name(device)) == (device.type, str(device))
 
 
 def test_a_discarded_message_leaves_no_file():

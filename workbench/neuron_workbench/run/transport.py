@@ -9,7 +9,9 @@ device it came from.
 
 Between processes of one host, the storages' bytes go into one shared-memory file (an *arena*,
 written once by the sender, mapped copy-on-write by the receiver, no pickle copy of tensor data);
-to a remote process (a Ray actor) they travel in the message itself.
+to a remote process (a Ray actor) they travel in the message itself. In a folder of the two
+processes' own (a worker's), a small arena's file stays once the receiver's tensors on it are
+gone, for the next message to be written into memory the host has already given it.
 
 The receiver can load *leniently*: a class, function or module that does not exist on its side (the
 target's device module ``torch.neuron``, a class of a device SDK) becomes an :class:`Unloadable`
@@ -32,6 +34,7 @@ import sys
 import threading
 import types
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -58,7 +61,10 @@ from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
-_PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
+_TENSOR = torch.Tensor
+_PARAMETER = torch.nn.Parameter
+_PLAIN_TENSOR_TYPES = {_TENSOR, _PARAMETER}
+_STRIDED = torch.strided
 #: ``torch.empty`` itself: an emulated device wraps the public one in Python (pinned memory).
 _EMPTY = torch._C._VariableFunctions.empty
 _CLOUDPICKLE_DISPATCH = cloudpickle.cloudpickle.Pickler._dispatch_table
@@ -132,10 +138,34 @@ class Packed:
                 os.unlink(self.arena)
 
 
+#: The host's shared-memory folder (Linux).
+_SHARED_MEMORY = "/dev/shm"
+#: A loaded arena of at most this many bytes stays in its folder for the next message to write
+#: into (see :func:`_keeps_arenas`), once the receiver's tensors on it are gone; a larger one is
+#: removed as its name is not needed (its memory goes with the last of them).
+ARENA_KEPT_BYTES = 8 << 20
+#: The names of the loaded arenas kept in a folder: two, one for each way (the kernel's request
+#: and the worker's answer each find one the other side loaded earlier).
+_KEPT_ARENAS = ("kept-arena-0", "kept-arena-1")
+
+
 def arena_folder() -> str | None:
     """A folder on shared memory for arenas (``/dev/shm`` on Linux), or None."""
-    folder = "/dev/shm"
+    folder = _SHARED_MEMORY
     return folder if os.path.isdir(folder) and os.access(folder, os.W_OK) else None
+
+
+def _keeps_arenas(folder: str) -> bool:
+    """Whether an arena loaded from ``folder`` stays there, for the next message to write into.
+
+    A folder of the sender's and receiver's own (a worker's, removed with it) does: a file written
+    afresh gets its shared memory page by page (about 0.3 ms a MiB, the most of writing a model's
+    arena), and freeing it costs half as much again, where a loaded arena's file, once the
+    receiver's tensors on it are gone (and with them its mapping), takes the next message's bytes
+    into the pages it has. Never in the host's shared-memory folder itself, where a file left
+    behind would outlive both processes.
+    """
+    return os.path.normpath(folder) != _SHARED_MEMORY
 
 
 # ---- sending -------------------------------------------------------------------------------------
@@ -162,8 +192,11 @@ class _StorageSink:
         # keeps storages alive and their ids unique
         self._sources: list[torch.UntypedStorage | torch.Tensor] = []
 
-    def add(self, storage: torch.UntypedStorage) -> int:
-        if storage.device.type == "cpu" or storage.device.type in self._host_devices:
+    def add(self, storage: torch.UntypedStorage, device_type: str | None = None) -> int:
+        """Note ``storage`` (on a device of type ``device_type``, read from it when not given)."""
+        if device_type is None:
+            device_type = _device_type(storage.device)
+        if device_type == "cpu" or device_type in self._host_devices:
             self._sources.append(storage)
         else:
             self._sources.append(_EMPTY(0, dtype=torch.uint8, device=storage.device).set_(storage))
@@ -206,12 +239,26 @@ class _StorageSink:
                 size += nbytes
         assert self.folder is not None
         self.path = os.path.join(self.folder, f"neuron-workbench-{os.getpid()}-{uuid.uuid4().hex}")
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = self._open_file(self.path)
         try:
-            _write_all(fd, chunks)
+            _write_all(fd, chunks, size)
+            os.ftruncate(fd, size)  # a kept arena written over may have been longer
         finally:
             os.close(fd)
         self.table = table
+
+    def _open_file(self, path: str) -> int:
+        """A new arena file at ``path``: the arena a receiver kept in the folder, when there is one."""
+        assert self.folder is not None
+        if _keeps_arenas(self.folder):
+            for name in _KEPT_ARENAS:
+                try:
+                    # renamed: no other sender writes into it, and it is this message's own
+                    os.rename(os.path.join(self.folder, name), path)
+                except OSError:
+                    continue  # none kept under this name
+                return os.open(path, os.O_WRONLY)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 
     def abandon_file(self) -> None:
         if self.path is not None:
@@ -222,6 +269,30 @@ class _StorageSink:
     def abandon(self) -> None:
         self._sources = []
         self.abandon_file()
+
+
+#: Each device's type and name (``device.type`` and ``str(device)`` make a new string each time;
+#: a device's names never change: a backend renames ``privateuseone`` before a tensor is on it).
+_DEVICE_NAMES: dict[torch.device, tuple[str, str]] = {}
+
+
+def _device_names(device: torch.device) -> tuple[str, str]:
+    names = _DEVICE_NAMES.get(device)
+    if names is None:
+        if len(_DEVICE_NAMES) >= 64:
+            _DEVICE_NAMES.clear()
+        names = _DEVICE_NAMES[device] = (device.type, str(device))
+    return names
+
+
+def _device_type(device: torch.device) -> str:
+    """``device.type``, remembered per device."""
+    return _device_names(device)[0]
+
+
+def _device_name(device: torch.device) -> str:
+    """``str(device)``, remembered per device."""
+    return _device_names(device)[1]
 
 
 def _host_copy(source: torch.Tensor) -> torch.UntypedStorage:
@@ -245,21 +316,28 @@ _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 _ZEROS = bytes(ARENA_ALIGN)
 
 
-def _write_all(fd: int, chunks: list[Any]) -> None:
-    """Write ``chunks`` one after the other from the start of ``fd`` (``OSError`` when full)."""
-    views = [memoryview(chunk) for chunk in chunks]
-    first, offset = 0, 0
-    while first < len(views):
-        written = os.pwritev(fd, views[first : first + _IOV_MAX], offset)
+def _write_all(fd: int, chunks: list[Any], total: int) -> None:
+    """Write ``chunks`` (``total`` bytes) one after the other from the start of ``fd``.
+
+    ``OSError`` when the folder is full.
+    """
+    views = chunks
+    offset = 0
+    while offset < total:
+        written = os.pwritev(fd, views[:_IOV_MAX], offset)
         if written <= 0:
             raise OSError(f"no room left to write the arena ({offset} bytes written)")
         offset += written
-        # skip what was written; a short write leaves the rest of one chunk to write next
-        while first < len(views) and written >= views[first].nbytes:
-            written -= views[first].nbytes
-            first += 1
-        if written:
-            views[first] = views[first][written:]
+        if offset < total:  # (the usual: all of it in one call, nothing to go through)
+            # skip what was written; a short write leaves the rest of one chunk to write next
+            views = [memoryview(view) for view in views]
+            first = 0
+            while written >= views[first].nbytes:
+                written -= views[first].nbytes
+                first += 1
+            views = views[first:]
+            if written:
+                views[0] = views[0][written:]
 
 
 def _host_bytes(source: torch.UntypedStorage | torch.Tensor) -> Any:
@@ -309,20 +387,28 @@ class _Pickler(cloudpickle.Pickler):
         kind = type(obj)
         # The most frequent objects of a model first (a module holds a dozen ordered dicts).
         if kind is OrderedDict:
-            # what OrderedDict.__reduce__ gives, without its per-call slot-name lookup
-            return OrderedDict, (), vars(obj) or None, None, iter(obj.items())
+            # what OrderedDict.__reduce__ gives, without its per-call slot-name lookup (and no
+            # items to add for an empty one, most of a module's)
+            return OrderedDict, (), vars(obj) or None, None, (iter(obj.items()) if obj else None)
         if kind is _StorageToken:
             return _storage_at, (obj.index,)
-        if kind is torch.Tensor or kind is torch.nn.Parameter or isinstance(obj, torch.Tensor):
+        if kind is _TENSOR or kind is _PARAMETER or isinstance(obj, torch.Tensor):
             reduced = self._reduce_tensor(obj)
             if reduced is not None:
                 return reduced
             return super().reducer_override(obj)
+        # A plain class or a function: none of the cases below but a compiled function applies.
+        if kind is type:
+            return super().reducer_override(obj)
+        if kind is types.FunctionType:
+            # a torch.compile'd function travels as its original
+            reduced = _reduce_compiled(obj)
+            return reduced if reduced is not None else super().reducer_override(obj)
         if kind in TAGGED:  # with its provenance (any other pickle gets the plain value)
             return reduce_tagged(obj)
         if kind is torch.UntypedStorage:
             # torch's own reduction of a storage cannot be loaded back (it asks for a dtype)
-            return _storage_at, (self._token(obj).index,)
+            return _storage_at, (self._token(obj, _device_type(obj.device)).index,)
         if kind is types.CodeType:
             # cloudpickle blanks file names; error reports and crash dumps need the cell's
             _, args = cloudpickle.cloudpickle._code_reduce(obj)
@@ -363,11 +449,10 @@ class _Pickler(cloudpickle.Pickler):
             # arguments of its own (StopTraining(step, loss)) could not be rebuilt
             reduced = obj.__reduce__()  # OSError's carries its filename among the args
             return _rebuilt_exception, (kind, reduced[1], reduced[2] if len(reduced) > 2 else None)
-        elif kind is types.FunctionType or "__getstate__" in kind.__dict__:
-            # a torch.compile'd function or module (OptimizedModule has a __getstate__), or a
-            # parametrized module
+        elif "__getstate__" in kind.__dict__:
+            # a torch.compile'd module (OptimizedModule has a __getstate__), or a parametrized one
             reduced = _reduce_compiled(obj)
-            if reduced is None and kind is not types.FunctionType:
+            if reduced is None:
                 reduced = _reduce_parametrized(obj, kind)
             if reduced is not None:
                 return reduced
@@ -379,10 +464,11 @@ class _Pickler(cloudpickle.Pickler):
 
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
         device = obj.device
-        if obj.layout != torch.strided or obj.is_quantized or device.type == "meta":
+        device_type = _device_type(device)
+        if obj.layout != _STRIDED or obj.is_quantized or device_type == "meta":
             return None
         kind = type(obj)
-        on_device = device.type != "cpu"
+        on_device = device_type != "cpu"
         if not (on_device or kind in _PLAIN_TENSOR_TYPES):
             return None  # a tensor subclass pickles itself
         # The tensor's own metadata is read (no detached alias: on a device that is one more op).
@@ -390,47 +476,49 @@ class _Pickler(cloudpickle.Pickler):
         if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
             data = obj.detach().resolve_conj().resolve_neg()
         try:
-            token = self._token(data.untyped_storage())
+            token = self._token(data.untyped_storage(), device_type)
         except (RuntimeError, NotImplementedError):  # a device without host-copyable storages
             data = obj.detach().cpu()
-            token = self._token(data.untyped_storage())
+            token = self._token(data.untyped_storage(), "cpu")
         attributes = vars(obj)
         if on_device:
             # a device tensor's attributes belong to its backend (the emulator's payload)
-            state = {ORIGIN_ATTR: str(device)}
+            state: dict[str, Any] | None = {ORIGIN_ATTR: _device_name(device)}
         elif attributes:
             state = {k: v for k, v in attributes.items() if not k.startswith("_backward")}
         else:
-            state = {}
+            state = None
         parameter = (
-            kind is torch.nn.Parameter
-            or (kind is not torch.Tensor and isinstance(obj, torch.nn.Parameter))
+            kind is _PARAMETER
+            or (kind is not _TENSOR and isinstance(obj, _PARAMETER))
             or "_is_param" in attributes
         )
-        leaf = obj.is_leaf
-        return (
-            _rebuild_tensor,
-            (
-                token,
-                data.dtype,
-                data.storage_offset(),
-                tuple(data.shape),
-                data.stride(),
-                obj.requires_grad,
-                obj.grad if leaf else None,
-                parameter,
-                state,
-                # computed by a graph that stays here: a backward pass reaching it there says so
-                None if leaf or obj.grad_fn is None else type(obj.grad_fn).__name__,
-                leaf_hooks(obj),
-            ),
+        if obj.is_leaf:
+            grad, graph, hooks = obj.grad, None, leaf_hooks(obj)
+        else:
+            grad_fn = obj.grad_fn
+            # computed by a graph that stays here: a backward pass reaching it there says so
+            grad, graph, hooks = None, None if grad_fn is None else type(grad_fn).__name__, None
+        arguments: tuple[Any, ...] = (
+            token,
+            data.dtype,
+            data.storage_offset(),
+            tuple(data.shape),
+            data.stride(),
+            obj.requires_grad,
+            grad,
+            parameter,
         )
+        # most tensors have no state, graph or hooks: their stream leaves the defaults out
+        if state or graph is not None or hooks is not None:
+            arguments += (state, graph, hooks)
+        return _rebuild_tensor, arguments
 
-    def _token(self, storage: torch.UntypedStorage) -> _StorageToken:
+    def _token(self, storage: torch.UntypedStorage, device_type: str) -> _StorageToken:
         key = storage._cdata
         token = self._tokens.get(key)
         if token is None:
-            token = self._tokens[key] = _StorageToken(self._sink.add(storage))
+            token = self._tokens[key] = _StorageToken(self._sink.add(storage, device_type))
         return token
 
 
@@ -774,24 +862,25 @@ def _rebuild_tensor(
     requires_grad: bool,
     grad: torch.Tensor | None,
     parameter: bool,
-    state: dict[str, Any],
+    state: dict[str, Any] | None = None,
     graph: str | None = None,
     hooks: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
-    tensor: torch.Tensor = (
-        torch.nn.Parameter(data, requires_grad=requires_grad)
-        if parameter
-        else data.requires_grad_(requires_grad)
-    )
+    tensor: torch.Tensor
+    if parameter:
+        tensor = _PARAMETER(data, requires_grad=requires_grad)
+    else:  # a new tensor does not require grad: only the ones that do are told
+        tensor = data.requires_grad_() if requires_grad else data
     if grad is not None:
         tensor.grad = grad
     if state:
         tensor.__dict__.update(state)
-    graph = graph or state.get(GRAPH_LEFT_BEHIND_ATTR)
+        graph = graph or state.get(GRAPH_LEFT_BEHIND_ATTR)
     if graph is not None and requires_grad:
         guard_graph_left_behind(tensor, graph)
-    add_leaf_hooks(tensor, hooks)
+    if hooks is not None:
+        add_leaf_hooks(tensor, hooks)
     return tensor
 
 
@@ -802,8 +891,16 @@ def _open_storages(packed: Packed) -> list[torch.UntypedStorage]:
         size = os.fstat(handle.fileno()).st_size
         # copy-on-write: the receiver's writes never reach the file (or the sender)
         mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY) if size else None
+    folder = os.path.dirname(packed.arena)
     with contextlib.suppress(OSError):
-        os.unlink(packed.arena)  # the mapping lives on; the name is not needed any more
+        if mapped is not None and size <= ARENA_KEPT_BYTES and _keeps_arenas(folder):
+            # renamed (the message cannot be loaded twice), then kept once the mapping is gone
+            in_use = f"{packed.arena}-loaded"
+            os.rename(packed.arena, in_use)
+            finalizer = weakref.finalize(mapped, _keep_arena, in_use, _FORKS[0])
+            finalizer.atexit = False  # an ending process leaves its folder to be removed
+        else:
+            os.unlink(packed.arena)  # the mapping lives on; the name is not needed any more
     storages = []
     for offset, nbytes in packed.table:
         if nbytes:
@@ -812,6 +909,37 @@ def _open_storages(packed: Packed) -> list[torch.UntypedStorage]:
         else:
             storages.append(torch.UntypedStorage(0))
     return storages
+
+
+def _keep_arena(path: str, forks: int) -> None:
+    """Keep a loaded arena whose mapping is gone for a next message (see :func:`_keeps_arenas`).
+
+    Under a kept name not taken (a link fails where one is: no sender's claim can race it), else
+    removed; removed too after a fork since it was loaded (``forks``): the other process (a
+    DataLoader's worker, or its parent) may still map it, and must not see a next message's bytes.
+    """
+    folder = os.path.dirname(path)
+    with contextlib.suppress(OSError):
+        if forks == _FORKS[0]:
+            for name in _KEPT_ARENAS:
+                try:
+                    os.link(path, os.path.join(folder, name))
+                except FileExistsError:
+                    continue
+                break
+        os.unlink(path)
+
+
+#: Forks of this process, and of its parents since (an arena loaded before a fork is never kept).
+_FORKS = [0]
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_forked, after_in_child=_forked)
 
 
 def _writable_storage(buffer: Any) -> torch.UntypedStorage:
@@ -887,6 +1015,8 @@ class _Unpickler(pickle.Unpickler):
                 raise
             self.stood_in = True
             return _stand_in(f"{module}.{name}", exc)
+        if id(found) not in _REPLACED_WHEN_LOADED:  # nearly every one: nothing more to ask
+            return found
         if not self.lenient and found is _MAKE_FUNCTION:  # a request: the notebook's globals
             return _make_notebook_function
         if self.lenient:
@@ -951,6 +1081,13 @@ _CLASS_TRACKER = cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
 _SKELETON_MAKERS = (
     cloudpickle.cloudpickle._make_skeleton_class,
     cloudpickle.cloudpickle._make_skeleton_enum,
+)
+#: The ids of the functions :meth:`_Unpickler.find_class` may give a replacement of its own for.
+_REPLACED_WHEN_LOADED = frozenset(
+    map(
+        id,
+        (_MAKE_FUNCTION, cloudpickle.cloudpickle.subimport, *_SKELETON_MAKERS, _CLASS_SETSTATE),
+    )
 )
 
 
