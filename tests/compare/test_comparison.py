@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_workbench.compare import compare_leaf, compare_outputs, default_tolerance
+from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import WorkbenchUsageError
 
 
@@ -269,3 +270,51 @@ def test_the_tight_rtol_of_integers_passes_where_isclose_rounds_in_float32():
     target = torch.tensor([0, 165], dtype=torch.int32)
     d = one(ref, target)
     assert _assert_close_passes(target, ref, rtol=d.tight_rtol, atol=0.0)
+
+
+def _fields(diff):
+    return [(f.name, repr(getattr(diff, f.name))) for f in dataclasses.fields(diff)]
+
+
+def test_parameters_compare_as_their_detached_values():
+    # The common leaf is compared without a detach: nothing may differ from its detached values.
+    torch.manual_seed(0)
+    ref = torch.nn.Parameter(torch.randn(4, 3))
+    for target in (ref.detach().clone(), ref.detach() + 1e-3, ref.detach().to_sparse()):
+        target = torch.nn.Parameter(target, requires_grad=not target.is_sparse)
+        got = compare_leaf("w", ref, target)
+        assert _fields(got) == _fields(compare_leaf("w", ref.detach(), target.detach()))
+    assert ref.grad is None and ref.grad_fn is None
+
+
+def test_tensor_outputs_take_the_same_way_as_any_other_leaf():
+    # compare_outputs sends a pair of tensors straight to their comparison (no measurement or
+    # missing output to look for): the same OutputDiff as compare_leaf's, under any policy.
+    ref = {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.float64), "c": torch.ones(1)}
+    target = {"a": torch.ones(3) + 1e-6, "b": torch.zeros(3, dtype=torch.float64), "c": 1.0}
+    for policy in (
+        TolerancePolicy(),
+        TolerancePolicy(preset="strict"),
+        TolerancePolicy(per_output=(("a", Tolerance(0.0, 0.0)),)),
+    ):
+        diffs = compare_outputs(ref, target, policy=policy).diffs
+        expected = [compare_leaf(p, ref[p], target[p], policy) for p in ref]
+        assert [_fields(d) for d in diffs] == [_fields(d) for d in expected]
+
+
+def test_an_outputs_dict_keeps_its_keys_in_order_and_non_finite_numbers_as_text():
+    from neuron_workbench.compare.compare import OutputDiff
+
+    diff = OutputDiff("w", "differ", "tensor", Tolerance(1e-6, 1e-5), ref_shape=(2,))
+    diff.max_abs, diff.snr_db, diff.cosine, diff.worst_index = math.inf, -math.inf, math.nan, (1,)
+    data = diff.to_dict()
+    assert list(data) == [
+        "path", "status", "kind", "rtol", "atol", "ref_dtype", "target_dtype", "ref_shape",
+        "target_shape", "numel", "mismatched", "mismatch_pct", "nan_mismatches", "inf_mismatches",
+        "max_abs", "mean_abs", "max_rel", "rmse", "cosine", "snr_db", "worst_ref", "worst_target",
+        "allowed_at_worst", "tight_rtol", "tight_atol", "worst_index", "detail", "hints",
+    ]  # fmt: skip
+    assert (data["max_abs"], data["snr_db"], data["cosine"]) == ("inf", "-inf", "nan")
+    assert data["ref_shape"] == [2] and data["worst_index"] == [1]
+    diff.explained = "its gradients matched"
+    assert list(diff.to_dict())[-1] == "explained"

@@ -67,3 +67,71 @@ def test_a_modules_own_parameters_held_again_are_not_leaves_twice_and_nested_cac
     model.past = [(torch.ones(1), torch.zeros(1))]  # the legacy KV-cache format
     paths = [path for path, _ in iter_leaves({"m": model})]
     assert paths[-2:] == ["m.past[0][0]", "m.past[0][1]"]
+
+
+class _Tied(torch.nn.Module):
+    """Shared submodules and parameters, a missing bias, and a non-persistent buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight  # tied, as GPT-2's lm_head
+        shared = torch.nn.Linear(3, 3)
+        self.blocks = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
+        self.register_buffer("scale", torch.ones(1), persistent=False)
+        self.register_buffer("unset", None)
+        self.norm = torch.nn.BatchNorm1d(3)
+
+
+class _OwnParameters(torch.nn.Linear):
+    """A class with its own idea of its parameters: its own method is used."""
+
+    def named_parameters(self, *args, **kwargs):
+        return iter([("only", self.weight)])
+
+
+def _names_and_ids(pairs):
+    return [(name, id(value)) for name, value in pairs]
+
+
+def test_one_walk_of_the_module_tree_gives_what_torchs_three_walks_give():
+    from neuron_workbench.compare.flatten import _module_tree
+
+    for model in (
+        _Tied(),
+        torch.nn.LSTM(2, 3),
+        torch.nn.Sequential(_Tied(), _Tied()),
+        _OwnParameters(2, 2),
+    ):
+        submodules, parameters, buffers = _module_tree(model)
+        assert _names_and_ids(submodules) == _names_and_ids(model.named_modules())
+        assert _names_and_ids(parameters) == _names_and_ids(model.named_parameters())
+        assert _names_and_ids(buffers) == _names_and_ids(model.named_buffers())
+    assert [name for name, _ in _module_tree(_OwnParameters(2, 2))[1]] == ["only"]
+
+
+def test_the_attributes_looked_into_are_every_attribute_that_holds_a_tensor():
+    from neuron_workbench.compare.flatten import _state_attributes
+    from neuron_workbench.run.namespace import module_attributes, tensors_held
+
+    model = _Cached()
+    model.cache = {"k": torch.ones(1)}
+    model.pair = (torch.ones(1), 2)
+    model.queue = collections.deque([torch.ones(1)])
+    model.settings = types.SimpleNamespace(t=torch.ones(1))  # not looked into, as before
+    model.label = "x"
+    model.tags = {torch.ones(1)}  # a set: not looked into
+    model.nothing = []
+
+    def holding(attributes):
+        return [(key, id(item)) for key, item in attributes if list(tensors_held(item))]
+
+    assert holding(_state_attributes(model)) == holding(module_attributes(model))
+    assert [key for key, _ in holding(_state_attributes(model))] == [
+        "kv",
+        "history",
+        "cache",
+        "pair",
+        "queue",
+    ]

@@ -116,7 +116,7 @@ class OutputDiff:
     @property
     def failed(self) -> bool:
         """True when the output was compared and did not match."""
-        return self.compared and not self.passed
+        return self.status != NOT_COMPARED and self.status != "match"
 
     @property
     def mismatch_pct(self) -> float:
@@ -155,7 +155,8 @@ class OutputDiff:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
+        finite = _finite_or_none
+        data = {
             "path": self.path,
             "status": self.status,
             "kind": self.kind,
@@ -170,27 +171,24 @@ class OutputDiff:
             "mismatch_pct": self.mismatch_pct,
             "nan_mismatches": self.nan_mismatches,
             "inf_mismatches": self.inf_mismatches,
-            **{
-                key: _finite_or_none(getattr(self, key))
-                for key in (
-                    "max_abs",
-                    "mean_abs",
-                    "max_rel",
-                    "rmse",
-                    "cosine",
-                    "snr_db",
-                    "worst_ref",
-                    "worst_target",
-                    "allowed_at_worst",
-                    "tight_rtol",
-                    "tight_atol",
-                )
-            },
+            "max_abs": finite(self.max_abs),
+            "mean_abs": finite(self.mean_abs),
+            "max_rel": finite(self.max_rel),
+            "rmse": finite(self.rmse),
+            "cosine": finite(self.cosine),
+            "snr_db": finite(self.snr_db),
+            "worst_ref": finite(self.worst_ref),
+            "worst_target": finite(self.worst_target),
+            "allowed_at_worst": finite(self.allowed_at_worst),
+            "tight_rtol": finite(self.tight_rtol),
+            "tight_atol": finite(self.tight_atol),
             "worst_index": list(self.worst_index) if self.worst_index is not None else None,
             "detail": self.detail,
             "hints": list(self.hints),
-            **({"explained": self.explained} if self.explained else {}),
         }
+        if self.explained:
+            data["explained"] = self.explained
+        return data
 
 
 def _finite_or_none(value: float | None) -> float | str | None:
@@ -279,20 +277,23 @@ class Comparison:
         """True when every compared output matched (``not-compared`` outputs are ignored)."""
         return not self.failures
 
+    # The lists below test each status as OutputDiff.compared and .failed do, written out: a
+    # report reads them several times over hundreds of outputs.
+
     @property
     def compared(self) -> list[OutputDiff]:
         """The outputs that were compared (matched or failed)."""
-        return [d for d in self.diffs if d.compared]
+        return [d for d in self.diffs if d.status != NOT_COMPARED]
 
     @property
     def failures(self) -> list[OutputDiff]:
         """The compared outputs that did not match."""
-        return [d for d in self.diffs if d.failed]
+        return [d for d in self.diffs if d.status != NOT_COMPARED and d.status != "match"]
 
     @property
     def not_compared(self) -> list[OutputDiff]:
         """The outputs with status ``not-compared``."""
-        return [d for d in self.diffs if not d.compared]
+        return [d for d in self.diffs if d.status == NOT_COMPARED]
 
     def counts(self) -> dict[str, int]:
         """Number of outputs per status, ``not-compared`` included (only statuses that occur)."""
@@ -356,8 +357,9 @@ def compare_outputs(
     reported: set[str] = set()
     diffs = []
     measurements = []
+    tolerances = _Tolerances(policy)
     for path in paths:
-        marker = _covering_marker(path, markers)
+        marker = _covering_marker(path, markers) if markers else None
         if marker is not None:
             if marker not in reported:
                 reported.add(marker)
@@ -366,18 +368,19 @@ def compare_outputs(
                 )
             continue
         ref_leaf, target_leaf = ref_leaves.get(path), target_leaves.get(path)
-        if is_measurement(ref_leaf) or is_measurement(target_leaf):
-            measurements.append(_measurement(path, ref_leaf, target_leaf))
-            continue
-        if path not in target_leaves or path not in ref_leaves:
-            side = "target" if path not in target_leaves else "reference"
-            diffs.append(
-                OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
-            )
-            continue
-        diffs.append(
-            compare_leaf(path, ref_leaves[path], target_leaves[path], policy, devices=devices)
-        )
+        # The common leaf, a tensor on both sides, is neither missing nor a measurement (those
+        # are tagged numbers and strings): it goes straight to the comparison.
+        if type(ref_leaf) not in _PLAIN_TENSORS or type(target_leaf) not in _PLAIN_TENSORS:
+            if is_measurement(ref_leaf) or is_measurement(target_leaf):
+                measurements.append(_measurement(path, ref_leaf, target_leaf))
+                continue
+            if path not in target_leaves or path not in ref_leaves:
+                side = "target" if path not in target_leaves else "reference"
+                diffs.append(
+                    OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
+                )
+                continue
+        diffs.append(_compare_leaf(path, ref_leaf, target_leaf, tolerances, devices))
     return Comparison(diffs, measurements)
 
 
@@ -416,12 +419,43 @@ def compare_leaf(
     A :class:`NotCompared` marker on either side gives status ``not-compared``. ``devices`` are
     the runs' devices (see :func:`compare_outputs`).
     """
-    policy = policy or TolerancePolicy()
+    return _compare_leaf(path, ref, target, _Tolerances(policy or TolerancePolicy()), devices)
+
+
+class _Tolerances:
+    """The tolerance of each output under one policy, worked out once per pair of dtypes."""
+
+    def __init__(self, policy: TolerancePolicy) -> None:
+        self.policy = policy
+        self._by_dtypes: dict[tuple[torch.dtype, torch.dtype], Tolerance] = {}
+
+    def of(self, path: str, ref_dtype: torch.dtype, target_dtype: torch.dtype) -> Tolerance:
+        if self.policy.per_output:
+            return self.policy.for_output(path, ref_dtype, target_dtype)
+        # The same for every output of these dtypes; looked up here without hashing the policy.
+        key = (ref_dtype, target_dtype)
+        tolerance = self._by_dtypes.get(key)
+        if tolerance is None:
+            tolerance = self._by_dtypes[key] = _dtype_tolerance(self.policy, *key)
+        return tolerance
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_tolerance(
+    policy: TolerancePolicy, ref_dtype: torch.dtype, target_dtype: torch.dtype
+) -> Tolerance:
+    # A policy without per-output overrides decides by dtypes alone (it is frozen, so hashable).
+    return policy.for_output("", ref_dtype, target_dtype)
+
+
+def _compare_leaf(
+    path: str, ref: Any, target: Any, tolerances: _Tolerances, devices: tuple[str, str] | None
+) -> OutputDiff:
     if type(ref) in _PLAIN_TENSORS and type(target) in _PLAIN_TENSORS:
         # The common leaf (a weight, a gradient, a state tensor): no markers or scalar sources
         # to look for.
         try:
-            return _compare_tensors(path, "tensor", ref.detach(), target.detach(), policy)
+            return _compare_tensors(path, "tensor", ref, target, tolerances)
         except Exception as exc:  # a comparison bug must not hide the other outputs
             return OutputDiff(path, "error", "none", EXACT, detail=_one_line(exc))
     if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
@@ -434,7 +468,7 @@ def compare_leaf(
             # A Python float of unknown origin gets float32's tolerance (PYTHON_FLOAT_DTYPE); one
             # made from a tensor is judged in that tensor's dtype.
             known = source_dtype(ref) is not None or source_dtype(target) is not None
-            return _compare_tensors(path, kind, ref_t, target_t, policy, source_known=known)
+            return _compare_tensors(path, kind, ref_t, target_t, tolerances, source_known=known)
         if ref_t is not None or target_t is not None:
             return OutputDiff(
                 path,
@@ -532,17 +566,20 @@ def _resolution(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps if dtype.is_floating_point else 1.0
 
 
-@functools.lru_cache(maxsize=256)
-def _dtype_tolerance(
-    policy: TolerancePolicy, ref_dtype: torch.dtype, target_dtype: torch.dtype
-) -> Tolerance:
-    # A policy without per-output overrides decides by dtypes alone (it is frozen, so hashable).
-    return policy.for_output("", ref_dtype, target_dtype)
-
-
 @functools.lru_cache(maxsize=64)
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _dense_on_one_device(
+    ref: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if ref.layout != torch.strided:  # sparse: compared as their dense values
+        ref, target = ref.to_dense(), target.to_dense()
+    # Emulated device tensors are compared through their host copy; a CUDA pair stays on the GPU.
+    a = ref if ref.device.type in ("cpu", "cuda") else ref.cpu()
+    b = target if target.device == a.device else target.to(a.device)
+    return a, b
 
 
 def _compare_tensors(
@@ -550,18 +587,16 @@ def _compare_tensors(
     kind: str,
     ref: torch.Tensor,
     target: torch.Tensor,
-    policy: TolerancePolicy,
+    tolerances: _Tolerances,
     *,
     source_known: bool = False,
 ) -> OutputDiff:
+    """Compare two tensors (``ref`` and ``target`` need not be detached: nothing here records)."""
     ref_dtype, target_dtype = ref.dtype, target.dtype
-    tol_dtypes = (ref_dtype, target_dtype)
     if kind == "number" and ref_dtype == torch.float64 and not source_known:
-        tol_dtypes = (PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
-    if policy.per_output:
-        tolerance = policy.for_output(path, *tol_dtypes)
-    else:  # the same for every output of these dtypes
-        tolerance = _dtype_tolerance(policy, *tol_dtypes)
+        tolerance = tolerances.of(path, PYTHON_FLOAT_DTYPE, PYTHON_FLOAT_DTYPE)
+    else:
+        tolerance = tolerances.of(path, ref_dtype, target_dtype)
     diff = OutputDiff(
         path,
         "match",
@@ -572,7 +607,7 @@ def _compare_tensors(
         ref_shape=tuple(ref.shape),
         target_shape=tuple(target.shape),
     )
-    if ref.shape != target.shape:
+    if diff.ref_shape != diff.target_shape:
         diff.status = "shape"
         diff.detail = f"shape {list(ref.shape)} vs {list(target.shape)}"
         return diff
@@ -588,15 +623,15 @@ def _compare_tensors(
         else:
             diff.detail = "meta tensors: no values, same shape and dtype"
         return diff
-    if ref.layout != target.layout:
+    layout = ref.layout
+    if layout != target.layout:
         diff.status = "differ"
-        diff.detail = f"layout {ref.layout} vs {target.layout}"
+        diff.detail = f"layout {layout} vs {target.layout}"
         return diff
-    if ref.layout != torch.strided:  # sparse: compared as their dense values
-        ref, target = ref.to_dense(), target.to_dense()
-    # Emulated device tensors are compared through their host copy; a CUDA pair stays on the GPU.
-    a = ref if ref.device.type in ("cpu", "cuda") else ref.cpu()
-    b = target if target.device == a.device else target.to(a.device)
+    if layout == torch.strided and ref.is_cpu and target.is_cpu:
+        a, b = ref, target  # the usual pair: nothing to convert or move
+    else:
+        a, b = _dense_on_one_device(ref.detach(), target.detach())
     diff.numel = a.numel()
     if diff.numel == 0:
         return diff

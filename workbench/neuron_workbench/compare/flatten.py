@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.run.namespace import PLAIN_NAMESPACES, module_attributes, tensors_held
+from neuron_workbench.run.namespace import MODULE_INTERNALS, PLAIN_NAMESPACES, tensors_held
 from neuron_workbench.run.records import NotCompared
 
 __all__ = ["USER_MODULES", "iter_leaves"]
@@ -60,83 +60,151 @@ def iter_leaves(
     """
     modules = frozenset(user_modules)
     for name, value in outputs.items():
-        yield from _walk(name, value, 0, set(), modules)
+        # One output at a time, into a list: a recursion that appends costs less per leaf than
+        # nested generators, each of which a leaf would pass up through.
+        leaves: list[tuple[str, Any]] = []
+        _walk(leaves, name, value, 0, set(), modules)
+        yield from leaves
 
 
 def _walk(
-    path: str, value: Any, depth: int, seen: set[int], modules: frozenset[str]
-) -> Iterator[tuple[str, Any]]:
+    leaves: list[tuple[str, Any]],
+    path: str,
+    value: Any,
+    depth: int,
+    seen: set[int],
+    modules: frozenset[str],
+) -> None:
+    """Append ``(path, leaf)`` for every comparable value under ``value`` to ``leaves``."""
     if depth > _MAX_DEPTH:
         return
     if isinstance(value, torch.Tensor | NotCompared):
         # NotCompared first: it is a dataclass, but its reason is not an output.
-        yield path, value
+        leaves.append((path, value))
         return
     if isinstance(value, torch.nn.Module):
         if id(value) in seen:
             return
         seen.add(id(value))
         named = set()
-        for name, param in value.named_parameters():
+        submodules, parameters, buffers = _module_tree(value)
+        for name, param in parameters:
             named.add(id(param))
-            yield f"{path}.{name}", param
+            leaves.append((f"{path}.{name}", param))
             if param.grad is not None:
-                yield f"{path}.{name}.grad", param.grad
-        for name, buffer in value.named_buffers():
+                leaves.append((f"{path}.{name}.grad", param.grad))
+        for name, buffer in buffers:
             named.add(id(buffer))
-            yield f"{path}.{name}", buffer
-        for prefix, module in value.named_modules():
+            leaves.append((f"{path}.{name}", buffer))
+        for prefix, module in submodules:
             where = f"{path}.{prefix}" if prefix else path
-            for key, item in module_attributes(module):
+            for key, item in _state_attributes(module):
                 # its own state, not its parameters again (an RNN's _flat_weights)
                 if any(id(t) not in named for t in tensors_held(item)):
-                    yield from _walk(f"{where}.{key}", item, depth + 1, seen, modules)
+                    _walk(leaves, f"{where}.{key}", item, depth + 1, seen, modules)
         return
     if isinstance(value, torch.optim.Optimizer):
         # the learning rate a scheduler sets: a schedule that differs is a difference of the port
         for index, group in enumerate(value.param_groups):
             lr = group.get("lr")
             if type(lr) is float:
-                yield f"{path}.param_groups[{index}]['lr']", lr
+                leaves.append((f"{path}.param_groups[{index}]['lr']", lr))
         params = [p for group in value.param_groups for p in group["params"]]
         for index, param in enumerate(params):
             for key, item in value.state.get(param, {}).items():
-                yield from _walk(f"{path}.state[{index}][{key!r}]", item, depth + 1, seen, modules)
+                _walk(leaves, f"{path}.state[{index}][{key!r}]", item, depth + 1, seen, modules)
         return
     if _is_numpy_array(value):
-        yield path, value
+        leaves.append((path, value))
         return
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
             item = getattr(value, field.name)
-            yield from _walk(f"{path}.{field.name}", item, depth + 1, seen, modules)
+            _walk(leaves, f"{path}.{field.name}", item, depth + 1, seen, modules)
         return
     if isinstance(value, Mapping):
         for key, item in value.items():
-            yield from _walk(f"{path}[{key!r}]", item, depth + 1, seen, modules)
+            _walk(leaves, f"{path}[{key!r}]", item, depth + 1, seen, modules)
         return
     if isinstance(value, list | tuple | collections.deque):
         for index, item in enumerate(value):
-            yield from _walk(f"{path}[{index}]", item, depth + 1, seen, modules)
+            _walk(leaves, f"{path}[{index}]", item, depth + 1, seen, modules)
         return
     if isinstance(value, PLAIN_NAMESPACES):
         if id(value) in seen:
             return
         seen.add(id(value))
         for name, item in vars(value).items():
-            yield from _walk(f"{path}.{name}", item, depth + 1, seen, modules)
+            _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
     if isinstance(value, bool | int | float | complex | str | bytes) or value is None:
-        yield path, value
+        leaves.append((path, value))
         return
     if _is_user_object(value, modules):
         if id(value) in seen:
             return
         seen.add(id(value))
         for name, item in _attributes(value):
-            yield from _walk(f"{path}.{name}", item, depth + 1, seen, modules)
+            _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
+
+
+#: What :func:`~neuron_workbench.run.namespace.tensors_held` looks into: a value of any other type (a
+#: setting, a config object) holds no tensor.
+_TENSOR_HOLDERS = (torch.Tensor, dict, list, tuple, collections.deque)
+
+
+def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
+    """What :func:`~neuron_workbench.run.namespace.module_attributes` gives that can hold tensors.
+
+    Most of a module's attributes are settings (``self.width = 4``, a config object): kept out
+    here, in one comprehension, rather than looked into one by one.
+    """
+    return [
+        (key, item)
+        for key, item in vars(module).items()
+        if key not in MODULE_INTERNALS and isinstance(item, _TENSOR_HOLDERS)
+    ]
+
+
+#: The ``nn.Module`` methods :func:`_module_tree` reads the tree as: a class overriding one is asked.
+_MODULE_MEMBERS = ("named_modules", "named_parameters", "named_buffers", "_named_members")
+
+
+def _module_tree(
+    module: torch.nn.Module,
+) -> tuple[
+    list[tuple[str, torch.nn.Module]],
+    list[tuple[str, torch.Tensor]],
+    list[tuple[str, torch.Tensor]],
+]:
+    """``module``'s ``named_modules()``, ``named_parameters()`` and ``named_buffers()``.
+
+    Each of torch's three walks the whole module tree; here the tree is walked once and the
+    parameters and buffers are read off it as ``Module._named_members`` does (each tensor once, at
+    its first name). A class that overrides one of these methods gets its own.
+    """
+    submodules = list(module.named_modules())
+    klass = type(module)
+    if any(getattr(klass, name) is not getattr(torch.nn.Module, name) for name in _MODULE_MEMBERS):
+        return submodules, list(module.named_parameters()), list(module.named_buffers())
+    return submodules, _members(submodules, "_parameters"), _members(submodules, "_buffers")
+
+
+def _members(
+    submodules: list[tuple[str, torch.nn.Module]], table: str
+) -> list[tuple[str, torch.Tensor]]:
+    """The tensors in each submodule's ``_parameters`` or ``_buffers``, as ``_named_members``."""
+    found: list[tuple[str, torch.Tensor]] = []
+    memo: set[int] = set()
+    for prefix, submodule in submodules:
+        for key, tensor in getattr(submodule, table).items():
+            if tensor is None or id(tensor) in memo:
+                continue
+            memo.add(id(tensor))
+            found.append((f"{prefix}.{key}" if prefix else key, tensor))
+    return found
 
 
 def _is_numpy_array(value: Any) -> bool:

@@ -137,40 +137,52 @@ MEASUREMENT_HEADERS = ("output", "kind", "reference", "target", "source", "what 
 
 
 def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
+    # a report has hundreds of outputs and a handful of statuses: each status's cell is made once
+    status_cells: dict[str, str] = {}
     rows = []
     for out in outputs:
-        passed = out["status"] == "match"
-        compared = out["status"] != NOT_COMPARED_STATUS
-        status = f'<span class="{output_status_class(out["status"])}">{esc(out["status"])}</span>'
-        if out.get("explained"):  # does not fail the verdict: its gradients matched
-            status += " (judged by its gradients)"
-        dtype = out.get("ref_dtype") or ""
-        if out.get("target_dtype") and out.get("target_dtype") != dtype:
-            dtype = f"{dtype} / {out['target_dtype']}"
-        shape = out.get("ref_shape")
+        get = out.get
+        status = out["status"]
+        passed = status == "match"
+        status_cell = status_cells.get(status)
+        if status_cell is None:
+            status_cell = status_cells[status] = (
+                f'<span class="{output_status_class(status)}">{esc(status)}</span>'
+            )
+        if get("explained"):  # does not fail the verdict: its gradients matched
+            status_cell += " (judged by its gradients)"
+        dtype = get("ref_dtype") or ""
+        target_dtype = get("target_dtype")
+        if target_dtype and target_dtype != dtype:
+            dtype = f"{dtype} / {target_dtype}"
+        shape = get("ref_shape")
         shape_text = "" if shape is None else str(shape)
-        if out.get("target_shape") is not None and out.get("target_shape") != shape:
-            shape_text += f" / {out['target_shape']}"
+        target_shape = get("target_shape")
+        if target_shape is not None and target_shape != shape:
+            shape_text += f" / {target_shape}"
         mismatched = ""
-        if out.get("numel"):
+        if get("numel"):
             mismatched = f"{out['mismatched']} / {out['numel']}"
+        tolerance = ""
+        if status != NOT_COMPARED_STATUS:
+            tolerance = esc(f"{out['rtol']:.1e} / {out['atol']:.1e}")
         worst = ""
-        if not passed and out.get("worst_index") is not None:
+        if not passed and get("worst_index") is not None:
             worst = (
-                f"{out['worst_index']}: {_fmt_float(out.get('worst_ref'))} vs "
-                f"{_fmt_float(out.get('worst_target'))}"
+                f"{out['worst_index']}: {_fmt_float(get('worst_ref'))} vs "
+                f"{_fmt_float(get('worst_target'))}"
             )
         rows.append(
             [
                 f"<code>{esc(out['path'])}</code>",
-                status,
+                status_cell,
                 esc(dtype),
                 esc(shape_text),
-                esc(_fmt_float(out.get("max_abs"))),
-                esc(_fmt_float(out.get("max_rel"))),
+                esc(_fmt_float(get("max_abs"))),
+                esc(_fmt_float(get("max_rel"))),
                 esc(mismatched),
-                esc(f"{out['rtol']:.1e} / {out['atol']:.1e}" if compared else ""),
-                esc(worst or out.get("detail", "")),
+                tolerance,
+                esc(worst or get("detail", "")),
             ]
         )
     return rows

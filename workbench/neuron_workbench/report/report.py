@@ -163,7 +163,10 @@ class Report:
 
     def summary(self) -> str:
         """The one-line verdict shown as ``text/plain``."""
-        verdict = self.verdict
+        return self._summary(self.verdict)
+
+    def _summary(self, verdict: str) -> str:
+        """:meth:`summary` of this report, whose :attr:`verdict` is ``verdict``."""
         if verdict == "ERROR":
             parts = []
             for run in (self.ref, self.target):
@@ -191,7 +194,7 @@ class Report:
             judged = {id(d) for d in failures}
             passing = [d for d in self.comparison.failures if id(d) not in judged]
             # judged by their gradients: past their tolerance, or (--judge budget) past their budget
-            amplified = sum(bool(d.explained) for d in compared if id(d) not in judged)
+            amplified = len([d for d in compared if d.explained and id(d) not in judged])
             within = sum(not d.explained for d in passing)
             matched = len(compared) - len(failures) - within - amplified
             body += f"{_plural(len(compared), 'output', 'outputs')}, {matched} match"
@@ -258,12 +261,13 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (the documented report schema)."""
         source = self.cell_source
+        verdict = self.verdict  # its summary line starts with it: worked out once
         return {
             "schema_version": SCHEMA_VERSION,
             "kind": "neuron-workbench.report",
             "workbench_version": __version__,
-            "verdict": self.verdict,
-            "summary": self.summary(),
+            "verdict": verdict,
+            "summary": self._summary(verdict),
             "title": self.title,
             "ref": _run_dict(self.ref),
             "target": _run_dict(self.target),
