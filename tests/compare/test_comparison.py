@@ -272,6 +272,23 @@ def test_the_tight_rtol_of_integers_passes_where_isclose_rounds_in_float32():
     assert _assert_close_passes(target, ref, rtol=d.tight_rtol, atol=0.0)
 
 
+def test_large_integers_that_differ_read_their_exact_difference():
+    # int32 values above 2**24 round in float32: 16777217 vs 16777218 read max |Δ| 2, and
+    # 16777217 vs 16777216 (both rounding to 2**24) a "differ" with max |Δ| 0
+    for dtype in (torch.int32, torch.int64, torch.uint32):
+        d = one(
+            torch.tensor([2**24 + 1, 5], dtype=dtype), torch.tensor([2**24 + 2, 5], dtype=dtype)
+        )
+        assert (d.status, d.max_abs, d.worst_ref, d.worst_target) == (
+            "differ",
+            1.0,
+            2**24 + 1,
+            2**24 + 2,
+        )
+        d = one(torch.tensor([2**24 + 1], dtype=dtype), torch.tensor([2**24], dtype=dtype))
+        assert (d.status, d.max_abs) == ("differ", 1.0)
+
+
 def _fields(diff):
     return [(f.name, repr(getattr(diff, f.name))) for f in dataclasses.fields(diff)]
 

@@ -47,9 +47,16 @@ class TensorStats:
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return (
-        torch.float64 if dtype in (torch.float64, torch.complex128, torch.int64) else torch.float32
-    )
+    """The dtype a chunk's statistics are computed in: exact for every integer dtype.
+
+    Integers go to float64 (exact up to 2**53): in float32, int32 values above 2**24 round, so
+    16777217 vs 16777218 read max |Δ| 2 (or 0, for a "differ" of two values rounding alike).
+    """
+    if dtype in (torch.float64, torch.complex128):
+        return torch.float64
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.float32
+    return torch.float64
 
 
 def _as_real(t: torch.Tensor) -> torch.Tensor:
