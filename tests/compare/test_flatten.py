@@ -109,6 +109,10 @@ def test_one_walk_of_the_module_tree_gives_what_torchs_three_walks_give():
         assert _names_and_ids(parameters) == _names_and_ids(model.named_parameters())
         assert _names_and_ids(buffers) == _names_and_ids(model.named_buffers())
     assert [name for name, _ in _module_tree(_OwnParameters(2, 2))[1]] == ["only"]
+    # a module given its own named_parameters (an instance attribute) is asked too
+    patched = torch.nn.Linear(2, 2)
+    patched.named_parameters = lambda *args, **kwargs: iter([("only", patched.weight)])
+    assert [name for name, _ in _module_tree(patched)[1]] == ["only"]
 
 
 def test_the_attributes_looked_into_are_every_attribute_that_holds_a_tensor():

@@ -333,6 +333,24 @@ def test_an_arena_loaded_in_a_folder_of_its_own_is_kept_once_its_tensors_are_gon
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_a_loaded_arena_that_cannot_be_kept_is_removed(tmp_path, monkeypatch):
+    # a folder without hard links: the loaded file goes, as an arena not kept does
+    folder = tempfile.mkdtemp(prefix="neuron-workbench-test-", dir=arena_folder() or tmp_path)
+    try:
+
+        def no_links(source, destination):
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+        back = loads(dumps({"x": torch.ones(3)}, folder))
+        assert back["x"].tolist() == [1.0] * 3
+        del back
+        gc.collect()
+        assert os.listdir(folder) == []
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_an_arena_is_written_whole_across_short_writes(tmp_path, monkeypatch):
     from neuron_workbench.run import transport
 

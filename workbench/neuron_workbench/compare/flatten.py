@@ -183,11 +183,14 @@ def _module_tree(
 
     Each of torch's three walks the whole module tree; here the tree is walked once and the
     parameters and buffers are read off it as ``Module._named_members`` does (each tensor once, at
-    its first name). A class that overrides one of these methods gets its own.
+    its first name). A class (or a module itself) that overrides one of these methods gets its own.
     """
     submodules = list(module.named_modules())
-    klass = type(module)
-    if any(getattr(klass, name) is not getattr(torch.nn.Module, name) for name in _MODULE_MEMBERS):
+    klass, attributes = type(module), vars(module)
+    if any(
+        name in attributes or getattr(klass, name) is not getattr(torch.nn.Module, name)
+        for name in _MODULE_MEMBERS
+    ):
         return submodules, list(module.named_parameters()), list(module.named_buffers())
     return submodules, _members(submodules, "_parameters"), _members(submodules, "_buffers")
 

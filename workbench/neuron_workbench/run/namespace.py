@@ -289,7 +289,16 @@ def _deepcopy(value: Any, memo: dict[int, Any]) -> Any:
         result = value
     else:
         method = getattr(value, "__deepcopy__", None)
-        result = method(memo) if method is not None else _deepcopy_as_copy_does(value, memo)
+        if method is not None:
+            result = method(memo)
+        else:  # _deepcopy_as_copy_does, written out: one frame less per level of a deep object
+            reductor = copyreg.dispatch_table.get(kind)
+            reduced = reductor(value) if reductor is not None else value.__reduce_ex__(4)
+            result = (
+                value
+                if isinstance(reduced, str)
+                else copy._reconstruct(value, memo, *reduced, deepcopy=_deepcopy)  # type: ignore[attr-defined]
+            )
     if result is not value:
         memo[key] = result
         try:  # alive with the memo, as copy._keep_alive keeps it: its id is a memo key
@@ -322,24 +331,17 @@ def _deepcopy_tuple(value: tuple[Any, ...], memo: dict[int, Any]) -> tuple[Any, 
 
 
 def _deepcopy_dict(value: dict[Any, Any], memo: dict[int, Any]) -> dict[Any, Any]:
+    # (Constants, most keys and many items, are themselves, without a call: a model's modules hold
+    # thousands. The loop is here, not in a helper, so a deep structure takes the frames per level
+    # copy.deepcopy takes: RecursionError at the same depth.)
     result: dict[Any, Any] = {}
     memo[id(value)] = result
-    if value:  # (a module's buffers and a tensor's attributes, mostly none)
-        _deepcopy_items(value, result, memo)
-    return result
-
-
-def _deepcopy_items(value: Mapping[Any, Any], result: Any, memo: dict[int, Any]) -> None:
-    """Put copies of ``value``'s keys and items in ``result``, in order, each key before its item.
-
-    (Constants, most keys and many items, are themselves, without a call: a model's modules hold
-    thousands.)
-    """
     atoms = _COPIED_AS_THEMSELVES
     for key, item in value.items():
-        if type(key) not in atoms:
-            key = _deepcopy(key, memo)
-        result[key] = item if type(item) in atoms else _deepcopy(item, memo)
+        # each item before its key, as copy's `y[deepcopy(key)] = deepcopy(value)` evaluates them
+        item = item if type(item) in atoms else _deepcopy(item, memo)
+        result[key if type(key) in atoms else _deepcopy(key, memo)] = item
+    return result
 
 
 def _deepcopy_ordered_dict(
@@ -350,8 +352,10 @@ def _deepcopy_ordered_dict(
     # what copy._reconstruct makes of OrderedDict.__reduce__'s (OrderedDict, (), None, None, items)
     result: collections.OrderedDict[Any, Any] = collections.OrderedDict()
     memo[id(value)] = result
-    if value:  # (a module's hooks, mostly none)
-        _deepcopy_items(value, result, memo)
+    atoms = _COPIED_AS_THEMSELVES
+    for key, item in value.items():  # (a module's hooks, mostly none) each key before its item
+        key = key if type(key) in atoms else _deepcopy(key, memo)
+        result[key] = item if type(item) in atoms else _deepcopy(item, memo)
     return result
 
 

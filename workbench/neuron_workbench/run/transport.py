@@ -919,14 +919,16 @@ def _keep_arena(path: str, forks: int) -> None:
     DataLoader's worker, or its parent) may still map it, and must not see a next message's bytes.
     """
     folder = os.path.dirname(path)
-    with contextlib.suppress(OSError):
-        if forks == _FORKS[0]:
-            for name in _KEPT_ARENAS:
-                try:
-                    os.link(path, os.path.join(folder, name))
-                except FileExistsError:
-                    continue
+    if forks == _FORKS[0]:
+        for name in _KEPT_ARENAS:
+            try:
+                os.link(path, os.path.join(folder, name))
+            except FileExistsError:
+                continue
+            except OSError:  # no hard links here (or the folder is gone): not kept
                 break
+            break
+    with contextlib.suppress(OSError):  # (the folder removed with its worker)
         os.unlink(path)
 
 
