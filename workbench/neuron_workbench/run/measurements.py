@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.run.namespace import PLAIN_NAMESPACES, user_object
+from neuron_workbench.run.namespace import attributes_are_state
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.scalar_sites import user_site
 
@@ -218,9 +218,7 @@ def untagged(value: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
         items = tuple(untagged(item, depth + 1, seen) for item in value)
         if any(a is not b for a, b in zip(items, value, strict=True)):
             return items
-    elif (user_object(value) or isinstance(value, PLAIN_NAMESPACES)) and isinstance(
-        getattr(value, "__dict__", None), dict
-    ):
+    elif attributes_are_state(value) and isinstance(getattr(value, "__dict__", None), dict):
         attributes = vars(value)
         for key in list(attributes):
             attributes[key] = untagged(attributes[key], depth + 1, seen)

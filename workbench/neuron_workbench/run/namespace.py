@@ -159,6 +159,15 @@ MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 PLAIN_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 
+def attributes_are_state(value: Any) -> bool:
+    """Whether ``value``'s attributes are the cell's values: a notebook object or a namespace.
+
+    (:func:`user_object`, or one of :data:`PLAIN_NAMESPACES`.) Their attributes are walked, moved,
+    compared and committed as the cell's own values are.
+    """
+    return user_object(value) or isinstance(value, PLAIN_NAMESPACES)
+
+
 def module_attributes(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     """The attributes ``module``'s class set on it (a KV cache kept as ``self.kv``, a setting)."""
     return ((k, v) for k, v in vars(module).items() if k not in MODULE_INTERNALS)
@@ -804,9 +813,7 @@ def move_to_device(
             value[key] = moved(value[key])
         return value
     # The run's own copies of objects that hold state (a trainer, a closure's model): in place.
-    if (user_object(value) or isinstance(value, PLAIN_NAMESPACES)) and isinstance(
-        getattr(value, "__dict__", None), dict
-    ):
+    if attributes_are_state(value) and isinstance(getattr(value, "__dict__", None), dict):
         attributes = vars(value)
         for key in list(attributes):
             item = attributes[key]
@@ -882,11 +889,7 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
     holds every tensor on the CPU: the accelerator run's placement of the same attribute says which
     ones the cell put on cuda, for the next cell's runs (:func:`move_to_device`).
     """
-    if (
-        depth > 8
-        or not (user_object(kept) or isinstance(kept, PLAIN_NAMESPACES))
-        or type(other) is not type(kept)
-    ):
+    if depth > 8 or not attributes_are_state(kept) or type(other) is not type(kept):
         return
     mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
@@ -942,7 +945,7 @@ def _contents(value: Any) -> Iterable[Any] | None:
         return value
     if isinstance(value, dict):
         return value.values()
-    if user_object(value) or isinstance(value, PLAIN_NAMESPACES):
+    if attributes_are_state(value):
         return list(vars(value).values()) if hasattr(value, "__dict__") else []
     return None
 
