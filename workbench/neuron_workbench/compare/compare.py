@@ -116,7 +116,7 @@ class OutputDiff:
     @property
     def failed(self) -> bool:
         """True when the output was compared and did not match."""
-        return self.status != NOT_COMPARED and self.status != "match"
+        return self.compared and not self.passed
 
     @property
     def mismatch_pct(self) -> float:
@@ -277,23 +277,20 @@ class Comparison:
         """True when every compared output matched (``not-compared`` outputs are ignored)."""
         return not self.failures
 
-    # The lists below test each status as OutputDiff.compared and .failed do, written out: a
-    # report reads them several times over hundreds of outputs.
-
     @property
     def compared(self) -> list[OutputDiff]:
         """The outputs that were compared (matched or failed)."""
-        return [d for d in self.diffs if d.status != NOT_COMPARED]
+        return [d for d in self.diffs if d.compared]
 
     @property
     def failures(self) -> list[OutputDiff]:
         """The compared outputs that did not match."""
-        return [d for d in self.diffs if d.status != NOT_COMPARED and d.status != "match"]
+        return [d for d in self.diffs if d.failed]
 
     @property
     def not_compared(self) -> list[OutputDiff]:
         """The outputs with status ``not-compared``."""
-        return [d for d in self.diffs if d.status == NOT_COMPARED]
+        return [d for d in self.diffs if not d.compared]
 
     def counts(self) -> dict[str, int]:
         """Number of outputs per status, ``not-compared`` included (only statuses that occur)."""
