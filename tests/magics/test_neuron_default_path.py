@@ -1478,6 +1478,35 @@ def test_a_plain_cell_moving_a_model_to_the_notebooks_cuda_device_keeps_it_there
     assert on_accelerator(report.target.bindings["y"])
 
 
+def test_what_a_plain_cell_makes_on_the_notebooks_cuda_device_is_there(ip):
+    # A plain cell runs on the cpu stand-in for the device a %%neuron cell made for cuda, so what it
+    # made "on the device" was a CPU object to the next cell, whose target then mixed devices (a
+    # false ERROR): an EMA copy of the model, a module or tensor made there, a batch moved there.
+    run_cell(
+        ip,
+        "import copy\nimport torch\ntorch.manual_seed(0)\nclass Smoother:\n"
+        "    def __init__(self, device):\n        self.avg = torch.zeros(2, device=device)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r0\ndevice = torch.device('cuda')\nmodel = torch.nn.Linear(4, 2).to(device)",
+    )
+    run_cell(
+        ip,
+        "ema = copy.deepcopy(model).eval()\nfresh = torch.nn.Linear(4, 2).to(device)\n"
+        "x = torch.randn(3, 4, device=device)\ncpu_x = torch.randn(3, 4)\n"
+        "batch = {'x': cpu_x.to(device)}\nsmoother = Smoother(device)",
+    )
+    report = _passed(
+        ip,
+        "y = ema(x) + fresh(batch['x'])\nema.weight.data.mul_(0.9).add_(model.weight.data, "
+        "alpha=0.1)\nc = cpu_x + 1\nsmoother.avg.add_(y.mean(0))",
+    )
+    assert on_accelerator(report.target.bindings["y"])
+    assert not on_accelerator(report.target.bindings["c"])  # the moved batch holds a copy
+    assert report.verdict == "PASS"
+
+
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_function_imported_from_random_draws_from_the_notebooks_stream(ip, keep):
     # `shuffle` is a method of the random module's generator: each run copied that generator, so

@@ -1,8 +1,10 @@
-"""A plain cell's moves to the CPU, read from its source, for the next %%neuron cell."""
+"""A plain cell's moves to the CPU and to the device, read from its source, for the next %%neuron cell."""
+
+import copy
 
 import torch
 
-from neuron_workbench.run.host_moves import forget_moves_to_host
+from neuron_workbench.run.host_moves import follow_plain_cell_moves
 from neuron_workbench.run.namespace import ORIGIN_ATTR, ResidentObjects, on_accelerator
 
 
@@ -23,7 +25,7 @@ def test_a_module_moved_by_cpu_or_to_cpu_is_no_longer_on_the_device():
     ):
         namespace, resident = _on_device(model=torch.nn.Linear(2, 2))
         namespace["where"] = torch.device("cpu")
-        assert forget_moves_to_host(source, namespace, resident) == ["model"], source
+        assert follow_plain_cell_moves(source, namespace, resident) == ["model"], source
         assert namespace["model"] not in resident
 
 
@@ -38,7 +40,7 @@ def test_what_names_no_cpu_leaves_the_module_on_the_device():
     ):
         namespace, resident = _on_device(model=torch.nn.Linear(2, 2))
         namespace["where"] = "cuda"
-        assert forget_moves_to_host(source, namespace, resident) == [], source
+        assert follow_plain_cell_moves(source, namespace, resident) == [], source
         assert namespace["model"] in resident
 
 
@@ -46,13 +48,13 @@ def test_a_tensor_keeps_its_place_unless_its_name_is_rebound():
     x = torch.ones(3)
     vars(x)[ORIGIN_ATTR] = "cuda"  # as a worker sends a device tensor back
     namespace, resident = {"x": x}, ResidentObjects()
-    assert forget_moves_to_host("x.cpu()\nprint(x.cpu())", namespace, resident) == []
+    assert follow_plain_cell_moves("x.cpu()\nprint(x.cpu())", namespace, resident) == []
     assert on_accelerator(x)
     namespace["b"] = x  # another holder of the tensor: on a GPU it keeps it on the device
-    assert forget_moves_to_host("x = x.cpu()", namespace, resident) == ["x"]
+    assert follow_plain_cell_moves("x = x.cpu()", namespace, resident) == ["x"]
     assert not on_accelerator(namespace["x"]) and on_accelerator(namespace["b"])
     namespace["x"] = x
-    assert forget_moves_to_host("x = x.cpu().float()", namespace, resident) == ["x"]
+    assert follow_plain_cell_moves("x = x.cpu().float()", namespace, resident) == ["x"]
     assert namespace["x"] is not x and not on_accelerator(namespace["x"])
 
 
@@ -60,7 +62,7 @@ def test_a_tensor_bound_to_another_name_gives_that_name_a_cpu_copy():
     x = torch.ones(3, requires_grad=True)
     namespace, resident = _on_device(x=x)
     namespace["y"] = x  # what `y = x.cpu()` leaves in a kernel holding cuda's stand-in
-    assert forget_moves_to_host("y = x.cpu()", namespace, resident) == ["y"]
+    assert follow_plain_cell_moves("y = x.cpu()", namespace, resident) == ["y"]
     y = namespace["y"]
     assert y is not x and x in resident and not on_accelerator(y)
     assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
@@ -76,13 +78,13 @@ def test_an_object_that_moved_into_something_new_stays_on_the_device():
     batch = Batch()
     namespace, resident = _on_device(batch=batch)
     namespace["moved"] = batch.to("cpu")
-    assert forget_moves_to_host("moved = batch.to('cpu')", namespace, resident) == []
+    assert follow_plain_cell_moves("moved = batch.to('cpu')", namespace, resident) == []
     assert batch in resident
 
 
 def test_nothing_on_the_device_nothing_to_do():
     namespace, resident = {"model": torch.nn.Linear(2, 2)}, ResidentObjects()
-    assert forget_moves_to_host("model.cpu()", namespace, resident) == []
+    assert follow_plain_cell_moves("model.cpu()", namespace, resident) == []
 
 
 def test_a_move_back_to_the_device_or_code_that_only_defines_moves_nothing():
@@ -96,8 +98,122 @@ def test_a_move_back_to_the_device_or_code_that_only_defines_moves_nothing():
         "f = lambda: model.cpu()",
     ):
         namespace, resident = _on_device(model=torch.nn.Linear(2, 2), device=cuda_stand_in)
-        assert forget_moves_to_host(source, namespace, resident) == [], source
+        assert follow_plain_cell_moves(source, namespace, resident) == [], source
         assert namespace["model"] in resident
     namespace, resident = _on_device(model=torch.nn.Linear(2, 2))
     source = "model.to(device)\nif True:\n    model.cpu()"
-    assert forget_moves_to_host(source, namespace, resident) == ["model"]
+    assert follow_plain_cell_moves(source, namespace, resident) == ["model"]
+
+
+#: What a %%neuron cell leaves for torch.device("cuda"): the cpu stand-in, remembered as cuda.
+CUDA_STAND_IN = torch.device("cpu")
+
+
+def _after(source, **values):
+    """Run the plain cell ``source`` over ``values`` (the stand-in ``device`` is on the device)."""
+    resident = ResidentObjects()
+    namespace = {"torch": torch, "copy": copy, "device": CUDA_STAND_IN, **values}
+    resident.add(CUDA_STAND_IN)
+    for value in values.values():
+        if getattr(value, "on_device", False):
+            resident.add(value)
+    exec(source, namespace)
+    return follow_plain_cell_moves(source, namespace, resident), namespace, resident
+
+
+class _OnDevice(torch.nn.Linear):
+    on_device = True  # put in the resident set by _after, as a %%neuron cell would
+
+
+def test_a_module_moved_or_made_on_the_device_in_a_plain_cell_is_on_it():
+    for source, name in (
+        ("model.to(device)", "model"),
+        ("model = model.to(device)", "model"),
+        ("model.eval()\nmodel.to(device=device, dtype=torch.float32)", "model"),
+        ("fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
+        ("fresh = torch.nn.Linear(2, 2).to(device).eval()", "fresh"),
+        ("fresh = torch.nn.Linear(2, 2, device=device)", "fresh"),
+        ("fresh = torch.nn.Linear(2, 2, True, device)", "fresh"),  # given the device by name
+    ):
+        placed, namespace, resident = _after(source, model=torch.nn.Linear(2, 2))
+        assert placed == [name], source
+        assert namespace[name] in resident
+
+
+def test_a_deep_copy_of_what_is_on_the_device_is_on_it():
+    placed, namespace, resident = _after(
+        "ema = copy.deepcopy(model).eval()\nbest = copy.deepcopy(model.state_dict())",
+        model=_OnDevice(2, 2),
+    )
+    assert placed == ["ema", "best"]
+    assert namespace["ema"] in resident and namespace["best"] in resident
+    placed, namespace, resident = _after("ema = copy.deepcopy(model)", model=torch.nn.Linear(2, 2))
+    assert placed == [] and namespace["ema"] not in resident
+
+
+def test_a_tensor_made_on_the_device_is_on_it_and_a_moved_one_is_a_copy():
+    placed, namespace, resident = _after(
+        "x = torch.randn(3, device=device)\nw = torch.zeros(2, device='cpu')\nz = torch.ones(2)"
+    )
+    assert placed == ["x"] and namespace["x"] in resident
+    x = torch.ones(3, requires_grad=True)
+    placed, namespace, resident = _after("y = x.to(device)\nx.to(device)", x=x)
+    y = namespace["y"]
+    assert placed == ["y"] and y in resident and x not in resident
+    assert y is not x and torch.equal(y, x) and y.grad_fn is not None  # linked, as a GPU's copy
+    held = torch.ones(3)
+    placed, namespace, resident = _after("x = x.to(device)", x=held, data=[held])
+    assert placed == ["x"] and namespace["x"] is not held and held not in resident
+    assert namespace["data"][0] is held  # another holder keeps the CPU tensor, as on a GPU
+
+
+def test_containers_of_what_is_on_the_device_are_on_it():
+    batch = {"ids": torch.ones(2), "mask": torch.zeros(2)}
+    placed, namespace, resident = _after(
+        "batch = {k: v.to(device) for k, v in batch.items()}\n"
+        "a, b = a.to(device), b\n"
+        "pair = [torch.ones(1, device=device), 3]",
+        batch=batch,
+        a=torch.ones(1),
+        b=torch.ones(1),
+    )
+    assert placed == ["batch", "a", "pair"]
+    assert namespace["batch"] in resident and batch not in resident
+    assert namespace["batch"]["ids"] is not batch["ids"]  # a move's copies, as on a GPU
+    assert namespace["b"] not in resident
+
+
+def test_only_the_last_binding_and_the_top_level_count():
+    for source in (
+        "x = torch.randn(3, device=device)\nx = torch.ones(3)",
+        "x = torch.randn(3, device=device)\nfor x in [torch.ones(1)]:\n    pass",
+        "x = torch.randn(3, device=device)\nx = x.cpu()",
+        "def make():\n    return torch.nn.Linear(2, 2).to(device)",
+        "f = lambda: torch.randn(3, device=device)",
+        "fresh = torch.nn.ReLU().to(device)",  # nothing in it to put on the device
+        "d = torch.device('cpu')\nx = torch.randn(3, device=d)",
+        "d = torch.device('cpu')\nfresh = torch.nn.Linear(2, 2, True, d)",
+        "text = str(device)",
+    ):
+        placed, namespace, resident = _after(source)
+        assert placed == [], source
+        assert not any(
+            value in resident
+            for key, value in namespace.items()
+            if key not in ("device", "__builtins__")
+        ), source
+
+
+def test_a_notebook_object_made_for_the_device_holds_its_tensors_there():
+    source = (
+        "class Smoother:\n"
+        "    def __init__(self, device, model):\n"
+        "        self.avg = torch.zeros(2, device=device)\n"
+        "        self.model = model\n"
+        "smoother = Smoother(device, torch.nn.Linear(2, 2))"
+    )
+    placed, namespace, resident = _after(source, __name__="__main__")
+    smoother = namespace["smoother"]
+    assert placed == ["smoother"] and smoother in resident
+    assert on_accelerator(smoother.avg)  # moved by its mark; the module by the object
+    assert not any(on_accelerator(p) for p in smoother.model.parameters())

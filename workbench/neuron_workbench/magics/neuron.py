@@ -173,23 +173,23 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         self._start_dir = os.getcwd()
 
     def after_plain_cell(self, result: Any) -> None:
-        """After every cell (IPython's ``post_run_cell``): what a plain cell moved to the CPU.
+        """After every cell (IPython's ``post_run_cell``): what a plain cell moved, read from its source.
 
-        ``model.cpu()`` in a plain cell changes nothing in a kernel holding the cpu stand-in for
-        cuda; without this the next ``%%neuron`` cell put the model back on each run's device.
+        A plain cell runs on the cpu stand-in for cuda, where a move changes nothing: without this,
+        the next ``%%neuron`` cell put a model that ``model.cpu()`` moved back on each run's device,
+        and left one that ``nn.Linear(4, 2).to(device)`` or ``copy.deepcopy(model)`` made on the
+        CPU (see :mod:`neuron_workbench.run.host_moves`).
         """
         if not getattr(result, "success", False):
             return  # what ran before the error is unknown: everything stays where it was
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
-        if ".cpu(" not in raw and ".to(" not in raw:
-            return
         if raw.lstrip().startswith("%%"):
             return  # a cell magic's body is no top-level statement of the cell (a %%neuron cell)
-        from neuron_workbench.run.host_moves import forget_moves_to_host
+        from neuron_workbench.run.host_moves import follow_plain_cell_moves
 
         try:
             source = self.shell.transform_cell(raw)
-            forget_moves_to_host(source, self.shell.user_ns, self.session.resident)
+            follow_plain_cell_moves(source, self.shell.user_ns, self.session.resident)
         except Exception:  # noqa: BLE001 - a plain cell's aftermath must never fail the cell
             return
 
