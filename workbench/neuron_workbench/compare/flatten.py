@@ -29,7 +29,12 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.run.namespace import MODULE_INTERNALS, PLAIN_NAMESPACES, tensors_held
+from neuron_workbench.run.namespace import (
+    MODULE_INTERNALS,
+    PLAIN_NAMESPACES,
+    TENSOR_HOLDERS,
+    tensors_held,
+)
 from neuron_workbench.run.records import NotCompared
 
 __all__ = ["USER_MODULES", "iter_leaves"]
@@ -150,11 +155,6 @@ def _walk(
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
 
 
-#: What :func:`~neuron_workbench.run.namespace.tensors_held` looks into: a value of any other type (a
-#: setting, a config object) holds no tensor.
-_TENSOR_HOLDERS = (torch.Tensor, dict, list, tuple, collections.deque)
-
-
 def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """What :func:`~neuron_workbench.run.namespace.module_attributes` gives that can hold tensors.
 
@@ -164,7 +164,7 @@ def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
     return [
         (key, item)
         for key, item in vars(module).items()
-        if key not in MODULE_INTERNALS and isinstance(item, _TENSOR_HOLDERS)
+        if key not in MODULE_INTERNALS and isinstance(item, TENSOR_HOLDERS)
     ]
 
 

@@ -173,18 +173,24 @@ def module_attributes(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
     return ((k, v) for k, v in vars(module).items() if k not in MODULE_INTERNALS)
 
 
+#: What :func:`tensors_held` looks into (a tensor is itself): a value of any other type (a setting,
+#: a config object) holds no tensor for it.
+TENSOR_HOLDERS = (torch.Tensor, dict, list, tuple, collections.deque)
+_CONTAINERS = TENSOR_HOLDERS[2:]  # held items: list, tuple, deque (and a dict's values)
+
+
 def tensors_held(value: Any, depth: int = 3) -> Iterator[torch.Tensor]:
     """The tensors ``value`` is, or holds in lists, tuples, deques and dict values (a few deep).
 
     What a module's plain attribute holds as state: a KV cache ``self.kv``, ``self.past = [(k,
-    v)]``; not a setting (``self.width = 4``) nor a library object.
+    v)]``; not a setting (``self.width = 4``) nor a library object (see :data:`TENSOR_HOLDERS`).
     """
     if isinstance(value, torch.Tensor):
         yield value
     elif depth > 0:
         if isinstance(value, dict):
             value = value.values()
-        elif not isinstance(value, list | tuple | collections.deque):
+        elif not isinstance(value, _CONTAINERS):
             return
         for item in value:
             if type(item) not in _ATOMS:  # (a number holds none: no generator for it)
@@ -201,7 +207,7 @@ def holds_tensors(value: Any, depth: int = 3) -> bool:
         return False
     if isinstance(value, dict):
         value = value.values()
-    elif not isinstance(value, list | tuple | collections.deque):
+    elif not isinstance(value, _CONTAINERS):
         return False
     for item in value:
         if holds_tensors(item, depth - 1):
