@@ -3,6 +3,7 @@
 import argparse
 import collections
 import types
+import warnings
 
 import torch
 
@@ -139,3 +140,15 @@ def test_the_attributes_looked_into_are_every_attribute_that_holds_a_tensor():
         "pair",
         "queue",
     ]
+
+
+def test_a_parameter_that_is_no_leaf_any_more_is_read_without_a_warning():
+    # `layer.bias.add_(y)` with y requiring grad makes the parameter a non-leaf; reading its .grad
+    # made torch warn inside the user's cell
+    layer = torch.nn.Linear(2, 2)
+    layer.bias.requires_grad_(False)
+    layer.bias.add_(torch.ones(2, requires_grad=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        leaves = dict(iter_leaves({"layer": layer}))
+    assert list(leaves) == ["layer.weight", "layer.bias"]

@@ -1484,8 +1484,9 @@ def test_what_a_plain_cell_makes_on_the_notebooks_cuda_device_is_there(ip):
     # false ERROR): an EMA copy of the model, a module or tensor made there, a batch moved there.
     run_cell(
         ip,
-        "import copy\nimport torch\ntorch.manual_seed(0)\nclass Smoother:\n"
-        "    def __init__(self, device):\n        self.avg = torch.zeros(2, device=device)",
+        "import copy\nimport torch\ntorch.manual_seed(0)\nclass Smoother(torch.nn.Module):\n"
+        "    def __init__(self, device=None):\n        super().__init__()\n"
+        "        self.avg = torch.nn.Parameter(torch.zeros(2, device=device), requires_grad=False)",
     )
     run_cell(
         ip,
@@ -1495,12 +1496,12 @@ def test_what_a_plain_cell_makes_on_the_notebooks_cuda_device_is_there(ip):
         ip,
         "ema = copy.deepcopy(model).eval()\nfresh = torch.nn.Linear(4, 2).to(device)\n"
         "x = torch.randn(3, 4, device=device)\ncpu_x = torch.randn(3, 4)\n"
-        "batch = {'x': cpu_x.to(device)}\nsmoother = Smoother(device)",
+        "batch = {'x': cpu_x.to(device)}\nsmoother = Smoother(device=device)",
     )
     report = _passed(
         ip,
         "y = ema(x) + fresh(batch['x'])\nema.weight.data.mul_(0.9).add_(model.weight.data, "
-        "alpha=0.1)\nc = cpu_x + 1\nsmoother.avg.add_(y.mean(0))",
+        "alpha=0.1)\nc = cpu_x + 1\nsmoother.avg.add_(y.detach().mean(0))",
     )
     assert on_accelerator(report.target.bindings["y"])
     assert not on_accelerator(report.target.bindings["c"])  # the moved batch holds a copy

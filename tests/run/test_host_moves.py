@@ -133,14 +133,16 @@ def test_a_module_moved_or_made_on_the_device_in_a_plain_cell_is_on_it():
         ("fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
         ("fresh = torch.nn.Linear(2, 2).to(device).eval()", "fresh"),
         ("fresh = torch.nn.Linear(2, 2, device=device)", "fresh"),
-        ("fresh = torch.nn.Linear(2, 2, True, device)", "fresh"),  # given the device by name
+        ("from torch import nn\nfresh = nn.Linear(2, 2, device=device)", "fresh"),
+        ("with torch.no_grad():\n    fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
+        ("for _ in range(1):\n    fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
     ):
         placed, namespace, resident = _after(source, model=torch.nn.Linear(2, 2))
         assert placed == [name], source
         assert namespace[name] in resident
 
 
-def test_a_deep_copy_of_what_is_on_the_device_is_on_it():
+def test_a_deep_copy_of_what_is_on_the_device_is_on_it_when_it_is_copied():
     placed, namespace, resident = _after(
         "ema = copy.deepcopy(model).eval()\nbest = copy.deepcopy(model.state_dict())",
         model=_OnDevice(2, 2),
@@ -149,9 +151,19 @@ def test_a_deep_copy_of_what_is_on_the_device_is_on_it():
     assert namespace["ema"] in resident and namespace["best"] in resident
     placed, namespace, resident = _after("ema = copy.deepcopy(model)", model=torch.nn.Linear(2, 2))
     assert placed == [] and namespace["ema"] not in resident
+    # in the cell's order: a copy of what it moved there, not of what it moved off
+    placed, namespace, resident = _after(
+        "model.to(device)\nema = copy.deepcopy(model)", model=torch.nn.Linear(2, 2)
+    )
+    assert placed == ["model", "ema"]
+    placed, namespace, resident = _after(
+        "model.cpu()\nsnap = copy.deepcopy(model)", model=_OnDevice(2, 2)
+    )
+    assert placed == ["model"]  # moved off the device; the copy of it with it
+    assert namespace["snap"] not in resident and namespace["model"] not in resident
 
 
-def test_a_tensor_made_on_the_device_is_on_it_and_a_moved_one_is_a_copy():
+def test_a_tensor_made_on_the_device_is_on_it_and_a_moved_one_shared_is_a_copy():
     placed, namespace, resident = _after(
         "x = torch.randn(3, device=device)\nw = torch.zeros(2, device='cpu')\nz = torch.ones(2)"
     )
@@ -161,10 +173,16 @@ def test_a_tensor_made_on_the_device_is_on_it_and_a_moved_one_is_a_copy():
     y = namespace["y"]
     assert placed == ["y"] and y in resident and x not in resident
     assert y is not x and torch.equal(y, x) and y.grad_fn is not None  # linked, as a GPU's copy
-    held = torch.ones(3)
-    placed, namespace, resident = _after("x = x.to(device)", x=held, data=[held])
-    assert placed == ["x"] and namespace["x"] is not held and held not in resident
-    assert namespace["data"][0] is held  # another holder keeps the CPU tensor, as on a GPU
+    placed, namespace, resident = _after("a = b = x.to(device)", x=torch.ones(3))
+    assert namespace["a"] is namespace["b"] is not namespace["x"]
+    # held by nothing else, or only by what the cell made of it: the tensor itself, as it was
+    placed, namespace, resident = _after(
+        "w = torch.zeros(4).to(device).requires_grad_()\nscale = torch.ones(2).to(device)\n"
+        "holder = torch.nn.Module()\nholder.scale = scale"
+    )
+    assert placed == ["w", "scale"] and namespace["w"].is_leaf
+    assert namespace["holder"].scale is namespace["scale"]
+    torch.optim.SGD([namespace["w"]], lr=0.1)  # a leaf still
 
 
 def test_containers_of_what_is_on_the_device_are_on_it():
@@ -172,30 +190,35 @@ def test_containers_of_what_is_on_the_device_are_on_it():
     placed, namespace, resident = _after(
         "batch = {k: v.to(device) for k, v in batch.items()}\n"
         "a, b = a.to(device), b\n"
-        "pair = [torch.ones(1, device=device), 3]",
+        "pair = [torch.ones(1, device=device), 3]\n"
+        "mixed = [a.to(device), b]",
         batch=batch,
         a=torch.ones(1),
         b=torch.ones(1),
     )
     assert placed == ["batch", "a", "pair"]
     assert namespace["batch"] in resident and batch not in resident
-    assert namespace["batch"]["ids"] is not batch["ids"]  # a move's copies, as on a GPU
-    assert namespace["b"] not in resident
+    assert namespace["b"] not in resident and namespace["mixed"] not in resident
+    assert namespace["batch"]["ids"] is batch["ids"]  # held by no other name: as it was
+    placed, namespace, resident = _after("moved = {'x': x.to(device)}", x=torch.ones(2))
+    assert placed == ["moved"] and namespace["moved"]["x"] is not namespace["x"]
 
 
-def test_only_the_last_binding_and_the_top_level_count():
+def test_only_the_last_binding_and_code_that_ran_count():
     for source in (
         "x = torch.randn(3, device=device)\nx = torch.ones(3)",
         "x = torch.randn(3, device=device)\nfor x in [torch.ones(1)]:\n    pass",
         "x = torch.randn(3, device=device)\nx = x.cpu()",
+        "fresh = torch.nn.Linear(2, 2).to(device)\nfresh.cpu()",
+        "if False:\n    x = torch.randn(3, device=device)",
+        "if False:\n    model.to(device)",
+        "try:\n    x = torch.randn(3, device=device)\nexcept RuntimeError:\n    pass",
         "def make():\n    return torch.nn.Linear(2, 2).to(device)",
         "f = lambda: torch.randn(3, device=device)",
         "fresh = torch.nn.ReLU().to(device)",  # nothing in it to put on the device
         "d = torch.device('cpu')\nx = torch.randn(3, device=d)",
-        "d = torch.device('cpu')\nfresh = torch.nn.Linear(2, 2, True, d)",
-        "text = str(device)",
     ):
-        placed, namespace, resident = _after(source)
+        placed, namespace, resident = _after(source, x=torch.zeros(1), model=torch.nn.Linear(2, 2))
         assert placed == [], source
         assert not any(
             value in resident
@@ -204,16 +227,23 @@ def test_only_the_last_binding_and_the_top_level_count():
         ), source
 
 
-def test_a_notebook_object_made_for_the_device_holds_its_tensors_there():
+def test_what_keeps_a_tensor_where_the_cell_put_it():
+    for source in (
+        "z = torch.randn(3, device=device)\nz += 1",
+        "z = torch.randn(3, device=device)\nn = [z for z in range(2)]",
+        "(z := torch.randn(3, device=device))",
+    ):
+        placed, namespace, resident = _after(source)
+        assert placed == ["z"], source
+        assert namespace["z"] in resident
+
+
+def test_what_a_notebook_function_makes_is_not_guessed():
     source = (
-        "class Smoother:\n"
-        "    def __init__(self, device, model):\n"
-        "        self.avg = torch.zeros(2, device=device)\n"
-        "        self.model = model\n"
-        "smoother = Smoother(device, torch.nn.Linear(2, 2))"
+        "def evaluate(model, device):\n"
+        "    return model(torch.ones(1, 2, device=device)).argmax(1).cpu()\n"
+        "preds = evaluate(model, device)\n"
+        "preds2 = evaluate(model, device=device)"
     )
-    placed, namespace, resident = _after(source, __name__="__main__")
-    smoother = namespace["smoother"]
-    assert placed == ["smoother"] and smoother in resident
-    assert on_accelerator(smoother.avg)  # moved by its mark; the module by the object
-    assert not any(on_accelerator(p) for p in smoother.model.parameters())
+    placed, namespace, resident = _after(source, model=_OnDevice(2, 2))
+    assert placed == [] and namespace["preds"] not in resident

@@ -96,8 +96,10 @@ def _walk(
         for name, param in parameters:
             named.add(id(param))
             leaves.append((f"{path}.{name}", param))
-            if param.grad is not None:
-                leaves.append((f"{path}.{name}.grad", param.grad))
+            # (a parameter changed in place by a tensor that requires grad is no leaf: no .grad)
+            grad = param.grad if param.is_leaf else None
+            if grad is not None:
+                leaves.append((f"{path}.{name}.grad", grad))
         for name, buffer in buffers:
             named.add(id(buffer))
             leaves.append((f"{path}.{name}", buffer))

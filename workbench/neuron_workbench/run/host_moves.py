@@ -17,31 +17,35 @@ The plain cell's source says it instead. After a plain cell, for each name it mo
   gave the same object back. The name gets a CPU copy of it, as on a GPU.
 
 And for each name it puts on the device (``device`` being one a ``%%neuron`` cell made for cuda,
-which the notebook holds as the stand-in):
+which the notebook holds as the stand-in), in code that runs unconditionally (the top level, loops
+and ``with`` blocks, not ``if``, ``while`` or ``try`` bodies, which may not have run):
 
 - a module moved there in place (``model.to(device)``);
 - a name bound to what a move there gives (``fresh = nn.Linear(4, 2).to(device)``,
-  ``x = x.to(device)``), to what a call given ``device=`` makes (``x = torch.randn(3,
-  device=device)``, ``trainer = Trainer(model, device)``: given the device, by keyword or as a
-  name), or to a deep copy of something on the device (``ema = copy.deepcopy(model)``);
-  a container built of such values (``batch = {k: v.to(device) for k, v in batch.items()}``,
-  ``x, y = x.to(device), y.to(device)``) is on the device too. A tensor the move gave back as it
-  was, which another name also holds, is replaced by a copy under the bound name, as a GPU's move
-  copies: the other names keep the CPU one.
+  ``x = x.to(device)``, ``x, y = x.to(device), y.to(device)``), to what PyTorch makes when given
+  the device (``torch.randn(3, device=device)``, ``nn.Linear(4, 2, device=device)``,
+  ``torch.load(f, map_location=device)``; not a function of the notebook's, which may return
+  anything), to a deep copy of something on the device (``ema = copy.deepcopy(model)``), or to a
+  list, tuple or dict built of such values (``batch = {k: v.to(device) for k, v in
+  batch.items()}``).
+- A tensor a move gave back as it was that another name also holds (``y = x.to(device)``,
+  ``batch = {"x": x.to(device)}``) is replaced by a copy under the new name, as a GPU's move
+  copies: the other name keeps the CPU one.
 
-Statements run at the cell's top level count (branches and loops included), in order: a later move
-back to the device (``model.to(device)`` with the device a ``%%neuron`` cell made for cuda,
-``.cuda()``) undoes an earlier move to the CPU, and a later binding of a name replaces what an
-earlier one put on the device. Function and class bodies the cell only defines do not. ``x.cpu()``
-and ``x.to(device)`` alone leave a tensor where it is, as on a GPU. Moves the source does not show
-by name (a loop over a list of models, ``trainer.model.cpu()``) are not seen, and a reference to the
-tensor taken in the same cell (``d = {"y": y}``) keeps the object the call returned.
+Statements count in order: a later move back to the device (``model.to(device)``, ``.cuda()``)
+undoes an earlier move to the CPU and the other way round, and a later binding of a name replaces
+what an earlier one put on the device. Function and class bodies the cell only defines, and the
+loop variables of comprehensions, do not count. ``x.cpu()`` and ``x.to(device)`` alone leave a
+tensor where it is, as on a GPU. Moves the source does not show by name (a loop over a list of
+models, ``trainer.model.cpu()``, a function that moves what it is given) are not seen, and a
+reference to the tensor taken in the same cell (``d = {"y": y}``) keeps the object the call
+returned.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
+import types
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -50,11 +54,10 @@ import torch
 from neuron_workbench.run.namespace import (
     ORIGIN_ATTR,
     ResidentObjects,
-    attributes_are_state,
     tensors_in,
 )
 
-#: Text a cell must contain to move anything this module follows (or a device's name).
+#: Text a cell must contain to move anything this module follows.
 _MOVE_WORDS = (".cpu(", ".to(", ".cuda(", "device=", "map_location=", "deepcopy(")
 
 
@@ -75,13 +78,9 @@ def follow_plain_cell_moves(
     Returns
     -------
     list of str
-        The names moved to the CPU, then those put on the device, each in source order.
+        The names moved to the CPU, then those put on the device.
     """
-    if not any(word in source for word in _MOVE_WORDS) and not any(
-        name in source
-        for name, value in namespace.items()
-        if type(value) is torch.device and value in resident  # Trainer(model, dev)
-    ):
+    if not any(word in source for word in _MOVE_WORDS):
         return []
     try:
         tree = ast.parse(source)
@@ -125,36 +124,65 @@ def _remember_moves_to_device(
     finder: _Moves, namespace: MutableMapping[str, Any], resident: ResidentObjects
 ) -> list[str]:
     placed = []
-    # `model.to(device)`: a module moves in place; then the names bound to what is on the device
-    receivers = [
-        receiver
-        for receiver, (where, target) in finder.last.items()
-        if where == "device" and target is None and receiver not in finder.placed
-    ]
-    for name in receivers + list(finder.placed):
+    # `model.to(device)` alone: a module moves in place (a tensor's move gives a copy)
+    for receiver in finder.moved_there:
+        value = namespace.get(receiver)
+        if (
+            isinstance(value, torch.nn.Module)
+            and not resident.on_device(value)
+            and next(iter(tensors_in(value)), None) is not None
+        ):
+            resident.add(value)
+            placed.append(receiver)
+    copies: dict[int, Any] = {}  # one copy for the names one assignment bound (a = b = ...)
+    for name, (how, assignment) in finder.placed.items():
         if name not in namespace:
             continue
         value = namespace[name]
-        how = finder.placed.get(name)
-        if how is None and not isinstance(value, torch.nn.Module):
-            continue  # `x.to(device)` alone gives a copy on a GPU: x stays where it is
         if resident.on_device(value) or next(iter(tensors_in(value)), None) is None:
             continue  # already there, or nothing to put there (a device, a module with no state)
         if how == "moved":
-            # the stand-in's move gave the tensors back as they were; on a GPU they are copies
-            value = namespace[name] = _device_copies(value)
+            if assignment not in copies:
+                together = {n for n, (_, a) in finder.placed.items() if a == assignment}
+                others = {
+                    id(other)
+                    for key, other in namespace.items()
+                    if key not in together and isinstance(other, torch.Tensor)
+                }
+                copies[assignment] = _shared_tensors_copied(value, others)
+            value = namespace[name] = copies[assignment]
         resident.add(value)
-        _mark_attribute_tensors(value)
         placed.append(name)
     return placed
 
 
-class _Moves(ast.NodeVisitor):
-    """What the cell's top level moves.
+def _shared_tensors_copied(value: Any, shared: set[int]) -> Any:
+    """``value`` with each tensor another name holds (ids in ``shared``) copied, one level deep.
 
-    ``last``: the last move of each name, ``{name: ("cpu"|"device", bound)}``; ``bound``: the names
-    each name's moves to the CPU bound (``y = x.cpu()``); ``placed``: the names whose last binding
-    put its value on the device, in source order, and how (see :meth:`_placement`).
+    On the stand-in a move gave the tensor back as it was; on a GPU it gives a device copy, linked
+    to it by autograd, and the other names keep the CPU one. A tuple is rebuilt; a list or dict
+    (which the cell's expression built) is changed in place.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.clone() if id(value) in shared else value
+    if type(value) is tuple:
+        return tuple(_shared_tensors_copied(item, shared) for item in value)
+    if type(value) in (list, dict):
+        for key in range(len(value)) if type(value) is list else list(value):
+            item = value[key]
+            if isinstance(item, torch.Tensor) and id(item) in shared:
+                value[key] = item.clone()
+    return value
+
+
+class _Moves(ast.NodeVisitor):
+    """What the cell moves, statement by statement.
+
+    ``last``: the last move of each name as a receiver, ``{name: ("cpu"|"device", bound)}``;
+    ``bound``: the names each name's moves to the CPU bound (``y = x.cpu()``); ``placed``: the
+    names whose last binding put its value on the device, ``{name: (how, assignment)}`` (see
+    :meth:`_placement`; the assignment's id groups ``a = b = x.to(device)``); ``moved_there``:
+    the names moved to the device in place (``model.to(device)``).
     """
 
     def __init__(self, namespace: MutableMapping[str, Any], resident: ResidentObjects) -> None:
@@ -162,56 +190,92 @@ class _Moves(ast.NodeVisitor):
         self.resident = resident
         self.last: dict[str, tuple[str, str | None]] = {}
         self.bound: dict[str, list[str]] = {}
-        self.placed: dict[str, str] = {}
+        self.placed: dict[str, tuple[str, int]] = {}
+        #: the modules the cell moved to the device in place, in code that surely ran
+        self.moved_there: dict[str, None] = {}
+        #: where each name's value is as the cell has run so far ("cpu", "device")
+        self.where_now: dict[str, str] = {}
         self._bound: dict[int, str] = {}  # an assigned call: the name it binds
         self._inner: set[int] = set()  # calls inside a chain already read with its outer call
+        self._conditional = 0  # inside an if, while or try: the code may not have run
 
     def visit_FunctionDef(self, node: ast.AST) -> None:  # noqa: N802 - ast.NodeVisitor's names
         return None  # only defined here: it may never run
 
     visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef  # noqa: N815
 
+    def _visit_conditionally(self, node: ast.AST) -> None:
+        self._conditional += 1
+        try:
+            self.generic_visit(node)
+        finally:
+            self._conditional -= 1
+
+    visit_If = visit_While = visit_Try = visit_TryStar = visit_Match = _visit_conditionally  # noqa: N815
+
+    def _visit_comprehension(self, node: ast.AST) -> None:
+        # its loop variables are its own; only the first iterable is the cell's
+        self.visit(node.generators[0].iter)  # type: ignore[attr-defined]
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension  # noqa: N815
+
     def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             self._bound[id(node.value)] = node.targets[0].id
         self.generic_visit(node)  # first: binding a name forgets where its old value was
         for target in node.targets:
-            self._bind(target, node.value)
+            self._bind(target, node.value, id(node))
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # noqa: N802
         self.generic_visit(node)
         if node.value is not None:
-            self._bind(node.target, node.value)
+            self._bind(node.target, node.value, id(node))
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:  # noqa: N802
+        self.generic_visit(node)
+        self._bind(node.target, node.value, id(node))
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:  # noqa: N802
+        self.visit(node.value)  # `x += 1` changes a tensor in place: still where it was
 
     def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
         if isinstance(node.ctx, ast.Store | ast.Del):  # bound again (a loop, `with`, `del`)
             self.placed.pop(node.id, None)
+            self.moved_there.pop(node.id, None)
+            self.where_now.pop(node.id, None)
 
-    def _bind(self, target: ast.expr, value: ast.expr) -> None:
+    def _bind(self, target: ast.expr, value: ast.expr, assignment: int) -> None:
         """Note whether ``target = value`` puts what each name is bound to on the device."""
         if isinstance(target, ast.Name):
-            placement = self._placement(value)
-            if placement is not None:
-                self.placed[target.id] = placement
+            how = self._placement(value)
+            if how is not None and not self._conditional:
+                self.placed[target.id] = (how, assignment)
+                self.where_now[target.id] = "device"
         elif isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List):
             if len(value.elts) == len(target.elts):  # x, y = x.to(device), y.to(device)
                 for item, item_value in zip(target.elts, value.elts, strict=True):
-                    self._bind(item, item_value)
+                    self._bind(item, item_value, id(item_value))
 
     def _placement(self, node: ast.expr) -> str | None:
         """Whether the expression ``node``'s value is on the device (as the cell means it), and how.
 
-        ``"moved"``: a move there gave it (on the stand-in, its tensors are the ones it was given);
-        ``"made"``: made there (a factory given the device, a deep copy); None: not on the device.
+        ``"moved"``: a move there gave it (on the stand-in, the tensor it was given); ``"made"``:
+        made there (PyTorch given the device, a deep copy); None: not known to be there.
         """
         if isinstance(node, ast.ListComp | ast.SetComp):
             return self._placement(node.elt)
         if isinstance(node, ast.DictComp):
             return self._placement(node.value)
         if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
+            # every item there (a constant holds no tensor): [x.to(device), 3], not [x.to(device), y]
             items = node.values if isinstance(node, ast.Dict) else node.elts
-            kinds = {self._placement(item) for item in items}
-            return "moved" if "moved" in kinds else "made" if "made" in kinds else None
+            kinds = [None if isinstance(i, ast.Constant) else self._placement(i) for i in items]
+            placed = [
+                k for i, k in zip(items, kinds, strict=True) if not isinstance(i, ast.Constant)
+            ]
+            if not placed or None in placed:
+                return None
+            return "moved" if "moved" in placed else "made"
         calls = []  # the calls of a chain, outermost first: torch.randn(3, device=d).float()
         link: ast.expr = node
         while isinstance(link, ast.Call | ast.Attribute | ast.Subscript):
@@ -221,8 +285,8 @@ class _Moves(ast.NodeVisitor):
         for call in calls:  # the outermost call that says where wins
             placement = self._made_on(call)
             if placement is not None:
-                where, kind = placement
-                return kind if where == "device" else None
+                where, how = placement
+                return how if where == "device" else None
         return None
 
     def _made_on(self, call: ast.Call) -> tuple[str, str] | None:
@@ -236,19 +300,37 @@ class _Moves(ast.NodeVisitor):
             root = call.args[0]
             while isinstance(root, ast.Call | ast.Attribute | ast.Subscript):
                 root = root.func if isinstance(root, ast.Call) else root.value
-            if isinstance(root, ast.Name) and root.id in self.namespace:
-                if self.resident.on_device(self.namespace[root.id]):
-                    return "device", "made"
-            return None
+            if not isinstance(root, ast.Name):
+                return None
+            where = self.where_now.get(root.id)
+            if where is None and root.id in self.namespace:
+                on_device = self.resident.on_device(self.namespace[root.id])
+                where = "device" if on_device else None
+            return ("device", "made") if where == "device" else None
+        if not self._pytorchs(func):
+            return None  # a function of the notebook's given the device may return anything
         for keyword in call.keywords:  # torch.zeros(3, device=d), torch.load(f, map_location=d)
             if keyword.arg in ("device", "map_location"):
                 where = _device_named(_device_of(keyword.value, self.namespace), self.resident)
                 return None if where is None else (where, "made")
-        for argument in call.args:  # Trainer(model, device): made for the device it was given
-            if isinstance(argument, ast.Name):
-                value = self.namespace.get(argument.id)
-                if type(value) is torch.device and value in self.resident:
-                    return "device", "made"
+        return None
+
+    def _pytorchs(self, func: ast.expr) -> bool:
+        """Whether ``func`` names PyTorch's own function or a module class (``nn.Linear``)."""
+        value = self._resolved(func)
+        if isinstance(value, type):
+            return issubclass(value, torch.nn.Module)
+        module = getattr(value, "__module__", None)
+        return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+
+    def _resolved(self, node: ast.expr) -> Any:
+        """What the name or module attribute ``node`` is in the notebook (None: not looked up)."""
+        if isinstance(node, ast.Name):
+            return self.namespace.get(node.id)
+        if isinstance(node, ast.Attribute):
+            owner = self._resolved(node.value)
+            if isinstance(owner, types.ModuleType):  # only modules: no property runs
+                return getattr(owner, node.attr, None)
         return None
 
     def visit_Call(self, node: ast.Call) -> None:  # noqa: N802
@@ -268,6 +350,15 @@ class _Moves(ast.NodeVisitor):
                     self.last[link.id] = (where, target)
                     if where == "cpu" and target is not None:
                         self.bound.setdefault(link.id, []).append(target)
+                    if target is None or target == link.id:
+                        # moved in place (a module; a tensor's move gives a copy, as on a GPU)
+                        if isinstance(self.namespace.get(link.id), torch.nn.Module):
+                            self.where_now[link.id] = where
+                        if where == "cpu":
+                            self.placed.pop(link.id, None)
+                            self.moved_there.pop(link.id, None)
+                        elif target is None and not self._conditional:
+                            self.moved_there[link.id] = None
         self.generic_visit(node)
 
     def _where(self, method: str, call: ast.Call) -> str | None:
@@ -283,43 +374,6 @@ class _Moves(ast.NodeVisitor):
             if where is not None:
                 return where
         return None
-
-
-def _mark_attribute_tensors(value: Any, depth: int = 0) -> None:
-    """Mark the tensors a notebook object (``Trainer(model, device)``) holds as on the device.
-
-    The next run moves what such an object holds by the object (modules, containers), except its
-    own tensors, which move by their marks (a counter a class keeps on the host stays there); one
-    made for the device is taken to have made them there.
-    """
-    if depth > 8 or not attributes_are_state(value):
-        return
-    for item in list(getattr(value, "__dict__", {}).values()):
-        if isinstance(item, torch.Tensor):
-            with contextlib.suppress(AttributeError, TypeError):
-                vars(item)[ORIGIN_ATTR] = "cuda"
-        elif item is not value:
-            _mark_attribute_tensors(item, depth + 1)
-
-
-def _device_copies(value: Any) -> Any:
-    """``value`` with the tensors in it (one level deep) copied, as a move to a GPU copies them.
-
-    A module moves in place and keeps its tensors; a tuple is rebuilt, a list or dict changed in
-    place (the cell's expression built it). The copies stay linked to their sources by autograd.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, torch.nn.Module):
-        return value
-    if type(value) is tuple:
-        return tuple(item.clone() if isinstance(item, torch.Tensor) else item for item in value)
-    if isinstance(value, list | dict):
-        keys = range(len(value)) if isinstance(value, list) else list(value)
-        for key in keys:
-            if isinstance(value[key], torch.Tensor):
-                value[key] = value[key].clone()
-    return value
 
 
 def _device_of(node: ast.expr, namespace: MutableMapping[str, Any]) -> Any:
