@@ -117,6 +117,8 @@ def _after(source, **values):
     for value in values.values():
         if getattr(value, "on_device", False):
             resident.add(value)
+    values.clear()  # the namespace holds them, as a notebook's does: nothing else
+    value = None
     exec(source, namespace)
     return follow_plain_cell_moves(source, namespace, resident), namespace, resident
 
@@ -135,7 +137,6 @@ def test_a_module_moved_or_made_on_the_device_in_a_plain_cell_is_on_it():
         ("fresh = torch.nn.Linear(2, 2, device=device)", "fresh"),
         ("from torch import nn\nfresh = nn.Linear(2, 2, device=device)", "fresh"),
         ("with torch.no_grad():\n    fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
-        ("for _ in range(1):\n    fresh = torch.nn.Linear(2, 2).to(device)", "fresh"),
     ):
         placed, namespace, resident = _after(source, model=torch.nn.Linear(2, 2))
         assert placed == [name], source
@@ -168,40 +169,46 @@ def test_a_tensor_made_on_the_device_is_on_it_and_a_moved_one_shared_is_a_copy()
         "x = torch.randn(3, device=device)\nw = torch.zeros(2, device='cpu')\nz = torch.ones(2)"
     )
     assert placed == ["x"] and namespace["x"] in resident
-    x = torch.ones(3, requires_grad=True)
-    placed, namespace, resident = _after("y = x.to(device)\nx.to(device)", x=x)
-    y = namespace["y"]
-    assert placed == ["y"] and y in resident and x not in resident
-    assert y is not x and torch.equal(y, x) and y.grad_fn is not None  # linked, as a GPU's copy
-    placed, namespace, resident = _after("a = b = x.to(device)", x=torch.ones(3))
-    assert namespace["a"] is namespace["b"] is not namespace["x"]
-    # held by nothing else, or only by what the cell made of it: the tensor itself, as it was
+    # what PyTorch has just made and moved there is new: on the device whoever holds it
     placed, namespace, resident = _after(
-        "w = torch.zeros(4).to(device).requires_grad_()\nscale = torch.ones(2).to(device)\n"
+        "w = torch.zeros(4).float().to(device).requires_grad_()\n"
+        "opt = torch.optim.SGD([w], lr=0.1)\nscale = torch.ones(2).to(device)\n"
         "holder = torch.nn.Module()\nholder.scale = scale"
     )
-    assert placed == ["w", "scale"] and namespace["w"].is_leaf
+    assert placed == ["w", "scale"] and namespace["w"] in resident and namespace["w"].is_leaf
     assert namespace["holder"].scale is namespace["scale"]
-    torch.optim.SGD([namespace["w"]], lr=0.1)  # a leaf still
+    # a tensor the notebook already had: on a GPU a copy for the new name, which the stand-in's
+    # move did not give; the name holding nothing else is on the device, else it stays as it was
+    placed, namespace, resident = _after(
+        "x = x.to(device)\na = b = c.to(device)", x=torch.ones(3), c=torch.ones(1)
+    )
+    assert placed == ["x"] and namespace["x"] in resident and namespace["a"] not in resident
+    for source in (
+        "y = x.to(device)",
+        "x = x.to(device)\nkeep = [x]",
+        "data = [x]\nx = x.to(device)",  # a dataset holds it
+        "_ = x\nx = x.to(device)",  # IPython's output history, after a cell that showed x
+    ):
+        placed, namespace, resident = _after(source, x=torch.ones(3))
+        assert placed == [], source
+        assert not any(v in resident for k, v in namespace.items() if k != "device"), source
 
 
 def test_containers_of_what_is_on_the_device_are_on_it():
-    batch = {"ids": torch.ones(2), "mask": torch.zeros(2)}
     placed, namespace, resident = _after(
         "batch = {k: v.to(device) for k, v in batch.items()}\n"
         "a, b = a.to(device), b\n"
         "pair = [torch.ones(1, device=device), 3]\n"
-        "mixed = [a.to(device), b]",
-        batch=batch,
+        "mixed = [torch.ones(1).to(device), b]",
+        batch={"ids": torch.ones(2), "mask": torch.zeros(2)},
         a=torch.ones(1),
         b=torch.ones(1),
     )
-    assert placed == ["batch", "a", "pair"]
-    assert namespace["batch"] in resident and batch not in resident
+    assert placed == ["batch", "a", "pair"] and namespace["batch"] in resident
     assert namespace["b"] not in resident and namespace["mixed"] not in resident
-    assert namespace["batch"]["ids"] is batch["ids"]  # held by no other name: as it was
+    # a container of tensors another name holds: not for this name only (see above)
     placed, namespace, resident = _after("moved = {'x': x.to(device)}", x=torch.ones(2))
-    assert placed == ["moved"] and namespace["moved"]["x"] is not namespace["x"]
+    assert placed == [] and namespace["moved"] not in resident
 
 
 def test_only_the_last_binding_and_code_that_ran_count():
@@ -212,6 +219,10 @@ def test_only_the_last_binding_and_code_that_ran_count():
         "fresh = torch.nn.Linear(2, 2).to(device)\nfresh.cpu()",
         "if False:\n    x = torch.randn(3, device=device)",
         "if False:\n    model.to(device)",
+        "for _ in []:\n    x = torch.randn(3, device=device)",
+        "flag = False\nflag and (x := torch.randn(3, device=device))",
+        "x = torch.randn(3, device=device) if False else x",
+        "if False:\n    model.to(device)\nema = copy.deepcopy(model)",
         "try:\n    x = torch.randn(3, device=device)\nexcept RuntimeError:\n    pass",
         "def make():\n    return torch.nn.Linear(2, 2).to(device)",
         "f = lambda: torch.randn(3, device=device)",
@@ -247,3 +258,39 @@ def test_what_a_notebook_function_makes_is_not_guessed():
     )
     placed, namespace, resident = _after(source, model=_OnDevice(2, 2))
     assert placed == [] and namespace["preds"] not in resident
+
+
+def test_moves_inside_comprehensions_and_under_other_names_count():
+    # the cell's model moved off in a comprehension's element (its loop variable is its own)
+    placed, namespace, resident = _after(
+        "outs = [model.cpu()(torch.ones(1, 2)) for _ in range(2)]", model=_OnDevice(2, 2)
+    )
+    assert placed == ["model"] and namespace["model"] not in resident
+    placed, namespace, resident = _after("n = [x.cpu() for x in range(0)]", x=_OnDevice(2, 2))
+    assert placed == [] and namespace["x"] in resident
+    # a module moves in place whatever name its move is bound to
+    placed, namespace, resident = _after(
+        "snap = model.cpu()\nema = copy.deepcopy(model)", model=_OnDevice(2, 2)
+    )
+    assert placed == ["model"] and namespace["ema"] not in resident
+    placed, namespace, resident = _after(
+        "w2 = model.to(device).weight", model=torch.nn.Linear(2, 2)
+    )
+    assert placed == ["model"] and namespace["w2"] is namespace["model"].weight
+
+
+def test_a_pytorch_call_that_may_give_its_input_back_moves_it():
+    for source in (
+        "y = torch.as_tensor(x, device=device)",
+        "y = torch.as_tensor(x).to(device)",
+        "y = torch.relu_(x).to(device)",
+    ):
+        placed, namespace, resident = _after(source, x=torch.ones(3))
+        assert placed == [] and namespace["x"] not in resident, source
+    placed, namespace, resident = _after("x = torch.as_tensor(x, device=device)", x=torch.ones(3))
+    assert placed == ["x"]  # nothing else holds it
+
+
+def test_an_augmented_assignment_of_what_is_no_tensor_binds_it_again():
+    placed, namespace, resident = _after("t = (torch.zeros(2).to(device),)\nt += (torch.ones(1),)")
+    assert placed == [] and namespace["t"] not in resident

@@ -17,34 +17,39 @@ The plain cell's source says it instead. After a plain cell, for each name it mo
   gave the same object back. The name gets a CPU copy of it, as on a GPU.
 
 And for each name it puts on the device (``device`` being one a ``%%neuron`` cell made for cuda,
-which the notebook holds as the stand-in), in code that runs unconditionally (the top level, loops
-and ``with`` blocks, not ``if``, ``while`` or ``try`` bodies, which may not have run):
+which the notebook holds as the stand-in), in code that surely ran (the top level and ``with``
+blocks; not an ``if``, ``while``, ``try`` or loop body, nor what ``a or b`` and ``x if c else y``
+may skip):
 
-- a module moved there in place (``model.to(device)``);
-- a name bound to what a move there gives (``fresh = nn.Linear(4, 2).to(device)``,
-  ``x = x.to(device)``, ``x, y = x.to(device), y.to(device)``), to what PyTorch makes when given
-  the device (``torch.randn(3, device=device)``, ``nn.Linear(4, 2, device=device)``,
-  ``torch.load(f, map_location=device)``; not a function of the notebook's, which may return
-  anything), to a deep copy of something on the device (``ema = copy.deepcopy(model)``), or to a
-  list, tuple or dict built of such values (``batch = {k: v.to(device) for k, v in
-  batch.items()}``).
-- A tensor a move gave back as it was that another name also holds (``y = x.to(device)``,
-  ``batch = {"x": x.to(device)}``) is replaced by a copy under the new name, as a GPU's move
-  copies: the other name keeps the CPU one.
+- a module moved there (``model.to(device)``, ``fresh = nn.Linear(4, 2).to(device)``): a module
+  moves in place, whatever name the call's value is bound to;
+- what PyTorch makes given the device (``torch.randn(3, device=device)``, ``nn.Linear(4, 2,
+  device=device)``, ``torch.load(f, map_location=device)``) or has just made and moves there
+  (``torch.zeros(3).to(device)``); not what a function of the notebook's makes, which may be
+  anything;
+- a deep copy of something on the device (``ema = copy.deepcopy(model)``);
+- a tensor the notebook had, moved there (``x = x.to(device)``), or a list, tuple or dict of such
+  tensors (``batch = {k: v.to(device) for k, v in batch.items()}``), when nothing but the new name
+  holds it. On a GPU the move gives the name a device copy and every other holder (another name, a
+  dataset, IPython's output history of a cell that showed it) keeps the CPU tensor; the stand-in's
+  move gave the tensor back, which cannot be on the device for one holder only, so
+  ``y = x.to(device)`` leaves ``y`` where ``x`` is. So does a PyTorch call that may give its input
+  back (``torch.as_tensor(x, device=device)``).
 
-Statements count in order: a later move back to the device (``model.to(device)``, ``.cuda()``)
-undoes an earlier move to the CPU and the other way round, and a later binding of a name replaces
-what an earlier one put on the device. Function and class bodies the cell only defines, and the
-loop variables of comprehensions, do not count. ``x.cpu()`` and ``x.to(device)`` alone leave a
-tensor where it is, as on a GPU. Moves the source does not show by name (a loop over a list of
-models, ``trainer.model.cpu()``, a function that moves what it is given) are not seen, and a
-reference to the tensor taken in the same cell (``d = {"y": y}``) keeps the object the call
-returned.
+Statements count in order: a later move back to the device undoes an earlier move to the CPU and
+the other way round (a move to the CPU counts in branches and loops too, as it did before moves to
+the device were followed), and a later binding of a name replaces what an earlier one put on the device.
+Function and class bodies the cell only defines, and the loop variables of comprehensions, do not
+count. ``x.cpu()`` and ``x.to(device)`` alone leave a tensor where it is, as on a GPU. Moves the
+source does not show by name (a loop over a list of models, ``trainer.model.cpu()``, a function
+that moves what it is given) are not seen, and a reference to the tensor taken in the same cell
+(``d = {"y": y}``) keeps the object the call returned.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 import types
 from collections.abc import MutableMapping
 from typing import Any
@@ -57,12 +62,23 @@ from neuron_workbench.run.namespace import (
     tensors_in,
 )
 
+#: PyTorch's functions whose value is always a new tensor (or, ``load``, new tensors).
+_NEW_TENSORS = frozenset(
+    {
+        *("arange", "empty", "empty_like", "empty_strided", "eye", "full", "full_like", "linspace"),
+        *("load", "logspace", "normal", "ones", "ones_like", "rand", "rand_like", "randint"),
+        *("randint_like", "randn", "randn_like", "randperm", "tensor", "zeros", "zeros_like"),
+    }
+)
+
 #: Text a cell must contain to move anything this module follows.
 _MOVE_WORDS = (".cpu(", ".to(", ".cuda(", "device=", "map_location=", "deepcopy(")
 
 
 def follow_plain_cell_moves(
-    source: str, namespace: MutableMapping[str, Any], resident: ResidentObjects
+    source: str,
+    namespace: MutableMapping[str, Any],
+    resident: ResidentObjects,
 ) -> list[str]:
     """Apply what the plain cell ``source`` moved (see the module); return the names it moved.
 
@@ -124,7 +140,7 @@ def _remember_moves_to_device(
     finder: _Moves, namespace: MutableMapping[str, Any], resident: ResidentObjects
 ) -> list[str]:
     placed = []
-    # `model.to(device)` alone: a module moves in place (a tensor's move gives a copy)
+    # `model.to(device)`: a module moves in place, whatever the call's value is bound to
     for receiver in finder.moved_there:
         value = namespace.get(receiver)
         if (
@@ -134,45 +150,56 @@ def _remember_moves_to_device(
         ):
             resident.add(value)
             placed.append(receiver)
-    copies: dict[int, Any] = {}  # one copy for the names one assignment bound (a = b = ...)
     for name, (how, assignment) in finder.placed.items():
         if name not in namespace:
             continue
         value = namespace[name]
         if resident.on_device(value) or next(iter(tensors_in(value)), None) is None:
             continue  # already there, or nothing to put there (a device, a module with no state)
-        if how == "moved":
-            if assignment not in copies:
-                together = {n for n, (_, a) in finder.placed.items() if a == assignment}
-                others = {
-                    id(other)
-                    for key, other in namespace.items()
-                    if key not in together and isinstance(other, torch.Tensor)
-                }
-                copies[assignment] = _shared_tensors_copied(value, others)
-            value = namespace[name] = copies[assignment]
+        if how == "moved" and not isinstance(value, torch.nn.Module):
+            together = sum(
+                1
+                for other, (_, a) in finder.placed.items()
+                if a == assignment and namespace.get(other) is value
+            )
+            del value  # counted: nothing here may hold it
+            if not _held_only_by_the_names(namespace, name, together):
+                continue  # see the module: a GPU's move copies, the stand-in's gave it back
+            value = namespace[name]
         resident.add(value)
         placed.append(name)
     return placed
 
 
-def _shared_tensors_copied(value: Any, shared: set[int]) -> Any:
-    """``value`` with each tensor another name holds (ids in ``shared``) copied, one level deep.
+def _held_only_by_the_names(namespace: MutableMapping[str, Any], name: str, names: int) -> bool:
+    """Whether nothing but ``names`` notebook names holds ``namespace[name]`` (a move's value).
 
-    On the stand-in a move gave the tensor back as it was; on a GPU it gives a device copy, linked
-    to it by autograd, and the other names keep the CPU one. A tuple is rebuilt; a list or dict
-    (which the cell's expression built) is changed in place.
+    A tensor, or a list, tuple or dict of tensors nothing else holds. On a GPU a move gives a
+    device copy and every other holder (another name, a dataset, IPython's output history)
+    keeps the CPU tensor; on the stand-in the move gave that tensor back, which cannot be on the
+    device for this name only. Any other object is not followed.
     """
+    # Each count is compared with a probe's, held as the value is and asked the same way: the
+    # references a call adds itself are the interpreter's business.
+    probe = {"probe": object()}
+    if _references(namespace[name]) - names != _references(probe["probe"]) - 1:
+        return False
+    value = namespace[name]
     if isinstance(value, torch.Tensor):
-        return value.clone() if id(value) in shared else value
-    if type(value) is tuple:
-        return tuple(_shared_tensors_copied(item, shared) for item in value)
-    if type(value) in (list, dict):
-        for key in range(len(value)) if type(value) is list else list(value):
-            item = value[key]
-            if isinstance(item, torch.Tensor) and id(item) in shared:
-                value[key] = item.clone()
-    return value
+        return True
+    if type(value) not in (list, tuple, dict):
+        return False
+    keys = list(value) if type(value) is dict else range(len(value))
+    return all(
+        isinstance(value[key], torch.Tensor)
+        and _references(value[key]) == _references(probe["probe"])
+        for key in keys
+        if not isinstance(value[key], bool | int | float | str | bytes | type(None))
+    )
+
+
+def _references(value: Any) -> int:
+    return sys.getrefcount(value)
 
 
 class _Moves(ast.NodeVisitor):
@@ -197,27 +224,58 @@ class _Moves(ast.NodeVisitor):
         self.where_now: dict[str, str] = {}
         self._bound: dict[int, str] = {}  # an assigned call: the name it binds
         self._inner: set[int] = set()  # calls inside a chain already read with its outer call
-        self._conditional = 0  # inside an if, while or try: the code may not have run
+        self._conditional = 0  # in code that may not have run (an if, a loop, `a or b`)
+        self._local: list[set[str]] = []  # the loop variables of the comprehensions around
 
     def visit_FunctionDef(self, node: ast.AST) -> None:  # noqa: N802 - ast.NodeVisitor's names
         return None  # only defined here: it may never run
 
     visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef  # noqa: N815
 
-    def _visit_conditionally(self, node: ast.AST) -> None:
+    def _visit_conditionally(self, *nodes: ast.AST) -> None:
         self._conditional += 1
         try:
-            self.generic_visit(node)
+            for node in nodes:
+                self.visit(node)
         finally:
             self._conditional -= 1
 
-    visit_If = visit_While = visit_Try = visit_TryStar = visit_Match = _visit_conditionally  # noqa: N815
+    def _visit_branches(self, node: ast.AST) -> None:
+        self._visit_conditionally(*ast.iter_child_nodes(node))
+
+    visit_If = visit_While = visit_Try = visit_TryStar = visit_Match = _visit_branches  # noqa: N815
+    visit_For = visit_AsyncFor = _visit_branches  # noqa: N815 - the body may run no time
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:  # noqa: N802
+        self.visit(node.values[0])  # `flag and (x := x.to(device))`: the rest may not run
+        self._visit_conditionally(*node.values[1:])
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:  # noqa: N802
+        self.visit(node.test)
+        self._visit_conditionally(node.body, node.orelse)
 
     def _visit_comprehension(self, node: ast.AST) -> None:
-        # its loop variables are its own; only the first iterable is the cell's
-        self.visit(node.generators[0].iter)  # type: ignore[attr-defined]
+        # The first iterable runs in the cell; the rest may run no time, and its loop variables
+        # are its own (a move of one is no move of the cell's name).
+        generators = node.generators  # type: ignore[attr-defined]
+        self.visit(generators[0].iter)
+        self._local.append(
+            {n.id for g in generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        )
+        try:
+            parts = [g.iter for g in generators[1:]] + [c for g in generators for c in g.ifs]
+            if isinstance(node, ast.DictComp):
+                parts += [node.key, node.value]
+            else:
+                parts.append(node.elt)  # type: ignore[attr-defined]
+            self._visit_conditionally(*parts)
+        finally:
+            self._local.pop()
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension  # noqa: N815
+
+    def _is_local(self, name: str) -> bool:
+        return any(name in names for names in self._local)
 
     def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -236,13 +294,20 @@ class _Moves(ast.NodeVisitor):
         self._bind(node.target, node.value, id(node))
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:  # noqa: N802
-        self.visit(node.value)  # `x += 1` changes a tensor in place: still where it was
+        self.visit(node.value)
+        # `x += 1` changes a tensor in place, still where it was; `t += (y,)` makes a new tuple
+        target = node.target
+        if isinstance(target, ast.Name) and not isinstance(
+            self.namespace.get(target.id), torch.Tensor
+        ):
+            self.visit(target)
 
     def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
-        if isinstance(node.ctx, ast.Store | ast.Del):  # bound again (a loop, `with`, `del`)
+        # bound again (a loop, `with`, `del`): where its value is is not known from here
+        if isinstance(node.ctx, ast.Store | ast.Del) and not self._is_local(node.id):
             self.placed.pop(node.id, None)
             self.moved_there.pop(node.id, None)
-            self.where_now.pop(node.id, None)
+            self.where_now[node.id] = "unknown"
 
     def _bind(self, target: ast.expr, value: ast.expr, assignment: int) -> None:
         """Note whether ``target = value`` puts what each name is bound to on the device."""
@@ -251,6 +316,8 @@ class _Moves(ast.NodeVisitor):
             if how is not None and not self._conditional:
                 self.placed[target.id] = (how, assignment)
                 self.where_now[target.id] = "device"
+            elif how is not None:
+                self.where_now[target.id] = "unknown"
         elif isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List):
             if len(value.elts) == len(target.elts):  # x, y = x.to(device), y.to(device)
                 for item, item_value in zip(target.elts, value.elts, strict=True):
@@ -295,14 +362,17 @@ class _Moves(ast.NodeVisitor):
         method = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         if method in ("cpu", "cuda", "to"):
             where = self._where(method, call)
-            return None if where is None else (where, "moved")
+            if where is None:
+                return None
+            # what PyTorch has just made is new (torch.zeros(3).to(device), nn.Linear(4, 2).cuda())
+            return where, "made" if self._made_by_pytorch(func) else "moved"
         if method == "deepcopy" and call.args:
             root = call.args[0]
             while isinstance(root, ast.Call | ast.Attribute | ast.Subscript):
                 root = root.func if isinstance(root, ast.Call) else root.value
             if not isinstance(root, ast.Name):
                 return None
-            where = self.where_now.get(root.id)
+            where = self.where_now.get(root.id)  # as the cell left it so far
             if where is None and root.id in self.namespace:
                 on_device = self.resident.on_device(self.namespace[root.id])
                 where = "device" if on_device else None
@@ -312,8 +382,33 @@ class _Moves(ast.NodeVisitor):
         for keyword in call.keywords:  # torch.zeros(3, device=d), torch.load(f, map_location=d)
             if keyword.arg in ("device", "map_location"):
                 where = _device_named(_device_of(keyword.value, self.namespace), self.resident)
-                return None if where is None else (where, "made")
+                if where is None:
+                    return None
+                # torch.as_tensor(x, device=d) may give x back: moved, not made
+                return where, "made" if self._makes_new(func) else "moved"
         return None
+
+    def _made_by_pytorch(self, method: ast.expr) -> bool:
+        """Whether the object ``method`` (``<receiver>.to``) is called on is new from PyTorch."""
+        receiver = method.value if isinstance(method, ast.Attribute) else None
+        # through the chain's own calls: torch.zeros(3).float().to(device)
+        while (
+            isinstance(receiver, ast.Call)
+            and isinstance(receiver.func, ast.Attribute)
+            and isinstance(receiver.func.value, ast.Call)
+        ):
+            receiver = receiver.func.value
+        return isinstance(receiver, ast.Call) and self._makes_new(receiver.func)
+
+    def _makes_new(self, func: ast.expr) -> bool:
+        """Whether ``func`` is PyTorch's and always gives a new object (a factory, a module class).
+
+        Not one that may give its input back (``torch.as_tensor``, ``torch.relu_``).
+        """
+        value = self._resolved(func)
+        if isinstance(value, type):
+            return issubclass(value, torch.nn.Module)
+        return self._pytorchs(func) and getattr(value, "__name__", None) in _NEW_TENSORS
 
     def _pytorchs(self, func: ast.expr) -> bool:
         """Whether ``func`` names PyTorch's own function or a module class (``nn.Linear``)."""
@@ -341,7 +436,7 @@ class _Moves(ast.NodeVisitor):
                 links.append((link.func.attr, link))
                 self._inner.add(id(link))
                 link = link.func.value
-            if isinstance(link, ast.Name):
+            if isinstance(link, ast.Name) and not self._is_local(link.id):
                 where = None
                 for method, call in reversed(links):
                     where = self._where(method, call) or where
@@ -350,16 +445,22 @@ class _Moves(ast.NodeVisitor):
                     self.last[link.id] = (where, target)
                     if where == "cpu" and target is not None:
                         self.bound.setdefault(link.id, []).append(target)
-                    if target is None or target == link.id:
-                        # moved in place (a module; a tensor's move gives a copy, as on a GPU)
-                        if isinstance(self.namespace.get(link.id), torch.nn.Module):
-                            self.where_now[link.id] = where
-                        if where == "cpu":
-                            self.placed.pop(link.id, None)
-                            self.moved_there.pop(link.id, None)
-                        elif target is None and not self._conditional:
-                            self.moved_there[link.id] = None
+                    self._moved(link.id, where)
         self.generic_visit(node)
+
+    def _moved(self, name: str, where: str) -> None:
+        """Note a move of the name's value itself (``name.to(...)``, whatever binds the result).
+
+        Only a module moves in place; a tensor's move gives a copy and leaves it where it is.
+        """
+        if not isinstance(self.namespace.get(name), torch.nn.Module):
+            return
+        self.where_now[name] = "unknown" if self._conditional else where
+        if where == "cpu":
+            self.placed.pop(name, None)
+            self.moved_there.pop(name, None)
+        elif not self._conditional:
+            self.moved_there[name] = None
 
     def _where(self, method: str, call: ast.Call) -> str | None:
         if method == "cpu":
