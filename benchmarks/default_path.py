@@ -17,7 +17,10 @@ Figures, each a ratio or difference of figures measured in this run:
   each report's target wall time divided by the op count. Goal: within 1 us.
 
 Timings are host CPU time (the target is the emulated device). Each figure is the minimum over
-rounds after a warm-up round, rounds alternating so machine noise hits both alike.
+rounds after a warm-up round, rounds alternating so machine noise hits both alike. The GPT figure is
+measured in several fresh processes (kernel and worker each) and the median process decides: on the
+2-vCPU machine the plain step runs at one of two speeds for a whole process (about 14-17 or 20-22 ms,
+with or without the workbench loaded), so one process's ratio was 0.97x or 1.33x by that luck alone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +39,7 @@ from _workload import GPT_STEP, best_of_interleaved, cell_for  # noqa: E402
 from _workload import SETUP as CNN_SETUP  # noqa: E402
 
 ROUNDS = 11  # minimum over this many alternating rounds: one noisy round moves no figure
+PROCESSES = 5  # fresh processes measuring the GPT figure; the median one decides
 GPT_GOAL = 1.0
 PER_OP_GOAL_US = 1.0
 OPS = 4000  # loop iterations of the per-op cell (four ops each)
@@ -145,19 +149,51 @@ def inprocess_main() -> None:
     print(RESULT_MARK + json.dumps({"per_op_us": per_op_target_us(shell, "--executor inprocess")}))
 
 
+def gpt_main() -> None:
+    """One process's GPT figure and the remap mode's cost, as a result line for :func:`main`."""
+    from neuron_workbench.backends.registry import resolve_executor
+
+    assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"
+    shell = _shell()
+    plain_step = GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
+    gpt = magic_against_plain_twice(shell, GPT_STEP, plain_step)
+    plain_body, remapped_body = remap_mode_cost_s(shell, GPT_STEP, plain_step)
+    figures = {**asdict(gpt), "plain_body_s": plain_body, "remapped_body_s": remapped_body}
+    print(RESULT_MARK + json.dumps(figures))
+
+
+def _in_fresh_process(flag: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, flag], capture_output=True, text=True, check=True
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
+    return json.loads(line[len(RESULT_MARK) :])
+
+
 def main() -> int:
     from neuron_workbench.backends.registry import resolve_executor
     from neuron_workbench.testing import run_cell
 
     assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"
-    shell = _shell()
-    gpt = magic_against_plain_twice(
-        shell, GPT_STEP, GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
+    runs = sorted(
+        (_in_fresh_process("--gpt") for _ in range(PROCESSES)),
+        key=lambda f: f["magic_s"] / f["plain_s"],
     )
+    median = runs[len(runs) // 2]
+    gpt = Figure(median["magic_s"], median["plain_s"], median["ref_s"], median["target_s"])
     print(
         f"GPT training step (4 micro-batches) through %%neuron, default executor, warm: "
         f"{gpt.ratio:.2f}x the cell run twice as plain CPU code "
-        f"({gpt.magic_s * 1e3:.1f} ms vs {gpt.plain_s * 1e3:.1f} ms; goal <= {GPT_GOAL:.1f}x)"
+        f"({gpt.magic_s * 1e3:.1f} ms vs {gpt.plain_s * 1e3:.1f} ms; goal <= {GPT_GOAL:.1f}x), "
+        f"the median of {PROCESSES} processes"
+    )
+    print(
+        "  each process: "
+        + ", ".join(
+            f"{f['magic_s'] / f['plain_s']:.2f}x ({f['magic_s'] * 1e3:.1f} vs "
+            f"{f['plain_s'] * 1e3:.1f} ms)"
+            for f in runs
+        )
     )
     # Where a cell's time goes: the two runs' bodies, side by side (host CPU time both).
     print(
@@ -165,9 +201,7 @@ def main() -> int:
         f"{gpt.target_s * 1e3:.1f} ms (emulated neuron: host CPU time), at the same time; "
         f"plain cell once {gpt.plain_s / 2 * 1e3:.1f} ms"
     )
-    plain_body, remapped_body = remap_mode_cost_s(
-        shell, GPT_STEP, GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
-    )
+    plain_body, remapped_body = median["plain_body_s"], median["remapped_body_s"]
     outside = gpt.magic_s - max(gpt.ref_s, gpt.target_s)
     print(
         f"  outside the longer body: {outside * 1e3:.1f} ms (shipping state and answer, "
@@ -175,6 +209,7 @@ def main() -> int:
         f"{(remapped_body - plain_body) * 1e3:.1f} ms to one body "
         f"({remapped_body * 1e3:.1f} ms vs {plain_body * 1e3:.1f} ms plain, host, one at a time)"
     )
+    shell = _shell()
     run_cell(shell, CNN_SETUP)
     cnn = magic_against_plain_twice(shell, cell_for("cuda"), cell_for("cpu"))
     print(
@@ -183,11 +218,7 @@ def main() -> int:
         f"({cnn.magic_s * 1e3:.1f} ms vs {cnn.plain_s * 1e3:.1f} ms; for information)"
     )
     worker_us = per_op_target_us(shell, "")
-    done = subprocess.run(
-        [sys.executable, __file__, "--inprocess"], capture_output=True, text=True, check=True
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
-    inprocess_us = json.loads(line[len(RESULT_MARK) :])["per_op_us"]
+    inprocess_us = _in_fresh_process("--inprocess")["per_op_us"]
     overhead = worker_us - inprocess_us
     print(
         f"per-op overhead of the worker path: {overhead:+.2f} us "
@@ -200,5 +231,7 @@ def main() -> int:
 if __name__ == "__main__":
     if "--inprocess" in sys.argv:
         inprocess_main()
+    elif "--gpt" in sys.argv:
+        gpt_main()
     else:
         raise SystemExit(main())
