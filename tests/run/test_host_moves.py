@@ -294,3 +294,13 @@ def test_a_pytorch_call_that_may_give_its_input_back_moves_it():
 def test_an_augmented_assignment_of_what_is_no_tensor_binds_it_again():
     placed, namespace, resident = _after("t = (torch.zeros(2).to(device),)\nt += (torch.ones(1),)")
     assert placed == [] and namespace["t"] not in resident
+
+
+def test_a_module_moves_its_submodules_and_the_names_bound_to_them():
+    placed, namespace, resident = _after(
+        "model = torch.nn.Sequential(backbone, torch.nn.Linear(2, 2)).to(device)",
+        backbone=torch.nn.Linear(2, 2),
+        other=torch.nn.Linear(2, 2),
+    )
+    assert placed == ["model", "backbone"]
+    assert namespace["backbone"] in resident and namespace["other"] not in resident

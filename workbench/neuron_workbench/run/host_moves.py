@@ -22,7 +22,8 @@ blocks; not an ``if``, ``while``, ``try`` or loop body, nor what ``a or b`` and 
 may skip):
 
 - a module moved there (``model.to(device)``, ``fresh = nn.Linear(4, 2).to(device)``): a module
-  moves in place, whatever name the call's value is bound to;
+  moves in place, whatever name the call's value is bound to, and its submodules with it (a name
+  bound to one, ``backbone`` after ``model = nn.Sequential(backbone, head).to(device)``);
 - what PyTorch makes given the device (``torch.randn(3, device=device)``, ``nn.Linear(4, 2,
   device=device)``, ``torch.load(f, map_location=device)``) or has just made and moves there
   (``torch.zeros(3).to(device)``); not what a function of the notebook's makes, which may be
@@ -168,6 +169,25 @@ def _remember_moves_to_device(
             value = namespace[name]
         resident.add(value)
         placed.append(name)
+    # a module moves its submodules with it: names bound to them (`backbone` after
+    # `model = nn.Sequential(backbone, head).to(device)`) are on the device too
+    inside = {
+        id(sub)
+        for name in placed
+        if isinstance(namespace.get(name), torch.nn.Module)
+        for sub in namespace[name].modules()
+    }
+    if inside:
+        for name, value in namespace.items():
+            if (
+                isinstance(value, torch.nn.Module)
+                and id(value) in inside
+                and name not in placed
+                and not resident.on_device(value)
+                and next(iter(tensors_in(value)), None) is not None
+            ):
+                resident.add(value)
+                placed.append(name)
     return placed
 
 
