@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from neuron_workbench.run.namespace import (
-    MODULE_INTERNALS,
     PLAIN_NAMESPACES,
     TENSOR_HOLDERS,
+    module_attributes,
     tensors_held,
 )
 from neuron_workbench.run.records import NotCompared
@@ -161,12 +161,10 @@ def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
     """What :func:`~neuron_workbench.run.namespace.module_attributes` gives that can hold tensors.
 
     Most of a module's attributes are settings (``self.width = 4``, a config object): kept out
-    here, in one comprehension, rather than looked into one by one.
+    here by their type, rather than looked into one by one.
     """
     return [
-        (key, item)
-        for key, item in vars(module).items()
-        if key not in MODULE_INTERNALS and isinstance(item, TENSOR_HOLDERS)
+        (key, item) for key, item in module_attributes(module) if isinstance(item, TENSOR_HOLDERS)
     ]
 
 

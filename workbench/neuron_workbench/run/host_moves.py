@@ -144,19 +144,15 @@ def _remember_moves_to_device(
     # `model.to(device)`: a module moves in place, whatever the call's value is bound to
     for receiver in finder.moved_there:
         value = namespace.get(receiver)
-        if (
-            isinstance(value, torch.nn.Module)
-            and not resident.on_device(value)
-            and next(iter(tensors_in(value)), None) is not None
-        ):
+        if isinstance(value, torch.nn.Module) and _to_place(value, resident):
             resident.add(value)
             placed.append(receiver)
     for name, (how, assignment) in finder.placed.items():
         if name not in namespace:
             continue
         value = namespace[name]
-        if resident.on_device(value) or next(iter(tensors_in(value)), None) is None:
-            continue  # already there, or nothing to put there (a device, a module with no state)
+        if not _to_place(value, resident):
+            continue
         if how == "moved" and not isinstance(value, torch.nn.Module):
             together = sum(
                 1
@@ -183,12 +179,19 @@ def _remember_moves_to_device(
                 isinstance(value, torch.nn.Module)
                 and id(value) in inside
                 and name not in placed
-                and not resident.on_device(value)
-                and next(iter(tensors_in(value)), None) is not None
+                and _to_place(value, resident)
             ):
                 resident.add(value)
                 placed.append(name)
     return placed
+
+
+def _to_place(value: Any, resident: ResidentObjects) -> bool:
+    """Whether ``value`` is not on the device yet and has something to put there.
+
+    (A device object, or a module with no parameters or buffers, has nothing.)
+    """
+    return not resident.on_device(value) and next(iter(tensors_in(value)), None) is not None
 
 
 def _held_only_by_the_names(namespace: MutableMapping[str, Any], name: str, names: int) -> bool:
@@ -363,12 +366,7 @@ class _Moves(ast.NodeVisitor):
             if not placed or None in placed:
                 return None
             return "moved" if "moved" in placed else "made"
-        calls = []  # the calls of a chain, outermost first: torch.randn(3, device=d).float()
-        link: ast.expr = node
-        while isinstance(link, ast.Call | ast.Attribute | ast.Subscript):
-            if isinstance(link, ast.Call):
-                calls.append(link)
-            link = link.func if isinstance(link, ast.Call) else link.value
+        calls, _ = _chain(node)
         for call in calls:  # the outermost call that says where wins
             placement = self._made_on(call)
             if placement is not None:
@@ -387,9 +385,7 @@ class _Moves(ast.NodeVisitor):
             # what PyTorch has just made is new (torch.zeros(3).to(device), nn.Linear(4, 2).cuda())
             return where, "made" if self._made_by_pytorch(func) else "moved"
         if method == "deepcopy" and call.args:
-            root = call.args[0]
-            while isinstance(root, ast.Call | ast.Attribute | ast.Subscript):
-                root = root.func if isinstance(root, ast.Call) else root.value
+            _, root = _chain(call.args[0])
             if not isinstance(root, ast.Name):
                 return None
             where = self.where_now.get(root.id)  # as the cell left it so far
@@ -397,7 +393,7 @@ class _Moves(ast.NodeVisitor):
                 on_device = self.resident.on_device(self.namespace[root.id])
                 where = "device" if on_device else None
             return ("device", "made") if where == "device" else None
-        if not self._pytorchs(func):
+        if not _pytorchs(self._resolved(func)):
             return None  # a function of the notebook's given the device may return anything
         for keyword in call.keywords:  # torch.zeros(3, device=d), torch.load(f, map_location=d)
             if keyword.arg in ("device", "map_location"):
@@ -428,15 +424,7 @@ class _Moves(ast.NodeVisitor):
         value = self._resolved(func)
         if isinstance(value, type):
             return issubclass(value, torch.nn.Module)
-        return self._pytorchs(func) and getattr(value, "__name__", None) in _NEW_TENSORS
-
-    def _pytorchs(self, func: ast.expr) -> bool:
-        """Whether ``func`` names PyTorch's own function or a module class (``nn.Linear``)."""
-        value = self._resolved(func)
-        if isinstance(value, type):
-            return issubclass(value, torch.nn.Module)
-        module = getattr(value, "__module__", None)
-        return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+        return _pytorchs(value) and getattr(value, "__name__", None) in _NEW_TENSORS
 
     def _resolved(self, node: ast.expr) -> Any:
         """What the name or module attribute ``node`` is in the notebook (None: not looked up)."""
@@ -495,6 +483,29 @@ class _Moves(ast.NodeVisitor):
             if where is not None:
                 return where
         return None
+
+
+def _chain(node: ast.expr) -> tuple[list[ast.Call], ast.expr]:
+    """The calls of the chain ``node`` is, outermost first, and what it starts from.
+
+    ``torch.randn(3, device=d).float()``: the two calls, and the name ``torch``; ``model.fc[0]``:
+    no call, and ``model``.
+    """
+    calls = []
+    link = node
+    while isinstance(link, ast.Call | ast.Attribute | ast.Subscript):
+        if isinstance(link, ast.Call):
+            calls.append(link)
+        link = link.func if isinstance(link, ast.Call) else link.value
+    return calls, link
+
+
+def _pytorchs(value: Any) -> bool:
+    """Whether ``value`` is PyTorch's own function or a module class (``nn.Linear``)."""
+    if isinstance(value, type):
+        return issubclass(value, torch.nn.Module)
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
 def _device_of(node: ast.expr, namespace: MutableMapping[str, Any]) -> Any:
