@@ -1,5 +1,6 @@
 """%%neuron --executor worker: targets in worker processes, in a shell and in a real notebook kernel."""
 
+import gc
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from IPython.core.error import UsageError
 
 from neuron_workbench.cli.notebook_runner import run_notebook
+from neuron_workbench.report.display import format_bytes
 from neuron_workbench.testing import run_cell, write_notebook
 
 #: A module the kernel imports from the notebook's folder; its op aborts the process in a worker.
@@ -40,6 +42,21 @@ def test_neuron_and_tpu_cells_run_side_by_side_in_workers(ip):
     restarted = ip.run_line_magic("neuron_workers", "restart tpu")
     new_rows = {row.target: row for row in restarted.rows}
     assert new_rows["tpu"].pid != rows["tpu"].pid and new_rows["tpu"].cells_run == 0
+
+
+def test_the_workers_table_shows_the_shared_memory_kept_for_transfers(ip):
+    run_cell(ip, "import torch\nbase = torch.arange(4.0)")
+    for _ in range(2):
+        run_cell(ip, "%%neuron --executor worker --target tpu -o r_kept\ny = base.cuda() + 1")
+    assert ip.user_ns["r_kept"].verdict == "PASS", ip.user_ns["r_kept"].summary()
+    run_cell(ip, "del r_kept")  # its target run maps the answer's arena until it is gone
+    gc.collect()
+    table = ip.run_line_magic("neuron_workers", "")
+    row = next(row for row in table.rows if row.target == "tpu")
+    assert row.kept_bytes > 0
+    assert f"{format_bytes(row.kept_bytes)} kept for transfers" in repr(table)
+    restarted = ip.run_line_magic("neuron_workers", "restart tpu")
+    assert next(row for row in restarted.rows if row.target == "tpu").kept_bytes == 0
 
 
 def test_one_reference_against_neuron_and_tpu(ip):

@@ -323,12 +323,56 @@ def test_an_arena_loaded_in_a_folder_of_its_own_is_kept_once_its_tensors_are_gon
         loads(dumps({"w": torch.ones(1)}, folder))
         gc.collect()
         assert os.listdir(folder) == ["kept-arena-0"]
-        # a larger arena (here one written into that kept file) is removed once loaded, as in
-        # shared memory
-        monkeypatch.setattr(transport, "ARENA_KEPT_BYTES", 4)
+        # a larger arena than the setting allows (here one written into that kept file) is
+        # removed once loaded, as in shared memory
+        monkeypatch.setenv(transport.KEPT_ARENA_ENV, "0")
         big = loads(dumps({"w": torch.ones(4)}, folder))["w"]
         assert os.listdir(folder) == []
         assert big.tolist() == [1.0] * 4
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kept_after_loading(folder, nbytes):
+    """Whether an arena of ``nbytes`` loaded in ``folder`` is kept once its tensor is gone."""
+    back = loads(dumps({"x": torch.zeros(nbytes, dtype=torch.uint8)}, folder))
+    assert back["x"].numel() == nbytes
+    del back
+    gc.collect()
+    kept = os.listdir(folder)
+    for name in kept:
+        os.unlink(os.path.join(folder, name))
+    assert kept in ([], ["kept-arena-0"])
+    return bool(kept)
+
+
+def test_a_model_sized_arena_is_kept_within_a_share_of_the_hosts_memory(tmp_path, monkeypatch):
+    from neuron_workbench.run import transport
+
+    monkeypatch.delenv(transport.KEPT_ARENA_ENV, raising=False)
+    folder = tempfile.mkdtemp(prefix="neuron-workbench-test-", dir=arena_folder() or tmp_path)
+    try:
+        limit = transport.kept_arena_limit(folder)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        assert transport.ARENA_KEPT_MIN_BYTES <= limit <= max(memory // 32, 8 << 20)
+        if limit < 24 << 20:
+            pytest.skip("a host with under 768 MiB of memory or a small folder keeps 8 MiB only")
+        # more than the 8 MiB kept before: a mid-size model's state is written into kept memory
+        assert _kept_after_loading(folder, 16 << 20)
+        # the folder's file system bounds it: a container's 64 MiB /dev/shm keeps 8 MiB arenas
+        real = os.statvfs(folder)
+
+        class Small:
+            f_blocks, f_frsize = (64 << 20) // real.f_frsize, real.f_frsize
+
+        monkeypatch.setattr(os, "statvfs", lambda path: Small)
+        assert transport.kept_arena_limit(folder) == transport.ARENA_KEPT_MIN_BYTES
+        assert not _kept_after_loading(folder, 9 << 20)
+        assert _kept_after_loading(folder, 4 << 20)
+        # the setting decides instead, in MiB
+        monkeypatch.setenv(transport.KEPT_ARENA_ENV, "1")
+        assert not _kept_after_loading(folder, 2 << 20)
+        assert _kept_after_loading(folder, 1 << 20)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

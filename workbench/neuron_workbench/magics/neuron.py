@@ -21,6 +21,7 @@ from neuron_workbench.cell.session import Session
 from neuron_workbench.cell.settings import cell_options
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.magics.flags import usage_message
+from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
 from neuron_workbench.sites import library_folders
 
@@ -356,7 +357,9 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
     def neuron_workers(self, line: str = "") -> WorkerTable:
         """List the target worker processes, or restart one: ``%neuron_workers restart neuron``.
 
-        Each row: target, process id, resident memory, cells run since the worker started.
+        Each row: target, process id, resident memory, cells run since the worker started, and
+        the shared memory kept between cells for shipping the next cell's state (a restart frees
+        it; ``NEURON_WORKBENCH_KEPT_ARENA_MIB`` bounds it).
         """
         words = line.split()
         if words and (words[0] != "restart" or len(words) != 2):
@@ -386,7 +389,10 @@ class WorkerTable:
         for row in self.rows:
             memory = f"{row.memory_bytes / 2**20:.0f} MiB" if row.memory_bytes else "-"
             pid = str(row.pid) if row.alive else "stopped"
-            out.append(f"{row.target:<7} pid {pid:<8} {memory:>9}  {row.cells_run} cells run")
+            line = f"{row.target:<7} pid {pid:<8} {memory:>9}  {row.cells_run} cells run"
+            if row.kept_bytes:  # shared memory kept for the next transfers, freed by a restart
+                line += f", {format_bytes(row.kept_bytes)} kept for transfers"
+            out.append(line)
         return out
 
     def __repr__(self) -> str:

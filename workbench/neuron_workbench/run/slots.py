@@ -37,6 +37,8 @@ class WorkerRow:
     alive: bool
     memory_bytes: int | None
     cells_run: int
+    #: Shared memory the worker's folder keeps between cells for the next transfers (kept arenas).
+    kept_bytes: int | None = None
 
 
 @runtime_checkable

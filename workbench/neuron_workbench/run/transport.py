@@ -10,8 +10,9 @@ device it came from.
 Between processes of one host, the storages' bytes go into one shared-memory file (an *arena*,
 written once by the sender, mapped copy-on-write by the receiver, no pickle copy of tensor data);
 to a remote process (a Ray actor) they travel in the message itself. In a folder of the two
-processes' own (a worker's), a small arena's file stays once the receiver's tensors on it are
-gone, for the next message to be written into memory the host has already given it.
+processes' own (a worker's), an arena's file (up to a share of the host's memory) stays once the
+receiver's tensors on it are gone, for the next message to be written into memory the host has
+already given it.
 
 The receiver can load *leniently*: a class, function or module that does not exist on its side (the
 target's device module ``torch.neuron``, a class of a device SDK) becomes an :class:`Unloadable`
@@ -140,10 +141,18 @@ class Packed:
 
 #: The host's shared-memory folder (Linux).
 _SHARED_MEMORY = "/dev/shm"
-#: A loaded arena of at most this many bytes stays in its folder for the next message to write
-#: into (see :func:`_keeps_arenas`), once the receiver's tensors on it are gone; a larger one is
-#: removed as its name is not needed (its memory goes with the last of them).
-ARENA_KEPT_BYTES = 8 << 20
+#: A loaded arena stays in its folder for the next message to write into (see
+#: :func:`_keeps_arenas`), once the receiver's tensors on it are gone, up to
+#: :func:`kept_arena_limit`; a larger one is removed as its name is not needed (its memory goes with
+#: the last of them). Always up to this many bytes (a small model's state):
+ARENA_KEPT_MIN_BYTES = 8 << 20
+#: The most a kept arena may take, each of the two: this share of the host's memory (both together
+#: hold at most 1/16 of it while the worker lives) and of its folder's file system (a container's
+#: small ``/dev/shm`` stays free for the messages themselves).
+_KEPT_SHARE_OF_MEMORY = 32
+_KEPT_SHARE_OF_FOLDER = 8
+#: Sets the largest kept arena in MiB instead (0: none kept, every message gets fresh memory).
+KEPT_ARENA_ENV = "NEURON_WORKBENCH_KEPT_ARENA_MIB"
 #: The names of the loaded arenas kept in a folder: two, one for each way (the kernel's request
 #: and the worker's answer each find one the other side loaded earlier).
 _KEPT_ARENAS = ("kept-arena-0", "kept-arena-1")
@@ -153,6 +162,43 @@ def arena_folder() -> str | None:
     """A folder on shared memory for arenas (``/dev/shm`` on Linux), or None."""
     folder = _SHARED_MEMORY
     return folder if os.path.isdir(folder) and os.access(folder, os.W_OK) else None
+
+
+def kept_arena_limit(folder: str) -> int:
+    """The largest loaded arena kept in ``folder`` for the next message to be written into.
+
+    Writing a model's state into a kept arena reuses its memory pages: a 35M-parameter GPT-2 step
+    with AdamW ships about 400 MiB each way, and a cell took about 15 % less for it. The cost is
+    memory held between cells while the worker lives (each way's last arena), so it is bounded by
+    the host's memory and the folder's file system (see :data:`_KEPT_SHARE_OF_MEMORY`), never less
+    than :data:`ARENA_KEPT_MIN_BYTES`; ``NEURON_WORKBENCH_KEPT_ARENA_MIB`` sets it instead.
+    """
+    setting = os.environ.get(KEPT_ARENA_ENV, "").strip()
+    if setting.isdigit():
+        return int(setting) << 20
+    limit = ARENA_KEPT_MIN_BYTES
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        disk = os.statvfs(folder)
+        limit = max(
+            limit,
+            min(
+                memory // _KEPT_SHARE_OF_MEMORY,
+                disk.f_blocks * disk.f_frsize // _KEPT_SHARE_OF_FOLDER,
+            ),
+        )
+    except (OSError, ValueError, AttributeError):  # not known here: a small model's state only
+        pass
+    return limit
+
+
+def kept_arenas_size(folder: str) -> int:
+    """The shared memory ``folder``'s kept arenas hold (0 when there are none)."""
+    total = 0
+    for name in _KEPT_ARENAS:
+        with contextlib.suppress(OSError):  # not kept now, or taken by a message meanwhile
+            total += os.stat(os.path.join(folder, name)).st_size
+    return total
 
 
 def _keeps_arenas(folder: str) -> bool:
@@ -893,7 +939,7 @@ def _open_storages(packed: Packed) -> list[torch.UntypedStorage]:
         mapped = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY) if size else None
     folder = os.path.dirname(packed.arena)
     with contextlib.suppress(OSError):
-        if mapped is not None and size <= ARENA_KEPT_BYTES and _keeps_arenas(folder):
+        if mapped is not None and _keeps_arenas(folder) and size <= kept_arena_limit(folder):
             # renamed (the message cannot be loaded twice), then kept once the mapping is gone
             in_use = f"{packed.arena}-loaded"
             os.rename(packed.arena, in_use)

@@ -49,6 +49,7 @@ from neuron_workbench.run.transport import (
     Loaded,
     Packed,
     arena_folder,
+    kept_arenas_size,
     loads_leniently,
     receive,
     send,
@@ -319,7 +320,8 @@ class WorkerSlot:
     def row(self) -> WorkerRow:
         """Its line of ``%neuron_workers``."""
         pid = self.pid if self.alive else None
-        return WorkerRow(self.target, pid, self.alive, self.memory_bytes(), self.cells_run)
+        kept = kept_arenas_size(self._folder) if self.alive and self._folder else None
+        return WorkerRow(self.target, pid, self.alive, self.memory_bytes(), self.cells_run, kept)
 
     def _dump_stacks(self) -> None:
         # faulthandler in the worker writes every thread's stack on SIGUSR1, even mid C call.

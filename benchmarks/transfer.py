@@ -1,0 +1,118 @@
+"""A mid-size model on the default path: what shipping its state costs a %%neuron cell.
+
+A 35M-parameter GPT-2 (``transformers``, built from a config) takes one AdamW step per cell, written
+for CUDA. Its state (weights and optimizer moments, about 400 MiB) travels to the target's worker
+and back every cell, through shared-memory arenas. Figures, each from two fresh processes measured
+in this run (kernel and worker each; the figure's environment set for both):
+
+- the cell with the arenas kept between cells, as by default (a loaded arena up to a share of the
+  host's memory stays for the next message to be written into), against the same cell with only
+  arenas up to 8 MiB kept (``NEURON_WORKBENCH_KEPT_ARENA_MIB=8``, the limit before): lower is better;
+- each against the cell run twice as plain CPU code in the same process, for information.
+
+Timings are host CPU time (the target is the emulated device); each is the minimum over rounds
+after two warm-up cells, rounds alternating with the plain cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROUNDS = 4
+RESULT_MARK = "TRANSFER_RESULT "
+
+SETUP = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+torch.manual_seed(0)
+config = GPT2Config(
+    vocab_size=8192, n_positions=64, n_embd=768, n_layer=4, n_head=12,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+)
+model = GPT2LMHeadModel(config)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, 8192, (2, 32))
+"""
+
+STEP = """device = "cuda"
+model.to(device)
+loss = model(input_ids=ids.to(device), labels=ids.to(device)).loss
+loss.backward()
+optimizer.step()
+optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def measure() -> dict[str, float]:
+    """Best times of the %%neuron cell and of the plain cell run twice, in this process."""
+    from neuron_workbench.testing import run_cell, testing_shell
+
+    shell = testing_shell()
+    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the printing
+    run_cell(shell, SETUP)
+    magic_cell = "%%neuron -o transfer_report\n" + STEP
+    plain_cell = STEP.replace('device = "cuda"', 'device = "cpu"')
+    for _ in range(2):  # the worker starts, the optimizer's moments appear
+        run_cell(shell, magic_cell)
+    magic, plain = float("inf"), float("inf")
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        run_cell(shell, magic_cell)
+        magic = min(magic, time.perf_counter() - start)
+        report = shell.user_ns.pop("transfer_report")
+        assert report.verdict == "PASS", report.summary()
+        del report  # its target run maps the answer's arena: gone before the next cell, as unbound
+        start = time.perf_counter()
+        run_cell(shell, plain_cell)
+        run_cell(shell, plain_cell)
+        plain = min(plain, time.perf_counter() - start)
+    return {"magic_s": magic, "plain_s": plain}
+
+
+def _in_fresh_process(kept_mib: str | None) -> dict[str, float]:
+    from neuron_workbench.run.transport import KEPT_ARENA_ENV
+
+    env = dict(os.environ)
+    env.pop(KEPT_ARENA_ENV, None)
+    if kept_mib is not None:
+        env[KEPT_ARENA_ENV] = kept_mib
+    done = subprocess.run(
+        [sys.executable, __file__, "--measure"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
+    return json.loads(line[len(RESULT_MARK) :])
+
+
+def main() -> int:
+    before = _in_fresh_process("8")
+    kept = _in_fresh_process(None)
+    ratio = kept["magic_s"] / before["magic_s"]
+    print(
+        f"35M-parameter GPT-2 AdamW step through %%neuron, default executor: arenas kept "
+        f"{ratio:.2f}x the time with only 8 MiB kept ({kept['magic_s'] * 1e3:.0f} ms vs "
+        f"{before['magic_s'] * 1e3:.0f} ms; lower is better)"
+    )
+    for label, figure in (("kept", kept), ("8 MiB kept", before)):
+        print(
+            f"  {label}: {figure['magic_s'] / figure['plain_s']:.2f}x the cell run twice as plain "
+            f"CPU code ({figure['magic_s'] * 1e3:.0f} ms vs {figure['plain_s'] * 1e3:.0f} ms)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    if "--measure" in sys.argv:
+        print(RESULT_MARK + json.dumps(measure()))
+    else:
+        raise SystemExit(main())
