@@ -2,16 +2,16 @@
 
 A 35M-parameter GPT-2 (``transformers``, built from a config) takes one AdamW step per cell, written
 for CUDA. Its state (weights and optimizer moments, about 400 MiB) travels to the target's worker
-and back every cell, through shared-memory arenas. Figures, each from two fresh processes measured
-in this run (kernel and worker each; the figure's environment set for both):
+and back every cell, through shared-memory arenas. Each figure comes from a fresh kernel process
+(and its worker) started in this run with the figure's environment:
 
 - the cell with the arenas kept between cells, as by default (a loaded arena up to a share of the
   host's memory stays for the next message to be written into), against the same cell with only
   arenas up to 8 MiB kept (``NEURON_WORKBENCH_KEPT_ARENA_MIB=8``, the limit before): lower is better;
 - each against the cell run twice as plain CPU code in the same process, for information.
 
-Timings are host CPU time (the target is the emulated device); each is the minimum over rounds
-after two warm-up cells, rounds alternating with the plain cell.
+Timings are wall-clock times of whole cells on the host (the target is the emulated device); each
+is the minimum over rounds after two warm-up cells, rounds alternating with the plain cell.
 """
 
 from __future__ import annotations
@@ -84,12 +84,11 @@ def _in_fresh_process(kept_mib: str | None) -> dict[str, float]:
     if kept_mib is not None:
         env[KEPT_ARENA_ENV] = kept_mib
     done = subprocess.run(
-        [sys.executable, __file__, "--measure"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
+        [sys.executable, __file__, "--measure"], capture_output=True, text=True, env=env
     )
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"the measuring process failed (exit {done.returncode})")
     line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
     return json.loads(line[len(RESULT_MARK) :])
 

@@ -346,33 +346,73 @@ def _kept_after_loading(folder, nbytes):
     return bool(kept)
 
 
-def test_a_model_sized_arena_is_kept_within_a_share_of_the_hosts_memory(tmp_path, monkeypatch):
+class _FileSystem:
+    """What ``os.statvfs`` answers for a file system of ``size`` bytes with ``free`` left."""
+
+    def __init__(self, size, free):
+        self.f_frsize = 4096
+        self.f_blocks, self.f_bavail = size // 4096, free // 4096
+
+
+def test_the_kept_arena_limit_is_a_share_of_memory_and_of_the_folder(monkeypatch):
     from neuron_workbench.run import transport
 
     monkeypatch.delenv(transport.KEPT_ARENA_ENV, raising=False)
+    gib, mib = 1 << 30, 1 << 20
+
+    def limit(memory, size, free):
+        monkeypatch.setattr(transport, "_usable_memory", lambda: memory)
+        monkeypatch.setattr(os, "statvfs", lambda path: _FileSystem(size, free))
+        return transport.kept_arena_limit("/any")
+
+    assert limit(64 * gib, 32 * gib, 30 * gib) == 2 * gib  # 1/32 of the memory
+    assert limit(8 * gib, 32 * gib, 30 * gib) == 256 * mib  # a container's 8 GiB
+    assert limit(64 * gib, 4 * gib, 4 * gib) == 512 * mib  # 1/8 of the folder's file system
+    assert limit(64 * gib, 32 * gib, 1 * gib) == 256 * mib  # 1/4 of the space left there
+    assert limit(64 * gib, 64 * mib, 64 * mib) == 8 * mib  # docker's /dev/shm: 8 MiB, as before
+    assert limit(None, 32 * gib, 30 * gib) == 8 * mib  # memory not known
+    # the setting decides instead, in whole MiB; anything else warns once and keeps 8 MiB
+    monkeypatch.setenv(transport.KEPT_ARENA_ENV, " 16 ")
+    assert transport.kept_arena_limit("/any") == 16 * mib
+    monkeypatch.setenv(transport.KEPT_ARENA_ENV, "0")
+    assert transport.kept_arena_limit("/any") == 0
+    for setting in ("8M", "-1", "\u00b2"):
+        monkeypatch.setenv(transport.KEPT_ARENA_ENV, setting)
+        with pytest.warns(UserWarning, match="not a whole number of MiB"):
+            assert transport.kept_arena_limit("/any") == 8 * mib
+
+
+def test_the_usable_memory_is_a_containers_limit_where_one_is_set(tmp_path, monkeypatch):
+    from neuron_workbench.run import transport
+
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for text, usable in (("max\n", physical), ("1073741824\n", min(physical, 1 << 30))):
+        (tmp_path / "memory.max").write_text(text)
+        monkeypatch.setattr(transport, "_CGROUP_MEMORY_LIMITS", (str(tmp_path / "memory.max"),))
+        transport._usable_memory.cache_clear()
+        assert transport._usable_memory() == usable
+    transport._usable_memory.cache_clear()
+
+
+def test_arenas_up_to_the_limit_are_kept_and_a_lowered_limit_frees_them(tmp_path, monkeypatch):
+    from neuron_workbench.run import transport
+
     folder = tempfile.mkdtemp(prefix="neuron-workbench-test-", dir=arena_folder() or tmp_path)
     try:
-        limit = transport.kept_arena_limit(folder)
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        assert transport.ARENA_KEPT_MIN_BYTES <= limit <= max(memory // 32, 8 << 20)
-        if limit < 24 << 20:
-            pytest.skip("a host with under 768 MiB of memory or a small folder keeps 8 MiB only")
         # more than the 8 MiB kept before: a mid-size model's state is written into kept memory
-        assert _kept_after_loading(folder, 16 << 20)
-        # the folder's file system bounds it: a container's 64 MiB /dev/shm keeps 8 MiB arenas
-        real = os.statvfs(folder)
-
-        class Small:
-            f_blocks, f_frsize = (64 << 20) // real.f_frsize, real.f_frsize
-
-        monkeypatch.setattr(os, "statvfs", lambda path: Small)
-        assert transport.kept_arena_limit(folder) == transport.ARENA_KEPT_MIN_BYTES
-        assert not _kept_after_loading(folder, 9 << 20)
-        assert _kept_after_loading(folder, 4 << 20)
-        # the setting decides instead, in MiB
+        monkeypatch.setenv(transport.KEPT_ARENA_ENV, "16")
+        assert _kept_after_loading(folder, 12 << 20)
+        assert not _kept_after_loading(folder, 20 << 20)
+        # kept, then the limit lowered: the next message does not reuse it, and its memory goes
+        kept = os.path.join(folder, "kept-arena-0")
+        back = loads(dumps({"x": torch.zeros(12 << 20, dtype=torch.uint8)}, folder))
+        del back
+        gc.collect()
+        inode = os.stat(kept).st_ino
         monkeypatch.setenv(transport.KEPT_ARENA_ENV, "1")
-        assert not _kept_after_loading(folder, 2 << 20)
-        assert _kept_after_loading(folder, 1 << 20)
+        packed = dumps({"y": torch.ones(4)}, folder)
+        assert not os.path.exists(kept) and os.stat(packed.arena).st_ino != inode
+        assert loads(packed)["y"].tolist() == [1.0] * 4
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

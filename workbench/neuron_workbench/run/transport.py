@@ -35,6 +35,7 @@ import sys
 import threading
 import types
 import uuid
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
@@ -146,16 +147,25 @@ _SHARED_MEMORY = "/dev/shm"
 #: :func:`kept_arena_limit`; a larger one is removed as its name is not needed (its memory goes with
 #: the last of them). Always up to this many bytes (a small model's state):
 ARENA_KEPT_MIN_BYTES = 8 << 20
-#: The most a kept arena may take, each of the two: this share of the host's memory (both together
-#: hold at most 1/16 of it while the worker lives) and of its folder's file system (a container's
-#: small ``/dev/shm`` stays free for the messages themselves).
+#: The most a kept arena may take, each of a worker's two: this share of the memory this process may
+#: use (the host's, or its container's limit), so that a worker's two hold at most 1/16 of it
+#: between cells; and of its folder's file system, capacity and free space, so that the messages
+#: themselves and the notebook's own users of ``/dev/shm`` (DataLoader workers) keep room.
 _KEPT_SHARE_OF_MEMORY = 32
 _KEPT_SHARE_OF_FOLDER = 8
+_KEPT_SHARE_OF_FREE = 4
 #: Sets the largest kept arena in MiB instead (0: none kept, every message gets fresh memory).
 KEPT_ARENA_ENV = "NEURON_WORKBENCH_KEPT_ARENA_MIB"
-#: The names of the loaded arenas kept in a folder: two, one for each way (the kernel's request
-#: and the worker's answer each find one the other side loaded earlier).
+#: Where a container's memory limit is read (cgroup v2, then v1); "max" or a huge number: none.
+_CGROUP_MEMORY_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
+#: The names of the loaded arenas kept in a folder: two, taken by whichever side writes next (in
+#: steady state, one for the kernel's request and one for the worker's answer).
 _KEPT_ARENAS = ("kept-arena-0", "kept-arena-1")
+#: Settings of :data:`KEPT_ARENA_ENV` already warned about (once each per process).
+_WARNED_SETTINGS: set[str] = set()
 
 
 def arena_folder() -> str | None:
@@ -164,32 +174,62 @@ def arena_folder() -> str | None:
     return folder if os.path.isdir(folder) and os.access(folder, os.W_OK) else None
 
 
+@functools.lru_cache(maxsize=1)
+def _usable_memory() -> int | None:
+    """The memory this process may use: the host's, or less where a container limits it."""
+    try:
+        usable = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+    for path in _CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isascii() and text.isdigit():
+            usable = min(usable, int(text))
+        break
+    return usable
+
+
 def kept_arena_limit(folder: str) -> int:
     """The largest loaded arena kept in ``folder`` for the next message to be written into.
 
     Writing a model's state into a kept arena reuses its memory pages: a 35M-parameter GPT-2 step
-    with AdamW ships about 400 MiB each way, and a cell took about 15 % less for it. The cost is
-    memory held between cells while the worker lives (each way's last arena), so it is bounded by
-    the host's memory and the folder's file system (see :data:`_KEPT_SHARE_OF_MEMORY`), never less
-    than :data:`ARENA_KEPT_MIN_BYTES`; ``NEURON_WORKBENCH_KEPT_ARENA_MIB`` sets it instead.
+    with AdamW ships about 400 MiB each way, and its cell takes about 30 % less for it
+    (``benchmarks/transfer.py``). The cost is memory held between cells while the worker lives
+    (its last two arenas), so each is at most 1/32 of the memory this process may use (the
+    host's, or its container's limit), 1/8 of the folder's file system and 1/4 of the space left
+    there, and at least :data:`ARENA_KEPT_MIN_BYTES`. ``NEURON_WORKBENCH_KEPT_ARENA_MIB`` sets it
+    instead (a whole number of MiB; anything else is warned about and keeps 8 MiB).
     """
     setting = os.environ.get(KEPT_ARENA_ENV, "").strip()
-    if setting.isdigit():
-        return int(setting) << 20
-    limit = ARENA_KEPT_MIN_BYTES
+    if setting:
+        if setting.isascii() and setting.isdigit():
+            return int(setting) << 20
+        if setting not in _WARNED_SETTINGS:
+            _WARNED_SETTINGS.add(setting)
+            warnings.warn(
+                f"{KEPT_ARENA_ENV}={setting!r} is not a whole number of MiB: shared-memory "
+                f"files up to {ARENA_KEPT_MIN_BYTES >> 20} MiB are kept between cells",
+                stacklevel=2,
+            )
+        return ARENA_KEPT_MIN_BYTES
+    limit = _usable_memory()
+    if limit is None:
+        return ARENA_KEPT_MIN_BYTES
+    limit //= _KEPT_SHARE_OF_MEMORY
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         disk = os.statvfs(folder)
-        limit = max(
-            limit,
-            min(
-                memory // _KEPT_SHARE_OF_MEMORY,
-                disk.f_blocks * disk.f_frsize // _KEPT_SHARE_OF_FOLDER,
-            ),
-        )
-    except (OSError, ValueError, AttributeError):  # not known here: a small model's state only
-        pass
-    return limit
+    except OSError:
+        return ARENA_KEPT_MIN_BYTES
+    limit = min(
+        limit,
+        disk.f_blocks * disk.f_frsize // _KEPT_SHARE_OF_FOLDER,
+        disk.f_bavail * disk.f_frsize // _KEPT_SHARE_OF_FREE,
+    )
+    return max(ARENA_KEPT_MIN_BYTES, limit)
 
 
 def kept_arenas_size(folder: str) -> int:
@@ -297,12 +337,20 @@ class _StorageSink:
         """A new arena file at ``path``: the arena a receiver kept in the folder, when there is one."""
         assert self.folder is not None
         if _keeps_arenas(self.folder):
+            limit = None
             for name in _KEPT_ARENAS:
                 try:
                     # renamed: no other sender writes into it, and it is this message's own
                     os.rename(os.path.join(self.folder, name), path)
                 except OSError:
                     continue  # none kept under this name
+                if limit is None:
+                    limit = kept_arena_limit(self.folder)
+                if os.stat(path).st_size > limit:
+                    # kept before the limit was lowered: its memory goes now, not at a restart
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    continue
                 return os.open(path, os.O_WRONLY)
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 
