@@ -60,8 +60,14 @@ def best_of_interleaved(
     return min(base), min(cand)
 
 
-#: A small GPT-2 (transformers, no download), its AdamW and four micro-batches, on the CPU.
-GPT_SETUP = """
+def gpt_setup(
+    *, vocab: int, positions: int, width: int, layers: int, heads: int, ids: str, lr: str
+) -> str:
+    """A plain cell building a GPT-2 (transformers, from a config: no download), AdamW and ``ids``.
+
+    ``ids`` is the shape of the token ids drawn (a Python tuple's text), ``lr`` the learning rate.
+    """
+    return f"""
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging
@@ -69,13 +75,19 @@ from transformers.utils import logging
 logging.set_verbosity_error()
 torch.manual_seed(0)
 config = GPT2Config(
-    vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+    vocab_size={vocab}, n_positions={positions}, n_embd={width}, n_layer={layers}, n_head={heads},
     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
 )
 model = GPT2LMHeadModel(config)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-ids = torch.randint(0, 256, (4, 4, 32))
+optimizer = torch.optim.AdamW(model.parameters(), lr={lr})
+ids = torch.randint(0, {vocab}, {ids})
 """
+
+
+#: A small GPT-2, its AdamW and four micro-batches, on the CPU.
+GPT_SETUP = gpt_setup(
+    vocab=256, positions=32, width=64, layers=2, heads=4, ids="(4, 4, 32)", lr="1e-3"
+)
 
 #: A public GPT training step, as written for CUDA (4 micro-batches of gradient accumulation).
 GPT_STEP = """device = "cuda"
