@@ -8,7 +8,6 @@ import os
 import pathlib
 import random
 import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -545,18 +544,12 @@ def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     )
 
 
-@pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
-def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):
+def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep):
     # Both runs saved to the same path at the same time: the target's (storages tagged neuron:0)
-    # could win, and the next plain cell could not load the checkpoint. A folder a plain cell made
-    # with tempfile.mkdtemp() is scratch for compilers' files, but a checkpoint there is kept apart
-    # too: a run could read the other's half-written file.
-    if where == "project":
-        folder = pathlib.Path.cwd() / f".checkpoint-test-{os.getpid()}"
-        folder.mkdir()
-    else:
-        folder = pathlib.Path(tempfile.mkdtemp())
+    # could win, and the next plain cell could not load the checkpoint.
+    folder = pathlib.Path.cwd() / f".checkpoint-test-{os.getpid()}"
+    folder.mkdir()
     try:
         path = str(folder / "ckpt.pt")
         run_cell(ip, "import torch\nnet = torch.nn.Linear(4, 2)")

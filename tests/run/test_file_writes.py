@@ -96,31 +96,6 @@ def test_scratch_files_are_written_for_real():
         shutil.rmtree(cache)
 
 
-def test_a_checkpoint_saved_into_a_tempfile_folder_is_kept_apart():
-    # a notebook's checkpoint folder made with tempfile.mkdtemp(): both runs saving and loading
-    # the same file at the same time had one read the other's half-written checkpoint
-    scratch = tempfile.mkdtemp()
-    ckpt = os.path.join(scratch, "ckpt.pt")
-    try:
-        torch.save({"w": torch.zeros(2)}, ckpt)  # the notebook's (the kept run's)
-        with writes_kept_apart() as writes:
-            torch.save({"w": torch.ones(2)}, ckpt)
-            assert writes.written == [ckpt]
-            # the run's own from then on: torch.load, open and os.stat read its copy
-            assert torch.load(ckpt)["w"].tolist() == [1.0, 1.0]
-            assert os.path.getsize(ckpt) == os.path.getsize(writes.shadow_of(ckpt))
-            with open(ckpt, "rb") as handle:
-                assert handle.read() == pathlib.Path(writes.shadow_of(ckpt)).read_bytes()
-            # other writes there stay scratch: a compiler's source file beside it
-            with open(os.path.join(scratch, "kernel.cpp"), "w") as handle:
-                handle.write("int main() {}")
-            assert writes.written == [ckpt]
-        assert torch.load(ckpt)["w"].tolist() == [0.0, 0.0]
-        assert os.path.getsize(os.path.join(scratch, "kernel.cpp"))
-    finally:
-        shutil.rmtree(scratch)
-
-
 def test_the_note_names_the_files_and_the_kept_run(folder):
     paths = [str(folder / f"f{i}.pt") for i in range(5)]
     note = kept_apart_note(paths, "ref")

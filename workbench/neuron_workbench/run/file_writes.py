@@ -19,9 +19,8 @@ copies), and other processes reading what the run wrote (a subprocess sees the n
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
 apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders, torch.compile's
 ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other processes read what
-is written there; but a ``torch.save`` into a ``tmp...`` folder (a notebook's checkpoint folder made
-with ``tempfile.mkdtemp()``) is kept apart. Other paths under the temporary folder (a project kept
-in ``/tmp``) are the notebook's like any other.
+is written there. Other paths under the temporary folder (a project kept in ``/tmp``) are the
+notebook's like any other.
 """
 
 from __future__ import annotations
@@ -72,32 +71,21 @@ class WritesKeptApart:
         """Where the run's copy of the real file ``path`` (absolute) is, if it wrote one."""
         return self._shadows.get(path)
 
-    def _real(self, file: Any, *, checkpoint: bool = False) -> str | None:
-        """The absolute path ``file`` names, or None when it is not kept apart (fd, exempt).
-
-        ``checkpoint``: ``torch.save`` writes it, which keeps a file in a ``tempfile`` folder apart
-        too (a notebook's ``tempfile.mkdtemp()`` checkpoints); a file the run wrote that way is its
-        own for every later call of the run (``torch.load``, ``open``, ``os.stat``).
-        """
+    def _real(self, file: Any) -> str | None:
+        """The absolute path ``file`` names, or None when it is not kept apart (fd, exempt)."""
         if isinstance(file, int) or not isinstance(file, str | bytes | os.PathLike):
             return None
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
         if path.startswith(self._exempt):
             return None
-        if path in self._shadows:
-            return path
         if path.startswith(self._scratch_root) and not path.startswith(
             os.path.join(os.getcwd(), "")
         ):
             # tempfile's own names (mkstemp, mkdtemp: "tmp...") and torch.compile's cache hold
             # scratch files other processes read; a project kept under /tmp is the notebook's,
-            # and so is everything below the working folder (a clone made by `mktemp -d`). No
-            # compiler writes its scratch with torch.save, while a notebook saving a checkpoint
-            # into its tempfile folder, with both runs going at once, had one run read the
-            # other's half-written file.
+            # and so is everything below the working folder (a clone made by `mktemp -d`)
             first = path[len(self._scratch_root) :].partition(os.sep)[0]
-            prefixes = _COMPILER_PREFIXES if checkpoint else _SCRATCH_PREFIXES
-            if first.startswith(prefixes):
+            if first.startswith(_SCRATCH_PREFIXES):
                 return None
         return path
 
@@ -112,12 +100,9 @@ class WritesKeptApart:
         """Whether the run sees ``real``: a copy of its own, or a real file it did not remove."""
         return real in self._shadows or (real not in self._deleted and os.path.lexists(real))
 
-    def open_path(self, file: Any, mode: str, real_open: Any, *, checkpoint: bool = False) -> Any:
-        """The path ``open(file, mode)`` should open instead of ``file`` (or ``file`` itself).
-
-        ``checkpoint``: ``torch.save`` opens it (see :meth:`_real`).
-        """
-        real = self._real(file, checkpoint=checkpoint)
+    def open_path(self, file: Any, mode: str, real_open: Any) -> Any:
+        """The path ``open(file, mode)`` should open instead of ``file`` (or ``file`` itself)."""
+        real = self._real(file)
         if real is None:
             return file
         with self._lock:
@@ -231,8 +216,6 @@ def _not_found(path: Any) -> FileNotFoundError:
 
 #: First names below the temporary folder that are scratch: tempfile's, torch.compile's cache.
 _SCRATCH_PREFIXES = ("tmp", "torchinductor_")
-#: The scratch a torch.save there leaves alone too: torch.compile's cache.
-_COMPILER_PREFIXES = ("torchinductor_",)
 
 
 def _exempt_folders(own: str) -> list[str]:
@@ -325,7 +308,7 @@ def writes_kept_apart(
         def zip_writer(name_or_buffer: Any) -> Any:
             # torch.save hands a path to its C++ zip writer, which opens it below Python
             if isinstance(name_or_buffer, str | os.PathLike):
-                name_or_buffer = record.open_path(name_or_buffer, "wb", real_open, checkpoint=True)
+                name_or_buffer = record.open_path(name_or_buffer, "wb", real_open)
             return real_zip_writer(name_or_buffer)
 
         patches.append((serialization, {"_open_zipfile_writer": zip_writer}))
