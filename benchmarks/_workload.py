@@ -5,8 +5,12 @@ Not a benchmark itself (``run.py`` skips files starting with an underscore).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 SETUP = """
 import torch
@@ -44,6 +48,38 @@ optimizer.step()
 def cell_for(device: str) -> str:
     """The training-step cell with its device spelled out (``"cuda"`` for %%neuron)."""
     return CELL.replace("DEVICE", repr(device))
+
+
+def quiet_shell(setup: str) -> Any:
+    """A testing IPython shell that has run ``setup``; what cells display is not printed.
+
+    A benchmark measures the work, not the terminal printing.
+    """
+    from neuron_workbench.testing import run_cell, testing_shell
+
+    shell = testing_shell()
+    shell.display_pub.publish = lambda *a, **k: None
+    run_cell(shell, setup)
+    return shell
+
+
+def result_in_fresh_process(
+    script: str, args: Sequence[str], mark: str, env: dict[str, str] | None = None
+) -> Any:
+    """Run ``script`` with ``args`` in a fresh Python process; the JSON it printed after ``mark``.
+
+    The last line starting with ``mark`` counts; a failed process, or one that printed no such
+    line, raises with what it wrote to stderr.
+    """
+    done = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, env=env, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
+    if done.returncode or not lines:
+        raise RuntimeError(
+            f"{script} {' '.join(args)} exited {done.returncode} without a result:\n{done.stderr}"
+        )
+    return json.loads(lines[-1][len(mark) :])
 
 
 def best_of_interleaved(

@@ -26,7 +26,6 @@ with or without the workbench loaded), so one process's ratio was 0.97x or 1.33x
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +34,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _workload import GPT_SETUP as SETUP  # noqa: E402
-from _workload import GPT_STEP, best_of_interleaved, cell_for  # noqa: E402
+from _workload import (  # noqa: E402
+    GPT_STEP,
+    best_of_interleaved,
+    cell_for,
+    quiet_shell,
+    result_in_fresh_process,
+)
 from _workload import SETUP as CNN_SETUP  # noqa: E402
 
 ROUNDS = 11  # minimum over this many alternating rounds: one noisy round moves no figure
@@ -56,15 +61,6 @@ done = x.sum()
 """
 
 RESULT_MARK = "DEFAULT_PATH_RESULT "
-
-
-def _shell():
-    from neuron_workbench.testing import run_cell, testing_shell
-
-    shell = testing_shell()
-    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the terminal printing
-    run_cell(shell, SETUP)
-    return shell
 
 
 def per_op_target_us(shell, flags: str) -> float:
@@ -145,7 +141,7 @@ def inprocess_main() -> None:
     from neuron_workbench import emulate
 
     emulate("neuron")
-    shell = _shell()
+    shell = quiet_shell(SETUP)
     print(RESULT_MARK + json.dumps({"per_op_us": per_op_target_us(shell, "--executor inprocess")}))
 
 
@@ -154,7 +150,7 @@ def gpt_main() -> None:
     from neuron_workbench.backends.registry import resolve_executor
 
     assert resolve_executor("auto", ["neuron"]) == "worker", "the kernel must hold no device"
-    shell = _shell()
+    shell = quiet_shell(SETUP)
     plain_step = GPT_STEP.replace('device = "cuda"', 'device = "cpu"')
     gpt = magic_against_plain_twice(shell, GPT_STEP, plain_step)
     plain_body, remapped_body = remap_mode_cost_s(shell, GPT_STEP, plain_step)
@@ -163,11 +159,7 @@ def gpt_main() -> None:
 
 
 def _in_fresh_process(flag: str) -> dict[str, float]:
-    done = subprocess.run(
-        [sys.executable, __file__, flag], capture_output=True, text=True, check=True
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
-    return json.loads(line[len(RESULT_MARK) :])
+    return result_in_fresh_process(__file__, [flag], RESULT_MARK)
 
 
 def main() -> int:
@@ -209,7 +201,7 @@ def main() -> int:
         f"{(remapped_body - plain_body) * 1e3:.1f} ms to one body "
         f"({remapped_body * 1e3:.1f} ms vs {plain_body * 1e3:.1f} ms plain, host, one at a time)"
     )
-    shell = _shell()
+    shell = quiet_shell(SETUP)
     run_cell(shell, CNN_SETUP)
     cnn = magic_against_plain_twice(shell, cell_for("cuda"), cell_for("cpu"))
     print(

@@ -29,8 +29,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,13 +101,11 @@ def measure(rounds: int) -> dict[str, dict[str, float]]:
 
     emulate("neuron")  # before any backward pass in this process
 
-    from _workload import SETUP, cell_for
-    from neuron_workbench.testing import run_cell, testing_shell
+    from _workload import SETUP, cell_for, quiet_shell
+    from neuron_workbench.testing import run_cell
 
     torch.set_num_threads(1)
-    shell = testing_shell()
-    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the terminal printing
-    run_cell(shell, SETUP)
+    shell = quiet_shell(SETUP)
 
     def plain(device: str) -> None:
         run_cell(shell, cell_for(device))
@@ -138,16 +134,11 @@ def run_worker(rounds: int) -> dict[str, dict[str, float]]:
     dict of str to dict
         What :func:`measure` returned in the worker.
     """
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds", str(rounds)],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
+    from _workload import result_in_fresh_process
+
+    return result_in_fresh_process(
+        str(Path(__file__).resolve()), ["--worker", "--rounds", str(rounds)], RESULT_MARK
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if not lines:
-        raise RuntimeError(f"worker printed no result:\n{done.stdout}")
-    return json.loads(lines[-1][len(RESULT_MARK) :])
 
 
 def summarize(

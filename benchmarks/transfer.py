@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import gpt_setup  # noqa: E402
+from _workload import gpt_setup, quiet_shell, result_in_fresh_process  # noqa: E402
 
 ROUNDS = 4
 RESULT_MARK = "TRANSFER_RESULT "
@@ -44,11 +43,9 @@ optimizer.zero_grad(set_to_none=True)
 
 def measure() -> dict[str, float]:
     """Best times of the %%neuron cell and of the plain cell run twice, in this process."""
-    from neuron_workbench.testing import run_cell, testing_shell
+    from neuron_workbench.testing import run_cell
 
-    shell = testing_shell()
-    shell.display_pub.publish = lambda *a, **k: None  # measure the work, not the printing
-    run_cell(shell, SETUP)
+    shell = quiet_shell(SETUP)
     magic_cell = "%%neuron -o transfer_report\n" + STEP
     plain_cell = STEP.replace('device = "cuda"', 'device = "cpu"')
     for _ in range(2):  # the worker starts, the optimizer's moments appear
@@ -75,14 +72,7 @@ def _in_fresh_process(kept_mib: str | None) -> dict[str, float]:
     env.pop(KEPT_ARENA_ENV, None)
     if kept_mib is not None:
         env[KEPT_ARENA_ENV] = kept_mib
-    done = subprocess.run(
-        [sys.executable, __file__, "--measure"], capture_output=True, text=True, env=env
-    )
-    if done.returncode:
-        sys.stderr.write(done.stderr)
-        raise SystemExit(f"the measuring process failed (exit {done.returncode})")
-    line = next(x for x in done.stdout.splitlines() if x.startswith(RESULT_MARK))
-    return json.loads(line[len(RESULT_MARK) :])
+    return result_in_fresh_process(__file__, ["--measure"], RESULT_MARK, env)
 
 
 def main() -> int:
