@@ -197,7 +197,7 @@ def kept_arena_limit(folder: str) -> int:
     """The largest loaded arena kept in ``folder`` for the next message to be written into.
 
     Writing a model's state into a kept arena reuses its memory pages: a 35M-parameter GPT-2 step
-    with AdamW ships about 400 MiB each way, and its cell takes about 30 % less for it
+    with AdamW ships about 400 MiB each way, and its cell takes about a quarter less
     (``benchmarks/transfer.py``). The cost is memory held between cells while the worker lives
     (its last two arenas), so each is at most 1/32 of the memory this process may use (the
     host's, or its container's limit), 1/8 of the folder's file system and 1/4 of the space left
