@@ -544,12 +544,18 @@ def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     )
 
 
+@pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
-def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep):
+def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):
     # Both runs saved to the same path at the same time: the target's (storages tagged neuron:0)
-    # could win, and the next plain cell could not load the checkpoint.
-    folder = pathlib.Path.cwd() / f".checkpoint-test-{os.getpid()}"
-    folder.mkdir()
+    # could win, and the next plain cell could not load the checkpoint. In a folder a plain cell
+    # made with tempfile.mkdtemp(), each run could also read the other's half-written file.
+    if where == "project":
+        folder = pathlib.Path.cwd() / f".checkpoint-test-{os.getpid()}"
+        folder.mkdir()
+    else:
+        run_cell(ip, "import tempfile\ncheckpoints = tempfile.mkdtemp()")
+        folder = pathlib.Path(ip.user_ns["checkpoints"])
     try:
         path = str(folder / "ckpt.pt")
         run_cell(ip, "import torch\nnet = torch.nn.Linear(4, 2)")

@@ -75,12 +75,14 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
 
 
 def test_scratch_files_are_written_for_real():
-    # tempfile's files and folders, and torch.compile's cache: compilers and other processes read them
-    scratch = tempfile.mkdtemp()
+    # tempfile's files and folders made during the run, and torch.compile's cache (whenever it was
+    # made): compilers and other processes read them
+    scratch = None
     cache = os.path.join(tempfile.gettempdir(), f"torchinductor_test{os.getpid()}")
     os.makedirs(cache)
     try:
         with writes_kept_apart() as writes:
+            scratch = tempfile.mkdtemp()
             with open(os.path.join(scratch, "kernel.cpp"), "w") as handle:
                 handle.write("int main() {}")
             with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as named:
@@ -92,8 +94,29 @@ def test_scratch_files_are_written_for_real():
         assert os.path.getsize(named.name) and os.path.getsize(os.path.join(cache, "graph.py"))
         os.unlink(named.name)
     finally:
-        shutil.rmtree(scratch)
+        if scratch is not None:
+            shutil.rmtree(scratch)
         shutil.rmtree(cache)
+
+
+def test_tempfile_folders_made_before_the_run_are_the_notebooks():
+    # A plain cell's tempfile.mkdtemp() holding checkpoints: both runs of a %%neuron cell save and
+    # load there at the same time, so the run that is not kept must write its own copies.
+    folder = pathlib.Path(tempfile.mkdtemp())
+    named = tempfile.NamedTemporaryFile(suffix=".pt", delete=False)  # noqa: SIM115
+    named.close()
+    ckpt = folder / "ckpt.pt"
+    try:
+        with writes_kept_apart() as writes:
+            torch.save({"w": torch.arange(3.0)}, ckpt)
+            assert torch.load(ckpt)["w"].tolist() == [0.0, 1.0, 2.0]
+            torch.save(torch.ones(2), named.name)
+            assert torch.load(named.name).tolist() == [1.0, 1.0]
+            assert writes.written == [str(ckpt), named.name]
+        assert not ckpt.exists() and os.path.getsize(named.name) == 0
+    finally:
+        shutil.rmtree(folder)
+        os.unlink(named.name)
 
 
 def test_the_note_names_the_files_and_the_kept_run(folder):

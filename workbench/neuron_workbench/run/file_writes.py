@@ -17,10 +17,11 @@ as they are. Not covered: writes made below Python (``safetensors``' Rust writer
 ``Path.touch``), folder listings and folder renames (``os.listdir``, ``glob`` do not show the run's
 copies), and other processes reading what the run wrote (a subprocess sees the notebook's file). The
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
-apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders, torch.compile's
-``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other processes read what
-is written there. Other paths under the temporary folder (a project kept in ``/tmp``) are the
-notebook's like any other.
+apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders made during the
+run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other
+processes read what is written there. A ``tmp...`` file or folder that was there when the run
+started (a plain cell's ``tempfile.mkdtemp()`` for checkpoints) is the notebook's, like any other
+path under the temporary folder (a project kept in ``/tmp``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class WritesKeptApart:
         self._lock = threading.RLock()
         self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
         self._scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
+        # tempfile's names made before the run (a plain cell's mkdtemp() for checkpoints) are the
+        # notebook's: both runs would otherwise write, and read back, the same file at once
+        self._notebook_temp = _tempfile_names(self._scratch_root)
 
     @property
     def written(self) -> list[str]:
@@ -85,7 +89,7 @@ class WritesKeptApart:
             # scratch files other processes read; a project kept under /tmp is the notebook's,
             # and so is everything below the working folder (a clone made by `mktemp -d`)
             first = path[len(self._scratch_root) :].partition(os.sep)[0]
-            if first.startswith(_SCRATCH_PREFIXES):
+            if first.startswith(_SCRATCH_PREFIXES) and first not in self._notebook_temp:
                 return None
         return path
 
@@ -216,6 +220,17 @@ def _not_found(path: Any) -> FileNotFoundError:
 
 #: First names below the temporary folder that are scratch: tempfile's, torch.compile's cache.
 _SCRATCH_PREFIXES = ("tmp", "torchinductor_")
+#: tempfile's own first names (mkstemp, mkdtemp and the classes over them without a prefix).
+_TEMPFILE_PREFIX = "tmp"
+
+
+def _tempfile_names(root: str) -> frozenset[str]:
+    """The names tempfile gave in the temporary folder ``root`` so far (its ``tmp...`` entries)."""
+    try:
+        with os.scandir(root) as entries:
+            return frozenset(e.name for e in entries if e.name.startswith(_TEMPFILE_PREFIX))
+    except OSError:
+        return frozenset()
 
 
 def _exempt_folders(own: str) -> list[str]:
