@@ -22,7 +22,12 @@ from neuron_workbench.compare.budget import (
 )
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
-from neuron_workbench.report.hints import Evidence, autocast_registration_hint, hints_for
+from neuron_workbench.report.hints import (
+    Evidence,
+    autocast_registration_hint,
+    device_mixing_hint,
+    hints_for,
+)
 from neuron_workbench.report.report import IDLE_TARGET, Report
 from neuron_workbench.run import (
     CellProgram,
@@ -681,6 +686,9 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         hint = autocast_registration_hint(run)
         if hint:
             notes.append(f"{run.backend.label} error: {hint}")
+    mixing = device_mixing_hint(ref, target)
+    if mixing:
+        notes.append(f"{target.backend.label} error: {mixing}")
     return notes
 
 

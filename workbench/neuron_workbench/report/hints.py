@@ -449,6 +449,32 @@ def autocast_registration_hint(run: Run) -> str | None:
     return None
 
 
+#: PyTorch's own device check (TensorIterator, the ops' device guards), the same on every device.
+_MIXED_DEVICES = "Expected all tensors to be on the same device"
+
+
+def device_mixing_hint(ref: Run, target: Run) -> str | None:
+    """Why the target alone refused a CPU tensor next to one on its device, when that happened.
+
+    PyTorch refuses such a mix on CUDA as on any accelerator; the CPU standing in for cuda holds
+    both on the CPU and cannot refuse it. Given only when that reference ran the cell and the
+    target raised PyTorch's device check naming the CPU.
+    """
+    if target.error is None or ref.error is not None:
+        return None
+    if ref.backend.details.get("stands_in_for") != "cuda" or ref.backend.device != "cpu":
+        return None
+    message = target.error.message
+    if _MIXED_DEVICES not in message or "cpu" not in message:
+        return None
+    return (
+        "the cell mixes a CPU tensor with one on the device, which CUDA refuses too; the cpu "
+        "reference holds both on the CPU, so only the target could refuse it. Move that tensor to "
+        "the device in the cell (one an earlier plain cell put on cuda: make or move it in a "
+        "%%neuron cell)"
+    )
+
+
 def _has_kernel(name: str, key: str) -> bool:
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
