@@ -182,18 +182,19 @@ def test_a_library_op_without_an_autocast_wrapper_for_the_device_is_named(ip):
         "z = x + torch.randn(4)",  # a CPU tensor in arithmetic
         "z = x.index_select(0, torch.tensor([0, 2]))",  # a CPU index to an op that wants it there
         "z = torch.nn.Linear(4, 2)(x.view(1, 4))",  # a model left on the CPU
+        "z = x.numpy()",  # NumPy of a device tensor
     ],
 )
-def test_a_cpu_tensor_next_to_a_device_one_is_named_as_the_cells_mistake(ip, body):
+def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
     # CUDA refuses these too; the cpu reference holds everything on the CPU and ran them, so the
     # target's ERROR read as a porting problem of the target.
     run_cell(ip, "import torch")
     run_cell(ip, f"%%neuron -o r\nx = torch.randn(4, device='cuda')\n{body}")
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
-    note = next(n for n in report.notes if "mixes a CPU tensor" in n)
-    assert note.startswith("neuron (emulated) error: the cell mixes a CPU tensor with one on the")
-    assert "which CUDA refuses too" in note
+    note = next(n for n in report.notes if "which CUDA refuses too" in n)
+    what = "converts a tensor on the device to NumPy" if "numpy" in body else "mixes a CPU tensor"
+    assert note.startswith(f"neuron (emulated) error: the cell {what}")
 
 
 @pytest.mark.parametrize(
@@ -201,6 +202,7 @@ def test_a_cpu_tensor_next_to_a_device_one_is_named_as_the_cells_mistake(ip, bod
     [
         "z = x * torch.tensor(2.0)",  # a 0-dim CPU tensor is a number to CUDA
         "z = x[torch.tensor([0, 2])]",  # indexing takes CPU indices on CUDA
+        "z = x.cpu().numpy()",
     ],
 )
 def test_mixes_cuda_accepts_pass_without_the_note(ip, body):
@@ -208,12 +210,12 @@ def test_mixes_cuda_accepts_pass_without_the_note(ip, body):
     run_cell(ip, f"%%neuron -o r\nx = torch.randn(4, device='cuda')\n{body}")
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
-    assert not any("mixes a CPU tensor" in n for n in report.notes)
+    assert not any("which CUDA refuses too" in n for n in report.notes)
 
 
-def test_the_mixing_note_needs_a_reference_that_ran_on_the_host():
+def test_the_cuda_refuses_too_note_needs_a_reference_that_ran_on_the_host():
     from neuron_workbench.backends.base import BackendInfo
-    from neuron_workbench.report.hints import device_mixing_hint
+    from neuron_workbench.report.hints import cuda_refuses_too_hint
     from neuron_workbench.run.records import Run, RunError
 
     refused = RunError("RuntimeError", "Expected all tensors to be on the same device, but found "
@@ -221,12 +223,12 @@ def test_the_mixing_note_needs_a_reference_that_ran_on_the_host():
     target = Run(backend=BackendInfo("neuron", "neuron:0", "emulated", True), error=refused)
     host = BackendInfo("cpu", "cpu", "host", details={"stands_in_for": "cuda"})
     gpu = BackendInfo("cuda", "cuda:0", "a GPU")
-    assert device_mixing_hint(Run(backend=host), target) is not None
+    assert cuda_refuses_too_hint(Run(backend=host), target) is not None
     # a GPU reference would have refused it too; a failed reference has its own error to show
-    assert device_mixing_hint(Run(backend=gpu), target) is None
-    assert device_mixing_hint(Run(backend=host, error=refused), target) is None
+    assert cuda_refuses_too_hint(Run(backend=gpu), target) is None
+    assert cuda_refuses_too_hint(Run(backend=host, error=refused), target) is None
     other = Run(backend=target.backend, error=RunError("RuntimeError", "shape mismatch"))
-    assert device_mixing_hint(Run(backend=host), other) is None
+    assert cuda_refuses_too_hint(Run(backend=host), other) is None
 
 
 def _adam_first_step(w_before, grad, lr=1e-3, eps=1e-8):

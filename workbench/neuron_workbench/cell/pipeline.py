@@ -25,7 +25,7 @@ from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
     Evidence,
     autocast_registration_hint,
-    device_mixing_hint,
+    cuda_refuses_too_hint,
     hints_for,
 )
 from neuron_workbench.report.report import IDLE_TARGET, Report
@@ -686,9 +686,9 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         hint = autocast_registration_hint(run)
         if hint:
             notes.append(f"{run.backend.label} error: {hint}")
-    mixing = device_mixing_hint(ref, target)
-    if mixing:
-        notes.append(f"{target.backend.label} error: {mixing}")
+    refused = cuda_refuses_too_hint(ref, target)
+    if refused:
+        notes.append(f"{target.backend.label} error: {refused}")
     return notes
 
 

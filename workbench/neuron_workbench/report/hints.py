@@ -449,30 +449,44 @@ def autocast_registration_hint(run: Run) -> str | None:
     return None
 
 
-#: PyTorch's own device check (TensorIterator, the ops' device guards), the same on every device.
-_MIXED_DEVICES = "Expected all tensors to be on the same device"
+#: PyTorch's own refusals of a tensor on an accelerator, the same on CUDA as on any device, that
+#: the CPU standing in for cuda cannot make (it holds every tensor on the CPU): a part of the
+#: target's error message, and what the cell did.
+_CUDA_REFUSES_TOO = (
+    (
+        "Expected all tensors to be on the same device",
+        "mixes a CPU tensor with one on the device",
+        "Move that tensor to the device in the cell (one an earlier plain cell put on cuda: make "
+        "or move it in a %%neuron cell)",
+    ),
+    (
+        "device type tensor to numpy",
+        "converts a tensor on the device to NumPy",
+        "Copy it to the host first: .cpu().numpy()",
+    ),
+)
 
 
-def device_mixing_hint(ref: Run, target: Run) -> str | None:
-    """Why the target alone refused a CPU tensor next to one on its device, when that happened.
+def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
+    """Why the target alone refused what the cell did with a tensor on its device, when it did.
 
-    PyTorch refuses such a mix on CUDA as on any accelerator; the CPU standing in for cuda holds
-    both on the CPU and cannot refuse it. Given only when that reference ran the cell and the
-    target raised PyTorch's device check naming the CPU.
+    PyTorch refuses a CPU tensor next to a device one, and NumPy of a device tensor, on CUDA as on
+    any accelerator; the CPU standing in for cuda holds every tensor on the CPU and cannot refuse
+    them. Given only when that reference ran the cell and the target raised such a refusal.
     """
     if target.error is None or ref.error is not None:
         return None
     if ref.backend.details.get("stands_in_for") != "cuda" or ref.backend.device != "cpu":
         return None
     message = target.error.message
-    if _MIXED_DEVICES not in message or "cpu" not in message:
-        return None
-    return (
-        "the cell mixes a CPU tensor with one on the device, which CUDA refuses too; the cpu "
-        "reference holds both on the CPU, so only the target could refuse it. Move that tensor to "
-        "the device in the cell (one an earlier plain cell put on cuda: make or move it in a "
-        "%%neuron cell)"
-    )
+    for refusal, what, fix in _CUDA_REFUSES_TOO:
+        # the device check names both devices; a mix of two accelerators is no host's doing
+        if refusal in message and (refusal != _CUDA_REFUSES_TOO[0][0] or "cpu" in message):
+            return (
+                f"the cell {what}, which CUDA refuses too; the cpu reference holds every tensor "
+                f"on the CPU, so only the target could refuse it. {fix}"
+            )
+    return None
 
 
 def _has_kernel(name: str, key: str) -> bool:
