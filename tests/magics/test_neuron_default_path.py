@@ -7,7 +7,9 @@ base, names read without scopes, a worker that did not start in time, a cell tha
 import os
 import pathlib
 import random
+import re
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -1814,3 +1816,32 @@ def test_a_cell_whose_target_put_nothing_on_its_device_says_so(ip):
     assert "nothing ran" not in _report(ip).summary() and not _report(ip).warnings
     report = _passed(ip, "n = 3")  # no tensor computed: nothing to say
     assert "nothing ran" not in report.summary()
+
+
+def test_torch_warnings_name_the_cells_line_in_every_cell(ip):
+    # Under the run's torch function mode a warning torch raises (in C++, or in Python with
+    # stacklevel=2) named the mode's own line, ".../neuron_workbench/run/remap.py:169: UserWarning"
+    # over "return func(*args, **kwargs)", and only in the first cell of the session.
+    run_cell(ip, "import torch, torch.nn.functional as F, warnings")
+    cell = (
+        "%%neuron -o r\nx = torch.randn(3, 4, device='cuda')\ny = torch.tensor(x)\nz = F.softmax(x)"
+    )
+
+    def shown(cell, ignored=None):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # once per line, as a notebook shows them
+            if ignored:  # the filters decide at the cell's line, as for plain code
+                warnings.filterwarnings("ignore", message=ignored, module="__main__")
+            run_cell(ip, cell)
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        return {(str(w.message).split(",")[0][:20], w.filename, w.lineno) for w in caught}
+
+    for _ in range(2):
+        seen = shown(cell)
+        cell_file = next(f for _, f, _ in seen)
+        assert re.fullmatch(r"<neuron-cell-\d+>", cell_file), seen
+        assert seen == {
+            ("To copy construct fr", cell_file, 3),
+            ("Implicit dimension c", cell_file, 4),
+        }
+    assert [what for what, _, _ in shown(cell, "Implicit dimension")] == ["To copy construct fr"]

@@ -72,6 +72,7 @@ from neuron_workbench.run.random_draws import (
     original_function,
 )
 from neuron_workbench.run.records import RunFacts
+from neuron_workbench.run.warning_sites import warnings_at_callers_line
 
 _CUDA_STRING = re.compile(r"cuda(?::(\d+))?")
 
@@ -731,6 +732,7 @@ def cuda_remapped_to(
         if rng_on_cpu:
             with (
                 tracked(torch.cuda),
+                warnings_at_callers_line(),
                 _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True),
             ):
                 yield facts
@@ -743,6 +745,7 @@ def cuda_remapped_to(
     autocast_cls = torch.amp.autocast_mode.autocast
     scaler_cls = torch.amp.grad_scaler.GradScaler
     with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings_at_callers_line())  # not the mode's line: the cell's
         if host is not None:
             stack.enter_context(host.active(may_enable_tf32))
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
