@@ -1845,3 +1845,20 @@ def test_torch_warnings_name_the_cells_line_in_every_cell(ip):
             ("Implicit dimension c", cell_file, 4),
         }
     assert [what for what, _, _ in shown(cell, "Implicit dimension")] == ["To copy construct fr"]
+
+
+def test_float64_draws_at_float32_precision_are_the_same_random_numbers(ip):
+    # TorchNeuron computes float64 as float32: the target's float64 randn gave the reference's
+    # numbers at float32 precision, read as "random numbers drawn on the device differed", a hint
+    # (and a --rng cpu advice) beside the right float64 one when an output failed.
+    run_cell(ip, "import torch\ntorch.set_default_dtype(torch.float64)\ntorch.manual_seed(0)")
+    try:
+        run_cell(ip, "%%neuron -o r\na = torch.randn(64, 64, device='cuda')\nb = (a @ a).sum()")
+        report = _report(ip)
+        assert report.ref.error is None and report.target.error is None, report.summary()
+        assert report.target.outputs["a"].dtype == torch.float64
+        assert same_random_numbers(report.ref.facts, report.target.facts)
+        hints = [h for d in report.comparison.failures for h in d.hints]
+        assert not any("random numbers" in h for h in hints), hints
+    finally:
+        run_cell(ip, "torch.set_default_dtype(torch.float32)")

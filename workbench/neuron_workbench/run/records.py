@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cmath
 import linecache
 import os
 import traceback
@@ -200,7 +201,37 @@ def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
         return True
     if (drew_a and not a.random_draws) or (drew_b and not b.random_draws):
         return None
-    return [_plain_draw(d) for d in a.random_draws] == [_plain_draw(d) for d in b.random_draws]
+    draws_a, draws_b = a.random_draws, b.random_draws
+    return len(draws_a) == len(draws_b) and all(
+        _same_draw(_plain_draw(x), _plain_draw(y)) for x, y in zip(draws_a, draws_b, strict=True)
+    )
+
+
+#: How close two fingerprints' numbers are when both runs drew the same numbers: a target that
+#: computes float64 as float32 (TorchNeuron) draws a float64 tensor's numbers at float32 precision.
+#: Numbers of different draws differ in their leading digits.
+_DRAW_RTOL, _DRAW_ATOL = 1e-4, 1e-6
+
+
+def _same_draw(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two fingerprints (op name, shape, leading numbers) are of the same numbers."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, tuple) or isinstance(y, tuple):
+            if not (isinstance(x, tuple) and isinstance(y, tuple) and _same_draw(x, y)):
+                return False
+        elif type(x) in (float, complex) or type(y) in (float, complex):
+            numbers = (int, float, complex)
+            if not (
+                isinstance(x, numbers)
+                and isinstance(y, numbers)
+                and cmath.isclose(x, y, rel_tol=_DRAW_RTOL, abs_tol=_DRAW_ATOL)
+            ):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def _plain_draw(draw: Any) -> tuple[Any, ...]:

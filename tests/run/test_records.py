@@ -1,0 +1,51 @@
+import json
+
+import torch
+
+from neuron_workbench.run.random_draws import fingerprint
+from neuron_workbench.run.records import RunFacts, same_random_numbers
+
+
+def _facts(*draws):
+    facts = RunFacts()
+    for name, value in draws:
+        facts.random_ops[name] = facts.random_ops.get(name, 0) + 1
+        facts.note_draw(name, fingerprint(value))
+    return facts
+
+
+def test_one_stream_at_float32_precision_is_the_same_draws():
+    # TorchNeuron computes float64 as float32: the target's float64 randn is the reference's
+    # numbers rounded to float32, which read as "random numbers differed" (a false hint).
+    torch.manual_seed(0)
+    exact = torch.randn(16, 16, dtype=torch.float64)
+    rounded = exact.float().double()
+    assert not torch.equal(exact, rounded)
+    assert same_random_numbers(_facts(("torch.randn", exact)), _facts(("torch.randn", rounded)))
+    # a recorded run's fingerprints come back from JSON as lists
+    recorded = RunFacts(**json.loads(json.dumps(_facts(("torch.randn", rounded)).to_dict())))
+    assert same_random_numbers(_facts(("torch.randn", exact)), recorded)
+
+
+def test_other_numbers_are_other_draws():
+    torch.manual_seed(0)
+    first = torch.randn(16)
+    second = torch.randn(16)
+    assert not same_random_numbers(_facts(("torch.randn", first)), _facts(("torch.randn", second)))
+    assert not same_random_numbers(  # one draw more
+        _facts(("torch.randn", first)), _facts(("torch.randn", first), ("torch.randn", second))
+    )
+    assert not same_random_numbers(_facts(("torch.randn", first)), _facts(("torch.rand", first)))
+    ints = torch.randint(0, 10, (16,))
+    assert not same_random_numbers(
+        _facts(("torch.randint", ints)), _facts(("torch.randint", ints + 1))
+    )
+    mask = torch.rand(16) > 0.5
+    dropout = "torch.nn.functional.dropout"
+    facts = RunFacts()
+    facts.random_ops[dropout] = 1
+    facts.note_draw(dropout, fingerprint(mask.float(), zeros_only=True))
+    other = RunFacts()
+    other.random_ops[dropout] = 1
+    other.note_draw(dropout, fingerprint((~mask).float(), zeros_only=True))
+    assert not same_random_numbers(facts, other) and same_random_numbers(facts, facts)
