@@ -192,9 +192,9 @@ def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
     run_cell(ip, f"%%neuron -o r\nx = torch.randn(4, device='cuda')\n{body}")
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
-    note = next(n for n in report.notes if "which CUDA refuses too" in n)
-    what = "converts a tensor on the device to NumPy" if "numpy" in body else "mixes a CPU tensor"
-    assert note.startswith(f"neuron (emulated) error: the cell {what}")
+    note = next(n for n in report.notes if ", as CUDA does;" in n)
+    what = "NumPy of a tensor on the device" if "numpy" in body else "a CPU tensor next to one on"
+    assert note.startswith(f"neuron (emulated) error: the target refused {what}")
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_mixes_cuda_accepts_pass_without_the_note(ip, body):
     run_cell(ip, f"%%neuron -o r\nx = torch.randn(4, device='cuda')\n{body}")
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
-    assert not any("which CUDA refuses too" in n for n in report.notes)
+    assert not any(", as CUDA does;" in n for n in report.notes)
 
 
 def test_the_cuda_refuses_too_note_needs_a_reference_that_ran_on_the_host():
@@ -218,15 +218,20 @@ def test_the_cuda_refuses_too_note_needs_a_reference_that_ran_on_the_host():
     from neuron_workbench.report.hints import cuda_refuses_too_hint
     from neuron_workbench.run.records import Run, RunError
 
-    refused = RunError("RuntimeError", "Expected all tensors to be on the same device, but found "
-                       "at least two devices, neuron:0 and cpu!")  # fmt: skip
-    target = Run(backend=BackendInfo("neuron", "neuron:0", "emulated", True), error=refused)
+    def refused(devices):
+        message = f"Expected all tensors to be on the same device, but found {devices}!"
+        return Run(backend=BackendInfo("neuron", "neuron:0", "emulated", True),
+                   error=RunError("RuntimeError", message))  # fmt: skip
+
+    target = refused("at least two devices, neuron:0 and cpu")
     host = BackendInfo("cpu", "cpu", "host", details={"stands_in_for": "cuda"})
-    gpu = BackendInfo("cuda", "cuda:0", "a GPU")
     assert cuda_refuses_too_hint(Run(backend=host), target) is not None
     # a GPU reference would have refused it too; a failed reference has its own error to show
+    gpu = BackendInfo("cuda", "cuda:0", "a GPU")
     assert cuda_refuses_too_hint(Run(backend=gpu), target) is None
-    assert cuda_refuses_too_hint(Run(backend=host, error=refused), target) is None
+    assert cuda_refuses_too_hint(Run(backend=host, error=target.error), target) is None
+    # two accelerators, or another error: nothing the host could have refused
+    assert cuda_refuses_too_hint(Run(backend=host), refused("neuron:0 and neuron:1")) is None
     other = Run(backend=target.backend, error=RunError("RuntimeError", "shape mismatch"))
     assert cuda_refuses_too_hint(Run(backend=host), other) is None
 

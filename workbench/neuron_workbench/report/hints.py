@@ -451,18 +451,17 @@ def autocast_registration_hint(run: Run) -> str | None:
 
 #: PyTorch's own refusals of a tensor on an accelerator, the same on CUDA as on any device, that
 #: the CPU standing in for cuda cannot make (it holds every tensor on the CPU): a part of the
-#: target's error message, and what the cell did.
+#: target's error message, what the target refused, and the fix when the cell is at fault.
 _CUDA_REFUSES_TOO = (
     (
         "Expected all tensors to be on the same device",
-        "mixes a CPU tensor with one on the device",
-        "Move that tensor to the device in the cell (one an earlier plain cell put on cuda: make "
-        "or move it in a %%neuron cell)",
+        "a CPU tensor next to one on the device",
+        "move it to the device in the cell",
     ),
     (
         "device type tensor to numpy",
-        "converts a tensor on the device to NumPy",
-        "Copy it to the host first: .cpu().numpy()",
+        "NumPy of a tensor on the device",
+        "copy it to the host first (.cpu().numpy())",
     ),
 )
 
@@ -472,19 +471,23 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
 
     PyTorch refuses a CPU tensor next to a device one, and NumPy of a device tensor, on CUDA as on
     any accelerator; the CPU standing in for cuda holds every tensor on the CPU and cannot refuse
-    them. Given only when that reference ran the cell and the target raised such a refusal.
+    them. Given only when that reference ran the cell and the target raised such a refusal. Which
+    tensor it was is not known: the cell's own mistake, or a tensor an earlier cell had on cuda that
+    the workbench could not see there (README, "Known limits").
     """
     if target.error is None or ref.error is not None:
         return None
-    if ref.backend.details.get("stands_in_for") != "cuda" or ref.backend.device != "cpu":
+    if ref.backend.details.get("stands_in_for") != "cuda":
         return None
     message = target.error.message
     for refusal, what, fix in _CUDA_REFUSES_TOO:
         # the device check names both devices; a mix of two accelerators is no host's doing
         if refusal in message and (refusal != _CUDA_REFUSES_TOO[0][0] or "cpu" in message):
             return (
-                f"the cell {what}, which CUDA refuses too; the cpu reference holds every tensor "
-                f"on the CPU, so only the target could refuse it. {fix}"
+                f"the target refused {what}, as CUDA does; the cpu reference holds every tensor on "
+                f"the CPU and cannot refuse it. If the cell does this, {fix}; if the tensor was on "
+                "cuda in an earlier cell, the workbench did not see it there (README, Known "
+                "limits): make or move it in this cell"
             )
     return None
 
