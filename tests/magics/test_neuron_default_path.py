@@ -4,6 +4,7 @@ Each test is a bug a user met on this path (results that could not come back, vi
 base, names read without scopes, a worker that did not start in time, a cell that compared nothing).
 """
 
+import gc
 import os
 import pathlib
 import random
@@ -1862,3 +1863,26 @@ def test_float64_draws_at_float32_precision_are_the_same_random_numbers(ip):
         assert not any("random numbers" in h for h in hints), hints
     finally:
         run_cell(ip, "torch.set_default_dtype(torch.float32)")
+
+
+@pytest.mark.parametrize("flags", ["", "--keep target", "--executor inprocess"])
+def test_a_notebooks_temporary_directory_outlives_the_cells_that_read_it(ip, flags):
+    # A run's deep copy of a TemporaryDirectory was committed in place of the notebook's own, whose
+    # finalizer then deleted the folder: checkpoints saved there were gone after any %%neuron cell.
+    run_cell(ip, "import os, tempfile, torch\ntmp = tempfile.TemporaryDirectory()")
+    folder = ip.user_ns["tmp"].name
+    run_cell(
+        ip,
+        f"%%neuron -o r {flags}\n"
+        "path = os.path.join(tmp.name, 'x.pt')\n"
+        "torch.save(torch.ones(2, device='cuda'), path)\n"
+        "back = torch.load(path)",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    gc.collect()
+    assert ip.user_ns["tmp"].name == folder and os.path.isdir(folder)
+    # the kept run's file (the target's storages are tagged neuron:0)
+    kept = "neuron:0" if "target" in flags else "cpu"
+    assert _storage_locations(os.path.join(folder, "x.pt")) == {kept}
+    run_cell(ip, "tmp.cleanup()")
+    assert not os.path.exists(folder)

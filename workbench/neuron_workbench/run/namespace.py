@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import functools
 import random
+import tempfile
 import types
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
@@ -27,6 +28,9 @@ _NEVER_COPIED = (
     types.BuiltinFunctionType,
     types.MethodType,
     type,
+    # a handle of a folder on disk: a copy names the same folder, and the original, swapped out
+    # of the namespace for it, had its finalizer delete the folder
+    tempfile.TemporaryDirectory,
 )
 
 
