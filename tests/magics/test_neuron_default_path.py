@@ -10,6 +10,7 @@ import pathlib
 import random
 import re
 import shutil
+import tempfile
 import warnings
 
 import numpy as np
@@ -1865,7 +1866,7 @@ def test_float64_draws_at_float32_precision_are_the_same_random_numbers(ip):
         run_cell(ip, "torch.set_default_dtype(torch.float32)")
 
 
-@pytest.mark.parametrize("flags", ["", "--keep target", "--executor inprocess"])
+@pytest.mark.parametrize("flags", ["", "--keep target"])
 def test_a_notebooks_temporary_directory_outlives_the_cells_that_read_it(ip, flags):
     # A run's deep copy of a TemporaryDirectory was committed in place of the notebook's own, whose
     # finalizer then deleted the folder: checkpoints saved there were gone after any %%neuron cell.
@@ -1886,3 +1887,56 @@ def test_a_notebooks_temporary_directory_outlives_the_cells_that_read_it(ip, fla
     assert _storage_locations(os.path.join(folder, "x.pt")) == {kept}
     run_cell(ip, "tmp.cleanup()")
     assert not os.path.exists(folder)
+
+
+def test_clearing_the_output_folder_keeps_the_kept_runs_checkpoint(ip):
+    # The run not kept removed the folder for real (shutil.rmtree), the reference's checkpoint in
+    # it too, and saved its own where it was thrown away: the folder was empty after the cell.
+    run_cell(
+        ip,
+        "import os, shutil, tempfile, torch\nout = tempfile.mkdtemp()\nnet = torch.nn.Linear(4, 2)",
+    )
+    path = os.path.join(ip.user_ns["out"], "ckpt.pt")
+    try:
+        for _ in range(2):
+            run_cell(
+                ip,
+                "%%neuron -o r\n"
+                "shutil.rmtree(out, ignore_errors=True)\n"
+                "os.makedirs(out, exist_ok=True)\n"
+                "model = net.cuda()\n"
+                "torch.save(model.state_dict(), os.path.join(out, 'ckpt.pt'))\n"
+                "back = torch.load(os.path.join(out, 'ckpt.pt'))['weight'] * 1",
+            )
+            assert _report(ip).verdict == "PASS", _report(ip).summary()
+            assert os.listdir(ip.user_ns["out"]) == ["ckpt.pt"]
+            assert _storage_locations(path) == {"cpu"}
+    finally:
+        shutil.rmtree(ip.user_ns["out"], ignore_errors=True)
+
+
+def test_a_tmp_folder_the_cell_makes_is_scratch_in_both_runs(ip):
+    # Each run listed the temporary folder when it started: the target, a moment after the
+    # reference, found the folder the reference had just made and kept its writes there apart, or
+    # not, by timing (compilers and subprocesses reading that folder then worked once in a while).
+    folder = os.path.join(tempfile.gettempdir(), f"tmp_wb_cell_{os.getpid()}")
+    run_cell(ip, "import os, torch")
+    try:
+        for _ in range(3):
+            shutil.rmtree(folder, ignore_errors=True)
+            run_cell(
+                ip,
+                "%%neuron -o r\n"
+                f"os.makedirs({folder!r}, exist_ok=True)\n"
+                "y = torch.ones(2, device='cuda') * 2\n"
+                f"with open(os.path.join({folder!r}, 'log.txt'), 'a') as handle:\n"
+                "    handle.write(str(y.device.type) + '\\n')\n"
+                "del handle",
+            )
+            report = _report(ip)
+            assert report.verdict == "PASS", report.summary()
+            assert not any("kept apart" in n for n in report.notes), report.notes
+            # scratch: both runs wrote there for real
+            assert sorted(open(os.path.join(folder, "log.txt")).read().split()) == ["cpu", "neuron"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

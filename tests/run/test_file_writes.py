@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
+from neuron_workbench.run.file_writes import kept_apart_note, tempfile_names, writes_kept_apart
 
 
 @pytest.fixture(params=["project", "under the temporary folder"])
@@ -55,6 +55,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
     data = folder / "data.csv"
     data.write_text("a,b\n1,2\n")
     originals = (builtins.open, io.open, os.replace, os.rename, os.remove, os.unlink, os.stat)
+    folders = (shutil.rmtree, os.rmdir, os.mkdir)
     zip_writer, load = torch.serialization._open_zipfile_writer, torch.load
     with writes_kept_apart() as writes:
         assert data.read_text() == "a,b\n1,2\n"
@@ -70,6 +71,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
         os.unlink,
         os.stat,
     ) == originals
+    assert (shutil.rmtree, os.rmdir, os.mkdir) == folders
     assert torch.serialization._open_zipfile_writer is zip_writer
     assert torch.load is torch.serialization.load is load
 
@@ -162,3 +164,69 @@ def test_real_files_removed_or_renamed_in_the_run_are_only_hidden_from_it(folder
     assert ckpt.read_text() == "the kept run's" and (folder / "gone.txt").read_text() == "stays"
     assert keep.stat().st_mode == mode
     assert sorted(p.name for p in folder.iterdir()) == ["ckpt.pt", "gone.txt", "keep.txt"]
+
+
+def test_a_folder_removed_in_the_run_is_only_hidden_from_it(folder):
+    # "Clear the output folder, then save": the run not kept removed the kept run's checkpoint,
+    # saved there a moment before, for real, and saved its own where it was thrown away.
+    out = folder / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "ckpt.pt").write_text("the kept run's")
+    (out / "sub" / "log.txt").write_text("kept")
+    with writes_kept_apart() as writes:
+        (out / "mine.txt").write_text("a copy of the run's")
+        shutil.rmtree(out)
+        assert not out.exists() and not (out / "ckpt.pt").exists()
+        with pytest.raises(FileNotFoundError):
+            shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out / "sub", exist_ok=True)  # there again, empty
+        assert out.is_dir() and not (out / "sub" / "log.txt").exists()
+        torch.save({"w": torch.arange(2.0)}, out / "ckpt.pt")
+        assert torch.load(out / "ckpt.pt")["w"].tolist() == [0.0, 1.0]
+        os.remove(out / "ckpt.pt")  # its own copy gone: the real file does not show again
+        assert not (out / "ckpt.pt").exists()
+        with pytest.raises(OSError):
+            os.rmdir(folder / "out")  # not empty: "sub" is there again
+        os.rmdir(out / "sub")
+        os.rmdir(out)
+        assert not out.exists()
+        assert writes.written == []
+    # the disk is as the kept run left it
+    assert (out / "ckpt.pt").read_text() == "the kept run's"
+    assert (out / "sub" / "log.txt").read_text() == "kept"
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "sub"]
+
+
+def test_a_notebooks_temporary_directory_cleaned_up_in_the_run_stays():
+    notebook = tempfile.TemporaryDirectory()
+    try:
+        with open(os.path.join(notebook.name, "ckpt.pt"), "w") as handle:
+            handle.write("the kept run's")
+        with writes_kept_apart():
+            scratch = tempfile.TemporaryDirectory()  # the run's own: removed for real
+            scratch.cleanup()
+            assert not os.path.exists(scratch.name)
+            notebook.cleanup()  # the same object in both runs: only the kept run removes it
+            assert not os.path.exists(notebook.name)
+        assert os.path.exists(os.path.join(notebook.name, "ckpt.pt"))
+    finally:
+        shutil.rmtree(notebook.name, ignore_errors=True)
+
+
+def test_the_tempfile_names_given_decide_what_is_the_notebooks():
+    # The kernel lists the temporary folder once, before either run: a tmp... folder the cell
+    # itself made was the notebook's or scratch by which run made it first.
+    made = pathlib.Path(tempfile.mkdtemp())
+    try:
+        before = tempfile_names()
+        assert made.name in before
+        with writes_kept_apart(notebook_temp=before - {made.name}) as writes:
+            (made / "a.txt").write_text("scratch: written for real")
+            assert writes.written == []
+        with writes_kept_apart(notebook_temp=before) as writes:
+            (made / "b.txt").write_text("the notebook's: kept apart")
+            assert writes.written == [str(made / "b.txt")]
+        assert sorted(p.name for p in made.iterdir()) == ["a.txt"]
+    finally:
+        shutil.rmtree(made)

@@ -48,6 +48,7 @@ from neuron_workbench.run.executor import (
     capture_text,
     notebook_default_device_suspended,
 )
+from neuron_workbench.run.file_writes import tempfile_names
 from neuron_workbench.run.random_state import restore_random_state
 from neuron_workbench.run.records import recorded
 from neuron_workbench.run.transport import answers_set_classes
@@ -203,6 +204,9 @@ def compare_cell(
         kept_run="target" if reference is not None or options.keep == "target" else "ref",
         default_device=default_device,
         torch_settings=torch_settings.current(),
+        # what the temporary folder held before any run: the same for all of them (a run in a
+        # worker starts a moment after the reference here, which may have made a folder by then)
+        notebook_temp=tempfile_names(),
     )
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).

@@ -295,5 +295,6 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         kept_run=spec.kept_run,
         default_device=spec.default_device,
         torch_settings=spec.torch_settings,
+        notebook_temp=spec.notebook_temp,
     )
     return execute(again, backend, run_id="oracle")

@@ -68,6 +68,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         kept_run=spec.kept_run,
         default_device=spec.default_device,
         torch_settings=spec.torch_settings,
+        notebook_temp=spec.notebook_temp,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

@@ -172,6 +172,7 @@ class RunSpec:
         default_device: torch.device | None = None,
         torch_settings: dict[str, Any] | None = None,
         inputs: Collection[str] | None = None,
+        notebook_temp: frozenset[str] | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -210,6 +211,10 @@ class RunSpec:
         #: target process: what the kernel sent, the names sharing state with the cell's among
         #: them). None: :meth:`inputs` finds them.
         self.given_inputs = None if inputs is None else frozenset(inputs)
+        #: The ``tmp...`` names in the temporary folder before any run of the cell
+        #: (:func:`~neuron_workbench.run.file_writes.tempfile_names`): the notebook's, where a run
+        #: keeps its writes apart. None: as they are when such a run starts.
+        self.notebook_temp = notebook_temp
         self._inputs: tuple[frozenset[str], frozenset[str]] | None = None
 
     def inputs(self) -> tuple[frozenset[str], frozenset[str]]:
@@ -367,7 +372,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             writes = (
-                stack.enter_context(writes_kept_apart(ns))
+                stack.enter_context(writes_kept_apart(ns, spec.notebook_temp))
                 if spec.keeps_writes_apart(run_id)
                 else None
             )

@@ -10,12 +10,14 @@ While :func:`writes_kept_apart` is active, Python-level opens for writing (``ope
 which NumPy, pandas, ``pickle`` to a file, ``json``, matplotlib and ``pathlib`` use, and
 ``torch.save``'s zip writer; ``torch.load(path, mmap=True)`` too) go to a private folder instead of
 the named file, and the run reads back what it wrote from there (the ``open`` a notebook's namespace
-holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unlink`` act in the run's view
-only: a real file the run removes or renames away is hidden from it, never touched; ``os.stat`` (so
-``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same view. Files it did not write read
-as they are. Not covered: writes made below Python (``safetensors``' Rust writer, HDF5, ``os.open``,
-``Path.touch``), folder listings and folder renames (``os.listdir``, ``glob`` do not show the run's
-copies), and other processes reading what the run wrote (a subprocess sees the notebook's file). The
+holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unlink``,
+``shutil.rmtree`` and ``os.rmdir`` act in the run's view only: a real file or folder the run removes
+or renames away is hidden from it, never touched (``os.mkdir``/``makedirs`` give it a removed folder
+back, empty); ``os.stat`` (so ``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same
+view. Files it did not write read as they are. Not covered: writes made below Python
+(``safetensors``' Rust writer, HDF5, ``os.open``, ``Path.touch``), folder listings and folder renames
+(``os.listdir``, ``glob`` do not show the run's copies), and other processes reading or writing
+what the run wrote (a subprocess sees the notebook's file; a forked child's writes are its own). The
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
 apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders made during the
 run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other
@@ -33,6 +35,7 @@ import functools
 import io
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -41,7 +44,7 @@ from typing import Any
 
 from neuron_workbench.run.patching import patched_attributes
 
-__all__ = ["WritesKeptApart", "kept_apart_note", "writes_kept_apart"]
+__all__ = ["WritesKeptApart", "kept_apart_note", "tempfile_names", "writes_kept_apart"]
 
 #: Mode letters that write.
 _WRITING = frozenset("wax+")
@@ -54,7 +57,7 @@ class WritesKeptApart:
     the real files it removed or renamed away (only hidden from it: the disk keeps them).
     """
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, notebook_temp: frozenset[str] | None = None) -> None:
         self.folder = folder
         self._shadows: dict[str, str] = {}
         self._deleted: set[str] = set()
@@ -64,7 +67,7 @@ class WritesKeptApart:
         self._scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
         # tempfile's names made before the run (a plain cell's mkdtemp() for checkpoints) are the
         # notebook's: both runs would otherwise write, and read back, the same file at once
-        self._notebook_temp = _tempfile_names(self._scratch_root)
+        self._notebook_temp = tempfile_names() if notebook_temp is None else notebook_temp
 
     @property
     def written(self) -> list[str]:
@@ -177,11 +180,64 @@ class WritesKeptApart:
             if not self._exists(real):
                 raise _not_found(path)
             shadow = self._shadows.pop(real, None)
+            # the real file stays: the kept run decides about it; the run no longer sees it
+            if shadow is None or os.path.lexists(real):
+                self._deleted.add(real)
             if shadow is None:
-                self._deleted.add(real)  # the real file stays: the kept run decides about it
                 return True
         with contextlib.suppress(OSError):
             os.unlink(shadow)
+        return True
+
+    def removed_tree(self, path: Any) -> bool:
+        """Carry out ``shutil.rmtree(path)`` in the run's view; False: do it for real.
+
+        The run's copies below ``path`` are deleted; the real files and folders there are only
+        hidden from it (the kept run's checkpoint, saved there a moment ago, stays on disk).
+        """
+        real = self._real(path)
+        if real is None or os.path.islink(real):
+            return False  # scratch; a link, which rmtree refuses
+        with self._lock:
+            if real in self._deleted or not os.path.isdir(real):
+                raise _not_found(path)
+            below = os.path.join(real, "")
+            for written in [p for p in self._shadows if p.startswith(below)]:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._shadows.pop(written))
+            for root, folders, files in os.walk(real):
+                self._deleted.update(os.path.join(root, name) for name in (*folders, *files))
+            self._deleted.add(real)
+        return True
+
+    def removed_folder(self, path: Any) -> bool:
+        """Carry out ``os.rmdir(path)`` in the run's view (hidden, not removed); False: for real."""
+        real = self._real(path)
+        if real is None:
+            return False
+        with self._lock:
+            if real in self._deleted or not os.path.isdir(real):
+                raise _not_found(path)
+            below = os.path.join(real, "")
+            seen = [e for e in os.listdir(real) if os.path.join(real, e) not in self._deleted]
+            if seen or any(p.startswith(below) for p in self._shadows):
+                raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), os.fsdecode(path))
+            self._deleted.add(real)
+        return True
+
+    def made_folder(self, path: Any) -> bool:
+        """Carry out ``os.mkdir(path)`` in the run's view; False: do it for real.
+
+        A folder the run removed in its view (it is still on disk) is there again for it; what it
+        held stays hidden.
+        """
+        real = self._real(path)
+        if real is None:
+            return False
+        with self._lock:
+            if real not in self._deleted or not _real_folder(real):
+                return False
+            self._deleted.discard(real)
         return True
 
     def _in_view(self, path: Any) -> tuple[str | None, Any]:
@@ -214,6 +270,18 @@ class WritesKeptApart:
         return None  # a real file the run did not write: the kept run sets its own metadata
 
 
+def _real_folder(path: str) -> bool:
+    """Whether ``path`` is a folder on disk, whatever a run's view of it (``os.stat`` unpatched)."""
+    try:
+        return stat.S_ISDIR(_STAT(path).st_mode)
+    except OSError:
+        return False
+
+
+#: ``os.stat`` as this module found it: a run's patch answers for the run's view.
+_STAT = os.stat
+
+
 def _not_found(path: Any) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fsdecode(os.fspath(path)))
 
@@ -224,10 +292,14 @@ _SCRATCH_PREFIXES = ("tmp", "torchinductor_")
 _TEMPFILE_PREFIX = "tmp"
 
 
-def _tempfile_names(root: str) -> frozenset[str]:
-    """The names tempfile gave in the temporary folder ``root`` so far (its ``tmp...`` entries)."""
+def tempfile_names() -> frozenset[str]:
+    """The names tempfile gave in the temporary folder so far (its ``tmp...`` entries).
+
+    Taken once before a cell's runs start and given to each, so a ``tmp...`` folder the cell itself
+    makes is scratch in every run, whichever made it first.
+    """
     try:
-        with os.scandir(root) as entries:
+        with os.scandir(tempfile.gettempdir()) as entries:
             return frozenset(e.name for e in entries if e.name.startswith(_TEMPFILE_PREFIX))
     except OSError:
         return frozenset()
@@ -252,6 +324,7 @@ def _exempt_folders(own: str) -> list[str]:
 @contextlib.contextmanager
 def writes_kept_apart(
     namespace: MutableMapping[str, Any] | None = None,
+    notebook_temp: frozenset[str] | None = None,
 ) -> Iterator[WritesKeptApart]:
     """Keep the files the code run inside writes apart from the real ones, until it ends.
 
@@ -262,7 +335,7 @@ def writes_kept_apart(
     goes through the private copies too.
     """
     folder = tempfile.mkdtemp(prefix="neuron-workbench-writes-")
-    record = WritesKeptApart(folder)
+    record = WritesKeptApart(folder, notebook_temp)
     real_open, real_replace = builtins.open, os.replace
 
     def redirecting(open_fn: Any) -> Any:
@@ -295,10 +368,29 @@ def writes_kept_apart(
     def stat(path: Any, **kwargs: Any) -> Any:
         return real_stat(path if kwargs.get("dir_fd") else record.stat_path(path), **kwargs)
 
+    def rmtree(path: Any, ignore_errors: bool = False, onerror: Any = None, **kwargs: Any) -> None:
+        # tempfile.TemporaryDirectory.cleanup() comes here too
+        if kwargs.get("dir_fd") is None:
+            try:
+                if record.removed_tree(path):
+                    return
+            except OSError:
+                if ignore_errors:
+                    return
+                if onerror is None:
+                    raise
+                onerror(os.rmdir, path, sys.exc_info())
+                return
+        real_rmtree(path, ignore_errors, onerror, **kwargs)
+
+    def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("dir_fd") is not None or not record.made_folder(path):
+            real_mkdir(path, *args, **kwargs)
+
     def renamed(src: Any, dst: Any) -> bool:
         return record.renamed(src, dst, real_replace)
 
-    real_stat = os.stat
+    real_stat, real_rmtree, real_mkdir = os.stat, shutil.rmtree, os.mkdir
     open_ = redirecting(real_open)
     patches = [
         (builtins, {"open": open_}),
@@ -310,11 +402,14 @@ def writes_kept_apart(
                 "rename": in_view(os.rename, renamed),
                 "remove": in_view(os.remove, record.removed),
                 "unlink": in_view(os.unlink, record.removed),
+                "rmdir": in_view(os.rmdir, record.removed_folder),
+                "mkdir": mkdir,
                 "stat": stat,
                 "chmod": on_metadata(os.chmod),
                 "utime": on_metadata(os.utime),
             },
         ),
+        (shutil, {"rmtree": rmtree}),
     ]
     serialization = sys.modules.get("torch.serialization")
     real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)

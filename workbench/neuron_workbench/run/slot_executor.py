@@ -103,6 +103,7 @@ class SlotExecutor:
             # as before the reference ran (--profile runs it first, and the cell may change them)
             "torch_settings": getattr(spec, "torch_settings", None) or torch_settings.current(),
             "default_device": getattr(spec, "default_device", None),
+            "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         try:
             message = pack_request(request, values, namespace, backend.name, worker.arena)

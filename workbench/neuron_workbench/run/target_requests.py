@@ -335,6 +335,7 @@ def _run_request(
         ref_precision=request["ref_precision"],
         kept_run=request.get("kept_run"),
         default_device=request.get("default_device"),
+        notebook_temp=request.get("notebook_temp"),
         # the kernel sent the names sharing state with the cell's: no walk to find them again
         inputs=request["values"].keys(),
     )
