@@ -1940,3 +1940,28 @@ def test_a_tmp_folder_the_cell_makes_is_scratch_in_both_runs(ip):
             assert sorted(open(os.path.join(folder, "log.txt")).read().split()) == ["cpu", "neuron"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_atomic_save_leaves_only_the_kept_runs_checkpoint(ip):
+    # mkstemp(dir=folder), torch.save into its file, os.replace into place: the run not kept wrote
+    # its temporary file for real (os.open), and the rename left it behind with its storages.
+    folder = pathlib.Path.cwd() / f".atomic-test-{os.getpid()}"
+    folder.mkdir()
+    try:
+        run_cell(ip, "import os, tempfile, torch\nnet = torch.nn.Linear(4, 2)")
+        run_cell(
+            ip,
+            "%%neuron -o r\n"
+            "model = net.cuda()\n"
+            f"handle, part = tempfile.mkstemp(dir={str(folder)!r}, suffix='.part')\n"
+            "with os.fdopen(handle, 'wb') as out:\n"
+            "    torch.save(model.state_dict(), out)\n"
+            f"os.replace(part, {str(folder / 'ckpt.pt')!r})\n"
+            f"back = torch.load({str(folder / 'ckpt.pt')!r})['weight'] * 1\n"
+            "del handle, part, out",
+        )
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        assert [p.name for p in folder.iterdir()] == ["ckpt.pt"]
+        assert _storage_locations(str(folder / "ckpt.pt")) == {"cpu"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -230,3 +230,30 @@ def test_the_tempfile_names_given_decide_what_is_the_notebooks():
         assert sorted(p.name for p in made.iterdir()) == ["a.txt"]
     finally:
         shutil.rmtree(made)
+
+
+def test_os_open_writes_are_kept_apart_too(folder):
+    # An atomic save through mkstemp(dir=folder) wrote the run's checkpoint into the folder for real
+    # (os.open), and the rename into place left it there, the target's storages, never removed.
+    (folder / "old.txt").write_text("the notebook's")
+    with writes_kept_apart() as writes:
+        handle, part = tempfile.mkstemp(dir=folder, suffix=".part")
+        with os.fdopen(handle, "wb") as out:
+            torch.save({"w": torch.ones(2)}, out)
+        os.replace(part, folder / "ckpt.pt")
+        assert torch.load(folder / "ckpt.pt")["w"].tolist() == [1.0, 1.0]
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".log") as named:
+            named.write("gone on close")  # tempfile's own unlink, bound before any run
+        handle, stray = tempfile.mkstemp(dir=folder)
+        os.close(handle)
+        os.remove(stray)  # the run's own file: removed for real
+        (folder / "touched").touch()
+        fd = os.open(folder / "old.txt", os.O_WRONLY)  # overwrites in place, no truncation
+        os.write(fd, b"THE")
+        os.close(fd)
+        assert (folder / "old.txt").read_text() == "THE notebook's"
+        assert sorted(os.path.basename(p) for p in writes.written) == [
+            "ckpt.pt", "old.txt", "touched",
+        ]  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == ["old.txt"]
+    assert (folder / "old.txt").read_text() == "the notebook's"

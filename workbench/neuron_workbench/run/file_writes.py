@@ -14,10 +14,12 @@ holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unli
 ``shutil.rmtree`` and ``os.rmdir`` act in the run's view only: a real file or folder the run removes
 or renames away is hidden from it, never touched (``os.mkdir``/``makedirs`` give it a removed folder
 back, empty); ``os.stat`` (so ``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same
-view. Files it did not write read as they are. Not covered: writes made below Python
-(``safetensors``' Rust writer, HDF5, ``os.open``, ``Path.touch``), folder listings and folder renames
-(``os.listdir``, ``glob`` do not show the run's copies), and other processes reading or writing
-what the run wrote (a subprocess sees the notebook's file; a forked child's writes are its own). The
+view, and so does ``os.open`` (``Path.touch``; a file it makes new, ``tempfile.mkstemp(dir=...)``'s,
+is made for real and is the run's own: renamed into place, it leaves the folder). Files it did not
+write read as they are. Not covered: writes made below Python (``safetensors``' Rust writer, HDF5),
+folder listings and folder renames (``os.listdir``, ``glob`` do not show the run's copies), and
+other processes reading or writing what the run wrote (a subprocess sees the notebook's file; a
+forked child's writes are its own). The
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
 apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders made during the
 run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other
@@ -61,6 +63,7 @@ class WritesKeptApart:
         self.folder = folder
         self._shadows: dict[str, str] = {}
         self._deleted: set[str] = set()
+        self._made: set[str] = set()  # real files the run made new: its own (mkstemp's)
         self._count = 0
         self._lock = threading.RLock()
         self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
@@ -147,6 +150,9 @@ class WritesKeptApart:
                 # into scratch (a compiler's input, say): the bytes go there for real
                 if shadow is not None:
                     real_replace(shadow, dst)
+                elif real_src in self._made:  # the run's own file
+                    real_replace(src, dst)
+                    self._made.discard(real_src)  # type: ignore[arg-type]
                 else:
                     shutil.copyfile(real_src, dst)  # type: ignore[arg-type]
                     self._deleted.add(real_src)  # type: ignore[arg-type]
@@ -155,13 +161,15 @@ class WritesKeptApart:
             target = self._new_shadow(real_dst)
             if shadow is not None:
                 real_replace(shadow, target)
-            elif real_src is None:
-                # a scratch file (mkstemp's, written then renamed into place): moved in whole
+            elif real_src is None or real_src in self._made:
+                # a scratch file, or one the run made (mkstemp's, written then renamed into
+                # place): moved in whole
                 try:
                     real_replace(src, target)
                 except OSError:  # another file system
                     shutil.copyfile(src, target)
                     os.unlink(src)
+                self._made.discard(real_src)  # type: ignore[arg-type]
             else:
                 # a real file the run did not write: copied, and hidden from the run at its name
                 shutil.copyfile(real_src, target)
@@ -171,12 +179,22 @@ class WritesKeptApart:
                 os.unlink(old)
         return True
 
+    def made_new(self, path: Any) -> None:
+        """Remember a file the run made new for real (``os.open`` with ``O_EXCL``) as its own."""
+        real = self._real(path)
+        if real is not None:
+            with self._lock:
+                self._made.add(real)
+
     def removed(self, path: Any) -> bool:
         """Carry out ``os.remove(path)`` in the run's view; False: do it for real."""
         real = self._real(path)
         if real is None:
             return False
         with self._lock:
+            if real in self._made and real not in self._shadows:
+                self._made.discard(real)
+                return False  # the run's own file: removed for real
             if not self._exists(real):
                 raise _not_found(path)
             shadow = self._shadows.pop(real, None)
@@ -270,6 +288,21 @@ class WritesKeptApart:
         return None  # a real file the run did not write: the kept run sets its own metadata
 
 
+def _mode_of(flags: int) -> str:
+    """The ``open()`` mode whose effect on a file ``os.open`` with ``flags`` has.
+
+    Without ``O_TRUNC`` a file opened for writing keeps its bytes (``"a"`` builds on them, making
+    the file where ``O_CREAT`` allows; ``"r+"`` where it does not).
+    """
+    if flags & os.O_ACCMODE == os.O_RDONLY and not flags & (os.O_CREAT | os.O_TRUNC):
+        return "r"
+    if flags & os.O_CREAT and flags & os.O_EXCL:
+        return "x"
+    if flags & os.O_TRUNC:
+        return "w"
+    return "a" if flags & os.O_CREAT else "r+"
+
+
 def _real_folder(path: str) -> bool:
     """Whether ``path`` is a folder on disk, whatever a run's view of it (``os.stat`` unpatched)."""
     try:
@@ -348,6 +381,21 @@ def writes_kept_apart(
 
         return open_
 
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        # os.open (Path.touch, mkstemp and NamedTemporaryFile given a folder): as open() with the
+        # mode its flags mean, the file opened with the flags as given. A file made new (O_EXCL:
+        # mkstemp's) is made for real, under a name no other run takes, and is the run's own:
+        # tempfile removes it by a name it bound before any run (NamedTemporaryFile's close).
+        if kwargs.get("dir_fd") is not None:
+            return real_os_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT and flags & os.O_EXCL:
+            handle = real_os_open(path, flags, *args, **kwargs)
+            record.made_new(path)
+            return handle
+        return real_os_open(
+            record.open_path(path, _mode_of(flags), real_open), flags, *args, **kwargs
+        )
+
     def in_view(real: Any, carried_out: Any) -> Any:
         # os.replace/rename/remove/unlink: done in the run's view, or for real where it says so
         def call(*paths: Any, **kwargs: Any) -> None:
@@ -390,7 +438,7 @@ def writes_kept_apart(
     def renamed(src: Any, dst: Any) -> bool:
         return record.renamed(src, dst, real_replace)
 
-    real_stat, real_rmtree, real_mkdir = os.stat, shutil.rmtree, os.mkdir
+    real_stat, real_rmtree, real_mkdir, real_os_open = os.stat, shutil.rmtree, os.mkdir, os.open
     open_ = redirecting(real_open)
     patches = [
         (builtins, {"open": open_}),
@@ -403,6 +451,7 @@ def writes_kept_apart(
                 "remove": in_view(os.remove, record.removed),
                 "unlink": in_view(os.unlink, record.removed),
                 "rmdir": in_view(os.rmdir, record.removed_folder),
+                "open": os_open,
                 "mkdir": mkdir,
                 "stat": stat,
                 "chmod": on_metadata(os.chmod),
