@@ -1870,18 +1870,24 @@ def test_float64_draws_at_float32_precision_are_the_same_random_numbers(ip):
 def test_a_notebooks_temporary_directory_outlives_the_cells_that_read_it(ip, flags):
     # A run's deep copy of a TemporaryDirectory was committed in place of the notebook's own, whose
     # finalizer then deleted the folder: checkpoints saved there were gone after any %%neuron cell.
-    run_cell(ip, "import os, tempfile, torch\ntmp = tempfile.TemporaryDirectory()")
-    folder = ip.user_ns["tmp"].name
+    run_cell(
+        ip,
+        "import os, tempfile, torch\ntmp = tempfile.TemporaryDirectory()\n"
+        "cfg = {'out': tempfile.TemporaryDirectory(), 'lr': 1}",
+    )
+    folder, nested = ip.user_ns["tmp"].name, ip.user_ns["cfg"]["out"].name
     run_cell(
         ip,
         f"%%neuron -o r {flags}\n"
         "path = os.path.join(tmp.name, 'x.pt')\n"
         "torch.save(torch.ones(2, device='cuda'), path)\n"
-        "back = torch.load(path)",
+        "back = torch.load(path)\n"
+        "cfg['lr'] = 2",  # held in a dict the cell changes: committed from the kept run
     )
     assert _report(ip).verdict == "PASS", _report(ip).summary()
     gc.collect()
     assert ip.user_ns["tmp"].name == folder and os.path.isdir(folder)
+    assert ip.user_ns["cfg"]["out"].name == nested and os.path.isdir(nested)
     # the kept run's file (the target's storages are tagged neuron:0)
     kept = "neuron:0" if "target" in flags else "cpu"
     assert _storage_locations(os.path.join(folder, "x.pt")) == {kept}

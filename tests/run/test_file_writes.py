@@ -257,3 +257,47 @@ def test_os_open_writes_are_kept_apart_too(folder):
         ]  # fmt: skip
     assert sorted(p.name for p in folder.iterdir()) == ["old.txt"]
     assert (folder / "old.txt").read_text() == "the notebook's"
+
+
+def test_os_open_of_the_temporary_folder_and_of_a_file_to_truncate(folder):
+    # TemporaryFile opens the temporary folder itself (O_TMPFILE): it was taken for a notebook's
+    # file, hidden from the run, and tempfile turned O_TMPFILE off for the whole process.
+    (folder / "old.txt").write_text("the notebook's")
+    with writes_kept_apart() as writes:
+        with tempfile.TemporaryFile() as unnamed:
+            unnamed.write(b"x")
+        assert os.path.isdir(tempfile.gettempdir())
+        fd = os.open(folder / "old.txt", os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: it exists
+        os.write(fd, b"new")
+        os.close(fd)
+        assert (folder / "old.txt").read_text() == "new"
+        assert writes.written == [str(folder / "old.txt")]
+    assert (folder / "old.txt").read_text() == "the notebook's"
+    assert getattr(tempfile, "_O_TMPFILE_WORKS", True)
+
+
+def test_what_the_run_made_and_removed_leaves_nothing_behind(folder):
+    # Folders and files the run made for itself: only hidden when it removed them, they stayed
+    # behind after every cell (an empty tmp... folder per TemporaryDirectory(dir=...)).
+    with writes_kept_apart() as writes:
+        with tempfile.TemporaryDirectory(dir=folder) as own:
+            torch.save(torch.ones(1), os.path.join(own, "x.pt"))
+        os.makedirs(folder / "out" / "sub")
+        (folder / "out" / "sub" / "log.txt").write_text("mine")
+        shutil.rmtree(folder / "out")
+        os.makedirs(folder / "e1")
+        os.rmdir(folder / "e1")
+        scratch = tempfile.TemporaryDirectory(prefix="ckpt_")  # in /tmp, not a tmp... name
+        scratch.cleanup()
+        assert not os.path.exists(scratch.name)
+        # an atomic save by path: mkstemp's file closed, then saved to and renamed into place
+        handle, part = tempfile.mkstemp(dir=folder, suffix=".part")
+        os.close(handle)
+        torch.save({"w": torch.ones(2)}, part)
+        os.replace(part, folder / "ckpt.pt")
+        kept = tempfile.NamedTemporaryFile(dir=folder, delete=False)  # noqa: SIM115
+        kept.write(b"the run's")
+        kept.close()
+        assert os.path.exists(kept.name)
+        assert sorted(os.path.basename(p) for p in writes.written) == ["ckpt.pt"]
+    assert list(folder.iterdir()) == []

@@ -36,6 +36,12 @@ def test_other_numbers_are_other_draws():
         _facts(("torch.randn", first)), _facts(("torch.randn", first), ("torch.randn", second))
     )
     assert not same_random_numbers(_facts(("torch.randn", first)), _facts(("torch.rand", first)))
+    tiny = [
+        torch.empty(16).normal_(0, 1e-7, generator=torch.Generator().manual_seed(s)) for s in (1, 2)
+    ]
+    assert not same_random_numbers(
+        _facts(("Tensor.normal_", tiny[0])), _facts(("Tensor.normal_", tiny[1]))
+    )
     ints = torch.randint(0, 10, (16,))
     assert not same_random_numbers(
         _facts(("torch.randint", ints)), _facts(("torch.randint", ints + 1))

@@ -456,12 +456,14 @@ _CUDA_REFUSES_TOO = (
     (
         "Expected all tensors to be on the same device",
         "a CPU tensor next to one on the device",
-        "move it to the device in the cell",
+        "If the cell does this, move it to the device in the cell; if the tensor was on cuda in an "
+        "earlier cell, the workbench did not see it there (README, Known limits): make or move it "
+        "in this cell",
     ),
     (
         "device type tensor to numpy",
         "NumPy of a tensor on the device",
-        "copy it to the host first (.cpu().numpy())",
+        "Copy it to the host first: .cpu().numpy()",
     ),
 )
 
@@ -471,9 +473,9 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
 
     PyTorch refuses a CPU tensor next to a device one, and NumPy of a device tensor, on CUDA as on
     any accelerator; the CPU standing in for cuda holds every tensor on the CPU and cannot refuse
-    them. Given only when that reference ran the cell and the target raised such a refusal. Which
-    tensor it was is not known: the cell's own mistake, or a tensor an earlier cell had on cuda that
-    the workbench could not see there (README, "Known limits").
+    them. Given only when that reference ran the cell and the target raised such a refusal. For a
+    mix, which tensor was on the CPU is not known: the cell's own mistake, or a tensor an earlier
+    cell had on cuda that the workbench could not see there (README, "Known limits").
     """
     if target.error is None or ref.error is not None:
         return None
@@ -485,9 +487,7 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
         if refusal in message and (refusal != _CUDA_REFUSES_TOO[0][0] or "cpu" in message):
             return (
                 f"the target refused {what}, as CUDA does; the cpu reference holds every tensor on "
-                f"the CPU and cannot refuse it. If the cell does this, {fix}; if the tensor was on "
-                "cuda in an earlier cell, the workbench did not see it there (README, Known "
-                "limits): make or move it in this cell"
+                f"the CPU and cannot refuse it. {fix}"
             )
     return None
 

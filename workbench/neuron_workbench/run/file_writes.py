@@ -64,6 +64,7 @@ class WritesKeptApart:
         self._shadows: dict[str, str] = {}
         self._deleted: set[str] = set()
         self._made: set[str] = set()  # real files the run made new: its own (mkstemp's)
+        self._made_folders: set[str] = set()  # real folders the run made
         self._count = 0
         self._lock = threading.RLock()
         self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
@@ -86,8 +87,8 @@ class WritesKeptApart:
         if isinstance(file, int) or not isinstance(file, str | bytes | os.PathLike):
             return None
         path = os.path.abspath(os.fsdecode(os.fspath(file)))
-        if path.startswith(self._exempt):
-            return None
+        if path.startswith(self._exempt) or os.path.join(path, "") == self._scratch_root:
+            return None  # the temporary folder itself: tempfile's TemporaryFile opens it
         if path.startswith(self._scratch_root) and not path.startswith(
             os.path.join(os.getcwd(), "")
         ):
@@ -119,6 +120,8 @@ class WritesKeptApart:
             shadow = self._shadows.get(real)
             if shadow is not None:
                 return shadow
+            if real in self._made:
+                return file  # the run's own file (mkstemp's): written where it is
             gone = real in self._deleted
             if not _WRITING & set(mode):
                 if gone:
@@ -128,11 +131,11 @@ class WritesKeptApart:
             if "x" in mode and exists:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(file))
             if "w" not in mode and "x" not in mode and exists:
-                # "a", "r+": they build on the file as it is
-                shadow = self._new_shadow(real)
+                # "a", "r+": they build on the file as it is (a folder raises, no copy is kept)
+                shadow = os.path.join(self.folder, f"{self._count + 1}")
                 with real_open(real, "rb") as source, real_open(shadow, "wb") as copy:
                     shutil.copyfileobj(source, copy)
-                return shadow
+                return self._new_shadow(real)
             if "r" in mode and "w" not in mode and not exists:
                 raise _not_found(file)  # r+ of a file that is not there
             return self._new_shadow(real)
@@ -179,12 +182,41 @@ class WritesKeptApart:
                 os.unlink(old)
         return True
 
-    def made_new(self, path: Any) -> None:
-        """Remember a file the run made new for real (``os.open`` with ``O_EXCL``) as its own."""
+    def made_new(self, path: Any, folder: bool = False) -> None:
+        """Remember a file (``os.open`` with ``O_EXCL``) or folder the run made for real: its own."""
         real = self._real(path)
         if real is not None:
             with self._lock:
-                self._made.add(real)
+                (self._made_folders if folder else self._made).add(real)
+
+    def _remove_made(self, real: str) -> bool:
+        """Remove for real what the run made at ``real`` (a folder: if nothing else is in it)."""
+        if real in self._made:
+            self._made.discard(real)
+            with contextlib.suppress(OSError):
+                _UNLINK(real)
+            return True
+        if real in self._made_folders:
+            self._made_folders.discard(real)
+            try:
+                _RMDIR(real)  # the other run's files in it (a folder of a fixed name) stay
+            except OSError:
+                return False
+            return True
+        return False
+
+    def remove_what_it_made(self) -> None:
+        """At the run's end, remove what it made and left, which no other run sees.
+
+        Files (``NamedTemporaryFile(delete=False)`` in the notebook's folder: the kept run's
+        stays), and the folders it made and removed in its view.
+        """
+        with self._lock:
+            for real in list(self._made):
+                self._remove_made(real)
+            for real in sorted(self._made_folders, reverse=True):  # inner ones first
+                if real in self._deleted:
+                    self._remove_made(real)
 
     def removed(self, path: Any) -> bool:
         """Carry out ``os.remove(path)`` in the run's view; False: do it for real."""
@@ -222,11 +254,17 @@ class WritesKeptApart:
             below = os.path.join(real, "")
             for written in [p for p in self._shadows if p.startswith(below)]:
                 with contextlib.suppress(OSError):
-                    os.unlink(self._shadows.pop(written))
-            for root, folders, files in os.walk(real):
-                self._deleted.update(os.path.join(root, name) for name in (*folders, *files))
-            self._deleted.add(real)
+                    _UNLINK(self._shadows.pop(written))
+            for root, folders, files in os.walk(real, topdown=False):
+                for name in (*files, *folders):
+                    self._hide(os.path.join(root, name))
+            self._hide(real)
         return True
+
+    def _hide(self, real: str) -> None:
+        """Take ``real`` out of the run's view: removed for real if the run made it, else hidden."""
+        if not self._remove_made(real):
+            self._deleted.add(real)
 
     def removed_folder(self, path: Any) -> bool:
         """Carry out ``os.rmdir(path)`` in the run's view (hidden, not removed); False: for real."""
@@ -240,7 +278,7 @@ class WritesKeptApart:
             seen = [e for e in os.listdir(real) if os.path.join(real, e) not in self._deleted]
             if seen or any(p.startswith(below) for p in self._shadows):
                 raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), os.fsdecode(path))
-            self._deleted.add(real)
+            self._hide(real)
         return True
 
     def made_folder(self, path: Any) -> bool:
@@ -288,6 +326,10 @@ class WritesKeptApart:
         return None  # a real file the run did not write: the kept run sets its own metadata
 
 
+#: ``os.open`` of a folder (``O_TMPFILE`` includes it): never a file of the run's.
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
 def _mode_of(flags: int) -> str:
     """The ``open()`` mode whose effect on a file ``os.open`` with ``flags`` has.
 
@@ -311,8 +353,8 @@ def _real_folder(path: str) -> bool:
         return False
 
 
-#: ``os.stat`` as this module found it: a run's patch answers for the run's view.
-_STAT = os.stat
+#: ``os`` functions as this module found them: a run's patches answer for the run's view.
+_STAT, _UNLINK, _RMDIR = os.stat, os.unlink, os.rmdir
 
 
 def _not_found(path: Any) -> FileNotFoundError:
@@ -386,15 +428,16 @@ def writes_kept_apart(
         # mode its flags mean, the file opened with the flags as given. A file made new (O_EXCL:
         # mkstemp's) is made for real, under a name no other run takes, and is the run's own:
         # tempfile removes it by a name it bound before any run (NamedTemporaryFile's close).
-        if kwargs.get("dir_fd") is not None:
-            return real_os_open(path, flags, *args, **kwargs)
+        if kwargs.get("dir_fd") is not None or flags & _O_DIRECTORY:
+            return real_os_open(path, flags, *args, **kwargs)  # a folder (O_TMPFILE's too)
         if flags & os.O_CREAT and flags & os.O_EXCL:
             handle = real_os_open(path, flags, *args, **kwargs)
             record.made_new(path)
             return handle
-        return real_os_open(
-            record.open_path(path, _mode_of(flags), real_open), flags, *args, **kwargs
-        )
+        seen = record.open_path(path, _mode_of(flags), real_open)
+        if seen is not path:  # its copy, made here (O_TRUNC alone truncates a file it "has")
+            flags |= os.O_CREAT
+        return real_os_open(seen, flags, *args, **kwargs)
 
     def in_view(real: Any, carried_out: Any) -> Any:
         # os.replace/rename/remove/unlink: done in the run's view, or for real where it says so
@@ -434,6 +477,7 @@ def writes_kept_apart(
     def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("dir_fd") is not None or not record.made_folder(path):
             real_mkdir(path, *args, **kwargs)
+            record.made_new(path, folder=True)
 
     def renamed(src: Any, dst: Any) -> bool:
         return record.renamed(src, dst, real_replace)
@@ -497,6 +541,7 @@ def writes_kept_apart(
             try:
                 yield record
             finally:
+                record.remove_what_it_made()
                 if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
                     namespace["open"] = cell_open  # type: ignore[index]
     finally:

@@ -397,6 +397,8 @@ _FAST_COPIERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {
     collections.OrderedDict: _deepcopy_ordered_dict,
     set: _deepcopy_set,
     types.MethodType: _deepcopy_method,
+    # a folder's handle, wherever it is held (its own copy's swap had its finalizer delete it)
+    tempfile.TemporaryDirectory: lambda value, memo: value,
 }
 
 

@@ -208,9 +208,10 @@ def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
 
 
 #: How close two fingerprints' numbers are when both runs drew the same numbers: a target that
-#: computes float64 as float32 (TorchNeuron) draws a float64 tensor's numbers at float32 precision.
-#: Numbers of different draws differ in their leading digits.
-_DRAW_RTOL, _DRAW_ATOL = 1e-4, 1e-6
+#: computes float64 as float32 (TorchNeuron) draws a float64 tensor's numbers at float32 precision
+#: (6e-8 apart, relatively). Numbers of different draws differ in their leading digits, however
+#: small they are (no absolute tolerance: draws of 1e-7 are told apart).
+_DRAW_RTOL, _DRAW_ATOL = 1e-6, 0.0
 
 
 def _same_draw(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

@@ -32,6 +32,7 @@ import os
 import pickle
 import random
 import sys
+import tempfile
 import threading
 import types
 import uuid
@@ -486,6 +487,11 @@ class _Pickler(cloudpickle.Pickler):
             return OrderedDict, (), vars(obj) or None, None, (iter(obj.items()) if obj else None)
         if kind is _StorageToken:
             return _storage_at, (obj.index,)
+        if kind is tempfile.TemporaryDirectory:
+            # the notebook's folder by its name: an answer brings back the sender's own object
+            # (a copy, committed in its place, had the original's finalizer delete the folder)
+            _TEMPORARY_DIRECTORIES[obj.name] = obj
+            return _temporary_directory, (obj.name,)
         if kind is _TENSOR or kind is _PARAMETER or isinstance(obj, torch.Tensor):
             reduced = self._reduce_tensor(obj)
             if reduced is not None:
@@ -621,6 +627,35 @@ _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
 #: Every code object this process rebuilt, by itself and its file: the same code sent again is the
 #: same object here.
 _CODES: dict[tuple[types.CodeType, str], types.CodeType] = {}
+
+
+#: The TemporaryDirectory objects this process sent, by folder.
+_TEMPORARY_DIRECTORIES: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def _temporary_directory(name: str) -> Any:
+    """The TemporaryDirectory of folder ``name`` this process sent, else a stand-in.
+
+    The stand-in never removes the folder by itself (its ``cleanup()`` does, as the notebook's
+    would): a run's copy is no owner of the notebook's folder.
+    """
+    sent = _TEMPORARY_DIRECTORIES.get(name)
+    if sent is not None:
+        return sent
+    stand_in = object.__new__(tempfile.TemporaryDirectory)
+    stand_in.__dict__.update(
+        name=name,
+        _ignore_cleanup_errors=False,
+        _delete=True,
+        _finalizer=weakref.finalize(stand_in, _nothing),
+    )
+    stand_in._finalizer.detach()
+    _TEMPORARY_DIRECTORIES[name] = stand_in
+    return stand_in
+
+
+def _nothing() -> None:
+    pass
 
 
 def _rebuilt_code(*args: Any) -> types.CodeType:
