@@ -1971,3 +1971,19 @@ def test_an_atomic_save_leaves_only_the_kept_runs_checkpoint(ip):
         assert _storage_locations(str(folder / "ckpt.pt")) == {"cpu"}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_cell_after_one_that_left_device_garbage_starts_on_an_empty_device(ip):
+    # Device tensors an earlier cell left in a reference cycle in the worker stayed allocated until
+    # the collector ran: the next cell's peak read them, and "nothing ran on neuron" went unsaid.
+    run_cell(ip, "import gc, torch\nx = torch.ones(1000, dtype=torch.float64)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "class Loop:\n    pass\n"
+        "loop = Loop()\nloop.me = loop\nloop.t = torch.ones(100_000, device='cuda')\n"
+        "del loop\ny = torch.ones(2, device='cuda') * 2",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    report = _passed(ip, "s = (x * 3.0).sum()")
+    assert report.summary().endswith("; nothing ran on neuron"), report.summary()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import gc
 import io
 import linecache
 import mmap
@@ -295,6 +296,11 @@ def _run_request(
     from neuron_workbench.run.library_state import restore_library_state
 
     _held.clear()  # the previous run's evidence goes before this run needs the memory
+    if backend.memory_stats().current_bytes:
+        # an earlier cell's device tensors kept by reference cycles (a traceback's frames) go
+        # now, not when the collector next runs: the run starts on an empty device, as its peak
+        # memory (nothing ran on the device, or how much did) is read
+        gc.collect()
     options = request.get("backend_options")
     if options and options != backend.options():  # the cell's adapter options (--list-fallbacks)
         from neuron_workbench.backends import get_backend

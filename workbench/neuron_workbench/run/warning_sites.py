@@ -79,15 +79,20 @@ def warnings_at_callers_line() -> Iterator[None]:
                 if isinstance(registry, dict):
                     registry.pop((str(message), category, lineno), None)
                 where = frame.f_globals
-                warnings.warn_explicit(
-                    message,
-                    category,
-                    frame.f_code.co_filename,
-                    frame.f_lineno,
-                    module=where.get("__name__"),
-                    registry=where.setdefault("__warningregistry__", {}),
-                    module_globals=where,
-                )
+                try:
+                    warnings.warn_explicit(
+                        message,
+                        category,
+                        frame.f_code.co_filename,
+                        frame.f_lineno,
+                        module=where.get("__name__"),
+                        registry=where.setdefault("__warningregistry__", {}),
+                        module_globals=where,
+                    )
+                finally:
+                    # a warning raised as an error holds this frame: no cycle through it to the
+                    # cell's frames (and their device tensors) for the collector to find later
+                    del message, frame, mode_frame, where
                 return
         shown(message, category, filename, lineno, file, line)
 
