@@ -451,10 +451,12 @@ def autocast_registration_hint(run: Run) -> str | None:
 
 #: PyTorch's own refusals of a tensor on an accelerator, the same on CUDA as on any device, that
 #: the CPU standing in for cuda cannot make (it holds every tensor on the CPU): a part of the
-#: target's error message, what the target refused, and the fix when the cell is at fault.
+#: target's error message, another it must hold too, what the target refused, and the fix when
+#: the cell is at fault.
 _CUDA_REFUSES_TOO = (
     (
         "Expected all tensors to be on the same device",
+        "cpu",  # the check names both devices: a mix of two accelerators is no host's doing
         "a CPU tensor next to one on the device",
         "If the cell does this, move it to the device in the cell; if the tensor was on cuda in an "
         "earlier cell, the workbench did not see it there (README, Known limits): make or move it "
@@ -462,6 +464,7 @@ _CUDA_REFUSES_TOO = (
     ),
     (
         "device type tensor to numpy",
+        "",
         "NumPy of a tensor on the device",
         "Copy it to the host first: .cpu().numpy()",
     ),
@@ -482,9 +485,8 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
     if ref.backend.details.get("stands_in_for") != "cuda":
         return None
     message = target.error.message
-    for refusal, what, fix in _CUDA_REFUSES_TOO:
-        # the device check names both devices; a mix of two accelerators is no host's doing
-        if refusal in message and (refusal != _CUDA_REFUSES_TOO[0][0] or "cpu" in message):
+    for refusal, also, what, fix in _CUDA_REFUSES_TOO:
+        if refusal in message and also in message:
             return (
                 f"the target refused {what}, as CUDA does; the cpu reference holds every tensor on "
                 f"the CPU and cannot refuse it. {fix}"

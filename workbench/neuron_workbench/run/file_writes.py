@@ -100,9 +100,13 @@ class WritesKeptApart:
                 return None
         return path
 
+    def _next_shadow(self) -> str:
+        """Where the run's next private copy goes."""
+        return os.path.join(self.folder, str(self._count + 1))
+
     def _new_shadow(self, real: str) -> str:
+        shadow = self._next_shadow()
         self._count += 1
-        shadow = os.path.join(self.folder, str(self._count))
         self._shadows[real] = shadow
         self._deleted.discard(real)
         return shadow
@@ -132,7 +136,7 @@ class WritesKeptApart:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(file))
             if "w" not in mode and "x" not in mode and exists:
                 # "a", "r+": they build on the file as it is (a folder raises, no copy is kept)
-                shadow = os.path.join(self.folder, f"{self._count + 1}")
+                shadow = self._next_shadow()
                 with real_open(real, "rb") as source, real_open(shadow, "wb") as copy:
                     shutil.copyfileobj(source, copy)
                 return self._new_shadow(real)
