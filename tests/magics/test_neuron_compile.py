@@ -570,6 +570,27 @@ def test_a_module_compiled_in_an_earlier_cell_compiles_with_the_targets_backend(
 
 
 @pytest.mark.parametrize("where", ["earlier cell", "this cell"])
+def test_a_compiled_module_stays_the_targets_to_compile_in_every_later_cell(ip, where):
+    # The reference's copy of `cm = torch.compile(model)` lost what torch.compile was asked for
+    # (OptimizedModule.__reduce__ drops it) and was committed: from the second later cell on, the
+    # worker got the kernel's Inductor and failed ("'DeviceProperties' object has no attribute
+    # 'gcnArchName'"; found by trying the default path as a user).
+    run_cell(ip, "import torch\nmodel = torch.nn.Linear(4, 2)\nX = torch.randn(8, 4)")
+    compile_line = "cmodel = torch.compile(model)"
+    if where == "earlier cell":
+        run_cell(ip, compile_line)
+    else:
+        run_cell(ip, f"%%neuron -o r\nmodel.cuda()\n{compile_line}\nout = cmodel(X.cuda()).sum()")
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+    for _ in range(3):
+        run_cell(ip, '%%neuron -o r\ncmodel.cuda()\nout = cmodel(X.to("cuda")).sum()')
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert report.to_dict()["target"]["compile"]["errors"] == []
+    assert ip.user_ns["cmodel"]._orig_mod is ip.user_ns["model"]
+
+
+@pytest.mark.parametrize("where", ["earlier cell", "this cell"])
 def test_a_compiled_graph_on_cpu_tensors_compiles_with_inductor_on_the_target(ip, where):
     # Graphs without device inputs go to Inductor on the CPU; Inductor read the run's torch.cuda
     # stand-in and asked it for a GPU's properties: "'DeviceProperties' object has no attribute

@@ -478,13 +478,20 @@ def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     """A module's deep copy as ``copy.deepcopy`` makes it, compiled again if it was in place.
 
     ``Module.__getstate__`` drops what ``model.compile()`` set: without this, every run of a later
-    cell would use an eager copy of a model the notebook compiled.
+    cell would use an eager copy of a model the notebook compiled. A ``torch.compile(model)``
+    wrapper keeps what it was asked for (its ``__reduce__`` drops it): the reference's copy is
+    committed, and a later cell sends it to a worker, which compiles it with the target's backend.
     """
     result = _deepcopy_as_copy_does(self, memo)
-    if result is not self and vars(self).get("_compiled_call_impl") is not None:
+    if result is self:
+        return result
+    if vars(self).get("_compiled_call_impl") is not None:
         request = compile_request_in_place(self)
         if request is not None:
             result.compile(**request)
+    asked = vars(self).get(COMPILE_REQUEST_ATTR)
+    if asked is not None and COMPILE_REQUEST_ATTR not in vars(result):
+        object.__setattr__(result, COMPILE_REQUEST_ATTR, asked)
     return result
 
 
