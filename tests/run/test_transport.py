@@ -134,6 +134,19 @@ def test_a_function_using_cudnn_flags_travels():
     assert back(0) is torch.backends.cudnn
 
 
+def test_a_c_extensions_submodule_travels_by_the_path_to_it():
+    # torch._C._functions is no entry of sys.modules: cloudpickle sent it by value, which cannot be
+    # rebuilt, so no custom Function with a once_differentiable backward came back from a worker
+    assert "torch._C._functions" not in sys.modules
+    assert loads(dumps(torch._C._functions)) is torch._C._functions
+    backward = torch.autograd.function.once_differentiable(lambda ctx, g: g * 2)
+    assert torch.equal(loads(dumps(backward))(None, torch.ones(2)), torch.full((2,), 2.0))
+    # a module made in the notebook, found by no path, still travels by value
+    made = type(sys)("made_here")
+    made.answer = 42
+    assert loads(dumps(made)).answer == 42
+
+
 def test_a_cached_notebook_function_travels_as_its_function():
     namespace = {"__name__": "__main__"}
     exec(

@@ -26,6 +26,7 @@ import contextlib
 import copyreg
 import ctypes
 import functools
+import importlib
 import io
 import mmap
 import os
@@ -527,12 +528,20 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _reduce_cached_function(obj)
             if reduced is not None:
                 return reduced
-        if kind is not types.ModuleType and isinstance(obj, types.ModuleType):
-            # torch.backends.cudnn and its kin put an instance of a module subclass in sys.modules
-            # (a seeding helper that sets cudnn.deterministic refers to it): by name, as cloudpickle
-            # sends a plain module
+        if isinstance(obj, types.ModuleType):
             if sys.modules.get(obj.__name__) is obj:
-                return cloudpickle.cloudpickle.subimport, (obj.__name__,)
+                if kind is not types.ModuleType:
+                    # torch.backends.cudnn and its kin put an instance of a module subclass in
+                    # sys.modules (a seeding helper that sets cudnn.deterministic refers to it): by
+                    # name, as cloudpickle sends a plain module
+                    return cloudpickle.cloudpickle.subimport, (obj.__name__,)
+            else:
+                # A C extension's submodule (torch._C._functions, which once_differentiable's
+                # wrapper reads) is no entry of sys.modules: cloudpickle would send it by value,
+                # which cannot be rebuilt. Where its parent module leads to it, it goes by that path.
+                path = _module_path(obj)
+                if path is not None:
+                    return _module_at, path
         elif isinstance(obj, torch.nn.Module) and vars(obj).get("_compiled_call_impl"):
             # compiled in place (``model.compile()``): Module.__getstate__ drops the compiled call
             return _reduce_compiled_in_place(obj)
@@ -623,6 +632,32 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+
+def _module_path(module: types.ModuleType) -> tuple[str, tuple[str, ...]] | None:
+    """An imported module and the attributes that lead from it to ``module`` (None: none do)."""
+    name = getattr(module, "__name__", None)
+    if type(name) is not str:
+        return None
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        found: Any = sys.modules.get(".".join(parts[:cut]))
+        if found is None:
+            continue
+        for part in parts[cut:]:
+            found = getattr(found, part, None)
+        if found is module:
+            return ".".join(parts[:cut]), tuple(parts[cut:])
+    return None
+
+
+def _module_at(parent: str, attributes: tuple[str, ...]) -> types.ModuleType:
+    """The module that ``attributes`` lead to from the imported module ``parent``."""
+    found: Any = importlib.import_module(parent)
+    for attribute in attributes:
+        found = getattr(found, attribute)
+    return found
+
 
 #: Every code object this process rebuilt, by itself and its file: the same code sent again is the
 #: same object here.
