@@ -157,6 +157,31 @@ def test_a_custom_function_with_a_once_differentiable_backward_comes_back(ip, wh
     assert {"x", "y", "g"} <= {d.path for d in report.comparison.diffs}
 
 
+def test_keep_target_leaves_the_notebook_its_own_cuda_device(ip):
+    # The target's torch.device("neuron", 0) came back as device('privateuseone', 0), in place of
+    # the notebook's device even when the cell only read it: every plain cell and %%neuron cell
+    # using it failed after (found by trying the default path as a user)
+    run_cell(ip, "import torch")
+    run_cell(ip, '%%neuron -o r\ndevice = torch.device("cuda")\nw = torch.ones(2, device=device)')
+    device = ip.user_ns["device"]
+    run_cell(
+        ip,
+        "%%neuron --keep target -o r\n"
+        "y = torch.ones(3).to(device) * 2\n"
+        'dev2 = torch.device("cuda")\n'
+        "q = torch.ones(2, device=dev2)",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert ip.user_ns["device"] == device
+    assert ip.user_ns["dev2"].type == ("cuda" if torch.cuda.is_available() else "cpu")
+    run_cell(ip, "z = torch.zeros(2, device=device) + torch.zeros(2, device=dev2)")
+    run_cell(ip, "%%neuron -o r\nu = torch.ones(3, device=dev2) + torch.ones(3).to(device)")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    # the next cell still meant the device by both names: its target computed there
+    assert on_accelerator(report.target.outputs["u"])
+
+
 def test_views_keep_their_base_in_the_worker(ip):
     run_cell(ip, "import torch\nx = torch.zeros(4)\nv = x[:2]")
     run_cell(ip, "%%neuron -o r\nv.add_(1)\ns = x.sum()")

@@ -46,6 +46,7 @@ from neuron_workbench.run.executor import (
     InProcessExecutor,
     Instrument,
     capture_text,
+    devices_as_the_notebook_names_them,
     notebook_default_device_suspended,
 )
 from neuron_workbench.run.file_writes import tempfile_names
@@ -287,6 +288,7 @@ def compare_cell(
     if ref_run.ok and target_run.ok:
         if reference is not None or options.keep == "target":
             kept, other = target_run, ref_run
+            devices_as_the_notebook_names_them(kept, other, namespace, resident)
         else:
             kept, other = ref_run, target_run
         commit(namespace, kept)

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 import types
-from collections.abc import Callable, Collection, Iterator, MutableMapping
+from collections.abc import Callable, Collection, Iterator, Mapping, MutableMapping
 from typing import Any, Protocol
 
 import torch
@@ -642,6 +642,30 @@ def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:
     ):
         return value
     return function_like(value, namespace, value.__closure__)
+
+
+def devices_as_the_notebook_names_them(
+    kept: Run, other: Run, namespace: Mapping[str, Any], resident: ResidentObjects
+) -> None:
+    """Make the device objects a kept accelerator run bound the notebook's cuda device again.
+
+    With ``--keep target`` the target's ``torch.device("neuron", 0)`` came back to a process that
+    may not have that device (``privateuseone``): plain cells, and the next cell's runs, failed on
+    it. The notebook gets what the other run holds for the cell's ``cuda``: that run's own device
+    object, else the notebook's own one the cell only read, else this process's cuda (on a host
+    without a GPU, the cpu device standing in for it, remembered as the device).
+    """
+    for name, value in kept.bindings.items():
+        if type(value) is not torch.device or value.type in ("cpu", "cuda", "meta"):
+            continue
+        candidates = (other.bindings.get(name), namespace.get(name))
+        device = next((c for c in candidates if type(c) is torch.device), None)
+        if device is None:
+            available = torch.cuda.is_available()
+            device = torch.device("cuda", value.index) if available else torch.device("cpu")
+        kept.bindings[name] = device
+        if device.type == "cpu":
+            resident.add(device)
 
 
 def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
