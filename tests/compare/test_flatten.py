@@ -35,6 +35,28 @@ def test_deques_and_namespaces_are_walked_by_index_and_attribute():
     assert leaves["dq[0]"] is t and leaves["ns.v"] is t
 
 
+def test_a_dataframe_is_walked_by_column_and_a_series_as_one():
+    # A metrics table the cell bound was left out of the comparison: a PASS over the other outputs
+    # hid a column that differed (found by trying the default path as a user)
+    import pandas as pd
+
+    frame = pd.DataFrame({"loss": [0.5, 0.25], "step": [1, 2], "tag": ["a", "b"]})
+    leaves = dict(iter_leaves({"df": frame, "s": frame["loss"], "top": frame.iloc[[1]]}))
+    assert list(leaves) == [
+        "df['loss']",
+        "df['step']",
+        "df['tag'][0]",
+        "df['tag'][1]",
+        "s",
+        "top['loss']",
+        "top['step']",
+        "top['tag'][0]",
+        "top.index",
+    ]
+    assert leaves["df['loss']"].tolist() == [0.5, 0.25] and leaves["df['tag'][1]"] == "b"
+    assert leaves["top.index"].tolist() == [1]  # a row picked by the values: its index is a result
+
+
 def test_tensors_a_module_holds_as_attributes_are_leaves_after_its_parameters():
     model = torch.nn.Sequential(_Cached())
     model[0].inner.extra = torch.full((3,), 7.0)

@@ -182,6 +182,22 @@ def test_keep_target_leaves_the_notebook_its_own_cuda_device(ip):
     assert on_accelerator(report.target.outputs["u"])
 
 
+def test_a_metrics_dataframe_the_cell_binds_is_compared(ip):
+    # It was left out silently: PASS over the other outputs while its column wrapped around on
+    # neuron (int64 as int32); with only the table bound, "0 outputs compared" and no reason
+    run_cell(ip, "import torch\nimport pandas as pd")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'counts = torch.tensor([2**40, 5], device="cuda") * 3\n'
+        'metrics = pd.DataFrame({"count": counts.cpu().numpy(), "step": [1, 2]})',
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["metrics['count']"] == "differ" and statuses["metrics['step']"] == "match"
+
+
 def test_views_keep_their_base_in_the_worker(ip):
     run_cell(ip, "import torch\nx = torch.zeros(4)\nv = x[:2]")
     run_cell(ip, "%%neuron -o r\nv.add_(1)\ns = x.sum()")

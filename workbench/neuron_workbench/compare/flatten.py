@@ -8,7 +8,8 @@ What is walked, in order of precedence:
 - ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
   submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
 - dataclasses, mappings, lists, tuples and deques, by field, key and index; ``SimpleNamespace`` and
-  ``argparse.Namespace`` objects by attribute;
+  ``argparse.Namespace`` objects by attribute; pandas DataFrames by column and Series as a column
+  (a metrics table), with their index unless it is the default ``0..n-1``;
 - instances of classes defined in the notebook (a class whose ``__module__`` is one of
   ``user_modules``, ``__main__`` by default), by their instance attributes: ``trainer.model.fc.weight``.
   Every attribute in the instance's ``__dict__`` (and ``__slots__``) is walked, ``_``-names
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
@@ -154,7 +156,36 @@ def _walk(
         for name, item in _attributes(value):
             _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series):
+        _walk_pandas(leaves, path, value, pandas, depth, seen, modules)
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
+
+
+def _walk_pandas(
+    leaves: list[tuple[str, Any]],
+    path: str,
+    value: Any,
+    pandas: Any,
+    depth: int,
+    seen: set[int],
+    modules: frozenset[str],
+) -> None:
+    """A DataFrame by column (``metrics['loss']``), a Series as one column, and any index but 0..n-1.
+
+    A numeric column is one array; any other (text, objects) is walked as the list of its items.
+    """
+    columns = value.items() if isinstance(value, pandas.DataFrame) else [(None, value)]
+    arrays = [(path if name is None else f"{path}[{name!r}]", c.to_numpy()) for name, c in columns]
+    index = value.index
+    if not (isinstance(index, pandas.RangeIndex) and index.start == 0 and index.step == 1):
+        arrays.append((f"{path}.index", index.to_numpy()))
+    for where, array in arrays:
+        if array.dtype.kind in "biufc":
+            # pandas hands out read-only views of its columns, which torch warns about
+            leaves.append((where, array if array.flags.writeable else array.copy()))
+        else:
+            _walk(leaves, where, array.tolist(), depth + 1, seen, modules)
 
 
 def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:

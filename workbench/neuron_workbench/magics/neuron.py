@@ -226,9 +226,9 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         from the same seed. Afterwards the namespace holds the reference run's results (``--keep
         target`` for the other) and the cell's last expression is returned as usual; so do the files
         the cell writes (the other run's writes through ``open``/``torch.save`` are kept apart).
-        Tensors, modules (parameters, buffers and grads), optimizers, NumPy arrays and Python numbers
-        bound by the cell are compared with dtype-aware tolerances (``torch.testing.assert_close``'s
-        defaults).
+        Tensors, modules (parameters, buffers and grads), optimizers, NumPy arrays, pandas
+        DataFrames (by column) and Python numbers bound by the cell are compared with dtype-aware
+        tolerances (``torch.testing.assert_close``'s defaults).
 
         Without Trainium or TPU hardware, ``neuron`` and ``tpu`` are emulated on the host CPU and
         every report says so. Without a GPU the reference is the host CPU standing in for ``cuda``
