@@ -197,6 +197,29 @@ def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
     assert note.startswith(f"neuron (emulated) error: the target refused {what}")
 
 
+def test_a_checkpoint_an_earlier_cell_saved_is_named_with_its_map_location(ip, tmp_path):
+    # The notebook keeps the reference's file, whose tensors the CPU standing in for cuda tagged
+    # "cpu": loaded without map_location, the target refused them next to its device's, and the
+    # note's only advice (move it in the cell) did not fit code that runs on a GPU
+    path = tmp_path / "batch.pt"
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\nmodel = torch.nn.Linear(3, 1).cuda()\n"
+        f"torch.save(torch.randn(4, 3, device='cuda'), {str(path)!r})",
+    )
+    run_cell(ip, f"%%neuron -o r\nb = torch.load({str(path)!r})\nout = model(b)")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    note = next(n for n in report.notes if ", as CUDA does;" in n)
+    assert "torch.load of a file a %%neuron cell saved" in note and 'map_location="cuda"' in note
+    # what the note says to do works on both runs
+    run_cell(
+        ip, f"%%neuron -o r\nb = torch.load({str(path)!r}, map_location='cuda')\nout = model(b)"
+    )
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -460,7 +460,8 @@ _CUDA_REFUSES_TOO = (
         "a CPU tensor next to one on the device",
         "If the cell does this, move it to the device in the cell; if the tensor was on cuda in an "
         "earlier cell, the workbench did not see it there (README, Known limits): make or move it "
-        "in this cell",
+        "in this cell; if it came from torch.load of a file a %%neuron cell saved, that file holds "
+        'the reference\'s CPU tensors: pass map_location="cuda"',
     ),
     (
         "device type tensor to numpy",
