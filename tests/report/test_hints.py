@@ -220,6 +220,26 @@ def test_a_checkpoint_an_earlier_cell_saved_is_named_with_its_map_location(ip, t
     assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
 
 
+def test_an_op_a_notebook_cell_registered_is_named_when_the_worker_lacks_it(ip):
+    # Called through torch.ops, the worker's miss was a bare AttributeError with no pointer to the
+    # documented limit (found by trying the default path as a user)
+    run_cell(
+        ip,
+        "import torch\n"
+        '@torch.library.custom_op("wbtest_kernel_only::scale", mutates_args=())\n'
+        "def scale(x: torch.Tensor, a: float) -> torch.Tensor:\n"
+        "    return x * a",
+    )
+    run_cell(
+        ip,
+        '%%neuron -o r\nx = torch.randn(4, device="cuda")\ny = torch.ops.wbtest_kernel_only.scale(x, 2.0)',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    note = next(n for n in report.notes if "torch.ops.wbtest_kernel_only.scale" in n)
+    assert "--executor inprocess" in note
+
+
 @pytest.mark.parametrize(
     "body",
     [

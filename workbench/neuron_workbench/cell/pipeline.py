@@ -27,6 +27,7 @@ from neuron_workbench.report.hints import (
     autocast_registration_hint,
     cuda_refuses_too_hint,
     hints_for,
+    kernel_only_op_hint,
 )
 from neuron_workbench.report.report import IDLE_TARGET, Report
 from neuron_workbench.run import (
@@ -692,9 +693,9 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         hint = autocast_registration_hint(run)
         if hint:
             notes.append(f"{run.backend.label} error: {hint}")
-    refused = cuda_refuses_too_hint(ref, target)
-    if refused:
-        notes.append(f"{target.backend.label} error: {refused}")
+    for hint in (cuda_refuses_too_hint(ref, target), kernel_only_op_hint(ref, target)):
+        if hint:
+            notes.append(f"{target.backend.label} error: {hint}")
     return notes
 
 

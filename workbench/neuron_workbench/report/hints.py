@@ -10,6 +10,7 @@ kernel choice that differs between real devices. A failing output with no suppor
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -493,6 +494,29 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
                 f"the CPU and cannot refuse it. {fix}"
             )
     return None
+
+
+_MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
+
+
+def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
+    """Why ``torch.ops.<ns>.<op>`` was missing on the target alone: a notebook cell registered it.
+
+    An op a cell registers with ``torch.library`` exists only in the kernel; the target's worker
+    process never ran that cell. Given when the reference ran the call and the target did not
+    find the op.
+    """
+    if target.error is None or ref.error is not None or target.error.type != "AttributeError":
+        return None
+    found = _MISSING_OP.search(target.error.message)
+    if found is None:
+        return None
+    namespace, op = found.groups()
+    return (
+        f"torch.ops.{namespace}.{op} was registered with torch.library by a notebook cell, which "
+        "the target's worker process did not run (README, Known limits): define the op in a "
+        "module the cell imports, or run the cell with --executor inprocess"
+    )
 
 
 def _has_kernel(name: str, key: str) -> bool:
