@@ -169,12 +169,23 @@ def test_keep_target_leaves_the_notebook_its_own_cuda_device(ip):
         "%%neuron --keep target -o r\n"
         "y = torch.ones(3).to(device) * 2\n"
         'dev2 = torch.device("cuda")\n'
-        "q = torch.ones(2, device=dev2)",
+        "q = torch.ones(2, device=dev2)\n"
+        # held inside containers and objects too (a config, a trainer's attribute)
+        'cfg = {"device": dev2, "devices": [dev2, (dev2, 1)]}\n'
+        "holder = torch.nn.Linear(2, 2)\n"
+        "holder.where = dev2",
     )
     assert _report(ip).verdict == "PASS", _report(ip).summary()
     assert ip.user_ns["device"] == device
-    assert ip.user_ns["dev2"].type == ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = "cuda" if torch.cuda.is_available() else "cpu"
+    assert ip.user_ns["dev2"].type == cuda
+    cfg = ip.user_ns["cfg"]
+    inside = [cfg["device"], cfg["devices"][0], cfg["devices"][1][0], ip.user_ns["holder"].where]
+    assert [d.type for d in inside] == [cuda] * 4
     run_cell(ip, "z = torch.zeros(2, device=device) + torch.zeros(2, device=dev2)")
+    run_cell(
+        ip, 'z = torch.zeros(2, device=cfg["devices"][1][0]) + torch.zeros(2, device=holder.where)'
+    )
     run_cell(ip, "%%neuron -o r\nu = torch.ones(3, device=dev2) + torch.ones(3).to(device)")
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()

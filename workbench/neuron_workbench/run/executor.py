@@ -644,28 +644,81 @@ def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:
     return function_like(value, namespace, value.__closure__)
 
 
+#: What the transport rebuilds a device of an accelerator this process lacks as.
+_UNUSABLE_DEVICE = "privateuseone"
+#: Containers with more items than this are not looked into for devices (datasets, not settings).
+_MOST_ITEMS_SEARCHED = 10_000
+_NO_DEVICE_INSIDE = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, type)
+
+
 def devices_as_the_notebook_names_them(
     kept: Run, other: Run, namespace: Mapping[str, Any], resident: ResidentObjects
 ) -> None:
-    """Make the device objects a kept accelerator run bound the notebook's cuda device again.
+    """Make the device objects a kept target run bound, that this process lacks, its cuda device.
 
-    With ``--keep target`` the target's ``torch.device("neuron", 0)`` came back to a process that
-    may not have that device (``privateuseone``): plain cells, and the next cell's runs, failed on
-    it. The notebook gets what the other run holds for the cell's ``cuda``: that run's own device
-    object, else the notebook's own one the cell only read, else this process's cuda (on a host
-    without a GPU, the cpu device standing in for it, remembered as the device).
+    With ``--keep target`` the target's ``torch.device("neuron", 0)`` came back to a kernel without
+    that device as ``privateuseone``: plain cells, and the next cell's runs, failed on it. A name
+    bound to one gets what the other run holds for the cell's ``cuda``: that run's own device
+    object, else the notebook's own one the cell only read. One held in a container or an object
+    (``cfg["device"]``, ``trainer.device``), or with none of those, gets this process's cuda (on a
+    host without a GPU, the cpu device standing in for it); those bound to a name are remembered as
+    the device. A kernel that holds the target's device itself (``--executor inprocess``) keeps it.
     """
-    for name, value in kept.bindings.items():
-        if type(value) is not torch.device or value.type in ("cpu", "cuda", "meta"):
-            continue
-        candidates = (other.bindings.get(name), namespace.get(name))
-        device = next((c for c in candidates if type(c) is torch.device), None)
-        if device is None:
-            available = torch.cuda.is_available()
-            device = torch.device("cuda", value.index) if available else torch.device("cpu")
-        kept.bindings[name] = device
-        if device.type == "cpu":
-            resident.add(device)
+
+    def stand_in(device: torch.device) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", device.index)
+        return torch.device("cpu")
+
+    for name, value in list(kept.bindings.items()):
+        if type(value) is torch.device:
+            if value.type != _UNUSABLE_DEVICE:
+                continue
+            candidates = (other.bindings.get(name), namespace.get(name))
+            device = next((c for c in candidates if type(c) is torch.device), None)
+            kept.bindings[name] = device = device if device is not None else stand_in(value)
+            if device.type == "cpu":
+                resident.add(device)
+        else:
+            kept.bindings[name] = _devices_replaced(value, stand_in, set(), 0)
+
+
+def _devices_replaced(
+    value: Any, stand_in: Callable[[torch.device], torch.device], seen: set[int], depth: int
+) -> Any:
+    """``value`` with the unusable devices inside it replaced in place (a tuple with them: anew)."""
+    if type(value) is torch.device:
+        return stand_in(value) if value.type == _UNUSABLE_DEVICE else value
+    if depth > 16 or isinstance(value, _NO_DEVICE_INSIDE) or id(value) in seen:
+        return value
+    seen.add(id(value))
+
+    def inner(item: Any) -> Any:
+        return _devices_replaced(item, stand_in, seen, depth + 1)
+
+    if isinstance(value, dict | list):
+        if len(value) <= _MOST_ITEMS_SEARCHED:
+            keys = list(value) if isinstance(value, dict) else range(len(value))
+            for key in keys:
+                item = value[key]
+                replaced = inner(item)
+                if replaced is not item:
+                    value[key] = replaced
+    elif isinstance(value, tuple):
+        if len(value) <= _MOST_ITEMS_SEARCHED:
+            items = [inner(item) for item in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                with contextlib.suppress(Exception):  # a tuple subclass made some other way
+                    made = getattr(type(value), "_make", None)  # a namedtuple
+                    return made(items) if made is not None else type(value)(items)
+    elif not isinstance(value, types.ModuleType | types.FunctionType | types.MethodType):
+        attributes = getattr(value, "__dict__", None)
+        if type(attributes) is dict:  # an object's own (a module's, a notebook object's)
+            for key, item in list(attributes.items()):
+                replaced = inner(item)
+                if replaced is not item:
+                    attributes[key] = replaced
+    return value
 
 
 def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
