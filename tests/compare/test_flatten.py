@@ -45,16 +45,35 @@ def test_a_dataframe_is_walked_by_column_and_a_series_as_one():
     assert list(leaves) == [
         "df['loss']",
         "df['step']",
-        "df['tag'][0]",
-        "df['tag'][1]",
+        "df['tag']",
         "s",
         "top['loss']",
         "top['step']",
-        "top['tag'][0]",
+        "top['tag']",
         "top.index",
     ]
-    assert leaves["df['loss']"].tolist() == [0.5, 0.25] and leaves["df['tag'][1]"] == "b"
+    assert leaves["df['loss']"].tolist() == [0.5, 0.25]
+    assert leaves["df['tag']"] == "a\nb"  # one output for a text column, not one per row
     assert leaves["top.index"].tolist() == [1]  # a row picked by the values: its index is a result
+
+
+def test_every_column_of_a_dataframe_is_a_leaf_of_its_own_whatever_its_kind():
+    # (after review) columns whose labels repeat overwrote each other's path, so one was never
+    # compared; times and nullable numbers were no leaf at all
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "v": [1, 2],
+            "w": [3, 4],
+            "when": pd.to_datetime([1, 2], unit="s").as_unit("us"),
+            "count": pd.array([1, None], dtype="Int64"),
+        }
+    ).rename(columns={"w": "v"})
+    leaves = dict(iter_leaves({"df": frame}))
+    assert list(leaves) == [f"df.iloc[:, {i}]" for i in range(4)]
+    assert [leaves[f"df.iloc[:, {i}]"].tolist()[0] for i in range(3)] == [1, 3, 1_000_000]
+    assert str(leaves["df.iloc[:, 3]"].tolist()) == "[1.0, nan]"
 
 
 def test_tensors_a_module_holds_as_attributes_are_leaves_after_its_parameters():

@@ -9,7 +9,8 @@ What is walked, in order of precedence:
   submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
 - dataclasses, mappings, lists, tuples and deques, by field, key and index; ``SimpleNamespace`` and
   ``argparse.Namespace`` objects by attribute; pandas DataFrames by column and Series as a column
-  (a metrics table), with their index unless it is the default ``0..n-1``;
+  (a metrics table), with their index unless it is the default ``0..n-1``, each column one leaf
+  (numbers as an array, anything else as its text);
 - instances of classes defined in the notebook (a class whose ``__module__`` is one of
   ``user_modules``, ``__main__`` by default), by their instance attributes: ``trainer.model.fc.weight``.
   Every attribute in the instance's ``__dict__`` (and ``__slots__``) is walked, ``_``-names
@@ -158,34 +159,49 @@ def _walk(
         return
     pandas = sys.modules.get("pandas")
     if pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series):
-        _walk_pandas(leaves, path, value, pandas, depth, seen, modules)
+        _walk_pandas(leaves, path, value, pandas)
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
 
 
-def _walk_pandas(
-    leaves: list[tuple[str, Any]],
-    path: str,
-    value: Any,
-    pandas: Any,
-    depth: int,
-    seen: set[int],
-    modules: frozenset[str],
-) -> None:
+def _walk_pandas(leaves: list[tuple[str, Any]], path: str, value: Any, pandas: Any) -> None:
     """A DataFrame by column (``metrics['loss']``), a Series as one column, and any index but 0..n-1.
 
-    A numeric column is one array; any other (text, objects) is walked as the list of its items.
+    Columns whose labels repeat are named by position (``df.iloc[:, 1]``). Each column is one leaf:
+    see :func:`_column_leaf`.
     """
-    columns = value.items() if isinstance(value, pandas.DataFrame) else [(None, value)]
-    arrays = [(path if name is None else f"{path}[{name!r}]", c.to_numpy()) for name, c in columns]
+    if isinstance(value, pandas.DataFrame):
+        unique = value.columns.is_unique
+        columns = [
+            (f"{path}[{label!r}]" if unique else f"{path}.iloc[:, {i}]", value.iloc[:, i])
+            for i, label in enumerate(value.columns)
+        ]
+    else:
+        columns = [(path, value)]
     index = value.index
     if not (isinstance(index, pandas.RangeIndex) and index.start == 0 and index.step == 1):
-        arrays.append((f"{path}.index", index.to_numpy()))
-    for where, array in arrays:
-        if array.dtype.kind in "biufc":
-            # pandas hands out read-only views of its columns, which torch warns about
-            leaves.append((where, array if array.flags.writeable else array.copy()))
-        else:
-            _walk(leaves, where, array.tolist(), depth + 1, seen, modules)
+        columns.append((f"{path}.index", index))
+    for where, column in columns:
+        leaves.append((where, _column_leaf(column, pandas)))
+
+
+def _column_leaf(column: Any, pandas: Any) -> Any:
+    """A pandas column (or index) as one leaf: a NumPy array where its values are numbers, else text.
+
+    Times are their int64 ticks; a nullable numeric column is float64 with NaN for its missing
+    values; anything else (text, objects, a MultiIndex) is the text of its values, one per line, so
+    a dataset's text column is one output compared at once, not one per row.
+    """
+    array = column.to_numpy()
+    kind = array.dtype.kind
+    if kind in "biufc":
+        # pandas hands out read-only views of its columns, which torch warns about
+        return array if array.flags.writeable else array.copy()
+    if kind in "mM":
+        return array.view("int64").copy()
+    api = pandas.api.types
+    if api.is_numeric_dtype(column.dtype) or api.is_bool_dtype(column.dtype):
+        return column.to_numpy(dtype="float64", na_value=float("nan"))
+    return "\n".join(map(str, array.tolist()))
 
 
 def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
