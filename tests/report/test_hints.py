@@ -240,6 +240,32 @@ def test_an_op_a_notebook_cell_registered_is_named_when_the_worker_lacks_it(ip):
     assert "--executor inprocess" in note
 
 
+def test_an_op_a_module_only_the_kernel_imported_registered_is_named_with_its_module(ip, tmp_path):
+    # (after review) the note blamed a notebook cell and advised defining the op in a module,
+    # where the op already was in one: importing it in the cell is the fix
+    (tmp_path / "wbtest_ops_module.py").write_text(
+        "import torch\n"
+        '@torch.library.custom_op("wbtest_module_op::scale", mutates_args=())\n'
+        "def scale(x: torch.Tensor, a: float) -> torch.Tensor:\n"
+        "    return x * a\n"
+    )
+    run_cell(
+        ip, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport torch, wbtest_ops_module"
+    )
+    call = 'x = torch.randn(4, device="cuda")\ny = torch.ops.wbtest_module_op.scale(x, 2.0)'
+    try:
+        run_cell(ip, "%%neuron -o r\n" + call)
+        report = ip.user_ns["r"]
+        assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+        note = next(n for n in report.notes if "torch.ops.wbtest_module_op.scale" in n)
+        assert "registered by module wbtest_ops_module" in note
+        assert "import wbtest_ops_module in this cell" in note
+        run_cell(ip, "%%neuron -o r\nimport wbtest_ops_module\n" + call)
+        assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    finally:
+        run_cell(ip, f"sys.path.remove({str(tmp_path)!r})")
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -500,11 +500,12 @@ _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)
 
 
 def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
-    """Why ``torch.ops.<ns>.<op>`` was missing on the target alone: a notebook cell registered it.
+    """Why ``torch.ops.<ns>.<op>`` was missing on the target alone: only the kernel registered it.
 
-    An op a cell registers with ``torch.library`` exists only in the kernel; the target's worker
-    process never ran that cell. Given when the reference ran the call and the target did not
-    find the op.
+    An op registered with ``torch.library`` by a notebook cell, or by a module only the kernel
+    imported, exists only there; the target's worker process ran neither. Given when the reference
+    ran the call and the target did not find the op; where this process knows the op's definition
+    (``torch.library.custom_op``), its module is named.
     """
     if target.error is None or ref.error is not None or target.error.type != "AttributeError":
         return None
@@ -512,11 +513,37 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     if found is None:
         return None
     namespace, op = found.groups()
+    name = f"torch.ops.{namespace}.{op}"
+    module = _defining_module(f"{namespace}::{op}")
+    if module == "__main__":
+        return (
+            f"{name} was registered with torch.library by a notebook cell, which the target's "
+            "worker process did not run (README, Known limits): define the op in a module the cell "
+            "imports, or run the cell with --executor inprocess"
+        )
+    if module is not None:
+        return (
+            f"{name} was registered by module {module}, which the kernel imported and the "
+            f"target's worker process did not: import {module} in this cell, or run the cell with "
+            "--executor inprocess"
+        )
     return (
-        f"torch.ops.{namespace}.{op} was registered with torch.library by a notebook cell, which "
-        "the target's worker process did not run (README, Known limits): define the op in a "
-        "module the cell imports, or run the cell with --executor inprocess"
+        f"{name} exists only in the kernel: a notebook cell, or a module only the kernel "
+        "imported, registered it with torch.library, and the target's worker process ran neither "
+        "(README, Known limits): import that module in this cell (a notebook's op: define it in a "
+        "module first), or run the cell with --executor inprocess"
     )
+
+
+def _defining_module(qualified_name: str) -> str | None:
+    """The module of the function a ``torch.library.custom_op`` was made from (None: not known)."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:  # a torch without custom_op
+        return None
+    definition = OPDEFS.get(qualified_name)
+    module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 def _has_kernel(name: str, key: str) -> bool:
