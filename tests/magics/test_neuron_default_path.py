@@ -209,6 +209,48 @@ def test_a_metrics_dataframe_the_cell_binds_is_compared(ip):
     assert statuses["metrics['count']"] == "differ" and statuses["metrics['step']"] == "match"
 
 
+TRAINER = """
+import torch
+
+class Trainer:
+    def __init__(self, device):
+        self.device = device
+        self.model = torch.nn.Linear(3, 2).to(device)
+
+    def step(self, x):
+        return self.model(x.to(self.device)).sum()
+"""
+
+
+@pytest.mark.parametrize("keep", ["", "--keep target"])
+def test_the_cells_cuda_device_held_inside_an_object_is_the_device_in_later_cells(ip, keep):
+    # A cuda device a container or an object held (trainer.device, cfg["device"]) was the host's
+    # cpu device in the notebook afterwards, and the next cell's target computed on the CPU with
+    # it ("nothing ran on neuron"; found after a review)
+    run_cell(ip, TRAINER)
+    run_cell(
+        ip,
+        f"%%neuron {keep} -o r\n"
+        'trainer = Trainer(torch.device("cuda"))\n'
+        'cfg = {"device": torch.device("cuda"), "lr": 0.1}',
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    for _ in range(2):  # and in the cell after that
+        run_cell(
+            ip,
+            "%%neuron -o r\n"
+            "loss = trainer.step(torch.randn(4, 3))\n"
+            'z = torch.ones(2, device=cfg["device"])',
+        )
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert "nothing ran" not in report.summary()
+        assert on_accelerator(report.target.outputs["z"])
+        assert on_accelerator(report.target.outputs["loss"])
+    # plain cells use them as the CPU standing in for cuda
+    run_cell(ip, 'w = torch.ones(1, device=cfg["device"]) + trainer.step(torch.randn(4, 3))')
+
+
 def test_views_keep_their_base_in_the_worker(ip):
     run_cell(ip, "import torch\nx = torch.zeros(4)\nv = x[:2]")
     run_cell(ip, "%%neuron -o r\nv.add_(1)\ns = x.sum()")

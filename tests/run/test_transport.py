@@ -147,6 +147,12 @@ def test_a_c_extensions_submodule_travels_by_the_path_to_it():
     assert loads(dumps(made)).answer == 42
 
 
+def test_the_devices_standing_for_cuda_travel_as_cuda_and_no_other():
+    stand_in, other = torch.device("cpu"), torch.device("cpu")
+    back = loads(dumps({"cfg": {"device": stand_in}, "data": other}, cuda_devices={id(stand_in)}))
+    assert back == {"cfg": {"device": torch.device("cuda")}, "data": torch.device("cpu")}
+
+
 def test_a_cached_notebook_function_travels_as_its_function():
     namespace = {"__name__": "__main__"}
     exec(

@@ -28,6 +28,7 @@ from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     ResidentObjects,
+    devices_on_the_device,
     function_like,
     isolate,
     mark_attribute_tensors,
@@ -364,7 +365,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 precision=spec.ref_precision,
                 account_memory=reads_memory_statistics(spec.program, ns),
             )
-            for device in cuda_devices.values():
+            # ... and so does one a container or an object holds (cfg["device"], trainer.device)
+            for device in (*cuda_devices.values(), *spec.resident.devices()):
                 host.remember_cuda_device(device)
         if "compile" in spec.program.source and "torch._dynamo" not in sys.modules:
             # Dynamo maps torch's functions by identity when first imported: importing it inside
@@ -668,11 +670,13 @@ def devices_as_the_notebook_names_them(
     def stand_in(device: torch.device) -> torch.device:
         if torch.cuda.is_available():
             return torch.device("cuda", device.index)
-        return torch.device("cpu")
+        made = torch.device("cpu")
+        resident.add(made)
+        return made
 
     for name, value in list(kept.bindings.items()):
         if type(value) is torch.device:
-            if value.type != _UNUSABLE_DEVICE:
+            if not _unusable(value):
                 continue
             candidates = (other.bindings.get(name), namespace.get(name))
             device = next((c for c in candidates if type(c) is torch.device), None)
@@ -683,12 +687,22 @@ def devices_as_the_notebook_names_them(
             kept.bindings[name] = _devices_replaced(value, stand_in, set(), 0)
 
 
+def _unusable(device: torch.device) -> bool:
+    """Whether ``device`` is one this process lacks: another accelerator's, or cuda without a GPU.
+
+    (A nested cuda device the notebook held as its host's stand-in travels to a worker as cuda.)
+    """
+    return device.type == _UNUSABLE_DEVICE or (
+        device.type == "cuda" and not torch.cuda.is_available()
+    )
+
+
 def _devices_replaced(
     value: Any, stand_in: Callable[[torch.device], torch.device], seen: set[int], depth: int
 ) -> Any:
     """``value`` with the unusable devices inside it replaced in place (a tuple with them: anew)."""
     if type(value) is torch.device:
-        return stand_in(value) if value.type == _UNUSABLE_DEVICE else value
+        return stand_in(value) if _unusable(value) else value
     if depth > 16 or isinstance(value, _NO_DEVICE_INSIDE) or id(value) in seen:
         return value
     seen.add(id(value))
@@ -739,4 +753,6 @@ def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
         if on_device:
             resident.add(value)
             mark_attribute_tensors(value, counterpart)
+        for device in devices_on_the_device(value, counterpart):
+            resident.add(device)
     resident.prune()

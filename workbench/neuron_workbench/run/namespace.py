@@ -923,6 +923,40 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
             mark_attribute_tensors(item, counterpart, depth + 1)
 
 
+def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[torch.device]:
+    """The CPU device objects inside ``kept`` that stand where ``other`` holds an accelerator's.
+
+    ``kept`` and ``other`` are one name's values after the two runs of a cell, walked side by side
+    through dicts, lists, tuples and the attributes of notebook objects (``cfg["device"]``,
+    ``trainer.device``): the host standing in for cuda holds the cell's cuda device as a cpu one.
+    """
+    if depth > 8:
+        return
+    if type(kept) is torch.device:
+        if kept.type == "cpu" and type(other) is torch.device and other.type not in _NOT_DEVICES:
+            yield kept
+        return
+    if isinstance(kept, dict) and isinstance(other, dict):
+        pairs: Iterable[tuple[Any, Any]] = ((v, other.get(k)) for k, v in kept.items())
+    elif isinstance(kept, list | tuple) and isinstance(other, list | tuple):
+        pairs = zip(kept, other, strict=False) if len(kept) == len(other) else ()
+    elif attributes_are_state(kept) and type(other) is type(kept):
+        mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            return
+        pairs = ((v, theirs.get(k)) for k, v in mine.items() if v is not kept)
+    else:
+        return
+    for index, (item, counterpart) in enumerate(pairs):
+        if index >= _MOST_ITEMS_SEARCHED:  # a dataset, not a setting
+            return
+        yield from devices_on_the_device(item, counterpart, depth + 1)
+
+
+_NOT_DEVICES = ("cpu", "meta")
+_MOST_ITEMS_SEARCHED = 10_000
+
+
 def on_accelerator(tensor: torch.Tensor) -> bool:
     """Whether the cell had put ``tensor`` on a device (it is there, or a worker sent it back)."""
     return tensor.device.type != "cpu" or ORIGIN_ATTR in getattr(tensor, "__dict__", ())
@@ -1302,6 +1336,11 @@ class ResidentObjects:
     def __contains__(self, value: Any) -> bool:
         ref = self._entries.get(id(value))
         return ref is not None and ref() is value
+
+    def devices(self) -> list[torch.device]:
+        """The device objects remembered: what the cell built as its cuda device, wherever held."""
+        found = (ref() for ref in self._entries.values())
+        return [value for value in found if type(value) is torch.device]
 
     def prune(self) -> None:
         """Drop entries whose object is gone."""

@@ -105,8 +105,12 @@ class SlotExecutor:
             "default_device": getattr(spec, "default_device", None),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
+        # the cell's cuda device where a container or an object holds it (cfg["device"])
+        cuda_devices = frozenset(id(device) for device in spec.resident.devices())
         try:
-            message = pack_request(request, values, namespace, backend.name, worker.arena)
+            message = pack_request(
+                request, values, namespace, backend.name, worker.arena, cuda_devices
+            )
         except WorkbenchUsageError:
             # one of the names along cannot be sent (a DataLoader iterator over a dataset the cell
             # reads): it stays behind, as it would had it shared nothing
@@ -115,7 +119,9 @@ class SlotExecutor:
             }
             if len(sendable) == len(values):
                 raise
-            message = pack_request(request, sendable, namespace, backend.name, worker.arena)
+            message = pack_request(
+                request, sendable, namespace, backend.name, worker.arena, cuda_devices
+            )
         info = worker.info or backend.info()
         return PendingRun(self, worker, message, spec, run_id, info)
 

@@ -25,7 +25,7 @@ import mmap
 import sys
 import types
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -105,15 +105,17 @@ def pack_request(
     namespace: Mapping[str, Any],
     target: str,
     arena: str | None = None,
+    cuda_devices: Collection[int] = (),
 ) -> Packed:
     """The run request with ``values``; a one-line usage error names what cannot be shipped.
 
     ``arena`` is a shared-memory folder for the tensors' bytes (a worker on this host), else they
-    travel in the message (a Ray actor).
+    travel in the message (a Ray actor). ``cuda_devices``: the ids of the device objects that
+    stand for the cell's cuda device (:meth:`ResidentObjects.devices`), sent as cuda.
     """
     message = dict(request, values=values, anchor=_anchor(namespace))
     try:
-        return dumps(message, arena)
+        return dumps(message, arena, cuda_devices=cuda_devices)
     except Exception as exc:
         for name in sorted(values):
             try:

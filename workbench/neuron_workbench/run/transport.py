@@ -471,13 +471,20 @@ def _rebuild_device(kind: str, index: int | None) -> torch.device:
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, plus tensors by storage (with their gradients) that leave any device for the host."""
 
-    def __init__(self, file: io.BytesIO, sink: _StorageSink, buffers: list[Any]) -> None:
+    def __init__(
+        self,
+        file: io.BytesIO,
+        sink: _StorageSink,
+        buffers: list[Any],
+        cuda_devices: Collection[int] = (),
+    ) -> None:
         # One plain dict instead of cloudpickle's ChainMap: the C pickler looks every object's type
         # up in it, and a ChainMap answers each lookup in Python (same entries, same priority).
         self.dispatch_table = {**copyreg.dispatch_table, **_CLOUDPICKLE_DISPATCH}
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._sink = sink
         self._tokens: dict[int, _StorageToken] = {}
+        self._cuda_devices = cuda_devices
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -516,8 +523,11 @@ class _Pickler(cloudpickle.Pickler):
             return _rebuilt_code, tuple(
                 obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
             )
-        if kind is torch.device and obj.type not in ("cpu", "cuda", "meta"):
-            return _rebuild_device, (obj.type, obj.index)
+        if kind is torch.device:
+            if obj.type not in ("cpu", "cuda", "meta"):
+                return _rebuild_device, (obj.type, obj.index)
+            if id(obj) in self._cuda_devices:  # the host's stand-in for the cell's cuda device
+                return torch.device, ("cuda",)
         if kind is types.MethodType and obj.__self__ is RANDOM_MODULE_GENERATOR:
             # `from random import shuffle`: the receiver's own module function, drawing from the
             # receiver's generator (which a run starts from the notebook's state), not a copy
@@ -940,7 +950,12 @@ def _parametrized(base: type, names: tuple[str, ...]) -> Any:
     return module
 
 
-def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()) -> Packed:
+def dumps(
+    obj: Any,
+    arena: str | None = None,
+    host_devices: Collection[str] = (),
+    cuda_devices: Collection[int] = (),
+) -> Packed:
     """Serialise ``obj`` for another process.
 
     Parameters
@@ -954,12 +969,15 @@ def dumps(obj: Any, arena: str | None = None, host_devices: Collection[str] = ()
         Device types whose storages are host memory (an emulated device): their bytes are read
         straight from the device's memory (written into the arena, or copied into the message),
         with no device-to-host copy through the device.
+    cuda_devices : collection of int
+        The ids of CPU device objects that stand for the cell's cuda device (the host's stand-in,
+        wherever the notebook holds it): they travel as ``torch.device("cuda")``.
     """
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     sink = _StorageSink(arena, host_devices)
     try:
-        _Pickler(stream, sink, buffers).dump(obj)
+        _Pickler(stream, sink, buffers, cuda_devices).dump(obj)
         try:
             sink.finish()
         except OSError:
