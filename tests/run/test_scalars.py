@@ -42,6 +42,44 @@ def _lines(trace, lines):
     return [(name, line) for line in lines]
 
 
+def test_a_formatted_loss_and_a_logged_one_are_the_users_calls():
+    # f"{loss:.4f}" made its number inside Tensor.__format__ with the run's mode off (no curve:
+    # a training script's loop printing so was UNCOMPARED), and logging formats its arguments in
+    # its own frames (every logged metric was one series at logging/__init__.py)
+    import io
+    import logging
+
+    log = logging.getLogger("wbtest.scalars")
+    log.addHandler(logging.StreamHandler(io.StringIO()))  # one that formats the message
+    log.propagate, log.level = False, logging.INFO
+    trace, _ = _trace(
+        "loss = torch.tensor(0.25) * 2\n"
+        'a = f"loss {loss:.4f}"\n'
+        'b = "{:.2f}".format(loss)\n'
+        'log.info("loss %.6f", loss)\n'
+        'log.info("norm %.6f", loss * 3)\n'
+        'c = f"{torch.ones(2)}"\n',  # no 0-dim tensor: no number made
+        log=log,
+    )
+    assert list(trace.series) == [f"{name}:{line}" for name, line in _lines(trace, (2, 3, 4, 5))]
+    assert [s.values for s in trace.series.values()] == [[0.5], [0.5], [0.5], [1.5]]
+
+
+def test_a_notebook_cells_own_sites_do_not_name_its_pseudo_file():
+    # <neuron-cell-K> counts the cells a kernel compiled: the same cell recorded in two sessions
+    # had different sites, and comparing the recordings FAILed ("... vs none")
+    ns = {"torch": torch}
+    program = compile_cell("x = torch.ones(1)\nv = x.item()\n", first_line=2)
+    spec = RunSpec(program, ns, instruments={"scalars": scalar_instrument(None, program.filename)})
+    run = execute(spec, get_backend("cpu"))
+    assert list(recorded(run.extras["scalars"]).series) == ["cell:3"]
+    script = compile_cell("v = torch.ones(1).item()\n", filename="/tmp/train.py")
+    spec = RunSpec(script, ns, instruments={"scalars": scalar_instrument(None, script.filename)})
+    assert list(recorded(execute(spec, get_backend("cpu")).extras["scalars"]).series) == [
+        "train.py:1"
+    ]
+
+
 def test_torch_and_the_workbench_own_conversions_are_not_recorded():
     model = torch.nn.Linear(3, 1)
     trace, _ = _trace(

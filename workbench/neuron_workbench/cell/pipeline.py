@@ -182,7 +182,7 @@ def compare_cell(
     # What torch.compile did (graphs, graph breaks, recompiles): nothing unless the cell compiles.
     all_instruments.setdefault("compile", compile_instrument(program.filename))
     # Every scalar the program materialises from a tensor, by call site: its loss curve.
-    all_instruments.setdefault("scalars", scalar_instrument(options.max_steps))
+    all_instruments.setdefault("scalars", scalar_instrument(options.max_steps, program.filename))
     if options.layers:
         from neuron_workbench.run.cell import calls_backward
         from neuron_workbench.trace.layers import layer_instrument

@@ -171,6 +171,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in SCALAR_CONVERSIONS:  # loss.item(): the scalar keeps its tensor's dtype
             return materialise(func, args, kwargs)
+        if func is _TENSOR_FORMAT:  # f"{loss:.4f}": the .item() inside runs with the mode off
+            return _formatted(*args, **kwargs)
         if self.remap:
             host = self.host
             if host is not None and kwargs.get("pin_memory") is True:
@@ -350,6 +352,15 @@ def _may_share_memory(source: Any) -> bool:
     return isinstance(source, torch.Tensor) or type(source).__module__ == "numpy"
 
 
+def _formatted(tensor: torch.Tensor, format_spec: str) -> str:
+    """``format(tensor, spec)`` as torch gives it, its scalar (a 0-dim tensor's) made through the hook."""
+    if type(tensor) is torch.Tensor and tensor.dim() == 0 and not tensor.is_meta:
+        return format(materialise(_TENSOR_ITEM, (tensor.detach(),), {}), format_spec)
+    return _TENSOR_FORMAT(tensor, format_spec)
+
+
+_TENSOR_FORMAT = torch.Tensor.__format__
+_TENSOR_ITEM = torch._C.TensorBase.item
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
@@ -420,6 +431,7 @@ _NOTEWORTHY = (
 _SPECIAL = frozenset(
     {
         *SCALAR_CONVERSIONS,
+        _TENSOR_FORMAT,
         _TENSOR_CUDA,
         _TENSOR_TYPE,
         _TENSOR_PIN_MEMORY,

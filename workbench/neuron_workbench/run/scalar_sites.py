@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 
 import torch
 
@@ -26,16 +27,28 @@ _HOOK_FILES = frozenset(
 _THROUGH_TORCH = frozenset(os.path.abspath(m.__file__) for m in (torch._tensor, torch.overrides))
 
 
+# The standard library passes a value on too: ``log.info("loss %.4f", loss)`` formats it in
+# logging's LogRecord.getMessage, and the user's call is the one that logged it.
+_STANDARD_LIBRARY = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
 _transparent_files: dict[str, bool] = {}
 
 
 def _transparent(filename: str) -> bool:
-    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's dispatch)."""
+    """Whether frames of ``filename`` only pass a conversion on (the hook, torch's, Python's own)."""
     found = _transparent_files.get(filename)
     if found is None:
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        found = _transparent_files[filename] = path in _HOOK_FILES or path in _THROUGH_TORCH
+        found = _transparent_files[filename] = (
+            path in _HOOK_FILES
+            or path in _THROUGH_TORCH
+            or (path.startswith(_STANDARD_LIBRARY) and _INSTALLED not in path)
+        )
     return found
+
+
+#: Packages installed into the standard library's folder (no virtual environment) are no part of it.
+_INSTALLED = f"{os.sep}site-packages{os.sep}"
 
 
 def user_site(skip: int = 2) -> str | None:

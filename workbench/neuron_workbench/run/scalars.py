@@ -194,9 +194,10 @@ def _plain(value: Any) -> Any:
 class ScalarRecorder:
     """Records a run's scalars while active (a run instrument; see :func:`scalar_instrument`)."""
 
-    def __init__(self, max_steps: int | None = None) -> None:
+    def __init__(self, max_steps: int | None = None, cell_file: str | None = None) -> None:
         self._trace = ScalarTrace(max_steps=max_steps)
         self._first: str | None = None
+        self._cell_prefix = f"{cell_file}:" if cell_file else None
 
     def result(self) -> ScalarTrace:
         """What was recorded."""
@@ -209,6 +210,10 @@ class ScalarRecorder:
         site = user_site(3)  # our caller is scalar_from_tensor
         if site is None:
             return
+        if self._cell_prefix is not None and site.startswith(self._cell_prefix):
+            # the running cell's own lines: its pseudo-file's number counts the cells this kernel
+            # compiled, which two sessions recording the same cell do not share
+            site = "cell:" + site[len(self._cell_prefix) :]
         plain = _plain(value)
         if plain is None:
             return
@@ -244,15 +249,22 @@ class ScalarInstrument:
     """A run instrument recording :class:`ScalarTrace` (picklable: it travels to a worker)."""
 
     max_steps: int | None = None
+    #: the notebook cell's pseudo-file (``<neuron-cell-3>``), whose sites read ``cell:LINE``
+    cell_file: str | None = None
 
     @contextlib.contextmanager
     def __call__(self, backend: Any) -> Iterator[ScalarRecorder]:
         """Record for the length of the run."""
-        recorder = ScalarRecorder(self.max_steps)
+        recorder = ScalarRecorder(self.max_steps, self.cell_file)
         with measurements.observe_scalars(recorder.observe):
             yield recorder
 
 
-def scalar_instrument(max_steps: int | None = None) -> ScalarInstrument:
-    """The ``scalars`` run instrument; ``max_steps`` stops the run (see the module docstring)."""
-    return ScalarInstrument(max_steps)
+def scalar_instrument(max_steps: int | None = None, filename: str = "") -> ScalarInstrument:
+    """The ``scalars`` run instrument; ``max_steps`` stops the run (see the module docstring).
+
+    ``filename`` is the program's: a notebook cell's pseudo-file (``<neuron-cell-3>``, numbered by
+    the cells its kernel compiled) gives its own sites as ``cell:LINE``, so one cell recorded in
+    two sessions has the same sites; a script's stay ``train.py:LINE``.
+    """
+    return ScalarInstrument(max_steps, filename if filename.startswith("<") else None)
