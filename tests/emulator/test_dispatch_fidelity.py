@@ -66,6 +66,34 @@ def test_fused_attention_forward_and_backward_match_cpus_flash_kernel(monkeypatc
             assert torch.equal(a, b), (mask is None, options)
 
 
+def test_fused_attention_results_have_the_strides_torchs_meta_functions_give():
+    # A compiled graph is traced with the meta functions' strides and views the results so: CPU's
+    # flash kernel lays them out its own way, and a compiled nn.MultiheadAttention's backward
+    # failed on the emulated devices ("view size is not compatible with input tensor's size and
+    # stride"; found by trying the CLI as a user)
+    from neuron_workbench.emulator import kernels
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 3, 2, 8)[:, :, 0].transpose(1, 2)  # as MultiheadAttention lays it out
+    k = torch.randn(2, 2, 8, 8)
+    v = torch.randn(2, 8, 2, 8).transpose(1, 2)
+    fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    backward = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default
+
+    def strides(device, forward=fused, backward=backward):
+        qd, kd, vd = (t.to(device) for t in (q, k, v))
+        out = forward(qd, kd, vd)
+        grads = backward(
+            torch.ones_like(out[0]), qd, kd, vd, None, [True, True, True, False], out[0],
+            out[1], None, None, 8, 8, 0.0, False, out[6], out[7],
+        )  # fmt: skip
+        return [t.stride() for t in (out[0], *grads[:3])]
+
+    expected = strides("meta")
+    assert strides("cpu", kernels._sdpa_fused_cpu, kernels._sdpa_fused_backward_cpu) == expected
+    assert strides("neuron") == expected  # the native core's kernels, or these
+
+
 def test_composites_the_backend_registers_run_as_one_op():
     # silu_backward has both a CPU kernel and a math decomposition; TorchNeuron registers it, so
     # autograd must call it rather than decompose it (other ops, other rounding in bfloat16).

@@ -569,6 +569,33 @@ def test_a_module_compiled_in_an_earlier_cell_compiles_with_the_targets_backend(
     assert next(original.parameters()) is next(compiled.parameters())
 
 
+def test_a_compiled_multihead_attention_trains_on_neuron(ip):
+    # Its backward viewed the fused attention's gradients with the strides the graph was traced
+    # with, which the emulated device's kernel did not give ("view size is not compatible with
+    # input tensor's size and stride"; found by trying the CLI as a user)
+    run_cell(
+        ip,
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "att = torch.nn.MultiheadAttention(16, 2, batch_first=True)\n"
+        "h0 = torch.randn(4, 8, 16)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'att.to("cuda")\n'
+        "mask = torch.triu(torch.ones(8, 8, dtype=torch.bool, device='cuda'), 1)\n"
+        "step = torch.compile(lambda h: att(h, h, h, attn_mask=mask, need_weights=False)[0].sum())\n"
+        'h = h0.to("cuda").requires_grad_()\n'
+        "loss = step(h)\n"
+        "loss.backward()\n"
+        "g = h.grad",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert report.to_dict()["target"]["compile"]["graphs"]
+
+
 @pytest.mark.parametrize("where", ["earlier cell", "this cell"])
 def test_a_compiled_module_stays_the_targets_to_compile_in_every_later_cell(ip, where):
     # The reference's copy of `cm = torch.compile(model)` lost what torch.compile was asked for

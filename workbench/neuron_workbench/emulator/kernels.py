@@ -263,7 +263,7 @@ def _sdpa_fused_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
     )
     e = torch.empty(0)
-    return out, lse, e, e, 0, 0, e, e, e
+    return _laid_out_like(out, query), lse, e, e, 0, 0, e, e, e
 
 
 def _sdpa_fused_backward_cpu(
@@ -291,7 +291,32 @@ def _sdpa_fused_backward_cpu(
         attn_mask=attn_bias, scale=scale,
     )  # fmt: skip
     gb = torch.zeros_like(attn_bias) if attn_bias is not None else torch.empty(0)
-    return gq, gk, gv, gb
+    return _laid_out_like(gq, query), _laid_out_like(gk, key), _laid_out_like(gv, value), gb
+
+
+def _laid_out_like(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``result`` with the strides the fused op's meta function gives it, from ``like``'s layout.
+
+    A compiled graph is traced with those strides and views its results accordingly: CPU's flash
+    kernel lays its output and gradients out its own way, and a compiled backward's ``view`` of a
+    gradient failed ("view size is not compatible with input tensor's size and stride"). Torch's
+    meta functions give a gradient ``empty_like`` its input, and the output the query's dimension
+    order (``alloc_with_matching_layout``).
+    """
+    if result.shape == like.shape:
+        laid_out = torch.empty_like(like)
+    elif result.dim() == like.dim() == 4:
+        order = sorted(range(4), key=lambda i: like.stride(i), reverse=True)
+        strides, stride = [0] * 4, 1
+        for i in reversed(order):
+            strides[i] = stride
+            stride *= result.shape[i]
+        laid_out = torch.empty_strided(result.shape, strides, dtype=like.dtype, device=like.device)
+    else:
+        return result
+    if laid_out.stride() == result.stride():
+        return result
+    return laid_out.copy_(result)
 
 
 def _native_composites() -> list[str]:

@@ -25,6 +25,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -668,12 +670,38 @@ std::optional<double> optional_double(const IValue& v) {
   return v.isNone() ? std::nullopt : std::optional<double>(v.toDouble());
 }
 
+// A result with the strides the fused op's meta function gives it (kernels.py's _laid_out_like):
+// a gradient as empty_like its input, the output in the query's dimension order. A compiled graph
+// is traced with those strides and views the results accordingly.
+at::Tensor laid_out_like(const at::Tensor& result, const at::Tensor& like) {
+  at::Tensor laid_out;
+  if (result.sizes() == like.sizes()) {
+    laid_out = at::empty_like(like);
+  } else if (result.dim() == 4 && like.dim() == 4) {
+    std::array<int64_t, 4> order{0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(),
+                     [&like](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+    std::vector<int64_t> strides(4);
+    int64_t stride = 1;
+    for (int i = 3; i >= 0; --i) {
+      strides[order[i]] = stride;
+      stride *= result.size(order[i]);
+    }
+    laid_out = at::empty_strided(result.sizes(), strides, like.options());
+  } else {
+    return result;
+  }
+  if (laid_out.strides() == result.strides()) return result;
+  return laid_out.copy_(result);
+}
+
 void sdpa_fused(torch::jit::Stack& stack, size_t base) {
   // (query, key, value, attn_bias, dropout_p, is_causal, return_debug_mask, *, scale)
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
       stack[base].toTensor(), stack[base + 1].toTensor(), stack[base + 2].toTensor(),
       stack[base + 4].toDouble(), stack[base + 5].toBool(), optional_tensor(stack[base + 3]),
       optional_double(stack[base + 7]));
+  out = laid_out_like(out, stack[base].toTensor());
   const at::Tensor empty = at::empty({0});
   torch::jit::drop(stack, stack.size() - base);
   // (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug)
@@ -692,6 +720,9 @@ void sdpa_fused_backward(torch::jit::Stack& stack, size_t base) {
       stack[base + 12].toDouble(), stack[base + 13].toBool(), bias,
       optional_double(stack[base + 16]));
   const at::Tensor grad_bias = bias ? at::zeros_like(*bias) : at::empty({0});
+  grad_q = laid_out_like(grad_q, stack[base + 1].toTensor());
+  grad_k = laid_out_like(grad_k, stack[base + 2].toTensor());
+  grad_v = laid_out_like(grad_v, stack[base + 3].toTensor());
   torch::jit::drop(stack, stack.size() - base);
   for (IValue v : {IValue(grad_q), IValue(grad_k), IValue(grad_v), IValue(grad_bias)})
     stack.push_back(std::move(v));
