@@ -372,3 +372,34 @@ def test_script_on_tpu_with_list_fallbacks_lists_every_missing_op(tmp_path, monk
     (report,) = document["reports"]
     assert {e["op"] for e in report["target"]["fallbacks"]} == {"aten::i0", "aten::kthvalue"}
     assert report["options"]["list_fallbacks"] is True
+
+
+def test_html_lists_the_cells_that_raised(tmp_path):
+    # the text, JSON and JUnit list a cell that raised outside %%neuron: the page must too, or a
+    # failed CI run's artifact shows only green reports
+    path = write_notebook(
+        tmp_path / "err.ipynb",
+        "%%neuron\nimport torch\nok = torch.ones(2, device='cuda')",
+        "assert False, 'data check <failed>'",
+    )
+    done = cli("run", str(path), "--html", str(tmp_path / "err.html"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cell 2: raised AssertionError: data check <failed>" in done.stdout
+    html = (tmp_path / "err.html").read_text()
+    assert "<h3>Cell errors</h3>" in html
+    assert "1 cell raised outside %%neuron" in html
+    assert f"<pre>{esc('data check <failed>')}</pre>" in html
+
+
+def test_html_of_a_report_judged_by_its_scalars_does_not_say_nothing_was_checked(tmp_path):
+    # the values live in main(): only the logged loss.item() is compared, and that is a check
+    (tmp_path / "logged.py").write_text(
+        "import torch\n\ndef main():\n    x = torch.ones(3, device='cuda')\n"
+        "    print((x * 2).sum().item())\n\nmain()\n"
+    )
+    done = cli("run", "logged.py", "--html", "l.html", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("logged.py: PASS neuron (emulated) vs cpu (as cuda) — 1 scalar")
+    html = (tmp_path / "l.html").read_text()
+    assert "Observed scalars (by call site and occurrence)" in html
+    assert "nothing was checked" not in html

@@ -26,6 +26,7 @@ def _site(text):
 
 EVAL_SITE = _site("losses[k] = loss.item()")  # estimate_loss()
 TRAIN_SITE = _site("lossf = loss.item()")  # once per iteration
+PRINT_SITE = _site("train loss {losses['train']:.4f}")  # f"{loss:.4f}" of both splits' losses
 
 CONTEXT_SCRIPT = """\
 import argparse, os, sys
@@ -183,11 +184,12 @@ def test_a_gpt_training_script_on_neuron_has_matching_loss_curves(tmp_path):
     assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu (as cuda)")
     report = json.loads((tmp_path / "n.json").read_text())["reports"][0]
     sites = {s["site"]: s for s in report["scalars"]["sites"]}
-    # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20) and the
-    # training loop's, once per iteration
+    # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20), the
+    # training loop's, once per iteration, and the f-string printing both splits' mean losses
     assert {k: (s["ref_count"], s["target_count"]) for k, s in sites.items()} == {
         EVAL_SITE: (12, 12),
         TRAIN_SITE: (20, 20),
+        PRINT_SITE: (6, 6),
     }
     assert all(s["matched"] for s in sites.values())
     assert sites[TRAIN_SITE]["ref"][-1] < sites[TRAIN_SITE]["ref"][0]  # it learns
@@ -263,3 +265,79 @@ def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
     assert done.stdout.startswith("main.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")
     (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
     assert cli("run", "fails.py", cwd=tmp_path).returncode == 3
+
+
+NEXT_TO_IT_SCRIPT = """\
+import os
+import torch
+print("file", __file__)
+scale = float(open(os.path.join(os.path.dirname(__file__), "scale.txt")).read())
+x = torch.ones(3, device="cuda") * scale
+"""
+
+
+def test_a_script_named_by_a_relative_path_with_a_folder_runs_as_under_python(tmp_path):
+    # `run sub/hello.py` from the project root, the usual CI form: the runs change to sub/, and
+    # __file__, the script's folder and --record DIR still mean what they mean where it was typed
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "hello.py").write_text(NEXT_TO_IT_SCRIPT)
+    (sub / "scale.txt").write_text("2\n")
+    done = cli(
+        "run", "sub/hello.py", "--record", "recs", "--json", "r.json", cwd=tmp_path
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("hello.py: PASS neuron (emulated) vs cpu (as cuda) — ")
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    for side in ("ref", "target"):  # absolute, as `python sub/hello.py` gives it
+        assert f"file {sub / 'hello.py'}\n" in report[side]["stdout"]
+    assert (tmp_path / "recs" / "hello.nwrun.zip").is_file()
+    assert not (sub / "recs").exists()
+    again = cli("run", "sub/hello.py", "--against", "recs", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+MATMUL_SCRIPT = """\
+import torch
+torch.manual_seed(0)
+a = torch.randn(64, 64).cuda()
+print(f"{(a @ a).sum().item()}")
+"""
+
+
+def test_several_targets_give_a_script_one_report_each(tmp_path):
+    (tmp_path / "mm.py").write_text(MATMUL_SCRIPT)
+    done = cli(
+        "run", "mm.py", "--target", "neuron,tpu", "--json", "r.json", "--junit", "r.xml",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr  # tpu's 1-pass bf16 matmul parts
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("mm.py: PASS neuron (emulated) vs cpu (as cuda)")
+    assert lines[1].startswith("mm.py: FAIL tpu (emulated) vs cpu (as cuda)")
+    assert lines[2].startswith("2 reports: 1 PASS, 1 FAIL, 0 ERROR;")
+    document = json.loads((tmp_path / "r.json").read_text())
+    targets = [r["target"]["backend"]["name"] for r in document["reports"]]
+    assert targets == ["neuron", "tpu"]
+    assert document["summary"]["exit_code"] == 1
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
+
+
+HELP_SCRIPT = """\
+import argparse
+import torch
+parser = argparse.ArgumentParser(prog="ap.py", description="trains a thing")
+parser.add_argument("--epochs", type=int, required=True)
+args = parser.parse_args()
+x = torch.ones(2, device="cuda") * args.epochs
+"""
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_scripts_own_help_is_printed_and_exits_0(tmp_path, flag):
+    (tmp_path / "ap.py").write_text(HELP_SCRIPT)
+    done = cli("run", "ap.py", "--", flag, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("usage: ap.py [-h] --epochs EPOCHS\n\ntrains a thing\n")
+    assert "UNCOMPARED" not in done.stdout + done.stderr

@@ -118,3 +118,27 @@ def test_subprocess_exit_code_and_no_traceback(tmp_path):
         env=env,
     )
     assert proc.returncode == 1 and "NW140" in proc.stdout
+
+
+def test_a_file_that_does_not_parse_or_decode_is_one_line_and_the_rest_is_scanned(tmp_path):
+    # a linter reports the file it cannot read and goes on: one bad file in a repository must
+    # not hide every finding of the others
+    write(tmp_path, "a_broken.py", "import torch\nx = torch.ones((1,\n")
+    (tmp_path / "b_latin.py").write_bytes(b"# caf\xe9\nimport torch\n")
+    write(tmp_path, "c_cuda.py", INFO_ONLY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "scan", ".", "--json", "out.json"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "./c_cuda.py:2:" in proc.stdout  # the readable file's finding
+    errors = proc.stderr.splitlines()
+    assert (
+        errors[0]
+        == "neuron-workbench: error: ./a_broken.py:2:16: cannot parse: '(' was never closed"
+    )
+    assert errors[1].startswith("neuron-workbench: error: ./b_latin.py: cannot read: ")
+    assert len(errors) == 2 and "Traceback" not in proc.stderr
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert [f["path"] for f in document["findings"]] == ["./c_cuda.py"]
+    assert [e.split(":", 1)[0] for e in document["errors"]] == ["./a_broken.py", "./b_latin.py"]

@@ -6,6 +6,7 @@ Also the report files every command writes (the run JSON document, JUnit XML), s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -14,10 +15,10 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.display import UNCOMPARED
@@ -316,6 +317,32 @@ def script_run_context(
     return ScriptContext((str(path), *args), cwd or folder, folder)
 
 
+@dataclass
+class ExitWatch:
+    """Run instrument: whether the run called ``sys.exit(0)`` (or ``sys.exit()``).
+
+    The run ends such a call as the program's normal end; a script's ``--help`` ends that way
+    before it computed anything. Only the instance in this process (the reference run's) is read.
+    """
+
+    exited_ok: bool = False
+
+    @contextlib.contextmanager
+    def __call__(self, backend: Any = None) -> Iterator[None]:
+        """Watch ``sys.exit`` during the run; put it back after."""
+        original = sys.exit
+
+        def watched_exit(status: object = None) -> NoReturn:
+            self.exited_ok = status in (0, None)
+            original(status)
+
+        sys.exit = watched_exit
+        try:
+            yield None
+        finally:
+            sys.exit = original
+
+
 class script_context:  # noqa: N801 - used like a function in a with-statement
     """``sys.argv``, ``sys.path[0]`` and the working folder of ``python SCRIPT ARGS``, restored after.
 
@@ -336,8 +363,12 @@ class script_context:  # noqa: N801 - used like a function in a with-statement
 
 
 def script_namespace(path: str | Path) -> dict[str, Any]:
-    """The globals a script starts with: it runs as ``__main__``."""
-    return {"__name__": "__main__", "__file__": str(path)}
+    """The globals a script starts with: it runs as ``__main__``.
+
+    ``__file__`` is absolute, as under ``python`` (3.9+), so ``os.path.dirname(__file__)`` names
+    the script's folder from any working folder. Call this before changing the working folder.
+    """
+    return {"__name__": "__main__", "__file__": str(Path(path).resolve())}
 
 
 def run_script(
@@ -371,9 +402,15 @@ def run_script(
     from neuron_workbench.cell.settings import cell_options
 
     source = read_script(path)
+    # Everything relative to the invocation folder is resolved before the runs change folder.
+    context = script_run_context(path, args, cwd)
+    namespace = script_namespace(path)
+    exits = ExitWatch()
     options = cell_options(
         {"scan": False, **(options or {})},
-        record=str(Path(record_dir) / f"{Path(path).stem}.nwrun.zip") if record_dir else None,
+        record=str(Path(record_dir).resolve() / f"{Path(path).stem}.nwrun.zip")
+        if record_dir
+        else None,
         against=against,
     )
     if timeout is not None and (options.cluster or options.resolved_executor == "worker"):
@@ -392,29 +429,43 @@ def run_script(
     folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     session = Session()
     try:
-        with script_context(path, args, cwd):
+        with context():
             result = session.run_cell(
                 source,
-                script_namespace(path),
+                namespace,
                 options,
                 program=program,
                 relabel=lambda run: run.relabel_sites({}, folders),
-                instruments={"script": script_run_context(path, args, cwd)},
+                instruments={"script": context, "exit": exits},
             )
     finally:
         session.close()
-    exited = script_exit(result.report.ref)
+    # sys.exit(0) before anything was compared: the script's own --help, not an empty run
+    helped = exits.exited_ok and result.report.verdict == UNCOMPARED
+    exited = script_exit(result.report.ref, exited_ok=helped)
     if exited is not None:
         return InputResult(str(path), kind="script", cells=1, script_exit=exited)
-    data = result.report.to_dict()
-    data["label"] = Path(path).name
-    data["cell_index"] = 1
-    return InputResult(str(path), reports=[data], kind="script", cells=1)
+    reports = []
+    # one report per target (--target neuron,tpu), all against the one reference run
+    for report in result.reports:
+        data = report.to_dict()
+        data["label"] = Path(path).name
+        data["cell_index"] = 1
+        reports.append(data)
+    return InputResult(str(path), reports=reports, kind="script", cells=1)
 
 
-def script_exit(run: Any) -> tuple[int, str] | None:
-    """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` with a non-zero ``code``."""
+def script_exit(run: Any, exited_ok: bool = False) -> tuple[int, str] | None:
+    """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` before it was compared.
+
+    That is a non-zero ``code`` (``printed``: the script's usage message), or ``0`` when the caller
+    knows the run ended in ``sys.exit(0)`` with nothing to compare, ``exited_ok`` (a script's own
+    ``--help``; ``printed``: its standard output).
+    """
     error = run.error
+    if error is None and exited_ok:
+        printed = run.stdout or ""
+        return 0, printed if printed.endswith("\n") or not printed else printed + "\n"
     if error is None or error.type != "SystemExit":
         return None
     message = str(error.message).strip()

@@ -331,7 +331,12 @@ def render_report_html(data: dict[str, Any]) -> str:
                 f"<details{opened}><summary>{len(matching)} matching output"
                 f"{'' if len(matching) == 1 else 's'}</summary>{table}</details>"
             )
-    elif not errors and not data.get("measurements"):
+    elif (
+        not errors
+        and not data.get("measurements")
+        # observed scalars (loss.item()) are compared too: the report checked them
+        and not (data.get("scalars") or {}).get("sites")
+    ):
         parts.append(
             '<div class="note">The cell bound no outputs to compare, so nothing was checked '
             "(tensors, arrays, numbers, strings, modules, optimizers, their containers and objects "
@@ -512,15 +517,54 @@ def _scalars_html(scalars: dict[str, Any] | None) -> list[str]:
     return parts
 
 
-def render_page(reports: Sequence[dict[str, Any]], title: str = "neuron-workbench report") -> str:
-    """A standalone HTML page with several reports (no network, no scripts)."""
+def _cell_errors_html(cell_errors: Sequence[dict[str, Any]]) -> str:
+    """The notebook cells that raised outside ``%%neuron`` (``cell_errors`` of ``run --json``)."""
+    if not cell_errors:
+        return ""
+    rows = [
+        [
+            esc(f"cell {error.get('cell_index', '')}"),
+            f"<code>{esc(error.get('type', ''))}</code>",
+            f"<pre>{esc(error.get('message', ''))}</pre>",
+        ]
+        for error in cell_errors
+    ]
+    count = len(cell_errors)
+    return (
+        f"<style>{_STYLE}</style><div class='nw-report'><div>"
+        f"<span class='nw-verdict' style='background:{verdict_color('ERROR')}'>ERROR</span>"
+        f"{count} cell{'' if count == 1 else 's'} raised outside %%neuron</div>"
+        f"{_table(['cell', 'type', 'message'], rows)}</div>"
+    )
+
+
+def render_page(
+    reports: Sequence[dict[str, Any]],
+    title: str = "neuron-workbench report",
+    cell_errors: Sequence[dict[str, Any]] = (),
+) -> str:
+    """A standalone HTML page with several reports (no network, no scripts).
+
+    Parameters
+    ----------
+    reports : sequence of dict
+        Report data (:meth:`Report.to_dict`), each under its ``label``.
+    title : str
+        The page's title and heading.
+    cell_errors : sequence of dict
+        Notebook cells that raised outside ``%%neuron`` (``cell_index``, ``type``, ``message``),
+        listed first: they fail the run as the reports' verdicts do.
+    """
+    body = ""
+    if cell_errors:
+        body = f"<h3>Cell errors</h3>{_cell_errors_html(cell_errors)}"
     if reports:
-        body = "".join(
+        body += "".join(
             f"<h3>{esc(r.get('label', f'report {i + 1}'))}</h3>{render_report_html(r)}"
             for i, r in enumerate(reports)
         )
     else:
-        body = "<p>No %%neuron reports were produced.</p>"
+        body += "<p>No %%neuron reports were produced.</p>"
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{esc(title)}</title></head><body style='font-family:system-ui,sans-serif'>"

@@ -227,7 +227,12 @@ def iter_source_files(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     return files
 
 
-def scan_paths(paths: Iterable[str | os.PathLike[str]], *, target: str = "neuron") -> list[Finding]:
+def scan_paths(
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    target: str = "neuron",
+    errors: list[str] | None = None,
+) -> list[Finding]:
     """Scan files and directories (directories recurse over ``*.py`` and ``*.ipynb``).
 
     Parameters
@@ -236,15 +241,29 @@ def scan_paths(paths: Iterable[str | os.PathLike[str]], *, target: str = "neuron
         Files and directories.
     target : {"neuron", "tpu"}
         The device the suggestions are written for.
+    errors : list of str, optional
+        When given, a file that cannot be read or parsed adds its one-line message here and the
+        scan goes on with the other files (a linter's convention); else its error is raised.
 
     Returns
     -------
     list of Finding
         In file order, then by location.
+
+    Raises
+    ------
+    neuron_workbench.errors.WorkbenchUsageError
+        If a path does not exist; without ``errors``, also if a file cannot be read or parsed.
     """
+    _check_target(target)
     findings: list[Finding] = []
     for path in iter_source_files(paths):
-        findings += scan_path(path, target=target)
+        try:
+            findings += scan_path(path, target=target)
+        except WorkbenchUsageError as exc:  # ScanSyntaxError too
+            if errors is None:
+                raise
+            errors.append(str(exc))
     return findings
 
 

@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         out.pop("summary", None)
         out["exit_code"] = code
         out["command"] = cmd
-        with open(args.json_path, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=2)
+        from neuron_workbench.cli.notebook_runner import write_text
+
+        # an unwritable path is a one-line usage error (exit 2), as for run --json
+        write_text(args.json_path, json.dumps(out, indent=2) + "\n")
     return code

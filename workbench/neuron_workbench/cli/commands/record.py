@@ -67,12 +67,13 @@ def run(args: argparse.Namespace) -> int:
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
     cwd = script_folder(args)
     context = script_run_context(args.script, args.script_args, cwd)
+    namespace = script_namespace(args.script)  # before the run changes folder: __file__ resolves
     with script_context(args.script, args.script_args, cwd):
         session = Session()
         try:
             recorded = session.record_run(
                 program,
-                script_namespace(args.script),
+                namespace,
                 backend.name,
                 seed=args.seed if args.seed is not None else 0,
                 instruments={"script": context, "scalars": scalar_instrument()},

@@ -179,14 +179,15 @@ def run(args: argparse.Namespace) -> int:
             args=args.script_args,
             cwd=script_folder(args),
             progress=terminal_message,
-            record_dir=args.record,
+            # relative to where the command runs, not to the folder the runs change to
+            record_dir=str(Path(args.record).resolve()) if args.record else None,
             against=str(against) if against is not None else None,
             # a hung target in a worker is ended after --timeout, like a hung notebook cell
             timeout=float(args.timeout),
         )
-        if result.script_exit is not None:  # argparse's usage error: the script's own message
+        if result.script_exit is not None:  # the script's own usage message, or its --help
             code, text = result.script_exit
-            sys.stderr.write(text)
+            (sys.stdout if code == 0 else sys.stderr).write(text)
             return code
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
@@ -224,7 +225,9 @@ def run(args: argparse.Namespace) -> int:
         )
         write_text(args.json, json.dumps(document, indent=2) + "\n")
     if args.html:
-        write_text(args.html, render_page(result.reports, title=f"neuron-workbench: {name}"))
+        write_text(
+            args.html, render_page(result.reports, f"neuron-workbench: {name}", result.cell_errors)
+        )
     if args.junit:
         write_text(args.junit, junit_xml(name, result.reports, result.cell_errors))
     return code

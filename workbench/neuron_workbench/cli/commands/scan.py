@@ -1,8 +1,10 @@
 """``neuron-workbench scan PATH...``: report CUDA-only code, one finding per line, for CI.
 
 Output follows the linters' convention, ``path:line:col: RULE-ID message`` (``path:cell N:line:col``
-for notebooks), each followed by an indented ``help:`` line, then a summary. Exit codes: 0 when no
-finding is at or above ``--fail-on`` (default ``error``), 1 otherwise, 2 for usage or input errors.
+for notebooks), each followed by an indented ``help:`` line, then a summary. A file that cannot be
+read or parsed is one ``neuron-workbench: error:`` line on stderr (and in the JSON's ``errors``);
+the other files are still scanned. Exit codes: 0 when no finding is at or above ``--fail-on``
+(default ``error``), 1 otherwise, 2 for usage or input errors (a file that could not be scanned).
 """
 
 from __future__ import annotations
@@ -70,19 +72,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Scan, print, optionally write JSON, and return the exit code."""
-    findings = [
-        f for f in scan_paths(args.paths, target=args.target) if f.rule_id not in args.ignore
-    ]
+    errors: list[str] = []
+    found = scan_paths(args.paths, target=args.target, errors=errors)
+    findings = [f for f in found if f.rule_id not in args.ignore]
     report = ScanReport(tuple(findings), args.target)
+    document = report.to_dict()
+    if errors:  # files left unscanned: a reader of the JSON must not take them for clean
+        document["errors"] = list(errors)
     if args.json_path == "-":
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         sys.stdout.write(report.to_text(suggestions=not args.no_help) + "\n")
         if args.json_path:
             try:
                 Path(args.json_path).write_text(
-                    json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8"
+                    json.dumps(document, indent=2) + "\n", encoding="utf-8"
                 )
             except OSError as exc:
                 raise WorkbenchUsageError(f"cannot write {args.json_path}: {exc}") from None
+    for error in errors:
+        sys.stderr.write(f"neuron-workbench: error: {error}\n")
+    if errors:
+        return 2
     return 1 if report.at_least(args.fail_on) else 0
