@@ -403,3 +403,19 @@ def test_html_of_a_report_judged_by_its_scalars_does_not_say_nothing_was_checked
     html = (tmp_path / "l.html").read_text()
     assert "Observed scalars (by call site and occurrence)" in html
     assert "nothing was checked" not in html
+
+
+def test_a_cell_past_timeout_or_a_dead_kernel_ends_the_run_in_one_line(tmp_path):
+    # With the blocking kernel manager nbclient's reply poll never timed out: a cell ran past
+    # --timeout to its end, and a kernel that died left `run` waiting for ever (found by trying
+    # the command line as CI uses it)
+    import time
+
+    slow = write_notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(120)")
+    died = write_notebook(tmp_path / "died.ipynb", "import os\nos._exit(1)", "x = 1")
+    for notebook, cause in ((slow, "CellTimeoutError"), (died, "DeadKernelError")):
+        started = time.monotonic()
+        done = cli("run", str(notebook), "--timeout", "5")
+        assert done.returncode == 2, done.stderr
+        assert time.monotonic() - started < 90
+        assert done.stderr.count("\n") == 1 and cause in done.stderr, done.stderr

@@ -130,12 +130,16 @@ def _kernel_manager(kernel_name: str) -> Any:
     without encryption"; Unix-domain sockets in a private temporary folder need no encryption and
     end the warning. The folder goes away with :func:`_remove_kernel_sockets`.
     """
-    from jupyter_client.manager import KernelManager
+    # The asynchronous manager: with the blocking one nbclient's reply poll never times out, so
+    # neither --timeout nor the check that the kernel is still alive ran (a dead kernel hung run).
+    from jupyter_client.manager import AsyncKernelManager
 
     if sys.platform.startswith("win"):  # no IPC transport there
-        return KernelManager(kernel_name=kernel_name)
+        return AsyncKernelManager(kernel_name=kernel_name)
     folder = tempfile.mkdtemp(prefix="nw-kernel-")
-    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(folder, "k"))
+    return AsyncKernelManager(
+        kernel_name=kernel_name, transport="ipc", ip=os.path.join(folder, "k")
+    )
 
 
 def _remove_kernel_sockets(manager: Any) -> None:
@@ -210,6 +214,8 @@ def run_notebook(
         timeout=timeout,
         kernel_name="python3",
         allow_errors=True,
+        # a kernel left running a cell past --timeout is ended, not asked to shut down
+        shutdown_kernel="immediate",
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
     # Set after construction: a client given its manager (km=) would leave the kernel running.
