@@ -341,3 +341,34 @@ def test_the_scripts_own_help_is_printed_and_exits_0(tmp_path, flag):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("usage: ap.py [-h] --epochs EPOCHS\n\ntrains a thing\n")
     assert "UNCOMPARED" not in done.stdout + done.stderr
+
+
+SPAWN_SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Rows(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i))
+
+def main():
+    loader = DataLoader(Rows(), batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    global total
+    total = sum(batch.to("cuda").sum() for batch in loader)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_dataloader_spawning_its_workers_finds_the_scripts_dataset(tmp_path):
+    # The reference ran in the command line's process, whose __main__ is not the script: pickle
+    # could not find the script's Dataset class for a spawned worker ("Can't pickle <class
+    # '__main__.Rows'>"), where `python SCRIPT` runs (found by trying the command line as a user)
+    (tmp_path / "spawn.py").write_text(SPAWN_SCRIPT)
+    done = cli("run", "spawn.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("spawn.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")

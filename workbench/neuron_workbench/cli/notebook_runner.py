@@ -406,6 +406,7 @@ def run_script(
     from neuron_workbench.backends.registry import prepare_target
     from neuron_workbench.cell.session import Session
     from neuron_workbench.cell.settings import cell_options
+    from neuron_workbench.run.target_requests import main_module_over
 
     source = read_script(path)
     # Everything relative to the invocation folder is resolved before the runs change folder.
@@ -435,7 +436,9 @@ def run_script(
     folders = [str(Path(path).resolve().parent), os.getcwd(), *library_folders()]
     session = Session()
     try:
-        with context():
+        # the script is __main__ for the run: pickle and multiprocessing's spawn (DataLoader
+        # workers) find its classes there, as under `python SCRIPT`
+        with context(), main_module_over(namespace):
             result = session.run_cell(
                 source,
                 namespace,

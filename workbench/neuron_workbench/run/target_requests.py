@@ -351,7 +351,7 @@ def _run_request(
         with (
             what_if_policy(backend, request["what_if"]),
             _last_op_recorded(slot),
-            _main_module_over(namespace),
+            main_module_over(namespace),
         ):
             run = execute(spec, backend, run_id=request.get("run_id", "target"))
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
@@ -406,8 +406,11 @@ def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def _main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
+def main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
     """For the run, the module named by the namespace's ``__name__`` is the namespace, as in a kernel.
+
+    (A script run in the command line's own process needs it too: ``multiprocessing``'s spawn and
+    pickle find the script's classes through ``sys.modules["__main__"]``.)
 
     TorchDynamo reads the globals of a function it inlines (a notebook model's ``forward`` called
     from a compiled training step) through ``sys.modules[f.__globals__["__name__"]]``; in a
