@@ -372,3 +372,21 @@ def test_a_dataloader_spawning_its_workers_finds_the_scripts_dataset(tmp_path):
     done = cli("run", "spawn.py", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("spawn.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")
+
+
+def test_a_script_that_exits_non_zero_after_its_work_is_reported(tmp_path):
+    # Its exit was taken for a usage error: its progress went to stderr as a usage message, no
+    # --json or --junit file was written, and its own code (3) read as the --strict one
+    (tmp_path / "late.py").write_text(
+        "import sys\nimport torch\n"
+        "x = torch.ones(2, device='cuda')\n"
+        "for i in range(3):\n"
+        "    print('epoch', i, (x * i).sum().item())\n"
+        "sys.exit(3)\n"
+    )
+    done = cli("run", "late.py", "--json", "r.json", "--junit", "r.xml", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("late.py: ERROR neuron (emulated) vs cpu (as cuda) — cpu raised")
+    assert "SystemExit: 3" in done.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["reports"][0]["verdict"] == "ERROR"
+    assert (tmp_path / "r.xml").is_file()

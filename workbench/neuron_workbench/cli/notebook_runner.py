@@ -467,15 +467,17 @@ def run_script(
 def script_exit(run: Any, exited_ok: bool = False) -> tuple[int, str] | None:
     """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` before it was compared.
 
-    That is a non-zero ``code`` (``printed``: the script's usage message), or ``0`` when the caller
-    knows the run ended in ``sys.exit(0)`` with nothing to compare, ``exited_ok`` (a script's own
-    ``--help``; ``printed``: its standard output).
+    That is a non-zero ``code`` before the script printed anything to its standard output
+    (``printed``: the script's usage message), or ``0`` when the caller knows the run ended in
+    ``sys.exit(0)`` with nothing to compare, ``exited_ok`` (a script's own ``--help``; ``printed``:
+    its standard output). A script that printed its progress and then exited non-zero ("the loss did
+    not converge") did its work: its runs are reported (``ERROR``, exit 1), report files written.
     """
     error = run.error
     if error is None and exited_ok:
         printed = run.stdout or ""
         return 0, printed if printed.endswith("\n") or not printed else printed + "\n"
-    if error is None or error.type != "SystemExit":
+    if error is None or error.type != "SystemExit" or (run.stdout or "").strip():
         return None
     message = str(error.message).strip()
     if message in ("", "0", "None"):
