@@ -104,6 +104,11 @@ def test_run_reports_every_cell_and_exits_1_on_a_failure(three_cells):
 def test_strict_exits_3_when_ops_fell_back(strict_run):
     done, _ = strict_run
     assert done.returncode == 3, done.stdout + done.stderr
+    # and says which ops, where (the exit code alone did not)
+    assert done.stderr.splitlines() == [
+        "cell 3: --strict: on neuron these ops fell back to CPU: aten::sort "
+        "(--allow-fallback OP accepts one)"
+    ], done.stderr
 
 
 def test_json_html_and_junit_agree(strict_run):

@@ -71,6 +71,22 @@ class InputResult:
             if {normalize_op(op) for op in report.get("fallback_ops") or ()} - exempt
         )
 
+    def fallback_violations(self, allowed: Sequence[str] = ()) -> list[str]:
+        """``label: --strict: ... fell back to CPU: ops`` for each report over ``allowed``."""
+        from neuron_workbench.opnames import normalize_op
+
+        exempt = {normalize_op(name) for name in allowed}
+        found = []
+        for report in self.reports:
+            ops = [op for op in report.get("fallback_ops") or () if normalize_op(op) not in exempt]
+            if ops:
+                target = ((report.get("target") or {}).get("backend") or {}).get("name", "target")
+                found.append(
+                    f"{report.get('label', '')}: --strict: on {target} these ops fell back to CPU: "
+                    f"{', '.join(ops)} (--allow-fallback OP accepts one)"
+                )
+        return found
+
     def graph_break_violations(self) -> list[str]:
         """``label: --strict-graph-breaks: ...`` for each report whose target broke a graph."""
         from neuron_workbench.trace.compile import graph_break_violation

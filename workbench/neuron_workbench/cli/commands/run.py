@@ -207,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
+    if code == 3:  # which ops, where: the exit code alone does not say
+        for line in result.fallback_violations(allowed_fallbacks(values)):
+            sys.stderr.write(line + "\n")
     if code == 4:
         sys.stderr.write(result.graph_break_violations()[0] + "\n")
     options: dict[str, Any] = {
