@@ -390,3 +390,21 @@ def test_a_script_that_exits_non_zero_after_its_work_is_reported(tmp_path):
     assert "SystemExit: 3" in done.stdout
     assert json.loads((tmp_path / "r.json").read_text())["reports"][0]["verdict"] == "ERROR"
     assert (tmp_path / "r.xml").is_file()
+
+
+def test_a_script_that_compared_nothing_and_exited_0_is_uncompared_not_help(tmp_path):
+    # (after review) any sys.exit(0) of a run that compared nothing was taken for the script's
+    # --help: `sys.exit(main())` of a script keeping its work in locals printed nothing, exited 0
+    # and wrote no report file, so a CI gate passed with nothing checked
+    (tmp_path / "quiet.py").write_text(
+        "import sys\nimport torch\n\n"
+        "def main():\n"
+        "    x = torch.ones(2, device='cuda') * 2\n"
+        "    return 0\n\n"
+        "if __name__ == '__main__':\n"
+        "    sys.exit(main())\n"
+    )
+    done = cli("run", "quiet.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("quiet.py: UNCOMPARED")
+    assert (tmp_path / "r.json").is_file()

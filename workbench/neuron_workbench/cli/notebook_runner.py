@@ -465,8 +465,10 @@ def run_script(
             )
     finally:
         session.close()
-    # sys.exit(0) before anything was compared: the script's own --help, not an empty run
-    helped = exits.exited_ok and result.report.verdict == UNCOMPARED
+    # sys.exit(0) before anything was compared, asked for help: the script's own --help, not an
+    # empty run (`sys.exit(main())` of a script that compared nothing stays UNCOMPARED, exit 1)
+    asked = any(arg in ("-h", "--help") for arg in args)
+    helped = asked and exits.exited_ok and result.report.verdict == UNCOMPARED
     exited = script_exit(result.report.ref, exited_ok=helped)
     if exited is not None:
         return InputResult(str(path), kind="script", cells=1, script_exit=exited)
