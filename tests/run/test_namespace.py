@@ -659,3 +659,18 @@ def test_a_setting_a_forward_rewrites_is_no_change_in_place():
     before = version_signature(model)
     model.last_shape = (1, 2)  # a new tuple at every call: not state the comparison reads
     assert version_signature(model) == before
+
+
+def test_the_devices_standing_for_the_cells_cuda_are_found_side_by_side():
+    from neuron_workbench.run.namespace import devices_on_the_device
+
+    stand_in, real_cpu = torch.device("cpu"), torch.device("cpu")
+    kept = {"device": stand_in, "data": real_cpu, "both": [stand_in, 1], "losses": [0.5] * 10}
+    other = {
+        "device": torch.device("privateuseone", 0),
+        "data": torch.device("cpu"),  # the cell's own CPU device stays one
+        "both": [torch.device("privateuseone", 0), 1],
+        "losses": [0.5] * 10,
+    }
+    found = list(devices_on_the_device(kept, other))
+    assert len(found) == 2 and all(device is stand_in for device in found)

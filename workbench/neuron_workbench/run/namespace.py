@@ -939,7 +939,9 @@ def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[tor
     if isinstance(kept, dict) and isinstance(other, dict):
         pairs: Iterable[tuple[Any, Any]] = ((v, other.get(k)) for k, v in kept.items())
     elif isinstance(kept, list | tuple) and isinstance(other, list | tuple):
-        pairs = zip(kept, other, strict=False) if len(kept) == len(other) else ()
+        if len(kept) != len(other) or (kept and isinstance(kept[0], _PLAIN_DATA)):
+            return  # (a list of numbers or strings is data: no device in it, and no walk over it)
+        pairs = zip(kept, other, strict=False)
     elif attributes_are_state(kept) and type(other) is type(kept):
         mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
         if not (isinstance(mine, dict) and isinstance(theirs, dict)):
@@ -950,11 +952,13 @@ def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[tor
     for index, (item, counterpart) in enumerate(pairs):
         if index >= _MOST_ITEMS_SEARCHED:  # a dataset, not a setting
             return
-        yield from devices_on_the_device(item, counterpart, depth + 1)
+        if item is not None and not isinstance(item, _PLAIN_DATA):
+            yield from devices_on_the_device(item, counterpart, depth + 1)
 
 
 _NOT_DEVICES = ("cpu", "meta")
 _MOST_ITEMS_SEARCHED = 10_000
+_PLAIN_DATA = (int, float, complex, str, bytes, bool, torch.Tensor)
 
 
 def on_accelerator(tensor: torch.Tensor) -> bool:
