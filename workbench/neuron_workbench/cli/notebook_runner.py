@@ -62,14 +62,7 @@ class InputResult:
 
     def fallback_reports(self, allowed: Sequence[str] = ()) -> int:
         """Number of reports whose target fell back to CPU on an op not in ``allowed``."""
-        from neuron_workbench.opnames import normalize_op
-
-        exempt = {normalize_op(name) for name in allowed}
-        return sum(
-            1
-            for report in self.reports
-            if {normalize_op(op) for op in report.get("fallback_ops") or ()} - exempt
-        )
+        return len(self.fallback_violations(allowed))
 
     def fallback_violations(self, allowed: Sequence[str] = ()) -> list[str]:
         """``label: --strict: ... fell back to CPU: ops`` for each report over ``allowed``."""

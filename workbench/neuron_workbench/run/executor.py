@@ -29,6 +29,7 @@ from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     ResidentObjects,
     devices_on_the_device,
+    devices_replaced,
     function_like,
     isolate,
     mark_attribute_tensors,
@@ -37,6 +38,7 @@ from neuron_workbench.run.namespace import (
     notebook_function,
     on_accelerator,
     tensors_in,
+    unusable_device,
     version_signature,
     with_names_sharing_state,
 )
@@ -646,13 +648,6 @@ def _reading(namespace: MutableMapping[str, Any], value: Any) -> Any:
     return function_like(value, namespace, value.__closure__)
 
 
-#: What the transport rebuilds a device of an accelerator this process lacks as.
-_UNUSABLE_DEVICE = "privateuseone"
-#: Containers with more items than this are not looked into for devices (datasets, not settings).
-_MOST_ITEMS_SEARCHED = 10_000
-_NO_DEVICE_INSIDE = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, type)
-
-
 def devices_as_the_notebook_names_them(
     kept: Run, other: Run, namespace: Mapping[str, Any], resident: ResidentObjects
 ) -> None:
@@ -676,7 +671,7 @@ def devices_as_the_notebook_names_them(
 
     for name, value in list(kept.bindings.items()):
         if type(value) is torch.device:
-            if not _unusable(value):
+            if not unusable_device(value):
                 continue
             candidates = (other.bindings.get(name), namespace.get(name))
             device = next((c for c in candidates if type(c) is torch.device), None)
@@ -684,55 +679,7 @@ def devices_as_the_notebook_names_them(
             if device.type == "cpu":
                 resident.add(device)
         else:
-            kept.bindings[name] = _devices_replaced(value, stand_in, set(), 0)
-
-
-def _unusable(device: torch.device) -> bool:
-    """Whether ``device`` is one this process lacks: another accelerator's, or cuda without a GPU.
-
-    (A nested cuda device the notebook held as its host's stand-in travels to a worker as cuda.)
-    """
-    return device.type == _UNUSABLE_DEVICE or (
-        device.type == "cuda" and not torch.cuda.is_available()
-    )
-
-
-def _devices_replaced(
-    value: Any, stand_in: Callable[[torch.device], torch.device], seen: set[int], depth: int
-) -> Any:
-    """``value`` with the unusable devices inside it replaced in place (a tuple with them: anew)."""
-    if type(value) is torch.device:
-        return stand_in(value) if _unusable(value) else value
-    if depth > 16 or isinstance(value, _NO_DEVICE_INSIDE) or id(value) in seen:
-        return value
-    seen.add(id(value))
-
-    def inner(item: Any) -> Any:
-        return _devices_replaced(item, stand_in, seen, depth + 1)
-
-    if isinstance(value, dict | list):
-        if len(value) <= _MOST_ITEMS_SEARCHED:
-            keys = list(value) if isinstance(value, dict) else range(len(value))
-            for key in keys:
-                item = value[key]
-                replaced = inner(item)
-                if replaced is not item:
-                    value[key] = replaced
-    elif isinstance(value, tuple):
-        if len(value) <= _MOST_ITEMS_SEARCHED:
-            items = [inner(item) for item in value]
-            if any(a is not b for a, b in zip(items, value, strict=True)):
-                with contextlib.suppress(Exception):  # a tuple subclass made some other way
-                    made = getattr(type(value), "_make", None)  # a namedtuple
-                    return made(items) if made is not None else type(value)(items)
-    elif not isinstance(value, types.ModuleType | types.FunctionType | types.MethodType):
-        attributes = getattr(value, "__dict__", None)
-        if type(attributes) is dict:  # an object's own (a module's, a notebook object's)
-            for key, item in list(attributes.items()):
-                replaced = inner(item)
-                if replaced is not item:
-                    attributes[key] = replaced
-    return value
+            kept.bindings[name] = devices_replaced(value, stand_in)
 
 
 def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:

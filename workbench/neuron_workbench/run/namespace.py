@@ -957,8 +957,68 @@ def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[tor
 
 
 _NOT_DEVICES = ("cpu", "meta")
+#: Containers with more items than this are not looked into for devices (datasets, not settings).
 _MOST_ITEMS_SEARCHED = 10_000
 _PLAIN_DATA = (int, float, complex, str, bytes, bool, torch.Tensor)
+_NO_DEVICE_INSIDE = (*_PLAIN_DATA, type(None), type)
+#: What the transport rebuilds a device of an accelerator this process lacks as.
+UNUSABLE_DEVICE_TYPE = "privateuseone"
+
+
+def unusable_device(device: torch.device) -> bool:
+    """Whether ``device`` is one this process lacks: another accelerator's, or cuda without a GPU.
+
+    (A nested cuda device the notebook held as its host's stand-in travels to a worker as cuda.)
+    """
+    return device.type == UNUSABLE_DEVICE_TYPE or (
+        device.type == "cuda" and not torch.cuda.is_available()
+    )
+
+
+def devices_replaced(
+    value: Any,
+    stand_in: Callable[[torch.device], torch.device],
+    seen: set[int] | None = None,
+    depth: int = 0,
+) -> Any:
+    """``value`` with the unusable devices inside it replaced in place (a tuple with them: anew).
+
+    The one-sided twin of :func:`devices_on_the_device`: dicts, lists, tuples and any object's own
+    attributes, each device this process lacks (:func:`unusable_device`) made ``stand_in(device)``.
+    """
+    if type(value) is torch.device:
+        return stand_in(value) if unusable_device(value) else value
+    seen = set() if seen is None else seen
+    if depth > 16 or isinstance(value, _NO_DEVICE_INSIDE) or id(value) in seen:
+        return value
+    seen.add(id(value))
+
+    def inner(item: Any) -> Any:
+        return devices_replaced(item, stand_in, seen, depth + 1)
+
+    if isinstance(value, dict | list):
+        if len(value) <= _MOST_ITEMS_SEARCHED:
+            keys = list(value) if isinstance(value, dict) else range(len(value))
+            for key in keys:
+                item = value[key]
+                replaced = inner(item)
+                if replaced is not item:
+                    value[key] = replaced
+    elif isinstance(value, tuple):
+        if len(value) <= _MOST_ITEMS_SEARCHED:
+            items = [inner(item) for item in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                with contextlib.suppress(Exception):  # a tuple subclass made some other way
+                    made = getattr(type(value), "_make", None)  # a namedtuple
+                    return made(items) if made is not None else type(value)(items)
+    elif not isinstance(value, types.ModuleType | types.FunctionType | types.MethodType):
+        attributes = getattr(value, "__dict__", None)
+        if type(attributes) is dict:  # an object's own (a module's, a notebook object's)
+            for key, item in list(attributes.items()):
+                replaced = inner(item)
+                if replaced is not item:
+                    attributes[key] = replaced
+    return value
 
 
 def on_accelerator(tensor: torch.Tensor) -> bool:

@@ -54,6 +54,7 @@ from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
     GRAPH_LEFT_BEHIND_ATTR,
     ORIGIN_ATTR,
+    UNUSABLE_DEVICE_TYPE,
     add_leaf_hooks,
     compile_request_in_place,
     guard_graph_left_behind,
@@ -465,7 +466,7 @@ def _rebuild_device(kind: str, index: int | None) -> torch.device:
     try:
         return torch.device(kind, index)
     except RuntimeError:
-        return torch.device("privateuseone", index)
+        return torch.device(UNUSABLE_DEVICE_TYPE, index)
 
 
 class _Pickler(cloudpickle.Pickler):
