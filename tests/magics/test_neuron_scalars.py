@@ -128,3 +128,66 @@ def test_under_the_budget_judge_the_first_divergence_gets_its_error_ratio(ip):
         f"(TPU 1-pass bf16 matmuls; R {first.ratio:.3g}, less accurate)"
     )
     assert "Precision budget there: R " in report._repr_html_()
+
+
+@pytest.fixture
+def train_loggers():
+    """The ``wbtest.*`` loggers a test sets up in this process (the kernel), at defaults after it."""
+    import logging
+
+    yield
+    for name in ("wbtest.train", "wbtest.cell"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+
+
+def test_a_value_logged_through_logging_set_up_in_the_notebook_is_recorded_on_both_runs(
+    ip, train_loggers, capsys
+):
+    # logging set up in a plain cell is the kernel's: the worker, at Python's defaults (WARNING),
+    # never formatted the message, and the cell FAILed with "scalars part at cell:3 #1: 0.5 vs none"
+    run_cell(
+        ip,
+        "import logging, sys, torch\n"
+        "log = logging.getLogger('wbtest.train')\n"
+        "log.setLevel(logging.INFO)\n"
+        "log.addHandler(logging.StreamHandler(sys.stderr))\n"
+        "log.propagate = False",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "loss = torch.tensor(0.25, device='cuda') * 2\n"
+        "log.info('loss %.4f', loss)\n"
+        "log.debug('below the level %.4f', loss * 5)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    (site,) = report.scalars.sites
+    assert (site.site, site.ref, site.target, site.matched) == ("cell:3", [0.5], [0.5], True)
+    assert report.target.stderr == "loss 0.5000\n"  # written by the run, where its prints go
+    # a handler a %%neuron cell adds stays in the kernel (the kept run's): the worker's own,
+    # added by its run, goes, or every later message was formatted (and recorded) twice there;
+    # the kernel's wrote every later message into the run's capture of stdout, unseen
+    cell = (
+        "%%neuron -o r\n"
+        "cell_log = logging.getLogger('wbtest.cell')\n"
+        "cell_log.setLevel(logging.INFO)\n"
+        "cell_log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "cell_log.propagate = False\n"
+        "cell_log.info('step %.1f', torch.ones((), device='cuda'))"
+    )
+    run_cell(ip, cell)
+    # and the kernel's handler writes where plain cells write, not into the run's capture
+    capsys.readouterr()
+    run_cell(ip, "cell_log.info('in a plain cell')")
+    assert capsys.readouterr().out == "in a plain cell\n"
+    run_cell(ip, "%%neuron -o r\ncell_log.info('step %.1f', torch.ones((), device='cuda') * 2)")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    (site,) = report.scalars.sites
+    assert (site.ref, site.target) == ([2.0], [2.0])
+    assert report.target.stdout == "step 2.0\n"

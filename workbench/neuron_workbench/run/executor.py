@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from neuron_workbench.backends.base import Backend, BackendInfo
+from neuron_workbench.run import logging_setup
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.compiled_frames import compiled_global
@@ -382,7 +383,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             )
             recording = stack.enter_context(backend.fallback_recording())
             default_devices_set = stack.enter_context(_default_devices_set())
+            outside = (sys.stdout, sys.stderr)
             captured = stack.enter_context(spec.capture())
+            # a handler the cell makes on print's streams (logging.basicConfig) writes to this
+            # process's own once the run ends: the capture's would swallow every later message
+            stack.callback(logging_setup.streams_restored, (sys.stdout, sys.stderr), outside)
             facts = stack.enter_context(
                 cuda_remapped_to(
                     backend,

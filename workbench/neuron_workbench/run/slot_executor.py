@@ -68,7 +68,7 @@ class SlotExecutor:
         process) while a :attr:`concurrent` slot runs; :meth:`PendingRun.result` waits for the
         answer.
         """
-        from neuron_workbench.run import torch_settings
+        from neuron_workbench.run import logging_setup, torch_settings
 
         worker = self.pool.get(backend.name)
         worker.ensure_started()
@@ -103,6 +103,8 @@ class SlotExecutor:
             # as before the reference ran (--profile runs it first, and the cell may change them)
             "torch_settings": getattr(spec, "torch_settings", None) or torch_settings.current(),
             "default_device": getattr(spec, "default_device", None),
+            # logging.basicConfig in a plain cell: the message a run logs is formatted there too
+            "logging": logging_setup.current(),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])

@@ -293,7 +293,7 @@ def _run_request(
     *,
     arena: str | None,
 ) -> Packed:
-    from neuron_workbench.run import torch_settings
+    from neuron_workbench.run import logging_setup, torch_settings
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
     from neuron_workbench.run.library_state import restore_library_state
 
@@ -325,6 +325,7 @@ def _run_request(
     )
     restore_library_state(request["values"].values())
     torch_settings.apply(request.get("torch_settings"))
+    logging_setup.apply(request.get("logging"))
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:

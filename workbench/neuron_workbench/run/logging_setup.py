@@ -1,0 +1,182 @@
+"""The notebook's ``logging`` set-up, mirrored into a target process for its run.
+
+``logging.basicConfig(level=logging.INFO)`` in a plain cell configures the kernel's ``logging``; a
+target in another process (a worker, a Ray actor) has its own, at Python's defaults (WARNING, no
+handler). A message a ``%%neuron`` cell logs (``log.info("loss %.4f", loss)``) was then formatted
+by the reference alone: its value was recorded on one side only and the scalar comparison FAILed
+with "... vs none". Each run request carries the kernel's set-up as plain data (:func:`current`)
+and the target process takes it before the run (:func:`apply`):
+
+- every logger's level, ``propagate`` and ``disabled`` flags, and ``logging.disable``;
+- a handler writing to ``sys.stdout`` or ``sys.stderr`` writes to the run's (captured, as a
+  ``print`` is), with its level and format;
+- any other handler (a file, a socket, a queue) formats each record it takes, as the kernel's
+  does, and writes it nowhere: the target's run leaves no second copy of the kernel's log file.
+
+A handler a run makes on ``print``'s streams (``logging.basicConfig`` in a ``%%neuron`` cell) is
+made on the run's capture of them; :func:`streams_restored` points it at the process's own when
+the run ends, or the kernel would write every later message into that capture, unseen.
+
+The ``torch`` loggers are left as each process has them: torch sets them up itself
+(``TORCH_LOGS``), and the workbench's own compile instrument attaches to them during a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+#: Loggers each process keeps as its own (see the module's docstring).
+_OWN_LOGGERS = ("torch",)
+
+
+def current() -> dict[str, Any]:
+    """The logging set-up of this process, as :func:`apply` takes it (plain data: it is pickled)."""
+    manager = logging.Logger.manager
+    loggers = {"": _logger_state(logging.getLogger())}
+    for name, logger in list(manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger) or _own(name):
+            continue  # a placeholder (a parent only named by its children), or the process's own
+        if logger.level or logger.handlers or not logger.propagate or logger.disabled:
+            loggers[name] = _logger_state(logger)
+    return {"disable": manager.disable, "loggers": loggers}
+
+
+def apply(setup: dict[str, Any] | None) -> None:
+    """Take the set-up :func:`current` read in another process (None: leave logging as it is).
+
+    The process's loggers end up as the kernel's: one the set-up does not name is at the defaults,
+    without handlers (an earlier run's ``basicConfig`` here is gone, as the kernel's has it only
+    once: a message formatted twice would record its value twice).
+    """
+    if setup is None:
+        return
+    named = setup["loggers"]
+    present = {
+        name: logger
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and not _own(name)
+    }
+    present[""] = logging.getLogger()
+    for name in named.keys() - present.keys():
+        present[name] = logging.getLogger(name)
+    for name, logger in present.items():
+        state = named.get(name)
+        if state is None:
+            if not (logger.level or logger.handlers or logger.disabled) and logger.propagate:
+                continue  # at the defaults already, as most are
+            state = _DEFAULT_ROOT if name == "" else _DEFAULT
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        # set directly: Logger.setLevel clears every logger's cache, once per logger here (a
+        # process with transformers has hundreds); the root's setLevel below clears it once
+        logger.level = state["level"]
+        logger.propagate = state["propagate"]
+        logger.disabled = state["disabled"]
+        for handler in state["handlers"]:
+            logger.addHandler(_mirrored(handler))
+    root = logging.getLogger()
+    root.setLevel(root.level)
+    logging.disable(setup["disable"])
+
+
+_DEFAULT = {"level": logging.NOTSET, "propagate": True, "disabled": False, "handlers": []}
+_DEFAULT_ROOT = {**_DEFAULT, "level": logging.WARNING}
+
+
+def _own(name: str) -> bool:
+    return name in _OWN_LOGGERS or name.startswith(_OWN_PREFIXES)
+
+
+_OWN_PREFIXES = tuple(f"{name}." for name in _OWN_LOGGERS)
+
+
+def _logger_state(logger: logging.Logger) -> dict[str, Any]:
+    return {
+        "level": logger.level,
+        "propagate": logger.propagate,
+        "disabled": logger.disabled,
+        "handlers": [_handler_state(handler) for handler in logger.handlers],
+    }
+
+
+def _handler_state(handler: logging.Handler) -> dict[str, Any]:
+    formatter = handler.formatter
+    style = "%"
+    if formatter is not None:
+        style = next(
+            (key for key, kind in logging._STYLES.items() if type(formatter._style) is kind[0]),
+            "%",
+        )
+    return {
+        "level": handler.level,
+        "stream": _standard_stream(getattr(handler, "stream", None)),
+        # a formatter of its own class (colours, JSON) formats as the default one here
+        "format": None if formatter is None else formatter._fmt,
+        "datefmt": None if formatter is None else formatter.datefmt,
+        "style": style,
+    }
+
+
+def _standard_stream(stream: Any) -> str | None:
+    """``"stdout"`` or ``"stderr"`` when ``stream`` is one of this process's, else None."""
+    for name in ("stdout", "stderr"):
+        if stream is not None and stream in (getattr(sys, name), getattr(sys, f"__{name}__")):
+            return name
+    return None
+
+
+class _RunStream(logging.StreamHandler):  # type: ignore[type-arg]
+    """A kernel handler of ``sys.stdout``/``sys.stderr``: writes to the run's, whatever it is now."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._name = name
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return getattr(sys, self._name)
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # StreamHandler.__init__ sets it; the stream is always the run's
+
+
+class _Nowhere:
+    """The stream of a kernel handler writing elsewhere (a file): its records go nowhere here.
+
+    The handler is logging's own ``StreamHandler``, so each record is formatted in logging's frames,
+    as in the kernel (a value formatted in the workbench's frames is not recorded as the cell's).
+    """
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _mirrored(state: dict[str, Any]) -> logging.Handler:
+    stream = state["stream"]
+    handler: logging.Handler = (
+        _RunStream(stream) if stream is not None else logging.StreamHandler(_Nowhere())
+    )
+    handler.setLevel(state["level"])
+    if state["format"] is not None or state["datefmt"] is not None:
+        handler.setFormatter(logging.Formatter(state["format"], state["datefmt"], state["style"]))
+    return handler
+
+
+def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> None:
+    """Handlers writing to one of ``captures`` (a run's stdout and stderr) write to ``streams``.
+
+    ``streams`` are what ``sys.stdout`` and ``sys.stderr`` were before the run, in that order.
+    """
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):  # a placeholder has none
+            stream = getattr(handler, "stream", None)
+            for capture, stream_before in zip(captures, streams, strict=True):
+                if stream is capture and capture is not stream_before:
+                    handler.setStream(stream_before)  # type: ignore[attr-defined]
