@@ -101,6 +101,7 @@ def test_exit_code_precedence():
     assert InputResult("x", reports=[fallback, failed]).exit_code(strict=False) == 1
     assert InputResult("x", reports=[fallback, failed]).exit_code(strict=True) == 3
     assert InputResult("x", reports=[{"verdict": "ERROR"}]).exit_code(strict=True) == 1
+    assert InputResult("x", reports=[]).exit_code(strict=False) == 1  # no %%neuron cell
 
 
 def test_junit_escapes_and_labels_failures_and_errors():

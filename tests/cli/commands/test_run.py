@@ -424,3 +424,17 @@ def test_a_cell_past_timeout_or_a_dead_kernel_ends_the_run_in_one_line(tmp_path)
         assert done.returncode == 2, done.stderr
         assert time.monotonic() - started < 90
         assert done.stderr.count("\n") == 1 and cause in done.stderr, done.stderr
+
+
+def test_a_notebook_without_a_neuron_cell_is_not_a_pass(tmp_path):
+    # a CUDA notebook as it was written ran every cell and exited 0 with "0 reports": a CI job
+    # guarding a port checked nothing and went green
+    path = write_notebook(tmp_path / "plain.ipynb", "import torch\nx = torch.ones(2).sum()")
+    done = cli("run", str(path), "--json", str(tmp_path / "plain.json"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("0 reports: ")
+    assert done.stderr == (
+        "no %%neuron cell in plain.ipynb: nothing was compared; put %%neuron at the top of each "
+        "cell to compare\n"
+    )
+    assert json.loads((tmp_path / "plain.json").read_text())["summary"]["exit_code"] == 1

@@ -101,7 +101,7 @@ class InputResult:
         3 when ``strict`` and ops other than the ``allowed`` ones fell back, 4 when
         ``strict_graph_breaks`` and torch.compile broke a graph on a target, else 1 on a failure,
         an error or nothing compared, else 0. A report whose verdict is ``UNCOMPARED`` verified
-        nothing, so it is not a pass.
+        nothing, so it is not a pass; nor is a notebook without a ``%%neuron`` cell (no report).
         """
         if strict and self.fallback_reports(allowed):
             return 3
@@ -109,7 +109,7 @@ class InputResult:
             return 4
         counts = self.verdict_counts()
         failed = sum(counts.get(v, 0) for v in ("FAIL", "ERROR", UNCOMPARED))
-        return 1 if failed + len(self.cell_errors) else 0
+        return 1 if failed + len(self.cell_errors) or not self.reports else 0
 
 
 def _setup_source(

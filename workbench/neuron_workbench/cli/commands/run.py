@@ -207,6 +207,11 @@ def run(args: argparse.Namespace) -> int:
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
+    if not result.reports:  # a CUDA notebook as it was written: the exit code alone says nothing
+        sys.stderr.write(
+            f"no %%neuron cell in {Path(result.path).name}: nothing was compared; put %%neuron "
+            "at the top of each cell to compare\n"
+        )
     if code == 3:  # which ops, where: the exit code alone does not say
         for line in result.fallback_violations(allowed_fallbacks(values)):
             sys.stderr.write(line + "\n")
