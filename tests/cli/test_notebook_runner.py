@@ -130,6 +130,23 @@ def test_junit_escapes_and_labels_failures_and_errors():
     assert "out['<x>']: differ max|Δ| 1.0" in second.find("failure").text
 
 
+def test_junit_names_the_target_of_a_cell_compared_on_several():
+    # --target neuron,tpu gave two cases named "cell 1": CI tools keep one of a name
+    def report(index, target, verdict):
+        return {
+            "cell_index": index,
+            "verdict": verdict,
+            "summary": f"{verdict} {target}",
+            "target": {"backend": {"name": target}},
+        }
+
+    reports = [report(1, "neuron", "PASS"), report(1, "tpu", "FAIL"), report(2, "neuron", "PASS")]
+    suite = ET.fromstring(junit_xml("s", reports).split("\n", 1)[1]).find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["cell 1 (neuron)", "cell 1 (tpu)", "cell 2"]
+    assert cases[1].find("failure").get("message") == "FAIL tpu"
+
+
 def test_unreadable_notebooks_are_usage_errors(tmp_path):
     (tmp_path / "bad.ipynb").write_text("{")
     with pytest.raises(WorkbenchUsageError, match="is not a readable notebook"):

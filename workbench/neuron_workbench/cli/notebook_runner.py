@@ -583,6 +583,12 @@ def _failure_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _target_name(report: Mapping[str, Any]) -> str:
+    target = report.get("target")
+    backend = target.get("backend") if isinstance(target, Mapping) else None
+    return str(backend.get("name", "")) if isinstance(backend, Mapping) else ""
+
+
 def junit_xml(
     suite: str, reports: Sequence[dict[str, Any]], cell_errors: Sequence[dict[str, Any]] = ()
 ) -> str:
@@ -594,12 +600,21 @@ def junit_xml(
     """
     cases: list[tuple[int, ET.Element]] = []
     failures = errors = 0
+    # a cell compared on several targets (--target neuron,tpu) has a case per target, each named
+    # for it: CI tools take cases of one name for one test, and showed one target's verdict
+    targets: dict[int, set[str]] = {}
+    for report in reports:
+        index = int(report.get("cell_index", 0))
+        targets.setdefault(index, set()).add(_target_name(report))
     for report in reports:
         index = int(report.get("cell_index", len(cases) + 1))
+        name = f"cell {index}"
+        if len(targets.get(index, ())) > 1:
+            name += f" ({_target_name(report)})"
         case = ET.Element(
             "testcase",
             classname=_xml_text(suite),
-            name=f"cell {index}",
+            name=_xml_text(name),
             time=_report_time(report),
         )
         verdict = report.get("verdict")
