@@ -19,11 +19,17 @@ TAKER = textwrap.dedent(
             print("formatted", file=sys.__stdout__)
             return "value"
 
-    # the process's own: gone after the set-up, as the kernel has no such handler
-    logging.getLogger("wbtest.own").addHandler(logging.StreamHandler(sys.stdout))
+    # the process's own before its first request (a device SDK's): it stays
+    logging.getLogger("wbtest.sdk").addHandler(logging.StreamHandler(sys.stdout))
     torch_handler = logging.StreamHandler(sys.stdout)
     logging.getLogger("torch.wbtest").addHandler(torch_handler)
-    logging_setup.apply(json.loads(sys.stdin.read()))
+    setup = json.loads(sys.stdin.read())
+    logging_setup.apply(setup)
+    # an earlier run's (basicConfig in a cell): gone with the next request, as the kernel has
+    # no such handler
+    logging.getLogger("wbtest.own").addHandler(logging.StreamHandler(sys.stdout))
+    logging_setup.apply(setup)
+    logging.getLogger("wbtest.sdk").warning("sdk %s", "kept")
     logging.getLogger("wbtest.train").info("train %s", "shown")
     logging.getLogger("wbtest.train").debug("train %s", "below its level")
     logging.getLogger("wbtest.quiet").warning("quiet %s", "disabled")
@@ -73,10 +79,14 @@ def test_a_set_up_is_taken_by_another_process_as_it_was_read(tmp_path):
             logger.handlers[:] = handlers
             logger.level, logger.propagate, logger.disabled = level, propagate, disabled
     out, err = _taken(setup)
-    # the file's handler formatted its record (once) and wrote it nowhere; the process's own
+    # the file's handler formatted its record (once) and wrote it nowhere; the earlier run's
     # handler went, so its message reached the root's handler alone
-    assert out == "formatted\n"
-    assert err == "INFO|wbtest.train|train shown\nWARNING|wbtest.own|own to the root\n"
+    assert out == "sdk kept\nformatted\n"
+    assert err == (
+        "WARNING|wbtest.sdk|sdk kept\n"
+        "INFO|wbtest.train|train shown\n"
+        "WARNING|wbtest.own|own to the root\n"
+    )
     assert (tmp_path / "kernel.log").read_text() == ""
 
 

@@ -17,8 +17,9 @@ A handler a run makes on ``print``'s streams (``logging.basicConfig`` in a ``%%n
 made on the run's capture of them; :func:`streams_restored` points it at the process's own when
 the run ends, or the kernel would write every later message into that capture, unseen.
 
-The ``torch`` loggers are left as each process has them: torch sets them up itself
-(``TORCH_LOGS``), and the workbench's own compile instrument attaches to them during a run.
+The ``torch`` and ``ray`` loggers are left as each process has them: torch sets them up itself
+(``TORCH_LOGS``), and the workbench's own compile instrument attaches to them during a run; so are
+the handlers a target process had before its first request (a device SDK's own).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import logging
 import sys
 from typing import Any
 
-#: Loggers each process keeps as its own (see the module's docstring).
-_OWN_LOGGERS = ("torch",)
+#: Loggers each process keeps as its own (see the module's docstring): torch's, and Ray's (an
+#: actor's process forwards its output to the driver through them).
+_OWN_LOGGERS = ("torch", "ray")
 
 
 def current() -> dict[str, Any]:
@@ -46,12 +48,16 @@ def current() -> dict[str, Any]:
 def apply(setup: dict[str, Any] | None) -> None:
     """Take the set-up :func:`current` read in another process (None: leave logging as it is).
 
-    The process's loggers end up as the kernel's: one the set-up does not name is at the defaults,
-    without handlers (an earlier run's ``basicConfig`` here is gone, as the kernel's has it only
-    once: a message formatted twice would record its value twice).
+    The loggers the set-up names end up as the kernel's. Every other one is as this process had it
+    before its first request (a device SDK's own handlers stay), or at the defaults: an earlier
+    run's ``basicConfig`` here is gone, as the kernel has its handler once (a message formatted
+    twice here would record its value twice).
     """
     if setup is None:
         return
+    global _before_requests
+    if _before_requests is None:
+        _before_requests = _own_state()
     named = setup["loggers"]
     present = {
         name: logger
@@ -63,10 +69,17 @@ def apply(setup: dict[str, Any] | None) -> None:
         present[name] = logging.getLogger(name)
     for name, logger in present.items():
         state = named.get(name)
-        if state is None:
-            if not (logger.level or logger.handlers or logger.disabled) and logger.propagate:
-                continue  # at the defaults already, as most are
-            state = _DEFAULT_ROOT if name == "" else _DEFAULT
+        handlers: list[logging.Handler]
+        if state is not None:
+            handlers = [_mirrored(handler) for handler in state["handlers"]]
+        else:
+            state = _before_requests.get(name) or (_DEFAULT_ROOT if name == "" else _DEFAULT)
+            handlers = state["handlers"]
+            if logger.handlers == handlers and (
+                (logger.level, logger.propagate, logger.disabled)
+                == (state["level"], state["propagate"], state["disabled"])
+            ):
+                continue  # as it was, as most are
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
         # set directly: Logger.setLevel clears every logger's cache, once per logger here (a
@@ -74,15 +87,36 @@ def apply(setup: dict[str, Any] | None) -> None:
         logger.level = state["level"]
         logger.propagate = state["propagate"]
         logger.disabled = state["disabled"]
-        for handler in state["handlers"]:
-            logger.addHandler(_mirrored(handler))
+        for handler in handlers:
+            logger.addHandler(handler)
     root = logging.getLogger()
     root.setLevel(root.level)
     logging.disable(setup["disable"])
 
 
-_DEFAULT = {"level": logging.NOTSET, "propagate": True, "disabled": False, "handlers": []}
+_DEFAULT: dict[str, Any] = {
+    "level": logging.NOTSET,
+    "propagate": True,
+    "disabled": False,
+    "handlers": [],
+}
 _DEFAULT_ROOT = {**_DEFAULT, "level": logging.WARNING}
+#: This process's loggers as they were before its first request (its handlers themselves).
+_before_requests: dict[str, dict[str, Any]] | None = None
+
+
+def _own_state() -> dict[str, dict[str, Any]]:
+    loggers = [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
+    return {
+        name: {
+            "level": logger.level,
+            "propagate": logger.propagate,
+            "disabled": logger.disabled,
+            "handlers": list(logger.handlers),
+        }
+        for name, logger in loggers
+        if isinstance(logger, logging.Logger) and not _own(name)
+    }
 
 
 def _own(name: str) -> bool:
