@@ -76,5 +76,14 @@ def test_bad_notebooks(tmp_path):
         }
     )
     bad_cell.write_text(json.dumps(nb))
-    with pytest.raises(ScanSyntaxError, match=r"bad_cell\.ipynb:cell 6:1:\d+: cannot parse"):
+    with pytest.raises(
+        ScanSyntaxError, match=r"bad_cell\.ipynb:cell 6:1:\d+: cannot parse"
+    ) as raised:
         scan_path(bad_cell)
+
+    # the other cells were scanned all the same: one broken cell hid every finding of the notebook
+    def places(findings):
+        return [(f.rule_id, f.cell, f.line, f.col) for f in findings]
+
+    assert places(raised.value.findings) == places(scan_path(NOTEBOOK))
+    assert raised.value.findings

@@ -124,6 +124,23 @@ def test_a_file_that_does_not_parse_or_decode_is_one_line_and_the_rest_is_scanne
     # a linter reports the file it cannot read and goes on: one bad file in a repository must
     # not hide every finding of the others
     write(tmp_path, "a_broken.py", "import torch\nx = torch.ones((1,\n")
+    cells = [["import torch\n", "x = torch.ones(2).cuda()\n"], ["x = (\n"]]
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": c,
+            }
+            for c in cells
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    write(tmp_path, "a_cells.ipynb", json.dumps(notebook))
     (tmp_path / "b_latin.py").write_bytes(b"# caf\xe9\nimport torch\n")
     write(tmp_path, "c_cuda.py", INFO_ONLY)
     proc = subprocess.run(
@@ -132,13 +149,19 @@ def test_a_file_that_does_not_parse_or_decode_is_one_line_and_the_rest_is_scanne
     )  # fmt: skip
     assert proc.returncode == 2
     assert "./c_cuda.py:2:" in proc.stdout  # the readable file's finding
+    assert "./a_cells.ipynb:cell 1:2:" in proc.stdout  # and the notebook's cell that parses
     errors = proc.stderr.splitlines()
     assert (
         errors[0]
         == "neuron-workbench: error: ./a_broken.py:2:16: cannot parse: '(' was never closed"
     )
-    assert errors[1].startswith("neuron-workbench: error: ./b_latin.py: cannot read: ")
-    assert len(errors) == 2 and "Traceback" not in proc.stderr
+    assert errors[1].startswith("neuron-workbench: error: ./a_cells.ipynb:cell 2:1:")
+    assert errors[2].startswith("neuron-workbench: error: ./b_latin.py: cannot read: ")
+    assert len(errors) == 3 and "Traceback" not in proc.stderr
     document = json.loads((tmp_path / "out.json").read_text())
-    assert [f["path"] for f in document["findings"]] == ["./c_cuda.py"]
-    assert [e.split(":", 1)[0] for e in document["errors"]] == ["./a_broken.py", "./b_latin.py"]
+    assert [f["path"] for f in document["findings"]] == ["./a_cells.ipynb", "./c_cuda.py"]
+    assert [e.split(":", 1)[0] for e in document["errors"]] == [
+        "./a_broken.py",
+        "./a_cells.ipynb",
+        "./b_latin.py",
+    ]

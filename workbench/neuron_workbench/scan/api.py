@@ -138,11 +138,24 @@ def scan_source(
     return [f for f, _ in _scan_parsed(parsed, path, target, _seeded(parsed, imports))]
 
 
-def _notebook_cells(path: str, nb: dict) -> list[tuple[int, _Parsed, Context]]:
+def _notebook_cells(
+    path: str, nb: dict, errors: list[str] | None = None
+) -> list[tuple[int, _Parsed, Context]]:
+    """The notebook's code cells, parsed.
+
+    With ``errors``, a cell that does not parse adds its one-line message there and the others are
+    still given; without, its error is raised.
+    """
     parsed_cells = []
     shared = Context()
     for cell in code_cells(nb):
-        parsed = _parse(cell.source, path, True, cell.index)
+        try:
+            parsed = _parse(cell.source, path, True, cell.index)
+        except ScanSyntaxError as exc:
+            if errors is None:
+                raise
+            errors.append(str(exc))
+            continue
         if parsed is not None:
             shared.merge(collect_context(parsed.tree))
             parsed_cells.append((cell.index, parsed, shared))
@@ -150,9 +163,18 @@ def _notebook_cells(path: str, nb: dict) -> list[tuple[int, _Parsed, Context]]:
 
 
 def _scan_notebook(path: str, nb: dict, target: str) -> list[Finding]:
+    """Every cell's findings.
+
+    A cell that does not parse raises once the others are scanned, its error carrying their
+    findings (one broken cell hid every finding of the notebook).
+    """
+    errors: list[str] = []
     findings: list[Finding] = []
-    for index, parsed, ctx in _notebook_cells(path, nb):
+    for index, parsed, ctx in _notebook_cells(path, nb, errors):
         findings += [f for f, _ in _scan_parsed(parsed, path, target, ctx, index)]
+    if errors:
+        more = f" (and {len(errors) - 1} more cells)" if len(errors) > 1 else ""
+        raise ScanSyntaxError(errors[0] + more, findings)
     return findings
 
 
@@ -188,7 +210,8 @@ def scan_path(path: str | os.PathLike[str], *, target: str = "neuron") -> list[F
     Raises
     ------
     neuron_workbench.errors.WorkbenchUsageError
-        If the file is missing or unreadable; :class:`ScanSyntaxError` if it does not parse.
+        If the file is missing or unreadable; :class:`ScanSyntaxError` if it does not parse (for a
+        notebook, once its other cells are scanned: the error's ``findings`` are theirs).
     """
     _check_target(target)
     path = os.fspath(path)
@@ -264,6 +287,8 @@ def scan_paths(
             if errors is None:
                 raise
             errors.append(str(exc))
+            # what the rest of the file gave (a notebook's other cells)
+            findings += getattr(exc, "findings", [])
     return findings
 
 

@@ -19,7 +19,14 @@ SCHEMA_VERSION = 1
 
 
 class ScanSyntaxError(WorkbenchUsageError):
-    """A file or cell could not be parsed as Python; the message names the file, cell and line."""
+    """A file or cell could not be parsed as Python; the message names the file, cell and line.
+
+    ``findings`` are those of the parts that parsed (a notebook's other cells), if any.
+    """
+
+    def __init__(self, message: str, findings: list[Finding] | None = None) -> None:
+        super().__init__(message)
+        self.findings = list(findings or [])
 
 
 @dataclass(frozen=True)
