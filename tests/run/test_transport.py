@@ -759,3 +759,32 @@ def test_built_in_exceptions_keep_what_they_hold_outside_their_args():
     assert back["syntax"].lineno == 3 and str(back["syntax"]) == "bad (f.py, line 3)"
     assert back["missing"].errno == 2 and back["missing"].filename == "/data"
     assert back["missing"].where == "/data"
+
+
+class _Forwarding:
+    """A wrapper forwarding what it lacks to what it wraps, as tqdm's output stream is."""
+
+    def __init__(self, wrapped):
+        object.__setattr__(self, "_wrapped", wrapped)
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._wrapped, name, value)
+
+
+class _SlottedForwarding(_Forwarding):
+    __slots__ = ("extra",)
+
+
+def test_a_wrapper_forwarding_its_attributes_arrives(arena):
+    # pickle asks the empty instance for __setstate__, which __getattr__ forwarded to the wrapped
+    # object it did not have yet: a RecursionError lost the whole answer of a cell that bound a
+    # tqdm bar (`pbar = tqdm(range(5))`)
+    slotted = _SlottedForwarding(torch.ones(2))
+    object.__setattr__(slotted, "extra", 3)
+    plain, back_slotted = loads_leniently(dumps([_Forwarding([1, 2]), slotted], arena)).value
+    assert plain._wrapped == [1, 2] and plain.count(2) == 1
+    assert torch.equal(back_slotted._wrapped, torch.ones(2)) and back_slotted.extra == 3
+    assert back_slotted.shape == (2,)

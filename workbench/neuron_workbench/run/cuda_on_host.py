@@ -292,6 +292,7 @@ class CudaOnHost:
         """
         with self._stack:
             self._stack.enter_context(_foreach_by_default(self))
+            self._stack.enter_context(_optimizer_state_loaded_onto_the_device(self))
             if self.precision == "cuda" and may_enable_tf32:
                 self._stack.enter_context(_Tf32Matmuls(self._note_tf32))
             if self.account_memory:
@@ -362,6 +363,42 @@ def _foreach_by_default(host: CudaOnHost) -> Iterator[None]:
     finally:
         optimizer_module._get_foreach_kernels_supported_devices = saved
         foreach_utils._get_foreach_kernels_supported_devices = original
+
+
+@contextlib.contextmanager
+def _optimizer_state_loaded_onto_the_device(host: CudaOnHost) -> Iterator[None]:
+    """``optimizer.load_state_dict(ckpt["opt"])`` copies host state onto "cuda", as CUDA copies it.
+
+    The optimizer casts each state tensor to its parameter's device; on the host standing in for
+    cuda that cast returned the checkpoint's own tensor, so training changed the checkpoint the
+    notebook holds, which on a GPU stays as loaded (the target's did: a false FAIL on it). The
+    ``step`` counters stay where they are, as PyTorch keeps them (on the host, shared) there too.
+    """
+    optimizer = torch.optim.Optimizer
+    original = vars(optimizer).get("_process_value_according_to_param_policy")
+    if not isinstance(original, staticmethod):  # a PyTorch without it: nothing to do
+        yield
+        return
+    cast = original.__func__
+
+    def process(
+        param: torch.Tensor,
+        value: torch.Tensor,
+        param_id: int,
+        param_groups: Any,
+        key: Any = None,
+    ) -> torch.Tensor:
+        result = cast(param, value, param_id, param_groups, key)
+        if key == "step" or not host.on_device(param):
+            return result
+        if result is value and not host.on_device(value):
+            result = device_copy(value)
+        return host.mark(result)
+
+    with patched_attributes(
+        optimizer, {"_process_value_according_to_param_policy": staticmethod(process)}
+    ):
+        yield
 
 
 @contextlib.contextmanager

@@ -338,9 +338,17 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         else:
             copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
         storages: dict[int, torch.UntypedStorage] = {}  # views of one storage stay views of one
-        for name, value in copies.items():
+
+        # what the cell had put on the device first: a name viewing its memory then moves with it
+        # (`sd = model.state_dict()` in a plain cell), as it is on the device on a GPU; optimizers
+        # after the models, their state following the parameters moved
+        def move_order(name: str) -> tuple[bool, bool]:
+            value = copies[name]
+            return saved[name] not in spec.resident, isinstance(value, torch.optim.Optimizer)
+
+        for name in sorted(copies, key=move_order):
             copies[name] = move_to_device(
-                value, backend.device, force=saved[name] in spec.resident, memo=storages
+                copies[name], backend.device, force=saved[name] in spec.resident, memo=storages
             )
         # A device object an earlier cell built as "cuda" (kept as the reference's cpu device)
         # means this run's device.

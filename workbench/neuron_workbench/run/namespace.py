@@ -769,25 +769,31 @@ def move_to_device(
     Modules move in place (``Module.to``), keeping parameter identity so optimizers stay attached,
     and so does a leaf tensor (its ``.data`` and ``.grad``: a tensor optimised alone keeps its
     optimizer); a computed tensor becomes a moved copy. Optimizer state tensors move too (except
-    the ``step`` counters PyTorch keeps on the host); lists, tuples and dicts are rebuilt around
+    the ``step`` counters PyTorch keeps on the host), with ``force`` or when their parameter is on
+    ``device`` already; lists, tuples and dicts are rebuilt around
     moved elements. CPU tensors stay on the CPU unless ``force``:
     in CUDA code a CPU tensor is there on purpose. Tensors that share a storage share one device
     storage afterwards (views keep their base), across every call given the same ``memo``. The
     attributes of notebook objects and what notebook closures and bound methods hold move in place;
     ``seen`` maps the containers and objects gone through to what they became (a graph with
-    cycles: a trainer's callbacks holding the trainer; a tuple reached twice). A tensor a notebook
+    cycles: a trainer's callbacks holding the trainer; a tuple reached twice). A tensor viewing
+    memory an earlier move with the same ``memo`` moved is moved too. A tensor a notebook
     object holds moves when the cell had put it on the device (:func:`mark_attribute_tensors`),
     not because the object did.
     """
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        if (force or on_accelerator(value)) and value.device != device:
+        if (force or on_accelerator(value) or _storage_moved(value, memo)) and (
+            value.device != device
+        ):
             return _moved_tensor(value, device, memo)
         return value
     if isinstance(value, torch.nn.Module):
         tensors = list(value.parameters()) + list(value.buffers())
         if any((force or t.device.type != "cpu") and t.device != device for t in tensors):
-            value.to(device)
+            # Module.to's own walk, through the memo: a tensor sharing a parameter's storage (a
+            # state_dict() the notebook keeps, a tied weight elsewhere) shares the moved one
+            value._apply(lambda t: _device_view(t.detach(), device, memo))
         # Module.to leaves the tensors its class keeps as plain attributes (a KV cache): they move
         # where the cell had put them (mark_attribute_tensors)
         for module in _modules_of(value):
@@ -797,10 +803,13 @@ def move_to_device(
                     attributes[key] = move_to_device(item, device, False, memo, seen)
         return value
     if isinstance(value, torch.optim.Optimizer):
-        for state in value.state.values():
+        for param, state in value.state.items():
+            # state follows its parameter: Adam's exp_avg is made where the parameter is, also by
+            # a step a plain cell took (after the model moved, this optimizer's state moves too)
+            follows = force or (isinstance(param, torch.Tensor) and param.device == device)
             for key, item in list(state.items()):
                 if key != "step" and isinstance(item, torch.Tensor):
-                    state[key] = move_to_device(item, device, force, memo)
+                    state[key] = move_to_device(item, device, follows, memo)
         return value
     if type(value) in _ATOMS:
         return value
@@ -845,6 +854,19 @@ def move_to_device(
     elif type(value) is types.MethodType:
         moved(value.__self__)
     return value
+
+
+def _storage_moved(tensor: torch.Tensor, memo: dict[int, torch.UntypedStorage]) -> bool:
+    """Whether ``tensor`` views memory already moved to the device (``model.state_dict()``'s).
+
+    Memory on the device is there for every tensor viewing it, whatever the notebook knew of them.
+    """
+    if not memo or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    try:
+        return tensor.untyped_storage()._cdata in memo
+    except (RuntimeError, NotImplementedError):  # no storage (a subclass, a sparse tensor)
+        return False
 
 
 def _moved_tensor(

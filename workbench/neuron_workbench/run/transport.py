@@ -580,6 +580,8 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _reduce_slotted(obj)
             if reduced is not None:
                 return reduced
+        elif _asks_getattr_for_setstate(kind):
+            return _reduced_past_getattr(obj)
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
@@ -643,6 +645,47 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
+
+
+def _asks_getattr_for_setstate(kind: type) -> bool:
+    """Whether unpickling an instance of ``kind`` asks its own ``__getattr__`` for ``__setstate__``.
+
+    Pickle looks ``__setstate__`` up on the new, empty instance; a class without one whose
+    ``__getattr__`` reads an attribute of the instance (a wrapper forwarding to ``self._wrapped``,
+    as tqdm's output stream is) recursed until a RecursionError, and the whole answer was lost.
+    """
+    found = _GETATTR_ASKED.get(kind)
+    if found is None:
+        own = [vars(cls) for cls in kind.__mro__ if cls is not object]
+        found = _GETATTR_ASKED[kind] = (
+            any("__getattr__" in names for names in own)
+            and not any("__setstate__" in names for names in own)
+            and kind.__reduce_ex__ is object.__reduce_ex__  # type: ignore[comparison-overlap]
+            and kind.__reduce__ is object.__reduce__  # type: ignore[comparison-overlap]
+        )
+    return found
+
+
+_GETATTR_ASKED: dict[type, bool] = {}
+
+
+def _reduced_past_getattr(obj: Any) -> Any:
+    """Python's own reduction of ``obj``, its state set without asking the instance for a setter."""
+    reduced = obj.__reduce_ex__(4)
+    if not isinstance(reduced, tuple) or len(reduced) < 3 or reduced[2] is None:
+        return reduced
+    return (*reduced, *(None,) * (5 - len(reduced)), _state_set_plainly)
+
+
+def _state_set_plainly(obj: Any, state: Any) -> None:
+    """What pickle does with an instance's state when the class has no ``__setstate__``."""
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        object.__getattribute__(obj, "__dict__").update(state)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
 
 
 def _module_path(module: types.ModuleType) -> tuple[str, tuple[str, ...]] | None:
