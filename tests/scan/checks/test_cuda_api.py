@@ -48,10 +48,13 @@ CASES = {
             "from torch.cuda.amp import autocast",
             "from torch import cuda",
             "from torch.cuda import synchronize",
+            "import torch.cuda as tc",  # every tc.f() stays CUDA's after the rewrite
+            "import torch.cuda.nvtx as nv",
         ],
         [
             "from torch import autocast",
             "import torch.cuda_helpers_not_torch as x",
+            "import torch.cuda",  # torch.cuda.f() spelled through torch: rewritten where used
             "from torch.amp import GradScaler",
         ],
     ),

@@ -2,6 +2,7 @@
 
 from area_cases import AreaCases
 
+from neuron_workbench.scan import migrate_source, scan_source
 from neuron_workbench.scan.checks import devices
 
 # rule id -> (positive snippets, look-alike snippets). Each snippet is a whole module.
@@ -61,3 +62,27 @@ CASES = {
 class TestRules(AreaCases):
     area = devices.AREA
     cases = CASES
+
+
+def test_a_device_choice_on_a_query_the_rewrite_leaves_is_changed_by_hand_only():
+    # `"cuda" if tc.is_available() else "cpu"` became `"neuron" if tc.is_available() else "cpu"`:
+    # tc is still torch.cuda, False on Trainium, so the migrated code ran on the CPU without a word
+    source = (
+        "import torch\nimport torch.cuda as tc\nfrom torch.cuda import is_available\n"
+        'a = "cuda" if tc.is_available() else "cpu"\n'
+        'b = torch.device("cuda" if is_available() else "cpu")\n'
+        'c = "cuda" if torch.cuda.is_available() else "cpu"\n'
+    )
+    choices = [f for f in scan_source(source, "m.py") if f.rule_id == "NW101"]
+    assert [(f.line, f.fixable) for f in choices] == [(4, False), (5, False), (6, True)]
+    assert choices[0].suggestion == (
+        'use "neuron", together with `tc.is_available()` in the condition, which stays '
+        "torch.cuda's (False on neuron: this would pick the other device)"
+    )
+    assert "`is_available()` in the condition" in choices[1].suggestion
+    migrated = migrate_source(source, path="m.py").new_source.splitlines()
+    assert migrated[3:] == [
+        'a = "cuda" if tc.is_available() else "cpu"',
+        'b = torch.device("cuda" if is_available() else "cpu")',
+        'c = "neuron" if torch.neuron.is_available() else "cpu"',
+    ]

@@ -209,7 +209,12 @@ def _equivalent(scan: Scan, node: ast.Attribute | ast.Name, qn: str, name: str) 
         else None
     )
     if fix is None:
-        suggestion += " (imported by name: rewrite the import by hand)"
+        through_alias = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        suggestion += (
+            f" (through `{node.value.id}`, an alias of torch.cuda: rewrite its import by hand)"
+            if through_alias and isinstance(node.value, ast.Name)
+            else " (imported by name: rewrite the import by hand)"
+        )
     scan.report(NW103, node, f"`{qn}` needs CUDA", suggestion, fix)
 
 
@@ -227,9 +232,17 @@ def _import_from(scan: Scan, node: ast.ImportFrom) -> None:
         scan.report(NW107, node, f"`{what}` imports CUDA-specific names")
 
 
+def _import(scan: Scan, node: ast.Import) -> None:
+    for alias in node.names:
+        if alias.asname and (alias.name == "torch.cuda" or alias.name.startswith("torch.cuda.")):
+            # `import torch.cuda as tc`: every tc.f() stays CUDA's after the rewrite
+            what = f"import {alias.name} as {alias.asname}"
+            scan.report(NW107, node, f"`{what}` binds a CUDA-specific module")
+
+
 AREA = Area(
     "cuda_api",
     (NW103, NW104, NW105, NW107),
-    {ast.ImportFrom: _import_from},
+    {ast.ImportFrom: _import_from, ast.Import: _import},
     torch_name=_torch_name,
 )

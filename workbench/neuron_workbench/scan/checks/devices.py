@@ -73,6 +73,7 @@ def check_device(
     where: str = "",
     message: Callable[[str], str] | None = None,
     suggestion: Callable[[str], str] | None = None,
+    fixable: bool = True,
 ) -> None:
     """Report a "cuda" device string (or f-string) in a device position, with a fix.
 
@@ -88,16 +89,34 @@ def check_device(
         The device position, appended to the default message, e.g. ``"`.to()`"``.
     message, suggestion : callable, optional
         Build the message from the quoted old string and the suggestion from the quoted new one.
+    fixable : bool
+        False: no fix is offered (the string must change together with code the rewrite leaves).
     """
     if expr is None:
         return
     if isinstance(expr, ast.IfExp):
-        check_device(scan, expr.body, rule, where, message, suggestion)
-        check_device(scan, expr.orelse, rule, where, message, suggestion)
+        held = _cuda_query_kept(scan, expr.test)
+        if held is not None:
+            # `"cuda" if tc.is_available() else "cpu"`: the query stays torch.cuda's (the rewrite
+            # cannot reach an alias or a name imported from it), False on the target, so a new
+            # device string alone would pick "cpu" there without a word: both change by hand
+            advise = suggestion or (lambda new: f"use {new}")
+
+            def together(new: str) -> str:
+                return (
+                    f"{advise(new)}, together with `{held}` in the condition, which stays "
+                    f"torch.cuda's (False on {scan.target}: this would pick the other device)"
+                )
+
+            for branch in (expr.body, expr.orelse):
+                check_device(scan, branch, rule, where, message, together, fixable=False)
+            return
+        check_device(scan, expr.body, rule, where, message, suggestion, fixable)
+        check_device(scan, expr.orelse, rule, where, message, suggestion, fixable)
         return
     if isinstance(expr, ast.BoolOp):
         for value in expr.values:
-            check_device(scan, value, rule, where, message, suggestion)
+            check_device(scan, value, rule, where, message, suggestion, fixable)
         return
     if id(expr) in scan.claimed:
         return
@@ -115,7 +134,7 @@ def check_device(
                 describe(f'"{value}"'),
                 advise(f'"{new}"'),
                 scan.fix("string", expr, "SimpleString", new=new)
-                if _single_literal(scan, expr)
+                if fixable and _single_literal(scan, expr)
                 else None,
             )
         return
@@ -128,8 +147,32 @@ def check_device(
                 expr,
                 describe(f'f"{head}..."'),
                 advise(f'f"{scan.target}{head[4:]}..."'),
-                scan.fix("fstring", expr, "FormattedString", new=scan.target),
+                scan.fix("fstring", expr, "FormattedString", new=scan.target) if fixable else None,
             )
+
+
+def _cuda_query_kept(scan: Scan, test: ast.AST) -> str | None:
+    """The call in ``test`` to a ``torch.cuda`` function the rewrite leaves as it is, if any.
+
+    The rewrite changes ``torch.cuda.f()`` spelled through torch (``torch.cuda.is_available()``);
+    through an alias (``import torch.cuda as tc``) or a name imported from it, the call stays.
+    """
+    for node in ast.walk(test):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        qualified = scan.qn(func)
+        if qualified is None or not qualified.startswith("torch.cuda."):
+            continue
+        through_torch = (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Attribute)
+            and isinstance(func.value.value, ast.Name)
+            and scan.qn(func.value.value) == "torch"
+        )
+        if not through_torch:
+            return f"{ast.get_source_segment(scan.source, func) or qualified}()"
+    return None
 
 
 def _single_literal(scan: Scan, node: ast.AST) -> bool:
