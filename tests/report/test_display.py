@@ -57,3 +57,30 @@ def test_a_report_carries_its_runs_labels():
     data = result.report.to_dict()
     assert data["target"]["label"] == get_backend("neuron").info().label == "neuron (emulated)"
     assert data["ref"]["label"] == result.report.ref.backend.label
+
+
+def test_a_difference_where_one_side_is_not_a_number_is_shown_as_such():
+    # the figures are over elements finite on both sides: an output NaN on the target and a loss
+    # curve turning NaN showed "max |Δ| 0" next to their mismatch
+    import dataclasses
+
+    import torch
+
+    from neuron_workbench.compare.compare import compare_outputs
+    from neuron_workbench.report.display import largest_difference
+
+    ref = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([1.0, 2.0]), "ok": torch.ones(2)}
+    target = {
+        "w": torch.tensor([1.0, float("nan")]),
+        "b": torch.tensor([1.0, float("inf")]),
+        "ok": torch.ones(2) * 1.5,
+    }
+    diffs = {d.path: dataclasses.asdict(d) for d in compare_outputs(ref, target).compared}
+    assert diffs["w"]["max_abs"] == 0.0  # the finite elements' figure, as documented
+    assert largest_difference(diffs["w"]) == largest_difference(diffs["w"], "max_rel") == "nan"
+    assert largest_difference(diffs["b"]) == "inf"
+    assert largest_difference(diffs["ok"]) == 0.5
+    site = {"ref": [0.5, 0.25], "target": [0.5, "nan"], "max_abs": 0.0}
+    assert largest_difference(site) == "nan"
+    assert largest_difference({**site, "target": [0.5, "inf"]}) == "inf"
+    assert largest_difference({**site, "target": [0.5, 0.5]}) == 0.0

@@ -119,3 +119,33 @@ def format_bytes(value: Any) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+def largest_difference(entry: Mapping[str, Any], key: str = "max_abs") -> Any:
+    """What a table shows as an output's or a scalar site's largest difference (``key``).
+
+    The report's figures are over the elements finite on both sides; where one side is NaN (or
+    infinite) and the other is not, the difference there is NaN (or infinite), which a table must
+    show rather than the finite elements' 0.
+    """
+    if entry.get("nan_mismatches"):
+        return "nan"
+    if entry.get("inf_mismatches"):
+        return "inf"
+    ref, target = entry.get("ref"), entry.get("target")
+    if isinstance(ref, list) and isinstance(target, list):  # a scalar site's two series
+        kinds = set()
+        for a, b in zip(ref, target):
+            if _non_finite(a) != _non_finite(b):
+                kinds |= {_non_finite(a), _non_finite(b)} - {None}
+        if kinds:
+            return "nan" if "nan" in kinds else "inf"
+    return entry.get(key)
+
+
+def _non_finite(value: Any) -> str | None:
+    """``"nan"``, ``"inf"`` for such a number (or its JSON text), else None."""
+    text = str(value).lower().lstrip("+-")
+    if text in ("nan", "inf", "infinity"):
+        return "inf" if text.startswith("inf") else "nan"
+    return None

@@ -13,6 +13,7 @@ from neuron_workbench.report.compile_html import render_compile_section
 from neuron_workbench.report.display import (
     NOT_COMPARED_STATUS,
     format_bytes,
+    largest_difference,
     output_status_class,
     verdict_color,
 )
@@ -178,8 +179,8 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
                 status_cell,
                 esc(dtype),
                 esc(shape_text),
-                esc(_fmt_float(get("max_abs"))),
-                esc(_fmt_float(get("max_rel"))),
+                esc(_fmt_float(largest_difference(out))),
+                esc(_fmt_float(largest_difference(out, "max_rel"))),
                 esc(mismatched),
                 tolerance,
                 esc(worst or get("detail", "")),
@@ -494,7 +495,7 @@ def _scalars_html(scalars: dict[str, Any] | None) -> list[str]:
                 esc(site.get("how", "")),
                 esc(site.get("dtype") or ""),
                 esc(counts),
-                esc(_fmt_float(site.get("max_abs"))),
+                esc(_fmt_float(largest_difference(site))),
                 esc(f"rtol {tol.get('rtol')}, atol {tol.get('atol')}"),
                 '<span class="ok">match</span>'
                 if site.get("parts_at") is None

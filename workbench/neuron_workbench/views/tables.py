@@ -13,6 +13,7 @@ from neuron_workbench.report.compile_html import compile_rows
 from neuron_workbench.report.display import (
     NOT_COMPARED_STATUS,
     format_bytes,
+    largest_difference,
     op_time_kind,
     output_status_class,
     run_label,
@@ -185,8 +186,8 @@ def numerics_html(data: dict[str, Any]) -> str:
         rows.append(
             [f"<code>{esc(d.get('path'))}</code>", f'<span class="{cls}">{esc(status)}</span>',
              esc(d.get("kind", "")), esc(d.get("ref_dtype") or ""), esc(d.get("target_dtype") or ""),
-             esc(shape if shape is not None else ""), _fmt_num(d.get("max_abs")),
-             _fmt_num(d.get("max_rel")),
+             esc(shape if shape is not None else ""), _fmt_num(largest_difference(d)),
+             _fmt_num(largest_difference(d, "max_rel")),
              "" if mism is None else f"{esc(mism)} / {esc(numel)}",
              tolerance]
         )  # fmt: skip
