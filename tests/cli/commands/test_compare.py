@@ -56,7 +56,15 @@ def test_fallbacks_and_strict(recorded, capsys):
     a, b = recorded["sorts", "cpu"], recorded["sorts", "neuron"]
     assert main(["compare", str(a), str(b)]) == 0
     assert "fell back to CPU" in capsys.readouterr().out
+    capsys.readouterr()
     assert main(["compare", str(a), str(b), "--strict"]) == 3
+    # which ops, as `run --strict` says (the exit code alone left a CI log reading PASS)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"{a.name} vs {b.name}: --strict: on neuron these ops fell back to CPU: "
+    )
+    ops = line.split("fell back to CPU: ")[1].split(" (")[0].split(", ")
+    assert main(["compare", str(a), str(b), "--strict", "--allow-fallback", ",".join(ops)]) == 0
 
 
 def test_numeric_failure_exits_1(recorded, capsys):

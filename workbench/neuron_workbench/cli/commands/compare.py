@@ -83,4 +83,9 @@ def run(args: argparse.Namespace) -> int:
     result = InputResult(str(args.target), reports=[data], kind="artifacts", cells=1)
     from neuron_workbench.cli.commands.run import allowed_fallbacks
 
-    return result.exit_code(bool(values.get("strict")), allowed=allowed_fallbacks(values))
+    allowed = allowed_fallbacks(values)
+    code = result.exit_code(bool(values.get("strict")), allowed=allowed)
+    if code == 3:  # which ops, as `run --strict` says: the exit code alone does not
+        for line in result.fallback_violations(allowed):
+            sys.stderr.write(line + "\n")
+    return code
