@@ -438,3 +438,25 @@ def test_a_notebook_without_a_neuron_cell_is_not_a_pass(tmp_path):
         "cell to compare\n"
     )
     assert json.loads((tmp_path / "plain.json").read_text())["summary"]["exit_code"] == 1
+
+
+def test_a_report_path_that_cannot_be_written_fails_before_the_script_runs(tmp_path):
+    # the reports and the artifact are written after the runs: a long training run ended with
+    # "cannot write ..." and nothing to show for it
+    (tmp_path / "train.py").write_text(
+        "import pathlib, torch\npathlib.Path('ran').touch()\nx = torch.ones(2, device='cuda')\n"
+    )
+    (tmp_path / "taken").mkdir()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    for args, message in (
+        (["run", "train.py", "--json", "taken"], "cannot write taken: it is a folder"),
+        (["run", "train.py", "--html", "file/r.html"], "cannot write file/r.html: "),
+        (["run", "train.py", "--record", "file/rec"], "cannot write file/rec: "),
+        (["record", "train.py", "-o", "taken"], "cannot write taken: it is a folder"),
+    ):
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"neuron-workbench: error: {message}"), done.stderr
+        assert done.stderr.count("\n") == 1
+        assert not (tmp_path / "ran").exists(), args  # nothing ran

@@ -656,6 +656,27 @@ def junit_xml(
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def check_writable(path: str | Path | None, *, folder: bool = False) -> None:
+    """Raise the one-line usage error ``write_text`` would raise for ``path``, before any run.
+
+    A long training run must not end with its report refused (a folder named as the file, a
+    folder that cannot be made). ``folder``: ``path`` is a folder the command writes into. The
+    folders are made now, as the write would make them.
+    """
+    if path is None:
+        return
+    target = Path(path)
+    if not folder and target.is_dir():
+        raise WorkbenchUsageError(f"cannot write {path}: it is a folder")
+    where = target if folder else target.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorkbenchUsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not os.access(where, os.W_OK):
+        raise WorkbenchUsageError(f"cannot write {path}: permission denied")
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write a report file, creating its folder; failures are one-line usage errors."""
     target = Path(path)

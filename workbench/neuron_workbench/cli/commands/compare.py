@@ -58,12 +58,19 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.artifacts import load
     from neuron_workbench.cell.option_parsing import given_values
     from neuron_workbench.cell.options import COMPARE
-    from neuron_workbench.cli.notebook_runner import InputResult, junit_xml, write_text
+    from neuron_workbench.cli.notebook_runner import (
+        InputResult,
+        check_writable,
+        junit_xml,
+        write_text,
+    )
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
     values = given_values(args, COMPARE)
     check_pair(values.get("rtol"), values.get("atol"))
+    for report_path in (args.json, args.html, args.junit):
+        check_writable(report_path)
     ref_artifact = load(args.reference)
     target_artifact = load(args.target)
     report = report_of_artifacts(ref_artifact, target_artifact, values)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.session import Session
     from neuron_workbench.cli.commands.run import script_folder
     from neuron_workbench.cli.notebook_runner import (
+        check_writable,
         compile_script,
         read_script,
         script_context,
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise WorkbenchUsageError(f"{args.script}: expected a Python script (.py)")
     backend = get_backend(args.backend or default_reference())  # unknown names fail before running
     source = read_script(args.script)
+    check_writable(args.output)  # the artifact is saved after the run: a bad path fails now
     program = compile_script(args.script, source)
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
     cwd = script_folder(args)

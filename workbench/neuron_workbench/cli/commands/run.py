@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.option_parsing import given_values
     from neuron_workbench.cell.options import RUN
     from neuron_workbench.cli.notebook_runner import (
+        check_writable,
         junit_xml,
         run_document,
         run_notebook,
@@ -140,6 +141,11 @@ def run(args: argparse.Namespace) -> int:
         raise WorkbenchUsageError(f"{args.path}: expected a notebook (.ipynb) or a script (.py)")
     if args.timeout <= 0:
         raise WorkbenchUsageError("--timeout must be a positive number of seconds")
+    if Path(args.path).is_file():  # (a missing one is its own error, with nothing made)
+        # the reports are written after the runs: a path they cannot take fails now, not then
+        for report_path in (args.json, args.html, args.junit):
+            check_writable(report_path)
+        check_writable(args.record, folder=True)
     against = Path(args.against).resolve() if args.against else None
     if against is not None and not against.exists():
         raise WorkbenchUsageError(f"no such recording: {args.against}")
