@@ -80,3 +80,33 @@ def test_an_emulated_run_turns_autograd_threads_off_and_back_on():
             assert not torch.autograd.is_multithreading_enabled()
         assert not torch.autograd.is_multithreading_enabled()
     assert torch.autograd.is_multithreading_enabled()
+
+
+def test_the_emulated_device_trains_in_a_process_whose_autograd_started_before_it():
+    # `%%neuron --executor inprocess` (the escape hatch the worker's messages name) installs the
+    # emulator in the kernel when the cell runs: after any backward pass there (the reference's
+    # own, a run of an earlier cell) the engine's device queues had no slot for the device, and
+    # every such cell was refused ("autograd started before the emulator was installed")
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        from neuron_workbench.testing import run_cell, testing_shell
+        shell = testing_shell()
+        run_cell(shell, "import torch\\nx = torch.ones(2, requires_grad=True)\\n(x * 3).sum().backward()")
+        run_cell(
+            shell,
+            "%%neuron --executor inprocess -o r\\n"
+            "w = torch.randn(3, device='cuda', requires_grad=True)\\n"
+            "(w * 2).sum().backward()\\ng = w.grad",
+        )
+        print(shell.user_ns["r"].summary())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1].startswith("PASS neuron (emulated)"), done.stdout

@@ -433,7 +433,6 @@ class AcceleratorBackend(Backend):
         status = emulator.status()
         if status is None or status.device != self.name:
             emulator.emulate(self.name)
-        _check_emulated_backward(self.name)
         # Backward passes of the run go on the thread that calls backward, as on the CPU: a real
         # accelerator's autograd device thread is a host thread here, whose two wake-ups per
         # backward call cost the emulated run about 0.1 ms each call (a small GPT step: 15.3 ms
@@ -441,8 +440,17 @@ class AcceleratorBackend(Backend):
         # from a real device is Python's own: a hook reads the calling thread's threading.local
         # and context variables (as on CPU), where a device thread would not have them. CUDA code
         # cannot rely on them in hooks, since CUDA runs hooks on its device thread too.
+        # It also keeps the run's backward passes off the engine's per-device queues, which are
+        # sized at the process's first backward pass: with --executor inprocess the reference
+        # has often run one on the CPU before the emulator was installed here (the cell's own,
+        # or an earlier cell's), and a device thread's queue for the emulated device is missing.
         threads_before.append(torch._C._is_multithreading_enabled())
         torch._C._set_multithreading_enabled(False)
+        try:
+            _check_emulated_backward(self.name)
+        except BaseException:
+            torch._C._set_multithreading_enabled(bool(threads_before.pop()))
+            raise
 
     def _deactivate_impl(self) -> None:
         threads_before = self.__dict__.get("_autograd_threads_before")
