@@ -299,6 +299,24 @@ def test_strict_graph_breaks_fails_the_cell_in_one_line(ip):
     )
 
 
+def test_a_break_at_a_scalar_the_cell_reads_is_at_its_line_not_the_workbenchs(ip):
+    # the run records `.item()` through its own wrapper, where Dynamo breaks the graph: the break
+    # (and --strict-graph-breaks' line) read neuron_workbench/run/measurements.py:491
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n@torch.compile\ndef f(x):\n    y = x * 2\n    s = y.sum().item()\n"
+        "    return y + s\nout = f(torch.ones(3, device='cuda'))",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    for role in ("ref", "target"):
+        breaks = data[role]["compile"]["graph_breaks"]
+        assert [(b["file"], b["line"]) for b in breaks] == [("cell", 5)], (role, breaks)
+        assert "Tensor.item()" in breaks[0]["reason"]
+
+
 def test_a_print_in_forward_is_one_graph_break_on_each_side_with_its_line(ip):
     run_cell(ip, "import torch")
     run_cell(

@@ -36,6 +36,15 @@ _RANDOM_CALL = re.compile(
     r"randint|randperm|rand_like|randn_like|randint_like|bernoulli|normal|multinomial|poisson))\("
 )
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
+#: A frame of the traceback a graph-break record quotes.
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _in_the_workbench(path: str) -> bool:
+    return os.path.abspath(path).startswith(_PACKAGE)
+
+
 _SIZE = re.compile(
     r"tensor '(?P<name>[^']+)' (?P<what>size|stride) mismatch at index (?P<index>\d+)\. "
     r"expected (?P<old>\S+), actual (?P<new>\S+)"
@@ -153,7 +162,15 @@ class _GraphBreaks(logging.Handler):
                 reason = stripped
         if not reason and len(lines) > 1:
             reason = lines[1].removeprefix("Graph Break Reason:").strip()
-        entry = {"reason": reason, "file": match["file"], "line": int(match["line"])}
+        file, line = match["file"], int(match["line"])
+        if _in_the_workbench(file):
+            # a break inside the run's own wrappers (the scalar record of `loss.item()`) is the
+            # user's call that reached them: the innermost frame of the traceback outside them
+            for frame in reversed(_FRAME.findall(text.partition("User code traceback:")[2])):
+                if not _in_the_workbench(frame[0]):
+                    file, line = frame[0], int(frame[1])
+                    break
+        entry = {"reason": reason, "file": file, "line": line}
         if entry not in self.found:
             self.found.append(entry)
 
