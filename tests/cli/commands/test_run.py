@@ -304,14 +304,20 @@ def test_run_against_a_recording_of_the_notebook(tmp_path):
     # Three %%neuron cells recorded once (the "GPU host"), then run again with every reference
     # taken from the recording: same verdicts, same exit code, no reference run.
     nb = tmp_path / "three.ipynb"
-    write_notebook(
-        nb, "import torch", PASS_CELL, FALLBACK_CELL, "%%neuron\nz = torch.arange(3.0).cuda() + 1"
-    )
+    # a cell recording itself is in the folder too (a later --against found no reference for it)
+    own = "%%neuron --record own.nwrun.zip\nz = torch.arange(3.0).cuda() + 1"
+    write_notebook(nb, "import torch", PASS_CELL, FALLBACK_CELL, own)
     recorded = cli(
         "run", str(nb), "--record", str(tmp_path / "rec"), "--json", str(tmp_path / "a.json")
     )
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
-    assert len(list((tmp_path / "rec").glob("cell-*.nwrun.zip"))) == 3
+    # named as the report lines name the cells ("cell 2: PASS ..."), not by the kernel's counts,
+    # which the command's own set-up cell shifted by one
+    labels = [r["label"] for r in json.loads((tmp_path / "a.json").read_text())["reports"]]
+    assert labels == ["cell 2", "cell 3", "cell 4"]
+    files = sorted(p.name for p in (tmp_path / "rec").glob("cell-*.nwrun.zip"))
+    assert files == ["cell-2.nwrun.zip", "cell-3.nwrun.zip", "cell-4.nwrun.zip"]
+    assert (tmp_path / "own.nwrun.zip").is_file()
     against = cli(
         "run", str(nb), "--against", str(tmp_path / "rec"), "--json", str(tmp_path / "b.json")
     )

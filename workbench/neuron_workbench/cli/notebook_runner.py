@@ -119,8 +119,16 @@ def _setup_source(
     # target's emulated device, and a process can emulate only one device.
     from neuron_workbench.cell.option_parsing import config_lines
 
-    folders = {"record_dir": record_dir, "against_dir": against_dir}
-    lines = config_lines(options, own={name: path for name, path in folders.items() if path})
+    own: dict[str, Any] = {
+        name: path
+        for name, path in {"record_dir": record_dir, "against_dir": against_dir}.items()
+        if path
+    }
+    if own:
+        # this cell is the kernel's first: the notebook's cells, numbered from 1 in the report
+        # lines, are numbered so in the folder too (cell-1.nwrun.zip is the first code cell's)
+        own["cells_before"] = 1
+    lines = config_lines(options, own=own)
     lines.append("%load_ext neuron_workbench")
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,12 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         help="If set, every %%neuron cell compares against the reference recorded in "
         "DIR/cell-<execution count>.nwrun.zip (as record_dir writes it) instead of running one.",
     ).tag(config=True)
+    cells_before = Int(
+        0,
+        help="Execution counts taken before the notebook's first cell (the command line's hidden "
+        "set-up cell): record_dir and against_dir number a cell's file by its count less these, "
+        "as `neuron-workbench run` numbers the cell in its report lines.",
+    ).tag(config=True)
     widget = Bool(
         False,
         help="Show every report as the interactive widget (tabs, Plotly charts), also where the "
@@ -281,17 +288,18 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             # The running cell's number, as its sites read it (not shell.execution_count, which
             # IPython has already moved to the next cell).
             count = cells[program.filename]
+            numbered = count - self.cells_before  # record_dir's and against_dir's file number
+            folder_record = (
+                str(Path(self.record_dir) / f"cell-{numbered}.nwrun.zip")
+                if self.record_dir
+                else None
+            )
             cluster = self._cluster_settings(values["cluster"])
             values["cluster"] = cluster.get("cluster", "")
             options = cell_options(
                 values,
-                record=args.record
-                or (
-                    str(Path(self.record_dir) / f"cell-{count}.nwrun.zip")
-                    if self.record_dir
-                    else None
-                ),
-                against=args.against or _recorded_cell(self.against_dir, count),
+                record=args.record or folder_record,
+                against=args.against or _recorded_cell(self.against_dir, numbered),
                 # the scanner counts lines as the editor does: line 1 is the %%neuron line
                 source_first_line=2,
                 cluster_options=cluster.get("cluster_options"),
@@ -307,6 +315,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 capture=_capture,
                 relabel=lambda run: run.relabel_sites(cells, folders),
             )
+            if args.record and folder_record and result.artifact is not None:
+                # the folder holds every cell's, so that against_dir finds this one too
+                Path(folder_record).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(result.artifact, folder_record)
         except WorkbenchUsageError as exc:
             raise UsageError(usage_message(exc)) from None
         report = result.report
