@@ -326,6 +326,10 @@ def test_run_against_a_recording_of_the_notebook(tmp_path):
     assert [r["verdict"] for r in reports] == ["PASS", "PASS", "PASS"]
     first = json.loads((tmp_path / "a.json").read_text())["reports"]
     assert [r["summary"] for r in reports] == [r["summary"] for r in first]
+    # each report says which recording it was held to (a CI log could not tell)
+    recording = str(tmp_path / "rec" / "cell-2.nwrun.zip")
+    assert any(n.startswith(f"the reference is the run recorded in {recording} (recorded ")
+               for n in reports[0]["notes"]), reports[0]["notes"]  # fmt: skip
     # a changed cell: its recorded reference no longer matches, and run exits 1 as it would
     write_notebook(
         nb, "import torch", PASS_CELL, FALLBACK_CELL, "%%neuron\nz = torch.arange(3.0).cuda() + 2"

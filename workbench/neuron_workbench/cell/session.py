@@ -56,15 +56,34 @@ class CellResult:
 
 def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, str | None]:
     """The reference run recorded in the artifact at ``path`` (``--against``), and a warning."""
+    run, warning, _ = _recorded_reference(path, cell_source)
+    return run, warning
+
+
+def _recorded_reference(
+    path: str | None, cell_source: str
+) -> tuple[Run | None, str | None, str | None]:
+    """:func:`recorded_reference`, and the note saying which recording the reference is."""
     if not path:
-        return None, None
+        return None, None, None
     from neuron_workbench import artifacts
 
     artifact = artifacts.load(path)
     run = artifact.runs.get("ref") or next(iter(artifact.runs.values()), None)
     if run is None:
         raise WorkbenchUsageError(f"{path}: the artifact holds no run")
-    return run, artifacts.source_mismatch_warning(artifact, cell_source)
+    environment = artifact.environment
+    made = ", ".join(
+        part
+        for part in (
+            f"recorded {artifact.created}" if artifact.created else "",
+            f"torch {environment['torch']}" if environment.get("torch") else "",
+            str(environment.get("platform") or ""),
+        )
+        if part
+    )
+    note = f"the reference is the run recorded in {path}" + (f" ({made})" if made else "")
+    return run, artifacts.source_mismatch_warning(artifact, cell_source), note
 
 
 def migration_findings(
@@ -213,7 +232,7 @@ class Session:
         options.validate()
         compare = options.compare
         program = program if program is not None else compile_cell(source)
-        reference, warning = recorded_reference(options.against, source)
+        reference, warning, recording_note = _recorded_reference(options.against, source)
         if compare.seed is None and (options.record or reference is not None):
             # a recording is compared on another machine, from another notebook: its runs start
             # from a seed that machine can give its own runs too, not from this notebook's state
@@ -249,6 +268,9 @@ class Session:
         )
         reports = result.reports
         report = reports[0]
+        if recording_note is not None:  # which recording: a CI log must say what it was held to
+            for each in reports:
+                each.notes.append(recording_note)
         artifact = None
         if options.record:
             from neuron_workbench import artifacts
