@@ -470,3 +470,28 @@ def test_a_report_path_that_cannot_be_written_fails_before_the_script_runs(tmp_p
         assert done.stderr.startswith(f"neuron-workbench: error: {message}"), done.stderr
         assert done.stderr.count("\n") == 1
         assert not (tmp_path / "ran").exists(), args  # nothing ran
+
+
+def test_a_recording_keeps_the_scripts_arguments_and_a_run_with_others_is_warned(tmp_path):
+    # recorded with --steps 5, compared with --steps 4: a FAIL with nothing saying why
+    (tmp_path / "sa.py").write_text(
+        "import argparse, torch\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--steps', type=int, default=3)\nargs = p.parse_args()\n"
+        "x = torch.ones(2, device='cuda') * args.steps\n"
+    )
+    recorded = cli("record", "sa.py", "-o", "a.nwrun.zip", "--", "--steps", "5", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stderr
+    shown = cli("show", "a.nwrun.zip", cwd=tmp_path)
+    assert "    ran: python sa.py --steps 5\n" in shown.stdout
+    warning = "the recording ran the script with --steps 5, this run with --steps 4"
+    live = cli("run", "sa.py", "--against", "a.nwrun.zip", "--", "--steps", "4", cwd=tmp_path)
+    assert live.returncode == 1 and f"sa.py: warning: {warning}" in live.stderr, live.stderr
+    same = cli("run", "sa.py", "--against", "a.nwrun.zip", "--", "--steps", "5", cwd=tmp_path)
+    assert same.returncode == 0 and "warning" not in same.stderr, same.stdout + same.stderr
+    target = cli(
+        "record", "sa.py", "--backend", "neuron", "--role", "target", "-o", "b.nwrun.zip",
+        "--", "--steps", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert target.returncode == 0, target.stderr
+    compared = cli("compare", "a.nwrun.zip", "b.nwrun.zip", cwd=tmp_path)
+    assert f"warning: {warning}" in compared.stderr, compared.stderr

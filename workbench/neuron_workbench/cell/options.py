@@ -146,7 +146,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "seed",
         "seed of torch, random and numpy at the start of each run (default: each run starts from "
-        "the notebook's random state, and the kept run's carries on in the notebook)",
+        "the notebook's random state, and the kept run's carries on in the notebook; a script, "
+        "and a cell that records or compares against a recording, are seeded with 0)",
         kind="int",
         default=None,
         metavar="N",

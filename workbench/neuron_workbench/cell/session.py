@@ -233,6 +233,11 @@ class Session:
         compare = options.compare
         program = program if program is not None else compile_cell(source)
         reference, warning, recording_note = _recorded_reference(options.against, source)
+        if reference is not None and instruments and "script" in instruments:
+            from neuron_workbench.run.script import arguments_warning
+
+            arguments = arguments_warning(reference.extras.get("script"), instruments["script"])
+            warning = "; ".join(filter(None, (warning, arguments))) or None
         if compare.seed is None and (options.record or reference is not None):
             # a recording is compared on another machine, from another notebook: its runs start
             # from a seed that machine can give its own runs too, not from this notebook's state
@@ -369,10 +374,15 @@ def compare_recorded(
     recorded = dict((target_artifact.report or {}).get("options") or {})
     recorded.update(ref=ref.backend.name, target=target.backend.name)
     options = CompareOptions.from_dict(recorded, **dict(values or {}))
+    from neuron_workbench.run.script import arguments_warning
+
     warnings = []
     mismatch = source_mismatch_warning(ref_artifact, target_artifact.cell_source)
     if mismatch:
         warnings.append(mismatch)
+    arguments = arguments_warning(ref.extras.get("script"), target.extras.get("script"))
+    if arguments:
+        warnings.append(arguments)
     return build_report(
         ref,
         target,

@@ -15,7 +15,34 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ScriptContext"]
+__all__ = ["ScriptContext", "arguments_warning"]
+
+
+def arguments_warning(recorded: Any, current: Any) -> str | None:
+    """The warning when two runs of a script had different arguments, else None.
+
+    Each side is a run's ``script`` record: a :class:`ScriptContext`, or the dict a recording
+    keeps (:meth:`ScriptContext.to_dict`); a side without one (a notebook cell, an artifact of an
+    older workbench) is not compared.
+    """
+    ours, theirs = _arguments(recorded), _arguments(current)
+    if ours is None or theirs is None or ours == theirs:
+        return None
+    return (
+        f"the recording ran the script with {_shown(ours)}, this run with {_shown(theirs)}: "
+        "the outputs may differ for that reason alone"
+    )
+
+
+def _arguments(record: Any) -> list[str] | None:
+    argv = record.get("argv") if isinstance(record, dict) else getattr(record, "argv", None)
+    if not isinstance(argv, list | tuple) or not argv:
+        return None
+    return [str(arg) for arg in argv[1:]]
+
+
+def _shown(arguments: list[str]) -> str:
+    return " ".join(arguments) if arguments else "no arguments"
 
 
 @dataclass(frozen=True)
@@ -36,15 +63,19 @@ class ScriptContext:
     cwd: str
     folder: str
 
+    def to_dict(self) -> dict[str, Any]:
+        """What a recording keeps of it: the command line (compared with a later run's)."""
+        return {"argv": list(self.argv), "cwd": self.cwd, "folder": self.folder}
+
     @contextlib.contextmanager
-    def __call__(self, backend: Any = None) -> Iterator[None]:
-        """Set the context; put back the process's own on exit."""
+    def __call__(self, backend: Any = None) -> Iterator[ScriptContext]:
+        """Set the context; put back the process's own on exit (the run's record is itself)."""
         saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
         sys.argv = list(self.argv)
         sys.path.insert(0, self.folder)
         os.chdir(self.cwd)
         try:
-            yield
+            yield self
         finally:
             os.chdir(saved_cwd)
             sys.argv[:], sys.path[:] = saved_argv, saved_path

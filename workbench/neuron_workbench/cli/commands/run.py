@@ -197,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
             return code
     for report in result.reports:
         sys.stdout.write(f"{report['label']}: {report['summary']}\n")
+        for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
+            sys.stderr.write(f"{report['label']}: warning: {warning}\n")
     for error in result.cell_errors:
         sys.stdout.write(
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"

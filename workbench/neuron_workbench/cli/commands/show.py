@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -38,6 +39,9 @@ def summarize(artifact: Any) -> dict[str, Any]:
             "wall_time_s": run.wall_time_s,
             "extras": sorted(run.extras),
         }
+        script = run.extras.get("script")
+        if isinstance(script, dict) and isinstance(script.get("argv"), list):
+            runs[role]["argv"] = [str(arg) for arg in script["argv"]]  # the command line it ran
     report = artifact.report
     return {
         "path": str(artifact.path),
@@ -74,6 +78,8 @@ def _text(summary: dict[str, Any]) -> list[str]:
             f"{status}; {run['outputs']} outputs ({run['tensors']} tensors, "
             f"{run['tensor_bytes']} bytes)"
         )
+        if run.get("argv"):
+            lines.append(f"    ran: python {shlex.join(run['argv'])}")
         if run["fallback_ops"]:
             lines.append(f"    fell back to CPU: {', '.join(run['fallback_ops'])}")
         if run["skipped_outputs"]:
