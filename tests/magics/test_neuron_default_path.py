@@ -357,6 +357,29 @@ def test_optimizer_state_a_plain_cell_made_follows_its_parameters_onto_the_devic
     assert report.verdict == "PASS", report.summary()
 
 
+def test_what_a_plain_cells_hook_writes_is_the_runs_and_an_error_leaves_it(ip):
+    # a forward hook appending to a notebook list wrote into the notebook's own list from the
+    # reference run: an ERROR cell left its entry behind, and a later cell's entries were not
+    # compared; the hook's globals are the cell's reads now, copied for each run
+    run_cell(
+        ip,
+        "import torch\nfrom torch import nn\nlog = []\nacts = {}\n"
+        "def hook(mod, inp, out):\n    log.append(tuple(out.shape))\n    acts['out'] = out",
+    )
+    run_cell(ip, "%%neuron\nmodel = nn.Linear(4, 2).cuda()")
+    run_cell(ip, "handle = model.register_forward_hook(hook)")
+    run_cell(
+        ip, "%%neuron -o r\ny = model(torch.randn(3, 4, device='cuda'))\nraise ValueError('x')"
+    )
+    assert _report(ip).verdict == "ERROR"
+    assert ip.user_ns["log"] == [] and ip.user_ns["acts"] == {}
+    run_cell(ip, "%%neuron -o r\ny = model(torch.randn(3, 4, device='cuda'))")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["log"] == [(3, 2)]  # once: the kept run's
+    assert {d.path for d in report.comparison.diffs} >= {"log[0][0]", "acts['out']"}
+
+
 def test_a_progress_bar_the_cell_binds_comes_back(ip):
     # `pbar = tqdm(...)` ERRORed the cell (AnswerNotLoaded: RecursionError): the bar's output
     # stream, a wrapper forwarding its attributes, recursed while it was rebuilt in the kernel

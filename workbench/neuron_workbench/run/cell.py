@@ -8,6 +8,7 @@ import functools
 import itertools
 import linecache
 import symtable
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType, FunctionType, MethodType
@@ -301,6 +302,12 @@ def _user_functions(
             if isinstance(each, FunctionType | MethodType | functools.partial):
                 yield from _user_functions(each, namespace, depth + 1)
         return
+    torch = sys.modules.get("torch")  # (no torch imported: no module can hold a hook)
+    if torch is not None and isinstance(value, torch.nn.Module | torch.optim.Optimizer):
+        # the hooks a plain cell registered on it run inside the cell (a forward hook appending
+        # to a notebook list): their globals are read as the cell's own reads are
+        for hook in _hooks_of(value):
+            yield from _user_functions(hook, namespace, depth + 1)
     owner = value if isinstance(value, type) else type(value)
     if owner.__module__ != namespace.get("__name__", "__main__"):
         return  # a library type: its code does not read notebook globals
@@ -311,6 +318,31 @@ def _user_functions(
                 func = attr.fget
             if isinstance(func, FunctionType) and func.__globals__ is namespace:
                 yield func
+
+
+#: The hook tables of a module, and of an optimizer, that PyTorch calls during a step.
+_MODULE_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+)
+_OPTIMIZER_HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
+
+
+def _hooks_of(value: Any) -> Iterable[Any]:
+    """The hook functions a module (its submodules' and parameters' too) or an optimizer holds."""
+    if not hasattr(value, "modules"):  # an optimizer
+        for table in _OPTIMIZER_HOOKS:
+            yield from (getattr(value, table, None) or {}).values()
+        return
+    for module in value.modules():
+        attributes = vars(module)
+        for table in _MODULE_HOOKS:
+            yield from (attributes.get(table) or {}).values()
+        for param in attributes.get("_parameters", {}).values():
+            if param is not None and param._backward_hooks:
+                yield from param._backward_hooks.values()
 
 
 def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[str]:
