@@ -52,6 +52,16 @@ def test_record_then_against_reproduces_the_verdict(ip, tmp_path):
     assert any("source" in w for w in ip.user_ns["changed"].warnings)
 
 
+def test_a_recording_path_with_spaces_is_given_in_quotes(ip, tmp_path):
+    # IPython splits the line keeping quotes: the file went to a folder named `"my runs`
+    path = tmp_path / "my runs" / "a b.nwrun.zip"
+    cell = "import torch\nx = torch.ones(2, device='cuda')"
+    run_cell(ip, f'%%neuron --record "{path}" -o live\n{cell}')
+    assert path.is_file()
+    run_cell(ip, f"%%neuron --against '{path}' -o replay\n{cell}")
+    assert ip.user_ns["replay"].verdict == "PASS"
+
+
 def test_against_a_recording_a_class_changes_as_the_target_run_changed_it(ip, tmp_path):
     # With --against the target's is the only run: the class change it made is the cell's. (The
     # kernel keeps its own class when its reference run is live, and that run changed it.)

@@ -33,6 +33,13 @@ def _capture() -> Any:
     return capture_output(stdout=True, stderr=True, display=True)
 
 
+def _unquoted(value: str | None) -> str | None:
+    """``value`` without the quotes around it (a path with spaces, quoted in the magic's line)."""
+    if value and len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
 def _recorded_cell(folder: str, count: int) -> str | None:
     """``FOLDER/cell-<count>.nwrun.zip`` (``against_dir``), or None when no folder is set."""
     if not folder:
@@ -270,6 +277,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             ...
         """
         args = parse_argstring(self.neuron, line)
+        # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
+        args.record, args.against = _unquoted(args.record), _unquoted(args.against)
         try:
             # A flag given in the cell wins over the session's setting (%config NeuronMagics.x);
             # a cell's rtol/atol pair replaces the session's pair whole.
