@@ -67,3 +67,19 @@ def test_not_an_artifact_exits_2(tmp_path, capsys):
     assert capsys.readouterr().err.endswith(
         "is not a neuron-workbench artifact (bad magic bytes)\n"
     )
+
+
+def test_control_characters_of_an_artifact_are_shown_not_obeyed(tmp_path, capsys):
+    # a crafted artifact's strings went to the terminal as they were: escape sequences in a
+    # device name could clear the screen or rewrite what it shows
+    import torch
+
+    from neuron_workbench.artifacts import save
+
+    ref = Run(
+        BackendInfo("cuda", "cuda:0", "H100\x1b[2J\x1b[31mfake"), outputs={"x": torch.ones(2)}
+    )
+    path = save(tmp_path / "a.nwrun.zip", runs={"ref": ref}, cell_source="x = 1\n")
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "[H100\\x1b[2J\\x1b[31mfake]" in out

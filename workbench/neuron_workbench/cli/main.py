@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except WorkbenchUsageError as exc:
-        sys.stderr.write(f"neuron-workbench: error: {usage_message(exc)}\n")
+        from neuron_workbench.cli.notebook_runner import terminal_safe
+
+        sys.stderr.write(terminal_safe(f"neuron-workbench: error: {usage_message(exc)}") + "\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("neuron-workbench: interrupted\n")

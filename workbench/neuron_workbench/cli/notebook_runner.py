@@ -664,6 +664,18 @@ def junit_xml(
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+def terminal_safe(text: str) -> str:
+    """``text`` with its control characters (an artifact's ESC sequences) shown, not obeyed.
+
+    Line breaks and tabs stay. A crafted artifact's strings reach the terminal through ``show``,
+    ``compare`` and ``run --against``: escape sequences there could rewrite what the screen shows.
+    """
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def check_writable(path: str | Path | None, *, folder: bool = False) -> None:
     """Raise the one-line usage error ``write_text`` would raise for ``path``, before any run.
 

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         InputResult,
         check_writable,
         junit_xml,
+        terminal_safe,
         write_text,
     )
     from neuron_workbench.compare.tolerances import check_pair
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     target_artifact = load(args.target)
     report = report_of_artifacts(ref_artifact, target_artifact, values)
     for warning in report.warnings:
-        sys.stderr.write(f"warning: {warning}\n")
-    sys.stdout.write(report.summary() + "\n")
+        sys.stderr.write(terminal_safe(f"warning: {warning}") + "\n")
+    sys.stdout.write(terminal_safe(report.summary()) + "\n")
     data = report.to_dict()
     data["label"] = f"{Path(args.reference).name} vs {Path(args.target).name}"
     data["cell_index"] = 1

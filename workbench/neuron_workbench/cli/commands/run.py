@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         run_script,
         terminal_message,
         terminal_progress,
+        terminal_safe,
         write_text,
     )
     from neuron_workbench.compare.tolerances import check_pair
@@ -196,9 +197,9 @@ def run(args: argparse.Namespace) -> int:
             (sys.stdout if code == 0 else sys.stderr).write(text)
             return code
     for report in result.reports:
-        sys.stdout.write(f"{report['label']}: {report['summary']}\n")
+        sys.stdout.write(terminal_safe(f"{report['label']}: {report['summary']}") + "\n")
         for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
-            sys.stderr.write(f"{report['label']}: warning: {warning}\n")
+            sys.stderr.write(terminal_safe(f"{report['label']}: warning: {warning}") + "\n")
     for error in result.cell_errors:
         sys.stdout.write(
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"

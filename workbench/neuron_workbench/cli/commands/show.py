@@ -98,5 +98,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write("\n".join(_text(summary)) + "\n")
+        from neuron_workbench.cli.notebook_runner import terminal_safe
+
+        sys.stdout.write(terminal_safe("\n".join(_text(summary))) + "\n")
     return 0
