@@ -144,6 +144,21 @@ def test_mode_max_autotune_on_neuron_warns_and_gives_a_verdict(ip):
     assert any("mode='max-autotune'" in w for w in report.warnings), report.warnings
 
 
+def test_a_compile_warning_is_the_compiling_cells_not_a_later_ones(ip, capfd):
+    # the worker compiled the model again while a later cell's request loaded, and its warning
+    # went to the worker's stderr there, outside any run: it showed under the unrelated cell
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\nm = torch.compile(mlp.cuda(), mode='reduce-overhead')\ny = m(x.cuda())",
+    )
+    assert any("mode='reduce-overhead'" in w for w in _report(ip).warnings), _report(ip).warnings
+    capfd.readouterr()
+    run_cell(ip, "%%neuron -o r\ny2 = m(x.cuda())")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert "reduce-overhead" not in capfd.readouterr().err
+
+
 def test_sdpa_compiles_with_aot_eager_on_the_emulated_device(ip):
     run_cell(ip, ATTENTION)
     run_cell(

@@ -882,7 +882,21 @@ def _state_then(obj: Any, packed: tuple[Any, Callable[[Any, Any], None], Any]) -
 
 
 def _compile_in_place(module: torch.nn.Module, request: dict[str, Any]) -> None:
-    module.compile(**request)
+    with _warned_before():
+        module.compile(**request)
+
+
+@contextlib.contextmanager
+def _warned_before() -> Iterator[None]:
+    """Quiet for a compile request made again where it arrives (a later cell's, in a worker).
+
+    What ``torch.compile`` warns of a request (``mode="reduce-overhead"`` is not supported on
+    neuron) was shown with the run that made it; made again while a later cell's request loads,
+    it went to the worker's stderr, outside any run, and showed under that unrelated cell.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _reduce_slotted(obj: Any) -> Any:
@@ -916,7 +930,8 @@ COMPILED_BEFORE_LOAD = "compiled with torch.compile before %load_ext neuron_work
 
 def _compiled_again(original: Any, request: dict[str, Any]) -> Any:
     """``torch.compile(original, **request)`` in this process, remembering the request again."""
-    compiled = torch.compile(original, **request)
+    with _warned_before():
+        compiled = torch.compile(original, **request)
     _remember(compiled, request)
     return compiled
 
