@@ -49,3 +49,21 @@ def test_binary_cross_entropy_is_refused_as_on_cuda():
         with pytest.raises(RuntimeError) as info:
             torch.nn.functional.binary_cross_entropy(p, p)
     assert str(info.value) == BCE_BANNED_MESSAGE
+
+
+def test_taking_cudas_lists_leaves_the_once_per_line_warnings_as_they_were():
+    # catch_warnings around the registration told every module the filters changed, emptying
+    # their registries: a deprecation a loop had shown once showed again the next time round
+    import warnings
+
+    code = compile(
+        "for i in range(3):\n    warnings.warn('once here', FutureWarning)\n"
+        "    if i == 0:\n        with cuda_autocast_lists():\n            pass\n",
+        "<loop>",
+        "exec",
+    )
+    namespace = {"warnings": warnings, "cuda_autocast_lists": cuda_autocast_lists}
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        exec(code, namespace)
+    assert [str(w.message) for w in shown] == ["once here"]

@@ -189,6 +189,22 @@ def _cpu_autocast_ops() -> list[str]:
 
 
 @contextlib.contextmanager
+def _warnings_ignored() -> Iterator[None]:
+    """Every warning ignored meanwhile, the filters left as they were: unlike ``catch_warnings``.
+
+    ``catch_warnings`` tells every module that the filters changed, which empties their once-per-
+    line registries: a deprecation the cell's loop had shown once (``torch.cuda.amp.autocast()``)
+    showed again the next time round, as plain code never shows it.
+    """
+    saved = list(warnings.filters)
+    warnings.filters.insert(0, ("ignore", None, Warning, None, 0))
+    try:
+        yield
+    finally:
+        warnings.filters[:] = saved
+
+
+@contextlib.contextmanager
 def cuda_autocast_lists() -> Iterator[None]:
     """While active, ``torch.autocast("cpu")`` casts exactly the ops ``torch.autocast("cuda")`` casts.
 
@@ -197,9 +213,8 @@ def cuda_autocast_lists() -> Iterator[None]:
     """
     from torch.library import Library, fallthrough_kernel
 
-    with warnings.catch_warnings():
+    with _warnings_ignored():
         # The dispatcher warns (once) that registrations override existing kernels: that is the point.
-        warnings.simplefilter("ignore")
         library = Library("aten", "IMPL", "AutocastCPU")
         try:
             registered = register_cuda_policy(library, "cpu", DispatchKey.AutocastCPU)
