@@ -67,6 +67,17 @@ def test_fallbacks_and_strict(recorded, capsys):
     assert main(["compare", str(a), str(b), "--strict", "--allow-fallback", ",".join(ops)]) == 0
 
 
+def test_a_one_run_artifact_compared_with_itself_is_refused(recorded, capsys):
+    # its one run stood for both sides: `compare ref.zip ref.zip` PASSed, a green CI job that
+    # checked nothing
+    a = recorded["plain", "cpu"]
+    assert main(["compare", str(a), str(a)]) == 2
+    assert capsys.readouterr().err == (
+        f"neuron-workbench: error: {a} holds one run: comparing it with itself checks nothing; "
+        "give the artifact of the other side as B\n"
+    )
+
+
 def test_numeric_failure_exits_1(recorded, capsys):
     assert main(["compare", str(recorded["drifts", "cpu"]), str(recorded["drifts", "neuron"])]) == 1
     assert capsys.readouterr().out.startswith("FAIL neuron (emulated) vs cpu (as cuda)")

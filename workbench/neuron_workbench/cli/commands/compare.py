@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         write_text,
     )
     from neuron_workbench.compare.tolerances import check_pair
+    from neuron_workbench.errors import WorkbenchUsageError
     from neuron_workbench.report.html import render_page
 
     values = given_values(args, COMPARE)
@@ -74,6 +75,14 @@ def run(args: argparse.Namespace) -> int:
         check_writable(report_path)
     ref_artifact = load(args.reference)
     target_artifact = load(args.target)
+    if (
+        Path(args.reference).resolve() == Path(args.target).resolve()
+        and len(ref_artifact.runs) == 1
+    ):  # its one run would stand for both sides: a PASS that says nothing of any port
+        raise WorkbenchUsageError(
+            f"{args.reference} holds one run: comparing it with itself checks nothing; give the "
+            "artifact of the other side as B"
+        )
     report = report_of_artifacts(ref_artifact, target_artifact, values)
     for warning in report.warnings:
         sys.stderr.write(terminal_safe(f"warning: {warning}") + "\n")
