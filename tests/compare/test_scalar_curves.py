@@ -78,3 +78,26 @@ def test_json_traces_compare_as_live_ones():
     from_json = compare_scalars(_trace().to_dict(), _trace(drift=1e-3, start=1).to_dict())
     assert from_json.to_dict() == live.to_dict()
     assert compare_scalars(None, _trace()) is None
+
+
+def test_a_damaged_trace_says_why_and_a_report_of_it_warns():
+    # a recording whose scalars were damaged (values edited to text) was compared without them
+    # and without a word: PASS, the target's logged losses ignored
+    from neuron_workbench.cell.pipeline import build_report
+    from neuron_workbench.cell.settings import CompareOptions
+    from neuron_workbench.compare.scalars import unreadable_trace
+    from neuron_workbench.run.records import Run
+
+    good = _trace().to_dict()
+    damaged = {**good, "series": [{**good["series"][0], "values": ["a", "b"]}]}
+    assert unreadable_trace(good) is None and unreadable_trace(None) is None
+    assert unreadable_trace(damaged).startswith("ValueError: ")
+    info = get_backend("cpu").info()
+    ref = Run(backend=info, outputs={"x": torch.ones(2)}, extras={"scalars": damaged})
+    target = Run(backend=info, outputs={"x": torch.ones(2)}, extras={"scalars": good})
+    report = build_report(ref, target, CompareOptions(), cell_source="x = 1")
+    assert report.scalars is None
+    assert report.warnings == [
+        f"the reference run's observed scalars could not be read ({unreadable_trace(damaged)}); "
+        "they are not compared"
+    ]

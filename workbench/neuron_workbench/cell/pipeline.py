@@ -417,6 +417,7 @@ def build_report(
                 for name in shared
             ),
             *_compile_warnings(target),
+            *_unreadable_scalars(ref, target),
         ],
         layers=layers,
         notes=notes,
@@ -425,6 +426,24 @@ def build_report(
         compile_check=compile_check,
         migration=migration,
     )
+
+
+def _unreadable_scalars(ref: Run, target: Run) -> list[str]:
+    """A warning for a run whose observed scalars cannot be read (a recording's, damaged).
+
+    They are not compared: the verdict would otherwise say nothing of the loss curves it skipped.
+    """
+    from neuron_workbench.compare.scalars import unreadable_trace
+
+    found = []
+    for role, run in (("reference", ref), ("target", target)):
+        why = unreadable_trace(run.extras.get("scalars"))
+        if why is not None:
+            found.append(
+                f"the {role} run's observed scalars could not be read ({why}); they are not "
+                "compared"
+            )
+    return found
 
 
 def compare_observed_scalars(

@@ -200,9 +200,21 @@ def _trace(value: Any) -> ScalarTrace | None:
     if isinstance(data, dict):
         try:
             return ScalarTrace.from_dict(data)
-        except (KeyError, TypeError, ValueError):  # a trace of another version: not compared
+        except (KeyError, TypeError, ValueError, OverflowError):  # not compared (see below)
             return None
     return data if isinstance(data, ScalarTrace) else None
+
+
+def unreadable_trace(value: Any) -> str | None:
+    """Why a run's recorded ``scalars`` cannot be compared (a damaged artifact's), else None."""
+    data = recorded(value)
+    if not isinstance(data, dict):
+        return None if data is None or isinstance(data, ScalarTrace) else type(data).__name__
+    try:
+        ScalarTrace.from_dict(data)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _site(
