@@ -69,3 +69,23 @@ def test_dict_is_json_and_html_escapes_user_strings():
         assert "<script>" not in text
         assert "&lt;script&gt;" in text
     assert "host CPU time" in html
+
+
+def test_the_page_shows_each_runs_op_profile_with_its_kind_of_time():
+    # --profile's op tables were in the JSON and the notebook's views, not in the HTML page
+    from neuron_workbench.backends import get_backend
+    from neuron_workbench.cell.pipeline import build_report
+    from neuron_workbench.cell.settings import CompareOptions
+    from neuron_workbench.run import RunSpec, compile_cell, execute
+    from neuron_workbench.trace.profile import op_profiler
+
+    program = compile_cell("x = torch.ones(8, 8)\nfor _ in range(3):\n    y = (x @ x).relu()\n")
+    runs = [
+        execute(RunSpec(program, {"torch": torch}, instruments={"profile": op_profiler}),
+                get_backend("cpu"))
+        for _ in range(2)
+    ]  # fmt: skip
+    data = build_report(*runs, CompareOptions(), cell_source=program.source).to_dict()
+    page = render_page([data])
+    assert page.count("<h4>Op profile: ") == 2 and "(wall time)</h4>" in page
+    assert '<code>aten::mm</code></td><td class="num">3</td>' in page

@@ -427,6 +427,7 @@ def render_report_html(data: dict[str, Any]) -> str:
                 numeric={1},
             ),
         ]
+    parts += _profile_parts(data)
     migration = data.get("migration")
     if migration and migration.get("findings"):
         count = len(migration["findings"])
@@ -537,6 +538,49 @@ def _cell_errors_html(cell_errors: Sequence[dict[str, Any]]) -> str:
         f"{count} cell{'' if count == 1 else 's'} raised outside %%neuron</div>"
         f"{_table(['cell', 'type', 'message'], rows)}</div>"
     )
+
+
+#: Ops listed per run in the op profile section (the most self time first).
+PROFILE_ROWS = 12
+
+
+def _profile_parts(data: dict[str, Any]) -> list[str]:
+    """``--profile``: each run's ops by self time, labelled with the kind of time measured.
+
+    The page had no profile at all where the JSON and the notebook's views have one. An emulated
+    run's time is host CPU time, never the device's.
+    """
+    parts = []
+    for role in ("ref", "target"):
+        profile = data.get(role, {}).get("profile")
+        if not isinstance(profile, dict) or not profile.get("rows"):
+            continue
+        rows = sorted(profile["rows"], key=lambda r: -(r.get("self_time_s") or 0.0))
+        kind = profile.get("time_kind") or "wall time"
+        total = profile.get("total_time_s")
+        name = data[role].get("label") or data[role]["backend"]["name"]
+        parts += [
+            f"<h4>Op profile: {esc(name)} ({esc(kind)})</h4>",
+            f"<div class='note'>{len(rows)} ops"
+            + (f", {_fmt_float(total)} s in all" if isinstance(total, int | float) else "")
+            + (f"; the {PROFILE_ROWS} with the most self time" if len(rows) > PROFILE_ROWS else "")
+            + "</div>",
+            _table(
+                ["op", "calls", f"self time (s, {kind})", "shapes", "fell back"],
+                [
+                    [
+                        f"<code>{esc(row.get('op', ''))}</code>",
+                        esc(row.get("calls", "")),
+                        esc(_fmt_float(row.get("self_time_s"))),
+                        esc(row.get("shapes") or ""),
+                        "yes" if row.get("fallback") else "",
+                    ]
+                    for row in rows[:PROFILE_ROWS]
+                ],
+                numeric={1, 2},
+            ),
+        ]
+    return parts
 
 
 def render_page(
