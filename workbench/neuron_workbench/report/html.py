@@ -38,6 +38,8 @@ _STYLE = """
 .nw-report .note{color:#57606a}
 .nw-report .na{color:#57606a;font-style:italic}
 .nw-report pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:240px;margin:2px 0}
+.nw-report td pre{max-width:640px}
+.nw-report>div:first-child,.nw-report .note{overflow-wrap:anywhere}
 """
 
 
