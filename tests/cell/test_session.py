@@ -42,6 +42,13 @@ def test_compare_of_a_recording_gives_the_live_report(tmp_path, capsys):
     capsys.readouterr()
     compared = json.loads(out.read_text())
     assert compared["options"]["tolerance"]["preset"] == "fp32-accelerator"
+    # the one thing compare adds: which of the recording's settings judged it (an edited
+    # recording's tolerances turned a FAIL into a PASS without a word)
+    recorded = "judged with the tolerances the recording was made with: "
+    assert (
+        compared["notes"].pop()
+        == recorded + "preset fp32-accelerator; per_output loss=0.001,0.0001"
+    )
     assert _without_timings(compared) == _without_timings(json.loads(json.dumps(live)))
 
 

@@ -383,7 +383,7 @@ def compare_recorded(
     arguments = arguments_warning(ref.extras.get("script"), target.extras.get("script"))
     if arguments:
         warnings.append(arguments)
-    return build_report(
+    report = build_report(
         ref,
         target,
         options,
@@ -391,3 +391,18 @@ def compare_recorded(
         schedule=[RECORDED_BUDGET_NOTE] if options.judge == "budget" else [],
         warnings=warnings,
     )
+    judged = _recorded_tolerances(options, values or {})
+    if judged:  # a recording's own settings decide the verdict: the report says which
+        report.notes.append(f"judged with the tolerances the recording was made with: {judged}")
+    return report
+
+
+def _recorded_tolerances(options: CompareOptions, given: Mapping[str, Any]) -> str:
+    """The recording's tolerance settings that differ from the defaults and no flag replaced."""
+    default = CompareOptions(ref=options.ref, target=options.target)
+    shown = []
+    for name in ("preset", "rtol", "atol", "per_output"):
+        value = getattr(options, name)
+        if name not in given and value != getattr(default, name) and value not in (None, ()):
+            shown.append(f"{name} {', '.join(map(str, value)) if name == 'per_output' else value}")
+    return "; ".join(shown)
