@@ -35,7 +35,7 @@ def test_findings_map_to_cell_and_line():
 
 def test_notebook_linter_format():
     first = scan_path(NOTEBOOK)[0]
-    assert first.format().startswith(f"{NOTEBOOK}:cell 2:1:10: NW101 ")
+    assert first.format().startswith(f"{NOTEBOOK}:cell 1:3:1: NW131 ")
 
 
 def test_directories_include_notebooks():
@@ -56,7 +56,7 @@ def test_notebook_migration_keeps_magics_and_other_cells(tmp_path):
     assert "T.neuron.empty_cache()" in sources[6]
     assert sources[5].startswith("%%bash")
     assert not migrate_path(path).changed
-    assert {f.rule_id for f in migration.remaining} == {"NW120", "NW111"}
+    assert {f.rule_id for f in migration.remaining} == {"NW120", "NW111", "NW131"}
 
 
 def test_bad_notebooks(tmp_path):

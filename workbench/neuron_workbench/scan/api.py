@@ -37,11 +37,20 @@ _SKIP_DIRS = {
 class _Parsed:
     """A source parsed for scanning: the Python text (magics masked) and its tree."""
 
-    def __init__(self, source: str, python: str, tree: ast.Module, masked: frozenset[int]) -> None:
+    def __init__(
+        self,
+        source: str,
+        python: str,
+        tree: ast.Module,
+        masked: frozenset[int],
+        scanned: frozenset[int] = frozenset(),
+    ) -> None:
         self.source = source
         self.python = python
         self.tree = tree
         self.masked = masked
+        #: masked lines standing for what they did (``%env``, ``!cmd``): their findings count
+        self.scanned = scanned
 
 
 def _where(path: str, cell: int | None, line: int | None, col: int | None = None) -> str:
@@ -67,7 +76,13 @@ def _parse(source: str, path: str, ipython: bool, cell: int | None = None) -> _P
         if masked is None:
             return None  # a non-Python cell magic
         try:
-            return _Parsed(source, masked.source, ast.parse(masked.source), masked.masked_lines)
+            return _Parsed(
+                source,
+                masked.source,
+                ast.parse(masked.source),
+                masked.masked_lines,
+                masked.scanned_lines,
+            )
         except SyntaxError:
             pass
     where = _where(path, cell, error.lineno, error.offset)
@@ -92,8 +107,13 @@ def _scan_parsed(
     parsed: _Parsed, path: str, target: str, context: Context | None = None, cell: int | None = None
 ) -> list[tuple[Finding, Fix | None]]:
     results = analyze(parsed.tree, parsed.python, path, target=target, context=context, cell=cell)
-    # A finding on a masked (IPython) line cannot exist, but keep the invariant explicit.
-    return [(f, fix) for f, fix in results if f.line not in parsed.masked]
+    # A masked (IPython) line has no finding unless it stands for what it did (`%env`, `!cmd`);
+    # no fix rewrites one (the rewrite puts the original line back).
+    return [
+        (f, None if f.line in parsed.masked else fix)
+        for f, fix in results
+        if f.line not in parsed.masked or f.line in parsed.scanned
+    ]
 
 
 def scan_source(

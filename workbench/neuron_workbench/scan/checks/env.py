@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+from neuron_workbench.scan.cells import SHELL_CALL
 from neuron_workbench.scan.checks.base import Area, Scan
 from neuron_workbench.scan.context import str_value
 from neuron_workbench.scan.rule import NEURON_ENV, NEURON_NOTES, TPU_NOTES, Rule
@@ -83,4 +84,87 @@ def _subscript(scan: Scan, node: ast.Subscript) -> None:
         _report(scan, node.slice)
 
 
-AREA = Area("env", (NW130,), {ast.Dict: _dict, ast.Subscript: _subscript}, prepare=_prepare)
+NW131 = Rule(
+    "NW131",
+    "cuda-tool",
+    "info",
+    "A command running a CUDA tool (`!nvidia-smi`, `%%bash` with `nvcc`, "
+    '`subprocess.run(["nvidia-smi"])`), which a host without NVIDIA GPUs does not have.',
+    "On Trainium, `neuron-ls` lists the Neuron devices; a CUDA toolkit command has no Neuron "
+    "counterpart in the notes.",
+    f"{NEURON_NOTES} §10 (the troubleshooting page: run `neuron-ls`)",
+)
+
+#: CUDA's command-line tools: name -> what to use on each target instead.
+CUDA_TOOLS: dict[str, tuple[str, str]] = {
+    "nvidia-smi": (
+        "use `neuron-ls` to list the Neuron devices (torchneuron.md §10)",
+        "no TorchTPU equivalent is given in the notes",
+    ),
+    **{
+        tool: ("no Neuron equivalent is given in the notes; remove it or guard it",) * 2
+        for tool in (
+            "nvcc",
+            "nvprof",
+            "nsys",
+            "ncu",
+            "cuda-gdb",
+            "cuda-memcheck",
+            "compute-sanitizer",
+        )
+    },
+}
+
+
+#: Calls that run a command: its first argument, a string or an argv list.
+_RUNS_A_COMMAND = frozenset(
+    {
+        "os.system",
+        "os.popen",
+        "subprocess.run",
+        "subprocess.call",
+        "subprocess.check_call",
+        "subprocess.check_output",
+        "subprocess.getoutput",
+        "subprocess.getstatusoutput",
+        "subprocess.Popen",
+    }
+)
+
+
+def _command(scan: Scan, node: ast.Call) -> str | None:
+    """The command ``node`` runs: a notebook's ``!line``, or a script's ``subprocess``/``os`` call."""
+    if not node.args:
+        return None
+    if isinstance(node.func, ast.Name) and node.func.id == SHELL_CALL:
+        # `!nvidia-smi` stands as `__nw_shell__('nvidia-smi')` in a notebook cell's Python text
+        return str_value(node.args[0])
+    if scan.qn(node.func) not in _RUNS_A_COMMAND:
+        return None
+    first = node.args[0]
+    if isinstance(first, ast.List | ast.Tuple):
+        return str_value(first.elts[0]) if first.elts else None
+    return str_value(first)
+
+
+def _call(scan: Scan, node: ast.Call) -> None:
+    command = _command(scan, node) or ""
+    for word in command.replace(";", " ").replace("&&", " ").replace("|", " ").split():
+        tool = word.rsplit("/", 1)[-1]
+        if tool in CUDA_TOOLS:
+            neuron, tpu = CUDA_TOOLS[tool]
+            scan.report(
+                NW131,
+                node,
+                f"`{tool}` is a CUDA tool, absent on a {scan.target} host",
+                neuron if scan.target == "neuron" else tpu,
+            )
+            return
+
+
+AREA = Area(
+    "env",
+    (NW130, NW131),
+    {ast.Dict: _dict, ast.Subscript: _subscript, ast.Call: _call},
+    prepare=_prepare,
+)
