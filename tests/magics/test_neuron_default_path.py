@@ -312,6 +312,11 @@ def test_state_dicts_the_notebook_keeps_stay_views_of_the_parameters_in_the_work
         "ckpt['opt']['state'][0]['exp_avg'] is opt.state[model.weight]['exp_avg']]",
     )
     assert ip.user_ns["views"] == [True, True, True]
+    # a CPU copy the notebook took (on the host it shares the weight's memory; on a GPU it is a
+    # copy) stays on the CPU in the worker: it is no state_dict's view
+    run_cell(ip, "w0 = model.weight.detach().cpu()")
+    run_cell(ip, "%%neuron -o r\ntotal = float(w0.numpy().sum())")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
 def test_resuming_from_a_checkpoint_leaves_the_loaded_checkpoint_as_it_was(ip, tmp_path):

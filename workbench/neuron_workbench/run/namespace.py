@@ -776,16 +776,14 @@ def move_to_device(
     storage afterwards (views keep their base), across every call given the same ``memo``. The
     attributes of notebook objects and what notebook closures and bound methods hold move in place;
     ``seen`` maps the containers and objects gone through to what they became (a graph with
-    cycles: a trainer's callbacks holding the trainer; a tuple reached twice). A tensor viewing
-    memory an earlier move with the same ``memo`` moved is moved too. A tensor a notebook
-    object holds moves when the cell had put it on the device (:func:`mark_attribute_tensors`),
+    cycles: a trainer's callbacks holding the trainer; a tuple reached twice). A ``state_dict()``'s
+    tensor viewing memory an earlier move with the same ``memo`` moved is moved too. A tensor a
+    notebook object holds moves when the cell had put it on the device (:func:`mark_attribute_tensors`),
     not because the object did.
     """
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        if (force or on_accelerator(value) or _storage_moved(value, memo)) and (
-            value.device != device
-        ):
+        if (force or on_accelerator(value)) and value.device != device:
             return _moved_tensor(value, device, memo)
         return value
     if isinstance(value, torch.nn.Module):
@@ -837,8 +835,14 @@ def move_to_device(
             return rebuilt
         return value
     if isinstance(value, dict):
+        # A module's state_dict() views its parameters' memory: where the module moved, so do its
+        # tensors (another CPU tensor sharing that memory, `w0 = weight.detach().cpu()` on the
+        # host standing in for cuda, is a copy on a GPU and stays)
+        views = isinstance(value, collections.OrderedDict) and hasattr(value, "_metadata")
         for key in list(value):
-            value[key] = moved(value[key])
+            item = value[key]
+            follows = views and isinstance(item, torch.Tensor) and _storage_moved(item, memo)
+            value[key] = moved(item, force or follows)
         return value
     # The run's own copies of objects that hold state (a trainer, a closure's model): in place.
     if attributes_are_state(value) and isinstance(getattr(value, "__dict__", None), dict):
