@@ -103,3 +103,14 @@ def test_record_dir_names_the_file_after_the_running_cell(ip, tmp_path):
     ip.run_cell("%%neuron\nimport torch\nx = torch.ones(2).cuda() * 2", store_history=True)
     assert [p.name for p in tmp_path.iterdir()] == [f"cell-{count}.nwrun.zip"]
     ip.run_cell("%config NeuronMagics.record_dir = ''")
+
+
+def test_a_cells_own_recording_named_as_the_folders_is_saved_once(ip, tmp_path):
+    # --record PATH naming the file record_dir writes for the cell: copying it onto itself raised
+    # SameFileError, and the cell's report was lost
+    run_cell(ip, "import torch")
+    run_cell(ip, f"%config NeuronMagics.record_dir = {str(tmp_path)!r}")
+    count = ip.execution_count
+    path = tmp_path / f"cell-{count}.nwrun.zip"
+    run_cell(ip, f"%%neuron --record {path} -o r\nx = torch.ones(2, device='cuda')")
+    assert ip.user_ns["r"].verdict == "PASS" and path.is_file()

@@ -168,3 +168,25 @@ def test_a_statement_symtable_rejects_counts_every_name():
     # parses, but has no binding for the nonlocal: the compile fails later; no name is dropped meanwhile
     tree = ast.parse("def f(a):\n    nonlocal q\n    return a + q + r")
     assert set(_names_read_before_bound(tree)) == {"a", "q", "r"}
+
+
+def test_a_modules_and_an_optimizers_hooks_read_notebook_globals_as_the_cell_does():
+    import torch
+
+    namespace = {"__name__": "__main__", "torch": torch}
+    exec(
+        "log = []\nseen = []\n"
+        "def hook(mod, inp, out):\n    log.append(out.shape)\n"
+        "def stepped(opt, args, kwargs):\n    seen.append(1)\n"
+        "class KFAC(torch.optim.SGD):\n"
+        "    def __init__(self, params, modules):\n"
+        "        super().__init__(params, lr=0.1)\n"
+        "        self.modules = modules  # a list of its own, not Module.modules\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(2, 2))\n"
+        "model[0].register_forward_hook(hook)\n"
+        "opt = KFAC(model.parameters(), [model[0]])\n"
+        "opt.register_step_post_hook(stepped)\n",
+        namespace,
+    )
+    names = referenced_names(compile_cell("y = model(torch.ones(2))\nopt.step()"), namespace)
+    assert {"model", "opt", "log", "seen"} <= names

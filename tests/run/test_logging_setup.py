@@ -105,3 +105,23 @@ def test_a_handler_a_run_made_on_its_capture_writes_to_the_stream_before_it(caps
     finally:
         logger.removeHandler(handler)
         logger.removeHandler(other)
+
+
+def test_a_formatter_of_its_own_kind_is_read_as_the_default_one():
+    # any object with format(record) is a formatter to logging; reading its private fields
+    # failed every %%neuron cell of the notebook
+    class Tagged:
+        def format(self, record):
+            return "X " + record.getMessage()
+
+    logger = logging.getLogger("wbtest.tagged")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.formatter = Tagged()
+    logger.addHandler(handler)
+    try:
+        state = logging_setup.current()["loggers"]["wbtest.tagged"]["handlers"]
+    finally:
+        logger.removeHandler(handler)
+    assert state == [
+        {"level": 0, "stream": "stderr", "format": None, "datefmt": None, "style": "%"}
+    ]

@@ -788,3 +788,20 @@ def test_a_wrapper_forwarding_its_attributes_arrives(arena):
     assert plain._wrapped == [1, 2] and plain.count(2) == 1
     assert torch.equal(back_slotted._wrapped, torch.ones(2)) and back_slotted.extra == 3
     assert back_slotted.shape == (2,)
+
+
+def test_a_notebooks_slotted_forwarding_proxy_arrives(arena):
+    # a notebook class travels by value; with __slots__ only, its reduction took another branch,
+    # where pickle again asked the empty proxy's __getattr__ for __setstate__ (RecursionError)
+    class Proxy:
+        __slots__ = ("_obj",)
+
+        def __init__(self, obj):
+            object.__setattr__(self, "_obj", obj)
+
+        def __getattr__(self, name):
+            return getattr(self._obj, name)
+
+    Proxy.__module__ = "__main__"  # as a notebook cell defines it
+    back = loads_leniently(dumps(Proxy([1, 2]), arena)).value
+    assert back._obj == [1, 2] and back.count(1) == 1

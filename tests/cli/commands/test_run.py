@@ -306,7 +306,8 @@ def test_run_against_a_recording_of_the_notebook(tmp_path):
     nb = tmp_path / "three.ipynb"
     # a cell recording itself is in the folder too (a later --against found no reference for it)
     own = "%%neuron --record own.nwrun.zip\nz = torch.arange(3.0).cuda() + 1"
-    write_notebook(nb, "import torch", PASS_CELL, FALLBACK_CELL, own)
+    # an empty cell takes no execution count: the files' numbers drifted from the labels after it
+    write_notebook(nb, "import torch", PASS_CELL, "", FALLBACK_CELL, own)
     recorded = cli(
         "run", str(nb), "--record", str(tmp_path / "rec"), "--json", str(tmp_path / "a.json")
     )
@@ -314,9 +315,9 @@ def test_run_against_a_recording_of_the_notebook(tmp_path):
     # named as the report lines name the cells ("cell 2: PASS ..."), not by the kernel's counts,
     # which the command's own set-up cell shifted by one
     labels = [r["label"] for r in json.loads((tmp_path / "a.json").read_text())["reports"]]
-    assert labels == ["cell 2", "cell 3", "cell 4"]
+    assert labels == ["cell 2", "cell 4", "cell 5"]
     files = sorted(p.name for p in (tmp_path / "rec").glob("cell-*.nwrun.zip"))
-    assert files == ["cell-2.nwrun.zip", "cell-3.nwrun.zip", "cell-4.nwrun.zip"]
+    assert files == ["cell-2.nwrun.zip", "cell-4.nwrun.zip", "cell-5.nwrun.zip"]
     assert (tmp_path / "own.nwrun.zip").is_file()
     against = cli(
         "run", str(nb), "--against", str(tmp_path / "rec"), "--json", str(tmp_path / "b.json")
@@ -332,7 +333,12 @@ def test_run_against_a_recording_of_the_notebook(tmp_path):
                for n in reports[0]["notes"]), reports[0]["notes"]  # fmt: skip
     # a changed cell: its recorded reference no longer matches, and run exits 1 as it would
     write_notebook(
-        nb, "import torch", PASS_CELL, FALLBACK_CELL, "%%neuron\nz = torch.arange(3.0).cuda() + 2"
+        nb,
+        "import torch",
+        PASS_CELL,
+        "",
+        FALLBACK_CELL,
+        "%%neuron --record own.nwrun.zip\nz = torch.arange(3.0).cuda() + 2",
     )
     changed = cli("run", str(nb), "--against", str(tmp_path / "rec"))
     assert changed.returncode == 1, changed.stdout + changed.stderr
@@ -448,6 +454,10 @@ def test_a_notebook_without_a_neuron_cell_is_not_a_pass(tmp_path):
         "cell to compare\n"
     )
     assert json.loads((tmp_path / "plain.json").read_text())["summary"]["exit_code"] == 1
+    # a %%neuron cell that raised a usage error is no missing %%neuron cell
+    bad = write_notebook(tmp_path / "bad.ipynb", "%%neuron --rtol 1\nx = 1")
+    done = cli("run", str(bad))
+    assert done.returncode == 1 and "no %%neuron cell" not in done.stderr, done.stderr
 
 
 def test_a_report_path_that_cannot_be_written_fails_before_the_script_runs(tmp_path):

@@ -52,6 +52,8 @@ class InputResult:
     #: A script that exited with a non-zero code before it was compared (an argument error):
     #: the code and what the script printed (its usage message).
     script_exit: tuple[int, str] | None = None
+    #: Code cells starting with ``%%neuron`` (a notebook's; a report or an error each).
+    neuron_cells: int = 0
 
     def verdict_counts(self) -> dict[str, int]:
         """Number of reports per verdict."""
@@ -226,6 +228,14 @@ def run_notebook(
     )
     nb.cells.insert(0, setup)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    for index in code_cells:
+        if not nb.cells[index].source.strip():
+            # an empty cell takes no execution count: the kernel's counts, by which record_dir
+            # names its files, would drift from the report lines' cell numbers after it
+            nb.cells[index].source = "#"
+    neuron_cells = sum(
+        1 for index in code_cells if nb.cells[index].source.lstrip().startswith("%%neuron")
+    )
     client = NotebookClient(
         nb,
         timeout=timeout,
@@ -263,7 +273,9 @@ def run_notebook(
                 f"{path}: loading neuron_workbench in the kernel failed: "
                 f"{output.get('ename', '')}: {output.get('evalue', '')}"
             )
-    result = InputResult(str(path), kind="notebook", cells=len(code_cells) - 1)
+    result = InputResult(
+        str(path), kind="notebook", cells=len(code_cells) - 1, neuron_cells=neuron_cells
+    )
     for position, index in enumerate(code_cells[1:], start=1):
         cell = nb.cells[index]
         errors_before = len(result.cell_errors)
@@ -677,24 +689,24 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def check_writable(path: str | Path | None, *, folder: bool = False) -> None:
-    """Raise the one-line usage error ``write_text`` would raise for ``path``, before any run.
+    """Raise a one-line usage error now for a ``path`` the write after the runs would refuse.
 
-    A long training run must not end with its report refused (a folder named as the file, a
-    folder that cannot be made). ``folder``: ``path`` is a folder the command writes into. The
-    folders are made now, as the write would make them.
+    A long training run must not end with its report refused: a folder named as the file, a file
+    where a folder must be made, a folder that cannot be written. ``folder``: ``path`` is a folder
+    the command writes into. Nothing is made here (another usage error may still stop the command).
     """
     if path is None:
         return
-    target = Path(path)
+    target = Path(path).absolute()
     if not folder and target.is_dir():
         raise WorkbenchUsageError(f"cannot write {path}: it is a folder")
-    where = target if folder else target.parent
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WorkbenchUsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    if not os.access(where, os.W_OK):
-        raise WorkbenchUsageError(f"cannot write {path}: permission denied")
+    existing = target if folder else target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise WorkbenchUsageError(f"cannot write {path}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK):
+        raise WorkbenchUsageError(f"cannot write {path}: {existing} is not writable")
 
 
 def write_text(path: str | Path, text: str) -> None:

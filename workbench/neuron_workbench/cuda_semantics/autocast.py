@@ -11,12 +11,13 @@ devices use the same tables.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch._C import DispatchKey, DispatchKeySet
+
+from neuron_workbench.quiet import warnings_ignored
 
 #: Ops autocast runs in the lower precision (CUDA's ``lower_precision_fp`` list).
 LOWER_PRECISION = (
@@ -189,22 +190,6 @@ def _cpu_autocast_ops() -> list[str]:
 
 
 @contextlib.contextmanager
-def _warnings_ignored() -> Iterator[None]:
-    """Every warning ignored meanwhile, the filters left as they were: unlike ``catch_warnings``.
-
-    ``catch_warnings`` tells every module that the filters changed, which empties their once-per-
-    line registries: a deprecation the cell's loop had shown once (``torch.cuda.amp.autocast()``)
-    showed again the next time round, as plain code never shows it.
-    """
-    saved = list(warnings.filters)
-    warnings.filters.insert(0, ("ignore", None, Warning, None, 0))
-    try:
-        yield
-    finally:
-        warnings.filters[:] = saved
-
-
-@contextlib.contextmanager
 def cuda_autocast_lists() -> Iterator[None]:
     """While active, ``torch.autocast("cpu")`` casts exactly the ops ``torch.autocast("cuda")`` casts.
 
@@ -213,7 +198,7 @@ def cuda_autocast_lists() -> Iterator[None]:
     """
     from torch.library import Library, fallthrough_kernel
 
-    with _warnings_ignored():
+    with warnings_ignored():
         # The dispatcher warns (once) that registrations override existing kernels: that is the point.
         library = Library("aten", "IMPL", "AutocastCPU")
         try:

@@ -324,7 +324,12 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 capture=_capture,
                 relabel=lambda run: run.relabel_sites(cells, folders),
             )
-            if args.record and folder_record and result.artifact is not None:
+            if (
+                args.record
+                and folder_record
+                and result.artifact is not None
+                and Path(result.artifact).resolve() != Path(folder_record).resolve()
+            ):
                 # the folder holds every cell's, so that against_dir finds this one too
                 Path(folder_record).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(result.artifact, folder_record)

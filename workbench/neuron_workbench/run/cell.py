@@ -306,7 +306,7 @@ def _user_functions(
     if torch is not None and isinstance(value, torch.nn.Module | torch.optim.Optimizer):
         # the hooks a plain cell registered on it run inside the cell (a forward hook appending
         # to a notebook list): their globals are read as the cell's own reads are
-        for hook in _hooks_of(value):
+        for hook in _hooks_of(value, torch):
             yield from _user_functions(hook, namespace, depth + 1)
     owner = value if isinstance(value, type) else type(value)
     if owner.__module__ != namespace.get("__name__", "__main__"):
@@ -330,9 +330,9 @@ _MODULE_HOOKS = (
 _OPTIMIZER_HOOKS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
 
 
-def _hooks_of(value: Any) -> Iterable[Any]:
+def _hooks_of(value: Any, torch: Any) -> Iterable[Any]:
     """The hook functions a module (its submodules' and parameters' too) or an optimizer holds."""
-    if not hasattr(value, "modules"):  # an optimizer
+    if not isinstance(value, torch.nn.Module):  # an optimizer (one may have `modules` of its own)
         for table in _OPTIMIZER_HOOKS:
             yield from (getattr(value, table, None) or {}).values()
         return

@@ -33,8 +33,19 @@ from typing import Any
 _OWN_LOGGERS = ("torch", "ray")
 
 
-def current() -> dict[str, Any]:
-    """The logging set-up of this process, as :func:`apply` takes it (plain data: it is pickled)."""
+def current() -> dict[str, Any] | None:
+    """The logging set-up of this process, as :func:`apply` takes it (plain data: it is pickled).
+
+    None when it cannot be read (a library's logger object of its own kind): the target process
+    keeps its logging as it is, rather than the cell failing.
+    """
+    try:
+        return _current()
+    except Exception:
+        return None
+
+
+def _current() -> dict[str, Any]:
     manager = logging.Logger.manager
     loggers = {"": _logger_state(logging.getLogger())}
     for name, logger in list(manager.loggerDict.items()):
@@ -137,18 +148,16 @@ def _logger_state(logger: logging.Logger) -> dict[str, Any]:
 
 def _handler_state(handler: logging.Handler) -> dict[str, Any]:
     formatter = handler.formatter
-    style = "%"
-    if formatter is not None:
-        style = next(
-            (key for key, kind in logging._STYLES.items() if type(formatter._style) is kind[0]),
-            "%",
-        )
+    # A formatter is anything with format(record): logging's own are read, another formats as
+    # the default one here (its private fields may not exist)
+    kind = type(getattr(formatter, "_style", None))
+    style = next((key for key, styles in logging._STYLES.items() if kind is styles[0]), "%")
+    fmt, datefmt = getattr(formatter, "_fmt", None), getattr(formatter, "datefmt", None)
     return {
-        "level": handler.level,
+        "level": handler.level if isinstance(handler.level, int) else logging.NOTSET,
         "stream": _standard_stream(getattr(handler, "stream", None)),
-        # a formatter of its own class (colours, JSON) formats as the default one here
-        "format": None if formatter is None else formatter._fmt,
-        "datefmt": None if formatter is None else formatter.datefmt,
+        "format": fmt if isinstance(fmt, str) else None,
+        "datefmt": datefmt if isinstance(datefmt, str) else None,
         "style": style,
     }
 
@@ -210,7 +219,9 @@ def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> Non
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     for logger in loggers:
         for handler in getattr(logger, "handlers", ()):  # a placeholder has none
-            stream = getattr(handler, "stream", None)
+            if not isinstance(handler, logging.StreamHandler):
+                continue
+            stream = handler.stream
             for capture, stream_before in zip(captures, streams, strict=True):
                 if stream is capture and capture is not stream_before:
                     handler.setStream(stream_before)  # type: ignore[attr-defined]

@@ -48,6 +48,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.measurements import TAGGED, reduce_tagged
 from neuron_workbench.run.namespace import (
@@ -578,8 +579,13 @@ class _Pickler(cloudpickle.Pickler):
                 return reduced
         elif "__slots__" in kind.__dict__ and kind.__module__ == "__main__":
             reduced = _reduce_slotted(obj)
+            past_getattr = _asks_getattr_for_setstate(kind)  # a notebook's forwarding proxy
+            if reduced is not None and past_getattr:
+                return (*reduced, *(None,) * (5 - len(reduced)), _state_set_plainly)[:6]
             if reduced is not None:
                 return reduced
+            if past_getattr:
+                return _reduced_past_getattr(obj)
         elif _asks_getattr_for_setstate(kind):
             return _reduced_past_getattr(obj)
         return super().reducer_override(obj)
@@ -894,8 +900,7 @@ def _warned_before() -> Iterator[None]:
     neuron) was shown with the run that made it; made again while a later cell's request loads,
     it went to the worker's stderr, outside any run, and showed under that unrelated cell.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings_ignored():  # (catch_warnings would show already-shown warnings again)
         yield
 
 

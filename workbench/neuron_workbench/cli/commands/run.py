@@ -216,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
         + f"; {result.fallback_reports()} with CPU fallbacks; {len(result.cell_errors)} cell errors"
     )
     sys.stdout.write(summary + "\n")
-    if not result.reports:  # a CUDA notebook as it was written: the exit code alone says nothing
+    if not result.reports and not result.neuron_cells and result.kind == "notebook":
+        # a CUDA notebook as it was written: the exit code alone says nothing
         sys.stderr.write(
             f"no %%neuron cell in {Path(result.path).name}: nothing was compared; put %%neuron "
             "at the top of each cell to compare\n"
