@@ -622,12 +622,13 @@ def junit_xml(
     failures = errors = 0
     # a cell compared on several targets (--target neuron,tpu) has a case per target, each named
     # for it: CI tools take cases of one name for one test, and showed one target's verdict
+    indices = [
+        int(report.get("cell_index", position)) for position, report in enumerate(reports, 1)
+    ]
     targets: dict[int, set[str]] = {}
-    for report in reports:
-        index = int(report.get("cell_index", 0))
+    for index, report in zip(indices, reports, strict=True):
         targets.setdefault(index, set()).add(_target_name(report))
-    for report in reports:
-        index = int(report.get("cell_index", len(cases) + 1))
+    for index, report in zip(indices, reports, strict=True):
         name = f"cell {index}"
         if len(targets.get(index, ())) > 1:
             name += f" ({_target_name(report)})"

@@ -104,5 +104,5 @@ def run(args: argparse.Namespace) -> int:
     code = result.exit_code(bool(values.get("strict")), allowed=allowed)
     if code == 3:  # which ops, as `run --strict` says: the exit code alone does not
         for line in result.fallback_violations(allowed):
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(terminal_safe(line) + "\n")
     return code

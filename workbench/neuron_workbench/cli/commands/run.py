@@ -224,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if code == 3:  # which ops, where: the exit code alone does not say
         for line in result.fallback_violations(allowed_fallbacks(values)):
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(terminal_safe(line) + "\n")
     if code == 4:
-        sys.stderr.write(result.graph_break_violations()[0] + "\n")
+        sys.stderr.write(terminal_safe(result.graph_break_violations()[0]) + "\n")
     options: dict[str, Any] = {
         **{name: value for name, value in values.items() if name != "cluster"},
         **({"on": values["cluster"]} if values.get("cluster") else {}),
