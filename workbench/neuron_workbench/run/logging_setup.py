@@ -225,3 +225,37 @@ def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> Non
             for capture, stream_before in zip(captures, streams, strict=True):
                 if stream is capture and capture is not stream_before:
                     handler.setStream(stream_before)  # type: ignore[attr-defined]
+
+
+def own_streams_follow_runs() -> None:
+    """In a target process: torch's own log handlers write to ``sys.stderr`` as it is then.
+
+    Torch made them at import on the process's stderr, which a worker shares with its kernel: a
+    run's log line (Dynamo's graph-break warning) showed in the notebook once from each run. Now a
+    run's lines are its captured output, shown as the kept run's prints are.
+    """
+    loggers = [
+        logger
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and _own(name) and name.startswith("torch")
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler) is logging.StreamHandler and handler.stream in (
+                sys.stderr,
+                sys.__stderr__,
+            ):
+                handler.stream = _CurrentStream("stderr")
+
+
+class _CurrentStream:
+    """``sys.stdout`` or ``sys.stderr`` as it is at each write (a run's capture, during a run)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self._name).flush()

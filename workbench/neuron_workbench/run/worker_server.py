@@ -91,6 +91,9 @@ def serve(fd: int, folder: str) -> NoReturn:
     from neuron_workbench.backends import get_backend
 
     backend = get_backend(init["target"])
+    from neuron_workbench.run.logging_setup import own_streams_follow_runs
+
+    own_streams_follow_runs()  # a run's torch log lines are its output, not the kernel's stderr
     hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
     send(conn, dumps(hello), {"id": init["id"]})
     while True:
