@@ -170,22 +170,6 @@ def _standard_stream(stream: Any) -> str | None:
     return None
 
 
-class _RunStream(logging.StreamHandler):  # type: ignore[type-arg]
-    """A kernel handler of ``sys.stdout``/``sys.stderr``: writes to the run's, whatever it is now."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self._name = name
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return getattr(sys, self._name)
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass  # StreamHandler.__init__ sets it; the stream is always the run's
-
-
 class _Nowhere:
     """The stream of a kernel handler writing elsewhere (a file): its records go nowhere here.
 
@@ -202,9 +186,8 @@ class _Nowhere:
 
 def _mirrored(state: dict[str, Any]) -> logging.Handler:
     stream = state["stream"]
-    handler: logging.Handler = (
-        _RunStream(stream) if stream is not None else logging.StreamHandler(_Nowhere())
-    )
+    # a kernel handler of sys.stdout/sys.stderr writes to the run's, whatever it is at the time
+    handler = logging.StreamHandler(_CurrentStream(stream) if stream is not None else _Nowhere())
     handler.setLevel(state["level"])
     if state["format"] is not None or state["datefmt"] is not None:
         handler.setFormatter(logging.Formatter(state["format"], state["datefmt"], state["style"]))
