@@ -36,13 +36,11 @@ _RANDOM_CALL = re.compile(
     r"randint|randperm|rand_like|randn_like|randint_like|bernoulli|normal|multinomial|poisson))\("
 )
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
-#: A frame of the traceback a graph-break record quotes.
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_WORKBENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _in_the_workbench(path: str) -> bool:
-    return os.path.abspath(path).startswith(_PACKAGE)
+    return os.path.abspath(path).startswith(_WORKBENCH_DIR + os.sep)
 
 
 _SIZE = re.compile(
@@ -166,9 +164,10 @@ class _GraphBreaks(logging.Handler):
         if _in_the_workbench(file):
             # a break inside the run's own wrappers (the scalar record of `loss.item()`) is the
             # user's call that reached them: the innermost frame of the traceback outside them
-            for frame in reversed(_FRAME.findall(text.partition("User code traceback:")[2])):
-                if not _in_the_workbench(frame[0]):
-                    file, line = frame[0], int(frame[1])
+            frames = list(_STACK_FRAME.finditer(text.partition("User code traceback:")[2]))
+            for frame in reversed(frames):
+                if not _in_the_workbench(frame["file"]):
+                    file, line = frame["file"], int(frame["line"])
                     break
         entry = {"reason": reason, "file": file, "line": line}
         if entry not in self.found:
@@ -264,7 +263,6 @@ _STACK_FRAME = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>[^\n]*)'
 )
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+)_at_\d+$")
-_WORKBENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _own_frame(file: str) -> bool:
