@@ -2232,3 +2232,21 @@ def test_a_cell_after_one_that_left_device_garbage_starts_on_an_empty_device(ip)
     assert _report(ip).verdict == "PASS", _report(ip).summary()
     report = _passed(ip, "s = (x * 3.0).sum()")
     assert report.summary().endswith("; nothing ran on neuron"), report.summary()
+
+
+def test_a_batch_dict_rebound_by_the_next_cell_is_freed(ip):
+    # every dict, list or device a cell bound on its device stayed alive for the session (the
+    # registry of what is on the device held them strongly): a training notebook that binds
+    # `batch = {...}` in each cell kept every batch it ever made
+    run_cell(ip, "import torch, weakref")
+    run_cell(ip, "%%neuron -o r\nbatch = {'x': torch.randn(64, 64, device='cuda')}")
+    run_cell(ip, "first = weakref.ref(batch['x'])")
+    for _ in range(2):  # the report of a cell holds its runs' bindings until the next one
+        run_cell(ip, "%%neuron -o r\nbatch = {'x': torch.randn(64, 64, device='cuda')}")
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+    gc.collect()
+    assert ip.user_ns["first"]() is None
+    # the batch the notebook holds is still on the device for the next cell
+    run_cell(ip, "%%neuron -o r\ny = batch['x'] * 2")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert on_accelerator(_report(ip).target.outputs["y"])

@@ -5,12 +5,14 @@ import collections
 import copy
 import functools
 import types
+import weakref
 
 import pytest
 import torch
 
 from neuron_workbench.run import namespace as namespace_module
 from neuron_workbench.run.namespace import (
+    ResidentObjects,
     isolate,
     move_to_device,
     version_signature,
@@ -674,3 +676,35 @@ def test_the_devices_standing_for_the_cells_cuda_are_found_side_by_side():
     }
     found = list(devices_on_the_device(kept, other))
     assert len(found) == 2 and all(device is stand_in for device in found)
+
+
+def test_resident_containers_and_devices_the_notebook_let_go_are_forgotten():
+    # dicts, lists and devices cannot be weakly referenced: the registry held every one a cell
+    # ever bound on its device, and their tensors with them, for the whole session
+    resident = ResidentObjects()
+    batch, kept, device = {"x": torch.randn(4)}, [torch.randn(2)], torch.device("cpu")
+    config = {"device": torch.device("cpu")}
+    for value in (batch, kept, device, config, config["device"]):
+        resident.add(value)
+    del value
+    freed = weakref.ref(batch["x"])
+    del batch, device
+    resident.prune()
+    assert freed() is None
+    assert kept in resident and config in resident
+    assert resident.devices() == [config["device"]]  # held by a container the notebook still has
+    config.clear()
+    resident.prune()
+    assert resident.devices() == []
+
+
+def test_a_resident_container_held_only_by_another_resident_one_goes_with_it():
+    resident = ResidentObjects()
+    inner = [torch.randn(2)]
+    outer = {"inner": inner}
+    resident.add(inner)
+    resident.add(outer)
+    freed = weakref.ref(inner[0])
+    del inner, outer
+    resident.prune()
+    assert freed() is None

@@ -11,8 +11,10 @@ import dataclasses
 import enum
 import functools
 import random
+import sys
 import tempfile
 import types
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -573,8 +575,6 @@ def restore_optimizer_extras(optimizer: torch.optim.Optimizer, extras: dict[str,
 
 def _watched_by_lr_scheduler(optimizer: torch.optim.Optimizer) -> None:
     """Wrap ``optimizer.step`` as an LR scheduler does at its creation (it notes each call)."""
-    import weakref
-
     step = type(optimizer).step
     optimizer_ref = weakref.ref(optimizer)
 
@@ -1390,6 +1390,34 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
         _sign(item, depth + 1, seen, out)
 
 
+class _Held:
+    """A strong entry of :class:`ResidentObjects`, for what cannot be weakly referenced."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def _references(held: _Held) -> int:
+    return sys.getrefcount(held.value)
+
+
+#: What :func:`_references` counts for a value that only its entry holds (measured, not assumed:
+#: interpreters count the call's own references differently).
+_SOLE_REFERENCES = _references(_Held(object()))
+
+
+def _still_held(ref: Callable[[], Any]) -> bool:
+    """Whether an entry's object is alive and, for a strong entry, held by more than the entry."""
+    if type(ref) is _Held:
+        return _references(ref) > _SOLE_REFERENCES
+    return ref() is not None
+
+
 class ResidentObjects:
     """Objects a ``%%neuron`` run left in the namespace that the cell had put on its (CUDA) device.
 
@@ -1404,14 +1432,9 @@ class ResidentObjects:
     def add(self, value: Any) -> None:
         """Remember ``value`` as device-resident."""
         try:
-            import weakref
-
             ref: Callable[[], Any] = weakref.ref(value)
-        except TypeError:  # containers cannot be weakly referenced; hold them strongly
-
-            def ref(value: Any = value) -> Any:
-                return value
-
+        except TypeError:  # containers and devices cannot be weakly referenced: held until pruned
+            ref = _Held(value)
         self._entries[id(value)] = ref
 
     def discard(self, value: Any) -> None:
@@ -1433,5 +1456,14 @@ class ResidentObjects:
         return [value for value in found if type(value) is torch.device]
 
     def prune(self) -> None:
-        """Drop entries whose object is gone."""
-        self._entries = {k: r for k, r in self._entries.items() if r() is not None}
+        """Drop entries whose object is gone, or that nothing but this registry holds any more.
+
+        A strongly held entry (a dict, list or device the cell bound) that the notebook rebound
+        can never be looked up again; holding it kept its tensors alive for the whole session.
+        """
+        while True:  # a held container may be all that held another one: until none goes
+            entries = self._entries  # (rebinding it frees the entries dropped last time round)
+            kept = {key: ref for key, ref in entries.items() if _still_held(ref)}
+            if len(kept) == len(entries):
+                return
+            self._entries = kept
