@@ -190,3 +190,25 @@ def test_a_modules_and_an_optimizers_hooks_read_notebook_globals_as_the_cell_doe
     )
     names = referenced_names(compile_cell("y = model(torch.ones(2))\nopt.step()"), namespace)
     assert {"model", "opt", "log", "seen"} <= names
+
+
+def test_hooks_deep_in_a_model_are_found_past_empty_and_shared_submodules():
+    import torch
+
+    namespace = {"__name__": "__main__", "torch": torch}
+    exec(
+        "grads, calls, outs = [], [], []\n"
+        "def on_grad(g):\n    grads.append(g)\n"
+        "def before(mod, inp):\n    calls.append(1)\n"
+        "def after(mod, inp, out):\n    outs.append(1)\n"
+        "shared = torch.nn.Linear(2, 2)\n"
+        "empty = torch.nn.Sequential()  # no submodules: len() 0, false\n"
+        "empty.register_forward_hook(after)\n"
+        "deep = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2)))\n"
+        "model = torch.nn.Sequential(empty, deep, shared, shared)\n"
+        "deep[0][0].weight.register_hook(on_grad)\n"
+        "shared.register_forward_pre_hook(before)\n",
+        namespace,
+    )
+    names = referenced_names(compile_cell("model(torch.ones(2)).sum().backward()"), namespace)
+    assert {"grads", "calls", "outs"} <= names

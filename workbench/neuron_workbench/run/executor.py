@@ -228,12 +228,14 @@ class RunSpec:
         the cell (every run restores it, and none is committed before all of them ended).
         """
         if self._inputs is None:
-            read = frozenset(referenced_names(self.program, self.namespace))
             if self.given_inputs is not None:
-                shared = read | self.given_inputs
+                # what the kernel found and sent: its walk of the cell's reads is not done again
+                # (on a model of thousands of modules, the walk for hooks alone takes milliseconds)
+                self._inputs = self.given_inputs, self.given_inputs
             else:
+                read = frozenset(referenced_names(self.program, self.namespace))
                 shared = frozenset(with_names_sharing_state(read, self.namespace, self.hidden))
-            self._inputs = read, shared
+                self._inputs = read, shared
         return self._inputs
 
     def keeps_writes_apart(self, run_id: str | None) -> bool:
