@@ -55,6 +55,32 @@ def test_error_summary_names_backend_error_and_line():
     assert report.verdict == "ERROR" and not report
 
 
+def test_error_summary_of_a_script_names_the_scripts_line():
+    # `neuron-workbench run sub/fail.py`: its lines are the script's, not a notebook cell's
+    from neuron_workbench.run.script import ScriptContext
+
+    context = ScriptContext(("sub/fail.py",), "/work", "/work/sub")
+    error = RunError("ValueError", "boom", 5, "raise ValueError('boom')")
+    both = Report(
+        Run(CPU, error=error, extras={"script": context}),
+        Run(NEURON, error=error, extras={"script": context}),
+        None,
+    )
+    assert both.script == "fail.py"
+    assert both.summary() == (
+        "ERROR neuron (emulated) vs cpu — cpu raised ValueError: boom (fail.py, line 5); "
+        "neuron raised ValueError: boom (fail.py, line 5)"
+    )
+    # only the reference knows the script (a recording's dict), the target raised
+    recorded = Run(CPU, outputs={}, extras={"script": context.to_dict()})
+    one = Report(recorded, Run(NEURON, error=error), None)
+    assert one.summary().endswith("neuron raised ValueError: boom (fail.py, line 5)")
+    # a notebook cell's runs have no script record: its wording stays
+    cell = Report(Run(CPU, outputs={}), Run(NEURON, error=error), None)
+    assert cell.script is None
+    assert cell.summary().endswith("neuron raised ValueError: boom (cell line 5)")
+
+
 def test_dict_is_json_and_html_escapes_user_strings():
     probe = "<script>alert(1)</script>"
     report = dataclasses.replace(

@@ -34,6 +34,24 @@ def test_error_is_recorded_with_its_cell_line_and_namespace_restored():
     assert ns["a"] == 1 and "b" not in ns
 
 
+def test_a_run_that_raised_keeps_its_script_record(tmp_path):
+    # its report names the script's line (train.py, line 2), not a cell's, when both runs raise
+    import contextlib
+
+    from neuron_workbench.run.script import ScriptContext
+
+    @contextlib.contextmanager
+    def partial(backend):
+        yield {"ops": 0}
+
+    context = ScriptContext(("train.py", "--lr=1"), str(tmp_path), str(tmp_path))
+    program = compile_cell("x = 1\nraise ValueError('boom')")
+    spec = RunSpec(program, _ns(), instruments={"script": context, "partial": partial})
+    run = execute(spec, get_backend("cpu"))
+    assert run.error.lineno == 2
+    assert run.extras == {"script": context}  # not the other instruments' partial records
+
+
 def test_each_run_starts_from_the_same_seed():
     program = compile_cell("sample = torch.rand(4)")
     first = execute(RunSpec(program, _ns(), seed=7), get_backend("cpu"))

@@ -420,7 +420,9 @@ def test_html_of_a_report_judged_by_its_scalars_does_not_say_nothing_was_checked
     )
     done = cli("run", "logged.py", "--html", "l.html", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("logged.py: PASS neuron (emulated) vs cpu (as cuda) — 1 scalar")
+    assert done.stdout.startswith(
+        "6.0\nlogged.py: PASS neuron (emulated) vs cpu (as cuda) — 1 scalar"
+    )
     html = (tmp_path / "l.html").read_text()
     assert "Observed scalars (by call site and occurrence)" in html
     assert "nothing was checked" not in html

@@ -14,6 +14,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from test_run import validator
+
+from neuron_workbench.testing import write_notebook
 
 GPT = Path(__file__).resolve().parents[3] / "notebooks" / "gpt" / "train.py"
 
@@ -181,7 +184,9 @@ def test_a_gpt_training_script_on_neuron_has_matching_loss_curves(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("train.py: PASS neuron (emulated) vs cpu (as cuda)")
+    # the training log the script printed (the reference run's), then the report line
+    assert done.stdout.startswith("step 0: train loss ")
+    assert "\ntrain.py: PASS neuron (emulated) vs cpu (as cuda)" in done.stdout
     report = json.loads((tmp_path / "n.json").read_text())["reports"][0]
     sites = {s["site"]: s for s in report["scalars"]["sites"]}
     # estimate_loss's loss.item() (2 splits x 2 batches at iterations 0, 10, 20), the
@@ -206,7 +211,7 @@ def test_a_gpt_training_script_on_tpu_names_where_the_curves_part(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
-    line = done.stdout.splitlines()[0]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("train.py: "))
     assert line.startswith("train.py: FAIL tpu (emulated) vs cpu (as cuda)")
     assert f"; scalars part at {EVAL_SITE} #" in line and line.endswith("(TPU 1-pass bf16 matmuls)")
     report = json.loads((tmp_path / "t.json").read_text())["reports"][0]
@@ -262,7 +267,10 @@ def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
     )
     done = cli("run", "main.py", "--json", "r.json", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("main.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output")
+    # what the script printed, then its report
+    assert done.stdout.startswith(
+        "3.0\nmain.py: PASS neuron (emulated) vs cpu (as cuda) — 1 output"
+    )
     (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
     assert cli("run", "fails.py", cwd=tmp_path).returncode == 3
 
@@ -287,7 +295,9 @@ def test_a_script_named_by_a_relative_path_with_a_folder_runs_as_under_python(tm
         "run", "sub/hello.py", "--record", "recs", "--json", "r.json", cwd=tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("hello.py: PASS neuron (emulated) vs cpu (as cuda) — ")
+    assert done.stdout.startswith(
+        f"file {sub / 'hello.py'}\nhello.py: PASS neuron (emulated) vs cpu (as cuda) — "
+    )
     report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
     for side in ("ref", "target"):  # absolute, as `python sub/hello.py` gives it
         assert f"file {sub / 'hello.py'}\n" in report[side]["stdout"]
@@ -312,7 +322,8 @@ def test_several_targets_give_a_script_one_report_each(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # tpu's 1-pass bf16 matmul parts
-    lines = done.stdout.splitlines()
+    printed, *lines = done.stdout.splitlines()  # the sum the script printed, once, first
+    float(printed)
     assert lines[0].startswith("mm.py: PASS neuron (emulated) vs cpu (as cuda)")
     assert lines[1].startswith("mm.py: FAIL tpu (emulated) vs cpu (as cuda)")
     assert lines[2].startswith("2 reports: 1 PASS, 1 FAIL, 0 ERROR;")
@@ -386,7 +397,10 @@ def test_a_script_that_exits_non_zero_after_its_work_is_reported(tmp_path):
     )
     done = cli("run", "late.py", "--json", "r.json", "--junit", "r.xml", cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("late.py: ERROR neuron (emulated) vs cpu (as cuda) — cpu raised")
+    assert done.stdout.startswith(
+        "epoch 0 0.0\nepoch 1 2.0\nepoch 2 4.0\n"
+        "late.py: ERROR neuron (emulated) vs cpu (as cuda) — cpu raised"
+    )
     assert "SystemExit: 3" in done.stdout
     assert json.loads((tmp_path / "r.json").read_text())["reports"][0]["verdict"] == "ERROR"
     assert (tmp_path / "r.xml").is_file()
@@ -408,3 +422,79 @@ def test_a_script_that_compared_nothing_and_exited_0_is_uncompared_not_help(tmp_
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith("quiet.py: UNCOMPARED")
     assert (tmp_path / "r.json").is_file()
+
+
+PRINTING_SCRIPT = """\
+import sys
+import torch
+x = torch.ones(3, device="cuda")
+print("loss", float(x.sum()), "on", x.device.type)
+print("warming up on", x.device.type, file=sys.stderr)
+y = x * 2
+"""
+
+
+def test_the_scripts_own_output_is_shown_once_before_its_report(tmp_path):
+    # A training script's loss lines were never shown, only the report line: the runs' output was
+    # captured for the comparison and kept in the report files alone
+    (tmp_path / "train.py").write_text(PRINTING_SCRIPT)
+    done = cli("run", "train.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the kept (reference) run's output, once, each stream on its own, then the report
+    lines = done.stdout.splitlines()
+    assert lines[0] == "loss 3.0 on cpu"
+    assert lines[1].startswith("train.py: PASS neuron (emulated) vs cpu (as cuda) — ")
+    assert done.stdout.count("loss 3.0") == 1
+    assert done.stderr.splitlines().count("warming up on cpu") == 1
+    assert "on neuron" not in done.stdout + done.stderr
+    # the report file is as it was: each run's output in its own report, nothing more
+    document = json.loads((tmp_path / "r.json").read_text())
+    validator("run").validate(document)
+    assert set(document) == {
+        "schema_version", "kind", "workbench_version", "input", "options", "summary", "reports",
+        "cell_errors",
+    }  # fmt: skip
+    report = document["reports"][0]
+    assert report["ref"]["stdout"] == "loss 3.0 on cpu\n"
+    assert report["target"]["stdout"] == "loss 3.0 on neuron\n"
+    # --keep target keeps the target's results, and shows what it printed
+    kept = cli("run", "train.py", "--keep", "target", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert kept.stdout.splitlines()[:1] == ["loss 3.0 on neuron"]
+    assert kept.stderr.splitlines().count("warming up on neuron") == 1
+    assert "on cpu" not in kept.stdout + kept.stderr
+
+
+FAILING_SCRIPT = """\
+import torch
+print("starting training")
+x = torch.ones(3, device="cuda")
+print("loss", float(x.sum()))
+raise ValueError("boom at step 3")
+"""
+
+
+def test_a_script_that_raised_shows_its_output_and_names_its_own_line(tmp_path):
+    # The error read "(cell line 5)" of a script that has no cell, and its output was not shown
+    (tmp_path / "fail.py").write_text(FAILING_SCRIPT)
+    done = cli("run", "fail.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[:3] == [
+        "starting training",
+        "loss 3.0",
+        "fail.py: ERROR neuron (emulated) vs cpu (as cuda) — "
+        "cpu raised ValueError: boom at step 3 (fail.py, line 5); "
+        "neuron raised ValueError: boom at step 3 (fail.py, line 5)",
+    ]
+    assert done.stdout.count("starting training") == 1
+    summary = json.loads((tmp_path / "r.json").read_text())["reports"][0]["summary"]
+    assert summary.endswith("neuron raised ValueError: boom at step 3 (fail.py, line 5)")
+    # the same code as a notebook cell keeps a cell's wording (line 1 is the %%neuron line)
+    notebook = write_notebook(tmp_path / "fail.ipynb", "%%neuron\n" + FAILING_SCRIPT)
+    cell = cli("run", str(notebook), cwd=tmp_path)
+    assert cell.returncode == 1, cell.stdout + cell.stderr
+    assert cell.stdout.splitlines()[0] == (
+        "cell 1: ERROR neuron (emulated) vs cpu (as cuda) — "
+        "cpu raised ValueError: boom at step 3 (cell line 6); "
+        "neuron raised ValueError: boom at step 3 (cell line 6)"
+    )

@@ -54,6 +54,10 @@ class InputResult:
     script_exit: tuple[int, str] | None = None
     #: Code cells starting with ``%%neuron`` (a notebook's; a report or an error each).
     neuron_cells: int = 0
+    #: What a script printed, ``(stdout, stderr)`` of the kept run (the reference's unless ``keep``
+    #: is ``target``): ``run`` shows it before the script's reports, as ``python SCRIPT`` would.
+    #: Not part of the report files (each run's own output is in its report).
+    printed: tuple[str, str] = ("", "")
 
     def verdict_counts(self) -> dict[str, int]:
         """Number of reports per verdict."""
@@ -492,7 +496,10 @@ def run_script(
         data["label"] = Path(path).name
         data["cell_index"] = 1
         reports.append(data)
-    return InputResult(str(path), reports=reports, kind="script", cells=1)
+    # the kept run's output, once, as the magic shows a cell's (with --against that is the target's)
+    kept = result.captured.get(result.report.options.get("keep", options.compare.keep))
+    printed = (kept.stdout, kept.stderr) if kept is not None else ("", "")
+    return InputResult(str(path), reports=reports, kind="script", cells=1, printed=printed)
 
 
 def script_exit(run: Any, exited_ok: bool = False) -> tuple[int, str] | None:

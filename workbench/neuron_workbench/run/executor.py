@@ -463,8 +463,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         if facts is not None:  # what the run did before the error (autocast entered, draws)
             run.facts = facts
             facts.rule_ops = dict(recording.rule_ops)
-        if "compile" in observed:  # what compiled before the error (a failed compile among it)
-            run.extras = {"compile": recorded(observed["compile"])}
+        # Records that stay true of a run that raised: what compiled before the error (a failed
+        # compile among it), and a script's command line (its report names the script's lines).
+        run.extras = {
+            name: recorded(observed[name]) for name in ("compile", "script") if name in observed
+        }
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)

@@ -13,9 +13,31 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
-__all__ = ["ScriptContext", "arguments_warning"]
+__all__ = ["ScriptContext", "arguments_warning", "script_name"]
+
+
+def script_name(record: Any) -> str | None:
+    """The file name of the script a run ran (``train.py``), or None for a notebook cell's run.
+
+    Parameters
+    ----------
+    record : ScriptContext, dict or None
+        A run's ``script`` record (``Run.extras["script"]``): a :class:`ScriptContext`, or the dict
+        a recording keeps (:meth:`ScriptContext.to_dict`); None for a run that had none.
+
+    Returns
+    -------
+    str or None
+        The last part of ``argv[0]``, as the report labels the script (``run sub/train.py``
+        reports as ``train.py``).
+    """
+    argv = record.get("argv") if isinstance(record, dict) else getattr(record, "argv", None)
+    if not isinstance(argv, list | tuple) or not argv or not str(argv[0]):
+        return None
+    return PurePath(str(argv[0])).name
 
 
 def arguments_warning(recorded: Any, current: Any) -> str | None:

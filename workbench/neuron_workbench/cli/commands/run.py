@@ -1,10 +1,11 @@
 """``neuron-workbench run NOTEBOOK|SCRIPT``: run every ``%%neuron`` comparison headless, for CI.
 
 A notebook executes in a real Jupyter kernel with the extension loaded; a ``.py`` script written for
-CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies). Exit codes: 0 all passed,
-1 a comparison failed, compared nothing (verdict ``UNCOMPARED``) or a cell raised, 3 ``--strict`` and
-ops fell back to CPU, 4 ``--strict-graph-breaks`` and torch.compile broke a graph on a target, 2 usage
-or input errors (one line on stderr). Every cell option of the option table
+CUDA runs as one ``%%neuron`` cell in this process (the CUDA remap applies), and what it printed
+(the kept run's output, as the magic shows a cell's) is shown before its report line. Exit codes:
+0 all passed, 1 a comparison failed, compared nothing (verdict ``UNCOMPARED``) or a cell raised,
+3 ``--strict`` and ops fell back to CPU, 4 ``--strict-graph-breaks`` and torch.compile broke a graph
+on a target, 2 usage or input errors (one line on stderr). Every cell option of the option table
 (:mod:`neuron_workbench.cell.options`) is a flag here, as in ``%%neuron``.
 """
 
@@ -107,6 +108,23 @@ def verdict_summary(counts: dict[str, int]) -> str:
     return ", ".join(f"{counts.get(v, 0)} {v}" for v in shown)
 
 
+def show_printed(stdout: str, stderr: str) -> None:
+    """Show what a script printed, each stream on its own, before the lines the command adds.
+
+    The script's text is shown as it was printed (its progress bars and colours too); a last line
+    without its newline gets one, so the report line that follows starts a line of its own.
+
+    Parameters
+    ----------
+    stdout, stderr : str
+        The kept run's captured standard output and standard error.
+    """
+    for stream, text in ((sys.stdout, stdout), (sys.stderr, stderr)):
+        if text:
+            stream.write(text if text.endswith("\n") else text + "\n")
+            stream.flush()  # in order with the other stream where both are one terminal
+
+
 def _notebook_supports_record_dir() -> bool:
     from neuron_workbench.magics.neuron import NeuronMagics
 
@@ -196,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
             code, text = result.script_exit
             (sys.stdout if code == 0 else sys.stderr).write(text)
             return code
+        show_printed(*result.printed)
     for report in result.reports:
         sys.stdout.write(terminal_safe(f"{report['label']}: {report['summary']}") + "\n")
         for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
