@@ -4,6 +4,7 @@ Nothing is unpickled or executed, nothing is written anywhere, and sizes are che
 is read.
 """
 
+import copy
 import json
 import os
 import pickle
@@ -11,6 +12,7 @@ import struct
 import subprocess
 import sys
 import zipfile
+from importlib import resources
 
 import pytest
 import torch
@@ -237,6 +239,108 @@ def test_manifest_validation(sandbox, small_artifact, mutate, fragment, capsys):
     mutate(manifest)
     path = rewrite(small_artifact, sandbox / "m.zip", manifest=manifest)
     expect(path, fragment, capsys)
+
+
+def _schema_defs():
+    text = resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
+    return json.loads(text)["$defs"]
+
+
+def _typed_fields(node, defs, path=()):
+    """(path, JSON types, minimum) of every field under ``node`` that the schema gives a type."""
+    if "$ref" in node:
+        node = defs[node["$ref"].rsplit("/", 1)[1]]
+    types = node.get("type")
+    if types and path:
+        yield path, {types} if isinstance(types, str) else set(types), node.get("minimum")
+    for key, child in node.get("properties", {}).items():
+        yield from _typed_fields(child, defs, (*path, key))
+    if "items" in node:
+        yield from _typed_fields(node["items"], defs, (*path, 0))
+
+
+#: Where each run field of the report comes from in the manifest's run; None for those the report
+#: makes itself (label, ok, time_kind) and for facts, which the loader restores field by field
+#: (a value of the wrong shape is dropped: the report writes the run's own, always an object).
+_RUN_SOURCES = {"label": None, "ok": None, "time_kind": None, "facts": None}
+_RUN_SOURCES |= {"compile": ("extras", "compile"), "profile": ("extras", "profile")}
+#: A valid value to put where the artifact has none, so that only the field under test is wrong.
+_SEEDS = {("error",): {"type": "RuntimeError", "message": "m"}}
+_CANDIDATES = ["text", 7, 0.5, [1], {"k": 1}, True, None]
+
+
+def _json_types(value):
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int):
+        return {"integer", "number"}
+    names = {float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+    return {names[type(value)]}
+
+
+def _run_field_cases():
+    """Every typed field of a report's run, with each value of a wrong type or below its minimum."""
+    defs = _schema_defs()
+    for path, types, minimum in _typed_fields(defs["run"], defs):
+        source = _RUN_SOURCES.get(path[0], (path[0],))
+        if source is None:
+            continue
+        location = (*source, *path[1:])
+        for value in _CANDIDATES:
+            if not _json_types(value) & types:
+                yield location, value
+        if minimum is not None:
+            yield location, minimum - 1
+
+
+def _put(run, location, value):
+    """Set ``run`` at ``location``, making (or seeding) the containers on the way."""
+    parent = run
+    for depth, key in enumerate(location):
+        if isinstance(parent, list) and key == len(parent):
+            parent.append(None)
+        if depth == len(location) - 1:
+            parent[key] = value
+            return
+        current = parent[key] if isinstance(parent, list) or key in parent else None
+        if not isinstance(current, dict | list):
+            seed = _SEEDS.get(location[: depth + 1])
+            empty = [] if location[depth + 1] == 0 else {}
+            current = parent[key] = copy.deepcopy(seed) if seed else empty
+        parent = current
+
+
+def test_every_run_field_the_report_schema_types_is_checked_on_load(sandbox, small_artifact):
+    # A fallback's site edited to a number loaded, and `compare --json` wrote a report that failed
+    # report.schema.json: each field the report carries from a run is checked when it is loaded.
+    cases = list(_run_field_cases())
+    assert ("fallbacks", 0, "site") in {location for location, _ in cases}
+    assert ("extras", "compile", "graphs", 0, "line") in {location for location, _ in cases}
+    manifest = manifest_of(small_artifact)
+    assert manifest["runs"]["target"]["fallbacks"][0]["site"]  # a real event with a real site
+    accepted = []
+    for location, value in cases:
+        edited = json.loads(json.dumps(manifest))
+        _put(edited["runs"]["target"], location, value)
+        path = rewrite(small_artifact, sandbox / "field.zip", manifest=edited)
+        try:
+            load(path)
+        except ArtifactError as exc:
+            assert "\n" not in str(exc) and "runs.target." in str(exc), str(exc)
+        else:
+            accepted.append((location, value))
+    assert accepted == []
+
+
+@pytest.mark.parametrize("site", [5, ["x.py", 3], "x.py:3"])
+def test_a_fallback_site_of_the_wrong_type_is_a_damaged_artifact(
+    sandbox, small_artifact, site, capsys
+):
+    manifest = manifest_of(small_artifact)
+    manifest["runs"]["target"]["fallbacks"][0]["site"] = site
+    path = rewrite(small_artifact, sandbox / "site.zip", manifest=manifest)
+    kind = {int: "a number", list: "a list", str: "a string"}[type(site)]
+    expect(path, f"runs.target.fallbacks[0].site must be an object or null, not {kind}", capsys)
 
 
 def test_missing_and_orphan_entries(sandbox, small_artifact, capsys):

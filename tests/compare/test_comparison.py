@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -49,6 +50,38 @@ def test_shape_dtype_missing_and_nan_statuses():
 def test_integers_compare_exactly():
     assert one(torch.tensor([2**31]), torch.tensor([2**31])).status == "match"
     assert one(torch.tensor([2**31]), torch.tensor([-(2**31)])).status == "differ"
+
+
+def test_python_ints_of_any_size_compare_exactly():
+    # `n = 10**400` is a valid output: no int64 tensor holds it (torch.tensor raised "Overflow when
+    # unpacking long long", an error status), so such ints compare as Python ints, exactly
+    big = 10**400
+    assert one(big, big).status == "match" and one(2**64, 2**64).status == "match"
+    assert one(-big, -big).status == "match"
+    d = one(big, big + 1)
+    assert (d.status, d.kind, d.ref_dtype, d.mismatched, d.max_abs) == (
+        "differ", "number", "int", 1, 1.0
+    )  # fmt: skip
+    assert d.headline() == "v max|Δ| 1.0e+00 > 0.0e+00"
+    # a difference too large for a float reads inf in the report's numbers, exact in its line
+    d = one(big, 3)
+    assert d.status == "differ" and d.headline() == "v max|Δ| 1.0e+400 > 0.0e+00"
+    data = d.to_dict()
+    assert (data["max_abs"], data["worst_ref"], data["worst_target"]) == ("inf", "inf", 3.0)
+    assert one(-big, big).to_dict()["worst_ref"] == "-inf"
+    json.dumps([one(a, b).to_dict() for a, b in [(big, 3), (big, big + 1)]], allow_nan=False)
+    assert one(5, 2**63).status == "differ" and one(2**63 - 1, 2**63 - 1).ref_dtype == "int64"
+    # --tol applies as it does to ints that fit in int64, with atol + rtol * |ref| exact
+    loose = {"rtol": 1e-9, "atol": 0.0}
+    assert one(big, big + 10**390, **loose).status == "match"
+    d = one(big, big + 10**392, **loose)
+    assert d.status == "differ" and d.headline() == "v max|Δ| 1.0e+392 > 1.0e+391"
+    # against anything but an int it is a dtype difference, as an int64 against a float is
+    d = one(big, 1e300)
+    assert (d.status, d.detail) == ("dtype", "int beyond int64 vs float")
+    assert one(True, big).status == "dtype"
+    assert one(big, "1" + "0" * 400).status == "dtype"
+    assert one(10**5000, 10**5000).status == "match"  # past str(int)'s 4300-digit limit too
 
 
 def test_structures_give_readable_paths():

@@ -1,5 +1,7 @@
 """%%neuron end to end in a real IPython shell, against the emulated neuron device."""
 
+import json
+
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -90,6 +92,26 @@ same = torch.arange(4)
     )
     # a failed comparison still commits the reference run
     assert ip.user_ns["on_accelerator"] is False
+
+
+def test_python_ints_of_any_size_compare_exactly(ip):
+    # `n = 10**400` read "ValueError: Overflow when unpacking long long" (an int64 tensor cannot
+    # hold it), an error that failed the cell; a recorded artifact compares the same way
+    run_cell(
+        ip,
+        """%%neuron --ref cpu --target neuron -o r
+import torch
+same = 10**400
+drifts = 10**400 + (1 if torch.zeros(1, device="cuda").device.type != "cpu" else 0)
+""",
+    )
+    report = report_of(ip)
+    assert report.summary() == (
+        "FAIL neuron (emulated) vs cpu (as cuda) — 2 outputs, 1 match, 1 differs: "
+        "drifts max|Δ| 1.0e+00 > 0.0e+00"
+    )
+    assert json.dumps(report.to_dict(), allow_nan=False)
+    assert ip.user_ns["same"] == 10**400 and ip.user_ns["drifts"] == 10**400
 
 
 def test_raise_on_target_only_reports_it_and_leaves_namespace_unchanged(ip):

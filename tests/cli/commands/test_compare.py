@@ -2,7 +2,10 @@
 
 import json
 import xml.etree.ElementTree as ET
+import zipfile
+from importlib import resources
 
+import jsonschema
 import pytest
 
 from neuron_workbench.artifacts import load
@@ -18,6 +21,28 @@ loss.backward()
 """
 SORTS = SCRIPT + "values, order = torch.sort(x[:, 0])\n"
 DRIFTS = SCRIPT + "flag = loss.detach().cpu() + (1.0 if x.device.type != 'cpu' else 0.0)\n"
+INTS = "n = 3\n"
+
+
+def edited(artifact, out, edit):
+    """A copy of ``artifact`` with ``edit`` applied to its manifest, as by hand: unzip, edit, zip."""
+    with zipfile.ZipFile(artifact) as source:
+        entries = [(info, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(out, "w") as target:
+        for info, data in entries:
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                edit(manifest)
+                data = json.dumps(manifest, indent=1).encode()
+            target.writestr(info, data)
+    return out
+
+
+def report_errors(path):
+    """What report.schema.json finds wrong in the report ``compare --json`` wrote to ``path``."""
+    text = resources.files("neuron_workbench.report").joinpath("report.schema.json").read_text()
+    validator = jsonschema.Draft202012Validator(json.loads(text))
+    return [error.message for error in validator.iter_errors(json.loads(path.read_text()))]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +52,8 @@ def recorded(tmp_path_factory):
     made = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        for name, source in {"plain": SCRIPT, "sorts": SORTS, "drifts": DRIFTS}.items():
+        scripts = {"plain": SCRIPT, "sorts": SORTS, "drifts": DRIFTS, "ints": INTS}
+        for name, source in scripts.items():
             (folder / f"{name}.py").write_text(source)
             for backend in ("cpu", "neuron"):
                 out = folder / f"{name}-{backend}.nwrun.zip"
@@ -135,3 +161,92 @@ def test_role_choice_and_bad_input(recorded, tmp_path, capsys):
     )
     assert main(["compare", str(odd), str(a)]) == 2
     assert "holds runs x, y and none is 'ref'" in capsys.readouterr().err
+
+
+def _set_output(value):
+    def edit(manifest):
+        (run,) = manifest["runs"].values()
+        (leaf,) = [leaf for leaf in run["outputs"] if leaf["path"] == "n"]
+        leaf["value"] = value
+
+    return edit
+
+
+def test_python_ints_too_large_for_a_float_compare_exactly(recorded, tmp_path, capsys):
+    # An int output edited to 10**400 (a JSON literal of 401 digits) read "n ValueError: Overflow
+    # when unpacking long long": Python ints of any size are outputs a cell can have (a live
+    # %%neuron cell compares them the same way), compared exactly
+    a, b = recorded["ints", "cpu"], recorded["ints", "neuron"]
+    big_a = edited(a, tmp_path / "big-a.nwrun.zip", _set_output(10**400))
+    big_b = edited(b, tmp_path / "big-b.nwrun.zip", _set_output(10**400))
+    next_b = edited(b, tmp_path / "next-b.nwrun.zip", _set_output(10**400 + 1))
+    with zipfile.ZipFile(big_a) as archive:
+        assert '"value": 1' + "0" * 400 + "\n" in archive.read("manifest.json").decode()
+    report = tmp_path / "r.json"
+
+    assert main(["compare", str(big_a), str(big_b), "--json", str(report)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "PASS neuron (emulated) vs cpu (as cuda) — 1 output, 1 match\n"
+    assert out.err == "" and report_errors(report) == []
+
+    assert main(["compare", str(big_a), str(next_b), "--json", str(report)]) == 1
+    assert capsys.readouterr().out.endswith("1 differs: n max|Δ| 1.0e+00 > 0.0e+00\n")
+    (n,) = json.loads(report.read_text())["outputs"]
+    assert (n["status"], n["max_abs"], n["worst_ref"], n["worst_target"]) == (
+        "differ", 1.0, "inf", "inf"
+    )  # fmt: skip
+    assert report_errors(report) == []
+
+    # against the recorded 3: a difference too large for a float, inf in the report's numbers
+    html = tmp_path / "r.html"
+    assert main(["compare", str(big_a), str(b), "--json", str(report), "--html", str(html)]) == 1
+    out = capsys.readouterr()
+    assert out.out.endswith("1 differs: n max|Δ| 1.0e+400 > 0.0e+00\n") and out.err == ""
+    (n,) = json.loads(report.read_text())["outputs"]
+    assert (n["status"], n["max_abs"], n["worst_target"]) == ("differ", "inf", 3.0)
+    assert report_errors(report) == [] and "Overflow" not in report.read_text()
+
+
+@pytest.mark.parametrize(
+    ("site", "kind"), [(5, "a number"), (["sorts.py", 6], "a list"), ("sorts.py:6", "a string")]
+)
+def test_a_fallback_site_of_the_wrong_type_is_a_damaged_artifact(
+    recorded, tmp_path, site, kind, capsys
+):
+    # it loaded, and `compare --json` wrote a report that failed report.schema.json (a site is an
+    # object or null)
+    a, b = recorded["sorts", "cpu"], recorded["sorts", "neuron"]
+    report = tmp_path / "r.json"
+    assert main(["compare", str(a), str(b), "--json", str(report)]) == 0
+    assert report_errors(report) == []
+    capsys.readouterr()
+    report.unlink()
+
+    def edit(manifest):
+        manifest["runs"]["ref"]["fallbacks"][0]["site"] = site
+
+    bad = edited(b, tmp_path / "site.nwrun.zip", edit)
+    assert main(["compare", str(a), str(bad), "--json", str(report)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and not report.exists()
+    assert out.err == (
+        f"neuron-workbench: error: {bad}: runs.ref.fallbacks[0].site must be an object or null, "
+        f"not {kind}\n"
+    )
+
+
+def test_a_recorded_extra_named_facts_does_not_replace_the_runs_facts(recorded, tmp_path, capsys):
+    # the report's run took every extra over its own facts: an artifact's extras hold whatever
+    # its file says, and `compare --json` wrote "facts": [1], which report.schema.json refuses
+    a, b = recorded["sorts", "cpu"], recorded["sorts", "neuron"]
+
+    def edit(manifest):
+        manifest["runs"]["ref"]["extras"]["facts"] = [1]
+
+    odd = edited(b, tmp_path / "facts.nwrun.zip", edit)
+    report = tmp_path / "r.json"
+    assert main(["compare", str(a), str(odd), "--json", str(report)]) == 0
+    capsys.readouterr()
+    assert report_errors(report) == []
+    facts = json.loads(report.read_text())["target"]["facts"]
+    assert facts == json.loads(json.dumps(load(b).runs["ref"].facts.to_dict()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -366,6 +367,109 @@ def _check_leaf(leaf: Any, where: str) -> None:
         raise _Invalid(f"{where}.container must be 'torch' or 'numpy'")
 
 
+@dataclass(frozen=True)
+class _Type:
+    """The JSON type ``report.schema.json`` gives a field of a run: all the loader accepts there.
+
+    A loaded run's fallback events and its ``compile`` and ``profile`` extras go into the report
+    as they are, so a field of another type would make ``compare --json`` write a report that
+    fails the schema (or a renderer crash on it): the loader refuses it like any other bad field.
+    The schema itself is not read here (jsonschema is a test dependency, and the report sits above
+    the artifacts); ``tests/artifacts`` checks every field it types against these tables.
+    """
+
+    kinds: tuple[type, ...]
+    what: str
+    minimum: int | None = None
+    items: _Type | None = None  # each item of a list
+    fields: Mapping[str, _Type] = field(default_factory=dict)  # known fields of an object
+
+
+def _check_type(value: Any, spec: _Type, where: str) -> None:
+    """Refuse ``value`` unless it has ``spec``'s type, and so do its items and known fields."""
+    _expect(value, spec.kinds, where, spec.what)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        _finite_number(value, where)
+        if spec.minimum is not None and value < spec.minimum:
+            raise _Invalid(f"{where} must be at least {spec.minimum}")
+    if isinstance(value, list) and spec.items is not None:
+        for index, item in enumerate(value):
+            _check_type(item, spec.items, f"{where}[{index}]")
+    if isinstance(value, dict):
+        for key, item_spec in spec.fields.items():
+            if key in value:
+                _check_type(value[key], item_spec, f"{where}.{key}")
+
+
+_NULL = type(None)
+_TEXT = _Type((str,), "a string")
+_INTEGER = _Type((int,), "an integer")
+_SECONDS = _Type((int, float), "a number", minimum=0)
+_OBJECTS = _Type((list,), "a list of objects", items=_Type((dict,), "an object"))
+_TEXTS = _Type((list,), "a list of strings", items=_TEXT)
+
+#: ``$defs/fallback`` of report.schema.json (``op`` and ``count`` are checked on their own).
+_FALLBACK_FIELDS: dict[str, _Type] = {
+    "overload": _TEXT,
+    "phase": _TEXT,
+    "site": _Type(
+        (dict, _NULL),
+        "an object or null",
+        fields={"file": _TEXT, "line": _INTEGER, "function": _TEXT},
+    ),
+    "module": _TEXT,
+    "module_type": _TEXT,
+    "autograd_node": _TEXT,
+    "cpu_time_s": _Type((int, float, _NULL), "a number or null"),
+    # The schema says arrays; every reader takes them as the emulator writes them: each input's
+    # shape (a list) and dtype name.
+    "shapes": _Type((list,), "a list of shapes", items=_Type((list,), "a list")),
+    "dtypes": _TEXTS,
+}
+
+#: The extras a report shows as fields of its run (``$defs/run`` of report.schema.json).
+_EXTRA_FIELDS: dict[str, _Type] = {
+    "compile": _Type(
+        (dict,),
+        "an object",
+        fields={
+            "graphs": _Type(
+                (list,),
+                "a list of objects",
+                items=_Type(
+                    (dict,),
+                    "an object",
+                    fields={
+                        "function": _TEXT,
+                        "line": _INTEGER,
+                        "compile_s": _SECONDS,
+                        "calls": _Type((int, _NULL), "an integer or null", minimum=0),
+                        "run_s": _Type((int, float, _NULL), "a number or null", minimum=0),
+                    },
+                ),
+            ),
+            "run_s": _SECONDS,
+            "graph_breaks": _OBJECTS,
+            "recompiles": _OBJECTS,
+            "warnings": _TEXTS,
+            "errors": _TEXTS,
+            "compile_s": _SECONDS,
+            "summary": _TEXT,
+        },
+    ),
+    "profile": _Type(
+        (dict, _NULL),
+        "an object or null",
+        fields={
+            "steps": _Type((int,), "an integer", minimum=1),
+            "step_times_s": _Type(
+                (list,), "a list of numbers", items=_Type((int, float), "a number")
+            ),
+        },
+    ),
+}
+
+
 def _check_run(role: str, run: Any) -> None:
     where = f"runs.{role}"
     _expect(run, dict, where, "an object")
@@ -380,6 +484,9 @@ def _check_run(role: str, run: Any) -> None:
         _expect(count, int, f"{at}.count", "an integer")
         if not 0 <= count < 2**63:
             raise _Invalid(f"{at}.count must be a non-negative 64-bit integer")
+        for key, spec in _FALLBACK_FIELDS.items():
+            if key in event:
+                _check_type(event[key], spec, f"{at}.{key}")
     memory = _expect(run.get("memory", {}), dict, f"{where}.memory", "an object")
     for key in ("current_bytes", "peak_bytes"):
         _optional_int(memory.get(key), f"{where}.memory.{key}")
@@ -392,7 +499,10 @@ def _check_run(role: str, run: Any) -> None:
         _expect(name, str, f"{where}.shared_names[{index}]", "a string")
     for key in ("stdout", "stderr"):
         _expect(run.get(key, ""), str, f"{where}.{key}", "a string")
-    _expect(run.get("extras", {}), dict, f"{where}.extras", "an object")
+    extras = _expect(run.get("extras", {}), dict, f"{where}.extras", "an object")
+    for key, spec in _EXTRA_FIELDS.items():
+        if key in extras:
+            _check_type(extras[key], spec, f"{where}.extras.{key}")
     _expect(run.get("steps", []), list, f"{where}.steps", "a list")
     for key in ("extras_skipped", "skipped_outputs"):
         items = _expect(run.get(key, []), list, f"{where}.{key}", "a list")
@@ -433,7 +543,8 @@ def validate_manifest(manifest: Any, name: str) -> None:
     (object or null). Each run: ``backend``, ``error``, ``fallbacks``, ``memory``, ``wall_time_s``,
     ``shared_names``, ``stdout``, ``stderr``, ``extras``, ``tensor_file`` and ``outputs`` (a list of
     leaves: ``path``, ``kind`` and either ``value`` or, for tensors, ``key``, ``dtype``, ``shape``,
-    ``nbytes``, ``container``).
+    ``nbytes``, ``container``). Every field of a run that the report carries, fallback events and
+    the ``compile`` and ``profile`` extras included, must have the type report.schema.json gives it.
     """
     try:
         _expect(manifest, dict, "the manifest", "an object")

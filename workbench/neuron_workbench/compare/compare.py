@@ -7,6 +7,8 @@ import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -141,10 +143,15 @@ class OutputDiff:
             return f"{self.path} NaN/Inf placement differs ({count} elements)"
         if self.status == "differ" and self.max_abs is not None:
             allowed = self.allowed_at_worst if self.allowed_at_worst is not None else 0.0
+            if self.detail and not (math.isfinite(self.max_abs) and math.isfinite(allowed)):
+                return f"{self.path} {self.detail}"  # Python ints beyond a float: exact digits
             if self.worst_ref is None or self.worst_target is None:
                 return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
             worst = abs(self.worst_target - self.worst_ref)
-            if math.isclose(worst, self.max_abs, rel_tol=1e-9, abs_tol=0.0):
+            # inf - inf: two Python ints too large for a float (their exact |Δ| is max_abs)
+            if not math.isfinite(worst) or math.isclose(
+                worst, self.max_abs, rel_tol=1e-9, abs_tol=0.0
+            ):
                 return f"{self.path} max|Δ| {self.max_abs:.1e} > {allowed:.1e}"
             # The element furthest outside its tolerance is not the one with the largest |Δ|.
             at = list(self.worst_index or ())
@@ -458,6 +465,8 @@ def _compare_leaf(
     if isinstance(ref, NotCompared) or isinstance(target, NotCompared):
         return _not_compared(path, ref, target)
     try:
+        if _beyond_int64(ref) or _beyond_int64(target):
+            return _compare_python_ints(path, ref, target, tolerances)
         ref_t, target_t = _as_tensor(ref), _as_tensor(target)
         ref_t, target_t = _in_source_dtype(ref, ref_t, target, target_t)
         if ref_t is not None and target_t is not None:
@@ -482,6 +491,93 @@ def _compare_leaf(
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
         return OutputDiff(path, "error", "none", EXACT, detail=_one_line(exc))
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_python_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _beyond_int64(value: Any) -> bool:
+    """Whether ``value`` is a Python int that no int64 tensor holds (``10**400``, ``2**64``)."""
+    return _is_python_int(value) and not _INT64_MIN <= value <= _INT64_MAX
+
+
+def _as_float(value: int | Fraction) -> float:
+    """``value`` as a float, or an infinity of its sign where it is too large for one."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf  # copysign would convert value too
+
+
+def _scientific(value: int | Fraction) -> str:
+    """``value`` as ``1.0e+400``: a float's format where it fits one, else exact decimal digits."""
+    number = _as_float(value)
+    if math.isfinite(number):
+        return f"{number:.1e}"
+    exact = Decimal(value.numerator) / Decimal(value.denominator)  # never through str(int)
+    return format(exact, ".1e")
+
+
+def _compare_python_ints(path: str, ref: Any, target: Any, tolerances: _Tolerances) -> OutputDiff:
+    """Compare two Python ints exactly, at least one of them beyond int64.
+
+    Python ints have no size limit (``n = 10**400`` is a valid output), so they are compared as
+    ints, the tolerance's ``atol + rtol * |ref|`` as an exact fraction: nothing is converted to a
+    tensor or a float to decide. Only the statistics the report shows become floats, an infinity
+    where the number is too large for one. A big int against anything but an int is a ``dtype``
+    difference, as an int against a float is.
+    """
+    if not (_is_python_int(ref) and _is_python_int(target)):
+        names = [
+            "int beyond int64" if _beyond_int64(v) else type(v).__name__ for v in (ref, target)
+        ]
+        return OutputDiff(path, "dtype", "number", EXACT, detail=" vs ".join(names))
+    a, b = int(ref), int(target)
+    # An int's tolerance is int64's (exact by default), so a --tol override applies as it does
+    # to the ints that fit in int64.
+    tolerance = tolerances.of(path, torch.int64, torch.int64)
+    diff = OutputDiff(
+        path,
+        "match",
+        "number",
+        tolerance,
+        ref_dtype="int",
+        target_dtype="int",
+        ref_shape=(),
+        target_shape=(),
+        numel=1,
+    )
+    delta = abs(b - a)
+    if delta == 0:  # as for bitwise-equal tensors
+        diff.max_abs = diff.mean_abs = diff.max_rel = diff.rmse = 0.0
+        diff.cosine, diff.snr_db = 1.0, math.inf
+        diff.tight_rtol = diff.tight_atol = 0.0
+        return diff
+    rtol, atol = Fraction(tolerance.rtol), Fraction(tolerance.atol)
+    allowed = atol + rtol * abs(a)
+    diff.max_abs = diff.mean_abs = diff.rmse = _as_float(delta)
+    diff.max_rel = _as_float(Fraction(delta, abs(a))) if a else math.inf
+    diff.worst_index = ()
+    diff.worst_ref, diff.worst_target = _as_float(a), _as_float(b)
+    diff.allowed_at_worst = _as_float(allowed)
+    # The smallest atol (at this rtol) and rtol (at this atol) that pass; None where no float
+    # tolerance can say it.
+    tight_atol = _as_float(max(delta - rtol * abs(a), Fraction(0)))
+    diff.tight_atol = tight_atol if math.isfinite(tight_atol) else None
+    if delta <= atol:
+        diff.tight_rtol = 0.0
+    elif a:
+        tight_rtol = _as_float((delta - atol) / abs(a))
+        diff.tight_rtol = tight_rtol if math.isfinite(tight_rtol) else None
+    if delta > allowed:
+        diff.status, diff.mismatched = "differ", 1
+        if not (math.isfinite(diff.max_abs) and math.isfinite(diff.allowed_at_worst)):
+            diff.detail = f"max|Δ| {_scientific(delta)} > {_scientific(allowed)}"
+    return diff
 
 
 def _one_line(exc: Exception) -> str:

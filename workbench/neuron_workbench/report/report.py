@@ -417,6 +417,10 @@ def _run_dict(run: Run) -> dict[str, Any]:
     for name, value in run.extras.items():
         if name == "layers":
             continue  # per-run traces are large; the report carries their comparison instead
+        if name == "facts":
+            # the run's own facts, not an extra of that name (a loaded artifact's extras hold
+            # whatever its file says); every other field of the run is written after the extras
+            continue
         data = recorded(value)
         if hasattr(data, "to_dict"):
             extras[name] = data.to_dict()
