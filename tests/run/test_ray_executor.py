@@ -50,6 +50,9 @@ def test_where_a_run_was_last_seen():
     assert _seen(("aten::mul.Tensor", None, True)) == " after running aten::mul.Tensor"
     assert _seen(("", 4, True), last=True) == "; last seen at cell line 4"
     assert _seen(("", None, False)) == ""
+    # a script's program is compiled under its own path: its line reads as the script's
+    assert _seen(("", 4, True), last=True, filename="train.py") == "; last seen at train.py, line 4"
+    assert _seen(("", 4, True), filename="<neuron-cell-2>") == " at cell line 4"
 
 
 def test_ray_errors_become_one_line():

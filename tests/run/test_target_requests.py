@@ -130,3 +130,14 @@ def test_where_a_process_was_says_whether_its_last_op_had_ended():
     # a record from before the state byte, or a short one, reads as running
     assert read_last_op(b"aten::cos".ljust(LAST_OP_BYTES, b"\0")) == ("aten::cos", False)
     assert read_last_op(b"aten::cos\0\1") == ("aten::cos", False)
+
+
+def test_where_a_process_was_names_a_scripts_line_as_the_scripts():
+    # a script's program is compiled under its own path; a cell's under a pseudo-file
+    assert where_it_was("", False, 2, "sub/train.py") == " at train.py, line 2"
+    assert (
+        where_it_was("aten::mul.Tensor", True, 4, "/home/me/train.py")
+        == " at train.py, line 4, after running aten::mul.Tensor"
+    )
+    assert where_it_was("", False, 2, "<neuron-cell-3>") == " at cell line 2"
+    assert where_it_was("aten::cos", False, None, "train.py") == " while running aten::cos"

@@ -26,6 +26,7 @@ __all__ = [
     "SourceSite",
     "cell_file",
     "find_site_and_module",
+    "is_cell_filename",
     "is_internal",
     "library_folders",
     "mark_internal",
@@ -145,6 +146,26 @@ _CELL_FILE = re.compile(r"^cell \[(\d+)\]$")
 def cell_file(execution_count: int) -> str:
     """The ``file`` of a site inside the notebook cell that ran as ``[execution_count]``."""
     return f"cell [{int(execution_count)}]"
+
+
+def is_cell_filename(filename: Any) -> bool:
+    """Whether ``filename`` is a cell's pseudo-file (``<neuron-cell-3>``), not a script's path.
+
+    A cell is compiled under a name in angle brackets; ``neuron-workbench run SCRIPT`` compiles
+    a script under its own path (``train.py``), whose lines read as that file's, not a cell's.
+
+    Parameters
+    ----------
+    filename : str
+        The program's compiled filename (``CellProgram.filename``, a code object's
+        ``co_filename``).
+
+    Returns
+    -------
+    bool
+        True for a pseudo-file: an empty name or a real path is not a cell's.
+    """
+    return str(filename or "").startswith("<")
 
 
 def site_label(file: Any, line: Any = None) -> str:

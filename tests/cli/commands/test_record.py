@@ -27,7 +27,9 @@ def script(tmp_path, monkeypatch):
 
 def test_records_a_reference_run_with_the_cuda_remap(script, capsys):
     assert main(["record", "train.py", "--backend", "cpu", "-o", "out/ref.nwrun.zip"]) == 0
-    assert capsys.readouterr().out == "recorded cpu (as cuda) run: 9 outputs -> out/ref.nwrun.zip\n"
+    out = capsys.readouterr().out
+    assert out.startswith("loss ")  # the script's print, then the command's line
+    assert out.splitlines()[1:] == ["recorded cpu (as cuda) run: 9 outputs -> out/ref.nwrun.zip"]
     artifact = load("out/ref.nwrun.zip")
     assert list(artifact.runs) == ["ref"] and artifact.cell_source == SCRIPT
     run = artifact.runs["ref"]
@@ -46,9 +48,11 @@ def test_records_on_the_emulated_target_with_its_fallbacks(script, capsys):
         main(["record", "train.py", "--backend", "neuron", "-o", "t.nwrun.zip", "--role", "target"])
         == 0
     )
-    out = capsys.readouterr().out
+    printed, line = capsys.readouterr().out.splitlines()
+    assert printed.startswith("loss ")  # the script's print, from the run in the worker
     assert (
-        out.startswith("recorded neuron (emulated) run: 9 outputs; ") and "fell back to CPU" in out
+        line.startswith("recorded neuron (emulated) run: 9 outputs; ")
+        and "fell back to CPU" in line
     )
     run = load("t.nwrun.zip").runs["target"]
     assert run.backend.emulated and "aten::sort" in run.fallback_ops()
@@ -62,6 +66,24 @@ def test_a_script_that_raises_is_recorded_and_exits_1(tmp_path, monkeypatch, cap
     assert "raised ValueError: nope (line 3)" in capsys.readouterr().out
     run = load("bad.nwrun.zip").runs["ref"]
     assert run.error.type == "ValueError" and run.error.lineno == 3
+
+
+def test_shows_what_the_script_printed_before_its_line_as_run_does(tmp_path, monkeypatch, capsys):
+    # record showed only its `recorded ...` line: the script's own output was hidden
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "talk.py").write_text(
+        "import sys\nimport torch\nprint('step 1')\nprint('careful', file=sys.stderr)\n"
+        "x = torch.ones(2, device='cuda')\nprint('done', end='')\n"
+    )
+    assert main(["record", "talk.py", "--backend", "cpu", "-o", "talk.nwrun.zip"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "step 1\ndone\nrecorded cpu (as cuda) run: 1 outputs -> talk.nwrun.zip\n"
+    assert captured.err == "careful\n"
+    # a run that raised shows what it printed before the error too
+    (tmp_path / "bad.py").write_text("print('starting')\nraise ValueError('nope')\n")
+    assert main(["record", "bad.py", "--backend", "cpu", "-o", "bad.nwrun.zip"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("starting\nrecorded cpu (as cuda) run that raised ValueError: nope")
 
 
 @pytest.mark.parametrize(

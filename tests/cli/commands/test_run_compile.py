@@ -32,7 +32,7 @@ def test_strict_graph_breaks_exits_4_with_the_break_on_one_line(tmp_path):
     assert lines[-1].startswith(
         "breaks.py: --strict-graph-breaks: torch.compile on neuron had 1 graph break, the first "
     ), done.stderr
-    assert "line 6" in lines[-1] and "print" in lines[-1]
+    assert "the first at breaks.py:6: " in lines[-1] and "print" in lines[-1]
     document = json.loads((tmp_path / "r.json").read_text())
     validator("run").validate(document)
     assert document["summary"]["exit_code"] == 4 and document["summary"]["strict_graph_breaks"]
@@ -45,3 +45,18 @@ def test_strict_graph_breaks_is_silent_without_a_break(tmp_path):
     done = cli("run", "whole.py", "--strict-graph-breaks", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("whole.py: PASS neuron (emulated) vs cpu (as cuda)")
+
+
+def test_a_scripts_graph_break_names_its_file_and_line_not_a_cell_line(tmp_path):
+    # A script's own lines read "cell line 6" in the --strict-graph-breaks line and compile tables
+    (tmp_path / "breaks.py").write_text(BREAKING)
+    done = cli(
+        "run", "breaks.py", "--strict-graph-breaks", "--json", "r.json", "--html", "r.html",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "had 1 graph break, the first at breaks.py:6: " in done.stderr.splitlines()[-1]
+    target = json.loads((tmp_path / "r.json").read_text())["reports"][0]["target"]
+    assert [(b["file"], b["line"]) for b in target["compile"]["graph_breaks"]] == [("breaks.py", 6)]
+    html = (tmp_path / "r.html").read_text()
+    assert "breaks.py:6" in html and "cell line" not in html

@@ -498,3 +498,26 @@ def test_a_script_that_raised_shows_its_output_and_names_its_own_line(tmp_path):
         "cpu raised ValueError: boom at step 3 (cell line 6); "
         "neuron raised ValueError: boom at step 3 (cell line 6)"
     )
+
+
+ABORTING_SCRIPT = """\
+import ctypes
+import os
+import torch
+
+x = torch.ones(2, device="cuda") + 1
+if os.environ.get("NEURON_WORKBENCH_WORKER"):
+    ctypes.CDLL(None).abort()
+"""
+
+
+def test_a_target_process_that_died_in_a_script_names_the_scripts_line(tmp_path):
+    # The worker's message read "at cell line 7" of a script that has no cell
+    (tmp_path / "abort.py").write_text(ABORTING_SCRIPT)
+    done = cli("run", "abort.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = json.loads((tmp_path / "r.json").read_text())["reports"][0]["target"]["error"]
+    assert message["message"] == (
+        "target process died (SIGABRT) at abort.py, line 7, after running aten::add.Tensor"
+    )
+    assert "TargetProcessDied: target process died (SIGABRT) at abort.py, line 7," in done.stdout

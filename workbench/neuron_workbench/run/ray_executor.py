@@ -260,7 +260,9 @@ class RayActorSlot:
         WorkerDied
             The actor died or overran ``timeout`` (one line: cause, last op, cell line); it is gone.
         """
-        answer = self._run(self._submitted.pop(request_id), timeout=timeout)
+        answer = self._run(
+            self._submitted.pop(request_id), timeout=timeout, cell_filename=cell_filename
+        )
         if cell:
             self.cells_run += 1
         run = answer.value.get("run") if isinstance(answer.value, dict) else None
@@ -268,7 +270,7 @@ class RayActorSlot:
             run.backend = _located(run.backend, self)
         return answer
 
-    def _run(self, message: Packed, *, timeout: float | None) -> Loaded:
+    def _run(self, message: Packed, *, timeout: float | None, cell_filename: str = "") -> Loaded:
         self.ensure_started()
         import ray
 
@@ -296,7 +298,7 @@ class RayActorSlot:
                     self.stop()
                     raise WorkerDied(
                         f"target actor on {self.where} timed out after {timeout:g} s"
-                        f"{_seen(seen)}; it was ended"
+                        f"{_seen(seen, filename=cell_filename)}; it was ended"
                     )
                 if probe is None:
                     probe = actor.probe.remote()
@@ -305,8 +307,9 @@ class RayActorSlot:
             raise
         except ray.exceptions.RayActorError as exc:
             self._actor = None
+            last = _seen(seen, last=True, filename=cell_filename)
             raise WorkerDied(
-                f"target actor on {self.where} died ({_ray_cause(exc)}){_seen(seen, last=True)}"
+                f"target actor on {self.where} died ({_ray_cause(exc)}){last}"
             ) from None
         except ray.exceptions.RayTaskError as exc:
             self.stop()
@@ -319,9 +322,10 @@ class RayActorSlot:
         return answer
 
 
-def _seen(seen: tuple[str, int | None, bool], last: bool = False) -> str:
+def _seen(seen: tuple[str, int | None, bool], last: bool = False, filename: str = "") -> str:
+    # filename: the program's (a script's path names its line as the script's, not a cell's)
     op, line, ended = seen
-    text = where_it_was(op, ended, line)
+    text = where_it_was(op, ended, line, filename)
     return f"; last seen{text}" if last and text else text
 
 

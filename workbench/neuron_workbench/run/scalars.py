@@ -26,6 +26,7 @@ import torch
 
 from neuron_workbench.run import measurements
 from neuron_workbench.run.scalar_sites import user_site
+from neuron_workbench.sites import is_cell_filename
 
 __all__ = [
     "MAX_SITES",
@@ -267,4 +268,4 @@ def scalar_instrument(max_steps: int | None = None, filename: str = "") -> Scala
     the cells its kernel compiled) gives its own sites as ``cell:LINE``, so one cell recorded in
     two sessions has the same sites; a script's stay ``train.py:LINE``.
     """
-    return ScalarInstrument(max_steps, filename if filename.startswith("<") else None)
+    return ScalarInstrument(max_steps, filename if is_cell_filename(filename) else None)

@@ -26,6 +26,7 @@ import sys
 import types
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from neuron_workbench.run.transport import (
     sending_error,
     share_compile_backends,
 )
+from neuron_workbench.sites import is_cell_filename
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
@@ -79,13 +81,34 @@ def read_last_op(slot: bytes | bytearray | mmap.mmap) -> tuple[str, bool]:
     return op, len(data) == LAST_OP_BYTES and data[-1] == OP_ENDED
 
 
-def where_it_was(op: str, ended: bool, line: int | None) -> str:
+def where_it_was(op: str, ended: bool, line: int | None, filename: str = "") -> str:
     """Where a target process was: `` while running aten::op at cell line N``.
 
     `` at cell line N, after running aten::op`` when the op had ended (the process was in host
     code after it); ``""`` when nothing is known.
+
+    Parameters
+    ----------
+    op : str
+        The op the process ran last (``""`` when unknown).
+    ended : bool
+        Whether that op had returned.
+    line : int or None
+        The program's line the process was at.
+    filename : str
+        The program's compiled filename: a script's own path (``train.py``) names the line as
+        Python's traceback does, ``at train.py, line N``; a cell's pseudo-file (or ``""``) reads
+        ``at cell line N``.
+
+    Returns
+    -------
+    str
+        The text to append to the process's one-line error.
     """
-    at = f" at cell line {line}" if line is not None else ""
+    # a script has no cell: its line reads as the report names a script's error line
+    script = PurePath(filename).name if filename and not is_cell_filename(filename) else ""
+    where = f"{script}, line {line}" if script else f"cell line {line}"
+    at = f" at {where}" if line is not None else ""
     if not op:
         return at
     if ended:

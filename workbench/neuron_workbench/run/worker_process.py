@@ -335,7 +335,8 @@ class WorkerSlot:
 
         The op is the one the worker's device was running, or, when it had ended, the last one it
         ran: `` at cell line N, after running aten::op`` (an emulated device records its own ops
-        and custom ops, so a crash in host code names the device op before it).
+        and custom ops, so a crash in host code names the device op before it). A script's
+        program is compiled under its own path: its line reads `` at train.py, line N``.
         """
         if self._folder is None:
             return ""
@@ -352,7 +353,7 @@ class WorkerSlot:
             match = pattern.search(dump)
             if match:
                 line = int(match.group(1))
-        return where_it_was(op, ended, line)
+        return where_it_was(op, ended, line, cell_filename)
 
 
 class WorkerPool(SlotPool[WorkerSlot]):

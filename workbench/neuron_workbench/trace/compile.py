@@ -464,7 +464,7 @@ def _set_level(logger: logging.Logger, level: int) -> None:
 
 
 @contextlib.contextmanager
-def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
+def _recording(cell_filename: str | None, backend: Any) -> Iterator[CompileRecord]:
     record = CompileRecord()
     utils = sys.modules.get("torch._dynamo.utils")
     before = {id(m) for m in getattr(utils, "_compilation_metrics", ())} if utils else set()
@@ -510,9 +510,24 @@ def _recording(cell_filename: str, backend: Any) -> Iterator[CompileRecord]:
 def compile_instrument(cell_filename: str) -> Any:
     """A run instrument recording a :class:`CompileRecord`; ``cell_filename`` marks cell lines.
 
-    Graph breaks and graphs in the cell itself get ``file`` ``"cell"`` and the cell's line.
+    Graph breaks and graphs in a notebook cell itself get ``file`` ``"cell"`` and the cell's line.
+    A script's program (compiled under its own path, ``train.py``) has no cell: its sites keep
+    their path and read ``train.py:6``, as sites in any other file do.
+
+    Parameters
+    ----------
+    cell_filename : str
+        The program's compiled filename (``CellProgram.filename``).
+
+    Returns
+    -------
+    callable
+        The instrument: ``instrument(backend)`` is a context manager yielding the record.
     """
-    return functools.partial(_recording, cell_filename)
+    from neuron_workbench.sites import is_cell_filename
+
+    # None matches no site's file: a script's lines are not marked as a cell's
+    return functools.partial(_recording, cell_filename if is_cell_filename(cell_filename) else None)
 
 
 def graph_break_violation(breaks: Sequence[dict[str, Any]], backend: str) -> str | None:

@@ -1,7 +1,8 @@
 """``neuron-workbench record SCRIPT.py --backend B -o PATH``: record a reference run to compare later.
 
 CUDA and Trainium never share a host: run this on the GPU machine, copy the artifact, and run
-``neuron-workbench compare`` (or ``%%neuron --against PATH``) on the Trainium machine.
+``neuron-workbench compare`` (or ``%%neuron --against PATH``) on the Trainium machine. What the
+script printed is shown before the ``recorded ...`` line, as ``neuron-workbench run`` shows it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the script, save the artifact, print one line; 0 when it ran, 1 when it raised."""
+    """Run the script, save the artifact, show its output and one line; 0 ran, 1 raised."""
     from neuron_workbench.artifacts import ROLE_RULE, is_valid_role, save
     from neuron_workbench.backends import default_reference, get_backend
     from neuron_workbench.cell.session import Session
-    from neuron_workbench.cli.commands.run import script_folder
+    from neuron_workbench.cli.commands.run import script_folder, show_printed
     from neuron_workbench.cli.notebook_runner import (
         check_writable,
         compile_script,
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if exited is not None:  # argparse's usage error: the script's own message, nothing saved
         sys.stderr.write(exited[1])
         return exited[0]
+    # what the script printed, before the line the command adds, as `run SCRIPT` shows it
+    show_printed(recorded.stdout, recorded.stderr)
     path = save(args.output, runs={args.role: recorded}, cell_source=source)
     label = recorded.backend.label
     if recorded.error is not None:
