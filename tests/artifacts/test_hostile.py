@@ -396,3 +396,99 @@ def test_command_line_prints_one_line_and_no_traceback(tmp_path):
         assert done.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.zip"]
     assert not (tmp_path.parent / "escape.txt").exists()
+
+
+def _with_options(small_artifact, sandbox, edit):
+    """``small_artifact`` with the report options a recording writes, edited by ``edit``."""
+    from neuron_workbench.cell.settings import CompareOptions
+
+    manifest = manifest_of(small_artifact)
+    manifest["report"] = {"options": CompareOptions(ref="cpu", target="neuron").to_dict()}
+    edit(manifest["report"])
+    return rewrite(small_artifact, sandbox / "options.zip", manifest=manifest)
+
+
+def _set(*keys, value):
+    def edit(report):
+        place = report
+        for key in keys[:-1]:
+            place = place[key]
+        place[keys[-1]] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (_set("options", value=5), "report.options must be an object or null, not a number"),
+        (_set("options", value=[1]), "report.options must be an object or null, not a list"),
+        (_set("options", "tolerance", value=5), "report.options.tolerance must be an object or"),
+        (
+            _set("options", "tolerance", value={"rtol": "x"}),
+            "report.options.tolerance.rtol must be a non-negative number or null, not a string",
+        ),
+        (
+            _set("options", "tolerance", value={"rtol": 0.1}),
+            "report.options.tolerance must have both rtol and atol, or neither",
+        ),
+        (
+            _set("options", "tolerance", "per_output", value={"n": [1]}),
+            "report.options.tolerance.per_output['n'] must have 2 items, not 1",
+        ),
+        (_set("options", "steps", value=0), "report.options.steps must be at least 1"),
+        (_set("options", "judge", value=5), "report.options.judge must be a string, not a number"),
+    ],
+)
+def test_recorded_options_of_the_wrong_type_are_a_damaged_artifact(
+    sandbox, small_artifact, edit, fragment, capsys
+):
+    # compare judges the runs with these: options of 5 or a tolerance of {"rtol": "x"} were a
+    # TypeError traceback in compare
+    assert load(_with_options(small_artifact, sandbox, lambda report: None)).report["options"]
+    expect(_with_options(small_artifact, sandbox, edit), fragment, capsys)
+
+
+def test_every_compare_option_is_checked_on_load(sandbox, small_artifact):
+    # the option table sits above the artifacts, so the loader has its own list: a new option of
+    # the compare group (what compare reads from a recording) needs its entry there
+    from neuron_workbench.cell.options import COMPARE_GROUP, OPTIONS
+
+    in_tolerance = ("preset", "rtol", "atol", "per_output")
+    unchecked = []
+    for option in OPTIONS:
+        if option.group != COMPARE_GROUP:
+            continue
+        keys = ("options", "tolerance", option.name) if option.name in in_tolerance else None
+        keys = keys or ("options", option.name)
+        # an object is no option's type but per_output's (whose values are pairs)
+        value = "x" if option.name == "per_output" else {"damaged": True}
+        try:
+            load(_with_options(small_artifact, sandbox, _set(*keys, value=value)))
+        except ArtifactError as exc:
+            assert ".".join(("report",) + keys) in str(exc)
+        else:
+            unchecked.append(option.name)
+    assert unchecked == []
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        (5, "runs.ref.extras.profile.rows must be a list of objects or null, not a number"),
+        ([5], "runs.ref.extras.profile.rows[0] must be an object, not a number"),
+        ([{"op": "sort", "calls": "2"}], "runs.ref.extras.profile.rows[0].calls must be an"),
+    ],
+)
+def test_a_profile_table_of_the_wrong_shape_is_a_damaged_artifact(
+    sandbox, small_artifact, rows, fragment, capsys
+):
+    # the profile's op tables are untyped in report.schema.json, and compare --html crashed on
+    # rows of 5
+    manifest = manifest_of(small_artifact)
+    manifest["runs"]["ref"]["extras"]["profile"] = {"steps": 1, "rows": [], "first_call": None}
+    path = rewrite(small_artifact, sandbox / "profile.zip", manifest=manifest)
+    assert load(path).runs["ref"].extras["profile"]["first_call"] is None
+    manifest["runs"]["ref"]["extras"]["profile"]["rows"] = rows
+    path = rewrite(small_artifact, sandbox / "profile.zip", manifest=manifest)
+    expect(path, fragment, capsys)

@@ -250,3 +250,89 @@ def test_a_recorded_extra_named_facts_does_not_replace_the_runs_facts(recorded, 
     assert report_errors(report) == []
     facts = json.loads(report.read_text())["target"]["facts"]
     assert facts == json.loads(json.dumps(load(b).runs["ref"].facts.to_dict()))
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """A comparison `run --record` saved (its report holds the options), and its profile's."""
+    folder = tmp_path_factory.mktemp("run-rec")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        (folder / "sorts.py").write_text(SORTS)
+        args = ["run", "sorts.py", "--ref", "cpu", "--target", "neuron", "--profile"]
+        assert main([*args, "--record", str(folder / "rec")]) == 0
+    return folder / "rec" / "sorts.nwrun.zip"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.update(options=5), "report.options must be an object or null, not a number"),
+        (lambda r: r.update(options=[1]), "report.options must be an object or null, not a list"),
+        (
+            lambda r: r["options"].update(tolerance=5),
+            "report.options.tolerance must be an object or null, not a number",
+        ),
+        (
+            lambda r: r["options"].update(tolerance={"rtol": "x", "atol": 0}),
+            "report.options.tolerance.rtol must be a non-negative number or null, not a string",
+        ),
+        (
+            lambda r: r["options"]["tolerance"].update(per_output={"loss": 5}),
+            "report.options.tolerance.per_output['loss'] must be a list of two numbers, not a "
+            "number",
+        ),
+    ],
+)
+def test_damaged_recorded_options_are_a_damaged_artifact(compared, tmp_path, edit, message, capsys):
+    # compare judges the runs with the recording's options: these were tracebacks (TypeError:
+    # '>=' not supported between instances of 'str' and 'int', 'int' object is not iterable)
+    assert main(["compare", str(compared), str(compared)]) == 0
+    capsys.readouterr()
+    bad = edited(compared, tmp_path / "options.nwrun.zip", lambda m: edit(m["report"]))
+    assert main(["compare", str(compared), str(bad)]) == 2
+    assert capsys.readouterr() == ("", f"neuron-workbench: error: {bad}: {message}\n")
+
+
+def test_a_damaged_profile_table_is_a_damaged_artifact(compared, tmp_path, capsys):
+    # compare --html crashed on rows of 5 (the profile's tables are untyped in the schema)
+    html = tmp_path / "r.html"
+    assert main(["compare", str(compared), str(compared), "--html", str(html)]) == 0
+    assert "Op profile" in html.read_text()
+    capsys.readouterr()
+    html.unlink()
+
+    def edit(manifest):
+        manifest["runs"]["target"]["extras"]["profile"]["rows"] = 5
+
+    bad = edited(compared, tmp_path / "profile.nwrun.zip", edit)
+    assert main(["compare", str(compared), str(bad), "--html", str(html)]) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"neuron-workbench: error: {bad}: runs.target.extras.profile.rows must be a list of "
+        "objects or null, not a number\n",
+    )
+    assert not html.exists()
+
+
+def test_an_int_too_large_to_record_is_reported_not_compared(tmp_path, monkeypatch, capsys):
+    # recording n = 10**5000 crashed in json.dumps; now it is written with the reason and
+    # compare names the output as not compared
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.py").write_text("n = 10**5000\nm = 2\n")
+    for backend in ("cpu", "neuron"):
+        assert main(["record", "big.py", "--backend", backend, "-o", f"{backend}.nwrun.zip"]) == 0
+    capsys.readouterr()
+    args = ["compare", "cpu.nwrun.zip", "neuron.nwrun.zip", "--json", "r.json", "--html", "r.html"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    assert out.out == (
+        "PASS neuron (emulated) vs cpu (as cuda) — 1 output, 1 match; 1 not compared\n"
+    )
+    outputs = {
+        each["path"]: each for each in json.loads((tmp_path / "r.json").read_text())["outputs"]
+    }
+    assert outputs["n"]["status"] == "not-compared"
+    assert outputs["n"]["detail"] == "both runs: an int of more than 4300 digits is not recorded"
+    assert report_errors(tmp_path / "r.json") == []

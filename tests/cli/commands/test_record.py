@@ -100,3 +100,17 @@ def test_bad_input_exits_2_and_writes_nothing(script, capsys, args, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
+
+
+def test_an_int_too_large_to_record_is_left_out_with_its_reason(tmp_path, monkeypatch, capsys):
+    # n = 10**5000 made the writer's json.dumps exceed Python's int-to-str digit limit: a
+    # traceback and no file; the rest of the run is worth keeping
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.py").write_text("n = 10**5000\nm = 2\n")
+    assert main(["record", "big.py", "--backend", "cpu", "-o", "big.nwrun.zip"]) == 0
+    assert capsys.readouterr().out == "recorded cpu (as cuda) run: 2 outputs -> big.nwrun.zip\n"
+    run = load("big.nwrun.zip").runs["ref"]
+    assert run.outputs["m"] == 2
+    assert run.outputs["n"].reason == "an int of more than 4300 digits is not recorded"
+    assert main(["show", "big.nwrun.zip"]) == 0
+    assert "1 outputs could not be stored" in capsys.readouterr().out

@@ -64,6 +64,11 @@ MAX_SAFETENSORS_HEADER = 100 * 2**20
 MAX_JSON_DEPTH = 64
 MAX_OUTPUTS = 1_000_000
 MAX_DIMS = 32
+#: The most decimal digits of an int the manifest holds: Python's default int-to-str limit
+#: (``sys.get_int_max_str_digits()``), so any reader can parse what any writer wrote.
+MAX_INT_DIGITS = 4300
+#: The smallest magnitude an int in the manifest cannot have (10 to the ``MAX_INT_DIGITS``).
+MAX_INT = 10**MAX_INT_DIGITS
 
 #: Tensor dtypes an artifact may declare, by name (never resolved with ``getattr`` on user input).
 DTYPES: dict[str, torch.dtype] = {
@@ -383,6 +388,8 @@ class _Type:
     minimum: int | None = None
     items: _Type | None = None  # each item of a list
     fields: Mapping[str, _Type] = field(default_factory=dict)  # known fields of an object
+    values: _Type | None = None  # each value of an object (a mapping of any keys)
+    length: int | None = None  # the exact length of a list
 
 
 def _check_type(value: Any, spec: _Type, where: str) -> None:
@@ -392,6 +399,8 @@ def _check_type(value: Any, spec: _Type, where: str) -> None:
         _finite_number(value, where)
         if spec.minimum is not None and value < spec.minimum:
             raise _Invalid(f"{where} must be at least {spec.minimum}")
+    if isinstance(value, list) and spec.length is not None and len(value) != spec.length:
+        raise _Invalid(f"{where} must have {spec.length} items, not {len(value)}")
     if isinstance(value, list) and spec.items is not None:
         for index, item in enumerate(value):
             _check_type(item, spec.items, f"{where}[{index}]")
@@ -399,6 +408,9 @@ def _check_type(value: Any, spec: _Type, where: str) -> None:
         for key, item_spec in spec.fields.items():
             if key in value:
                 _check_type(value[key], item_spec, f"{where}.{key}")
+        if spec.values is not None:
+            for key, item in value.items():
+                _check_type(item, spec.values, f"{where}[{key[:60]!r}]")
 
 
 _NULL = type(None)
@@ -426,6 +438,28 @@ _FALLBACK_FIELDS: dict[str, _Type] = {
     "shapes": _Type((list,), "a list of shapes", items=_Type((list,), "a list")),
     "dtypes": _TEXTS,
 }
+
+#: One table of a profile: a row per op, as ``OpStat.to_dict`` writes them (trace/profile_data.py).
+_PROFILE_ROWS = _Type(
+    (list, _NULL),
+    "a list of objects or null",
+    items=_Type(
+        (dict,),
+        "an object",
+        fields={
+            "op": _TEXT,
+            "calls": _Type((int,), "an integer", minimum=0),
+            "total_time_s": _Type((int, float, _NULL), "a number or null"),
+            "self_time_s": _Type((int, float, _NULL), "a number or null"),
+            "shapes": _TEXT,
+            "bytes_allocated": _Type((int,), "an integer"),
+            "fallback": _Type((bool, _NULL), "true, false or null"),
+            "overloads": _TEXTS,
+            "site": _FALLBACK_FIELDS["site"],
+            "module": _TEXT,
+        },
+    ),
+)
 
 #: The extras a report shows as fields of its run (``$defs/run`` of report.schema.json).
 _EXTRA_FIELDS: dict[str, _Type] = {
@@ -465,9 +499,75 @@ _EXTRA_FIELDS: dict[str, _Type] = {
             "step_times_s": _Type(
                 (list,), "a list of numbers", items=_Type((int, float), "a number")
             ),
+            # The op tables (untyped in the schema) that the report's views and pages read.
+            "rows": _PROFILE_ROWS,
+            "first_call": _PROFILE_ROWS,
+            "steady": _PROFILE_ROWS,
+            "time_kind": _TEXT,
+            "total_time_s": _Type((int, float, _NULL), "a number or null"),
         },
     ),
 }
+
+
+_BOOL = _Type((bool,), "true or false")
+_TEXT_OR_NULL = _Type((str, _NULL), "a string or null")
+_TOLERANCE = _Type((int, float, _NULL), "a non-negative number or null", minimum=0)
+_STEPS = _Type((int,), "an integer", minimum=1)
+
+#: ``report.options``: the settings of the recorded comparison, which ``compare`` judges the runs
+#: with (``CompareOptions.from_dict``), one entry per option of the compare group of the option
+#: table (``cell/options.py``, which sits above the artifacts; ``tests/artifacts`` checks every
+#: option has its entry here). Only types are checked: a choice a newer version added is no damage.
+_OPTION_FIELDS: dict[str, _Type] = {
+    "ref": _TEXT,
+    "target": _TEXT,
+    "tolerance": _Type(
+        (dict, _NULL),
+        "an object or null",
+        fields={
+            "preset": _TEXT,
+            "rtol": _TOLERANCE,
+            "atol": _TOLERANCE,
+            "per_output": _Type(
+                (dict, _NULL),
+                "an object or null",
+                # each output pattern's [rtol, atol]
+                values=_Type(
+                    (list,),
+                    "a list of two numbers",
+                    length=2,
+                    items=_Type((int, float), "a non-negative number", minimum=0),
+                ),
+            ),
+        },
+    ),
+    "judge": _TEXT,
+    "seed": _Type((int, _NULL), "an integer or null"),
+    "keep": _TEXT,
+    "layers": _BOOL,
+    "layers_full": _Type((list, _NULL), "a list of strings or null", items=_TEXT),
+    "steps": _STEPS,
+    "max_steps": _Type((int, _NULL), "an integer or null", minimum=1),
+    "rng": _TEXT,
+    "what_if": _TEXT_OR_NULL,
+    "ref_precision": _TEXT,
+    "compile_check": _BOOL,
+    "list_fallbacks": _BOOL,
+    "track_per_op": _BOOL,
+}
+
+
+def _check_options(options: Any) -> None:
+    """Refuse recorded options ``compare`` could not judge the runs with (``report.options``)."""
+    _check_type(
+        options, _Type((dict, _NULL), "an object or null", fields=_OPTION_FIELDS), "report.options"
+    )
+    tolerance = (options or {}).get("tolerance") or {}
+    # A recording holds both or neither (the flags are given together): one alone is damage, and
+    # would read as a usage error about flags the user never gave.
+    if (tolerance.get("rtol") is None) != (tolerance.get("atol") is None):
+        raise _Invalid("report.options.tolerance must have both rtol and atol, or neither")
 
 
 def _check_run(role: str, run: Any) -> None:
@@ -569,5 +669,8 @@ def validate_manifest(manifest: Any, name: str) -> None:
         report = manifest.get("report")
         if report is not None:
             _expect(report, dict, "report", "an object or null")
+            # compare judges the runs with the recorded options: a damaged one is refused here,
+            # not met as a TypeError deep inside the comparison
+            _check_options(report.get("options"))
     except _Invalid as exc:
         raise ArtifactError(f"{name}: {exc}") from None

@@ -23,6 +23,8 @@ from neuron_workbench.artifacts._format import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_ENTRY,
+    MAX_INT,
+    MAX_INT_DIGITS,
     MAX_ROLES,
     MEDIA_TYPE,
     MIMETYPE_ENTRY,
@@ -169,6 +171,13 @@ def _leaves(run: Run) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor], li
             leaves.append({"path": path, "kind": "none"})
         elif isinstance(value, bool):
             leaves.append({"path": path, "kind": "bool", "value": value})
+        elif isinstance(value, int) and not -MAX_INT < value < MAX_INT:
+            # JSON writes ints as decimal digits, and Python refuses to convert one of more than
+            # MAX_INT_DIGITS (sys.get_int_max_str_digits()'s default) either way: the recording is
+            # written, and the output says why it is not in it (compare lists it as not compared).
+            reason = f"an int of more than {MAX_INT_DIGITS} digits is not recorded"
+            skipped.append({"path": path, "reason": reason})
+            leaves.append({"path": path, "kind": "not-compared", "value": reason})
         elif isinstance(value, int):
             leaves.append({"path": path, "kind": "int", "value": int(value), **_origin(value)})
         elif isinstance(value, float):
