@@ -2250,3 +2250,30 @@ def test_a_batch_dict_rebound_by_the_next_cell_is_freed(ip):
     run_cell(ip, "%%neuron -o r\ny = batch['x'] * 2")
     assert _report(ip).verdict == "PASS", _report(ip).summary()
     assert on_accelerator(_report(ip).target.outputs["y"])
+
+
+def test_a_model_from_from_pretrained_and_enums_travel_to_the_worker(ip, tmp_path):
+    # from_pretrained sets an enum on the model (transformers' kernels mode); an enum class was
+    # rebuilt as an instance in the worker's pickler, so every later cell using the model was
+    # refused ("Enum.__reduce_ex__() missing 1 required positional argument: 'proto')
+    run_cell(
+        ip,
+        "import enum, torch\nfrom transformers import AutoModel, BertConfig, BertModel\n"
+        "torch.manual_seed(0)\n"
+        "cfg = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,"
+        " num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)\n"
+        f"BertModel(cfg).save_pretrained({str(tmp_path)!r})\n"
+        f"model = AutoModel.from_pretrained({str(tmp_path)!r})\n"
+        "ids = torch.randint(0, 100, (1, 8))\n"
+        "class Phase(enum.Enum):\n    TRAIN = 1\n    EVAL = 2\n"
+        "phase = Phase.EVAL",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'hidden = model.to("cuda")(ids.to("cuda")).last_hidden_state\n'
+        "evaluating = phase is Phase.EVAL",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert {d.path for d in report.comparison.diffs} >= {"hidden", "evaluating"}

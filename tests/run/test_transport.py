@@ -1,8 +1,10 @@
 """The worker transport: one pickle, tensors by storage, arenas on shared memory, lenient loading."""
 
+import enum
 import gc
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -788,6 +790,19 @@ def test_a_wrapper_forwarding_its_attributes_arrives(arena):
     assert plain._wrapped == [1, 2] and plain.count(2) == 1
     assert torch.equal(back_slotted._wrapped, torch.ones(2)) and back_slotted.extra == 3
     assert back_slotted.shape == (2,)
+
+
+class _Color(enum.Enum):
+    RED = 1
+
+
+def test_enum_classes_and_members_arrive(arena):
+    # Python 3.11's EnumType has a __getattr__: an enum class was taken for a forwarding proxy
+    # and rebuilt as an instance (Enum.__reduce_ex__ without its proto): anything holding an enum
+    # could not be sent, a transformers model from from_pretrained among them (its kernels mode)
+    values = {"member": _Color.RED, "cls": _Color, "flag": re.IGNORECASE | re.MULTILINE}
+    back = loads_leniently(dumps(values, arena)).value
+    assert back == values
 
 
 def test_a_notebooks_slotted_forwarding_proxy_arrives(arena):

@@ -664,7 +664,10 @@ def _asks_getattr_for_setstate(kind: type) -> bool:
     if found is None:
         own = [vars(cls) for cls in kind.__mro__ if cls is not object]
         found = _GETATTR_ASKED[kind] = (
-            any("__getattr__" in names for names in own)
+            # a class (its metaclass's __getattr__: Python 3.11's EnumType has one) travels as a
+            # class does, by reference or by value, never rebuilt as an instance
+            not issubclass(kind, type)
+            and any("__getattr__" in names for names in own)
             and not any("__setstate__" in names for names in own)
             and kind.__reduce_ex__ is object.__reduce_ex__  # type: ignore[comparison-overlap]
             and kind.__reduce__ is object.__reduce__  # type: ignore[comparison-overlap]
