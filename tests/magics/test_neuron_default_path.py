@@ -2277,3 +2277,33 @@ def test_a_model_from_from_pretrained_and_enums_travel_to_the_worker(ip, tmp_pat
     report = _report(ip)
     assert report.verdict == "PASS", report.summary()
     assert {d.path for d in report.comparison.diffs} >= {"hidden", "evaluating"}
+
+
+def test_a_transformers_model_that_captured_hidden_states_is_sent_again(ip):
+    # transformers 5 installs output-capturing hooks the first time a cell asks for hidden
+    # states; they read a module global ContextVar, which the transport could not pickle: every
+    # later cell using the model was refused ("cannot pickle '_contextvars.ContextVar' object")
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import BertConfig, BertForSequenceClassification\n"
+        "torch.manual_seed(0)\n"
+        "cfg = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2,"
+        " num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)\n"
+        "ids = torch.randint(0, 100, (1, 8))",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\nclf = BertForSequenceClassification(cfg).eval().cuda()\n"
+        "first = clf(ids.cuda(), output_hidden_states=True).hidden_states",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    run_cell(
+        ip,
+        "%%neuron -o r\nlogits = clf(ids.cuda()).logits\n"
+        "hidden = clf(ids.cuda(), output_hidden_states=True).hidden_states",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert [statuses[f"hidden[{i}]"] for i in range(3)] == ["match"] * 3
+    assert statuses["logits"] == "match"

@@ -1,5 +1,6 @@
 """The worker transport: one pickle, tensors by storage, arenas on shared memory, lenient loading."""
 
+import contextvars
 import enum
 import gc
 import os
@@ -790,6 +791,45 @@ def test_a_wrapper_forwarding_its_attributes_arrives(arena):
     assert plain._wrapped == [1, 2] and plain.count(2) == 1
     assert torch.equal(back_slotted._wrapped, torch.ones(2)) and back_slotted.extra == 3
     assert back_slotted.shape == (2,)
+
+
+_ACTIVE = contextvars.ContextVar("active", default=None)  # a module global no pickle takes
+
+
+def _make_hook(key):
+    """A closure over a module's global, as a library installs on a model (transformers')."""
+
+    def hook(value):
+        active = _ACTIVE.get()
+        if active is not None:
+            active.append((key, value, again))
+
+    def again():  # a closure naming itself: rebuilt before its cells are filled
+        return hook
+
+    if False:  # a cell never filled
+        unused = None
+    hook.marker = "kept"
+    return hook, lambda: unused
+
+
+def test_a_librarys_closure_arrives_over_its_modules_own_globals(arena):
+    # cloudpickle sent such a closure by value with copies of the globals it reads: a ContextVar
+    # cannot be pickled, so a transformers model that had captured hidden states once could not be
+    # sent to the worker again, and a copy would not be the state the module's own code sets
+    hook, unfilled = _make_hook("hidden")
+    back, back_unfilled = loads_leniently(dumps([hook, unfilled], arena)).value
+    assert back.__globals__ is globals() and back.marker == "kept"
+    assert back.__qualname__ == hook.__qualname__
+    seen = []
+    token = _ACTIVE.set(seen)
+    try:
+        back(3)
+    finally:
+        _ACTIVE.reset(token)
+    assert seen[0][:2] == ("hidden", 3) and seen[0][2]() is back
+    with pytest.raises(NameError):
+        back_unfilled()
 
 
 class _Color(enum.Enum):

@@ -513,6 +513,8 @@ class _Pickler(cloudpickle.Pickler):
         if kind is types.FunctionType:
             # a torch.compile'd function travels as its original
             reduced = _reduce_compiled(obj)
+            if reduced is None:
+                reduced = _reduce_library_closure(obj)
             return reduced if reduced is not None else super().reducer_override(obj)
         if kind in TAGGED:  # with its provenance (any other pickle gets the plain value)
             return reduce_tagged(obj)
@@ -858,6 +860,73 @@ def _reduce_compiled(obj: Any) -> Any:
     if original is None:
         return None
     return _compiled_again, (original, request)
+
+
+def _reduce_library_closure(func: types.FunctionType) -> Any:
+    """A function an imported module made at run time, rebuilt over that module's own globals.
+
+    A hook a library installs on a model (transformers' output-capturing hooks, made when a cell
+    asks for ``output_hidden_states``) is a closure no name reaches, which cloudpickle sends by
+    value with copies of the module globals it reads: those could not be pickled (a ContextVar),
+    so the model could not be sent again, and a copy would not be the state the library's own
+    code sets. Its code and closure travel; its globals are the live module's where it arrives.
+    None for anything else (a notebook's functions travel as cloudpickle sends them).
+    """
+    module_name = func.__module__
+    if (
+        "<locals>" not in func.__qualname__
+        or not isinstance(module_name, str)
+        or module_name == "__main__"
+    ):
+        return None
+    module = sys.modules.get(module_name)
+    if (
+        module is None
+        or getattr(module, "__dict__", None) is not func.__globals__
+        or not isinstance(getattr(module, "__file__", None), str)  # importable where it arrives
+    ):
+        return None
+    cells = func.__closure__ or ()
+    state = {
+        "qualname": func.__qualname__,
+        "defaults": func.__defaults__,
+        "kwdefaults": func.__kwdefaults__,
+        "dict": dict(vars(func)),
+        "cells": tuple(_cell_contents(cell) for cell in cells),
+    }
+    # the function first, its state after: a closure may hold the function itself (recursion)
+    args = (module_name, func.__code__, func.__name__, len(cells))
+    return _library_closure, args, state, None, None, _set_library_closure_state
+
+
+class _EmptyCell:
+    """Stands for a closure cell not filled yet (a class: it travels by reference)."""
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EmptyCell
+
+
+def _library_closure(
+    module_name: str, code: types.CodeType, name: str, cells: int
+) -> types.FunctionType:
+    """The function of :func:`_reduce_library_closure`, its closure cells still empty."""
+    module = importlib.import_module(module_name)
+    closure = tuple(types.CellType() for _ in range(cells)) or None
+    return types.FunctionType(code, vars(module), name, None, closure)
+
+
+def _set_library_closure_state(func: types.FunctionType, state: dict[str, Any]) -> None:
+    func.__qualname__ = state["qualname"]
+    func.__defaults__ = state["defaults"]
+    func.__kwdefaults__ = state["kwdefaults"]
+    vars(func).update(state["dict"])
+    for cell, value in zip(func.__closure__ or (), state["cells"]):
+        if value is not _EmptyCell:
+            cell.cell_contents = value
 
 
 def _reduce_compiled_in_place(module: torch.nn.Module) -> Any:
