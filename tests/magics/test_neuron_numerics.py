@@ -1,5 +1,7 @@
 """%%neuron's numerics options end to end: layers, training parity, what-if, rng, tolerances."""
 
+import pytest
+
 from neuron_workbench.testing import run_cell
 
 MODEL = """
@@ -150,6 +152,40 @@ def test_dropout_hint_only_when_the_masks_differed(ip):
     assert any("differed between the runs" in h and "model.eval()" in h for h in diff.hints)
     run_cell(ip, f"%%neuron --ref cpu --target neuron --rng cpu -o r\n{cell}")
     assert ip.user_ns["r"].to_dict()["target"]["facts"]["rng_on_cpu"] is True
+
+
+# A boolean attn_mask with dropout (HF BERT / GPT-2 in train mode with a padded attention_mask);
+# the last query row is masked out entirely. TPU's float32 matmuls are 1-pass bfloat16 unless asked
+# for full precision, which is not what this test is about.
+MASKED_ATTENTION = """
+torch.set_float32_matmul_precision("highest")
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 2, 5, 8, device="cuda", requires_grad=True) for _ in range(3))
+m = torch.ones(2, 1, 5, 5, dtype=torch.bool, device="cuda")
+m[..., 3:] = False
+m[..., 4, :] = False
+o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=0.5)
+o.sum().backward()
+gq, gk, gv = q.grad, k.grad, v.grad
+"""
+
+
+@pytest.fixture
+def fresh_tpu_worker(ip):
+    """The matmul precision a tpu cell sets stays in its worker: later tests get a fresh one."""
+    yield
+    ip.magics_manager.registry["NeuronMagics"].session.workers.get("tpu").stop()
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_attention_with_a_boolean_mask_and_dropout_passes(ip, target, fresh_tpu_worker):
+    # The emulator handed the boolean mask to SDPA's math kernel as it was, which adds it to the
+    # scores (0 or 1) where public SDPA adds 0 or -inf: o and every gradient differed.
+    run_cell(ip, "import torch\nimport torch.nn.functional as F")
+    run_cell(ip, f"%%neuron --ref cpu --target {target} -o r\n{MASKED_ATTENTION}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"o", "gq", "gk", "gv"} <= {d.path for d in report.comparison.diffs}
 
 
 def test_migration_findings_are_attached(ip):

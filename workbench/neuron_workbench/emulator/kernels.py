@@ -205,17 +205,29 @@ def _sdpa(
     # Grouped-query attention (fewer key/value heads) goes to the fused op as it is: CPU's flash
     # kernel shares each key/value head among its group of query heads and sums their gradients in
     # float32, which expanding the heads first would not reproduce.
+    # Public SDPA turns a boolean mask into an additive one before either kernel: the math op
+    # would add the booleans themselves (0 or 1) to the scores.
+    attn_mask = _additive_mask(attn_mask, query.dtype)
     if choice == _FLASH:
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn_mask = torch.where(
-                attn_mask, 0.0, float("-inf")
-            ).to(query.dtype)  # fmt: skip
         return _SDPA_FUSED(query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale)[
             0
         ]
     return torch.ops.aten._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
     )[0]
+
+
+def _additive_mask(attn_mask: Any, dtype: torch.dtype) -> Any:
+    """``attn_mask`` as public SDPA hands it to its kernels (ATen's ``convert_boolean_attn_mask``).
+
+    A boolean mask becomes 0 where it is True and -inf where it is False, in ``dtype`` (the
+    query's) and on the mask's device; any other mask (``None`` or an additive float mask) is
+    returned as it is.
+    """
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
+        return attn_mask
+    neg_inf = torch.scalar_tensor(float("-inf"), dtype=dtype, device=attn_mask.device)
+    return torch.where(attn_mask, 0.0, neg_inf)
 
 
 def _sdp_choice(*tensors: Any, **kwargs: Any) -> int:
