@@ -101,6 +101,46 @@ def test_a_library_model_has_only_its_parameters_and_buffers():
     ]
 
 
+class _Layer:
+    """A library's cache layer (this module is no notebook): its tensors and settings."""
+
+    def __init__(self, keys):
+        self.keys, self.values = keys, keys * 2
+        self.device, self.is_initialized = keys.device, True
+
+
+class _Cache:
+    def __init__(self, *keys):
+        self.layers = [_Layer(k) for k in keys]
+        self.offloading = False
+
+
+def test_a_librarys_objects_are_compared_by_the_attributes_that_hold_tensors():
+    # They were passed over: a cell binding a dataset, a distribution or a KV cache compared
+    # nothing (UNCOMPARED, 0 outputs) and said nothing of why
+    dataset = torch.utils.data.TensorDataset(torch.ones(3, 2), torch.zeros(3))
+    dist = torch.distributions.Normal(torch.zeros(2), torch.ones(2))
+    outputs = {
+        "ds": dataset,
+        "dist": dist,
+        "cache": _Cache(torch.ones(2)),
+        "loader": torch.utils.data.DataLoader(dataset, batch_size=2),
+        "parser": argparse.ArgumentParser(),  # no tensor: no output, as before
+    }
+    leaves = dict(iter_leaves(outputs))
+    assert list(leaves) == [
+        "ds.tensors[0]",
+        "ds.tensors[1]",
+        "dist.loc",
+        "dist.scale",
+        "cache.layers[0].keys",
+        "cache.layers[0].values",
+        "loader.dataset.tensors[0]",
+        "loader.dataset.tensors[1]",
+    ]
+    assert leaves["dist.loc"] is dist.loc and leaves["ds.tensors[1]"] is dataset.tensors[1]
+
+
 def test_a_modules_own_parameters_held_again_are_not_leaves_twice_and_nested_caches_are():
     lstm = torch.nn.LSTM(2, 3)
     paths = [path for path, _ in iter_leaves({"lstm": lstm})]

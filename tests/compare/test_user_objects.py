@@ -101,14 +101,16 @@ def test_functions_classes_modules_methods_and_devices_are_skipped_silently(nb):
     assert comparison.diffs == [] and comparison.compared == []
 
 
-def test_only_classes_of_the_notebook_module_are_walked():
+def test_only_classes_of_the_notebook_module_are_walked_whole():
     class Local:  # defined in this test module, not in __main__: a library object
         def __init__(self):
             self.x = torch.ones(1)
+            self.n = 3
 
-    assert list(iter_leaves({"obj": Local()})) == []
+    # a library's object by its tensors only (a TensorDataset's): its settings are the library's
+    assert [path for path, _ in iter_leaves({"obj": Local()})] == ["obj.x"]
     leaves = list(iter_leaves({"obj": Local()}, user_modules=(__name__,)))
-    assert [path for path, _ in leaves] == ["obj.x"]
+    assert [path for path, _ in leaves] == ["obj.x", "obj.n"]
 
 
 def test_cycles_and_long_chains_terminate(nb):

@@ -2307,3 +2307,60 @@ def test_a_transformers_model_that_captured_hidden_states_is_sent_again(ip):
     statuses = {d.path: d.status for d in report.comparison.diffs}
     assert [statuses[f"hidden[{i}]"] for i in range(3)] == ["match"] * 3
     assert statuses["logits"] == "match"
+
+
+def test_a_librarys_objects_holding_cuda_tensors_are_compared_and_there_next_cell(ip):
+    # A dataset and a distribution a cell built on cuda compared nothing (UNCOMPARED, 0 outputs,
+    # nothing said) and the next cell's target run found their tensors on the host: neuron:0 and cpu!
+    run_cell(ip, "import torch\nfrom torch.utils.data import DataLoader, TensorDataset")
+    report = _passed(
+        ip,
+        'ds = TensorDataset(torch.ones(4, 2, device="cuda"))\n'
+        'dist = torch.distributions.Normal(torch.zeros(2, device="cuda"), '
+        'torch.ones(2, device="cuda"))\n'
+        "loader = DataLoader(ds, batch_size=2)",
+    )
+    paths = [diff.path for diff in report.comparison.diffs]
+    assert paths == ["ds.tensors[0]", "dist.loc", "dist.scale", "loader.dataset.tensors[0]"]
+    _passed(
+        ip,
+        "a = ds[0][0] + torch.ones(2, device='cuda')\n"
+        "b = dist.log_prob(torch.ones(2, device='cuda'))\n"
+        "c = sum(x.sum() for (x,) in loader) + torch.ones(1, device='cuda')",
+    )
+    assert ip.user_ns["a"].tolist() == [2.0, 2.0] and ip.user_ns["c"].tolist() == [9.0]
+
+
+def test_a_transformers_kv_cache_carries_decoding_from_cell_to_cell(ip):
+    # Step-by-step decoding across cells failed in the second (neuron:0 and cpu!): the
+    # DynamicCache's layers kept their tensors on the host; a cell binding only the cache compared
+    # nothing
+    pytest.importorskip("transformers")
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=32)\n"
+        "model = GPT2LMHeadModel(config).eval()\n"
+        "ids, nxt = torch.tensor([[1, 2, 3]]), torch.tensor([[4]])",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation notes
+        _passed(
+            ip,
+            "model.cuda()\nwith torch.no_grad():\n    o = model(ids.cuda(), use_cache=True)",
+        )
+        report = _passed(ip, "cache = o.past_key_values")
+        assert [diff.path for diff in report.comparison.diffs] == [
+            "cache.layers[0].keys",
+            "cache.layers[0].values",
+        ]
+        report = _passed(
+            ip,
+            "with torch.no_grad():\n"
+            "    o2 = model(nxt.cuda(), past_key_values=o.past_key_values)\n"
+            "n = o2.past_key_values.get_seq_length()",
+        )
+    paths = [diff.path for diff in report.comparison.diffs]
+    assert "o2.logits" in paths and "cache.layers[0].keys" in paths  # grown in place, as on a GPU
+    assert ip.user_ns["n"] == 4 and ip.user_ns["cache"].get_seq_length() == 4

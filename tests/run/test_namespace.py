@@ -12,9 +12,14 @@ import torch
 
 from neuron_workbench.run import namespace as namespace_module
 from neuron_workbench.run.namespace import (
+    ORIGIN_ATTR,
     ResidentObjects,
     isolate,
+    library_tensor_holder,
+    mark_attribute_tensors,
     move_to_device,
+    on_accelerator,
+    tensors_in,
     version_signature,
     with_names_sharing_state,
 )
@@ -533,6 +538,40 @@ def test_moved_optimizer_state_and_parameters_keep_their_values_and_links():
         assert torch.equal(state[key].cpu(), value)
 
 
+class _Layer:
+    """A library's cache layer, as transformers' ``DynamicLayer`` (this module is no notebook)."""
+
+    def __init__(self, keys):
+        self.keys, self.device, self.ready = keys, keys.device, True
+
+    def grow(self, more):
+        self.keys = torch.cat([self.keys, more])  # replaced, not changed in place
+
+
+class _Cache:
+    """A library's cache of layers, as transformers' ``DynamicCache``: tensors two objects down."""
+
+    def __init__(self, *keys):
+        self.layers = [_Layer(k) for k in keys]
+        self.offloading = False
+
+
+@pytest.mark.inprocess_device
+def test_a_librarys_tensor_holders_move_their_tensors_where_the_cell_had_them():
+    # Their tensors stayed on the host in the next cell's target run: neuron:0 and cpu!
+    dist = torch.distributions.Normal(torch.zeros(2), torch.ones(2))
+    dataset = torch.utils.data.TensorDataset(torch.ones(3, 2))
+    cache = _Cache(torch.ones(2))
+    for tensor in (dist.loc, dist.scale, cache.layers[0].keys):
+        vars(tensor)[ORIGIN_ATTR] = "cuda"  # what mark_attribute_tensors leaves
+    memo: dict = {}
+    for value in (dist, dataset, cache):
+        assert move_to_device(value, torch.device(NEURON), True, memo) is value  # in place
+    held = (dist.loc, dist.scale, dataset.tensors[0], cache.layers[0].keys)
+    assert all(tensor.device.type == "neuron" for tensor in held)
+    assert (dist.sample() + torch.ones(2, device=NEURON)).device.type == "neuron"
+
+
 def _model_and_optimizer():
     model = torch.nn.Linear(3, 2)
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
@@ -631,6 +670,8 @@ class _WithCache(torch.nn.Module):
         (_WithCache, lambda m: setattr(m, "ema", torch.ones(2))),  # a buffer replaced
         (_WithCache, lambda m: setattr(m, "fc", torch.nn.Linear(2, 2))),  # a layer replaced
         (lambda: [types.SimpleNamespace(h=[])], lambda v: v[0].h.append(1.0)),
+        # a library's cache the model grew (a DynamicCache passed as past_key_values)
+        (lambda: _Cache(torch.ones(1)), lambda c: c.layers[0].grow(torch.ones(1))),
     ],
 )
 def test_a_change_in_place_changes_the_version_signature(make, change):
@@ -654,6 +695,44 @@ def test_tensors_in_reaches_deques_and_namespaces_not_a_modules_plain_attributes
     )
     assert any(t is a for t in found) and any(t is b for t in found)
     assert not any(t is c for t in found)
+
+
+def test_a_librarys_objects_holding_tensors_are_state_and_others_are_not():
+    # Their tensors were not found: the next cell saw them on the host (neuron:0 and cpu!)
+    dist = torch.distributions.Normal(torch.zeros(2), torch.ones(2))
+    dataset = torch.utils.data.TensorDataset(torch.ones(3, 2), torch.zeros(3))
+    cache = _Cache(torch.ones(2), torch.ones(3))
+    for holder, held in [
+        (dist, [dist.loc, dist.scale]),
+        (dataset, list(dataset.tensors)),
+        (cache, [layer.keys for layer in cache.layers]),
+    ]:
+        assert library_tensor_holder(holder)
+        found = list(tensors_in(holder))
+        assert len(found) == len(held) and all(any(f is t for f in found) for t in held)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    for other in (
+        torch.optim.lr_scheduler.StepLR(optimizer, 1),  # holds an optimizer, no tensor of its own
+        torch.nn.Linear(2, 2),  # a module is walked as one
+        argparse.ArgumentParser(),  # a library object with no tensor
+        [torch.ones(1)],
+        types.SimpleNamespace(t=torch.ones(1)),  # (attributes are state already)
+    ):
+        assert not library_tensor_holder(other)
+
+
+def test_the_tensors_a_librarys_objects_hold_are_marked_where_the_cell_put_them():
+    # The kept (host) cache's layers, in a list, are marked where the target run's are on a device
+    kept = {"cache": _Cache(torch.ones(2)), "dist": torch.distributions.Normal(0.0, 1.0)}
+    other = {
+        "cache": _Cache(torch.ones(2, device="meta")),
+        "dist": torch.distributions.Normal(torch.tensor(0.0), torch.tensor(1.0)),
+    }
+    vars(other["dist"].loc)[ORIGIN_ATTR] = "cuda"  # sent back from the worker's device
+    for name in kept:
+        mark_attribute_tensors(kept[name], other[name])
+    assert on_accelerator(kept["cache"].layers[0].keys) and on_accelerator(kept["dist"].loc)
+    assert not on_accelerator(kept["dist"].scale)  # left on the host by the cell: stays there
 
 
 def test_a_setting_a_forward_rewrites_is_no_change_in_place():

@@ -16,10 +16,15 @@ What is walked, in order of precedence:
   Every attribute in the instance's ``__dict__`` (and ``__slots__``) is walked, ``_``-names
   included: dataclass fields and module parameters are walked whatever their names, and a model
   kept as ``self._model`` is as much the cell's result as ``self.model``; properties are not
-  evaluated. Each object is walked once per output (at its first path), which also ends cycles.
+  evaluated. Each object is walked once per output (at its first path), which also ends cycles;
+- instances of a library's classes that hold tensors in their attributes (a ``TensorDataset``, a
+  ``torch.distributions.Normal``, a transformers ``DynamicCache``: see
+  :func:`~neuron_workbench.run.namespace.library_tensor_holder`), by the attributes that hold
+  tensors (``ds.tensors[0]``, ``dist.loc``, ``cache.layers[0].keys``): a setting such an object
+  keeps (a shape, a flag, a device) is the library's, not the cell's.
 
-Anything else (functions, classes, modules, methods, devices, DataLoaders, library objects) is not a
-numeric output and yields nothing, as does a notebook object with nothing comparable in it.
+Anything else (functions, classes, modules, methods, devices, library objects holding no tensor)
+is not a numeric output and yields nothing, as does a notebook object with nothing comparable in it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import torch
 from neuron_workbench.run.namespace import (
     PLAIN_NAMESPACES,
     TENSOR_HOLDERS,
+    holds_tensor_data,
+    library_tensor_holder,
     module_attributes,
     tensors_held,
 )
@@ -156,6 +163,17 @@ def _walk(
         seen.add(id(value))
         for name, item in _attributes(value):
             _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
+        return
+    if library_tensor_holder(value):
+        # a library's data holder (a TensorDataset, a Normal, a DynamicCache): by the attributes
+        # that hold its tensors, as a GPU would have kept them; its settings (a shape, a flag, a
+        # device) are the library's, not the cell's
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        for name, item in _attributes(value):
+            if holds_tensor_data(item):
+                _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
     pandas = sys.modules.get("pandas")
     if pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series):

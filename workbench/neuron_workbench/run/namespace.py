@@ -168,10 +168,138 @@ PLAIN_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 def attributes_are_state(value: Any) -> bool:
     """Whether ``value``'s attributes are the cell's values: a notebook object or a namespace.
 
-    (:func:`user_object`, or one of :data:`PLAIN_NAMESPACES`.) Their attributes are walked, moved,
-    compared and committed as the cell's own values are.
+    (:func:`user_object`, one of :data:`PLAIN_NAMESPACES`, or a :func:`library_tensor_holder`.)
+    Their attributes are walked, moved, compared and committed as the cell's own values are.
     """
-    return user_object(value) or isinstance(value, PLAIN_NAMESPACES)
+    return user_object(value) or isinstance(value, PLAIN_NAMESPACES) or library_tensor_holder(value)
+
+
+#: Instances of these are never a :func:`library_tensor_holder`: what the walks treat as such
+#: already (modules, optimizers, containers), or what holds no state of the cell's.
+_NOT_TENSOR_HOLDERS = (
+    torch.Tensor,
+    torch.nn.Module,
+    torch.optim.Optimizer,
+    dict,
+    list,
+    tuple,
+    set,
+    frozenset,
+    collections.deque,
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.MethodType,
+    functools.partial,
+    enum.Enum,
+    *PLAIN_NAMESPACES,
+)
+#: How deep :func:`library_tensor_holder` looks (containers and library objects inside one), and
+#: how many values it looks at in all: a tokenizer's vocabulary is no place to look for tensors.
+_HOLDER_DEPTH = 4
+_HOLDER_LOOKS = 1_000
+
+
+def library_tensor_holder(value: Any) -> bool:
+    """Whether ``value`` is an instance of a library's class that holds tensors in its attributes.
+
+    Parameters
+    ----------
+    value : object
+        Any value a cell bound or read.
+
+    Returns
+    -------
+    bool
+        True for an object of a class an installed module defines (not the notebook's, not a
+        builtin, not the workbench's own) whose ``__dict__`` holds a tensor, directly, in lists,
+        tuples, deques, sets or dict values, or in another such object's attributes, a few levels
+        deep: ``TensorDataset.tensors``, ``Normal.loc``, a ``DynamicCache``'s
+        ``layers[i].keys``. Modules and optimizers are not (they are walked as what they are),
+        nor is what holds one (an LR scheduler): only tensors make a data holder.
+
+    Notes
+    -----
+    On a GPU such an object's tensors stay where the cell put them; on the CPU standing in for
+    cuda they come back as CPU tensors, so the object is walked, moved and compared through its
+    attributes as a notebook object is (:func:`attributes_are_state`).
+    """
+    if not _library_class(type(value)):
+        return False
+    attributes = _own_attributes(value)
+    return attributes is not None and _finds_tensor(attributes.values(), _HOLDER_DEPTH, [0])
+
+
+def holds_tensor_data(value: Any) -> bool:
+    """Whether ``value`` is a tensor or holds one, looking as :func:`library_tensor_holder` does.
+
+    Parameters
+    ----------
+    value : object
+        An attribute of a library's tensor holder.
+
+    Returns
+    -------
+    bool
+        True for a tensor, and for a container or library object with a tensor inside (a few
+        levels deep); False for a setting (a shape, a flag, a device, a config object).
+    """
+    return _finds_tensor((value,), _HOLDER_DEPTH, [0])
+
+
+_NOT_LIBRARIES = frozenset({"builtins", "__main__"})
+
+
+def _own_attributes(value: Any) -> dict[str, Any] | None:
+    """``vars(value)`` where it is a plain dict, else None (a proxy's own ``__dict__`` may raise)."""
+    try:
+        attributes = vars(value)
+    except Exception:  # no __dict__ (a C type), or a proxy refusing the question
+        return None
+    return attributes if type(attributes) is dict else None
+
+
+def _finds_tensor(items: Iterable[Any], depth: int, looked: list[int]) -> bool:
+    """Whether a tensor is among ``items`` or inside them, as :func:`library_tensor_holder` looks."""
+    for item in items:
+        looked[0] += 1
+        if looked[0] > _HOLDER_LOOKS:
+            return False
+        kind = type(item)
+        if kind in _ATOMS:
+            continue
+        if isinstance(item, torch.Tensor):
+            return True
+        if depth <= 0 or issubclass(kind, torch.nn.Module | torch.optim.Optimizer):
+            continue
+        if issubclass(kind, dict):
+            inside: Iterable[Any] | None = item.values()
+        elif issubclass(kind, list | tuple | set | frozenset | collections.deque):
+            inside = item
+        elif _library_class(kind):
+            inside = (_own_attributes(item) or {}).values()
+        else:
+            inside = None
+        if inside is not None and _finds_tensor(inside, depth - 1, looked):
+            return True
+    return False
+
+
+def _library_class(kind: type) -> bool:
+    """Whether instances of ``kind`` may be a :func:`library_tensor_holder` (by their class alone).
+
+    Not the notebook's classes nor dataclasses (:func:`user_object` already), nor the workbench's
+    own (a report kept with ``-o`` holds runs' outputs, not state).
+    """
+    module = kind.__module__
+    return not (
+        kind in _ATOMS
+        or not isinstance(module, str)
+        or module in _NOT_LIBRARIES
+        or module.startswith("neuron_workbench.")
+        or issubclass(kind, _NOT_TENSOR_HOLDERS)
+        or dataclasses.is_dataclass(kind)
+    )
 
 
 def module_attributes(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
@@ -928,13 +1056,31 @@ ORIGIN_ATTR = "_workbench_device"
 
 
 def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
-    """Mark the tensors notebook objects in ``kept`` hold where ``other``'s are on a device.
+    """Mark the tensors objects in ``kept`` hold where ``other``'s are on a device.
 
     ``kept`` and ``other`` are one name's values after the two runs of a cell. A run on the host
     holds every tensor on the CPU: the accelerator run's placement of the same attribute says which
-    ones the cell put on cuda, for the next cell's runs (:func:`move_to_device`).
+    ones the cell put on cuda, for the next cell's runs (:func:`move_to_device`). The objects are
+    those whose attributes are state (:func:`attributes_are_state`: notebook objects, namespaces,
+    a library's tensor holders), also where dicts, lists and tuples hold them (the layers of a
+    ``DynamicCache``), walked side by side.
     """
-    if depth > 8 or not attributes_are_state(kept) or type(other) is not type(kept):
+    if depth > 8 or type(other) is not type(kept):
+        return
+    if not attributes_are_state(kept) and isinstance(kept, dict | list | tuple):
+        # (a DynamicCache's list of layers, a dict of notebook objects: the objects inside; a
+        # tensor a container holds moves with its container, as move_to_device moves it)
+        if len(kept) != len(other) or len(kept) > _MOST_ITEMS_SEARCHED:
+            return
+        if isinstance(kept, dict):
+            pairs: Iterable[tuple[Any, Any]] = ((v, other.get(k)) for k, v in kept.items())
+        else:
+            pairs = zip(kept, other, strict=True)
+        for item, counterpart in pairs:
+            if not isinstance(item, _NO_DEVICE_INSIDE):
+                mark_attribute_tensors(item, counterpart, depth + 1)
+        return
+    if not attributes_are_state(kept):
         return
     mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
