@@ -4,6 +4,7 @@ Each test is a bug a user met on this path (results that could not come back, vi
 base, names read without scopes, a worker that did not start in time, a cell that compared nothing).
 """
 
+import contextlib
 import gc
 import os
 import pathlib
@@ -2191,6 +2192,51 @@ def test_a_tmp_folder_the_cell_makes_is_scratch_in_both_runs(ip):
             assert sorted(open(os.path.join(folder, "log.txt")).read().split()) == ["cpu", "neuron"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_folder_listing_in_the_run_not_kept_shows_the_files_it_wrote(ip):
+    # save_pretrained wrote config.json through open() (kept apart in the target run) and the
+    # weights below Python: when the target listed the folder before the reference had written its
+    # files, its os.listdir missed its own config, and the cell FAILed (files[1] missing on the
+    # target). The reference waits here for the target's listing, the order that failed.
+    folder = pathlib.Path.cwd() / f".listing-test-{os.getpid()}"
+    listed = os.path.join(tempfile.gettempdir(), f"tmp_wb_listed_{os.getpid()}")  # scratch: real
+    run_cell(
+        ip,
+        f"import os, time, torch\nd = {str(folder)!r}\nlisted = {listed!r}\n"
+        "def wait_for(path):\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while not os.path.exists(path) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)",
+    )
+    try:
+        run_cell(
+            ip,
+            "%%neuron -o r\n"
+            "here = torch.ones(1, device='cuda').device.type\n"
+            "if here == 'cpu':\n"
+            "    wait_for(listed)\n"
+            "os.makedirs(d, exist_ok=True)\n"
+            "torch.save({'a': torch.ones(2, device='cuda')}, os.path.join(d, 'w.pt'))\n"
+            "with open(os.path.join(d, 'notes.txt'), 'w') as f:\n"
+            "    f.write('x')\n"
+            "files = sorted(os.listdir(d))\n"
+            "if here != 'cpu':\n"
+            "    open(listed, 'w').close()\n"
+            "del here, f",
+        )
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert (
+            report.ref.outputs["files"] == report.target.outputs["files"] == ["notes.txt", "w.pt"]
+        )
+        # the notebook's folder holds the kept run's files only
+        assert sorted(os.listdir(folder)) == ["notes.txt", "w.pt"]
+        assert _storage_locations(folder / "w.pt") == {"cpu"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(listed)
 
 
 def test_an_atomic_save_leaves_only_the_kept_runs_checkpoint(ip):

@@ -1,4 +1,5 @@
 import builtins
+import glob
 import io
 import os
 import pathlib
@@ -55,7 +56,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
     data = folder / "data.csv"
     data.write_text("a,b\n1,2\n")
     originals = (builtins.open, io.open, os.replace, os.rename, os.remove, os.unlink, os.stat)
-    folders = (shutil.rmtree, os.rmdir, os.mkdir)
+    folders = (shutil.rmtree, os.rmdir, os.mkdir, os.listdir, os.scandir)
     zip_writer, load = torch.serialization._open_zipfile_writer, torch.load
     with writes_kept_apart() as writes:
         assert data.read_text() == "a,b\n1,2\n"
@@ -71,7 +72,7 @@ def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(fold
         os.unlink,
         os.stat,
     ) == originals
-    assert (shutil.rmtree, os.rmdir, os.mkdir) == folders
+    assert (shutil.rmtree, os.rmdir, os.mkdir, os.listdir, os.scandir) == folders
     assert torch.serialization._open_zipfile_writer is zip_writer
     assert torch.load is torch.serialization.load is load
 
@@ -301,3 +302,62 @@ def test_what_the_run_made_and_removed_leaves_nothing_behind(folder):
         assert os.path.exists(kept.name)
         assert sorted(os.path.basename(p) for p in writes.written) == ["ckpt.pt"]
     assert list(folder.iterdir()) == []
+
+
+def test_folder_listings_show_the_runs_own_files_and_hide_what_it_removed(folder):
+    # save_pretrained wrote config.json through open() (kept apart) and the weights below Python
+    # (for real): the run's os.listdir missed the config it had just written, and compare FAILed.
+    (folder / "old.txt").write_text("the notebook's")
+    (folder / "gone.txt").write_text("stays")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "deep.txt").write_text("the notebook's")
+    with writes_kept_apart():
+        torch.save({"a": 1}, folder / "w.pt")
+        (folder / "notes.txt").write_text("x")
+        (folder / "old.txt").write_text("the run's")  # over a real file: listed once, its copy
+        os.remove(folder / "gone.txt")
+        (folder / "sub" / "mine.txt").write_text("mine")
+        os.makedirs(folder / "made")
+        seen = ["made", "notes.txt", "old.txt", "sub", "w.pt"]
+        assert sorted(os.listdir(folder)) == sorted(os.listdir(str(folder))) == seen
+        assert sorted(p.name for p in folder.iterdir()) == seen
+        rel = os.path.relpath(folder)
+        with os.scandir(rel) as it:
+            entries = {e.name: e for e in it}
+        assert sorted(entries) == seen
+        notes = entries["notes.txt"]
+        assert notes.is_file() and not notes.is_dir() and not notes.is_symlink()
+        assert notes.path == os.fspath(notes) == os.path.join(rel, "notes.txt")
+        assert notes.stat().st_size == 1 and notes.inode() == notes.stat().st_ino
+        assert entries["old.txt"].stat().st_size == len("the run's")
+        assert entries["sub"].is_dir() and entries["made"].is_dir()
+        texts = glob.glob(os.path.join(folder, "*.txt"))
+        assert sorted(os.path.basename(p) for p in texts) == ["notes.txt", "old.txt"]
+        assert [p.name for p in folder.glob("*.pt")] == ["w.pt"]
+        assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*.txt")) == [
+            "notes.txt", "old.txt", "sub/deep.txt", "sub/mine.txt",
+        ]  # fmt: skip
+        walked = {
+            os.path.relpath(root, folder): sorted(files) for root, _, files in os.walk(folder)
+        }
+        assert walked == {
+            ".": ["notes.txt", "old.txt", "w.pt"], "made": [], "sub": ["deep.txt", "mine.txt"],
+        }  # fmt: skip
+        shutil.rmtree(folder / "sub")
+        assert sorted(os.listdir(folder)) == ["made", "notes.txt", "old.txt", "w.pt"]
+        with pytest.raises(FileNotFoundError):
+            os.listdir(folder / "sub")
+        with pytest.raises(FileNotFoundError):
+            os.scandir(folder / "sub")
+        os.makedirs(folder / "sub")  # there again, empty
+        assert os.listdir(folder / "sub") == [] and list(os.scandir(folder / "sub")) == []
+        # bytes paths and fds: the real folder, as it is
+        assert sorted(os.listdir(os.fsencode(folder))) == [b"gone.txt", b"made", b"old.txt", b"sub"]
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            assert sorted(os.listdir(fd)) == ["gone.txt", "made", "old.txt", "sub"]
+        finally:
+            os.close(fd)
+    # outside the run: the disk, which the run did not write to (a folder it made stays)
+    assert sorted(os.listdir(folder)) == ["gone.txt", "made", "old.txt", "sub"]
+    assert sorted(e.name for e in os.scandir(folder / "sub")) == ["deep.txt"]

@@ -15,11 +15,13 @@ holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unli
 or renames away is hidden from it, never touched (``os.mkdir``/``makedirs`` give it a removed folder
 back, empty); ``os.stat`` (so ``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same
 view, and so does ``os.open`` (``Path.touch``; a file it makes new, ``tempfile.mkstemp(dir=...)``'s,
-is made for real and is the run's own: renamed into place, it leaves the folder). Files it did not
-write read as they are. Not covered: writes made below Python (``safetensors``' Rust writer, HDF5),
-folder listings and folder renames (``os.listdir``, ``glob`` do not show the run's copies), and
-other processes reading or writing what the run wrote (a subprocess sees the notebook's file; a
-forked child's writes are its own). The
+is made for real and is the run's own: renamed into place, it leaves the folder). Folder listings
+(``os.listdir``, ``os.scandir``, so ``glob``, ``os.walk`` and ``pathlib``'s ``iterdir`` and ``glob``)
+show the run's view too: the files it wrote, not those it removed; an entry for a file it wrote is
+not an ``os.DirEntry`` but has its attributes and methods. Files it did not write read as they are.
+Not covered: writes made below Python (``safetensors``' Rust writer, HDF5), listings of bytes paths
+and fds, folder renames, ``os.lstat`` (``os.path.lexists``), and other processes reading or writing
+what the run wrote (a subprocess sees the notebook's file; a forked child's writes are its own). The
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
 apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders made during the
 run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other
@@ -259,9 +261,8 @@ class WritesKeptApart:
             for written in [p for p in self._shadows if p.startswith(below)]:
                 with contextlib.suppress(OSError):
                     _UNLINK(self._shadows.pop(written))
-            for root, folders, files in os.walk(real, topdown=False):
-                for name in (*files, *folders):
-                    self._hide(os.path.join(root, name))
+            for below_real in _below(real):
+                self._hide(below_real)
             self._hide(real)
         return True
 
@@ -279,7 +280,7 @@ class WritesKeptApart:
             if real in self._deleted or not os.path.isdir(real):
                 raise _not_found(path)
             below = os.path.join(real, "")
-            seen = [e for e in os.listdir(real) if os.path.join(real, e) not in self._deleted]
+            seen = [e for e in _LISTDIR(real) if os.path.join(real, e) not in self._deleted]
             if seen or any(p.startswith(below) for p in self._shadows):
                 raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), os.fsdecode(path))
             self._hide(real)
@@ -315,6 +316,63 @@ class WritesKeptApart:
         if real in self._deleted:
             raise _not_found(path)
         return real, path
+
+    def folder_view(self, path: Any) -> tuple[str, dict[str, str]] | None:
+        """What a listing of the folder ``path`` shows besides the real entries.
+
+        Parameters
+        ----------
+        path
+            What ``os.listdir``/``os.scandir`` was given (None: the working folder).
+
+        Returns
+        -------
+        tuple[str, dict[str, str]] | None
+            The folder's absolute path and the run's own files directly in it (name: its copy);
+            the real entries it removed or renamed away are left out by :meth:`hides`. None where
+            the real listing is the run's: an fd, a bytes path, or nothing kept apart yet.
+
+        Raises
+        ------
+        FileNotFoundError
+            The run removed the folder in its view.
+        """
+        if path is None:
+            path = "."
+        if isinstance(path, int) or not isinstance(path, str | os.PathLike):
+            return None  # an fd (glob's dir_fd), bytes: as they are
+        path = os.fspath(path)
+        if not isinstance(path, str):
+            return None
+        with self._lock:
+            if not self._shadows and not self._deleted:
+                return None
+            # the folder itself may be exempt or scratch (the temporary folder): files in it that
+            # are kept apart (a project kept in /tmp) are still named by their absolute path
+            folder = os.path.abspath(path)
+            if folder in self._deleted:
+                raise _not_found(path)
+            own = {
+                os.path.basename(real): shadow
+                for real, shadow in self._shadows.items()
+                if os.path.dirname(real) == folder
+            }
+        return folder, own
+
+    def hides(self, real: str) -> bool:
+        """Whether the real file or folder ``real`` is out of the run's view.
+
+        Parameters
+        ----------
+        real
+            An absolute path, as :meth:`folder_view`'s folder joined with an entry's name.
+
+        Returns
+        -------
+        bool
+            True where the run removed or renamed it away (it is still on disk).
+        """
+        return real in self._deleted
 
     def stat_path(self, path: Any) -> Any:
         """The path ``os.stat(path)`` should look at: the run's copy of a file it wrote."""
@@ -358,7 +416,96 @@ def _real_folder(path: str) -> bool:
 
 
 #: ``os`` functions as this module found them: a run's patches answer for the run's view.
-_STAT, _UNLINK, _RMDIR = os.stat, os.unlink, os.rmdir
+_STAT, _UNLINK, _RMDIR, _LISTDIR = os.stat, os.unlink, os.rmdir, os.listdir
+
+
+class _OwnEntry:
+    """A run's own file in a folder listing, as ``os.scandir`` gives an entry.
+
+    ``os.DirEntry`` cannot be made from Python; this has what ``glob``, ``os.walk`` and
+    ``pathlib`` use of one (and the rest of its methods), and answers from the run's copy.
+    """
+
+    __slots__ = ("_copy", "name", "path")
+
+    def __init__(self, name: str, path: str, copy: str) -> None:
+        self.name, self.path, self._copy = name, path, copy
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        return True
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        return False
+
+    def is_symlink(self) -> bool:
+        return False
+
+    def is_junction(self) -> bool:
+        return False
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        return _STAT(self._copy)
+
+    def inode(self) -> int:
+        return self.stat().st_ino
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<DirEntry {self.name!r}>"
+
+
+class _ViewedScandir:
+    """``os.scandir``'s iterator over a folder as a run sees it (a context manager, as that one).
+
+    The real entries, less those the run removed or renamed away and with its own copy in place
+    of a file it wrote over, then the files it wrote that are not on disk.
+    """
+
+    def __init__(self, real: Any, path: Any, folder: str, own: dict[str, str], hides: Any) -> None:
+        self._real = real
+        self._entries = self._walk(os.fspath(path) if path is not None else ".", folder, own, hides)
+
+    def _walk(self, path: str, folder: str, own: dict[str, str], hides: Any) -> Iterator[Any]:
+        own = dict(own)
+        for entry in self._real:
+            copy = own.pop(entry.name, None)
+            if copy is not None:
+                yield _OwnEntry(entry.name, entry.path, copy)
+            elif not hides(os.path.join(folder, entry.name)):
+                yield entry
+        for name, copy in own.items():
+            yield _OwnEntry(name, os.path.join(path, name), copy)
+
+    def __iter__(self) -> _ViewedScandir:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._entries)
+
+    def close(self) -> None:
+        self._real.close()
+        self._entries.close()
+
+    def __enter__(self) -> _ViewedScandir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _below(folder: str) -> Iterator[str]:
+    """The paths below the real ``folder``, inner ones first, as on disk (links not followed)."""
+    try:
+        names = _LISTDIR(folder)  # not the run's view: what it hides is hidden again, harmlessly
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        if not os.path.islink(path) and _real_folder(path):
+            yield from _below(path)
+        yield path
 
 
 def _not_found(path: Any) -> FileNotFoundError:
@@ -409,9 +556,10 @@ def writes_kept_apart(
 
     Yields the :class:`WritesKeptApart` record (``written``: the real paths the run wrote). The
     private copies are deleted on exit. Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``,
-    ``rename``, ``remove``, ``unlink``, ``stat``, ``chmod`` and ``utime``, and torch's zip writer
-    and ``load``, for the duration, in every thread; ``namespace``'s own ``open`` (a notebook's)
-    goes through the private copies too.
+    ``rename``, ``remove``, ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``,
+    ``utime``, ``listdir`` and ``scandir``, ``shutil.rmtree``, and torch's zip writer and ``load``,
+    for the duration, in every thread; ``namespace``'s own ``open`` (a notebook's) goes through the
+    private copies too.
     """
     folder = tempfile.mkdtemp(prefix="neuron-workbench-writes-")
     record = WritesKeptApart(folder, notebook_temp)
@@ -486,7 +634,24 @@ def writes_kept_apart(
     def renamed(src: Any, dst: Any) -> bool:
         return record.renamed(src, dst, real_replace)
 
+    # Folder listings (Path.iterdir; glob, Path.glob and os.walk through scandir) show the run's
+    # view: a file it wrote is listed where it wrote it, though its bytes are elsewhere.
+    def listdir(path: Any = None) -> list[Any]:
+        view = record.folder_view(path)
+        if view is None:
+            return real_listdir(path)
+        folder, own = view
+        names = [n for n in real_listdir(path) if not record.hides(os.path.join(folder, n))]
+        return names + sorted(set(own) - set(names))
+
+    def scandir(path: Any = None) -> Any:
+        view = record.folder_view(path)
+        if view is None:
+            return real_scandir(path)
+        return _ViewedScandir(real_scandir(path), path, *view, record.hides)
+
     real_stat, real_rmtree, real_mkdir, real_os_open = os.stat, shutil.rmtree, os.mkdir, os.open
+    real_listdir, real_scandir = os.listdir, os.scandir
     open_ = redirecting(real_open)
     patches = [
         (builtins, {"open": open_}),
@@ -504,6 +669,8 @@ def writes_kept_apart(
                 "stat": stat,
                 "chmod": on_metadata(os.chmod),
                 "utime": on_metadata(os.utime),
+                "listdir": listdir,
+                "scandir": scandir,
             },
         ),
         (shutil, {"rmtree": rmtree}),
