@@ -2410,3 +2410,18 @@ def test_a_transformers_kv_cache_carries_decoding_from_cell_to_cell(ip):
     paths = [diff.path for diff in report.comparison.diffs]
     assert "o2.logits" in paths and "cache.layers[0].keys" in paths  # grown in place, as on a GPU
     assert ip.user_ns["n"] == 4 and ip.user_ns["cache"].get_seq_length() == 4
+
+
+def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
+    # `with open(...) as f` left a closed file as `f`; the second run of the same cell took `f`
+    # for a name the cell reads and was refused ("'f' (a TextIOWrapper) cannot be sent")
+    run_cell(ip, f"import torch\nlog = {str(tmp_path / 'log.txt')!r}")
+    cell = (
+        "%%neuron -o r\n"
+        "with open(log, 'w') as f:\n    f.write('step')\n"
+        "for g in (torch.Generator(),):\n    g.manual_seed(1)\n"
+        "y = torch.ones(2, device='cuda')"
+    )
+    for _ in range(2):
+        run_cell(ip, cell)
+        assert _report(ip).verdict == "PASS", _report(ip).summary()

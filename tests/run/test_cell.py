@@ -1,3 +1,5 @@
+import ast
+
 import pytest
 
 from neuron_workbench.errors import WorkbenchUsageError
@@ -122,7 +124,7 @@ def test_global_declarations_in_place_updates_and_deletions_are_reads():
     # a function's own ``+=`` and ``del`` work on its locals
     assert _reads("def f():\n    acc = 0\n    acc += 1\n    del acc") == set()
     loop = "for i in range(3):\n    total += f(i)\n    del old"
-    assert _reads(loop) == {"range", "total", "f", "i", "old"}
+    assert _reads(loop) == {"range", "total", "f", "old"}  # the body's i is the loop's
 
 
 def test_names_bound_in_an_enclosing_function_are_not_reads():
@@ -212,3 +214,21 @@ def test_hooks_deep_in_a_model_are_found_past_empty_and_shared_submodules():
     )
     names = referenced_names(compile_cell("model(torch.ones(2)).sum().backward()"), namespace)
     assert {"grads", "calls", "outs"} <= names
+
+
+def test_with_and_for_targets_are_bound_in_their_bodies():
+    from neuron_workbench.run.cell import _names_read_before_bound
+
+    def reads(source):
+        return set(_names_read_before_bound(ast.parse(source)))
+
+    # the body reads what the statement bound, not the notebook's name of that name
+    assert reads("with open(p) as f:\n    f.read()") == {"open", "p"}
+    assert reads("with a as (x, y), b(x) as z:\n    q = x + y + z") == {"a", "b"}
+    assert reads("for batch in loader:\n    model(batch)") == {"loader", "model"}
+    # ... but what binds a target is read, and a loop's target may stay unbound
+    assert reads("with ctx as obj.attr:\n    pass") == {"ctx", "obj"}
+    assert "i" in reads("for i in range(n):\n    pass\nelse:\n    print(i)")
+    assert "i" in reads("for i in range(n):\n    pass\nprint(i)")
+    # a context manager may suppress the rest of its body: what the body binds may stay unbound
+    assert "out" in reads("with suppress(E):\n    out = f()\nprint(out)")

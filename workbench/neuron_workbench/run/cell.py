@@ -115,14 +115,47 @@ def _names_read_before_bound(tree: ast.Module) -> dict[str, frozenset[str]]:
     ``model = Net()`` followed by ``model(x)`` never reads the notebook's old ``model``, so it need
     not be copied for each run; ``x = x + 1`` does read it.
     """
-    bound: set[str] = set()
     reads: dict[str, frozenset[str]] = {}
-    for stmt in tree.body:
-        snapshot = frozenset(bound)
-        for name in _statement_reads(stmt) - bound:
-            reads.setdefault(name, snapshot)
-        bound |= _definitely_bound(stmt)
+    _block_reads(tree.body, set(), reads)
     return reads
+
+
+def _block_reads(body: list[ast.stmt], bound: set[str], reads: dict[str, frozenset[str]]) -> None:
+    """Note in ``reads`` what each statement of ``body`` reads unbound; ``bound`` grows as they bind.
+
+    A ``with ... as f`` or ``for x in ...`` statement's body runs with its targets bound: a body
+    reading ``f`` does not read the notebook's ``f`` (a closed file an earlier run of the cell
+    left there, which could not be sent to the worker).
+    """
+    for stmt in body:
+        if isinstance(stmt, ast.With | ast.AsyncWith):
+            inner = set(bound)
+            targets: set[str] = set()
+            for item in stmt.items:  # each item's expression is evaluated before its target binds
+                _expression_reads(item.context_expr, inner, reads)
+                if item.optional_vars is not None:
+                    _expression_reads(item.optional_vars, inner, reads)  # `as obj.attr` reads obj
+                    targets |= _target_names(item.optional_vars)
+                    inner |= targets
+            _block_reads(stmt.body, inner, reads)
+            bound |= targets  # not the body's bindings: a context manager may suppress the rest
+        elif isinstance(stmt, ast.For | ast.AsyncFor):
+            _expression_reads(stmt.iter, bound, reads)
+            _expression_reads(stmt.target, bound, reads)  # `for obj.i in ...` reads obj
+            _block_reads(stmt.body, bound | _target_names(stmt.target), reads)
+            _block_reads(stmt.orelse, set(bound), reads)  # no item: the target is not bound
+        else:
+            snapshot = frozenset(bound)
+            for name in _statement_reads(stmt) - bound:
+                reads.setdefault(name, snapshot)
+            bound |= _definitely_bound(stmt)
+
+
+def _expression_reads(expr: ast.expr, bound: set[str], reads: dict[str, frozenset[str]]) -> None:
+    """Note in ``reads`` what ``expr`` reads that ``bound`` does not hold (a target's objects too)."""
+    snapshot = frozenset(bound)
+    for name in _statement_reads(ast.Expr(value=expr)) - bound:
+        reads.setdefault(name, snapshot)
 
 
 # Nodes that open a scope of their own: a statement without any is read exactly by a plain walk.
