@@ -2425,3 +2425,15 @@ def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
     for _ in range(2):
         run_cell(ip, cell)
         assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
+def test_a_batch_dict_a_plain_cell_deletes_is_freed_at_once(ip):
+    # what a %%neuron cell bound on its device was forgotten only when the next %%neuron cell
+    # ran: `del batch` in a plain cell left its tensors alive until then
+    run_cell(ip, "import torch, weakref, gc")
+    run_cell(ip, "%%neuron -o r\nbatch = {'x': torch.randn(64, 64, device='cuda')}")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    run_cell(ip, "first = weakref.ref(batch['x'])\nr = None")
+    run_cell(ip, "del batch")
+    run_cell(ip, "gc.collect()")
+    assert ip.user_ns["first"]() is None

@@ -193,8 +193,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         A plain cell runs on the cpu stand-in for cuda, where a move changes nothing: without this,
         the next ``%%neuron`` cell put a model that ``model.cpu()`` moved back on each run's device,
         and left one that ``nn.Linear(4, 2).to(device)`` or ``copy.deepcopy(model)`` made on the
-        CPU (see :mod:`neuron_workbench.run.host_moves`).
+        CPU (see :mod:`neuron_workbench.run.host_moves`). What the cell let go of (``del batch``)
+        is forgotten as on the device, so that its memory is freed now, as plain Python frees it.
         """
+        self.session.resident.prune()
         if not getattr(result, "success", False):
             return  # what ran before the error is unknown: everything stays where it was
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
