@@ -2437,3 +2437,28 @@ def test_a_batch_dict_a_plain_cell_deletes_is_freed_at_once(ip):
     run_cell(ip, "del batch")
     run_cell(ip, "gc.collect()")
     assert ip.user_ns["first"]() is None
+
+
+def test_running_a_cell_again_closes_the_widgets_its_last_run_showed(ip, monkeypatch):
+    # every %%neuron cell left its report view's two dozen widgets open for the session: a
+    # training cell run 100 times held 2,300 widgets (about 1 MiB a run)
+    from ipywidgets.widgets.widget import _instances
+
+    from neuron_workbench.views import WIDGET_VIEW_MIME
+
+    monkeypatch.setattr(type(ip), "kernel", object(), raising=False)  # widgets can render
+    monkeypatch.setattr(ip, "parent_header", {"metadata": {"cellId": "cell-1"}}, raising=False)
+    shown = []
+    monkeypatch.setattr(
+        "neuron_workbench.magics.neuron.display",
+        lambda data, **kwargs: shown.append(data[WIDGET_VIEW_MIME]["model_id"]),
+    )
+    run_cell(ip, "import torch")
+    for _ in range(3):
+        run_cell(ip, "%%neuron\ny = torch.ones(2, device='cuda') * 2")
+    assert len(shown) == 3 and len(set(shown)) == 3
+    assert shown[0] not in _instances and shown[1] not in _instances
+    assert shown[2] in _instances
+    before = len(_instances)
+    run_cell(ip, "%%neuron\ny = torch.ones(2, device='cuda') * 2")
+    assert len(_instances) == before  # as many widgets as before: the last run's were closed

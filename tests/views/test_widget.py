@@ -157,6 +157,44 @@ def test_show_report_never_breaks_the_cell(monkeypatch, ip, capsys):
     assert "report view unavailable" in capsys.readouterr().err
 
 
+def _live_widgets():
+    """The model ids of the widgets open in this process."""
+    from ipywidgets.widgets.widget import _instances
+
+    return set(_instances)
+
+
+def test_closing_a_view_closes_every_widget_it_made(data):
+    # Widget.close closes one widget: a closed view left its two dozen tabs, panes, figures and
+    # layouts (and the report data they show) in the kernel
+    before = _live_widgets()
+    view = ReportView(data).build_all()
+    made = _live_widgets() - before
+    assert len(made) > 20
+    view.close()
+    assert not made & _live_widgets()
+
+
+def test_a_cells_views_are_closed_when_the_cell_shows_new_ones(report, monkeypatch, ip):
+    # each run of a cell kept its widgets for the whole session (a training cell run 100 times:
+    # 2,300 widgets, about 1 MiB each run); the front end's cell id tells which views a run
+    # replaces
+    monkeypatch.setattr(type(ip), "kernel", object(), raising=False)
+    shown = {}
+    for cell in ("a", "b", "a"):
+        views.close_cell_views(cell)
+        data, _ = views.report_bundle(report, cell_id=cell)
+        shown.setdefault(cell, []).append(data[views.WIDGET_VIEW_MIME]["model_id"])
+    live = _live_widgets()
+    assert shown["a"][0] not in live  # replaced by the cell's second run
+    assert {shown["a"][1], shown["b"][0]} <= live
+    views.close_cell_views(None)  # no cell id (a terminal shell): nothing to close
+    data, _ = views.report_bundle(report)
+    assert data[views.WIDGET_VIEW_MIME]["model_id"] in _live_widgets()
+    for cell in ("a", "b"):
+        views.close_cell_views(cell)
+
+
 @pytest.mark.parametrize("library", ["plotly", "ipywidgets"])
 def test_only_views_import_plotly_and_ipywidgets(library):
     package = pathlib.Path(neuron_workbench.__file__).parent

@@ -344,11 +344,17 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         if args.output:
             self.shell.user_ns[args.output] = report if len(result.reports) == 1 else result.reports
         # One display per report; each front end picks its richest view (views.report_bundle).
-        from neuron_workbench.views import report_bundle
+        from neuron_workbench.views import close_cell_views, report_bundle
 
+        # the cell's output is replaced: the views its last run showed go (their widgets too)
+        header = getattr(self.shell, "parent_header", None)
+        metadata = header.get("metadata") if isinstance(header, dict) else None
+        cell_id = metadata.get("cellId") if isinstance(metadata, dict) else None
+        cell_id = cell_id if isinstance(cell_id, str) else None
+        close_cell_views(cell_id)
         for each in result.reports:
             data, metadata = report_bundle(
-                each, widget="force" if args.widget or self.widget else "auto"
+                each, widget="force" if args.widget or self.widget else "auto", cell_id=cell_id
             )
             display(data, metadata=metadata, raw=True)
         if result.strict_violation:

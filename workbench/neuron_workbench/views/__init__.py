@@ -16,7 +16,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["WIDGET_VIEW_MIME", "ReportView", "report_bundle", "show_report", "widgets_can_render"]
+__all__ = [
+    "WIDGET_VIEW_MIME",
+    "ReportView",
+    "close_cell_views",
+    "report_bundle",
+    "show_report",
+    "widgets_can_render",
+]
 
 #: MIME type of an ipywidgets view in a display bundle.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -67,7 +74,33 @@ def show_report(report: Any) -> None:
         )
 
 
-def report_bundle(report: Any, *, widget: str = "auto") -> tuple[dict[str, Any], dict[str, Any]]:
+#: The report views each notebook cell (by its front end's cell id) showed last: running a cell
+#: again replaces its output, and the views it showed before are closed
+#: (:func:`close_cell_views`); otherwise every run of a cell kept two dozen widgets, and the report
+#: data they hold, for the rest of the session.
+_CELL_VIEWS: dict[str, list[Any]] = {}
+
+
+def close_cell_views(cell_id: str | None) -> None:
+    """Close the report views an earlier run of the cell ``cell_id`` showed.
+
+    Parameters
+    ----------
+    cell_id : str or None
+        The front end's id of the cell (JupyterLab, Notebook 7 and VS Code send one with each
+        execution); None, as from a terminal shell or a front end that sends none: nothing is
+        closed.
+    """
+    for view in _CELL_VIEWS.pop(cell_id, []) if cell_id else ():
+        try:
+            view.close()
+        except Exception:  # noqa: BLE001 - an old view that cannot close never fails the new cell
+            pass
+
+
+def report_bundle(
+    report: Any, *, widget: str = "auto", cell_id: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The MIME bundle (data, metadata) of one report: one display, each front end picks a view.
 
     The bundle carries, for ``widget="auto"``:
@@ -94,6 +127,9 @@ def report_bundle(report: Any, *, widget: str = "auto") -> tuple[dict[str, Any],
         The report, or its ``to_dict()`` data.
     widget : {"auto", "force", "none"}
         Whether the widget view is in the bundle, and whether it must win.
+    cell_id : str, optional
+        The front end's id of the cell the bundle is shown in: its view is closed when the cell
+        runs again (:func:`close_cell_views`).
 
     Returns
     -------
@@ -128,6 +164,8 @@ def report_bundle(report: Any, *, widget: str = "auto") -> tuple[dict[str, Any],
 
             view = ReportView(data_dict)
             data[WIDGET_VIEW_MIME] = view.model_view_data()
+            if cell_id:
+                _CELL_VIEWS.setdefault(cell_id, []).append(view)
         except Exception as exc:  # the other views are in the bundle already
             sys.stderr.write(
                 f"neuron-workbench: report view unavailable: {type(exc).__name__}: {exc}\n"

@@ -88,6 +88,22 @@ class ReportView(W.Tab):
         self.selected_index = 0
         self._build(0)
 
+    def close(self) -> None:
+        """Close the view and every widget it made (tabs, panes, figures, their layouts).
+
+        ``Widget.close`` closes one widget: the two dozen this view is made of, and the report
+        data they hold, would stay in the kernel for the rest of the session.
+        """
+        # (also called by Widget.__del__, on a view whose __init__ may have failed part way)
+        figures, sites = getattr(self, "figures", {}), getattr(self, "sites", {})
+        for widget in (*figures.values(), *sites.values(), *getattr(self, "children", ())):
+            _close_tree(widget)
+        figures.clear()
+        for part in (getattr(self, "layout", None), getattr(self, "style", None)):
+            if isinstance(part, W.Widget):
+                part.close()
+        super().close()
+
     # -- tabs ----------------------------------------------------------------------------------
     def _on_select(self, change: dict[str, Any]) -> None:
         index = change.get("new")
@@ -201,6 +217,17 @@ class ReportView(W.Tab):
         bundle["text/plain"] = str(self.data.get("summary", ""))
         bundle["text/html"] = static_html(self.data)
         return bundle
+
+
+def _close_tree(widget: Any) -> None:
+    """Close ``widget``, the widgets it contains and its layout and style widgets."""
+    for child in getattr(widget, "children", None) or ():
+        _close_tree(child)
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None)):
+        if isinstance(part, W.Widget):
+            part.close()
+    if isinstance(widget, W.Widget):
+        widget.close()
 
 
 def _static_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
