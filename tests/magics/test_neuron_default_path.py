@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -2462,3 +2463,64 @@ def test_running_a_cell_again_closes_the_widgets_its_last_run_showed(ip, monkeyp
     before = len(_instances)
     run_cell(ip, "%%neuron\ny = torch.ones(2, device='cuda') * 2")
     assert len(_instances) == before  # as many widgets as before: the last run's were closed
+
+
+def test_a_thread_the_cell_starts_reads_its_globals_in_both_runs(ip, tmp_path, capfd):
+    # In the worker the thread failed once the answer was sent, printing into the notebook
+    # "Exception in thread ... NameError: name 'seen' is not defined": the run's names were put
+    # back and the notebook's globals there emptied under it. Each thread waits for a flag made
+    # once the cell ended (the kernel's has committed; the worker has answered another cell since).
+    magics = ip.magics_manager.registry["NeuronMagics"]
+    magics.session.workers.get("neuron").stop()  # started again under capfd: its stderr is seen
+    flag = str(tmp_path / "go")
+    run_cell(ip, f"import os, threading, time, torch\nflag = {flag!r}")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "seen = []\n"
+        "def bg(flag=flag, os=os, time=time):\n"
+        "    for _ in range(3000):\n"
+        "        if os.path.exists(flag):\n"
+        "            break\n"
+        "        time.sleep(0.01)\n"
+        "    try:\n"
+        "        seen.append(1)\n"
+        "        outcome = 'ok'\n"
+        "    except NameError as exc:\n"
+        "        outcome = str(exc)\n"
+        "    with open(f'{flag}.{os.getpid()}', 'w') as out:\n"
+        "        out.write(outcome)\n"
+        "threading.Thread(target=bg, daemon=True).start()\n"
+        "y = torch.ones(2, device='cuda')",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    run_cell(ip, "%%neuron -o r2\nz = torch.ones(2, device='cuda')")  # the worker's next request
+    assert _report(ip, "r2").verdict == "PASS", _report(ip, "r2").summary()
+    pathlib.Path(flag).touch()
+    outcomes = {}
+    for _ in range(1000):
+        outcomes = {p.name: p.read_text() for p in tmp_path.glob("go.*")}
+        if len(outcomes) == 2 and all(outcomes.values()):
+            break
+        time.sleep(0.01)
+    # the kernel's thread and the worker's
+    assert sorted(outcomes.values()) == ["ok", "ok"], outcomes
+    time.sleep(0.2)  # a traceback is printed after the thread's last line
+    assert "Exception in thread" not in capfd.readouterr().err
+    assert ip.user_ns["seen"] == [1]
+
+
+def test_input_in_the_cell_says_the_worker_has_no_standard_input(ip, monkeypatch):
+    # the kernel asked the user, the worker raised "EOFError: EOF when reading a line": a report
+    # that read as neuron's failure
+    import builtins
+
+    monkeypatch.setattr(builtins, "input", lambda prompt="": "3")  # the user answers in the kernel
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron -o r\nn = int(input('n? '))\ny = torch.ones(n, device='cuda')")
+    report = _report(ip)
+    assert report.verdict == "ERROR"
+    summary = report.summary()
+    assert "\n" not in summary
+    assert "the worker process has no standard input" in summary, summary
+    assert "--executor inprocess" in summary, summary

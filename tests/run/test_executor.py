@@ -34,6 +34,16 @@ def test_error_is_recorded_with_its_cell_line_and_namespace_restored():
     assert ns["a"] == 1 and "b" not in ns
 
 
+def test_a_run_that_need_not_restore_leaves_the_namespace_as_it_ended():
+    # a target process's run: a thread the cell started read its namespace put back under it
+    # (NameError on a name the cell bound)
+    ns = _ns(a=1)
+    program = compile_cell("a = 2\nb = [a]")
+    run = execute(RunSpec(program, ns, restore_namespace=False), get_backend("cpu"))
+    assert run.ok and set(run.outputs) == {"a", "b"}
+    assert ns["a"] == 2 and ns["b"] is run.outputs["b"]
+
+
 def test_a_run_that_raised_keeps_its_script_record(tmp_path):
     # its report names the script's line (train.py, line 2), not a cell's, when both runs raise
     import contextlib

@@ -14,6 +14,7 @@ from neuron_workbench.run.target_requests import (
     answer_request,
     pack_request,
     read_last_op,
+    refuse_input,
     release_answered,
     where_it_was,
 )
@@ -91,6 +92,76 @@ def test_the_cells_state_outlives_the_answer_until_it_is_released(module):
         assert sorted(freed) == ["v", "x"]
     finally:
         del sys.modules[f"{module}_freed"]
+
+
+def test_a_thread_the_cell_started_reads_what_the_cell_bound_after_the_answer():
+    # it failed in the worker with "NameError: name 'seen' is not defined", printed into the
+    # notebook: the run put the namespace back, and the answer emptied the notebook's globals
+    import threading
+    import time
+    import types
+
+    program = compile_cell(
+        "import sys, threading\n"
+        "seen = []\n"
+        "def bg(box=sys.modules['nwtest_thread_box']):\n"
+        "    box.go.wait(10)\n"
+        "    try:\n"
+        "        seen.append(1)\n"
+        "        box.done.append(len(seen))\n"
+        "    except NameError as exc:\n"
+        "        box.done.append(str(exc))\n"
+        "threading.Thread(target=bg, daemon=True).start()\n"
+    )
+    request = {
+        "program": program,
+        "seed": 0,
+        "hidden": frozenset(),
+        "force": [],
+        "instruments": {},
+        "rng_on_cpu": False,
+        "steps": 1,
+        "what_if": None,
+        "ref_precision": "cuda",
+        "backend_options": {},
+        "lines": None,
+    }
+    box = types.ModuleType("nwtest_thread_box")
+    box.go, box.done = threading.Event(), []  # type: ignore[attr-defined]
+    sys.modules[box.__name__] = box
+    try:
+        packed = pack_request(request, {}, {"__name__": "__main__"}, "cpu")
+        answer = loads(
+            answer_request(
+                packed, get_backend("cpu"), bytearray(256), host="worker", load_hint="L", hint="H"
+            )  # fmt: skip
+        )
+        assert answer["run"].ok, answer["run"].error
+        release_answered()  # as the worker does once the answer is sent
+        box.go.set()
+        deadline = time.monotonic() + 10
+        while not box.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert box.done == [1]
+    finally:
+        box.go.set()
+        del sys.modules[box.__name__]
+        release_answered()
+
+
+def test_input_in_a_target_process_says_it_has_no_standard_input(monkeypatch):
+    # a worker's stdin is /dev/null: input() raised a bare "EOF when reading a line", which the
+    # report gave as the device's failure
+    import builtins
+
+    monkeypatch.setattr(builtins, "input", builtins.input)  # put back after the test
+    refuse_input("worker", "run the cell with --executor inprocess")
+    with pytest.raises(EOFError) as error:  # still an EOFError: what a cell catching it expects
+        input("n? ")
+    assert str(error.value) == (
+        "input() cannot ask: the worker process has no standard input; "
+        "run the cell with --executor inprocess"
+    )
 
 
 @torch.library.custom_op("nwtest_requests::reads_slot", mutates_args=())

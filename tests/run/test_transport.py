@@ -720,6 +720,30 @@ def test_a_request_rebuilds_the_same_code_and_one_namespace_for_the_notebooks_fu
     assert loads(dumps(namespace["scaled"])).__code__ is not first.__code__
 
 
+def test_the_notebooks_globals_stay_while_a_thread_runs_code_over_them():
+    # a thread a cell started in the worker failed with NameError once the answer was sent: the
+    # globals were emptied under it
+    import threading
+
+    from neuron_workbench.run.transport import notebook_globals_cleared
+
+    namespace = {"__name__": "__main__", "LATER": 5}
+    exec("def waits(go, out):\n    go.wait(10)\n    out.append(LATER)", namespace)
+    waits = loads(dumps(namespace["waits"]))
+    go, out = threading.Event(), []
+    thread = threading.Thread(target=waits, args=(go, out))
+    thread.start()
+    try:
+        notebook_globals_cleared()  # the answer was sent
+        assert waits.__globals__["LATER"] == 5
+    finally:
+        go.set()
+        thread.join()
+    assert out == [5]
+    notebook_globals_cleared()  # it has ended: the next request finds them emptied
+    assert "LATER" not in waits.__globals__
+
+
 class _Stopped(Exception):
     def __init__(self, step, loss):
         super().__init__(f"stop at {step}")

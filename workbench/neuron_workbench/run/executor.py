@@ -177,6 +177,7 @@ class RunSpec:
         torch_settings: dict[str, Any] | None = None,
         inputs: Collection[str] | None = None,
         notebook_temp: frozenset[str] | None = None,
+        restore_namespace: bool = True,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -219,6 +220,10 @@ class RunSpec:
         #: (:func:`~neuron_workbench.run.file_writes.tempfile_names`): the notebook's, where a run
         #: keeps its writes apart. None: as they are when such a run starts.
         self.notebook_temp = notebook_temp
+        #: False: the namespace is left as the run ended, not put back (a target process's, which
+        #: it drops after the answer): a thread the cell started goes on reading what the cell bound
+        #: there, as in plain Python.
+        self.restore_namespace = restore_namespace
         self._inputs: tuple[frozenset[str], frozenset[str]] | None = None
 
     def inputs(self) -> tuple[frozenset[str], frozenset[str]]:
@@ -308,7 +313,8 @@ class InProcessExecutor:
 def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Run:
     """Run ``spec.program`` once on ``backend`` and return its :class:`Run`.
 
-    The namespace is unchanged afterwards. ``KeyboardInterrupt`` restores it and propagates.
+    The namespace is unchanged afterwards (unless ``spec.restore_namespace`` is False).
+    ``KeyboardInterrupt`` restores it and propagates.
     """
     with backend.activated():  # the device must exist (emulator installed) before copies move to it
         return _execute_in_session(spec, backend, run_id)
@@ -471,9 +477,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     finally:
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)
-        for name in [n for n in ns if n not in saved and not compiled_global(n)]:
-            del ns[name]
-        ns.update(saved)
+        if spec.restore_namespace:
+            for name in [n for n in ns if n not in saved and not compiled_global(n)]:
+                del ns[name]
+            ns.update(saved)
     run.shared_names = shared
     if captured is not None:
         run.stdout, run.stderr = captured.stdout, captured.stderr

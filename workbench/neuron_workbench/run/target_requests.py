@@ -234,6 +234,30 @@ def device_ready(backend: Backend, host: str) -> dict[str, Any]:
         return {"availability": Availability(False, reason), "info": None}
 
 
+def refuse_input(host: str, hint: str) -> None:
+    """Make ``input()`` in this target process fail with why, not with a bare end of file.
+
+    A worker's standard input is ``/dev/null``: a cell's ``input()`` raised ``EOFError: EOF when
+    reading a line``, which read as a failure of the device. It still raises ``EOFError`` (what a
+    cell catching it expects), now saying that the ``host`` process has no standard input, and
+    ``hint``. Run once when the process starts, in a process of the workbench's own only (it
+    replaces ``builtins.input`` for the whole process).
+
+    Parameters
+    ----------
+    host : str
+        What the process is, as the message names it (``"worker"``).
+    hint : str
+        What to do instead (:data:`EXECUTOR_HINT`).
+    """
+    import builtins
+
+    def refused(prompt: object = "", /) -> str:
+        raise EOFError(f"input() cannot ask: the {host} process has no standard input; {hint}")
+
+    builtins.input = refused
+
+
 def _record_last_op_natively(slot: mmap.mmap | None) -> bool:
     """Point the emulator's native core at ``slot`` (None: stop); False where it is not in use."""
     from neuron_workbench import emulator
@@ -370,6 +394,9 @@ def _run_request(
         notebook_temp=request.get("notebook_temp"),
         # the kernel sent the names sharing state with the cell's: no walk to find them again
         inputs=request["values"].keys(),
+        # the namespace is dropped after the answer (release_answered), or stays while a thread
+        # the cell started reads it: that thread sees what the cell bound, not the names before it
+        restore_namespace=False,
     )
     try:
         with (
@@ -462,7 +489,8 @@ def release_answered() -> None:
     """Free what the last answered request held (its values, its run, the notebook's globals).
 
     The run's values live in the notebook's globals here (:func:`notebook_globals_cleared`) until
-    then: a worker frees them after sending the answer, while the kernel reads it.
+    then: a worker frees them after sending the answer, while the kernel reads it (or later, once
+    no thread the cell started runs code over them).
     """
     _answered.clear()
     notebook_globals_cleared()

@@ -781,10 +781,30 @@ def notebook_globals_cleared() -> None:
     functions share its namespace: code torch.compile rewrote reads its compiled graph from the
     globals it was compiled under, which a dict of each request's own lost (``NameError:
     __compiled_fn_...``).
+
+    While another thread runs code over them (one a cell started, still at work after the answer)
+    they stay as they are, as a notebook's globals do, and go when a later request finds it ended.
+    Emptying them under it made it fail (``NameError`` on a name the cell bound), and a fresh dict
+    instead would split them from the functions Dynamo made over this one (``__resume_at_...``).
     """
+    if _run_by_other_threads(_NOTEBOOK_GLOBALS):
+        return
     kept = {k: v for k, v in _NOTEBOOK_GLOBALS.items() if compiled_global(k)}
     _NOTEBOOK_GLOBALS.clear()
     _NOTEBOOK_GLOBALS.update(kept, __name__="__main__")
+
+
+def _run_by_other_threads(namespace: dict[str, Any]) -> bool:
+    """Whether a thread other than this one is running code whose globals are ``namespace``."""
+    me = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        while frame is not None:
+            if frame.f_globals is namespace:
+                return True
+            frame = frame.f_back
+    return False
 
 
 def _make_notebook_function(

@@ -29,6 +29,7 @@ from neuron_workbench.run.target_requests import (
     WORKER_ENV,
     answer_request,
     device_ready,
+    refuse_input,
     release_answered,
 )
 from neuron_workbench.run.transport import dumps, receive, send
@@ -88,6 +89,7 @@ def serve(fd: int, folder: str) -> NoReturn:
     if not hasattr(builtins, "display"):
         # IPython puts display() among the builtins; here a displayed object is printed instead.
         builtins.display = lambda *objects, **kwargs: print(*objects)  # type: ignore[attr-defined]
+    refuse_input("worker", EXECUTOR_HINT)  # its stdin is /dev/null: say so, not just "EOF"
     from neuron_workbench.backends import get_backend
 
     backend = get_backend(init["target"])
