@@ -233,3 +233,12 @@ def test_a_parameter_that_is_no_leaf_any_more_is_read_without_a_warning():
         warnings.simplefilter("error")
         leaves = dict(iter_leaves({"layer": layer}))
     assert list(leaves) == ["layer.weight", "layer.bias"]
+
+
+def test_a_librarys_private_tensors_are_its_bookkeeping_not_outputs():
+    # a GradScaler's _scale (unset on a device whose scaler is off) made the grad_scaler idiom
+    # FAIL with "scaler._scale missing on the target" once library objects were compared
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.ones(()))
+    assert scaler._scale is not None
+    assert list(iter_leaves({"scaler": scaler})) == []

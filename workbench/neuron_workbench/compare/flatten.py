@@ -21,7 +21,8 @@ What is walked, in order of precedence:
   ``torch.distributions.Normal``, a transformers ``DynamicCache``: see
   :func:`~neuron_workbench.run.namespace.library_tensor_holder`), by the attributes that hold
   tensors (``ds.tensors[0]``, ``dist.loc``, ``cache.layers[0].keys``): a setting such an object
-  keeps (a shape, a flag, a device) is the library's, not the cell's.
+  keeps (a shape, a flag, a device), or a private attribute (a ``GradScaler``'s ``_scale``), is the
+  library's, not the cell's.
 
 Anything else (functions, classes, modules, methods, devices, library objects holding no tensor)
 is not a numeric output and yields nothing, as does a notebook object with nothing comparable in it.
@@ -172,7 +173,9 @@ def _walk(
             return
         seen.add(id(value))
         for name, item in _attributes(value):
-            if holds_tensor_data(item):
+            # a private attribute is the library's bookkeeping (a GradScaler's _scale, which a
+            # device without a scaler of its own leaves unset): not what the cell computed
+            if not name.startswith("_") and holds_tensor_data(item):
                 _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
     pandas = sys.modules.get("pandas")
