@@ -465,6 +465,19 @@ def test_the_scripts_own_output_is_shown_once_before_its_report(tmp_path):
     assert "on cpu" not in kept.stdout + kept.stderr
 
 
+def test_quiet_leaves_the_scripts_output_out(tmp_path):
+    # CI logs and checked notebook outputs want the verdicts only: a training log's digits vary
+    # from host to host
+    (tmp_path / "train.py").write_text(PRINTING_SCRIPT)
+    done = cli("run", "train.py", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("train.py: PASS neuron (emulated)")
+    assert "loss 3.0" not in done.stdout and "warming up" not in done.stderr
+    recorded = cli("record", "train.py", "-q", "-o", "ref.nwrun.zip", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    assert "loss 3.0" not in recorded.stdout and "warming up" not in recorded.stderr
+
+
 FAILING_SCRIPT = """\
 import torch
 print("starting training")

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(exited[1])
         return exited[0]
     # what the script printed, before the line the command adds, as `run SCRIPT` shows it
-    show_printed(recorded.stdout, recorded.stderr)
+    if not args.quiet:
+        show_printed(recorded.stdout, recorded.stderr)
     path = save(args.output, runs={args.role: recorded}, cell_source=source)
     label = recorded.backend.label
     if recorded.error is not None:

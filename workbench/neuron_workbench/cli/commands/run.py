@@ -30,11 +30,17 @@ HELP = (
 
 
 def add_script_options(parser: argparse.ArgumentParser) -> None:
-    """``--cwd`` (and the ``-- ARGS`` that :mod:`neuron_workbench.cli.main` splits off)."""
+    """``--cwd``, ``--quiet`` (and the ``-- ARGS`` that :mod:`neuron_workbench.cli.main` splits off)."""
     parser.add_argument(
         "--cwd",
         metavar="DIR",
         help="a script's working folder during its runs (default: the script's own folder)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not show what a script prints (its training log): only the command's own lines",
     )
     parser.set_defaults(script_args=[])
 
@@ -214,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
             code, text = result.script_exit
             (sys.stdout if code == 0 else sys.stderr).write(text)
             return code
-        show_printed(*result.printed)
+        if not args.quiet:
+            show_printed(*result.printed)
     for report in result.reports:
         sys.stdout.write(terminal_safe(f"{report['label']}: {report['summary']}") + "\n")
         for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
