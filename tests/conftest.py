@@ -138,6 +138,13 @@ def fresh_dynamo(ip):
     gc.collect()
 
 
+@pytest.fixture
+def fresh_tpu_worker(ip):
+    """The matmul precision a tpu cell sets stays in its worker: later tests get a fresh one."""
+    yield
+    ip.magics_manager.registry["NeuronMagics"].session.workers.get("tpu").stop()
+
+
 CHARTS_JS = Path(__file__).resolve().parents[1] / "extensions/neuron-workbench-lab/src/charts.js"
 _CHARTS_PRELUDE = """
 import * as charts from './charts.mjs';

@@ -37,13 +37,6 @@ def _report(ip, cell, target="neuron", options=""):
     return ip.user_ns["r"]
 
 
-@pytest.fixture
-def fresh_tpu_worker(ip):
-    """The matmul precision a tpu cell sets stays in its worker: later tests get a fresh one."""
-    yield
-    ip.magics_manager.registry["NeuronMagics"].session.workers.get("tpu").stop()
-
-
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_a_timed_training_step_passes_with_its_measurements_shown(ip, target, fresh_tpu_worker):
     run_cell(ip, SETUP)

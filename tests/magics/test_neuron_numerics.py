@@ -170,13 +170,6 @@ gq, gk, gv = q.grad, k.grad, v.grad
 """
 
 
-@pytest.fixture
-def fresh_tpu_worker(ip):
-    """The matmul precision a tpu cell sets stays in its worker: later tests get a fresh one."""
-    yield
-    ip.magics_manager.registry["NeuronMagics"].session.workers.get("tpu").stop()
-
-
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_attention_with_a_boolean_mask_and_dropout_passes(ip, target, fresh_tpu_worker):
     # The emulator handed the boolean mask to SDPA's math kernel as it was, which adds it to the

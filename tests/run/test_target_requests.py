@@ -32,6 +32,23 @@ class _Unloadable:
         return (_unloadable, ())
 
 
+def _request(program):
+    """A run request for ``program`` as the kernel sends one, with every option at its default."""
+    return {
+        "program": program,
+        "seed": 0,
+        "hidden": frozenset(),
+        "force": [],
+        "instruments": {},
+        "rng_on_cpu": False,
+        "steps": 1,
+        "what_if": None,
+        "ref_precision": "cuda",
+        "backend_options": {},
+        "lines": None,
+    }
+
+
 def test_a_request_the_target_cannot_load_or_run_is_a_one_line_usage_error():
     cpu = get_backend("cpu")
     unloadable = dumps({"value": _Unloadable()})
@@ -62,19 +79,7 @@ def test_the_cells_state_outlives_the_answer_until_it_is_released(module):
         "weakref.finalize(v, sys.modules[__name__ + '_freed'].append, 'v')\n"
     )
     freed: list[str] = []
-    request = {
-        "program": program,
-        "seed": 0,
-        "hidden": frozenset(),
-        "force": [],
-        "instruments": {},
-        "rng_on_cpu": False,
-        "steps": 1,
-        "what_if": None,
-        "ref_precision": "cuda",
-        "backend_options": {},
-        "lines": None,
-    }
+    request = _request(program)
     namespace = {"torch": torch, "__name__": module}
     sys.modules[f"{module}_freed"] = freed  # type: ignore[assignment]
     try:
@@ -113,19 +118,7 @@ def test_a_thread_the_cell_started_reads_what_the_cell_bound_after_the_answer():
         "        box.done.append(str(exc))\n"
         "threading.Thread(target=bg, daemon=True).start()\n"
     )
-    request = {
-        "program": program,
-        "seed": 0,
-        "hidden": frozenset(),
-        "force": [],
-        "instruments": {},
-        "rng_on_cpu": False,
-        "steps": 1,
-        "what_if": None,
-        "ref_precision": "cuda",
-        "backend_options": {},
-        "lines": None,
-    }
+    request = _request(program)
     box = types.ModuleType("nwtest_thread_box")
     box.go, box.done = threading.Event(), []  # type: ignore[attr-defined]
     sys.modules[box.__name__] = box
