@@ -30,6 +30,7 @@ __all__ = [
     "is_internal",
     "library_folders",
     "mark_internal",
+    "program_line",
     "relabel_site",
     "site_label",
 ]
@@ -146,6 +147,25 @@ _CELL_FILE = re.compile(r"^cell \[(\d+)\]$")
 def cell_file(execution_count: int) -> str:
     """The ``file`` of a site inside the notebook cell that ran as ``[execution_count]``."""
     return f"cell [{int(execution_count)}]"
+
+
+def program_line(script: str | None, line: int) -> str:
+    """A line of the program a run ran: ``train.py, line 5`` in a script, ``cell line 5`` in a cell.
+
+    Parameters
+    ----------
+    script : str or None
+        The script's file name (``train.py``); None for a notebook cell, which has none.
+    line : int
+        The program's line.
+
+    Returns
+    -------
+    str
+        A script's line as Python's traceback names it; a cell's as its sites read without an
+        execution count (:func:`site_label`).
+    """
+    return f"{script}, line {line}" if script else f"cell line {line}"
 
 
 def is_cell_filename(filename: Any) -> bool:

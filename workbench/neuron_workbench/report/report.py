@@ -13,6 +13,7 @@ from neuron_workbench.report.display import UNCOMPARED, VERDICTS, run_time_kind
 from neuron_workbench.report.schema import SCHEMA_VERSION
 from neuron_workbench.run.records import Run, recorded
 from neuron_workbench.run.script import script_name
+from neuron_workbench.sites import program_line
 from neuron_workbench.version import __version__
 
 __all__ = ["REPORT_MIME", "UNCOMPARED", "VERDICTS", "Report"]
@@ -172,7 +173,11 @@ class Report:
             parts = []
             for run in (self.ref, self.target):
                 if run.error is not None:
-                    where = f" ({self._error_line(run.error.lineno)})" if run.error.lineno else ""
+                    where = (
+                        f" ({program_line(self.script, run.error.lineno)})"
+                        if run.error.lineno
+                        else ""
+                    )
                     parts.append(f"{run.backend.name} raised {run.error.summary}{where}")
             body = "; ".join(parts)
         elif verdict == UNCOMPARED:
@@ -245,15 +250,6 @@ class Report:
             if name:
                 return name
         return None
-
-    def _error_line(self, lineno: int) -> str:
-        """Where a run's error is: ``train.py, line 5`` in a script, ``cell line 5`` in a cell.
-
-        A script's line reads as Python's traceback names it; a cell's as its sites without an
-        execution count (:func:`neuron_workbench.sites.site_label`).
-        """
-        script = self.script
-        return f"{script}, line {lineno}" if script else f"cell line {lineno}"
 
     def _scalars_line(self) -> str:
         """The observed scalars' summary, with the short cause where they part and one is known."""

@@ -45,7 +45,7 @@ from neuron_workbench.run.transport import (
     sending_error,
     share_compile_backends,
 )
-from neuron_workbench.sites import is_cell_filename
+from neuron_workbench.sites import is_cell_filename, program_line
 
 #: Environment variable set (to the target's name) in every target process (worker or Ray actor).
 WORKER_ENV = "NEURON_WORKBENCH_WORKER"
@@ -106,9 +106,8 @@ def where_it_was(op: str, ended: bool, line: int | None, filename: str = "") -> 
         The text to append to the process's one-line error.
     """
     # a script has no cell: its line reads as the report names a script's error line
-    script = PurePath(filename).name if filename and not is_cell_filename(filename) else ""
-    where = f"{script}, line {line}" if script else f"cell line {line}"
-    at = f" at {where}" if line is not None else ""
+    script = PurePath(filename).name if filename and not is_cell_filename(filename) else None
+    at = f" at {program_line(script, line)}" if line is not None else ""
     if not op:
         return at
     if ended:
