@@ -417,6 +417,7 @@ _NULL = type(None)
 _TEXT = _Type((str,), "a string")
 _INTEGER = _Type((int,), "an integer")
 _SECONDS = _Type((int, float), "a number", minimum=0)
+_NUMBER_OR_NULL = _Type((int, float, _NULL), "a number or null")
 _OBJECTS = _Type((list,), "a list of objects", items=_Type((dict,), "an object"))
 _TEXTS = _Type((list,), "a list of strings", items=_TEXT)
 
@@ -432,7 +433,7 @@ _FALLBACK_FIELDS: dict[str, _Type] = {
     "module": _TEXT,
     "module_type": _TEXT,
     "autograd_node": _TEXT,
-    "cpu_time_s": _Type((int, float, _NULL), "a number or null"),
+    "cpu_time_s": _NUMBER_OR_NULL,
     # The schema says arrays; every reader takes them as the emulator writes them: each input's
     # shape (a list) and dtype name.
     "shapes": _Type((list,), "a list of shapes", items=_Type((list,), "a list")),
@@ -449,8 +450,8 @@ _PROFILE_ROWS = _Type(
         fields={
             "op": _TEXT,
             "calls": _Type((int,), "an integer", minimum=0),
-            "total_time_s": _Type((int, float, _NULL), "a number or null"),
-            "self_time_s": _Type((int, float, _NULL), "a number or null"),
+            "total_time_s": _NUMBER_OR_NULL,
+            "self_time_s": _NUMBER_OR_NULL,
             "shapes": _TEXT,
             "bytes_allocated": _Type((int,), "an integer"),
             "fallback": _Type((bool, _NULL), "true, false or null"),
@@ -504,7 +505,7 @@ _EXTRA_FIELDS: dict[str, _Type] = {
             "first_call": _PROFILE_ROWS,
             "steady": _PROFILE_ROWS,
             "time_kind": _TEXT,
-            "total_time_s": _Type((int, float, _NULL), "a number or null"),
+            "total_time_s": _NUMBER_OR_NULL,
         },
     ),
 }
