@@ -242,3 +242,29 @@ def test_a_librarys_private_tensors_are_its_bookkeeping_not_outputs():
     scaler.scale(torch.ones(()))
     assert scaler._scale is not None
     assert list(iter_leaves({"scaler": scaler})) == []
+
+
+def test_none_is_a_leaf_only_where_the_cell_bound_it_to_a_name():
+    # A transformers model output without labels or attentions read "6 outputs, 6 match" for one
+    # tensor of logits: its five unset fields counted as matched outputs
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Output:
+        loss: torch.Tensor | None = None
+        logits: torch.Tensor | None = None
+        attentions: tuple | None = None
+
+    logits = torch.ones(2)
+    leaves = dict(
+        iter_leaves(
+            {
+                "best": None,
+                "out": Output(logits=logits),
+                "metrics": {"val": None, "acc": 0.5},
+                "steps": [None, 1],
+            }
+        )
+    )
+    assert list(leaves) == ["best", "out.logits", "metrics['acc']", "steps[1]"]
+    assert leaves["best"] is None and leaves["out.logits"] is logits

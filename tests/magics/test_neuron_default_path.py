@@ -635,6 +635,24 @@ def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_w
     assert [statuses[f"hidden[{i}]"] for i in range(3)] == ["match"] * 3
 
 
+def test_a_model_outputs_unset_fields_are_not_counted_as_matched_outputs(ip):
+    # A forward pass without labels or cache read "6 outputs, 6 match" for its one tensor: the
+    # loss, cache and attention fields transformers leaves at None each counted as a match.
+    pytest.importorskip("transformers")
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1,"
+        " n_head=2)).eval()\nids = torch.randint(0, 64, (1, 8))",
+    )
+    run_cell(ip, '%%neuron -o r\nout = model.to("cuda")(input_ids=ids.to("cuda"), use_cache=False)')
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert [d.path for d in report.comparison.diffs] == ["out.logits"]
+    assert "1 output, 1 match" in report.summary()
+
+
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_torch_load_onto_cuda_lands_on_each_runs_device(ip, tmp_path, target):
     # map_location="cuda" and a checkpoint saved on a GPU (storages tagged cuda:0): torch's cuda

@@ -2,7 +2,8 @@
 
 What is walked, in order of precedence:
 
-- tensors, NumPy arrays and scalars, Python numbers, strings, bytes and ``None`` are leaves;
+- tensors, NumPy arrays and scalars, Python numbers, strings and bytes are leaves, as is ``None``
+  bound to a name (a ``None`` inside a structure, a model output's unset field, is no value);
 - a :class:`~neuron_workbench.run.records.NotCompared` marker (an output that could not come back
   from the target's process) is a leaf, so the comparison can say so;
 - ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
@@ -155,7 +156,15 @@ def _walk(
         for name, item in vars(value).items():
             _walk(leaves, f"{path}.{name}", item, depth + 1, seen, modules)
         return
-    if isinstance(value, bool | int | float | complex | str | bytes) or value is None:
+    if value is None:
+        # A name the cell bound to None is its output; a None inside a structure (the fields a
+        # model output leaves unset: no loss without labels, no attentions unless asked) is no
+        # value, and counting it as a matched output inflated every report. Where the other run
+        # has a value at that path, the comparison says the output is missing on this side.
+        if depth == 0:
+            leaves.append((path, value))
+        return
+    if isinstance(value, bool | int | float | complex | str | bytes):
         leaves.append((path, value))
         return
     if _is_user_object(value, modules):
