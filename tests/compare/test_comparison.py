@@ -368,3 +368,11 @@ def test_an_outputs_dict_keeps_its_keys_in_order_and_non_finite_numbers_as_text(
     assert data["ref_shape"] == [2] and data["worst_index"] == [1]
     diff.explained = "its gradients matched"
     assert list(diff.to_dict())[-1] == "explained"
+
+
+def test_a_value_where_the_other_run_left_none_is_missing_on_that_side():
+    # None inside a structure is no output; where one run computed a value there, the comparison
+    # must still say so rather than drop the difference with the None
+    comparison = compare_outputs({"d": {"a": None, "b": 1}}, {"d": {"a": torch.ones(2), "b": 1}})
+    statuses = {d.path: (d.status, d.detail) for d in comparison.diffs}
+    assert statuses == {"d['b']": ("match", ""), "d['a']": ("missing", "missing on the reference")}
