@@ -2542,3 +2542,60 @@ def test_input_in_the_cell_says_the_worker_has_no_standard_input(ip, monkeypatch
     assert "\n" not in summary
     assert "the worker process has no standard input" in summary, summary
     assert "--executor inprocess" in summary, summary
+
+
+def _traceback_files(interrupt):
+    frames, files = interrupt.__traceback__, []
+    while frames is not None:
+        files.append(frames.tb_frame.f_code.co_filename)
+        frames = frames.tb_next
+    return files
+
+
+def test_an_interrupt_in_the_reference_run_shows_the_cells_lines_and_says_where(ip):
+    # Interrupting a cell printed a traceback through a dozen workbench frames and never said
+    # which run it stopped; the notebook's names stay as they were.
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    with pytest.raises(KeyboardInterrupt) as caught:
+        ip.run_cell_magic("neuron", "", "y = x.cuda() + 1\nraise KeyboardInterrupt\n")
+    interrupt = caught.value
+    assert str(interrupt) == (
+        "%%neuron interrupted during the reference run (cpu (as cuda)); no run of the cell was "
+        "kept: the notebook's names are as they were before it"
+    )
+    files = _traceback_files(interrupt)
+    # from the magic's frame (hidden in the notebook) straight to the cell's lines
+    below = files[[f.endswith("magics/neuron.py") for f in files].index(True) + 1 :]
+    assert below and all(re.fullmatch(r"<neuron-cell-\d+>", name) for name in below)
+    assert "y" not in ip.user_ns
+    run_cell(ip, "%%neuron -o r\ny = x.cuda() * 3")
+    assert _report(ip).verdict == "PASS"
+
+
+def test_an_interrupt_while_the_target_runs_in_its_worker_says_so_in_one_line(ip):
+    import signal
+    import threading
+
+    run_cell(ip, "import time, torch\nx = torch.ones(2)")
+    run_cell(ip, "%%neuron\ny = x.cuda() + 1")  # the worker started: the next cell waits on it
+    main = threading.main_thread().ident
+    timer = threading.Timer(3.0, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            # the reference ends at once; the target sleeps in its worker until interrupted
+            ip.run_cell_magic(
+                "neuron", "", 'z = x.cuda() + 2\nif z.device.type != "cpu":\n    time.sleep(60)\n'
+            )
+    finally:
+        timer.cancel()
+    interrupt = caught.value
+    assert str(interrupt) == (
+        "%%neuron interrupted while the target ran in its worker (neuron (emulated)); no run of "
+        "the cell was kept: the notebook's names are as they were before it"
+    )
+    assert interrupt._render_traceback_() == [f"KeyboardInterrupt: {interrupt}"]
+    assert type(interrupt).__name__ == "KeyboardInterrupt"
+    assert "z" not in ip.user_ns
+    run_cell(ip, "%%neuron -o r\nz = x.cuda() + 2")
+    assert _report(ip).verdict == "PASS"

@@ -58,3 +58,22 @@ class OptionError(WorkbenchUsageError):
     def spelled(self, spell: Callable[[str], str]) -> str:
         """The message with each option name passed through ``spell``."""
         return self.template.format(*(spell(name) for name in self.options), **self.values)
+
+
+#: The attribute an interrupt carries to say which run it stopped (see :func:`note_interrupted`).
+_INTERRUPTED = "neuron_workbench_interrupted"
+
+
+def note_interrupted(interrupt: BaseException, where: str) -> None:
+    """Note on ``interrupt`` (a ``KeyboardInterrupt``) where it stopped the cell.
+
+    ``where`` completes "interrupted ...": ``during the reference run (cpu (as cuda))``. The
+    innermost note stays: a run inside a run (an oracle's) says which one it was.
+    """
+    if getattr(interrupt, _INTERRUPTED, None) is None:
+        setattr(interrupt, _INTERRUPTED, where)
+
+
+def interrupted_where(interrupt: BaseException) -> str | None:
+    """What :func:`note_interrupted` noted on ``interrupt``, or None."""
+    return getattr(interrupt, _INTERRUPTED, None)

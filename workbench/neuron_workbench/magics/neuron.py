@@ -20,7 +20,7 @@ from neuron_workbench.cell.option_parsing import argument_spec, given_values
 from neuron_workbench.cell.options import MAGIC, TRAIT, Option, options_for
 from neuron_workbench.cell.session import Session
 from neuron_workbench.cell.settings import cell_options
-from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.errors import WorkbenchUsageError, interrupted_where
 from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
@@ -82,6 +82,38 @@ def site_folders(start_dir: str) -> list[str]:
     session = os.environ.get("JPY_SESSION_NAME", "")
     notebook_dir = os.path.dirname(session) if os.path.isabs(session) else start_dir
     return [notebook_dir, os.getcwd(), *library_folders()]
+
+
+class _InterruptedOutsideTheCell(KeyboardInterrupt):
+    """An interrupt that stopped none of the cell's lines: the notebook shows its message alone."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead of frames
+        return [f"KeyboardInterrupt: {self}"]
+
+
+_InterruptedOutsideTheCell.__name__ = "KeyboardInterrupt"  # the name a notebook's error shows
+
+
+def _interrupted(interrupt: KeyboardInterrupt, cell_file: str | None) -> KeyboardInterrupt:
+    """The interrupt as the notebook shows it: where it stopped the cell, from the cell's lines.
+
+    Every run of a cell interrupted while one ran is abandoned (a worker running it is ended) and
+    nothing is committed, so then the message says that the notebook's names are as they were.
+    """
+    where = interrupted_where(interrupt)
+    if where is None:  # before the runs started, or after them
+        message = "%%neuron interrupted"
+    else:
+        message = (
+            f"%%neuron interrupted {where}; no run of the cell was kept: the notebook's names are "
+            "as they were before it"
+        )
+    frames = interrupt.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_filename != cell_file:
+        frames = frames.tb_next
+    if frames is None:
+        return _InterruptedOutsideTheCell(message)
+    return KeyboardInterrupt(message).with_traceback(frames)
 
 
 def _trait(option: Option) -> TraitType:
@@ -278,7 +310,11 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             %%neuron --ref cpu --target tpu --rtol 1e-4 --atol 1e-5 -o report
             ...
         """
+        # An interrupt's traceback starts at the cell's own lines, as a plain cell's does: the
+        # workbench's frames between (this one included) are hidden.
+        __tracebackhide__ = True
         args = parse_argstring(self.neuron, line)
+        cell_file = None
         # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)
         try:
@@ -294,6 +330,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             program = compile_cell(
                 shell.transform_cell(cell), transform_ast=shell.transform_ast, first_line=2
             )
+            cell_file = program.filename
             # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
             cells = cell_filenames(shell, program.filename)
             # The running cell's number, as its sites read it (not shell.execution_count, which
@@ -337,6 +374,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 shutil.copyfile(result.artifact, folder_record)
         except WorkbenchUsageError as exc:
             raise UsageError(usage_message(exc)) from None
+        except KeyboardInterrupt as interrupt:
+            raise _interrupted(interrupt, cell_file) from None
         report = result.report
         kept = result.captured.get(report.options.get("keep", options.compare.keep))
         if kept is not None:

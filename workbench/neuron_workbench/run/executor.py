@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from neuron_workbench.backends.base import Backend, BackendInfo
+from neuron_workbench.errors import note_interrupted
 from neuron_workbench.run import logging_setup
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
@@ -460,7 +461,9 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = current_random_state()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        role = "reference" if run_id == "ref" else "target"
+        note_interrupted(interrupt, f"during the {role} run ({info.label})")
         raise
     except (Exception, SystemExit) as exc:  # the cell's own error: reported, never raised
         run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
-from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError
+from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -192,7 +192,14 @@ class PendingRun:
         except WorkerDied as exc:
             # The message names the cell line itself; no lineno, so reports do not repeat it.
             return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
-        return executor._finish(answer, self._spec, self._run_id, self._info.name, self._slot)
+        except KeyboardInterrupt as interrupt:  # here, while the worker ran the cell
+            note_interrupted(interrupt, f"while the target ran in its worker ({self._info.label})")
+            raise
+        try:
+            return executor._finish(answer, self._spec, self._run_id, self._info.name, self._slot)
+        except KeyboardInterrupt as interrupt:  # in the worker: the cell's run stopped there
+            note_interrupted(interrupt, f"during the target run ({self._info.label})")
+            raise
 
     def cancel(self) -> None:
         """Abandon the run (a worker running it is ended): nothing of it reaches the next cell."""
