@@ -52,6 +52,21 @@ def test_writes_stay_apart_and_read_back_inside(folder):
     assert not os.path.exists(writes.folder)
 
 
+def test_a_run_that_writes_no_file_makes_no_private_folder(folder):
+    # Every run made and removed its private folder: removing a folder took 4 ms of each cell's
+    # critical path on an ext4 disk mounted with discard, though most cells write nothing
+    data = folder / "data.csv"
+    data.write_text("a,b\n")
+    with writes_kept_apart() as writes:
+        assert data.read_text() == "a,b\n" and sorted(os.listdir(folder)) == ["data.csv"]
+        assert not os.path.exists(writes.folder)
+    assert not writes.folder_made and not os.path.exists(writes.folder)
+    with writes_kept_apart() as writes:
+        (folder / "out.txt").write_text("x")  # the first copy makes it
+        assert os.path.isdir(writes.folder) and os.stat(writes.folder).st_mode & 0o777 == 0o700
+    assert not os.path.exists(writes.folder) and not os.path.exists(folder / "out.txt")
+
+
 def test_files_it_did_not_write_read_as_they_are_and_everything_is_put_back(folder):
     data = folder / "data.csv"
     data.write_text("a,b\n1,2\n")
