@@ -850,6 +850,51 @@ def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+NOTEBOOK_HEAD = """
+import torch
+
+def swish(x):
+    return x * torch.sigmoid(x)
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.act = swish
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+"""
+
+
+@pytest.mark.parametrize("defined_in", ["plain cell", "%%neuron cell"])
+def test_a_whole_model_saves_in_the_worker_when_the_cell_names_only_the_model(
+    ip, tmp_path, defined_in
+):
+    # torch.save(model, path) pickles the model's notebook class and functions by name, through
+    # __main__; in the worker __main__ held only the names the cell reads, so a class of an earlier
+    # cell failed the target alone ("ERROR ... neuron raised PicklingError: Can't pickle <class
+    # '__main__.Head'>: attribute lookup Head on __main__ failed"; found by trying the default path)
+    if defined_in == "plain cell":
+        run_cell(ip, NOTEBOOK_HEAD)
+        run_cell(ip, "%%neuron -o r0\nmodel = Head().cuda()")
+    else:
+        run_cell(ip, "import torch")
+        run_cell(ip, "%%neuron -o r0\n" + NOTEBOOK_HEAD + "model = Head().cuda()")
+    path = str(tmp_path / "whole.pt")
+    report = _passed(
+        ip,
+        f"torch.save(model, {path!r})\n"
+        f"back = torch.load({path!r}, weights_only=False)\n"
+        "y = back(torch.ones(1, 4, device='cuda'))",
+    )
+    assert {"back.fc.weight", "y"} <= {d.path for d in report.comparison.diffs}
+    assert on_accelerator(report.target.bindings["y"])
+    # the kept file is the reference's, of the notebook's own class and function
+    saved = torch.load(path, weights_only=False)
+    assert type(saved) is ip.user_ns["Head"] and saved.act is ip.user_ns["swish"]
+
+
 def _storage_locations(path):
     """The device locations a torch.save file's storages are tagged with."""
     locations = set()

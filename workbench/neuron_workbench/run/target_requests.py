@@ -39,7 +39,7 @@ from neuron_workbench.run.transport import (
     COMPILED_BEFORE_LOAD,
     Packed,
     dumps,
-    loads,
+    loads_request,
     notebook_globals_cleared,
     remember_compile_requests,
     sending_error,
@@ -310,7 +310,8 @@ def answer_request(
     release_answered()  # the notebook's globals too: the request's functions are rebuilt over them
     share_compile_backends()  # a compiled model's code compiled in one cell serves the next
     try:
-        request = loads(data)
+        loaded = loads_request(data)
+        request = loaded.value
     except Exception as exc:
         return dumps(
             {
@@ -323,7 +324,7 @@ def answer_request(
         return dumps({"copies": _held.get(request["held_copies"], {})}, arena)
     try:
         with running(request) if running is not None else contextlib.nullcontext():
-            return _run_request(request, backend, slot, arena=arena)
+            return _run_request(request, backend, slot, arena=arena, defined=loaded.definitions)
     except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
         return dumps({"usage_error": str(exc)})
     except Exception as exc:  # the workbench failed around the cell: say so, keep serving
@@ -338,6 +339,7 @@ def _run_request(
     slot: mmap.mmap | bytearray,
     *,
     arena: str | None,
+    defined: Collection[Any] = (),
 ) -> Packed:
     from neuron_workbench.run import logging_setup, torch_settings
     from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
@@ -401,7 +403,7 @@ def _run_request(
         with (
             what_if_policy(backend, request["what_if"]),
             _last_op_recorded(slot),
-            main_module_over(namespace),
+            main_module_over(namespace, defined),
         ):
             run = execute(spec, backend, run_id=request.get("run_id", "target"))
     except KeyboardInterrupt:  # the cell (or a signal) interrupted the run: the kernel re-raises
@@ -421,14 +423,18 @@ def _run_request(
         return dumps({"run": run}, arena, host_devices)
 
 
-def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
+def _namespace_module(
+    namespace: dict[str, Any], defined: Mapping[str, Any] | None = None
+) -> types.ModuleType:
     """A module whose attributes are ``namespace``'s names, as IPython's ``__main__`` in a kernel.
 
     A real module (``inspect.ismodule``), whose own ``__spec__``, ``__loader__`` and ``__package__``
     (None) answer where the namespace has none (``multiprocessing``'s spawn reads
     ``__main__.__spec__``); a module's ``__dict__`` cannot be replaced, so it reads and writes the
-    namespace instead.
+    namespace instead. A name the namespace lacks is looked up in ``defined`` (the notebook's
+    classes and functions by name), as the kernel's module holds every one the notebook defined.
     """
+    defined = defined or {}
 
     class NamespaceModule(types.ModuleType):
         @property  # type: ignore[misc]
@@ -439,6 +445,8 @@ def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
             try:
                 return namespace[name]
             except KeyError:
+                if name in defined:
+                    return defined[name]
                 raise AttributeError(
                     f"module {self.__name__!r} has no attribute {name!r}"
                 ) from None
@@ -455,9 +463,32 @@ def _namespace_module(namespace: dict[str, Any]) -> types.ModuleType:
     return NamespaceModule(namespace.get("__name__", "__main__"))
 
 
+def _by_name(defined: Collection[Any], module: str) -> dict[str, Any]:
+    """``defined``'s top-level classes and functions of ``module``, by name.
+
+    A name two of them share is left out: which one the notebook's name means now is not known here
+    (pickle says it cannot find it, as before).
+    """
+    found: dict[str, Any] = {}
+    shared: set[str] = set()
+    for value in defined:
+        name = getattr(value, "__qualname__", None)
+        if getattr(value, "__module__", None) != module or not isinstance(name, str):
+            continue
+        if not name.isidentifier():  # a method, a nested class or function, a lambda
+            continue
+        if found.setdefault(name, value) is not value:
+            shared.add(name)
+    return {name: value for name, value in found.items() if name not in shared}
+
+
 @contextlib.contextmanager
-def main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
+def main_module_over(namespace: dict[str, Any], defined: Collection[Any] = ()) -> Iterator[None]:
     """For the run, the module named by the namespace's ``__name__`` is the namespace, as in a kernel.
+
+    ``defined``: the notebook's classes and functions a request carried by value. The module finds
+    them by name too, where the namespace (the names the cell reads) lacks them: ``torch.save`` and
+    pickle look a model's class up in ``__main__`` also when the cell never names it.
 
     (A script run in the command line's own process needs it too: ``multiprocessing``'s spawn and
     pickle find the script's classes through ``sys.modules["__main__"]``.)
@@ -468,7 +499,7 @@ def main_module_over(namespace: dict[str, Any]) -> Iterator[None]:
     ``__main__`` ("module '__main__' has no attribute 'F'").
     """
     name = namespace["__name__"]
-    module = _namespace_module(namespace)
+    module = _namespace_module(namespace, _by_name(defined, name))
     saved = sys.modules.get(name)
     sys.modules[name] = module  # type: ignore[assignment]
     try:

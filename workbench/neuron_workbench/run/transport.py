@@ -1346,6 +1346,8 @@ class _Unpickler(pickle.Unpickler):
         self.stood_in = False
         # classes sent by value that this process already had (found by cloudpickle's tracker id)
         self._known_classes: set[int] = set()
+        # the notebook's classes and functions a request rebuilt (see Loaded.notebook_definitions)
+        self.definitions: list[Any] = []
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -1358,7 +1360,9 @@ class _Unpickler(pickle.Unpickler):
         if id(found) not in _REPLACED_WHEN_LOADED:  # nearly every one: nothing more to ask
             return found
         if not self.lenient and found is _MAKE_FUNCTION:  # a request: the notebook's globals
-            return _make_notebook_function
+            return self._notebook_function
+        if not self.lenient and found in _SKELETON_MAKERS:
+            return functools.partial(self._notebook_class, found)
         if self.lenient:
             if found is cloudpickle.cloudpickle.subimport:
                 return self._subimport
@@ -1372,6 +1376,16 @@ class _Unpickler(pickle.Unpickler):
                 if found is _CLASS_SETSTATE:
                     return self._class_setstate
         return found
+
+    def _notebook_function(self, *args: Any) -> types.FunctionType:
+        made = _make_notebook_function(*args)
+        self.definitions.append(made)
+        return made
+
+    def _notebook_class(self, make: Callable[..., Any], *args: Any) -> Any:
+        made = make(*args)
+        self.definitions.append(made)
+        return made
 
     def _skeleton(self, make: Callable[..., Any], *args: Any) -> Any:
         tracker_id = args[-2] if len(args) > 1 else None  # (..., class_tracker_id, extra)
@@ -1448,11 +1462,23 @@ class Loaded:
 
     value: Any
     stood_in: bool
+    #: The classes and functions sent by value that it rebuilt (a request's, :func:`loads_request`).
+    definitions: tuple[Any, ...] = ()
 
 
 def loads(packed: Packed) -> Any:
     """Inverse of :func:`dumps` (the value; see :func:`loads_leniently` for stand-ins)."""
     return _load(packed, False).value
+
+
+def loads_request(packed: Packed) -> Loaded:
+    """Like :func:`loads`, with the notebook's classes and functions the message carried by value.
+
+    A target process names them in its ``__main__`` for the run (see
+    ``target_requests.main_module_over``): pickle finds a class by name, also when the cell never
+    names it (``torch.save(model, path)``).
+    """
+    return _load(packed, False)
 
 
 def loads_leniently(packed: Packed) -> Loaded:
@@ -1471,7 +1497,8 @@ def _load(packed: Packed, lenient: bool) -> Loaded:
     _LOADING.storages = storages
     try:
         unpickler = _Unpickler(io.BytesIO(packed.data), packed.buffers, lenient)
-        return Loaded(unpickler.load(), unpickler.stood_in)
+        value = unpickler.load()
+        return Loaded(value, unpickler.stood_in, tuple(unpickler.definitions))
     finally:
         _LOADING.storages = previous
 
