@@ -403,6 +403,28 @@ def test_a_progress_bar_the_cell_binds_comes_back(ip):
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
+def test_a_kept_report_leaves_later_progress_bars_on_their_own_line(ip):
+    # The target's bar, rebuilt in the kernel for the report, joined tqdm's open bars: while the
+    # report was kept (-o r), every later bar, in plain cells too, was drawn one line further down
+    # (a newline and a cursor-up after each refresh: a new line per update in a notebook)
+    run_cell(ip, "import io\nimport torch\nfrom tqdm import tqdm")
+    run_cell(
+        ip,
+        "%%neuron -o r\nx = torch.zeros(3, device='cuda')\n"
+        "pbar = tqdm(range(3), file=io.StringIO())\nfor i in pbar:\n    x += 1",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert report.target.bindings["pbar"].n == 3  # the target's bar came back
+    run_cell(ip, "out = io.StringIO()\nfor _ in tqdm(range(2), file=out):\n    pass")
+    assert "\x1b[A" not in ip.user_ns["out"].getvalue()
+    run_cell(
+        ip, "%%neuron -o r\nout = io.StringIO()\nfor _ in tqdm(range(2), file=out):\n    x += 1"
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert "\x1b[A" not in ip.user_ns["out"].getvalue()
+
+
 def test_parameters_of_functions_defined_in_the_cell_are_not_read(ip):
     run_cell(ip, "import torch\ndef numbers():\n    yield 1\ng = numbers()")
     run_cell(

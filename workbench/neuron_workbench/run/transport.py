@@ -1497,10 +1497,41 @@ def _load(packed: Packed, lenient: bool) -> Loaded:
     _LOADING.storages = storages
     try:
         unpickler = _Unpickler(io.BytesIO(packed.data), packed.buffers, lenient)
+        bars_before = _open_progress_bars() if lenient else None
         value = unpickler.load()
+        if bars_before is not None:
+            _forget_progress_bars_loaded(bars_before)
         return Loaded(value, unpickler.stood_in, tuple(unpickler.definitions))
     finally:
         _LOADING.storages = previous
+
+
+def _progress_bar_class() -> Any:
+    """The progress bar class of tqdm, where it is loaded (its subclasses share its open bars)."""
+    return getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+
+
+def _open_progress_bars() -> list[Any]:
+    """The progress bars tqdm counts as open in this process."""
+    return list(getattr(_progress_bar_class(), "_instances", ()))
+
+
+def _forget_progress_bars_loaded(before: list[Any]) -> None:
+    """Take the bars an answer rebuilt out of tqdm's open bars (all but those open ``before``).
+
+    They are the target's copies (for the report, or kept by ``--keep target``), drawn nowhere
+    here; tqdm counted them as open bars, so while a report holding one lived, each later bar, in
+    plain cells too, was drawn one line lower (a newline and a cursor-up on every refresh).
+    """
+    bar = _progress_bar_class()
+    instances = getattr(bar, "_instances", None)
+    if instances is None:
+        return
+    kept = {id(each) for each in before}  # alive: ``before`` holds them
+    with bar.get_lock():
+        for each in list(instances):
+            if id(each) not in kept:
+                instances.discard(each)
 
 
 def unloadable_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Unloadable | None:
