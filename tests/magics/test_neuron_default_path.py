@@ -2366,6 +2366,32 @@ def test_a_cell_after_one_that_left_device_garbage_starts_on_an_empty_device(ip)
     assert report.summary().endswith("; nothing ran on neuron"), report.summary()
 
 
+def test_a_loader_with_persistent_workers_runs_in_every_cell(ip):
+    # After its first epoch a DataLoader(persistent_workers=True) holds its worker processes, which
+    # cannot be sent: every later cell reading it was refused ("UsageError: 'loader' (a DataLoader)
+    # cannot be sent to the neuron worker process (NotImplementedError: ('{} cannot be pickled',
+    # '_MultiProcessingDataLoaderIter'))"; found by trying the default path)
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4, shuffle=True,\n"
+        "                    num_workers=1, persistent_workers=True)",
+    )
+    for _ in range(3):
+        report = _passed(
+            ip,
+            "tot = torch.zeros((), device='cuda')\nfirst = []\nfor (xb,) in loader:\n"
+            "    tot += xb.cuda().sum()\n    first.append(xb[0].item())\n"
+            # the random stream after the loop is the reference's: the target's fresh workers
+            # draw no seed the reference's running ones did not
+            "noise = torch.randn(3, device='cuda')",
+        )
+        assert {"tot", "first[0]", "noise"} <= {d.path for d in report.comparison.diffs}
+    # the notebook's loader still serves a plain cell, on its own workers
+    run_cell(ip, "total = sum(float(xb.sum()) for (xb,) in loader)")
+    assert ip.user_ns["total"] == 28.0
+
+
 def test_a_batch_dict_rebound_by_the_next_cell_is_freed(ip):
     # every dict, list or device a cell bound on its device stayed alive for the session (the
     # registry of what is on the device held them strongly): a training notebook that binds
