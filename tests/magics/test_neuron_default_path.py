@@ -444,6 +444,36 @@ def test_parameters_of_functions_defined_in_the_cell_are_not_read(ip):
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
+@pytest.mark.parametrize("how", ["reload", "autoreload"])
+def test_a_module_the_notebook_loads_again_is_the_new_code_in_the_worker(
+    ip, tmp_path, monkeypatch, how
+):
+    # The worker imported the notebook's own module once: after the file was edited and loaded
+    # again in the kernel, the target ran the old code and the cell failed ("FAIL neuron (emulated)
+    # vs cpu (as cuda) — ... y max|Δ| 1.0e+00"; found by trying the default path)
+    module = f"nw_helpers_{how}_{os.getpid()}"
+    source = tmp_path / f"{module}.py"
+    source.write_text("def scale(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_cell(ip, f"import importlib\nimport torch\nimport {module} as helpers")
+    if how == "autoreload":
+        run_cell(ip, "%load_ext autoreload\n%autoreload 2")
+    try:
+        body = "y = helpers.scale(torch.ones(2, device='cuda'))"
+        assert _passed(ip, body).target.outputs["y"].cpu().tolist() == [2.0, 2.0]
+        source.write_text("def scale(x):\n    return x * 3\n")
+        os.utime(source, (time.time() + 5, time.time() + 5))  # newer than the cached bytecode
+        if how == "reload":
+            run_cell(ip, "importlib.reload(helpers)")
+        report = _passed(ip, body)
+        assert report.target.outputs["y"].cpu().tolist() == [3.0, 3.0]
+        # a cell after it, with nothing loaded again, runs the same code
+        assert _passed(ip, body).target.outputs["y"].cpu().tolist() == [3.0, 3.0]
+    finally:
+        if how == "autoreload":  # the shell outlives the test: later tests' cells reload nothing
+            run_cell(ip, "%autoreload 0")
+
+
 def test_a_worker_that_does_not_start_in_time_gives_one_line_and_the_next_cell_runs(
     ip, monkeypatch
 ):

@@ -35,6 +35,7 @@ import torch
 
 from neuron_workbench.backends.base import Availability, BackendInfo
 from neuron_workbench.errors import BackendUnavailable
+from neuron_workbench.run.module_versions import loaded_versions
 from neuron_workbench.run.slot_executor import SlotExecutor
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, WorkerDied, WorkerRow
 from neuron_workbench.run.target_requests import (
@@ -261,6 +262,8 @@ class WorkerSlot:
             "cwd": os.getcwd(),
             "threads": torch.get_num_threads(),
             "environ": dict(os.environ),
+            # the notebook's own modules as loaded here: the worker loads again what the kernel did
+            "modules": loaded_versions(),
         }
         try:
             send(self._conn, message, {"id": request_id, "where": where})

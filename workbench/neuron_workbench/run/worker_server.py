@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from neuron_workbench.run.module_versions import follow as follow_module_versions
 from neuron_workbench.run.target_requests import (
     EXECUTOR_HINT,
     LAST_OP_BYTES,
@@ -114,6 +115,8 @@ def serve(fd: int, folder: str) -> NoReturn:
         if where["cwd"] != os.getcwd():
             with contextlib.suppress(OSError):
                 os.chdir(where["cwd"])
+        # before the request is loaded: what it holds of a module reloaded there is the new code's
+        follow_module_versions(where.get("modules") or {})
         answer = answer_request(
             data,
             backend,

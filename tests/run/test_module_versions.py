@@ -1,0 +1,50 @@
+"""The notebook's own modules' marks (kernel side) and loading them again (worker side)."""
+
+import importlib
+import os
+import sys
+import time
+
+from neuron_workbench.run import module_versions
+
+
+def test_only_the_notebooks_own_modules_are_marked_and_a_reload_changes_the_mark(
+    tmp_path, monkeypatch
+):
+    name = f"nw_marked_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    try:
+        first = module_versions.loaded_versions()
+        assert name in first
+        # installed libraries, the workbench and torch.ops (a module with no file of its own) not
+        assert not {"torch", "torch.ops", "os", "neuron_workbench"} & set(first)
+        assert module_versions.loaded_versions()[name] == first[name]  # nothing loaded again
+        importlib.reload(module)
+        assert module_versions.loaded_versions()[name] != first[name]
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_follow_loads_again_only_a_module_whose_mark_changed(tmp_path, monkeypatch):
+    name = f"nw_followed_{os.getpid()}"
+    source = tmp_path / f"{name}.py"
+    source.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    try:
+        module_versions.follow({name: 1})  # first seen: as it is
+        source.write_text("VALUE = 2\n")
+        os.utime(source, (time.time() + 5, time.time() + 5))
+        module_versions.follow({name: 1})
+        assert module.VALUE == 1
+        module_versions.follow({name: 2})
+        assert module.VALUE == 2
+        source.write_text("VALUE = (\n")  # a file that cannot load: the module stays as it was
+        os.utime(source, (time.time() + 10, time.time() + 10))
+        module_versions.follow({name: 3})
+        assert module.VALUE == 2
+    finally:
+        sys.modules.pop(name, None)
+        module_versions._FOLLOWED.pop(name, None)
