@@ -116,11 +116,14 @@ def _device_placement(request):
 @pytest.fixture
 def ip():
     """A real IPython shell with neuron_workbench loaded and a fresh namespace."""
+    from neuron_workbench.run.torch_settings import forget_chosen_precision
     from neuron_workbench.testing import testing_shell
 
     shell = testing_shell()
     yield shell
     shell.reset(new_session=False)
+    # a matmul precision one test's notebook chose is not the next one's (torch's stays as set)
+    forget_chosen_precision()
 
 
 @pytest.fixture

@@ -1167,6 +1167,24 @@ def test_torch_settings_of_earlier_cells_hold_in_the_worker(ip):
         torch_settings.apply(before)
 
 
+@pytest.mark.parametrize("where", ["plain cell", "%%neuron cell"])
+def test_a_matmul_precision_of_highest_the_notebook_sets_holds_on_tpu(ip, fresh_tpu_worker, where):
+    # The report's hint for a TPU's one-pass bf16 matmuls is torch.set_float32_matmul_precision(
+    # 'highest'), torch's own default: set in a plain cell it never reached the worker, set in a
+    # %%neuron cell it held for that cell alone, and the next cells failed again ("FAIL tpu
+    # (emulated) vs cpu (as cuda) — ... y max|Δ| 6.5e-02 > 1.8e-05"; found by trying the hint)
+    body = "x = torch.randn(32, 32, device='cuda')\ny = x @ x"
+    run_cell(ip, "import torch")
+    run_cell(ip, f"%%neuron --target tpu -o r\n{body}")
+    assert _report(ip).verdict == "FAIL", _report(ip).summary()  # one bf16 pass
+    if where == "plain cell":
+        run_cell(ip, "torch.set_float32_matmul_precision('highest')")
+    else:
+        _passed(ip, "torch.set_float32_matmul_precision('highest')\n" + body, target="tpu")
+    for _ in range(2):
+        _passed(ip, body, target="tpu")
+
+
 def test_a_target_started_after_the_reference_takes_the_settings_from_before_it(ip):
     # --profile runs the reference first: the worker took the settings the reference's run had
     # just left ("y dtype float32 vs float64"; a backward with grad mode already off raised)

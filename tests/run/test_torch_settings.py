@@ -67,3 +67,20 @@ def test_a_process_that_kept_no_settings_of_its_own_takes_them_exactly(restored)
     torch.set_float32_matmul_precision("high")
     torch_settings.apply({"float32_matmul_precision": "highest"})
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_a_precision_the_notebook_chose_travels_at_torchs_default_too(restored):
+    # torch.set_float32_matmul_precision('highest') in the kernel (the hint for a TPU's one-pass
+    # matmuls) is a choice: the target's backend default no longer stands in for it
+    torch.set_float32_matmul_precision("medium")
+    own = dict(torch_settings._own)
+    torch_settings.keep_own()  # a target process whose backend defaults to "medium"
+    try:
+        chosen = {"float32_matmul_precision": "highest", "float32_matmul_precision_chosen": True}
+        torch_settings.apply(chosen)
+        assert torch.get_float32_matmul_precision() == "highest"
+        torch_settings.apply({**chosen, "float32_matmul_precision_chosen": False})
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch_settings._own.clear()  # this test process takes settings exactly again
+        torch_settings._own.update(own)

@@ -20,6 +20,7 @@ def register(shell: Any) -> None:
     first backward pass. With the worker executor the kernel installs nothing.
     """
     from neuron_workbench.run.remap import remember_autocast_requests
+    from neuron_workbench.run.torch_settings import remember_chosen_precision
     from neuron_workbench.run.transport import remember_compile_requests
 
     # autocast decorators the notebook builds from now on can be entered as meant in a run
@@ -43,3 +44,5 @@ def register(shell: Any) -> None:
     # functions and modules the notebook compiles from now on can travel to a target's process,
     # compiled again there (after prepare_target: an emulated torch.compile here stays inside)
     remember_compile_requests()
+    # a float32 matmul precision the notebook sets from now on travels even at torch's default
+    remember_chosen_precision()

@@ -11,13 +11,16 @@ that changes one changes it in each process, as on one machine.
 A backend may define its own default for a setting: TorchTPU computes float32 matmuls in its
 DEFAULT mode (one bf16 pass) until the program asks for more, which torch reports as "medium"
 where a CUDA machine reports "highest". The kernel's setting at torch's own default therefore
-leaves the target at its backend's default; only a value the notebook chose travels. (A notebook
-that sets "highest" explicitly cannot be told from one that never set it.)
+leaves the target at its backend's default; only a value the notebook chose travels. Once the
+extension is loaded, a call of ``torch.set_float32_matmul_precision`` in the kernel (a plain cell's,
+or a ``%%neuron`` cell's reference run) counts as a choice, "highest" too
+(:func:`remember_chosen_precision`): the report's hint for a TPU's one-pass matmuls is that call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +57,7 @@ def current() -> dict[str, Any]:
         },
         "print_options": _print_options,
     }
-    settings = {}
+    settings: dict[str, Any] = {"float32_matmul_precision_chosen": _chosen[0]}
     for key, read in readers.items():
         # torch refuses to read the matmul precision once a program mixed its legacy and new
         # TF32 switches ("PyTorch is checking the matmul precision without a specific backend")
@@ -84,6 +87,34 @@ def _print_options() -> dict[str, Any]:
 BACKEND_DEFAULTED = {"float32_matmul_precision": "highest"}
 #: A target process's own settings, as its device left them (see :func:`keep_own`).
 _own: dict[str, Any] = {}
+#: Whether the notebook called ``torch.set_float32_matmul_precision`` here (see
+#: :func:`remember_chosen_precision`).
+_chosen = [False]
+
+
+def remember_chosen_precision() -> None:
+    """Make ``torch.set_float32_matmul_precision`` remember that the notebook chose (once per process).
+
+    Without it a precision set to torch's own default ("highest") could not be told from none:
+    the target's backend kept its own default (a TPU's one-pass bf16 matmuls), also in the cells
+    after one that set it, where the kernel's stays as it was set.
+    """
+    set_precision = torch.set_float32_matmul_precision
+    if getattr(set_precision, "_workbench_remembers", False):
+        return
+
+    @functools.wraps(set_precision)
+    def set_float32_matmul_precision(precision: str) -> None:
+        set_precision(precision)
+        _chosen[0] = True
+
+    set_float32_matmul_precision._workbench_remembers = True  # type: ignore[attr-defined]
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
+
+
+def forget_chosen_precision() -> None:
+    """As before any call of ``torch.set_float32_matmul_precision`` (a fresh notebook: tests)."""
+    _chosen[0] = False
 
 
 def keep_own() -> None:
@@ -104,8 +135,14 @@ def apply(settings: dict[str, Any] | None) -> None:
     """
     if not settings:
         return
+    defaulted = dict(BACKEND_DEFAULTED)
+    chosen = bool(settings.get("float32_matmul_precision_chosen", False))
+    if "float32_matmul_precision_chosen" in settings:  # taken too: current() gives it back
+        _chosen[0] = chosen
+    if chosen:
+        defaulted.pop("float32_matmul_precision")  # the notebook's choice, torch's default too
     settings = {
-        key: _own.get(key, value) if BACKEND_DEFAULTED.get(key, _NO_DEFAULT) == value else value
+        key: _own.get(key, value) if defaulted.get(key, _NO_DEFAULT) == value else value
         for key, value in settings.items()
     }
     if settings.get("default_dtype") is not None:
@@ -120,8 +157,11 @@ def apply(settings: dict[str, Any] | None) -> None:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     precision = settings.get("float32_matmul_precision")
     if precision is not None and precision != _matmul_precision():
+        set_precision = torch.set_float32_matmul_precision
+        if getattr(set_precision, "_workbench_remembers", False):
+            set_precision = set_precision.__wrapped__  # taking a setting is no choice of its own
         with contextlib.suppress(RuntimeError):
-            torch.set_float32_matmul_precision(precision)
+            set_precision(precision)
     options = settings.get("print_options")
     if options and options != _print_options():
         with contextlib.suppress(TypeError):
