@@ -48,3 +48,19 @@ def test_follow_loads_again_only_a_module_whose_mark_changed(tmp_path, monkeypat
     finally:
         sys.modules.pop(name, None)
         module_versions._FOLLOWED.pop(name, None)
+
+
+def test_a_module_imported_again_in_place_of_the_first_is_marked_anew(tmp_path, monkeypatch):
+    # with as many modules loaded as at the last look, only the known own modules are looked at:
+    # one deleted from sys.modules and imported again is a new module all the same
+    name = f"nw_replaced_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module(name)
+    try:
+        first = module_versions.loaded_versions()[name]
+        del sys.modules[name]
+        importlib.import_module(name)
+        assert module_versions.loaded_versions()[name] != first
+    finally:
+        sys.modules.pop(name, None)

