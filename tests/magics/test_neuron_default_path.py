@@ -2740,3 +2740,34 @@ def test_an_interrupt_while_the_target_runs_in_its_worker_says_so_in_one_line(ip
     assert "z" not in ip.user_ns
     run_cell(ip, "%%neuron -o r\nz = x.cuda() + 2")
     assert _report(ip).verdict == "PASS"
+
+
+def test_the_kept_runs_output_shows_as_it_comes_and_once(ip, capsys, monkeypatch):
+    # A training cell printed nothing until both runs had ended (its progress, and everything it
+    # printed before an interrupt, came at the end or never): the reference run's output is now
+    # the notebook's as it comes, as a plain cell's, and the target's is not shown.
+    from IPython.core.displaypub import DisplayPublisher
+
+    printed = []
+
+    class Recorder(DisplayPublisher):
+        def publish(self, data, metadata=None, *args, **kwargs):
+            printed.append(capsys.readouterr().out)
+            printed.append(f"display {data['text/plain']}")
+
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    monkeypatch.setattr(ip, "display_pub", Recorder())
+    run_cell(
+        ip,
+        "%%neuron -o r\nfor i in range(2):\n    y = x.cuda() + i\n"
+        '    print("step", i, y.device.type)\n    display(i)',
+    )
+    printed.append(capsys.readouterr().out)
+    assert _report(ip).verdict == "PASS"
+    assert [line for line in printed if line][:4] == [
+        "step 0 cpu\n",  # the reference's (the host's tensors say cpu)
+        "display 0",
+        "step 1 cpu\n",
+        "display 1",
+    ]
+    assert "".join(printed).count("step") == 2  # once: the target's copy is not shown

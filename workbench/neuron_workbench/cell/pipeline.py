@@ -123,7 +123,8 @@ def compare_cell(
     *,
     hidden: frozenset[str] = frozenset(),
     resident: ResidentObjects | None = None,
-    capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+    capture: Callable[..., contextlib.AbstractContextManager[Captured]] = capture_text,
+    live_output: bool = False,
     instruments: dict[str, Instrument] | None = None,
     reference: Run | None = None,
     executor: Executor | None = None,
@@ -204,6 +205,11 @@ def compare_cell(
         ref_precision=options.ref_precision,
         # the run whose results the namespace gets is the one whose files stay on disk
         kept_run="target" if reference is not None or options.keep == "target" else "ref",
+        # ... and whose output the front end shows as it comes (``capture(live=True)``), when the
+        # front end's capture can (the magic's) and that run is here
+        live_run=("target" if options.keep == "target" else "ref")
+        if live_output and reference is None
+        else None,
         default_device=default_device,
         torch_settings=torch_settings.current(),
         # what the temporary folder held before any run: the same for all of them (a run in a

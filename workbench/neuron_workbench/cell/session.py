@@ -200,9 +200,10 @@ class Session:
         *,
         program: CellProgram | None = None,
         hidden: frozenset[str] = frozenset(),
-        capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+        capture: Callable[..., contextlib.AbstractContextManager[Captured]] = capture_text,
         relabel: Callable[[Run], None] | None = None,
         instruments: dict[str, Any] | None = None,
+        live_output: bool = False,
     ) -> CellResult:
         """Run ``source`` on the reference and the target, compare, and finish the report.
 
@@ -221,6 +222,10 @@ class Session:
             Called on every run before anything is saved (the magic names sites ``cell [N]``).
         instruments : dict, optional
             More run instruments for both runs (a script's ``sys.argv`` and folder).
+        live_output : bool, optional
+            ``capture`` can show a run's output as it comes (``capture(live=True)``): the kept
+            run's is, where it runs in this process, as a plain cell's would be (a training
+            loop's progress), and its replay (``show()``) is then nothing.
 
         Raises
         ------
@@ -256,6 +261,7 @@ class Session:
             hidden=hidden,
             resident=self.resident,
             capture=capture,
+            live_output=live_output,
             instruments=instruments,
             reference=reference,
             executor=self.executor(

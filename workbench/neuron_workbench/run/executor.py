@@ -167,7 +167,7 @@ class RunSpec:
         random_state: RandomState | None = None,
         hidden: frozenset[str] = frozenset(),
         resident: ResidentObjects | None = None,
-        capture: Callable[[], contextlib.AbstractContextManager[Captured]] = capture_text,
+        capture: Callable[..., contextlib.AbstractContextManager[Captured]] = capture_text,
         instruments: dict[str, Instrument] | None = None,
         rng_on_cpu: bool = False,
         steps: int = 1,
@@ -179,6 +179,7 @@ class RunSpec:
         inputs: Collection[str] | None = None,
         notebook_temp: frozenset[str] | None = None,
         restore_namespace: bool = True,
+        live_run: str | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -199,6 +200,9 @@ class RunSpec:
         self.resident = resident if resident is not None else ResidentObjects()
         self.capture = capture
         self.captured: dict[str, Captured] = {}
+        #: The run (``"ref"``) whose output the notebook shows while it runs, as a plain cell's: its
+        #: capture is asked for with ``live=True``. Every other run's output is only captured.
+        self.live_run = live_run
         #: False when the namespace is already a private copy (a worker's): no deep copies.
         self.isolate_inputs = isolate_inputs
         #: The run whose file writes reach the disk (``"ref"``, ``"target"``); every other run of
@@ -401,7 +405,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             recording = stack.enter_context(backend.fallback_recording())
             default_devices_set = stack.enter_context(_default_devices_set())
             outside = (sys.stdout, sys.stderr)
-            captured = stack.enter_context(spec.capture())
+            live = run_id is not None and run_id == spec.live_run
+            captured = stack.enter_context(spec.capture(live=True) if live else spec.capture())
             # a handler the cell makes on print's streams (logging.basicConfig) writes to this
             # process's own once the run ends: the capture's would swallow every later message
             stack.callback(logging_setup.streams_restored, (sys.stdout, sys.stderr), outside)
