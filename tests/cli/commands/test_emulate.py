@@ -17,3 +17,16 @@ def test_an_unwritable_json_path_is_one_line_and_exit_2(tmp_path):
     last = done.stderr.splitlines()[-1]
     assert last.startswith(f"neuron-workbench: error: cannot write {target}: ")
     assert "Traceback" not in done.stderr
+
+
+def test_a_missing_script_is_one_line_and_exit_2_with_nothing_run(tmp_path):
+    # `python nothere.py` fails at once; emulate printed a traceback through its own runner, then
+    # a summary saying the program ran with no fallback, and exited 1
+    done = subprocess.run(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "emulate",
+         "--", "python", "nothere.py", "--epochs", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == "neuron-workbench: error: emulate: no such script: nothere.py\n"
+    assert done.stdout == ""

@@ -65,6 +65,10 @@ def _child_command(cmd: list[str], device: str) -> list[str]:
         raise WorkbenchUsageError("emulate: give a script, -m MODULE or -c CODE after python")
     if rest[0] in ("-m", "-c") and len(rest) < 2:
         raise WorkbenchUsageError(f"emulate: {rest[0]} needs an argument")
+    if rest[0] not in ("-m", "-c") and not os.path.exists(rest[0]):
+        # checked here: the child's runpy would print a traceback through the workbench's runner,
+        # and the summary after it would say the program ran with no fallback
+        raise WorkbenchUsageError(f"emulate: no such script: {rest[0]}")
     return [sys.executable, *opts, "-m", "neuron_workbench.emulator.runner", device, *rest]
 
 
