@@ -1,5 +1,7 @@
 """``neuron-workbench record SCRIPT.py --backend B -o PATH`` saves a one-run artifact."""
 
+import json
+
 import pytest
 import torch
 
@@ -29,7 +31,9 @@ def test_records_a_reference_run_with_the_cuda_remap(script, capsys):
     assert main(["record", "train.py", "--backend", "cpu", "-o", "out/ref.nwrun.zip"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("loss ")  # the script's print, then the command's line
-    assert out.splitlines()[1:] == ["recorded cpu (as cuda) run: 9 outputs -> out/ref.nwrun.zip"]
+    assert out.splitlines()[1:] == [
+        "recorded cpu (as cuda) run: 9 outputs, 1 scalar at 1 call site -> out/ref.nwrun.zip"
+    ]
     artifact = load("out/ref.nwrun.zip")
     assert list(artifact.runs) == ["ref"] and artifact.cell_source == SCRIPT
     run = artifact.runs["ref"]
@@ -51,7 +55,7 @@ def test_records_on_the_emulated_target_with_its_fallbacks(script, capsys):
     printed, line = capsys.readouterr().out.splitlines()
     assert printed.startswith("loss ")  # the script's print, from the run in the worker
     assert (
-        line.startswith("recorded neuron (emulated) run: 9 outputs; ")
+        line.startswith("recorded neuron (emulated) run: 9 outputs, 1 scalar at 1 call site; ")
         and "fell back to CPU" in line
     )
     run = load("t.nwrun.zip").runs["target"]
@@ -114,3 +118,35 @@ def test_an_int_too_large_to_record_is_left_out_with_its_reason(tmp_path, monkey
     assert run.outputs["n"].reason == "an int of more than 4300 digits is not recorded"
     assert main(["show", "big.nwrun.zip"]) == 0
     assert "1 outputs could not be stored" in capsys.readouterr().out
+
+
+def test_a_training_scripts_loss_curve_is_counted_not_shown_as_an_empty_run(
+    tmp_path, monkeypatch, capsys
+):
+    # a script whose loop lives in main() has no outputs, only its logged losses: record said
+    # "0 outputs" and show "0 outputs (0 tensors, 0 bytes)", as if nothing had been recorded
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "curve.py").write_text(
+        "import torch\n"
+        "def main():\n"
+        "    torch.manual_seed(0)\n"
+        "    w = torch.randn(3, device='cuda', requires_grad=True)\n"
+        "    opt = torch.optim.SGD([w], lr=0.1)\n"
+        "    for step in range(3):\n"
+        "        loss = w.square().sum()\n"
+        "        opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        print(f'step {step}: loss {loss.item():.4f}')\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    assert main(["record", "curve.py", "--backend", "cpu", "-q", "-o", "curve.nwrun.zip"]) == 0
+    assert capsys.readouterr().out == (
+        "recorded cpu (as cuda) run: 0 outputs, 3 scalars at 1 call site -> curve.nwrun.zip\n"
+    )
+    assert main(["show", "curve.nwrun.zip"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[4].endswith("ran; 0 outputs (0 tensors, 0 bytes)")
+    assert lines[5] == "    observed 3 scalars at 1 call site"
+    assert main(["show", "curve.nwrun.zip", "--json"]) == 0
+    ref = json.loads(capsys.readouterr().out)["runs"]["ref"]
+    assert (ref["outputs"], ref["scalars"], ref["scalar_sites"]) == (0, 3, 1)

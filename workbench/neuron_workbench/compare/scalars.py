@@ -205,6 +205,22 @@ def _trace(value: Any) -> ScalarTrace | None:
     return data if isinstance(data, ScalarTrace) else None
 
 
+def recorded_trace(value: Any) -> ScalarTrace | None:
+    """A run's recorded ``scalars`` (live, or as an artifact holds them) as a trace.
+
+    Parameters
+    ----------
+    value : ScalarTrace, dict or None
+        The run's ``scalars`` extra.
+
+    Returns
+    -------
+    ScalarTrace or None
+        None when the run recorded none, or the data cannot be read.
+    """
+    return _trace(value)
+
+
 def unreadable_trace(value: Any) -> str | None:
     """Why a run's recorded ``scalars`` cannot be compared (a damaged artifact's), else None."""
     data = recorded(value)

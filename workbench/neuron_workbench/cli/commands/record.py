@@ -98,11 +98,16 @@ def run(args: argparse.Namespace) -> int:
             f"recorded {label} run that raised {recorded.error.summary}{where} -> {path}\n"
         )
         return 1
+    from neuron_workbench.cli.commands.show import scalar_counts, scalars_phrase
     from neuron_workbench.compare.flatten import iter_leaves
 
     outputs = sum(1 for _ in iter_leaves(recorded.outputs))
+    # a training script's loss curve is what compare judges it by: "0 outputs" alone read as an
+    # empty recording
+    scalars = scalars_phrase(*scalar_counts(recorded))
     fallback_ops = recorded.fallback_ops()
     count = len(fallback_ops)
     extra = f"; {count} op{'s' if count != 1 else ''} fell back to CPU" if fallback_ops else ""
-    sys.stdout.write(f"recorded {label} run: {outputs} outputs{extra} -> {path}\n")
+    scalars = f", {scalars}" if scalars else ""
+    sys.stdout.write(f"recorded {label} run: {outputs} outputs{scalars}{extra} -> {path}\n")
     return 0

@@ -18,6 +18,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+def scalar_counts(run: Any) -> tuple[int, int]:
+    """``(values, call sites)`` of the scalars a run recorded (a script's loss curve).
+
+    A training script's run often has no outputs at all: its scalars are what is compared, so the
+    record line and the summary count them rather than show an empty run.
+    """
+    from neuron_workbench.compare.scalars import recorded_trace
+
+    trace = recorded_trace(run.extras.get("scalars"))
+    return (0, 0) if trace is None else (trace.total, len(trace.series))
+
+
+def scalars_phrase(values: int, sites: int) -> str:
+    """``6 scalars at 4 call sites``, or ``""`` for a run that recorded none."""
+    if not values:
+        return ""
+    return (
+        f"{values} scalar{'s' if values != 1 else ''} at {sites} call "
+        f"site{'s' if sites != 1 else ''}"
+    )
+
+
 def summarize(artifact: Any) -> dict[str, Any]:
     """JSON-ready summary of a loaded artifact."""
     runs = {}
@@ -35,6 +57,8 @@ def summarize(artifact: Any) -> dict[str, Any]:
             "tensors": sum(1 for leaf in leaves if leaf["kind"] == "tensor"),
             "tensor_bytes": sum(leaf["nbytes"] for leaf in leaves if leaf["kind"] == "tensor"),
             "skipped_outputs": len(run_data.get("skipped_outputs", [])),
+            "scalars": scalar_counts(run)[0],
+            "scalar_sites": scalar_counts(run)[1],
             "fallback_ops": run.fallback_ops(),
             "wall_time_s": run.wall_time_s,
             "extras": sorted(run.extras),
@@ -78,6 +102,8 @@ def _text(summary: dict[str, Any]) -> list[str]:
             f"{status}; {run['outputs']} outputs ({run['tensors']} tensors, "
             f"{run['tensor_bytes']} bytes)"
         )
+        if run["scalars"]:  # a training script's loss curve (often its only compared values)
+            lines.append(f"    observed {scalars_phrase(run['scalars'], run['scalar_sites'])}")
         if run.get("argv"):
             lines.append(f"    ran: python {shlex.join(run['argv'])}")
         if run["fallback_ops"]:
