@@ -275,6 +275,29 @@ def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
     assert cli("run", "fails.py", cwd=tmp_path).returncode == 3
 
 
+def test_a_script_with_a_bom_or_a_coding_line_runs_as_under_python(tmp_path):
+    # python reads a UTF-8 byte order mark (Windows editors save one) and a PEP 263 coding line;
+    # run read the bytes as plain UTF-8: "syntax error line 1: invalid non-printable character
+    # U+FEFF", and "not a readable UTF-8 script" for latin-1, both exit 2 with nothing run
+    body = "import torch\nx = torch.ones(3, device='cuda')\nprint('name', 'caf\u00e9', x.sum().item())\n"
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
+    (tmp_path / "latin.py").write_bytes(("# -*- coding: latin-1 -*-\n" + body).encode("latin-1"))
+    for name in ("bom.py", "latin.py"):
+        assert subprocess.run([sys.executable, name], cwd=tmp_path).returncode == 1  # (no cuda)
+        done = cli("run", name, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"name caf\u00e9 3.0\n{name}: PASS neuron (emulated)")
+    done = cli("record", "latin.py", "-q", "-o", "latin.nwrun.zip", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # a file python itself refuses stays a one-line error
+    (tmp_path / "bad.py").write_bytes(b"x = '\xff'\n")
+    done = cli("run", "bad.py", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(
+        "neuron-workbench: error: bad.py is not a readable Python script: "
+    )
+    assert done.stderr.count("\n") == 1
+
+
 NEXT_TO_IT_SCRIPT = """\
 import os
 import torch

@@ -323,14 +323,22 @@ def terminal_progress(done: int, total: int) -> None:
 
 
 def read_script(path: str | Path) -> str:
-    """The text of a Python script, or a one-line usage error."""
+    """The text of a Python script, decoded as ``python SCRIPT`` decodes it; or a one-line error.
+
+    Python reads a source file's UTF-8 byte order mark and its ``# -*- coding: ... -*-`` line
+    (PEP 263): a script saved with a BOM (Windows editors) or declared ``latin-1`` runs under
+    ``python``, so it runs here too (read as plain UTF-8, the BOM was a "syntax error" at line 1).
+    """
+    import importlib.util
+
     path = Path(path)
     if not path.is_file():
         raise WorkbenchUsageError(f"no such script: {path}")
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkbenchUsageError(f"{path} is not a readable UTF-8 script: {exc}") from None
+        return importlib.util.decode_source(path.read_bytes())
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        # SyntaxError: a malformed coding line; LookupError: one naming no known codec
+        raise WorkbenchUsageError(f"{path} is not a readable Python script: {exc}") from None
 
 
 def compile_script(path: str | Path, source: str) -> Any:
