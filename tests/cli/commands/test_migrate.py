@@ -47,3 +47,21 @@ def test_directory_and_tpu_target(tmp_path, capsys):
 def test_missing_file_is_exit_2(tmp_path, capsys):
     assert main(["migrate", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_write_keeps_the_files_own_encoding(tmp_path, capsys):
+    # migrate --write wrote UTF-8 whatever the file declared: under its latin-1 coding line the
+    # 'é' then read as 'Ã©'; and a file saved with a byte order mark was not read at all
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(
+        ("# -*- coding: latin-1 -*-\nname = 'caf\u00e9'\n" + SOURCE).encode("latin-1")
+    )
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbf" + SOURCE.encode())
+    assert main(["migrate", str(latin), str(bom), "--write"]) == 0
+    assert capsys.readouterr().err == ""
+    migrated = SOURCE.replace(".cuda()", '.to("neuron")').replace("torch.cuda.", "torch.neuron.")
+    assert latin.read_bytes() == (
+        "# -*- coding: latin-1 -*-\nname = 'caf\u00e9'\n" + migrated
+    ).encode("latin-1")
+    assert bom.read_bytes() == b"\xef\xbb\xbf" + migrated.encode()

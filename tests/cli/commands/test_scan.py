@@ -165,3 +165,17 @@ def test_a_file_that_does_not_parse_or_decode_is_one_line_and_the_rest_is_scanne
         "./a_cells.ipynb",
         "./b_latin.py",
     ]
+
+
+def test_a_script_with_a_bom_or_a_coding_line_is_scanned_as_python_reads_it(tmp_path, capsys):
+    # python runs both; scan said "cannot parse: invalid non-printable character U+FEFF" for the
+    # byte order mark and "cannot read" for the latin-1 one, exit 2 and no findings
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + INFO_ONLY.encode())
+    (tmp_path / "latin.py").write_bytes(
+        ("# -*- coding: latin-1 -*-\nname = 'caf\u00e9'\n" + INFO_ONLY).encode("latin-1")
+    )
+    assert main(["scan", str(tmp_path / "bom.py"), str(tmp_path / "latin.py")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert f"{tmp_path / 'bom.py'}:2:" in captured.out
+    assert f"{tmp_path / 'latin.py'}:4:" in captured.out

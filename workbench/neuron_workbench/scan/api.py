@@ -208,6 +208,29 @@ def _read_text(path: str) -> str:
         raise WorkbenchUsageError(f"{path}: cannot read: {exc}") from None
 
 
+def _read_python(path: str) -> tuple[str, str]:
+    """A ``.py`` file's text as python decodes it, and that encoding (to write it back in).
+
+    Python honours a UTF-8 byte order mark and a PEP 263 coding line (``# -*- coding: latin-1
+    -*-``); read as plain UTF-8 such a file was "cannot parse" or "cannot read".
+    """
+    import io
+    import tokenize
+
+    p = Path(path)
+    if not p.exists():
+        raise WorkbenchUsageError(f"{path}: no such file or directory")
+    try:
+        data = p.read_bytes()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        # newline=None: universal newlines, as read_text gave (and python's own reading)
+        text = io.TextIOWrapper(io.BytesIO(data), encoding=encoding, newline=None).read()
+    except (OSError, UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        # SyntaxError: a malformed coding line; LookupError: one naming no known codec
+        raise WorkbenchUsageError(f"{path}: cannot read: {exc}") from None
+    return text, encoding
+
+
 def scan_path(path: str | os.PathLike[str], *, target: str = "neuron") -> list[Finding]:
     """Scan one ``.py`` file or ``.ipynb`` notebook.
 
@@ -239,7 +262,7 @@ def scan_path(path: str | os.PathLike[str], *, target: str = "neuron") -> list[F
         raise WorkbenchUsageError(f"{path}: no such file")
     if path.endswith(".ipynb"):
         return _scan_notebook(path, read_notebook(path), target)
-    source = _read_text(path)
+    source, _ = _read_python(path)
     parsed = _parse(source, path, False)
     assert parsed is not None
     return [f for f, _ in _scan_parsed(parsed, path, target)]
@@ -407,10 +430,11 @@ def migrate_path(
         raise WorkbenchUsageError(f"{path}: no such file")
     if path.endswith(".ipynb"):
         return _migrate_notebook(path, write, target)
-    source = _read_text(path)
+    source, encoding = _read_python(path)
     migration = migrate_source(source, target, path=path, ipython=False)
     if write and migration.changed:
-        Path(path).write_text(migration.new_source, encoding="utf-8")
+        # in the file's own encoding: UTF-8 bytes under a latin-1 coding line would be misread
+        Path(path).write_text(migration.new_source, encoding=encoding)
     return migration
 
 
