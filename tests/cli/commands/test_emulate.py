@@ -30,3 +30,23 @@ def test_a_missing_script_is_one_line_and_exit_2_with_nothing_run(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr == "neuron-workbench: error: emulate: no such script: nothere.py\n"
     assert done.stdout == ""
+
+
+def test_a_module_that_does_not_exist_is_pythons_one_line(tmp_path):
+    # `python -m nosuchmod` prints one line and exits 1; emulate printed a traceback through its
+    # runner and runpy; a package without __main__ is python's line too
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    for module in ("nosuchmod", "pkg"):
+        emulated = subprocess.run(
+            [sys.executable, "-m", "neuron_workbench.cli.main", "emulate",
+             "--", "python", "-m", module],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        plain = subprocess.run(
+            [sys.executable, "-m", module], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert emulated.returncode == plain.returncode == 1
+        assert "Traceback" not in emulated.stderr
+        assert emulated.stderr.splitlines()[0] == plain.stderr.strip()
+        assert f": No module named {module}" in plain.stderr

@@ -67,6 +67,17 @@ def options_from_env() -> dict[str, Any]:
     return opts
 
 
+def _raised_by_runpy(exc: BaseException) -> bool:
+    """True when ``exc`` was raised by runpy's module lookup, not by the module's own code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    return filename == "<frozen runpy>" or filename == getattr(runpy, "__file__", None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the program's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -87,7 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if rest[0] == "-m":
             sys.argv = [rest[1], *rest[2:]]
-            runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+            try:
+                runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+            except ImportError as exc:
+                if not _raised_by_runpy(exc):
+                    raise  # the module's own import failed: its traceback, as python shows it
+                # the module was not found (or is a package without __main__): python's one line
+                sys.stderr.write(f"{sys.executable}: {exc}\n")
+                code = 1
         elif rest[0] == "-c":
             sys.argv = ["-c", *rest[2:]]
             exec(compile(rest[1], "<string>", "exec"), {"__name__": "__main__"})
