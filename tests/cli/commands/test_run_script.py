@@ -298,6 +298,34 @@ def test_a_script_with_a_bom_or_a_coding_line_runs_as_under_python(tmp_path):
     assert done.stderr.count("\n") == 1
 
 
+def test_os_exit_at_the_end_is_reported_not_a_silent_exit_0(tmp_path):
+    # os._exit ended the command itself (the reference runs in its process): exit 0, nothing
+    # printed, no report file, so a CI job read a pass. A forked child's os._exit is its own.
+    (tmp_path / "hard_exit.py").write_text(
+        "import multiprocessing as mp, os, sys\n"
+        "import torch\n"
+        "def child(q):\n"
+        "    q.put(2)\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('fork')\n"
+        "    q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()\n"
+        "    scale = q.get(); p.join()\n"
+        "    print('child exit', p.exitcode)\n"
+        "    print('loss', (torch.ones(3, device='cuda') * scale).sum().item(), flush=True)\n"
+        "    os._exit(int(sys.argv[1]))\n"
+    )
+    done = cli("run", "hard_exit.py", "--json", "r.json", "--", "0", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(
+        "child exit 0\nloss 6.0\nhard_exit.py: PASS neuron (emulated) vs cpu (as cuda)"
+    )
+    assert json.loads((tmp_path / "r.json").read_text())["reports"][0]["verdict"] == "PASS"
+    # a non-zero code is the script's failure, as sys.exit(3) after its work is
+    done = cli("run", "hard_exit.py", "--", "3", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "hard_exit.py: ERROR " in done.stdout and "raised SystemExit: 3" in done.stdout
+
+
 NEXT_TO_IT_SCRIPT = """\
 import os
 import torch

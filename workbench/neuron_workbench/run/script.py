@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["ScriptContext", "arguments_warning", "script_name"]
 
@@ -67,6 +68,40 @@ def _shown(arguments: list[str]) -> str:
     return " ".join(arguments) if arguments else "no arguments"
 
 
+#: ``os._exit`` as this process found it, and the threads now running a script (pid, thread).
+_REAL_EXIT = os._exit
+_running: set[tuple[int, int]] = set()
+_running_lock = threading.Lock()
+
+
+def _script_exit(status: int) -> NoReturn:
+    """``os._exit`` while a script runs: in the script's own thread, ``sys.exit(status)``.
+
+    ``os._exit`` ends the process at once: on the reference run that was the command itself, which
+    exited 0 with no report at all (CI read a pass), and on the target its worker. Ending the run
+    as ``sys.exit`` does lets both be reported. A forked child (a DataLoader or multiprocessing
+    worker, whose bootstrap ends with ``os._exit``) or another thread gets the real one.
+    """
+    if (os.getpid(), threading.get_ident()) in _running:
+        sys.exit(status)
+    _REAL_EXIT(status)
+
+
+@contextlib.contextmanager
+def _exit_as_sys_exit() -> Iterator[None]:
+    key = (os.getpid(), threading.get_ident())
+    with _running_lock:
+        _running.add(key)
+        os._exit = _script_exit
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running.discard(key)
+            if not _running:  # the last run here ended (two runs of one process may overlap)
+                os._exit = _REAL_EXIT
+
+
 @dataclass(frozen=True)
 class ScriptContext:
     """Run instrument: ``argv``, working folder ``cwd`` and the script's import folder.
@@ -97,7 +132,8 @@ class ScriptContext:
         sys.path.insert(0, self.folder)
         os.chdir(self.cwd)
         try:
-            yield self
+            with _exit_as_sys_exit():
+                yield self
         finally:
             os.chdir(saved_cwd)
             sys.argv[:], sys.path[:] = saved_argv, saved_path
