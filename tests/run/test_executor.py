@@ -158,3 +158,33 @@ def test_a_name_sharing_state_that_cannot_be_copied_stays_as_it_is():
     assert "loader" in run.bindings and "it" not in run.bindings
     commit(ns, run)
     assert ns["loader"].dataset.tensors[0] is ns["data"]  # copied and kept together
+
+
+def test_a_runs_captured_streams_behave_as_the_real_ones():
+    # a StringIO capture has no buffer, reconfigure or fileno and no encoding: a script calling
+    # faulthandler.enable() or sys.stdout.reconfigure(line_buffering=True) raised in every run
+    import pickle
+    import sys
+
+    program = compile_cell(
+        "import faulthandler, sys\n"
+        "faulthandler.enable()\n"
+        "sys.stdout.reconfigure(line_buffering=True)\n"
+        "print('loss', 0.5, sys.stdout.encoding)\n"
+        "sys.stdout.buffer.write('caf\\u00e9\\n'.encode())\n"
+        "print('odd \\ud800', file=sys.stderr)\n"
+        "held = sys.stdout\n"
+    )
+    try:
+        run = execute(RunSpec(program, _ns()), get_backend("cpu"))
+    finally:
+        import faulthandler
+
+        faulthandler.disable()
+    assert run.ok, run.error
+    assert run.stdout == "loss 0.5 utf-8\ncaf\u00e9\n"  # text and bytes, in order
+    assert run.stderr == "odd \ud800\n"  # every code point kept, as a StringIO kept it
+    assert sys.stdout is not run.outputs.get("held")
+    # a value holding the stream (a progress bar) travels as a copy of its text
+    copy = pickle.loads(pickle.dumps(run.outputs["held"]))
+    assert copy.getvalue() == "loss 0.5 utf-8\ncaf\u00e9\n"

@@ -326,6 +326,28 @@ def test_os_exit_at_the_end_is_reported_not_a_silent_exit_0(tmp_path):
     assert "hard_exit.py: ERROR " in done.stdout and "raised SystemExit: 3" in done.stdout
 
 
+def test_a_script_using_its_standard_streams_as_files_runs_on_both_sides(tmp_path):
+    # the runs' captures were StringIOs: faulthandler.enable() raised UnsupportedOperation: fileno
+    # and sys.stdout.reconfigure(...) AttributeError, on the reference and in the worker alike
+    (tmp_path / "streams.py").write_text(
+        "import faulthandler, sys\n"
+        "import torch\n"
+        "from tqdm import tqdm\n"
+        "faulthandler.enable()\n"
+        "sys.stdout.reconfigure(line_buffering=True)\n"
+        "x = torch.zeros(2, device='cuda')\n"
+        "for _ in tqdm(range(3)):\n"
+        "    x += 1\n"
+        "sys.stdout.buffer.write(b'bytes\\n')\n"
+        "print('loss', x.sum().item(), sys.stdout.encoding)\n"
+    )
+    done = cli("run", "streams.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("bytes\nloss 6.0 utf-8\nstreams.py: PASS neuron (emulated)")
+    outputs = json.loads((tmp_path / "r.json").read_text())["reports"][0]["outputs"]
+    assert all(o["status"] == "match" for o in outputs), outputs
+
+
 NEXT_TO_IT_SCRIPT = """\
 import os
 import torch

@@ -68,10 +68,62 @@ class Captured(Protocol):
         """Re-emit the captured output to the current display."""
 
 
+class CapturedStream(io.TextIOWrapper):
+    """A run's captured ``sys.stdout`` or ``sys.stderr`` that behaves as the real stream does.
+
+    A ``StringIO`` has no ``buffer``, ``reconfigure`` or ``fileno`` and its ``encoding`` is None,
+    so a script calling ``faulthandler.enable()``, ``sys.stdout.reconfigure(line_buffering=True)``
+    or ``sys.stdout.buffer.write(...)`` raised in both runs where ``python SCRIPT`` runs it. Text and
+    bytes written here are kept in order (UTF-8, every code point, as a ``StringIO`` kept them);
+    ``fileno()`` is the process's own stream's, where ``faulthandler`` writes a crash's stack.
+
+    Parameters
+    ----------
+    real : str
+        ``"stdout"`` or ``"stderr"``: the process stream whose file descriptor ``fileno()`` gives.
+    """
+
+    def __init__(self, real: str) -> None:
+        super().__init__(
+            io.BytesIO(), encoding="utf-8", errors="surrogatepass", newline="", write_through=True
+        )
+        self._real = real
+
+    def getvalue(self) -> str:
+        """Everything written so far, as text."""
+        self.flush()
+        buffer = self.buffer
+        assert isinstance(buffer, io.BytesIO)
+        data = buffer.getvalue()
+        try:  # as written (a script may reconfigure() the encoding)
+            return data.decode(self.encoding, errors=self.errors or "strict")
+        except UnicodeDecodeError:  # bytes of another encoding through .buffer: shown, escaped
+            return data.decode(self.encoding, errors="backslashreplace")
+
+    def fileno(self) -> int:
+        """The process's own stream's descriptor (``io.UnsupportedOperation`` without one)."""
+        stream = getattr(sys, f"__{self._real}__", None)
+        if stream is None:
+            raise io.UnsupportedOperation("fileno")
+        return int(stream.fileno())
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # A value holding the stream (a tqdm bar, a logging handler) is sent back from a worker
+        # and copied between runs: as a StringIO of the same text, as the capture was before
+        return (_text_copy, (self.getvalue(),))
+
+
+def _text_copy(text: str) -> io.StringIO:
+    """A ``StringIO`` holding ``text``, positioned at its end (a pickled capture stream)."""
+    stream = io.StringIO(text)
+    stream.seek(0, io.SEEK_END)
+    return stream
+
+
 class _StringCapture:
     def __init__(self) -> None:
-        self._out = io.StringIO()
-        self._err = io.StringIO()
+        self._out = CapturedStream("stdout")
+        self._err = CapturedStream("stderr")
 
     @property
     def stdout(self) -> str:
