@@ -444,6 +444,39 @@ def test_a_cell_past_timeout_or_a_dead_kernel_ends_the_run_in_one_line(tmp_path)
         assert done.stderr.count("\n") == 1 and cause in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_notebook_run_ended_by_a_signal_says_so_in_one_line(tmp_path, signal_name):
+    # Ctrl-C (or CI's SIGTERM) while a cell ran: nbclient's handler ended the kernel and its
+    # cleanup then failed, so the line read "the notebook could not be executed: AssertionError: "
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    notebook = write_notebook(
+        tmp_path / "long.ipynb",
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(120)",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "run", str(notebook)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a background process may start with SIGINT ignored; the user's terminal would not
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), proc.communicate()
+    proc.send_signal(getattr(signal, signal_name))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out + err
+    assert err == (
+        f"neuron-workbench: error: {notebook}: interrupted (SIGINT or SIGTERM) while a cell ran; "
+        "the kernel was ended\n"
+    )
+
+
 def test_a_notebook_without_a_neuron_cell_is_not_a_pass(tmp_path):
     # a CUDA notebook as it was written ran every cell and exited 0 with "0 reports": a CI job
     # guarding a port checked nothing and went green

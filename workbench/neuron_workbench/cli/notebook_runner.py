@@ -264,6 +264,12 @@ def run_notebook(
     try:
         client.execute()
     except Exception as exc:  # no kernel, a dead kernel, a timeout: one line, exit 2
+        if getattr(client, "_async_cleanup_kernel_future", None) is not None:
+            # nbclient's SIGINT/SIGTERM handler ended the kernel; what reached here was its
+            # cleanup's AssertionError ("could not be executed: AssertionError: ", no text)
+            raise WorkbenchUsageError(
+                f"{path}: interrupted (SIGINT or SIGTERM) while a cell ran; the kernel was ended"
+            ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise WorkbenchUsageError(
             f"{path}: the notebook could not be executed: {type(exc).__name__}: {first}"
