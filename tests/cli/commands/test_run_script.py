@@ -607,3 +607,31 @@ def test_a_target_process_that_died_in_a_script_names_the_scripts_line(tmp_path)
         "target process died (SIGABRT) at abort.py, line 7, after running aten::add.Tensor"
     )
     assert "TargetProcessDied: target process died (SIGABRT) at abort.py, line 7," in done.stdout
+
+
+def test_a_file_missed_from_the_scripts_folder_but_found_here_hints_at_cwd(tmp_path):
+    # `python scripts/train.py --config configs/a.json` from a repository's root finds the config;
+    # the runs start in scripts/, and the ERROR line gave no word of --cwd
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "a.json").write_text('{"scale": 2}')
+    (tmp_path / "scripts" / "train.py").write_text(
+        "import argparse, json\nimport torch\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--config')\n"
+        "cfg = json.load(open(parser.parse_args().config))\n"
+        "print('loss', (torch.ones(2, device='cuda') * cfg['scale']).sum().item())\n"
+    )
+    done = cli("run", "scripts/train.py", "--", "--config", "configs/a.json", cwd=tmp_path)
+    assert done.returncode == 1 and "raised FileNotFoundError" in done.stdout
+    assert done.stderr.splitlines()[-1] == (
+        f"hint: train.py runs from its own folder ({tmp_path / 'scripts'}), which has no "
+        "configs/a.json; this folder has it: add --cwd . to run the script from here, as python "
+        "would"
+    )
+    done = cli("run", "scripts/train.py", "--cwd", ".", "--", "--config", "configs/a.json",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hint:" not in done.stderr
+    # a file missing everywhere is the script's own error, with no hint
+    done = cli("run", "scripts/train.py", "--", "--config", "configs/b.json", cwd=tmp_path)
+    assert done.returncode == 1 and "hint:" not in done.stderr

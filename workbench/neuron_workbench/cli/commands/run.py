@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,45 @@ def show_printed(stdout: str, stderr: str) -> None:
             stream.flush()  # in order with the other stream where both are one terminal
 
 
+_MISSING_FILE = re.compile(r"No such file or directory: '(?P<path>[^']+)'$")
+
+
+def cwd_hint(script: str, errors: Iterable[tuple[str, str]]) -> str | None:
+    """A hint when a script run from its own folder missed a file that is where the command runs.
+
+    ``python scripts/train.py --config configs/a.json`` from a repository's root finds the config;
+    the runs start in ``scripts/`` (as documented), so they raise ``FileNotFoundError`` with no word
+    of ``--cwd``.
+
+    Parameters
+    ----------
+    script : str
+        The script as the command line named it.
+    errors : iterable of (str, str)
+        Each run's error type and message.
+
+    Returns
+    -------
+    str or None
+        The hint, or None when no error was a relative path found from the current folder.
+    """
+    folder = Path(script).resolve().parent
+    if folder == Path.cwd().resolve():
+        return None
+    for kind, message in errors:
+        found = _MISSING_FILE.search(message) if kind == "FileNotFoundError" else None
+        if found is None or Path(found["path"]).is_absolute():
+            continue
+        missing = found["path"]
+        if Path(missing).exists() and not (folder / missing).exists():
+            return (
+                f"hint: {Path(script).name} runs from its own folder ({folder}), which has no "
+                f"{missing}; this folder has it: add --cwd . to run the script from here, as "
+                "python would"
+            )
+    return None
+
+
 def _notebook_supports_record_dir() -> bool:
     from neuron_workbench.magics.neuron import NeuronMagics
 
@@ -230,6 +271,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
         )
+    if suffix == ".py" and args.cwd is None:
+        raised = [
+            ((report.get(role) or {}).get("error") or {})
+            for report in result.reports
+            for role in ("ref", "target")
+        ]
+        hint = cwd_hint(
+            args.path, [(str(e.get("type", "")), str(e.get("message", ""))) for e in raised if e]
+        )
+        if hint:
+            sys.stderr.write(terminal_safe(hint) + "\n")
     counts = result.verdict_counts()
     code = result.exit_code(
         bool(values.get("strict")),
