@@ -150,3 +150,26 @@ def test_a_training_scripts_loss_curve_is_counted_not_shown_as_an_empty_run(
     assert main(["show", "curve.nwrun.zip", "--json"]) == 0
     ref = json.loads(capsys.readouterr().out)["runs"]["ref"]
     assert (ref["outputs"], ref["scalars"], ref["scalar_sites"]) == (0, 3, 1)
+
+
+def test_a_file_missed_from_the_scripts_folder_but_found_here_hints_at_cwd(
+    tmp_path, monkeypatch, capsys
+):
+    # as run does: the recording ran from scripts/ and raised, with no word of --cwd
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "data.txt").write_text("2")
+    (tmp_path / "scripts" / "rec.py").write_text(
+        "import sys\nimport torch\nscale = float(open(sys.argv[1]).read())\n"
+        "x = torch.ones(2, device='cuda') * scale\n"
+    )
+    args = ["record", "scripts/rec.py", "--backend", "cpu", "-o", "r.nwrun.zip"]
+    assert main([*args, "--", "data.txt"]) == 1
+    captured = capsys.readouterr()
+    assert "run that raised FileNotFoundError" in captured.out
+    assert captured.err.endswith(
+        "which has no data.txt; this folder has it: add --cwd . to run the script from here, as "
+        "python would\n"
+    )
+    assert main([*args, "--cwd", ".", "--", "data.txt"]) == 0
+    assert "hint" not in capsys.readouterr().err

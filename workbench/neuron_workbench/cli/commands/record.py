@@ -97,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"recorded {label} run that raised {recorded.error.summary}{where} -> {path}\n"
         )
+        if args.cwd is None:  # a config named from a repository's root, missed from scripts/
+            from neuron_workbench.cli.commands.run import cwd_hint
+
+            hint = cwd_hint(args.script, [(recorded.error.type, recorded.error.message)])
+            if hint:
+                sys.stderr.write(hint + "\n")
         return 1
     from neuron_workbench.cli.commands.show import scalar_counts, scalars_phrase
     from neuron_workbench.compare.flatten import iter_leaves
