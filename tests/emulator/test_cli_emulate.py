@@ -122,6 +122,17 @@ def test_coverage_show_and_op(capsys):
     assert "structured family rule" in capsys.readouterr().out
 
 
+def test_coverage_show_of_a_name_no_op_has_is_a_usage_error(capsys):
+    # `--op softmx` (a typo) said "not native on neuron ...: runs on CPU (fallback)", exit 1
+    assert main(["coverage", "show", "--op", "softmx"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("neuron-workbench: error: coverage: no ATen op named 'softmx'")
+    # a real op that is not native (a composite one) keeps its answer
+    assert main(["coverage", "show", "--device", "tpu", "--op", "aten::softmax.int"]) == 1
+    assert "aten::softmax: not native on tpu" in capsys.readouterr().out
+
+
 def test_coverage_export_needs_real_backend(capsys):
     assert main(["coverage", "export"]) == 2
     assert "export needs the real backend" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 - ``coverage show [--device neuron|tpu] [--coverage FILE] [--op NAME]``: the profile's name,
   provenance and op count; with ``--op``, whether that ATen op runs natively (exit 0) or falls back
-  to CPU / raises on tpu (exit 1).
+  to CPU / raises on tpu (exit 1); a name no ATen op has is a usage error (exit 2).
 - ``coverage export [-o FILE]``: on a machine where the real backend (torch-neuronx or torch-tpu) is
   loaded, write its PrivateUse1 registrations as a coverage file for ``emulate(coverage=FILE)``.
   Elsewhere it exits 2: the emulator's own kernels are not the real backend's coverage.
@@ -48,6 +48,17 @@ def _base(name: str) -> str:
     return name.split(".", 1)[0]
 
 
+def _is_aten_op(base: str) -> bool:
+    """Whether this torch has an ATen op of that base name (any overload)."""
+    import torch
+
+    try:
+        getattr(torch.ops.aten, base)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def _structured_inplace(base: str) -> bool:
     # x_ runs through a registered x.out kernel when PyTorch generates a structured wrapper for it.
     import torch
@@ -85,6 +96,13 @@ def _show(args: argparse.Namespace) -> int:
             f"(structured family rule; profile {profile.name})"
         )
         return 0
+    if not _is_aten_op(base):
+        # a typo (`softmx`) read as an op that falls back to CPU: exit 1, and a wrong answer
+        import torch
+
+        raise WorkbenchUsageError(
+            f"coverage: no ATen op named {base!r} in torch {torch.__version__}"
+        )
     what = "runs on CPU (fallback)" if profile.fallback_default else "raises unless CPU fallback"
     print(
         f"aten::{base}: not native on {args.device} (profile {profile.name}): {what}, unless a "
