@@ -105,6 +105,30 @@ def test_emulate_tpu_raises_unless_fallback_enabled(tmp_path):
     assert f"aten::i0  x1  first at {script}:3 in <module>" in proc.stderr
 
 
+def test_a_program_ending_with_os_exit_keeps_its_fallback_report(tmp_path):
+    # os._exit skips atexit: emulate said "no fallback report (the program did not start on the
+    # emulated device ...)" for a program that ran there, and wrote no --json
+    program = tmp_path / "hard.py"
+    program.write_text(
+        "import multiprocessing as mp, os\n"
+        "import torch\n"
+        "x = torch.ones(3, device='neuron')\n"
+        "values, _ = torch.sort(x)  # line 4\n"
+        "child = mp.get_context('fork').Process(target=print, args=('child',))\n"
+        "child.start(); child.join()  # a forked child ends with os._exit too\n"
+        "print('done', child.exitcode, flush=True)\n"
+        "os._exit(3)\n"
+    )
+    report = tmp_path / "report.json"
+    proc = _cli(["emulate", "--json", str(report), "--", "python", str(program)])
+    assert proc.returncode == 3, proc.stderr
+    assert "done 0" in proc.stdout
+    assert "no fallback report" not in proc.stderr
+    assert any(f"aten::sort  x1  first at {program}:4" in line for line in proc.stderr.splitlines())
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 3 and [f["op"] for f in data["fallbacks"]] == ["aten::sort"]
+
+
 def test_emulate_usage_errors(capsys):
     assert main(["emulate"]) == 2
     assert "no command given" in capsys.readouterr().err

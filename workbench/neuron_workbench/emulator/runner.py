@@ -13,7 +13,7 @@ import json
 import os
 import runpy
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 _written = False
 
@@ -51,8 +51,22 @@ def _write(path: str) -> None:
 
 
 def write_report_at_exit(path: str) -> None:
-    """Write the report to ``path`` when the interpreter exits."""
+    """Write the report to ``path`` when the interpreter exits, ``os._exit`` included.
+
+    ``os._exit`` skips ``atexit``: a program ending with it (to skip a hanging worker shutdown) was
+    told it "did not start on the emulated device" and its fallbacks went unreported. A forked child
+    (a DataLoader worker) exits without writing: the report is this process's.
+    """
     atexit.register(_write, path)
+    real_exit = os._exit
+    owner = os.getpid()
+
+    def exit_after_report(status: int) -> NoReturn:
+        if os.getpid() == owner:
+            _write(path)
+        real_exit(status)
+
+    os._exit = exit_after_report
 
 
 def options_from_env() -> dict[str, Any]:
