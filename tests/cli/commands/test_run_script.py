@@ -348,6 +348,27 @@ def test_a_script_using_its_standard_streams_as_files_runs_on_both_sides(tmp_pat
     assert all(o["status"] == "match" for o in outputs), outputs
 
 
+def test_a_script_without_a_docstring_has_pythons_module_globals(tmp_path):
+    # __doc__, __spec__ and __package__ were unset in the script's globals and fell through to the
+    # builtins module's: ArgumentParser(description=__doc__) printed its docstring in --help
+    (tmp_path / "nodoc.py").write_text(
+        "import argparse\nimport torch\n"
+        "parser = argparse.ArgumentParser(description=__doc__)\n"
+        "parser.add_argument('--lr', type=float, default=0.1)\n"
+        "args = parser.parse_args()\n"
+        "print('globals', __doc__, __spec__, __package__)\n"
+        "print('loss', (torch.ones(2, device='cuda') * args.lr).sum().item())\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "nodoc.py", "--help"], capture_output=True, text=True, cwd=tmp_path
+    )
+    done = cli("run", "nodoc.py", "--", "--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == plain.stdout, done.stdout + done.stderr
+    done = cli("run", "nodoc.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("globals None None None\nloss 0.2")
+
+
 NEXT_TO_IT_SCRIPT = """\
 import os
 import torch

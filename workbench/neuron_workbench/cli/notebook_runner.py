@@ -420,8 +420,17 @@ def script_namespace(path: str | Path) -> dict[str, Any]:
 
     ``__file__`` is absolute, as under ``python`` (3.9+), so ``os.path.dirname(__file__)`` names
     the script's folder from any working folder. Call this before changing the working folder.
+    ``__doc__``, ``__spec__`` and ``__package__`` are None as there (the docstring, if any, sets
+    ``__doc__`` when the script runs): unset, the names fell through to the ``builtins`` module's,
+    and ``ArgumentParser(description=__doc__)`` printed its docstring in the script's ``--help``.
     """
-    return {"__name__": "__main__", "__file__": str(Path(path).resolve())}
+    return {
+        "__name__": "__main__",
+        "__file__": str(Path(path).resolve()),
+        "__doc__": None,
+        "__spec__": None,
+        "__package__": None,
+    }
 
 
 def run_script(
