@@ -656,3 +656,47 @@ def test_a_file_missed_from_the_scripts_folder_but_found_here_hints_at_cwd(tmp_p
     # a file missing everywhere is the script's own error, with no hint
     done = cli("run", "scripts/train.py", "--", "--config", "configs/b.json", cwd=tmp_path)
     assert done.returncode == 1 and "hint:" not in done.stderr
+
+
+WAITING_SCRIPT = """\
+import os, time
+import torch
+x = torch.ones(3, device="cuda")
+print("step 0", flush=True)
+
+
+def wait_for_the_test():  # until it has read step 0 (20 s at most)
+    for _ in range(200):
+        if os.path.exists("go"):
+            return
+        time.sleep(0.1)
+    print("step 0 was not shown while the script ran")
+
+
+wait_for_the_test()
+print("step 1", float(x.sum()))
+"""
+
+
+def test_the_scripts_output_shows_as_it_prints_it(tmp_path):
+    # A training script's progress came only once both runs had ended (and a Ctrl-C lost all of
+    # it): the kept run's output now reaches the terminal as the script prints it
+    (tmp_path / "train.py").write_text(WAITING_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "run", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "step 0\n"
+        (tmp_path / "go").touch()
+        out, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, out + err
+    lines = out.splitlines()
+    assert lines[0] == "step 1 3.0"  # once: the output shown as it came is not shown again
+    assert lines[1].startswith("train.py: PASS neuron (emulated) vs cpu (as cuda) — ")
+    assert "was not shown" not in out and "step 0" not in out

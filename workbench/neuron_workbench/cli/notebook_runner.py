@@ -58,6 +58,9 @@ class InputResult:
     #: is ``target``): ``run`` shows it before the script's reports, as ``python SCRIPT`` would.
     #: Not part of the report files (each run's own output is in its report).
     printed: tuple[str, str] = ("", "")
+    #: Whether :attr:`printed` (and a :attr:`script_exit`'s text) was shown as the script printed
+    #: it (``run_script(live=True)``): ``run`` then shows it no more.
+    shown_live: bool = False
 
     def verdict_counts(self) -> dict[str, int]:
         """Number of reports per verdict."""
@@ -443,6 +446,7 @@ def run_script(
     against: str | None = None,
     args: Sequence[str] = (),
     cwd: str | None = None,
+    live: bool = False,
 ) -> InputResult:
     """Run a CUDA-style script as one ``%%neuron`` cell and collect its report.
 
@@ -457,7 +461,9 @@ def run_script(
     tpu, or ``worker``) or here (``inprocess``); ``timeout`` ends a target run in a worker or Ray
     actor after that many seconds. ``record_dir`` saves both runs (and the report) as
     ``DIR/<script stem>.nwrun.zip``; ``against`` takes the reference from that artifact (or any
-    recorded one) instead of running it.
+    recorded one) instead of running it. With ``live`` what the kept run prints reaches this
+    process's streams as it prints it, where that run is here (a training loop's progress, all of
+    it before an interrupt); :attr:`InputResult.shown_live` says whether it did.
     """
     from neuron_workbench.backends.registry import prepare_target
     from neuron_workbench.cell.session import Session
@@ -502,6 +508,7 @@ def run_script(
                 program=program,
                 relabel=lambda run: run.relabel_sites({}, folders),
                 instruments={"script": context, "exit": exits},
+                live_output=live,
             )
     finally:
         session.close()
@@ -509,9 +516,15 @@ def run_script(
     # empty run (`sys.exit(main())` of a script that compared nothing stays UNCOMPARED, exit 1)
     asked = any(arg in ("-h", "--help") for arg in args)
     helped = asked and exits.exited_ok and result.report.verdict == UNCOMPARED
+    kept = result.captured.get(result.report.options.get("keep", options.compare.keep))
+    shown_live = bool(getattr(kept, "live", False))
     exited = script_exit(result.report.ref, exited_ok=helped)
     if exited is not None:
-        return InputResult(str(path), kind="script", cells=1, script_exit=exited)
+        # shown already where the script printed it (its usage message); `sys.exit("no data")`'s
+        # text is Python's to print at exit, which the run did not
+        printed_text = (kept.stdout + kept.stderr) if kept is not None else ""
+        shown = shown_live and exited[1].strip() in printed_text
+        return InputResult(str(path), kind="script", cells=1, script_exit=exited, shown_live=shown)
     reports = []
     # one report per target (--target neuron,tpu), all against the one reference run
     for report in result.reports:
@@ -520,9 +533,15 @@ def run_script(
         data["cell_index"] = 1
         reports.append(data)
     # the kept run's output, once, as the magic shows a cell's (with --against that is the target's)
-    kept = result.captured.get(result.report.options.get("keep", options.compare.keep))
     printed = (kept.stdout, kept.stderr) if kept is not None else ("", "")
-    return InputResult(str(path), reports=reports, kind="script", cells=1, printed=printed)
+    return InputResult(
+        str(path),
+        reports=reports,
+        kind="script",
+        cells=1,
+        printed=printed,
+        shown_live=shown_live,
+    )
 
 
 def script_exit(run: Any, exited_ok: bool = False) -> tuple[int, str] | None:

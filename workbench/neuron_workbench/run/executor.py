@@ -7,6 +7,7 @@ returning, whatever happened. Committing a run's results is a separate, explicit
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import importlib
 import io
@@ -83,9 +84,13 @@ class CapturedStream(io.TextIOWrapper):
         ``"stdout"`` or ``"stderr"``: the process stream whose file descriptor ``fileno()`` gives.
     """
 
-    def __init__(self, real: str) -> None:
+    def __init__(self, real: str, shown: Any = None) -> None:
         super().__init__(
-            io.BytesIO(), encoding="utf-8", errors="surrogatepass", newline="", write_through=True
+            io.BytesIO() if shown is None else _ShownBytes(shown),
+            encoding="utf-8",
+            errors="surrogatepass",
+            newline="",
+            write_through=True,
         )
         self._real = real
 
@@ -120,10 +125,30 @@ def _text_copy(text: str) -> io.StringIO:
     return stream
 
 
+class _ShownBytes(io.BytesIO):
+    """A captured stream's bytes, also written as they come to ``shown`` (a text stream)."""
+
+    def __init__(self, shown: Any) -> None:
+        super().__init__()
+        self._shown = shown
+        # a character's bytes split over two writes (through .buffer) show once it is whole
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, data: Any) -> int:
+        written = super().write(data)
+        text = self._decoder.decode(bytes(data))
+        if text:
+            self._shown.write(text)
+            self._shown.flush()
+        return written
+
+
 class _StringCapture:
-    def __init__(self) -> None:
-        self._out = CapturedStream("stdout")
-        self._err = CapturedStream("stderr")
+    def __init__(self, live: bool = False) -> None:
+        #: Whether the run's output was shown as it came (:meth:`show` shows nothing then).
+        self.live = live
+        self._out = CapturedStream("stdout", sys.stdout if live else None)
+        self._err = CapturedStream("stderr", sys.stderr if live else None)
 
     @property
     def stdout(self) -> str:
@@ -134,14 +159,19 @@ class _StringCapture:
         return self._err.getvalue()
 
     def show(self) -> None:
-        sys.stdout.write(self.stdout)
-        sys.stderr.write(self.stderr)
+        if not self.live:
+            sys.stdout.write(self.stdout)
+            sys.stderr.write(self.stderr)
 
 
 @contextlib.contextmanager
-def capture_text() -> Iterator[Captured]:
-    """Capture ``print`` output of a run (the magic layer uses IPython's richer capture)."""
-    captured = _StringCapture()
+def capture_text(live: bool = False) -> Iterator[Captured]:
+    """Capture ``print`` output of a run (the magic layer uses IPython's richer capture).
+
+    With ``live`` the output is also written to this process's streams as it comes (a script's
+    progress on the command line), and :meth:`Captured.show` shows nothing more.
+    """
+    captured = _StringCapture(live)
     with contextlib.redirect_stdout(captured._out), contextlib.redirect_stderr(captured._err):
         yield captured
 

@@ -116,7 +116,7 @@ def verdict_summary(counts: dict[str, int]) -> str:
     return ", ".join(f"{counts.get(v, 0)} {v}" for v in shown)
 
 
-def show_printed(stdout: str, stderr: str) -> None:
+def show_printed(stdout: str, stderr: str, shown: bool = False) -> None:
     """Show what a script printed, each stream on its own, before the lines the command adds.
 
     The script's text is shown as it was printed (its progress bars and colours too); a last line
@@ -126,10 +126,15 @@ def show_printed(stdout: str, stderr: str) -> None:
     ----------
     stdout, stderr : str
         The kept run's captured standard output and standard error.
+    shown : bool, optional
+        The text was shown as the script printed it: only the missing newlines are added.
     """
     for stream, text in ((sys.stdout, stdout), (sys.stderr, stderr)):
         if text:
-            stream.write(text if text.endswith("\n") else text + "\n")
+            if not shown:
+                stream.write(text)
+            if not text.endswith("\n"):
+                stream.write("\n")
             stream.flush()  # in order with the other stream where both are one terminal
 
 
@@ -256,13 +261,17 @@ def run(args: argparse.Namespace) -> int:
             against=str(against) if against is not None else None,
             # a hung target in a worker is ended after --timeout, like a hung notebook cell
             timeout=float(args.timeout),
+            # what the script prints shows as it prints it (its progress; all of it before a
+            # Ctrl-C), as under `python SCRIPT`
+            live=not args.quiet,
         )
         if result.script_exit is not None:  # the script's own usage message, or its --help
             code, text = result.script_exit
-            (sys.stdout if code == 0 else sys.stderr).write(text)
+            if not result.shown_live:
+                (sys.stdout if code == 0 else sys.stderr).write(text)
             return code
         if not args.quiet:
-            show_printed(*result.printed)
+            show_printed(*result.printed, shown=result.shown_live)
     for report in result.reports:
         sys.stdout.write(terminal_safe(f"{report['label']}: {report['summary']}") + "\n")
         for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
