@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from neuron_workbench.backends import get_backend
@@ -188,3 +189,21 @@ def test_a_runs_captured_streams_behave_as_the_real_ones():
     # a value holding the stream (a progress bar) travels as a copy of its text
     copy = pickle.loads(pickle.dumps(run.outputs["held"]))
     assert copy.getvalue() == "loss 0.5 utf-8\ncaf\u00e9\n"
+
+
+@pytest.mark.parametrize(
+    "rewrap",
+    [
+        "sys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding='utf-8')",
+        "raw = sys.stdout.detach()\nsys.stdout = io.TextIOWrapper(raw, encoding='utf-8')",
+    ],
+    ids=["wrapped", "detached"],
+)
+def test_a_script_that_wraps_its_stdout_again_keeps_what_it_printed(rewrap):
+    # The usual UTF-8 fix for Windows consoles: freed when the run ended, the script's wrapper
+    # closed the capture's buffer under it, and reading the run's output raised a traceback out of
+    # `record` ("I/O operation on closed file")
+    program = compile_cell(f"import io, sys\nprint('before')\n{rewrap}\nprint('after')\n")
+    run = execute(RunSpec(program, _ns()), get_backend("cpu"))
+    assert run.ok, run.error
+    assert run.stdout.split() == ["before", "after"]

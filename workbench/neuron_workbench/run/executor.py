@@ -85,25 +85,28 @@ class CapturedStream(io.TextIOWrapper):
     """
 
     def __init__(self, real: str, shown: Any = None) -> None:
+        kept = _KeptBytes() if shown is None else _ShownBytes(shown)
         super().__init__(
-            io.BytesIO() if shown is None else _ShownBytes(shown),
-            encoding="utf-8",
-            errors="surrogatepass",
-            newline="",
-            write_through=True,
+            kept, encoding="utf-8", errors="surrogatepass", newline="", write_through=True
         )
         self._real = real
+        # the bytes, also after the script closed or detached the stream (a TextIOWrapper of its
+        # own over sys.stdout.buffer, freed when the run ends, closes the buffer under it)
+        self._kept = kept
 
     def getvalue(self) -> str:
         """Everything written so far, as text."""
-        self.flush()
-        buffer = self.buffer
-        assert isinstance(buffer, io.BytesIO)
-        data = buffer.getvalue()
+        with contextlib.suppress(ValueError):  # closed or detached: everything is in the bytes
+            self.flush()
+        data = self._kept.getvalue()
+        try:
+            encoding, errors = self.encoding, self.errors or "strict"
+        except ValueError:  # detached
+            encoding, errors = "utf-8", "surrogatepass"
         try:  # as written (a script may reconfigure() the encoding)
-            return data.decode(self.encoding, errors=self.errors or "strict")
+            return data.decode(encoding, errors=errors)
         except UnicodeDecodeError:  # bytes of another encoding through .buffer: shown, escaped
-            return data.decode(self.encoding, errors="backslashreplace")
+            return data.decode(encoding, errors="backslashreplace")
 
     def fileno(self) -> int:
         """The process's own stream's descriptor (``io.UnsupportedOperation`` without one)."""
@@ -125,7 +128,14 @@ def _text_copy(text: str) -> io.StringIO:
     return stream
 
 
-class _ShownBytes(io.BytesIO):
+class _KeptBytes(io.BytesIO):
+    """A captured stream's bytes, which closing the stream over them does not lose."""
+
+    def close(self) -> None:
+        """Nothing: the run's record reads the bytes after the run."""
+
+
+class _ShownBytes(_KeptBytes):
     """A captured stream's bytes, also written as they come to ``shown`` (a text stream)."""
 
     def __init__(self, shown: Any) -> None:
