@@ -64,3 +64,39 @@ def test_a_module_imported_again_in_place_of_the_first_is_marked_anew(tmp_path, 
         assert module_versions.loaded_versions()[name] != first
     finally:
         sys.modules.pop(name, None)
+
+
+def test_a_module_of_settings_loaded_again_changes_its_mark(tmp_path, monkeypatch):
+    # a config module (no function, no class) had one mark whatever it held: the worker kept the
+    # old learning rate after the notebook edited and reloaded it
+    name = f"nw_settings_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("LR = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    try:
+        first = module_versions.loaded_versions()[name]
+        importlib.reload(module)
+        assert module_versions.loaded_versions()[name] != first
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_follow_loads_a_module_again_after_the_modules_it_imports(tmp_path, monkeypatch):
+    # `models` imports `layers` (and so comes first in sys.modules): loaded again first, it bound
+    # the old Block, and only then was `layers` loaded again
+    stem = f"nw_order_{os.getpid()}"
+    layers, models = f"{stem}_layers", f"{stem}_models"
+    (tmp_path / f"{layers}.py").write_text("class Block:\n    width = 1\n")
+    (tmp_path / f"{models}.py").write_text(f"from {layers} import Block\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module(models)
+    try:
+        module_versions.follow({models: 1, layers: 1})
+        (tmp_path / f"{layers}.py").write_text("class Block:\n    width = 2\n")
+        os.utime(tmp_path / f"{layers}.py", (time.time() + 5, time.time() + 5))
+        module_versions.follow({models: 2, layers: 2})
+        assert sys.modules[models].Block.width == 2
+    finally:
+        for name in (models, layers):
+            sys.modules.pop(name, None)
+            module_versions._FOLLOWED.pop(name, None)

@@ -74,11 +74,13 @@ def _is_own(
 def _mark(module: types.ModuleType) -> int:
     """What changes when the module is loaded again.
 
-    Its functions' and classes' identities and code (``%autoreload`` swaps the code of the
-    functions it keeps).
+    Its spec (a new one each load), and its functions' and classes' identities and code
+    (``%autoreload`` swaps the code of the functions it keeps).
     """
     name = module.__name__
-    marks: list[object] = []
+    # a module loaded again gets a new spec (importlib.reload, autoreload's): the only change a
+    # module of settings (LR = 1e-3) shows
+    marks: list[object] = [id(getattr(module, "__spec__", None))]
     for key, value in list(vars(module).items()):
         if getattr(value, "__module__", None) != name:
             continue
@@ -103,6 +105,13 @@ def loaded_versions() -> dict[str, int]:
         Module name → a number that changes when the module is loaded again (meaningful only
         between two calls in this process).
     """
+    try:
+        return _loaded_versions()
+    except Exception:  # a module whose values cannot be read (a lazy proxy): none followed
+        return {}
+
+
+def _loaded_versions() -> dict[str, int]:
     # Each cell's request asks, before its run starts: with the same modules loaded as at the last
     # full look (the usual cell), only the notebook's own are looked at again (0.4 ms a cell saved
     # with transformers' 2,500 modules loaded).
@@ -146,7 +155,9 @@ def follow(versions: dict[str, int]) -> None:
     """
     changed = [n for n, mark in versions.items() if n in _FOLLOWED and _FOLLOWED[n] != mark]
     _FOLLOWED.update(versions)
-    for name in changed:
+    # A module is in sys.modules before the modules it imports: the last first, so that one
+    # importing another (`from layers import Block`) binds the other's new code.
+    for name in reversed(changed):
         module = sys.modules.get(name)
         if isinstance(module, types.ModuleType):
             with contextlib.suppress(Exception):
