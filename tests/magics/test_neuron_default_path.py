@@ -2771,3 +2771,23 @@ def test_the_kept_runs_output_shows_as_it_comes_and_once(ip, capsys, monkeypatch
         "display 1",
     ]
     assert "".join(printed).count("step") == 2  # once: the target's copy is not shown
+
+
+def test_a_crash_after_a_cell_enabled_faulthandler_still_names_its_line(ip):
+    # faulthandler.enable() in a cell moved the worker's crash report to its stderr for the rest of
+    # its life: a later cell that crashed the worker no longer named its line
+    import faulthandler
+
+    run_cell(ip, "import ctypes, faulthandler, torch\nx = torch.ones(2)")
+    try:
+        run_cell(ip, "%%neuron -o r\nfaulthandler.enable()\ny = x.cuda() + 1")
+        assert _report(ip).verdict == "PASS"
+        run_cell(
+            ip,
+            "%%neuron -o r\nz = x.cuda() + 1\n"
+            'if z.device.type != "cpu":\n    ctypes.string_at(0)\n',
+        )
+    finally:
+        faulthandler.disable()
+    error = _report(ip).target.error
+    assert error.type == "TargetProcessDied" and "at cell line 4" in error.message, error

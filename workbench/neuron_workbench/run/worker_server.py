@@ -134,6 +134,9 @@ def serve(fd: int, folder: str) -> NoReturn:
         # The cell's state here is freed while the kernel reads the answer, not before it is sent
         # (a destructor that crashes the worker now shows on the next cell, as a worker that died).
         release_answered()
+        # a cell's faulthandler.enable() moved the crash report to this process's stderr: a crash
+        # of a later cell would lose its cell line (the kernel reads it from faults.log)
+        faulthandler.enable(file=faults, all_threads=True)
     # The pipe closed: the kernel stopped this worker or is gone (a kernel killed between cells
     # closes it; one killed mid-cell is noticed by the parent watch). Nobody reads the folder now.
     shutil.rmtree(folder, ignore_errors=True)
