@@ -62,9 +62,11 @@ def write_report_at_exit(path: str) -> None:
     owner = os.getpid()
 
     def exit_after_report(status: int) -> NoReturn:
-        if os.getpid() == owner:
-            _write(path)
-        real_exit(status)
+        try:
+            if os.getpid() == owner:
+                _write(path)
+        finally:  # whatever the report's writing raised, the process ends as asked
+            real_exit(status)
 
     os._exit = exit_after_report
 

@@ -25,6 +25,7 @@ from neuron_workbench.errors import WorkbenchUsageError, interrupted_where
 from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
+from neuron_workbench.run.executor import text_copy
 from neuron_workbench.sites import library_folders
 
 __all__ = ["NeuronMagics", "prepare_target"]
@@ -65,7 +66,7 @@ class _Tee:
         # An object that keeps the stream (a tqdm bar the cell binds) goes to a target's process,
         # or is copied for a run, with a copy of what was written: the notebook's stream itself
         # cannot travel (a captured run's stream was such a copy all along)
-        return io.StringIO, (self._record.getvalue(),)
+        return text_copy, (self._record.getvalue(),)
 
 
 class _LiveOutput:
@@ -380,8 +381,9 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             %%neuron --ref cpu --target tpu --rtol 1e-4 --atol 1e-5 -o report
             ...
         """
-        # An interrupt's traceback starts at the cell's own lines, as a plain cell's does: the
-        # workbench's frames between (this one included) are hidden.
+        # The notebook hides this frame from every traceback through it (an interrupt's starts at
+        # the cell's own lines, as a plain cell's does); get_ipython().InteractiveTB.skip_hidden =
+        # False shows it again.
         __tracebackhide__ = True
         args = parse_argstring(self.neuron, line)
         cell_file = None

@@ -118,10 +118,10 @@ class CapturedStream(io.TextIOWrapper):
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # A value holding the stream (a tqdm bar, a logging handler) is sent back from a worker
         # and copied between runs: as a StringIO of the same text, as the capture was before
-        return (_text_copy, (self.getvalue(),))
+        return (text_copy, (self.getvalue(),))
 
 
-def _text_copy(text: str) -> io.StringIO:
+def text_copy(text: str) -> io.StringIO:
     """A ``StringIO`` holding ``text``, positioned at its end (a pickled capture stream)."""
     stream = io.StringIO(text)
     stream.seek(0, io.SEEK_END)
@@ -417,6 +417,17 @@ def execute(spec: RunSpec, backend: Backend, *, run_id: str | None = None) -> Ru
         return _execute_in_session(spec, backend, run_id)
 
 
+def _run_named(run_id: str | None) -> str:
+    """How a message names the run ``run_id``: ``the reference run``, ``the oracle's rerun``."""
+    if run_id == "ref":
+        return "the reference run"
+    if run_id == "oracle":
+        return "the float64 oracle's rerun of the cell"
+    if run_id is not None and run_id.startswith("eager:"):
+        return "the --compile-check rerun without torch.compile"
+    return "the target run"
+
+
 def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> Run:
     ns = spec.namespace
     saved = dict(ns)
@@ -559,8 +570,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.wall_time_s = wall
         run.rng_state = current_random_state()
     except KeyboardInterrupt as interrupt:
-        role = "reference" if run_id == "ref" else "target"
-        note_interrupted(interrupt, f"during the {role} run ({info.label})")
+        note_interrupted(interrupt, f"during {_run_named(run_id)} ({info.label})")
         raise
     except (Exception, SystemExit) as exc:  # the cell's own error: reported, never raised
         run = Run(backend=info, error=RunError.from_exception(exc, spec.program.filename))

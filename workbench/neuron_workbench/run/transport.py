@@ -1576,6 +1576,8 @@ def _forget_progress_bars_loaded(before: list[Any]) -> None:
     instances = getattr(bar, "_instances", None)
     if instances is None:
         return
+    if len(instances) <= len(before):  # none rebuilt (most answers): tqdm's lock not taken
+        return
     kept = {id(each) for each in before}  # alive: ``before`` holds them
     with bar.get_lock():
         for each in list(instances):
