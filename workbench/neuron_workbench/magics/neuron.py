@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import sys
@@ -25,83 +24,21 @@ from neuron_workbench.errors import WorkbenchUsageError, interrupted_where
 from neuron_workbench.magics.flags import usage_message
 from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
-from neuron_workbench.run.executor import text_copy
+from neuron_workbench.run.executor import capture_text
 from neuron_workbench.sites import library_folders
 
 __all__ = ["NeuronMagics", "prepare_target"]
 
 
 def _capture(live: bool = False) -> Any:
-    """A run's output, captured (``show()`` replays it), or with ``live`` shown as it comes."""
+    """A run's output, captured (``show()`` replays it), or with ``live`` shown as it comes.
+
+    Shown as it comes, what the run displays (``display()``, a progress bar's widget) goes straight
+    to the notebook, and the text it prints is also kept for the run's record.
+    """
     if live:
-        return _LiveOutput()
+        return capture_text(live=True)
     return capture_output(stdout=True, stderr=True, display=True)
-
-
-class _Tee:
-    """A text stream that writes to the notebook's stream and to a record of what was written.
-
-    Everything else (``encoding``, ``isatty()``, ``fileno()``) is the notebook stream's.
-    """
-
-    def __init__(self, shown: Any, record: io.StringIO) -> None:
-        self._shown = shown
-        self._record = record
-
-    def write(self, text: str) -> int:
-        self._record.write(text)
-        return self._shown.write(text)
-
-    def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        self._shown.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._shown, name)
-
-    def __reduce__(self) -> Any:
-        # An object that keeps the stream (a tqdm bar the cell binds) goes to a target's process,
-        # or is copied for a run, with a copy of what was written: the notebook's stream itself
-        # cannot travel (a captured run's stream was such a copy all along)
-        return text_copy, (self._record.getvalue(),)
-
-
-class _LiveOutput:
-    """The kept run's output as a plain cell's: printed and displayed as it comes, and recorded.
-
-    What it displays (``display()``, a progress bar's widget) goes straight to the notebook; the
-    text it prints is also kept for the run's record. Its replay (``show()``) shows nothing: the
-    notebook has it already.
-    """
-
-    def __init__(self) -> None:
-        self._out = io.StringIO()
-        self._err = io.StringIO()
-        self._streams: tuple[Any, Any] | None = None
-
-    @property
-    def stdout(self) -> str:
-        return self._out.getvalue()
-
-    @property
-    def stderr(self) -> str:
-        return self._err.getvalue()
-
-    def show(self) -> None:
-        """Nothing: the output was shown as it came."""
-
-    def __enter__(self) -> _LiveOutput:
-        self._streams = (sys.stdout, sys.stderr)
-        sys.stdout = _Tee(sys.stdout, self._out)  # type: ignore[assignment]
-        sys.stderr = _Tee(sys.stderr, self._err)  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._streams is not None
-        sys.stdout, sys.stderr = self._streams
 
 
 def _unquoted(value: str | None) -> str | None:

@@ -149,8 +149,12 @@ class _ShownBytes(_KeptBytes):
         text = self._decoder.decode(bytes(data))
         if text:
             self._shown.write(text)
-            self._shown.flush()
         return written
+
+    def flush(self) -> None:
+        """Flush the stream shown (when the run flushes its own: ``print(..., flush=True)``)."""
+        super().flush()
+        self._shown.flush()
 
 
 class _StringCapture:
