@@ -700,3 +700,36 @@ def test_the_scripts_output_shows_as_it_prints_it(tmp_path):
     assert lines[0] == "step 1 3.0"  # once: the output shown as it came is not shown again
     assert lines[1].startswith("train.py: PASS neuron (emulated) vs cpu (as cuda) — ")
     assert "was not shown" not in out and "step 0" not in out
+
+
+SLEEPING_SCRIPT = """\
+import time
+import torch
+x = torch.ones(3, device="cuda")
+print("started", flush=True)
+time.sleep(120)
+"""
+
+
+def test_sigterm_ends_a_script_run_with_one_line_and_exit_143(tmp_path):
+    # A CI job's timeout or `kill` ended `run SCRIPT` with no word (the process killed by the
+    # signal); it now ends as Ctrl-C does: its runs stopped, what the script printed shown
+    import signal
+
+    (tmp_path / "train.py").write_text(SLEEPING_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "run", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "started\n"
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, out + err
+    assert err.splitlines()[-1] == "neuron-workbench: terminated (SIGTERM)", err
+    assert "Traceback" not in err

@@ -8,8 +8,10 @@ nothing, verdict ``UNCOMPARED``), 2 usage or input error (one line on stderr, ne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -71,6 +73,14 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:index], argv[index + 1 :]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is: its runs end as on Ctrl-C (workers stopped)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code."""
     parser = build_parser()
@@ -79,6 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if script_args is not None:
         args.script_args = script_args
+    # A SIGTERM (a CI job's timeout, `kill`) ended the command with no word and its workers left
+    # to notice their parent was gone: it now ends as Ctrl-C does, with one line and exit 143.
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread (a caller's): as it was
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args._run(args))
     except WorkbenchUsageError as exc:
@@ -86,9 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stderr.write(terminal_safe(f"neuron-workbench: error: {usage_message(exc)}") + "\n")
         return EXIT_USAGE
+    except _Terminated:
+        sys.stderr.write("neuron-workbench: terminated (SIGTERM)\n")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         sys.stderr.write("neuron-workbench: interrupted\n")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through the console script
