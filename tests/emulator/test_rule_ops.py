@@ -18,11 +18,26 @@ def _counted(fn):
 def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
     a = torch.ones(4, dtype=torch.float64, device="neuron")
     i = torch.arange(4, device="neuron")
-    assert _counted(lambda: a + a) == {"tpu-matmul": 0, "fp64": 1, "int64": 0}
-    assert _counted(lambda: (i * 3).sum()) == {"tpu-matmul": 0, "fp64": 0, "int64": 2}
+    assert _counted(lambda: a + a) == {
+        "tpu-matmul": 0,
+        "tpu-matmul-1pass": 0,
+        "fp64": 1,
+        "int64": 0,
+    }
+    assert _counted(lambda: (i * 3).sum()) == {
+        "tpu-matmul": 0,
+        "tpu-matmul-1pass": 0,
+        "fp64": 0,
+        "int64": 2,
+    }
     # float32 work and data movement touch no rule; a float32 matmul is exact on neuron by default
     x = torch.randn(3, 3, device="neuron")
-    assert _counted(lambda: (x @ x * 2.5 + 1).cpu()) == {"tpu-matmul": 0, "fp64": 0, "int64": 0}
+    assert _counted(lambda: (x @ x * 2.5 + 1).cpu()) == {
+        "tpu-matmul": 0,
+        "tpu-matmul-1pass": 0,
+        "fp64": 0,
+        "int64": 0,
+    }
 
 
 def test_bf16_what_if_counts_float32_matmuls_only():
@@ -41,7 +56,7 @@ def test_nothing_is_counted_when_nothing_is_emulated(run_py):
         "E.reset_rule_ops(); print(json.dumps(E.read_rule_ops()))"
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout) == {"tpu-matmul": 0, "fp64": 0, "int64": 0}
+    assert json.loads(r.stdout) == {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}
 
 
 TPU = r"""
@@ -67,8 +82,8 @@ def test_tpu_counts_float32_matmuls_and_not_int_ones_in_both_cores(run_py):
         assert r.returncode == 0, r.stderr[-2000:]
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out["core"] == ("python" if core == "python" else "native")
-        assert out["matmul"] == {"tpu-matmul": 1, "fp64": 0, "int64": 0}, out
-        assert out["int"] == {"tpu-matmul": 0, "fp64": 0, "int64": 0}, out
+        assert out["matmul"] == {"tpu-matmul": 1, "tpu-matmul-1pass": 1, "fp64": 0, "int64": 0}, out
+        assert out["int"] == {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}, out
 
 
 NEURON_PY = r"""
@@ -87,4 +102,9 @@ def test_python_core_counts_float64_on_neuron(run_py):
     r = run_py(NEURON_PY, env={"NEURON_WORKBENCH_EMULATOR_CORE": "python"})
     assert r.returncode == 0, r.stderr[-2000:]
     core, counts = json.loads(r.stdout.strip().splitlines()[-1])
-    assert core == "python" and counts == {"tpu-matmul": 0, "fp64": 1, "int64": 0}
+    assert core == "python" and counts == {
+        "tpu-matmul": 0,
+        "tpu-matmul-1pass": 0,
+        "fp64": 1,
+        "int64": 0,
+    }

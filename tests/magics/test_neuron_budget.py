@@ -139,3 +139,13 @@ def test_loose_tolerances_do_not_hide_the_tpu_factor_or_its_cause(ip, fresh_tpu)
     assert report.comparison.passed  # every output is within the loose tolerances
     assert report.verdict == "FAIL"
     assert "x less accurate than the reference (TPU 1-pass bf16 matmuls)" in report.summary()
+
+
+def test_a_cell_that_sets_high_precision_gets_no_one_pass_hint(ip, fresh_tpu):
+    """The worker starts the cell at DEFAULT; the cell's own 'high' is what its matmul ran at."""
+    high = "torch.set_float32_matmul_precision('high')\n" + MATMUL
+    report = _run(ip, "--target tpu --judge budget", high)
+    assert report.budget.get("h").ratio < 1, report.summary()
+    hints = [h for d in report.comparison.failures for h in d.hints]
+    assert not any("1-pass" in h for h in hints), hints
+    assert "1-pass" not in report.summary()

@@ -378,9 +378,10 @@ def memory_stats() -> dict[str, int]:
 
 #: The numeric rules :func:`read_rule_ops` counts: float32 matmul-like ops (matmuls,
 #: convolutions, attention) computed with bf16 passes (tpu DEFAULT/HIGH/HIGHEST, the neuron bf16
+#: what-if), those of them computed with a single pass (``"tpu-matmul-1pass"``: tpu DEFAULT, the
 #: what-if), ops whose float64 inputs were computed as float32, ops whose int64 inputs were
 #: computed as int32 (neuron).
-RULES = ("tpu-matmul", "fp64", "int64")
+RULES = ("tpu-matmul", "tpu-matmul-1pass", "fp64", "int64")
 
 
 def read_rule_ops() -> dict[str, int]:

@@ -19,8 +19,10 @@ _STRIDED = torch.strided
 
 # Ops each numeric rule touched (evidence for hints): matmul-like ops computed with bf16 passes,
 # and (Python core only; the native core counts its own in C++) ops with float64 / int64 inputs
-# computed narrower. One increment per op.
-RULE_OPS = {"tpu-matmul": 0, "fp64": 0, "int64": 0}
+# computed narrower. One increment per op. "tpu-matmul-1pass" counts the matmul-like ops of those that
+# ran at one pass: a cell may change the precision mid-run, so the mode read before the run is not
+# evidence of what its matmuls did.
+RULE_OPS = {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}
 
 # Ops that must never be reported or decomposed: host/device plumbing the real backends register.
 INTERNAL = frozenset(
@@ -299,6 +301,8 @@ def matmul_passes(func: Any, base: str, pos: tuple, cargs: list, ckw: dict, pass
     n = passes
     if base.startswith("_scaled_dot_product"):
         n = 1  # attention: inputs rounded once (documented approximation for HIGH/HIGHEST)
+    if passes == 1:  # the mode's own passes: attention's approximation is not DEFAULT's doing
+        RULE_OPS["tpu-matmul-1pass"] += 1
     if base == "convolution_backward":
         return _conv_backward_passes(func, cargs, ckw, n)
     nterms = {1: 1, 3: 2, 6: 3}[n]

@@ -351,7 +351,13 @@ def hints_for(
             f"{_ran(bf16_passes, 'float32 matmul/conv op', 'in bfloat16')}"
         )
     precision = str(numerics.get("matmul_precision", ""))
-    if backend.name == "tpu" and precision.startswith("DEFAULT") and bf16_passes:
+    # The ops counted at one pass, where the run counted them: the mode in the details is the one
+    # before the cell ran, and a cell that sets 'high' or 'highest' runs its matmuls at that mode.
+    # A run that did not count them (a real device, an older artifact) falls back on the mode.
+    one_pass = _rule_ran(target, "tpu-matmul-1pass") if floating else 0
+    if "tpu-matmul-1pass" not in (getattr(target.facts, "rule_ops", None) or {}):
+        one_pass = bf16_passes if precision.startswith("DEFAULT") else 0
+    if backend.name == "tpu" and one_pass:
         also = (
             " (under autocast too: the matmuls it leaves in float32, such as attention's math "
             "path, which upcasts)"
@@ -360,7 +366,7 @@ def hints_for(
         )
         hints.append(
             f"TPU fp32 matmuls default to 1-pass bfloat16 (Precision.DEFAULT; torchtpu.md §5){also}"
-            f"{_ran(bf16_passes, 'float32 matmul/conv op', 'in 1-pass bfloat16')}: "
+            f"{_ran(one_pass, 'float32 matmul/conv op', 'in 1-pass bfloat16')}: "
             "torch.set_float32_matmul_precision('highest') gives 6-pass, near-fp32 results"
         )
     tf32 = [run.backend.label for run in (ref, target) if run.facts.tf32_matmuls]
