@@ -149,3 +149,14 @@ def test_a_cell_that_sets_high_precision_gets_no_one_pass_hint(ip, fresh_tpu):
     hints = [h for d in report.comparison.failures for h in d.hints]
     assert not any("1-pass" in h for h in hints), hints
     assert "1-pass" not in report.summary()
+
+
+def test_a_target_more_accurate_than_a_tf32_reference_shows_its_small_r(ip, fresh_tpu):
+    """3-pass bf16 beats the reference's TF32 by far: its R is written, not rounded to 0.0."""
+    report = _run(
+        ip, "--target tpu --judge budget", "torch.set_float32_matmul_precision('high')\n" + MATMUL
+    )
+    ratio = report.budget.get("h").ratio
+    assert 0 < ratio < 0.1 and report.verdict == "PASS", report.summary()
+    assert f"within precision budget (worst R {ratio:.2g} at h)" in report.summary()
+    assert not report.summary().count("worst R 0.0 ") and "R 0.0 at" not in report.summary()

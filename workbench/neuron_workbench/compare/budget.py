@@ -126,9 +126,11 @@ class OutputBudget:
 
     @property
     def factor(self) -> str:
-        """``R`` as the report writes it: ``1.1``, ``38``, ``2.0e+06``; ``inf`` when the floor is zero."""
+        """``R`` as the report writes it: ``0.015``, ``1.1``, ``38``, ``2.0e+06``; ``inf`` (zero floor)."""
         if not math.isfinite(self.ratio):
             return "inf"
+        if 0 < self.ratio < 0.1:  # a target far more accurate than the reference is not R 0.0
+            return f"{self.ratio:.2g}"
         if self.ratio < 10:
             return f"{self.ratio:.1f}"
         return f"{self.ratio:.0f}" if self.ratio < 1e4 else f"{self.ratio:.1e}"
