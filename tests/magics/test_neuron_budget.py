@@ -160,3 +160,13 @@ def test_a_target_more_accurate_than_a_tf32_reference_shows_its_small_r(ip, fres
     assert 0 < ratio < 0.1 and report.verdict == "PASS", report.summary()
     assert f"within precision budget (worst R {ratio:.2g} at h)" in report.summary()
     assert not report.summary().count("worst R 0.0 ") and "R 0.0 at" not in report.summary()
+
+
+def test_a_float64_output_on_neuron_names_its_cause_in_the_summary(ip):
+    """float64 computed as float32 is a documented rule: the summary says so beside its R."""
+    cell = "s = torch.logsumexp(x.double().cuda() @ w.double().cuda(), -1)"
+    report = _run(ip, "--target neuron --judge budget", cell)
+    assert report.verdict == "FAIL" and report.budget.get("s").ratio > 1e6, report.summary()
+    assert report.summary().endswith(
+        "x less accurate than the reference (float64 computed as float32)"
+    ), report.summary()

@@ -347,6 +347,7 @@ _SHORT_CAUSES = (
     ("TPU fp32 matmuls default to 1-pass bfloat16", "TPU 1-pass bf16 matmuls"),
     ("the bf16 what-if policy was on", "bf16 what-if matmuls"),
     ("TF32:", "TF32 matmuls"),
+    ("float64 is computed as float32 on neuron", "float64 computed as float32"),
 )
 
 
