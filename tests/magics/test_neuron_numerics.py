@@ -78,6 +78,22 @@ def test_float64_output_gets_the_neuron_float64_hint(ip):
     diff = ip.user_ns["r"].comparison.failures[0]
     assert diff.path == "total"
     assert any(h.startswith("float64 is computed as float32 on neuron") for h in diff.hints)
+
+
+def test_an_index_taken_from_float64_values_gets_the_float64_hint(ip):
+    """argmax over float64 values that float32 rounds to a tie: small int64 indices, no wrap."""
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron -o r\nimport torch\n"
+        "v = torch.tensor([1e8 + 1, 1e8 + 2, 1e8], dtype=torch.float64, device='cuda')\n"
+        "m = v.argmax()",
+    )
+    diff = ip.user_ns["r"].comparison.failures[0]
+    assert diff.path == "m" and diff.ref_dtype == "int64"
+    assert any(
+        h.startswith("float64 is computed as float32 on neuron") and "argmax" in h
+        for h in diff.hints
+    ), diff.hints
     assert diff.tight_atol is not None and diff.tight_atol > 0
 
 

@@ -329,6 +329,14 @@ def hints_for(
             f"and back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: expect float32 "
             "precision, or compute this in float32 on purpose"
         )
+    elif on_neuron and not floating and fp64_ops > 0:  # counted: no dtype says float64 here
+        # An index or count taken from float64 values (argmax, comparisons, rounding) changes
+        # with them: the int64 rule is not the only one that can explain an integer output.
+        hints.append(
+            "float64 is computed as float32 on neuron (torchneuron.md §7)"
+            f"{_ran(fp64_ops, 'float64 op')}: an integer output taken from float64 values "
+            "(argmax, comparisons, rounding) changes where float32 rounds them together"
+        )
     int64_ops = _rule_ran(target, "int64")
     if on_neuron and dtypes & set(_INT64) and int64_ops:
         hints.append(
