@@ -766,3 +766,48 @@ def test_a_function_compiled_in_the_notebook_compiles_once_on_each_side(ip):
         assert _report(ip).verdict == "PASS", _report(ip).summary()
         compiled.append([_graphs(_report(ip), role) for role in ("ref", "target")])
     assert compiled == [[[("triple", 2)], [("triple", 2)]], [[], []], [[], []]]
+
+
+@pytest.fixture
+def dynamo_config_restored():
+    """``torch._dynamo.config`` as torch defaults it after a test whose notebook changed it."""
+    import torch._dynamo.config as config
+
+    yield config
+    for name in ("capture_scalar_outputs", "recompile_limit"):
+        setattr(config, name, config._config[name].default)
+
+
+def test_dynamo_config_set_in_a_plain_cell_reaches_the_target(ip, dynamo_config_restored):
+    # The worker compiled with its own torch._dynamo.config: `.item()` broke the target's graph
+    # where the kernel's captured it (FAIL: "scalars part at ...: none vs -3.57518"), and a
+    # recompile limit held on the reference only.
+    run_cell(
+        ip,
+        "import torch\n"
+        "torch._dynamo.config.capture_scalar_outputs = True\n"
+        "@torch.compile\n"
+        "def scaled(a):\n"
+        "    s = a.sum().item()\n"
+        "    return a * s\n"
+        "torch.manual_seed(0)\n"
+        "x = torch.randn(4, 8)",
+    )
+    run_cell(ip, "%%neuron -o r\nz = scaled(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    target = report.to_dict()["target"]["compile"]
+    assert target["graph_breaks"] == [] and len(target["graphs"]) == 1, target
+    # a value set back to torch's default is set back on the target too
+    run_cell(
+        ip,
+        "torch._dynamo.config.capture_scalar_outputs = False\n"
+        "@torch.compile\n"
+        "def shifted(a):\n"
+        "    return a + a.sum().item()",
+    )
+    run_cell(ip, "%%neuron -o r\nz = shifted(x.cuda())")
+    target = _report(ip).to_dict()["target"]["compile"]
+    assert [b["reason"] for b in target["graph_breaks"]][:1] == [
+        "Dynamo does not support tracing `Tensor.item()` with config.capture_scalar_outputs=False."
+    ], target

@@ -84,3 +84,27 @@ def test_a_precision_the_notebook_chose_travels_at_torchs_default_too(restored):
     finally:
         torch_settings._own.clear()  # this test process takes settings exactly again
         torch_settings._own.update(own)
+
+
+def test_dynamo_config_a_notebook_changed_travels_and_goes_back():
+    # A target process compiled with torch's defaults whatever the kernel's cells set.
+    import torch._dynamo.config as config
+
+    try:
+        config.capture_scalar_outputs = True
+        config.recompile_limit = 3
+        config.reorderable_logging_functions = {print}  # a callable belongs to its process
+        sent = torch_settings.current()
+        assert sent["dynamo_config"] == {"capture_scalar_outputs": True, "recompile_limit": 3}
+        config.capture_scalar_outputs = False
+        config.recompile_limit = config._config["recompile_limit"].default
+        torch_settings.apply(sent)
+        assert (config.capture_scalar_outputs, config.recompile_limit) == (True, 3)
+        # settings with no change of Dynamo's set what an earlier request set back
+        torch_settings.apply({"grad_enabled": torch.is_grad_enabled()})
+        assert not config.capture_scalar_outputs
+        assert config.recompile_limit == config._config["recompile_limit"].default
+    finally:
+        for name in ("capture_scalar_outputs", "recompile_limit", "reorderable_logging_functions"):
+            setattr(config, name, config._config[name].default)
+        torch_settings.apply({})

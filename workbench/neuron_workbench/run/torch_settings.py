@@ -3,10 +3,11 @@
 A cell runs in the kernel's torch as earlier cells left it: ``torch.set_default_dtype``,
 ``torch.set_grad_enabled(False)``, deterministic algorithms, anomaly detection, the float32 matmul
 precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
-``torch.backends.cuda.matmul.allow_tf32``) and the print options. The reference runs in the kernel
-and sees them; a target in another process (a worker, a Ray actor) has its own torch, so each run
-request carries the kernel's settings and the target process takes them before the run. A cell
-that changes one changes it in each process, as on one machine.
+``torch.backends.cuda.matmul.allow_tf32``), the print options and the ``torch._dynamo.config``
+values a cell changed (``capture_scalar_outputs = True``, ``recompile_limit``). The reference runs
+in the kernel and sees them; a target in another process (a worker, a Ray actor) has its own
+torch, so each run request carries the kernel's settings and the target process takes them before
+the run. A cell that changes one changes it in each process, as on one machine.
 
 A backend may define its own default for a setting: TorchTPU computes float32 matmuls in its
 DEFAULT mode (one bf16 pass) until the program asks for more, which torch reports as "medium"
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -63,10 +65,55 @@ def current() -> dict[str, Any]:
         # TF32 switches ("PyTorch is checking the matmul precision without a specific backend")
         with contextlib.suppress(RuntimeError, AttributeError):
             settings[key] = read()
+    # Only a program that compiles imports Dynamo, and most change none of its config: the key is
+    # there when one did (its absence sets the target's back to torch's defaults).
+    if "torch._dynamo.config" in sys.modules and (dynamo := _dynamo_config()):
+        settings["dynamo_config"] = dynamo
     return settings
 
 
 _NO_DEFAULT = object()
+#: Values a request's ``torch._dynamo.config`` settings may hold: they travel to another process.
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _dynamo_config() -> dict[str, Any]:
+    """The ``torch._dynamo.config`` values this process changed from torch's defaults.
+
+    Only plain values (flags, limits, names, and lists or sets of them) travel: a callable hook
+    belongs to the process that set it.
+    """
+    config = sys.modules["torch._dynamo.config"]
+    changed = config._get_dict(skip_default=True)  # type: ignore[attr-defined]
+    return {
+        name: value
+        for name, value in changed.items()
+        if isinstance(value, _PLAIN)
+        or (
+            isinstance(value, (list, tuple, set, frozenset))
+            and all(isinstance(item, _PLAIN) for item in value)
+        )
+    }
+
+
+#: The ``torch._dynamo.config`` names :func:`apply` set here: set back to torch's default once the
+#: kernel's value goes back to it.
+_dynamo_applied: set[str] = set()
+
+
+def _apply_dynamo_config(values: dict[str, Any]) -> None:
+    """Set ``torch._dynamo.config`` as ``values`` (another process's changed ones) say."""
+    import torch._dynamo.config as config
+
+    for name in _dynamo_applied - values.keys():
+        with contextlib.suppress(AttributeError, KeyError, TypeError):
+            setattr(config, name, config._config[name].default)  # type: ignore[attr-defined]
+    _dynamo_applied.clear()
+    for name, value in values.items():
+        with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):
+            if getattr(config, name) != value:
+                setattr(config, name, value)
+            _dynamo_applied.add(name)
 
 
 def _matmul_precision() -> str | None:
@@ -162,6 +209,9 @@ def apply(settings: dict[str, Any] | None) -> None:
             set_precision = set_precision.__wrapped__  # taking a setting is no choice of its own
         with contextlib.suppress(RuntimeError):
             set_precision(precision)
+    dynamo = settings.get("dynamo_config")
+    if dynamo is not None or _dynamo_applied:
+        _apply_dynamo_config(dynamo or {})
     options = settings.get("print_options")
     if options and options != _print_options():
         with contextlib.suppress(TypeError):
