@@ -811,3 +811,15 @@ def test_dynamo_config_set_in_a_plain_cell_reaches_the_target(ip, dynamo_config_
     assert [b["reason"] for b in target["graph_breaks"]][:1] == [
         "Dynamo does not support tracing `Tensor.item()` with config.capture_scalar_outputs=False."
     ], target
+
+
+def test_a_cell_compiling_its_compiled_model_again_gives_what_torch_gives(ip):
+    # `model = torch.compile(model.cuda())` run a second time: the reference compiled its copy of
+    # the compiled module, which Dynamo did not know as its own wrapper, so it wrapped it twice
+    # (FAIL: "model._orig_mod._orig_mod.0.weight missing on the target"); torch, and the target,
+    # give the compiled forward.
+    run_cell(ip, MLP)
+    for _ in range(2):
+        run_cell(ip, "%%neuron -o r\nmlp = torch.compile(mlp.cuda())\ny = mlp(x.cuda())")
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert not isinstance(ip.user_ns["mlp"], torch.nn.Module)

@@ -622,7 +622,26 @@ def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     asked = vars(self).get(COMPILE_REQUEST_ATTR)
     if asked is not None and COMPILE_REQUEST_ATTR not in vars(result):
         object.__setattr__(result, COMPILE_REQUEST_ATTR, asked)
+    if "_torchdynamo_wrapper_id" in vars(self):
+        _mark_compiled_copy(self, result, memo)
     return result
+
+
+def _mark_compiled_copy(value: Any, result: Any, memo: dict[int, Any]) -> None:
+    """Mark the copy of a ``torch.compile``'d module as the compiled wrapper it stands for.
+
+    Dynamo tells its own wrapper by ``_torchdynamo_wrapper_id == id(wrapper)``, which the copy
+    (rebuilt by ``OptimizedModule.__reduce__``) lacks: ``torch.compile(model)`` again on a copy
+    wrapped it twice, where on the notebook's own object torch gives the compiled forward
+    (a cell ``model = torch.compile(model)`` run again was a FAIL, its paths ``_orig_mod._orig_mod``).
+    """
+    attributes = vars(value)
+    if attributes["_torchdynamo_wrapper_id"] != id(value):  # a copied mark: not its own either
+        return
+    original = attributes.get("_torchdynamo_orig_callable")
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(result, "_torchdynamo_orig_callable", _deepcopy(original, memo))
+        object.__setattr__(result, "_torchdynamo_wrapper_id", id(result))
 
 
 def leaf_hooks(tensor: torch.Tensor) -> tuple[dict[Any, Any] | None, dict[Any, Any] | None] | None:
