@@ -678,10 +678,10 @@ print("step 1", float(x.sum()))
 """
 
 
-def test_the_scripts_output_shows_as_it_prints_it(tmp_path):
-    # A training script's progress came only once both runs had ended (and a Ctrl-C lost all of
-    # it): the kept run's output now reaches the terminal as the script prints it
-    (tmp_path / "train.py").write_text(WAITING_SCRIPT)
+def _after_first_line(tmp_path, script, first, then):
+    """Exit code, output and errors of ``run train.py`` (``script``), ``then`` done once its
+    first line (``first``) was read while it ran."""
+    (tmp_path / "train.py").write_text(script)
     process = subprocess.Popen(
         [sys.executable, "-m", "neuron_workbench.cli.main", "run", "train.py"],
         cwd=tmp_path,
@@ -690,12 +690,21 @@ def test_the_scripts_output_shows_as_it_prints_it(tmp_path):
         text=True,
     )
     try:
-        assert process.stdout.readline() == "step 0\n"
-        (tmp_path / "go").touch()
+        assert process.stdout.readline() == first
+        then(process)
         out, err = process.communicate(timeout=300)
     finally:
         process.kill()
-    assert process.returncode == 0, out + err
+    return process.returncode, out, err
+
+
+def test_the_scripts_output_shows_as_it_prints_it(tmp_path):
+    # A training script's progress came only once both runs had ended (and a Ctrl-C lost all of
+    # it): the kept run's output now reaches the terminal as the script prints it
+    code, out, err = _after_first_line(
+        tmp_path, WAITING_SCRIPT, "step 0\n", lambda process: (tmp_path / "go").touch()
+    )
+    assert code == 0, out + err
     lines = out.splitlines()
     assert lines[0] == "step 1 3.0"  # once: the output shown as it came is not shown again
     assert lines[1].startswith("train.py: PASS neuron (emulated) vs cpu (as cuda) — ")
@@ -716,20 +725,9 @@ def test_sigterm_ends_a_script_run_with_one_line_and_exit_143(tmp_path):
     # signal); it now ends as Ctrl-C does: its runs stopped, what the script printed shown
     import signal
 
-    (tmp_path / "train.py").write_text(SLEEPING_SCRIPT)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "neuron_workbench.cli.main", "run", "train.py"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, out, err = _after_first_line(
+        tmp_path, SLEEPING_SCRIPT, "started\n", lambda process: process.send_signal(signal.SIGTERM)
     )
-    try:
-        assert process.stdout.readline() == "started\n"
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 143, out + err
+    assert code == 143, out + err
     assert err.splitlines()[-1] == "neuron-workbench: terminated (SIGTERM)", err
     assert "Traceback" not in err
