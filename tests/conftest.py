@@ -119,10 +119,13 @@ def ip():
     from neuron_workbench.run.torch_settings import forget_chosen_precision
     from neuron_workbench.testing import testing_shell
 
+    precision = torch.get_float32_matmul_precision()
     shell = testing_shell()
     yield shell
     shell.reset(new_session=False)
-    # a matmul precision one test's notebook chose is not the next one's (torch's stays as set)
+    # a matmul precision one test's notebook chose is not the next one's: a cell's "high" stayed
+    # in this process (as in a kernel) and later tests' float32 matmuls ran at it
+    torch.set_float32_matmul_precision(precision)
     forget_chosen_precision()
 
 
