@@ -192,6 +192,7 @@ def compare_cell(
         gradients = options.steps > 1 or calls_backward(program, namespace)
         all_instruments["layers"] = layer_instrument(options.layers_full, gradients)
     resident = resident if resident is not None else ResidentObjects()
+    kept_run = "target" if reference is not None or options.keep == "target" else "ref"
     spec = RunSpec(
         program,
         namespace,
@@ -204,12 +205,10 @@ def compare_cell(
         steps=options.steps,
         ref_precision=options.ref_precision,
         # the run whose results the namespace gets is the one whose files stay on disk
-        kept_run="target" if reference is not None or options.keep == "target" else "ref",
+        kept_run=kept_run,
         # ... and whose output the front end shows as it comes (``capture(live=True)``), when the
         # front end's capture can (the magic's) and that run is here
-        live_run=("target" if options.keep == "target" else "ref")
-        if live_output and reference is None
-        else None,
+        live_run=kept_run if live_output and reference is None else None,
         default_device=default_device,
         torch_settings=torch_settings.current(),
         # what the temporary folder held before any run: the same for all of them (a run in a
