@@ -5,6 +5,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -246,6 +247,23 @@ def test_the_tempfile_names_given_decide_what_is_the_notebooks():
         assert sorted(p.name for p in made.iterdir()) == ["a.txt"]
     finally:
         shutil.rmtree(made)
+
+
+def test_the_tempfile_listing_kept_between_cells_follows_the_folder(tmp_path, monkeypatch):
+    # The listing is kept while the folder's modification time stays; a folder made or removed
+    # after it (by a plain cell, another program) is in the next listing.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = pathlib.Path(tempfile.mkdtemp())
+    settled = time.time() - 10
+    os.utime(tmp_path, (settled, settled))
+    assert tempfile_names() == {first.name}
+    assert tempfile_names() == {first.name}  # the kept listing
+    second = pathlib.Path(tempfile.mkdtemp())
+    assert tempfile_names() == {first.name, second.name}
+    os.utime(tmp_path, (settled + 1, settled + 1))
+    assert tempfile_names() == {first.name, second.name}
+    first.rmdir()
+    assert tempfile_names() == {second.name}
 
 
 def test_os_open_writes_are_kept_apart_too(folder):

@@ -43,6 +43,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator, MutableMapping
 from typing import Any
@@ -531,11 +532,29 @@ def tempfile_names() -> frozenset[str]:
     Taken once before a cell's runs start and given to each, so a ``tmp...`` folder the cell itself
     makes is scratch in every run, whichever made it first.
     """
+    folder = tempfile.gettempdir()
     try:
-        with os.scandir(tempfile.gettempdir()) as entries:
-            return frozenset(e.name for e in entries if e.name.startswith(_TEMPFILE_PREFIX))
+        changed = os.stat(folder).st_mtime_ns
+        kept = _TEMPFILE_LISTING.get(folder)
+        if kept is not None and kept[0] == changed:
+            return kept[1]
+        listed_at = time.time_ns()
+        with os.scandir(folder) as entries:
+            names = frozenset(e.name for e in entries if e.name.startswith(_TEMPFILE_PREFIX))
     except OSError:
         return frozenset()
+    # A busy temporary folder holds hundreds of entries (0.5 ms a cell to list). Its listing is
+    # kept while its modification time stays the same, once that time is a second older than the
+    # listing: a change within the file system's clock tick of the last one can leave the time as
+    # it was, one made later cannot.
+    if changed < listed_at - _SETTLED_NS:
+        _TEMPFILE_LISTING[folder] = (changed, names)
+    return names
+
+
+#: The temporary folder's last listing of tempfile's names, with its modification time then.
+_TEMPFILE_LISTING: dict[str, tuple[int, frozenset[str]]] = {}
+_SETTLED_NS = 1_000_000_000
 
 
 def _exempt_folders(own: str) -> list[str]:
