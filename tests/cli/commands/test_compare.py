@@ -143,6 +143,50 @@ def test_compare_matches_the_live_verdict_of_run_record(recorded, tmp_path, monk
     capsys.readouterr()
 
 
+MATMUL = """\
+import torch
+x = torch.randn(64, 64, device="cuda")
+y = x @ x
+"""
+
+
+def test_each_target_of_a_recording_of_several_is_compared_by_its_role(
+    tmp_path, monkeypatch, capsys
+):
+    # `run --target neuron,tpu --record` keeps the tpu run as target_tpu: the first target is
+    # compared unless --target-run names another, and the report says the others are there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "matmul.py").write_text(MATMUL)
+    args = ["run", "matmul.py", "--target", "neuron,tpu", "--record", "rec", "--json", "live.json"]
+    assert main(args) == 1  # the TPU's one-pass bfloat16 matmul
+    live = json.loads((tmp_path / "live.json").read_text())["reports"]
+    assert [report["verdict"] for report in live] == ["PASS", "FAIL"]
+    both = str(tmp_path / "rec" / "matmul.nwrun.zip")
+    capsys.readouterr()
+
+    assert main(["compare", both, both, "--json", "neuron.json"]) == 0
+    err = capsys.readouterr().err
+    note = "matmul.nwrun.zip also holds the target run(s) target_tpu: --target-run target_tpu"
+    assert note in err
+    neuron = json.loads((tmp_path / "neuron.json").read_text())
+    assert neuron["summary"] == live[0]["summary"]
+    assert any(note in each for each in neuron["notes"])
+
+    assert main(["compare", both, both, "--target-run", "target_tpu", "--json", "tpu.json"]) == 1
+    assert "also holds the target run(s) target:" in capsys.readouterr().err
+    tpu = json.loads((tmp_path / "tpu.json").read_text())
+    assert tpu["summary"] == live[1]["summary"]
+    assert tpu["outputs"] == live[1]["outputs"]
+
+    assert main(["compare", both, both, "--target-run", "target_xla"]) == 2
+    assert "holds runs ref, target, target_tpu and none is 'target_xla'" in capsys.readouterr().err
+    assert main(["compare", both, both, "--ref-run", "target", "--target-run", "target"]) == 2
+    assert "both name 'target'" in capsys.readouterr().err
+    # the neuron run as the reference of the tpu run: the two targets against each other
+    assert main(["compare", both, both, "--ref-run", "target", "--target-run", "target_tpu"]) == 1
+    assert "FAIL tpu (emulated) vs neuron (emulated)" in capsys.readouterr().out
+
+
 def test_role_choice_and_bad_input(recorded, tmp_path, capsys):
     a = recorded["plain", "cpu"]
     assert main(["compare", str(a), str(a), "--rtol", "1e-3"]) == 2

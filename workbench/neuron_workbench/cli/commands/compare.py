@@ -22,6 +22,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("reference", help="artifact with the reference run (its 'ref' or only run)")
     parser.add_argument("target", help="artifact with the target run (its 'target' or only run)")
+    parser.add_argument(
+        "--ref-run",
+        metavar="ROLE",
+        default="ref",
+        help="A's run to use as the reference (default: its 'ref' or only run)",
+    )
+    parser.add_argument(
+        "--target-run",
+        metavar="ROLE",
+        default="target",
+        help="B's run to use as the target (default: its 'target' or only run); a recording of "
+        "several targets (--target neuron,tpu) holds the others as target_<backend>",
+    )
     add_arguments(parser, COMPARE)
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--html", metavar="FILE", help="write a standalone HTML report")
@@ -42,15 +55,36 @@ def pick_run(artifact: Any, role: str) -> Any:
 
 
 def report_of_artifacts(
-    ref_artifact: Any, target_artifact: Any, values: dict[str, Any] | None = None
+    ref_artifact: Any,
+    target_artifact: Any,
+    values: dict[str, Any] | None = None,
+    *,
+    ref_run: str = "ref",
+    target_run: str = "target",
 ) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs.
 
-    ``values`` are option-table values by API name (tolerances) over the recorded cell's own.
+    ``values`` are option-table values by API name (tolerances) over the recorded cell's own;
+    ``ref_run`` and ``target_run`` are the roles of the runs to compare (each artifact's only run
+    where it holds one).
     """
     from neuron_workbench.cell.session import compare_recorded
 
-    return compare_recorded(ref_artifact, target_artifact, values=values, pick=pick_run)
+    roles = {"ref": ref_run, "target": target_run}
+
+    def pick(artifact: Any, side: str) -> Any:
+        return pick_run(artifact, roles[side])
+
+    return compare_recorded(ref_artifact, target_artifact, values=values, pick=pick)
+
+
+def other_targets(artifact: Any, compared: str) -> list[str]:
+    """The target runs ``artifact`` holds besides ``compared`` (a recording of several targets)."""
+    return sorted(
+        role
+        for role in artifact.runs
+        if role != compared and (role == "target" or role.startswith("target_"))
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +117,26 @@ def run(args: argparse.Namespace) -> int:
             f"{args.reference} holds one run: comparing it with itself checks nothing; give the "
             "artifact of the other side as B"
         )
-    report = report_of_artifacts(ref_artifact, target_artifact, values)
+    if (
+        Path(args.reference).resolve() == Path(args.target).resolve()
+        and args.ref_run == args.target_run
+    ):
+        raise WorkbenchUsageError(
+            f"--ref-run and --target-run both name {args.ref_run!r}: its run would stand for both "
+            "sides"
+        )
+    report = report_of_artifacts(
+        ref_artifact, target_artifact, values, ref_run=args.ref_run, target_run=args.target_run
+    )
+    others = other_targets(target_artifact, args.target_run)
+    if others and args.target_run in target_artifact.runs:
+        # a recording of several targets: the others are one option away, and the report says so
+        note = (
+            f"{Path(args.target).name} also holds the target run(s) {', '.join(others)}: "
+            f"--target-run {others[0]} compares one"
+        )
+        report.notes.append(note)
+        sys.stderr.write(terminal_safe(f"note: {note}") + "\n")
     for warning in report.warnings:
         sys.stderr.write(terminal_safe(f"warning: {warning}") + "\n")
     sys.stdout.write(terminal_safe(report.summary()) + "\n")
