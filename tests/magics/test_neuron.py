@@ -71,6 +71,26 @@ def test_keep_target_leaves_target_results(ip):
     assert torch.equal(ip.user_ns["y"].cpu(), torch.full((3,), 2.0))
 
 
+@pytest.mark.inprocess_device
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_in_process_a_notebook_file_gets_the_kept_runs_lines_once(ip, tmp_path, keep):
+    # Both runs here wrote every line to the notebook's open file, and the target's run after a
+    # reference that closed it raised "I/O operation on closed file".
+    path = tmp_path / "train.log"
+    run_cell(ip, f"import torch\nlog = open({str(path)!r}, 'w')")
+    for line in ("first", "second"):
+        run_cell(
+            ip,
+            f"%%neuron --executor inprocess --keep {keep} -o r\n"
+            f"print({line!r}, file=log)\nn = torch.ones(1, device='cuda').sum().item()",
+        )
+        assert report_of(ip).verdict == "PASS", report_of(ip).summary()
+    run_cell(ip, "%%neuron --executor inprocess -o r\nlog.close()\nn = 2")
+    assert report_of(ip).verdict == "PASS", report_of(ip).summary()
+    assert ip.user_ns["log"].closed
+    assert path.read_text() == "first\nsecond\n"
+
+
 def test_cell_whose_result_depends_on_backend_fails_with_the_output_named(ip):
     run_cell(
         ip,

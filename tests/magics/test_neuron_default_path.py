@@ -263,6 +263,78 @@ def test_views_keep_their_base_in_the_worker(ip):
     assert ip.user_ns["x"].tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
+def test_a_name_bound_again_to_a_shared_value_is_an_output_every_time(ip):
+    # `step = 0` where the notebook already holds 0 keeps the object (Python shares small ints,
+    # interned strings and None), while `big = 100000` makes a new one: the same cell read
+    # "2 outputs" or "3 outputs" by what the notebook held before it.
+    run_cell(ip, "import torch\nstep = 0\nmode = 'train'\nbig = 100000")
+    cell = "%%neuron -o r\nstep = 0\nmode = 'train'\nbig = 100000\nx = torch.ones(2, device='cuda')"
+    for _ in range(2):
+        run_cell(ip, cell)
+        report = _report(ip)
+        assert report.summary().endswith("4 outputs, 4 match"), report.summary()
+        assert [diff.path for diff in report.comparison.diffs] == ["step", "mode", "big", "x"]
+    # a name the cell only reads is no output
+    run_cell(ip, "%%neuron -o r\ny = x * step")
+    assert [diff.path for diff in _report(ip).comparison.diffs] == ["y"]
+
+
+def test_a_log_file_the_notebook_opened_gets_each_line_once(ip, tmp_path, monkeypatch):
+    # `log = open("train.log", "w")` in a plain cell, then a training cell that logs to it: the
+    # target's worker refused the cell ('log' cannot be sent), and --executor inprocess wrote every
+    # line twice. The kept run writes the file; the other run's writes are kept apart.
+    monkeypatch.chdir(tmp_path)
+    run_cell(
+        ip,
+        "import torch\nlog = open('train.log', 'w')\nlosses = open('losses.bin', 'ab')\n"
+        "class Logger:\n    def __init__(self, f):\n        self.f = f\n"
+        "logger = Logger(log)",
+    )
+    log = ip.user_ns["log"]
+    run_cell(
+        ip,
+        "%%neuron -o r\nx = torch.ones(3, device='cuda')\n"
+        "print(f'loss {x.sum().item():.1f}', file=log)\nlogger.f.write('via logger\\n')\n"
+        "losses.write(b'1')",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert report.target.facts.notes == [
+        "its writes to 2 files were kept apart (the notebook's files hold the reference run's): "
+        "train.log, losses.bin"
+    ]
+    # the notebook's file objects are the ones it had, the Logger's too
+    assert ip.user_ns["log"] is log and ip.user_ns["logger"].f is log and not log.closed
+    # --keep target: the target's lines come from its worker, and are written here, once
+    run_cell(ip, "%%neuron -o r --keep target\nprint('kept target', file=log)\nlosses.write(b'2')")
+    assert _report(ip).verdict == "PASS" and _report(ip).ref.facts.notes
+    assert ip.user_ns["log"] is log
+    # the cell that closes it: both runs found it open, the notebook's is closed once
+    run_cell(ip, "%%neuron -o r\nprint('last', file=log)\nlog.close()\nlosses.close()\nn = 1")
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert log.closed and ip.user_ns["losses"].closed
+    assert (tmp_path / "train.log").read_text() == "loss 3.0\nvia logger\nkept target\nlast\n"
+    assert (tmp_path / "losses.bin").read_bytes() == b"12"
+
+
+def test_a_csv_writer_the_notebook_made_is_refused_with_the_way_that_works(ip, tmp_path):
+    # The refusal said "run the cell with --executor inprocess", where both runs write every row
+    # through the one writer into the notebook's file.
+    path = tmp_path / "metrics.csv"
+    run_cell(ip, f"import csv, torch\nf = open({str(path)!r}, 'w', newline='')\nw = csv.writer(f)")
+    with pytest.raises(UsageError) as error:
+        run_cell(ip, "%%neuron -o r\nw.writerow([torch.ones(2, device='cuda').sum().item()])")
+    assert "'w' (a csv writer) cannot be sent to the neuron worker process" in str(error.value)
+    assert "(w = csv.writer(f))" in str(error.value)
+    run_cell(
+        ip,
+        "%%neuron -o r\nw = csv.writer(f)\nw.writerow([torch.ones(2, device='cuda').sum().item()])",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    run_cell(ip, "f.close()")
+    assert path.read_bytes() == b"2.0\r\n"
+
+
 def test_tied_weights_and_the_optimizer_stay_attached_in_the_worker(ip):
     run_cell(
         ip,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dis
 import functools
 import itertools
 import linecache
@@ -40,6 +41,9 @@ class CellProgram:
         definitely bound by then (used to prune what notebook functions reach). The global names
         read inside functions, lambdas, classes and comprehensions the cell defines count at the
         definition; their parameters and locals are not reads.
+    stored_names : frozenset of str
+        The names the cell's top level binds (assignments, loop targets, imports, definitions),
+        whatever it binds them to.
     """
 
     source: str
@@ -48,6 +52,7 @@ class CellProgram:
     last_expr: CodeType | None
     last_expr_name: str | None
     read_names: dict[str, frozenset[str]]
+    stored_names: frozenset[str] = frozenset()
 
 
 def compile_cell(
@@ -106,7 +111,20 @@ def compile_cell(
     # Register the source so tracebacks and error reports can show the offending line.
     lines = ["\n"] * before + source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
-    return CellProgram(source, filename, body, last_expr, last_expr_name, read_names)
+    stored = _stored_names(body) | (_stored_names(last_expr) if last_expr else frozenset())
+    return CellProgram(source, filename, body, last_expr, last_expr_name, read_names, stored)
+
+
+_STORES = frozenset({"STORE_NAME", "STORE_GLOBAL"})
+
+
+def _stored_names(code: CodeType) -> frozenset[str]:
+    """The names ``code``'s own (module-level) instructions bind, as the compiler resolved them."""
+    return frozenset(
+        instruction.argval
+        for instruction in dis.get_instructions(code)
+        if instruction.opname in _STORES
+    )
 
 
 def _names_read_before_bound(tree: ast.Module) -> dict[str, frozenset[str]]:

@@ -45,6 +45,7 @@ from neuron_workbench.run.namespace import (
     version_signature,
     with_names_sharing_state,
 )
+from neuron_workbench.run.notebook_files import drain_made, write_back
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_state import (
     RandomState,
@@ -451,7 +452,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     try:
         read, inputs = spec.inputs()
         if spec.isolate_inputs:
-            copies, shared = isolate(ns, inputs)
+            copies, shared = isolate(ns, inputs, files_apart=spec.keeps_writes_apart(run_id))
             # a name that only shares state with the cell's and cannot be copied (a DataLoader
             # iterator over a dataset the cell reads) stays as it is, as had it shared nothing
             shared = [name for name in shared if name in read]
@@ -568,8 +569,13 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.steps = step_scalars
         run.facts = facts
         facts.rule_ops = dict(recording.rule_ops)
-        if writes is not None and writes.written:
-            facts.notes.append(kept_apart_note(writes.written, spec.kept_run))
+        # what it wrote to the notebook's open files, given to it as stand-ins: kept apart in a
+        # run that is not kept, written to the files by the kernel when it is (a worker's target)
+        to_files = drain_made()
+        run.notebook_file_writes = to_files.writes
+        written = [*(writes.written if writes is not None else []), *to_files.paths]
+        if written and spec.keeps_writes_apart(run_id):
+            facts.notes.append(kept_apart_note(list(dict.fromkeys(written)), spec.kept_run))
         run.memory = memory
         run.wall_time_s = wall
         run.rng_state = current_random_state()
@@ -589,6 +595,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             name: recorded(observed[name]) for name in ("compile", "script") if name in observed
         }
     finally:
+        drain_made()  # a run that raised is never kept: what it wrote to stand-ins goes
         if _default_device_setting() != default_device:
             torch.set_default_device(default_device)
         if spec.restore_namespace:
@@ -679,15 +686,32 @@ def _default_device_setting() -> torch.device | None:
 
 
 def _rebound(
-    ns: MutableMapping[str, Any], before_run: dict[str, Any], hidden: frozenset[str]
+    ns: MutableMapping[str, Any],
+    before_run: dict[str, Any],
+    hidden: frozenset[str],
+    stored: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """User-visible names the cell bound or rebound (identity changed since the run began)."""
+    """User-visible names the cell bound or rebound (identity changed since the run began).
+
+    A ``stored`` name (one the cell's top level binds) bound again to a value Python shares
+    (``step = 0``, ``mode = "train"``, ``None``: small ints, interned strings, singletons) keeps its
+    identity, yet the cell bound it: it counts too, so a cell's outputs do not depend on what the
+    notebook held before it.
+    """
     missing = object()
     return [
         name
         for name, value in ns.items()
-        if before_run.get(name, missing) is not value and _is_output_name(name, hidden)
+        if (
+            before_run.get(name, missing) is not value
+            or (name in stored and type(value) in _SHARED_VALUE_TYPES)
+        )
+        and _is_output_name(name, hidden)
     ]
+
+
+#: Types whose equal values Python may share between bindings (small ints, interned strings).
+_SHARED_VALUE_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
 
 
 def _step_scalars(
@@ -719,7 +743,7 @@ def _collect(
 ) -> Run:
     missing = object()
     hidden = spec.hidden
-    rebound = _rebound(ns, before_run, hidden)
+    rebound = _rebound(ns, before_run, hidden, spec.program.stored_names)
     mutated = [
         name
         for name, value in copies.items()
@@ -758,6 +782,7 @@ def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
     the comparison): what the cell bound or changed holds a ``float`` where plain code does.
     """
     changed = run.outputs.keys()
+    write_back(run.notebook_file_writes)
     namespace.update(
         {
             name: _reading(namespace, untagged(value) if name in changed else value)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from neuron_workbench.run.notebook_files import FILE_TYPES, is_notebook_file, kept_apart
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
@@ -372,13 +373,27 @@ def user_object(value: Any) -> bool:
     )
 
 
-def isolate(namespace: Mapping[str, Any], names: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+def isolate(
+    namespace: Mapping[str, Any], names: Iterable[str], *, files_apart: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     """Deep-copy the values of ``names`` together, so objects that share state still share it.
 
     Returns the copies and the names whose value could not be copied (they are shared between the
-    two runs, and the report says so).
+    two runs, and the report says so). A file the notebook holds open for writing is no copy: it
+    is the file itself, or with ``files_apart`` (a run that is not kept) a stand-in that keeps the
+    run's writes apart (:mod:`~neuron_workbench.run.notebook_files`).
     """
     wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
+    if not files_apart:  # a new kept run: the last one's files are no longer this cell's
+        _KEPT_RUN_FILES.clear()
+    _FILES_APART.append(files_apart)
+    try:
+        return _isolated(wanted)
+    finally:
+        _FILES_APART.pop()
+
+
+def _isolated(wanted: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     with _copies_keep_state():
         try:
             return _deepcopy(wanted, {}), []
@@ -530,6 +545,27 @@ _FAST_COPIERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {
     # a folder's handle, wherever it is held (its own copy's swap had its finalizer delete it)
     tempfile.TemporaryDirectory: lambda value, memo: value,
 }
+
+
+def _copy_of_file(value: Any, memo: dict[int, Any]) -> Any:
+    """The notebook's open file as a run sees it: itself in the kept run, else kept apart."""
+    if not _FILES_APART[-1]:
+        if is_notebook_file(value):
+            _KEPT_RUN_FILES[id(value)] = value
+            return value
+    elif is_notebook_file(value) or (
+        # the kept run ran first, here, and closed it: it was open when the cell began
+        _KEPT_RUN_FILES.get(id(value)) is value and is_notebook_file(value, open_only=False)
+    ):
+        return kept_apart(value)
+    raise TypeError(f"cannot copy {type(value).__name__} object")  # shared, as before
+
+
+_FAST_COPIERS.update(dict.fromkeys(FILE_TYPES, _copy_of_file))
+#: Whether the copies being made are for a run whose writes are kept apart (innermost last).
+_FILES_APART: list[bool] = [False]
+#: The notebook's open files the last kept run here was given (this cell's, once it has run).
+_KEPT_RUN_FILES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import csv
 import gc
 import io
 import linecache
@@ -34,6 +35,7 @@ import torch
 from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.namespace import ResidentObjects
+from neuron_workbench.run.notebook_files import drain_made
 from neuron_workbench.run.records import NotCompared, Run
 from neuron_workbench.run.transport import (
     COMPILED_BEFORE_LOAD,
@@ -121,6 +123,9 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+_CSV_WRITER = type(csv.writer(io.StringIO()))
+
+
 def pack_request(
     request: dict[str, Any],
     values: dict[str, Any],
@@ -157,6 +162,14 @@ def pack_request(
                         f"{name!r} was compiled with torch.compile before %load_ext "
                         f"neuron_workbench, so it cannot be sent to the {target} worker process; "
                         f"run the cell that compiles it again, or {EXECUTOR_HINT}"
+                    ) from None
+                if type(values[name]) is _CSV_WRITER:
+                    # it writes to a file it does not name: the file itself can travel
+                    raise WorkbenchUsageError(
+                        f"{name!r} (a csv writer) cannot be sent to the {target} worker process; "
+                        f"make the writer in the %%neuron cell over the notebook's open file "
+                        f"({name} = csv.writer(f)): each run then writes through its own, and the "
+                        f"run that is not kept writes apart from the file"
                     ) from None
                 if isinstance(values[name], collections.abc.Iterator) and not isinstance(
                     values[name],
@@ -309,6 +322,7 @@ def answer_request(
     """
     release_answered()  # the notebook's globals too: the request's functions are rebuilt over them
     share_compile_backends()  # a compiled model's code compiled in one cell serves the next
+    drain_made()  # stand-ins of the notebook's files a request that failed to load left
     try:
         loaded = loads_request(data)
         request = loaded.value

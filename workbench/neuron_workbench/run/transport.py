@@ -63,6 +63,8 @@ from neuron_workbench.run.namespace import (
     optimizer_extras,
     restore_optimizer_extras,
 )
+from neuron_workbench.run.notebook_files import FILE_TYPES as _FILE_TYPES
+from neuron_workbench.run.notebook_files import is_notebook_file, reduce_for_sending
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
@@ -532,6 +534,9 @@ class _Pickler(cloudpickle.Pickler):
                 return _rebuild_device, (obj.type, obj.index)
             if id(obj) in self._cuda_devices:  # the host's stand-in for the cell's cuda device
                 return torch.device, ("cuda",)
+        if kind in _FILE_TYPES and is_notebook_file(obj):
+            # log = open("train.log", "w") in a plain cell: a stand-in there, the file on return
+            return reduce_for_sending(obj)
         if kind is types.MethodType and obj.__self__ is RANDOM_MODULE_GENERATOR:
             # `from random import shuffle`: the receiver's own module function, drawing from the
             # receiver's generator (which a run starts from the notebook's state), not a copy
