@@ -907,6 +907,76 @@ def test_autocast_decorators_built_outside_the_run_apply_in_it(ip, target):
         assert dtypes == [torch.bfloat16, torch.float32, torch.bfloat16], run.backend.name
 
 
+#: An AMP training loop of a CUDA notebook, after a setup cell that built ``scaler``: four steps
+#: under float16 autocast, the scale read after each ``update()``.
+AMP_STEPS = """
+model.cuda()
+x, y = torch.randn(16, 8, device="cuda"), torch.randn(16, 4, device="cuda")
+scales = []
+for _ in range(4):
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    scales.append(scaler.get_scale())
+enabled = scaler.is_enabled()
+"""
+
+
+#: The setup cell of a CUDA AMP notebook: a model, its optimizer and a scaler built as ``made``.
+AMP_SETUP = """
+import torch
+model = torch.nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = {made}
+"""
+
+
+def _plain_scaler_cell(ip, made):
+    """Run the AMP setup cell with ``made``; its scaler is what torch made there: off (no CUDA)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "CUDA is not available. Disabling." as before
+        run_cell(ip, AMP_SETUP.format(made=made))
+    assert not ip.user_ns["scaler"].is_enabled()
+
+
+@pytest.mark.parametrize(
+    ("made", "expected"),
+    [
+        ('torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=2)', True),
+        ("torch.cuda.amp.GradScaler(init_scale=1024.0, growth_interval=2)", True),
+        # turned off on purpose: off on a GPU too, so off in both runs
+        ('torch.amp.GradScaler("cuda", init_scale=1024.0, enabled=False)', False),
+    ],
+)
+def test_a_grad_scaler_built_for_cuda_in_a_plain_cell_scales_in_both_runs(ip, made, expected):
+    # Built in a setup cell of a kernel without a GPU, torch turned the scaler off ("CUDA is not
+    # available. Disabling.") and both runs trained unscaled, where a GPU scales (and grows the
+    # scale every growth_interval steps without inf/NaN gradients).
+    _plain_scaler_cell(ip, made)
+    report = _passed(ip, AMP_STEPS)
+    grown = [1024.0, 2048.0, 2048.0, 4096.0] if expected else [1.0] * 4
+    for run in (report.ref, report.target):
+        assert run.outputs["enabled"] is expected, run.backend.name
+        assert run.outputs["scales"] == grown, run.backend.name
+    # the notebook keeps the reference run's scaler: on, with its grown scale, as after a GPU run
+    assert ip.user_ns["scaler"].is_enabled() is expected
+    assert ip.user_ns["scaler"].get_scale() == grown[-1]
+
+
+def test_a_grad_scaler_built_for_cuda_in_a_plain_cell_meets_the_tpu_without_its_ops(ip):
+    # TorchTPU 0.2.0 registers none of GradScaler's ops and falls back to the CPU only when asked:
+    # the scaler, off in both runs, hid that behind a PASS.
+    _plain_scaler_cell(ip, 'torch.amp.GradScaler("cuda")')
+    run_cell(ip, f"%%neuron --target tpu -o r\n{AMP_STEPS}")
+    report = _report(ip)
+    assert report.verdict == "ERROR", report.summary()
+    assert "_amp_foreach_non_finite_check_and_unscale_" in report.summary()
+    assert not ip.user_ns["scaler"].is_enabled()  # an ERROR leaves the namespace as it was
+
+
 def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     # Each raised "Torch not compiled with CUDA enabled" (or a KeyError) in both runs.
     run_cell(ip, "import torch\nw = torch.randn(4, 3)")

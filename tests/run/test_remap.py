@@ -1,8 +1,14 @@
+import copy
+
 import pytest
 import torch
 
 from neuron_workbench.backends import get_backend
-from neuron_workbench.run.remap import cuda_remapped_to, remap_device
+from neuron_workbench.run.remap import (
+    cuda_remapped_to,
+    remap_device,
+    remember_grad_scaler_requests,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +57,28 @@ def test_cuda_idioms_land_on_the_cpu_backend():
     # everything is put back
     assert torch.cuda.is_available() is False or torch.backends.cuda.is_built()
     assert torch.cuda.Event is not None and torch.cuda.synchronize.__module__ == "torch.cuda"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch turns a cuda scaler off without CUDA")
+def test_a_grad_scaler_turned_off_for_want_of_cuda_is_on_in_a_run():
+    remember_grad_scaler_requests()
+    with pytest.warns(UserWarning, match="CUDA is not available") as caught:
+        scaler = torch.amp.GradScaler("cuda", init_scale=8.0, growth_interval=1)
+    assert caught[0].filename == __file__  # torch's warning, at the line that built the scaler
+    off = torch.amp.GradScaler("cuda", enabled=False)
+    assert not scaler.is_enabled() and not off.is_enabled()
+    with cuda_remapped_to(get_backend("cpu")):
+        copied, copied_off = copy.deepcopy(scaler), copy.deepcopy(off)  # a run's copies
+        assert copied.is_enabled() and copied._device == "cpu"
+        weight = torch.ones(2, requires_grad=True)
+        opt = torch.optim.SGD([weight], lr=0.1)
+        copied.scale(weight.sum()).backward()
+        assert weight.grad.tolist() == [8.0, 8.0]  # scaled by init_scale
+        copied.step(opt)
+        copied.update()
+        assert copied.get_scale() == 16.0  # grown after growth_interval steps without inf
+        assert not copied_off.is_enabled()  # off on purpose: off on a GPU too
+    assert not scaler.is_enabled()  # outside a run the notebook's scaler is what torch made
 
 
 def test_cuda_idioms_land_on_the_emulated_neuron_device():

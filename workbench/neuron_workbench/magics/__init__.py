@@ -19,12 +19,17 @@ def register(shell: Any) -> None:
     installed right away: PyTorch's autograd engine only learns about devices registered before its
     first backward pass. With the worker executor the kernel installs nothing.
     """
-    from neuron_workbench.run.remap import remember_autocast_requests
+    from neuron_workbench.run.remap import (
+        remember_autocast_requests,
+        remember_grad_scaler_requests,
+    )
     from neuron_workbench.run.torch_settings import remember_chosen_precision
     from neuron_workbench.run.transport import remember_compile_requests
 
     # autocast decorators the notebook builds from now on can be entered as meant in a run
     remember_autocast_requests()
+    # and so can a GradScaler built for cuda, which torch turns off here without CUDA
+    remember_grad_scaler_requests()
     instances = []
     for module_name, class_name in MAGICS:
         cls = getattr(importlib.import_module(module_name), class_name)

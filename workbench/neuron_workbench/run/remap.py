@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -722,6 +724,78 @@ def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..
     return __init__
 
 
+#: The attribute where a ``GradScaler`` built for cuda outside a run, and turned off there for want
+#: of CUDA, keeps the arguments it was built with (:func:`remember_grad_scaler_requests`).
+_SCALER_REQUEST = "_workbench_request"
+
+#: What torch warns when it turns a cuda ``GradScaler`` off (``torch.amp.GradScaler.__init__``).
+_SCALER_OFF_WARNING = "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+
+
+def remember_grad_scaler_requests() -> None:
+    """Make a ``GradScaler`` built for cuda without CUDA remember it was meant on (once per process).
+
+    ``scaler = torch.amp.GradScaler("cuda")`` (or ``torch.cuda.amp.GradScaler()``) in a plain setup
+    cell of a kernel without a GPU warns and turns itself off, keeping neither its wish to be on nor
+    its arguments; both runs of a later ``%%neuron`` cell then trained unscaled, where a GPU scales.
+    Such a scaler now keeps its arguments, so a run turns it on as the cell meant (see
+    :func:`_scaler_methods_waking`). In plain cells it stays off, with torch's warning at the same
+    line; a scaler turned off on purpose (``enabled=False``) remembers nothing.
+    """
+    cls = torch.amp.grad_scaler.GradScaler
+    init = vars(cls)["__init__"]
+    if getattr(init, "_workbench_remembers", False):
+        return
+    signature = inspect.signature(init)
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        request = dict(bound.arguments)
+        del request["self"]
+        if not (
+            request.get("device") == "cuda"
+            and request.get("enabled")
+            and torch.cuda.amp.common.amp_definitely_not_available()
+        ):
+            init(self, *args, **kwargs)
+            return
+        # What torch does here (off, and its warning, at the caller's line as torch's stacklevel
+        # puts it: not this wrapper's), keeping the arguments the scaler was asked for.
+        init(self, **{**request, "enabled": False})
+        del request["device"], request["enabled"]
+        self.__dict__[_SCALER_REQUEST] = request
+        warnings.warn(_SCALER_OFF_WARNING, stacklevel=2)
+
+    __init__._workbench_remembers = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _scaler_methods_waking(cls: type) -> dict[str, Callable[..., Any]]:
+    """``GradScaler``'s public methods for a run: a scaler that remembers a request turns on first.
+
+    A scaler :func:`remember_grad_scaler_requests` kept off for want of CUDA (its copy in this run)
+    is built again, as asked, by the run's ``__init__``, which gives it the run's device: the
+    scaler then scales as it would on a GPU, and the notebook keeps the kept run's copy, on.
+    """
+
+    def waking(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            request = self.__dict__.pop(_SCALER_REQUEST, None)
+            if request is not None and not self._enabled and self._device == "cuda":
+                cls.__init__(self, "cuda", **request)  # type: ignore[misc]
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    return {
+        name: waking(value)
+        for name, value in vars(cls).items()
+        if not name.startswith("_") and inspect.isfunction(value)
+    }
+
+
 @contextlib.contextmanager
 def cuda_remapped_to(
     backend: Backend,
@@ -782,7 +856,11 @@ def cuda_remapped_to(
         )
         stack.enter_context(
             patched_attributes(
-                scaler_cls, {"__init__": _grad_scaler_init(target, scaler_cls.__init__)}
+                scaler_cls,
+                {
+                    **_scaler_methods_waking(scaler_cls),
+                    "__init__": _grad_scaler_init(target, scaler_cls.__init__),
+                },
             )
         )
         if host is not None:
