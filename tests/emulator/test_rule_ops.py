@@ -23,12 +23,14 @@ def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
         "tpu-matmul-1pass": 0,
         "fp64": 1,
         "int64": 0,
+        "int64-wrapped": 0,
     }
     assert _counted(lambda: (i * 3).sum()) == {
         "tpu-matmul": 0,
         "tpu-matmul-1pass": 0,
         "fp64": 0,
         "int64": 2,
+        "int64-wrapped": 0,  # 0..3 times 3, summed: int32 holds every value
     }
     # float32 work and data movement touch no rule; a float32 matmul is exact on neuron by default
     x = torch.randn(3, 3, device="neuron")
@@ -37,7 +39,26 @@ def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
         "tpu-matmul-1pass": 0,
         "fp64": 0,
         "int64": 0,
+        "int64-wrapped": 0,
     }
+
+
+def test_int64_ops_that_wrap_a_value_are_counted_apart():
+    # The int64 rule changes a value only beyond int32's range: an op that ran as int32 is no
+    # evidence that anything wrapped around, and the hint needs that evidence.
+    i = torch.arange(4, device="neuron")
+    big = torch.full((4,), 70000, device="neuron")
+    counted = _counted(lambda: (i * 3 + 1, big // 7, big - i))
+    assert (counted["int64"], counted["int64-wrapped"]) == (4, 0)
+    # a result beyond int32 (70000**2), a Python int beyond it, an input beyond it (in place too)
+    assert _counted(lambda: big * big)["int64-wrapped"] == 1
+    assert _counted(lambda: i + 2**40)["int64-wrapped"] == 1
+    assert _counted(lambda: (i + 2**31).cpu())["int64-wrapped"] == 1
+    wide = torch.full((2,), 2**33)  # made on the host: the device narrows it when it computes
+    assert _counted(lambda: wide.to("neuron").add_(1))["int64-wrapped"] == 1
+    # int32 arithmetic wraps on the CPU as well: no int64 op, nothing counted
+    n = torch.full((2,), 70000, dtype=torch.int32, device="neuron")
+    assert _counted(lambda: n * n) == dict.fromkeys(emulator.RULES, 0)
 
 
 def test_bf16_what_if_counts_float32_matmuls_only():
@@ -56,7 +77,7 @@ def test_nothing_is_counted_when_nothing_is_emulated(run_py):
         "E.reset_rule_ops(); print(json.dumps(E.read_rule_ops()))"
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout) == {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}
+    assert json.loads(r.stdout) == dict.fromkeys(emulator.RULES, 0)
 
 
 TPU = r"""
@@ -82,8 +103,9 @@ def test_tpu_counts_float32_matmuls_and_not_int_ones_in_both_cores(run_py):
         assert r.returncode == 0, r.stderr[-2000:]
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out["core"] == ("python" if core == "python" else "native")
-        assert out["matmul"] == {"tpu-matmul": 1, "tpu-matmul-1pass": 1, "fp64": 0, "int64": 0}, out
-        assert out["int"] == {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}, out
+        nothing = dict.fromkeys(emulator.RULES, 0)
+        assert out["matmul"] == {**nothing, "tpu-matmul": 1, "tpu-matmul-1pass": 1}, out
+        assert out["int"] == nothing, out
 
 
 NEURON_PY = r"""
@@ -94,17 +116,29 @@ E.reset_rule_ops()
 a = torch.ones(4, dtype=torch.float64, device="neuron")
 (a + a).cpu()
 (torch.ones(2, device="neuron") * 2.5 + 1).cpu()  # Python scalars are no 64-bit op
-print(json.dumps([E.status().core, E.read_rule_ops()]))
+fp64 = E.read_rule_ops()
+i = torch.arange(4, device="neuron")
+big = torch.full((4,), 70000, device="neuron")
+E.reset_rule_ops()
+(i * 3 + 1).cpu(), (big - i).cpu()
+fits = E.read_rule_ops()
+E.reset_rule_ops()
+(big * big).cpu(), (i + 2**40).cpu(), torch.full((2,), 2**33).to("neuron").add_(1).cpu()
+wraps = E.read_rule_ops()
+print(json.dumps([E.status().core, fp64, fits, wraps]))
 """
 
 
-def test_python_core_counts_float64_on_neuron(run_py):
+def test_python_core_counts_float64_and_int64_wraps_on_neuron(run_py):
     r = run_py(NEURON_PY, env={"NEURON_WORKBENCH_EMULATOR_CORE": "python"})
     assert r.returncode == 0, r.stderr[-2000:]
-    core, counts = json.loads(r.stdout.strip().splitlines()[-1])
+    core, counts, fits, wraps = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (fits["int64"], fits["int64-wrapped"]) == (3, 0)
+    assert (wraps["int64"], wraps["int64-wrapped"]) == (3, 3)
     assert core == "python" and counts == {
         "tpu-matmul": 0,
         "tpu-matmul-1pass": 0,
         "fp64": 1,
         "int64": 0,
+        "int64-wrapped": 0,
     }

@@ -19,6 +19,7 @@ def test_a_float32_matmul_on_tpu_counts(ip):
         "tpu-matmul-1pass": 1,
         "fp64": 0,
         "int64": 0,
+        "int64-wrapped": 0,
     }
 
 
@@ -31,3 +32,10 @@ def test_a_float64_add_on_neuron_counts_fp64_and_is_serialised(ip):
     cell = "a = torch.ones(4, dtype=torch.float64).cuda()\nb = a + a"
     assert _rule_ops(ip, cell, "neuron")["fp64"] == 1
     assert ip.user_ns["r"].to_dict()["target"]["facts"]["rule_ops"]["fp64"] == 1
+
+
+def test_int64_ops_on_neuron_count_the_ones_that_wrapped_and_are_serialised(ip):
+    cell = "i = torch.arange(4).cuda()\nsmall = i * 3\nbig = torch.full((4,), 70000).cuda() ** 2"
+    counts = _rule_ops(ip, cell, "neuron")
+    assert (counts["int64"], counts["int64-wrapped"]) == (2, 1)
+    assert ip.user_ns["r"].to_dict()["target"]["facts"]["rule_ops"]["int64-wrapped"] == 1

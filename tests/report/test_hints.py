@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_workbench.report.hints import CAUSE_NOT_IDENTIFIED
+from neuron_workbench.report.hints import CAUSE_NOT_IDENTIFIED, hints_for
 from neuron_workbench.testing import run_cell
 
 # 1e-8 survives `1 + x - 1` in float64 but not in float32 (which emulated neuron computes float64
@@ -114,6 +114,37 @@ def test_autocast_outputs_use_the_lowest_precision_tolerance(ip):
 DEVICE_ONLY_INT = (
     "idx = torch.arange(8, device='cuda')\nout = idx * (3 if idx.device.type != 'cpu' else 2)"
 )
+
+
+def test_an_int64_value_beyond_int32_gets_the_wrap_hint_with_its_evidence(ip):
+    # 70000**2 is beyond int32's range: on neuron the product wrapped around.
+    run_cell(ip, "import torch")
+    cell = "x = torch.full((4,), 70000, device='cuda')\nout = x * x"
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    hint = next(h for h in failures["out"].hints if "int64 arithmetic runs as int32" in h)
+    assert "wrapped values around in this run: 1 of 1 int64 op had a value beyond ±2^31" in hint
+    assert CAUSE_NOT_IDENTIFIED not in failures["out"].hints
+
+
+def test_an_int64_difference_where_nothing_wrapped_gets_no_wrap_hint(ip):
+    # int64 ops ran as int32 on the target, but every value fit in int32: the difference has
+    # another cause (here a device check), and the int64 rule is no explanation for it.
+    run_cell(ip, "import torch")
+    report, failures = _failures(ip, DEVICE_ONLY_INT)
+    assert report.verdict == "FAIL"
+    assert failures["out"].hints == [CAUSE_NOT_IDENTIFIED]
+    rule_ops = report.target.facts.rule_ops
+    assert rule_ops["int64"] >= 1 and rule_ops["int64-wrapped"] == 0  # the op class did run
+
+
+def test_a_run_that_did_not_count_wraps_has_the_int64_ops_as_its_evidence(ip):
+    # A recording made before wraps were counted has only the count of int64 ops, as before.
+    run_cell(ip, "import torch")
+    report, failures = _failures(ip, DEVICE_ONLY_INT)
+    del report.target.facts.rule_ops["int64-wrapped"]
+    hints = hints_for(failures["out"], report.ref, report.target)
+    assert any("int64 op ran in this run): values beyond ±2^31 wrap around" in h for h in hints)
 
 
 def test_a_failing_int_output_on_tpu_gets_no_matmul_hint(ip):

@@ -380,8 +380,9 @@ def memory_stats() -> dict[str, int]:
 #: convolutions, attention) computed with bf16 passes (tpu DEFAULT/HIGH/HIGHEST, the neuron bf16
 #: what-if), those of them computed with a single pass (``"tpu-matmul-1pass"``: tpu DEFAULT, the
 #: what-if), ops whose float64 inputs were computed as float32, ops whose int64 inputs were
-#: computed as int32 (neuron).
-RULES = ("tpu-matmul", "tpu-matmul-1pass", "fp64", "int64")
+#: computed as int32 (neuron), and those of them in which int32 changed a value
+#: (``"int64-wrapped"``: an input or a result beyond int32's range wrapped around).
+RULES = ("tpu-matmul", "tpu-matmul-1pass", "fp64", "int64", "int64-wrapped")
 
 
 def read_rule_ops() -> dict[str, int]:

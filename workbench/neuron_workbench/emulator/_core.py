@@ -454,8 +454,9 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     # numerics policy
     fp64_ok, int_arith, matmul, _, gaps = numerics
     post = None
+    wrapped = False
     if NARROW_64BIT and (fp64_ok or int_arith):
-        post = narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
+        post, wrapped = narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
 
     t0 = _perf()
     fn = CPU_IMPLS[func] if kind == K_IMPL else func
@@ -476,7 +477,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             _record_fallback(overload, args, _perf() - t0)
 
     if post is not None:
-        narrow_outputs(out, post)
+        narrow_outputs(out, post, wrapped)
 
     if to_cpu:
         dev = kwargs.get("device")
@@ -582,9 +583,10 @@ def rule_ops() -> dict[str, int]:
     """Ops each numeric rule touched since the last :func:`reset_rule_ops` (both cores)."""
     counts = dict(RULE_OPS)
     if NATIVE_CORE is not None:
-        fp64, int64 = NATIVE_CORE.rule_counts()
+        fp64, int64, int64_wrapped = NATIVE_CORE.rule_counts()
         counts["fp64"] += fp64
         counts["int64"] += int64
+        counts["int64-wrapped"] += int64_wrapped
     return counts
 
 

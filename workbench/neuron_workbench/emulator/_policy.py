@@ -21,8 +21,10 @@ _STRIDED = torch.strided
 # and (Python core only; the native core counts its own in C++) ops with float64 / int64 inputs
 # computed narrower. One increment per op. "tpu-matmul-1pass" counts the matmul-like ops of those that
 # ran at one pass: a cell may change the precision mid-run, so the mode read before the run is not
-# evidence of what its matmuls did.
-RULE_OPS = {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0}
+# evidence of what its matmuls did. "int64-wrapped" counts the int64 ops of those in which narrowing
+# to int32 changed a value (an input or a result beyond int32's range): an int64 op that ran is no
+# evidence that anything wrapped around.
+RULE_OPS = {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0, "int64-wrapped": 0}
 
 # Ops that must never be reported or decomposed: host/device plumbing the real backends register.
 INTERNAL = frozenset(
@@ -227,16 +229,32 @@ _I64 = torch.int64
 _I32 = torch.int32
 _BF16 = torch.bfloat16
 _I32_MIN = -(2**31)
+_I32_MAX = 2**31 - 1
 
 
 def _wrap_int(v: int) -> int:
     return ((v - _I32_MIN) % 2**32) + _I32_MIN
 
 
-def narrow_inputs(cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple) -> Any:
-    """Round float64 inputs through float32 / wrap int64 inputs through int32; report outputs to fix."""
+def _beyond_int32(t: torch.Tensor) -> bool:
+    """Whether int32 cannot hold some value of the int64 tensor ``t`` (narrowing would change it)."""
+    if not t.numel():
+        return False
+    lo, hi = torch.aminmax(t)
+    return int(lo) < _I32_MIN or int(hi) > _I32_MAX
+
+
+def narrow_inputs(
+    cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple
+) -> tuple[Any, bool | None]:
+    """Round float64 inputs through float32 / wrap int64 inputs through int32.
+
+    Returns the dtype the outputs are narrowed to (None: leave them), and for an int64 op (one
+    with an int64 tensor input) whether wrapping an input (a tensor's value or a Python int beyond
+    int32's range) changed it; None for any other op.
+    """
     found = None
-    saw_fp64 = saw_int64 = False
+    saw_fp64 = saw_int64 = wrapped = False
     mutated = {a[1] for a in ret_alias if a is not None}
     for i, a in enumerate(cargs):
         if type(a) is torch.Tensor:
@@ -251,27 +269,51 @@ def narrow_inputs(cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_al
             elif dt is _I64 and int_arith:
                 found = _I32
                 saw_int64 = True
+                if not _beyond_int32(a):
+                    continue  # int32 holds every value: narrowing changes nothing
+                wrapped = True
                 if i in mutated:
                     a.copy_(a.to(_I32))
                 else:
                     cargs[i] = a.to(_I32).to(_I64)
         elif int_arith and type(a) is int and not (_I32_MIN <= a < 2**31):
             cargs[i] = _wrap_int(a)
+            wrapped = True
     if saw_fp64:
         RULE_OPS["fp64"] += 1
     if saw_int64:
         RULE_OPS["int64"] += 1
-    return found
+    return found, (wrapped if saw_int64 else None)
 
 
-def narrow_outputs(out: Any, target: Any) -> None:
+def narrow_outputs(out: Any, target: Any, wrapped: bool | None = None) -> None:
+    """Narrow an op's results to ``target`` in place; count an int64 op whose narrowing wrapped.
+
+    ``wrapped`` is :func:`narrow_inputs`'s answer (None: no int64 op; an int32 tensor's Python int
+    wraps on CPU as well). An int64 result changes only where it holds a value beyond int32's
+    range, so only such results are rewritten.
+    """
+    wrapped_out = _narrow_output(out, target)
+    if wrapped is not None and (wrapped or wrapped_out):
+        RULE_OPS["int64-wrapped"] += 1
+
+
+def _narrow_output(out: Any, target: Any) -> bool:
+    """Narrow one result (or a tuple/list of them); whether an int64 value beyond int32 wrapped."""
     if isinstance(out, torch.Tensor):
         src = _F64 if target is _F32 else _I64
-        if out.dtype is src:
-            out.copy_(out.to(target))
-    elif isinstance(out, (tuple, list)):
+        if out.dtype is not src:
+            return False
+        if target is _I32 and not _beyond_int32(out):
+            return False
+        out.copy_(out.to(target))
+        return target is _I32
+    if isinstance(out, (tuple, list)):
+        wrapped = False
         for o in out:
-            narrow_outputs(o, target)
+            wrapped = _narrow_output(o, target) or wrapped
+        return wrapped
+    return False
 
 
 def _bf16_split(t: torch.Tensor, n: int) -> list[torch.Tensor]:

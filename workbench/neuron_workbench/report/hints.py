@@ -337,13 +337,10 @@ def hints_for(
             f"{_ran(fp64_ops, 'float64 op')}: an integer output taken from float64 values "
             "(argmax, comparisons, rounding) changes where float32 rounds them together"
         )
-    int64_ops = _rule_ran(target, "int64")
-    if on_neuron and dtypes & set(_INT64) and int64_ops:
-        hints.append(
-            "int64 arithmetic runs as int32 on neuron (torchneuron.md §7)"
-            f"{_ran(int64_ops, 'int64 op')}: values beyond ±2^31 wrap around; keep indices and "
-            "counters within int32"
-        )
+    if on_neuron and dtypes & set(_INT64):
+        int64_hint = _int64_wrapped_hint(target)
+        if int64_hint:
+            hints.append(int64_hint)
     autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
     if autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
         hints.append(
@@ -577,6 +574,34 @@ def _rule_ran(run: Run, rule: str) -> int:
     if counts is None:
         return -1
     return int(counts.get(rule, 0))
+
+
+def _int64_wrapped_hint(target: Run) -> str | None:
+    """The int64-as-int32 hint where the run shows a value wrapped around; None where it shows none.
+
+    An int64 op that ran as int32 changes nothing while its values fit in int32: the emulator
+    counts the ops in which narrowing changed a value (``"int64-wrapped"``), and without one the
+    rule cannot explain a difference. A run that did not count them (a real device, an artifact
+    from an older version) has the op count, or only the output's dtype, as its evidence.
+    """
+    int64_ops = _rule_ran(target, "int64")
+    counts = getattr(target.facts, "rule_ops", None) or {}
+    if "int64-wrapped" not in counts:
+        if not int64_ops:
+            return None
+        return (
+            "int64 arithmetic runs as int32 on neuron (torchneuron.md §7)"
+            f"{_ran(int64_ops, 'int64 op')}: values beyond ±2^31 wrap around; keep indices and "
+            "counters within int32"
+        )
+    wrapped = int(counts["int64-wrapped"])
+    if not wrapped:
+        return None
+    return (
+        "int64 arithmetic runs as int32 on neuron (torchneuron.md §7), and it wrapped values "
+        f"around in this run: {wrapped} of {int64_ops} int64 op{'' if int64_ops == 1 else 's'} "
+        "had a value beyond ±2^31; keep indices and counters within int32"
+    )
 
 
 def _ran(count: int, what: str, how: str = "") -> str:

@@ -143,7 +143,8 @@ class RunFacts:
         Emulated targets: ops each numeric rule touched in the run (``"tpu-matmul"``: float32
         matmuls/convolutions computed with bf16 passes; ``"tpu-matmul-1pass"``: those computed
         with one pass; ``"fp64"``: float64 ops computed as
-        float32; ``"int64"``: int64 ops computed as int32). Empty where no emulator ran.
+        float32; ``"int64"``: int64 ops computed as int32; ``"int64-wrapped"``: those of them in
+        which int32 changed a value, beyond its range). Empty where no emulator ran.
     shared_host : bool
         Whether the run ran at the same time as the other run of its cell (a target in its
         worker while the reference ran in the kernel): its wall time shares the host's cores.

@@ -36,6 +36,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -489,7 +490,33 @@ int64_t wrap_int32(int64_t v) {
 }
 
 // Ops each narrowing rule touched (evidence for hints): one relaxed increment per narrowed op.
-std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0};
+// rule_int64_wrapped_ops counts the int64 ops in which narrowing to int32 changed a value (an
+// input or a result beyond int32's range): the evidence that a wrap-around happened at all.
+std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0}, rule_int64_wrapped_ops{0};
+
+// Whether int32 cannot hold some value of the int64 tensor `t`, i.e. narrowing it would change it.
+// One read of host memory that stops at the first such value (cheaper than the two conversions
+// and the allocation narrowing costs, which are skipped where nothing would change).
+bool beyond_int32(const at::Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return false;
+  if (t.is_cpu() && t.is_contiguous()) {
+    const int64_t* p = t.const_data_ptr<int64_t>();
+    // v - INT32_MIN in unsigned arithmetic is below 2^32 exactly for the values int32 holds; the
+    // values are or-ed block by block (a loop the compiler vectorises), stopping after a block
+    constexpr uint64_t kOffset = static_cast<uint64_t>(int64_t(1) << 31);
+    constexpr int64_t kBlock = 4096;
+    for (int64_t start = 0; start < n; start += kBlock) {
+      const int64_t end = std::min(n, start + kBlock);
+      uint64_t bits = 0;
+      for (int64_t i = start; i < end; ++i) bits |= static_cast<uint64_t>(p[i]) + kOffset;
+      if (bits >> 32) return true;
+    }
+    return false;
+  }
+  const auto [lo, hi] = at::aminmax(t);
+  return lo.item<int64_t>() < -(int64_t(1) << 31) || hi.item<int64_t>() >= (int64_t(1) << 31);
+}
 
 // A wrapped number (a Python scalar's 0-dim host tensor, float64 or int64) with its value rounded
 // to float32 or wrapped to int32: itself when the value is one already (the common case, no
@@ -510,8 +537,17 @@ at::Tensor narrowed_scalar(const at::Tensor& t, at::ScalarType narrow) {
   return wrapped == value ? t : wrapped_number(wrapped);
 }
 
-// Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any.
-std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t base, const Plan& plan) {
+// What the int32 narrowing of one op did: whether the op has an int64 tensor input (an int64 op,
+// counted as such), and whether narrowing an input or a result changed a value.
+struct Int64Narrowing {
+  bool op = false;
+  bool wrapped = false;
+};
+
+// Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any;
+// notes in `int64` whether narrowing an int64 input (a tensor, a Python int) to int32 changed it.
+std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t base, const Plan& plan,
+                                            Int64Narrowing& int64) {
   std::optional<at::ScalarType> found;
   bool saw_fp64 = false, saw_int64 = false;
   const bool fp64 = plan.flags & kFp64, int_arith = plan.flags & kIntArith;
@@ -546,12 +582,19 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
         // promotion treats it as CPU does (a 0-dim int32 tensor + 5 stays int32). It narrows the
         // results only where no tensor input does (f64 + 1 is rounded as float32, not wrapped).
         if (narrow == at::kInt && float_input) continue;
-        v = narrowed_scalar(t, narrow);
+        at::Tensor narrowed = narrowed_scalar(t, narrow);
+        if (narrow == at::kInt && !narrowed.is_same(t)) int64.wrapped = true;
+        v = std::move(narrowed);
         if (!found) found = narrow;
         continue;
       }
       found = narrow;
       (narrow == at::kFloat ? saw_fp64 : saw_int64) = true;
+      if (narrow == at::kInt) {
+        // int32 holds every value: narrowing changes nothing (the common case, no copies)
+        if (!beyond_int32(t)) continue;
+        int64.wrapped = true;
+      }
       if (plan.mutated[i]) {
         at::Tensor target = t;
         target.copy_(t.to(narrow));
@@ -560,23 +603,34 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
       }
     } else if (v.isInt() && int_arith && !float_input) {
       const int64_t x = v.toInt();
-      if (x < kI32Min || x >= (int64_t(1) << 31)) v = wrap_int32(x);
+      if (x < kI32Min || x >= (int64_t(1) << 31)) {
+        v = wrap_int32(x);
+        int64.wrapped = true;
+      }
     }
   }
   if (saw_fp64) rule_fp64_ops.fetch_add(1, std::memory_order_relaxed);
   if (saw_int64) rule_int64_ops.fetch_add(1, std::memory_order_relaxed);
+  int64.op = saw_int64;
   return found;
 }
 
-void narrow_output(const IValue& v, at::ScalarType narrow) {
+// Narrows a result to float32 / int32 in place; sets `wrapped` when an int64 result held a value
+// beyond int32's range (only those results are rewritten: the others would not change).
+void narrow_output(const IValue& v, at::ScalarType narrow, bool& wrapped) {
   const at::ScalarType wide = narrow == at::kFloat ? at::kDouble : at::kLong;
   if (v.isTensor()) {
     at::Tensor t = v.toTensor();
-    if (t.defined() && t.scalar_type() == wide) t.copy_(t.to(narrow));
+    if (!t.defined() || t.scalar_type() != wide) return;
+    if (narrow == at::kInt) {
+      if (!beyond_int32(t)) return;
+      wrapped = true;
+    }
+    t.copy_(t.to(narrow));
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) narrow_output(IValue(t), narrow);
+    for (const at::Tensor& t : v.toTensorList().vec()) narrow_output(IValue(t), narrow, wrapped);
   } else if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) narrow_output(e, narrow);
+    for (const auto& e : v.toTupleRef().elements()) narrow_output(e, narrow, wrapped);
   }
 }
 
@@ -848,7 +902,10 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   std::optional<at::ScalarType> narrowed;
-  if (narrow_64bit && (plan.flags & (kFp64 | kIntArith))) narrowed = narrow_inputs(*stack, base, plan);
+  Int64Narrowing int64;
+  if (narrow_64bit && (plan.flags & (kFp64 | kIntArith))) {
+    narrowed = narrow_inputs(*stack, base, plan, int64);
+  }
 
   const int gap_mask = plan.flags >> kGapShift;
   const bool passes = matmul_passes > 0 && (plan.flags & kMatmul);
@@ -901,7 +958,9 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   const size_t nret = stack->size() - base;
   if (narrowed) {
-    for (size_t i = 0; i < nret; ++i) narrow_output((*stack)[base + i], *narrowed);
+    for (size_t i = 0; i < nret; ++i) narrow_output((*stack)[base + i], *narrowed, int64.wrapped);
+    // counted with the int64 ops only: an int32 tensor's Python int wraps on CPU as well
+    if (int64.op && int64.wrapped) rule_int64_wrapped_ops.fetch_add(1, std::memory_order_relaxed);
   }
   if (!keep_on_host) {
     Wrapper wrapper{aliases, {}};
@@ -1184,13 +1243,14 @@ py::dict memory_stats() {
   return d;
 }
 
-std::pair<int64_t, int64_t> rule_counts() {
-  return {rule_fp64_ops.load(), rule_int64_ops.load()};
+std::tuple<int64_t, int64_t, int64_t> rule_counts() {
+  return {rule_fp64_ops.load(), rule_int64_ops.load(), rule_int64_wrapped_ops.load()};
 }
 
 void reset_rule_counts() {
   rule_fp64_ops = 0;
   rule_int64_ops = 0;
+  rule_int64_wrapped_ops = 0;
 }
 
 void set_capacity(int64_t capacity) {
