@@ -99,6 +99,29 @@ def test_cuda_idioms_land_on_the_emulated_neuron_device():
     assert torch.equal(a.cpu(), b.cpu())
 
 
+def test_compiled_code_puts_what_it_makes_on_cuda_on_each_runs_device():
+    # Dynamo traces the run's code without the remap mode, which maps the devices of the graph's
+    # nodes instead: a graph is the run's device's, and is compiled again for a run on another
+    # one in the same process (it reused the first run's graph, on the cpu, on neuron)
+    import torch._dynamo
+
+    @torch.compile(backend="eager")
+    def made():
+        ones = torch.ones(3, device="cuda")
+        return ones * 2, torch.arange(2).cuda(), torch.zeros(2).to("cuda:0"), ones.is_cuda
+
+    torch._dynamo.reset()
+    try:
+        for name in ("cpu", "neuron", "cpu", "neuron"):
+            backend = get_backend(name)
+            with backend.activated(), cuda_remapped_to(backend):
+                *tensors, is_cuda = made()
+            assert [t.device.type for t in tensors] == [name] * 3
+            assert is_cuda  # as x.is_cuda answers for the run's device outside compiled code
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", ["cpu", "neuron"])
 def test_a_cuda_generator_is_one_the_run_can_draw_with(name):
     # torch.Generator is no torch function: the mode never saw its "cuda", so both runs raised.

@@ -144,6 +144,67 @@ class _CudaToDeviceMode(TorchFunctionMode):
         self.rng_on_cpu = rng_on_cpu
         self.host = host
 
+    #: Dynamo traces compiled code as if this mode were off the stack, so a compiled cell breaks
+    #: its graphs where and as often as a plain one (see ``run.compiled_frames``); the devices it
+    #: maps reach compiled graphs through :meth:`graph_call` and :meth:`graph_is_cuda`.
+    hidden_from_dynamo = True
+
+    def graph_call(
+        self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, Any, tuple[Any, ...], dict[str, Any]] | None:
+        """The node Dynamo is to put into a graph for a call of compiled code, on the run's device.
+
+        Called once per graph node while Dynamo traces (never when a graph runs).
+
+        Parameters
+        ----------
+        kind : str
+            ``"call_function"`` or ``"call_method"``.
+        target : Any
+            The function, or the method's name.
+        args, kwargs : tuple, dict
+            The node's arguments: graph values and constants.
+
+        Returns
+        -------
+        tuple or None
+            ``(kind, target, args, kwargs)`` with ``"cuda"`` devices mapped as the mode maps them
+            in eager code (``x.cuda()`` is ``x.to(<device>)``, ``x.to(rank)`` an index of cuda), or
+            None when the call names no cuda device.
+        """
+        if not self.remap:
+            return None
+        device = self.target
+        if kind == "call_method" and target == "cuda" and args:
+            return "call_method", "to", *_cuda_call_as_to(device, args, kwargs)
+        if kind == "call_method" and target == "to" and len(args) > 1 and type(args[1]) is int:
+            args = (args[0], _index_as_cuda(args[1]), *args[2:])
+        if type(kwargs.get("device")) is int:
+            kwargs = {**kwargs, "device": _index_as_cuda(kwargs["device"])}
+        mapped_args = tuple(remap_device(arg, device) for arg in args)
+        mapped_kwargs = {name: remap_device(value, device) for name, value in kwargs.items()}
+        if all(a is b for a, b in zip(args, mapped_args)) and all(
+            mapped_kwargs[name] is value for name, value in kwargs.items()
+        ):
+            return None
+        return kind, target, mapped_args, mapped_kwargs
+
+    def graph_is_cuda(self, device: torch.device) -> bool | None:
+        """``Tensor.is_cuda`` of a tensor on ``device`` in compiled code, as in eager code.
+
+        Parameters
+        ----------
+        device : torch.device
+            The tensor's device in the graph Dynamo traces.
+
+        Returns
+        -------
+        bool or None
+            Whether the tensor is on the run's device, or None where the mode maps no device
+            (torch's own answer then).
+        """
+        return device.type == self.target if self.remap else None
+
     def __torch_function__(
         self,
         func: Callable[..., Any],
@@ -443,6 +504,20 @@ _SPECIAL = frozenset(
         *_NOTEWORTHY,
     }
 )
+
+
+def _cuda_call_as_to(
+    target: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``x.to(...)`` for a graph's ``x.cuda(...)`` on ``target``."""
+    names = ("device", "non_blocking", "memory_format")
+    given = {**dict(zip(names, args[1:])), **kwargs}
+    device = given.pop("device", None)
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = device.index if isinstance(device, torch.device) else device
+    where = target if index is None or target == "cpu" else f"{target}:{index}"
+    return (args[0], where), given
 
 
 def _tensor_cuda_to(
