@@ -78,3 +78,35 @@ def test_casts_stay_float64_and_keep_the_cells_aliasing():
         out["x"].tolist() == ref.outputs["x"].tolist() == [1.0, 1.0, 1.0]
     )  # copies, as in the cell
     assert out["y"][0].item() == 1 / 3  # not rounded to float16
+
+
+def test_a_grad_scaler_step_runs_in_the_oracle():
+    # GradScaler's kernels take their scale and found-inf flag in float32 only: the oracle made
+    # them float64 and raised "inv_scale must be a float tensor", so every AMP training cell's
+    # budget fell back to random rounding.
+    namespace = {"torch": torch}
+    source = (
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(8, 2).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "scaler = torch.amp.GradScaler('cuda', init_scale=1024.0, growth_interval=1)\n"
+        "for _ in range(2):\n"
+        "    with torch.autocast('cuda', dtype=torch.float16):\n"
+        "        loss = model(torch.randn(4, 8, device='cuda')).square().mean()\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n"
+        "    opt.zero_grad()\n"
+        "scale = scaler.get_scale()\n"
+    )
+    spec = spec_of(source, namespace)
+    cpu = get_backend("cpu")
+    ref = execute(spec, cpu)
+    oracle = rerun(spec, cpu, oracle_instrument(spec))
+    assert ref.ok and oracle.ok, oracle.error
+    # the scale grew after each finite step, in both, and the oracle's weights are float64
+    assert ref.outputs["scale"] == oracle.outputs["scale"] == 4096.0
+    weight = oracle.outputs["model"].weight
+    assert weight.dtype == torch.float64
+    assert torch.allclose(weight, ref.outputs["model"].weight.double(), atol=1e-2)
+    assert not torch.equal(weight, ref.outputs["model"].weight.double())

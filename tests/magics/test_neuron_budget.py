@@ -69,6 +69,28 @@ def test_emulated_neuron_float32_is_as_accurate_as_the_reference(ip):
     )
 
 
+def test_an_amp_training_step_with_a_grad_scaler_is_measured_against_the_oracle(ip):
+    # The oracle raised "inv_scale must be a float tensor" at scaler.step: the budget of every AMP
+    # cell fell back to random rounding (worst R 0.0), with the oracle's error as its note.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(16, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(8, 16)",
+    )
+    run_cell(
+        ip,
+        "%%neuron --judge budget -o r\nmodel.cuda()\nscaler = torch.amp.GradScaler('cuda')\n"
+        "with torch.autocast('cuda', dtype=torch.float16):\n"
+        "    loss = model(x.cuda()).square().mean()\n"
+        "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.budget.oracle_error == ""
+    assert {o.source for o in report.budget.outputs} == {"float64 oracle"}
+    assert "within precision budget (worst R 1.0 at" in report.summary()
+
+
 def test_tpu_float32_fails_by_its_factor_and_passes_at_highest_precision(ip, fresh_tpu):
     report = _run(ip, "--target tpu --judge budget", MATMUL)
     assert report.verdict == "FAIL", report.summary()

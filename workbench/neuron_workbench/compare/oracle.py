@@ -95,6 +95,9 @@ class _Float64Promotion(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = dict(kwargs or {})
+        float32_state = _AMP_FLOAT32_STATE.get(func)
+        if float32_state is not None:
+            return _with_float32_state(func, args, kwargs, *float32_state)
         base = original_function(func)
         if base in RANDOM_IN_PLACE:
             return self._draw_in_place(func, args, kwargs)
@@ -164,6 +167,38 @@ class _Float64Promotion(TorchFunctionMode):
         with torch.no_grad() if keyword or target.is_leaf else contextlib.nullcontext():
             target.copy_(drawn)
         return target
+
+
+#: GradScaler's kernels take its scale, inverse scale and found-inf flag in float32 only ("inv_scale
+#: must be a float tensor"), which the oracle made float64: by op, the positions of those tensors
+#: and of the ones among them the op writes.
+_AMP_FLOAT32_STATE: dict[Any, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    torch._amp_foreach_non_finite_check_and_unscale_: ((1, 2), (1,)),
+    torch._amp_update_scale_: ((0, 2), (0,)),
+}
+
+
+def _with_float32_state(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    state: tuple[int, ...],
+    written: tuple[int, ...],
+) -> Any:
+    """Call one of GradScaler's kernels with its state in float32, as it needs.
+
+    The gradients it unscales stay float64; what it writes goes back into the oracle's tensors.
+    """
+    narrowed = list(args)
+    for index in state:
+        value = args[index]
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+            narrowed[index] = value.to(torch.float32)
+    result = func(*narrowed, **kwargs)
+    for index in written:
+        if narrowed[index] is not args[index]:
+            args[index].copy_(narrowed[index])
+    return args[0] if result is narrowed[0] else result
 
 
 def oracle_instrument(spec: RunSpec) -> Callable[[Any], contextlib.AbstractContextManager[Any]]:
