@@ -7,6 +7,7 @@ from neuron_workbench.backends import get_backend
 from neuron_workbench.run.remap import (
     cuda_remapped_to,
     remap_device,
+    remember_autocast_requests,
     remember_grad_scaler_requests,
 )
 
@@ -79,6 +80,18 @@ def test_a_grad_scaler_turned_off_for_want_of_cuda_is_on_in_a_run():
         assert copied.get_scale() == 16.0  # grown after growth_interval steps without inf
         assert not copied_off.is_enabled()  # off on purpose: off on a GPU too
     assert not scaler.is_enabled()  # outside a run the notebook's scaler is what torch made
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="torch turns cuda autocast off without CUDA")
+def test_a_cuda_autocast_turned_off_for_want_of_cuda_warns_at_the_line_that_built_it():
+    # `@torch.autocast("cuda", dtype=torch.bfloat16)` on a notebook model's method: torch's warning
+    # named the workbench's wrapper (remap.py) as where it came from
+    remember_autocast_requests()
+    with pytest.warns(UserWarning, match="CUDA is not available") as caught:
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, caught[0].lineno)]
+    assert "autocast = torch.autocast(" in open(__file__).readlines()[caught[0].lineno - 1]
+    assert not autocast._enabled  # what torch made of it outside a run
 
 
 def test_cuda_idioms_land_on_the_emulated_neuron_device():

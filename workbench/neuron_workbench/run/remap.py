@@ -747,7 +747,16 @@ def remember_autocast_requests() -> None:
 
     def __init__(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         self._workbench_request = (device_type, args, kwargs)
-        init(self, device_type, *args, **kwargs)
+        if device_type != "cuda" or torch.cuda.is_available():
+            init(self, device_type, *args, **kwargs)
+            return
+        # torch's "CUDA is not available ... Disabling autocast" names its caller's line, which
+        # is this wrapper's: it is warned again at the line that built the autocast
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            init(self, device_type, *args, **kwargs)
+        for warning in caught:
+            warnings.warn(warning.message, warning.category, stacklevel=2)
 
     __init__._workbench_remembers = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]
