@@ -192,3 +192,39 @@ def test_a_float64_output_on_neuron_names_its_cause_in_the_summary(ip):
     assert report.summary().endswith(
         "x less accurate than the reference (float64 computed as float32)"
     ), report.summary()
+
+
+def test_a_failing_cell_logs_each_message_once(ip, tmp_path):
+    # The oracle reruns a failing cell in the kernel: its prints were discarded, but the
+    # notebook's log handlers wrote each message a second time (in the log file, and under the
+    # cell: a handler holds the stream it was made on, not the run's capture)
+    import logging
+
+    path = tmp_path / "train.log"
+    run_cell(
+        ip,
+        "import io, logging, torch\n"
+        "log = logging.getLogger('wbtest.oracle')\n"
+        "log.setLevel(logging.INFO)\n"
+        "log.propagate = False\n"
+        "shown = io.StringIO()\n"
+        "log.addHandler(logging.StreamHandler(shown))\n"
+        f"log.addHandler(logging.FileHandler({str(path)!r}))",
+    )
+    try:
+        run_cell(
+            ip,
+            "%%neuron -o r\n"
+            "x = torch.randn(1000, dtype=torch.float64, device='cuda').mul(1e3).cumsum(0)\n"
+            "log.info('sum %.4f', x.sum())",
+        )
+        report = ip.user_ns["r"]
+        assert report.verdict == "FAIL", report.summary()
+        assert report.budget.oracle_error == ""  # the oracle ran
+        (line,) = ip.user_ns["shown"].getvalue().splitlines()
+        assert path.read_text().splitlines() == [line]
+    finally:
+        logger = logging.getLogger("wbtest.oracle")
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()

@@ -24,8 +24,10 @@ the handlers a target process had before its first request (a device SDK's own).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 #: Loggers each process keeps as its own (see the module's docstring): torch's, and Ray's (an
@@ -208,6 +210,41 @@ def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> Non
             for capture, stream_before in zip(captures, streams, strict=True):
                 if stream is capture and capture is not stream_before:
                     handler.setStream(stream_before)  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def records_go_nowhere() -> Iterator[None]:
+    """Meanwhile this process's handlers format each record they take and write it nowhere.
+
+    For a rerun of the cell in the kernel after its reference (the float64 oracle's, the eager
+    runs of ``--compile-check``): its prints are discarded, and so must be what it logs. The
+    kernel's handlers had written every message of a cell that failed a second time, to the
+    notebook (a handler holds the stream it was made on, not the run's capture) and into the log
+    file. Each record is still formatted, in logging's frames, so a value it formats is observed
+    as in the reference run. The ``torch`` and ``ray`` loggers are left as they are.
+    """
+    loggers = [
+        logger
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and not _own(name)
+    ]
+    handlers = {id(h): h for lg in (logging.getLogger(), *loggers) for h in lg.handlers}
+    silenced = []
+    for handler in handlers.values():
+        own = vars(handler).get("emit", _NO_EMIT)  # an emit set on the object itself (rare)
+        handler.emit = handler.format  # type: ignore[method-assign]
+        silenced.append((handler, own))
+    try:
+        yield
+    finally:
+        for handler, own in silenced:
+            if own is _NO_EMIT:
+                vars(handler).pop("emit", None)
+            else:
+                handler.emit = own  # type: ignore[method-assign]
+
+
+_NO_EMIT = object()
 
 
 def own_streams_follow_runs() -> None:
