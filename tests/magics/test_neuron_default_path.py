@@ -335,6 +335,21 @@ def test_a_csv_writer_the_notebook_made_is_refused_with_the_way_that_works(ip, t
     assert path.read_bytes() == b"2.0\r\n"
 
 
+def test_a_notebook_class_counter_counts_a_failing_cell_once(ip):
+    # The float64 oracle reruns a failing cell in the kernel, and a class is no copy: `Cnt.n += 1`
+    # counted twice (after two failing cells Cnt.n was 4; plain code gives 2).
+    run_cell(ip, "import torch\nclass Cnt:\n    n = 0")
+    cell = (
+        "%%neuron -o r\n"
+        "x = torch.randn(1000, dtype=torch.float64, device='cuda').mul(1e3).cumsum(0)\n"
+        "Cnt.n += 1\nCnt.last = Cnt.n"
+    )
+    for count in (1, 2):
+        run_cell(ip, cell)
+        assert _report(ip).verdict == "FAIL", _report(ip).summary()  # float64 computed as float32
+        assert (ip.user_ns["Cnt"].n, ip.user_ns["Cnt"].last) == (count, count)
+
+
 def test_tied_weights_and_the_optimizer_stay_attached_in_the_worker(ip):
     run_cell(
         ip,

@@ -31,6 +31,7 @@ from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     ResidentObjects,
+    class_attributes_kept,
     devices_on_the_device,
     devices_replaced,
     function_like,
@@ -510,6 +511,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 if spec.keeps_writes_apart(run_id)
                 else None
             )
+            if spec.keeps_writes_apart(run_id):
+                stack.enter_context(class_attributes_kept(ns))
             recording = stack.enter_context(backend.fallback_recording())
             default_devices_set = stack.enter_context(_default_devices_set())
             outside = (sys.stdout, sys.stderr)

@@ -1346,6 +1346,34 @@ def with_names_sharing_state(
     return found
 
 
+@contextlib.contextmanager
+def class_attributes_kept(namespace: Mapping[str, Any]) -> Iterator[None]:
+    """Put the attributes of the notebook's classes back as they were once the body ends.
+
+    A class is no copy in a run: ``Counter.n += 1`` in a run that is not kept (the float64
+    oracle's rerun in the kernel, an in-process target) changed the notebook's class again, so a
+    cell counted twice what a plain cell counts once. Rebinding is undone; what a run changes
+    inside an attribute's value (``Counter.seen.append(x)``) is not.
+    """
+    saved = [
+        (value, dict(vars(value)))
+        for value in list(namespace.values())
+        if isinstance(value, type) and value.__module__ == "__main__"
+    ]
+    try:
+        yield
+    finally:
+        for cls, attributes in saved:
+            current = vars(cls)
+            for name in [name for name in current if name not in attributes]:
+                with contextlib.suppress(AttributeError, TypeError):
+                    delattr(cls, name)
+            for name, value in attributes.items():
+                if current.get(name, _MISSING) is not value:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(cls, name, value)
+
+
 def _ours(value: Any) -> bool:
     """Whether ``value`` is a result of the workbench's (a report kept with ``-o``).
 
