@@ -317,6 +317,28 @@ def test_a_log_file_the_notebook_opened_gets_each_line_once(ip, tmp_path, monkey
     assert (tmp_path / "losses.bin").read_bytes() == b"12"
 
 
+def test_a_progress_bar_a_plain_cell_made_moves_once_per_cell(ip):
+    # `bar = tqdm(total=steps)` in a setup cell, `bar.update()` in the training cell: the worker
+    # refused the cell ("'bar' (a tqdm_asyncio) cannot be sent ... cannot pickle
+    # 'weakref.ReferenceType'"). The kept run moves the bar; the other run moves a stand-in.
+    run_cell(
+        ip, "import io, torch\nfrom tqdm.auto import tqdm\nbar = tqdm(total=9, file=io.StringIO())"
+    )
+    bar = ip.user_ns["bar"]
+    cell = (
+        "%%neuron -o r {}\nfor step in range(3):\n"
+        "    loss = torch.ones(2, device='cuda').sum() * step\n"
+        "    bar.update(1)\n    bar.set_postfix(loss=loss.item())"
+    )
+    run_cell(ip, cell.format(""))
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert ip.user_ns["bar"] is bar and bar.n == 3 and bar.postfix == "loss=4"
+    run_cell(ip, cell.format("--keep target"))  # the target's moves come from its worker
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    assert ip.user_ns["bar"] is bar and bar.n == 6
+    run_cell(ip, "bar.close()")
+
+
 def test_a_csv_writer_the_notebook_made_is_refused_with_the_way_that_works(ip, tmp_path):
     # The refusal said "run the cell with --executor inprocess", where both runs write every row
     # through the one writer into the notebook's file.

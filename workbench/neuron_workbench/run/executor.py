@@ -46,7 +46,7 @@ from neuron_workbench.run.namespace import (
     version_signature,
     with_names_sharing_state,
 )
-from neuron_workbench.run.notebook_files import drain_made, write_back
+from neuron_workbench.run.notebook_handles import drain_made, write_back
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_state import (
     RandomState,
@@ -572,11 +572,11 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.steps = step_scalars
         run.facts = facts
         facts.rule_ops = dict(recording.rule_ops)
-        # what it wrote to the notebook's open files, given to it as stand-ins: kept apart in a
-        # run that is not kept, written to the files by the kernel when it is (a worker's target)
-        to_files = drain_made()
-        run.notebook_file_writes = to_files.writes
-        written = [*(writes.written if writes is not None else []), *to_files.paths]
+        # what it did to the notebook's open files and bars, given to it as stand-ins: kept apart
+        # in a run that is not kept, done to them by the kernel when it is (a worker's target)
+        to_handles = drain_made()
+        run.notebook_handle_uses = to_handles.uses
+        written = [*(writes.written if writes is not None else []), *to_handles.paths]
         if written and spec.keeps_writes_apart(run_id):
             facts.notes.append(kept_apart_note(list(dict.fromkeys(written)), spec.kept_run))
         run.memory = memory
@@ -785,7 +785,7 @@ def commit(namespace: MutableMapping[str, Any], run: Run) -> None:
     the comparison): what the cell bound or changed holds a ``float`` where plain code does.
     """
     changed = run.outputs.keys()
-    write_back(run.notebook_file_writes)
+    write_back(run.notebook_handle_uses)
     namespace.update(
         {
             name: _reading(namespace, untagged(value) if name in changed else value)

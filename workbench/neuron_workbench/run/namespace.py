@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from neuron_workbench.run.notebook_files import FILE_TYPES, is_notebook_file, kept_apart
+from neuron_workbench.run.notebook_handles import (
+    FILE_TYPES,
+    bar_kept_apart,
+    is_notebook_file,
+    kept_apart,
+    progress_bar_class,
+)
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
@@ -379,18 +385,20 @@ def isolate(
     """Deep-copy the values of ``names`` together, so objects that share state still share it.
 
     Returns the copies and the names whose value could not be copied (they are shared between the
-    two runs, and the report says so). A file the notebook holds open for writing is no copy: it
-    is the file itself, or with ``files_apart`` (a run that is not kept) a stand-in that keeps the
-    run's writes apart (:mod:`~neuron_workbench.run.notebook_files`).
+    two runs, and the report says so). A file the notebook holds open for writing, or a progress
+    bar, is no copy: it is the object itself, or with ``files_apart`` (a run that is not kept) a
+    stand-in that keeps what the run does apart (:mod:`~neuron_workbench.run.notebook_handles`).
     """
     wanted = {n: namespace[n] for n in sorted(names) if n in namespace and needs_copy(namespace[n])}
     if not files_apart:  # a new kept run: the last one's files are no longer this cell's
         _KEPT_RUN_FILES.clear()
     _FILES_APART.append(files_apart)
+    _PROGRESS_BAR.append(progress_bar_class())
     try:
         return _isolated(wanted)
     finally:
         _FILES_APART.pop()
+        _PROGRESS_BAR.pop()
 
 
 def _isolated(wanted: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -451,6 +459,9 @@ def _deepcopy(value: Any, memo: dict[int, Any]) -> Any:
         result = copier(value, memo)
     elif issubclass(kind, type):
         result = value
+    elif _PROGRESS_BAR[-1] is not None and isinstance(value, _PROGRESS_BAR[-1]):
+        # the notebook's progress bar: itself in the kept run, else a stand-in it moves
+        result = bar_kept_apart(value) if _FILES_APART[-1] else value
     else:
         method = getattr(value, "__deepcopy__", None)
         if method is not None:
@@ -564,6 +575,8 @@ def _copy_of_file(value: Any, memo: dict[int, Any]) -> Any:
 _FAST_COPIERS.update(dict.fromkeys(FILE_TYPES, _copy_of_file))
 #: Whether the copies being made are for a run whose writes are kept apart (innermost last).
 _FILES_APART: list[bool] = [False]
+#: tqdm's progress bar class while copies are made (None where tqdm is not loaded).
+_PROGRESS_BAR: list[Any] = [None]
 #: The notebook's open files the last kept run here was given (this cell's, once it has run).
 _KEPT_RUN_FILES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 

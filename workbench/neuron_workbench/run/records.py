@@ -274,9 +274,9 @@ class Run:
     steps: list[dict[str, float]] = field(default_factory=list)
     #: What each instrument of the run recorded, by instrument name (see ``RunSpec.instruments``).
     extras: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: What the run wrote to stand-ins of the notebook's open files (token, path, data, closed):
-    #: committing the run writes it to the files (see :mod:`~neuron_workbench.run.notebook_files`).
-    notebook_file_writes: list[tuple[str, str, Any, bool]] = field(default_factory=list, repr=False)
+    #: What the run did to stand-ins of the notebook's open files and progress bars: committing
+    #: the run does it to them (see :mod:`~neuron_workbench.run.notebook_handles`).
+    notebook_handle_uses: list[tuple[Any, ...]] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:

@@ -35,7 +35,7 @@ import torch
 from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.namespace import ResidentObjects
-from neuron_workbench.run.notebook_files import drain_made
+from neuron_workbench.run.notebook_handles import drain_made
 from neuron_workbench.run.records import NotCompared, Run
 from neuron_workbench.run.transport import (
     COMPILED_BEFORE_LOAD,
@@ -142,11 +142,11 @@ def pack_request(
     """
     message = dict(request, values=values, anchor=_anchor(namespace))
     try:
-        return dumps(message, arena, cuda_devices=cuda_devices)
+        return dumps(message, arena, cuda_devices=cuda_devices, notebook_handles=True)
     except Exception as exc:
         for name in sorted(values):
             try:
-                dumps({"anchor": message["anchor"], name: values[name]})
+                dumps({"anchor": message["anchor"], name: values[name]}, notebook_handles=True)
             except Exception as item_exc:
                 if name == "get_ipython":  # what IPython makes of a %magic or !command line
                     raise WorkbenchUsageError(

@@ -63,8 +63,13 @@ from neuron_workbench.run.namespace import (
     optimizer_extras,
     restore_optimizer_extras,
 )
-from neuron_workbench.run.notebook_files import FILE_TYPES as _FILE_TYPES
-from neuron_workbench.run.notebook_files import is_notebook_file, reduce_for_sending
+from neuron_workbench.run.notebook_handles import FILE_TYPES as _FILE_TYPES
+from neuron_workbench.run.notebook_handles import (
+    is_notebook_file,
+    progress_bar_class,
+    reduce_bar_for_sending,
+    reduce_for_sending,
+)
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
@@ -481,6 +486,7 @@ class _Pickler(cloudpickle.Pickler):
         sink: _StorageSink,
         buffers: list[Any],
         cuda_devices: Collection[int] = (),
+        notebook_handles: bool = False,
     ) -> None:
         # One plain dict instead of cloudpickle's ChainMap: the C pickler looks every object's type
         # up in it, and a ChainMap answers each lookup in Python (same entries, same priority).
@@ -489,6 +495,8 @@ class _Pickler(cloudpickle.Pickler):
         self._sink = sink
         self._tokens: dict[int, _StorageToken] = {}
         self._cuda_devices = cuda_devices
+        self._handles = notebook_handles
+        self._bar = progress_bar_class() if notebook_handles else None
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -534,9 +542,12 @@ class _Pickler(cloudpickle.Pickler):
                 return _rebuild_device, (obj.type, obj.index)
             if id(obj) in self._cuda_devices:  # the host's stand-in for the cell's cuda device
                 return torch.device, ("cuda",)
-        if kind in _FILE_TYPES and is_notebook_file(obj):
-            # log = open("train.log", "w") in a plain cell: a stand-in there, the file on return
-            return reduce_for_sending(obj)
+        if self._handles:  # a request: the notebook's open files and bars go as stand-ins
+            if kind in _FILE_TYPES and is_notebook_file(obj):
+                # log = open("train.log", "w") in a plain cell: a stand-in there, the file on return
+                return reduce_for_sending(obj)
+            if self._bar is not None and isinstance(obj, self._bar):
+                return reduce_bar_for_sending(obj)  # bar = tqdm(total=steps) in a plain cell
         if kind is types.MethodType and obj.__self__ is RANDOM_MODULE_GENERATOR:
             # `from random import shuffle`: the receiver's own module function, drawing from the
             # receiver's generator (which a run starts from the notebook's state), not a copy
@@ -1158,6 +1169,7 @@ def dumps(
     arena: str | None = None,
     host_devices: Collection[str] = (),
     cuda_devices: Collection[int] = (),
+    notebook_handles: bool = False,
 ) -> Packed:
     """Serialise ``obj`` for another process.
 
@@ -1175,12 +1187,15 @@ def dumps(
     cuda_devices : collection of int
         The ids of CPU device objects that stand for the cell's cuda device (the host's stand-in,
         wherever the notebook holds it): they travel as ``torch.device("cuda")``.
+    notebook_handles : bool
+        A request from the kernel: the notebook's open files and progress bars travel as
+        stand-ins (:mod:`~neuron_workbench.run.notebook_handles`), which come back as themselves.
     """
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     sink = _StorageSink(arena, host_devices)
     try:
-        _Pickler(stream, sink, buffers, cuda_devices).dump(obj)
+        _Pickler(stream, sink, buffers, cuda_devices, notebook_handles).dump(obj)
         try:
             sink.finish()
         except OSError:
@@ -1560,14 +1575,9 @@ def _load(packed: Packed, lenient: bool) -> Loaded:
             unpickler.memo.clear()
 
 
-def _progress_bar_class() -> Any:
-    """The progress bar class of tqdm, where it is loaded (its subclasses share its open bars)."""
-    return getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-
-
 def _open_progress_bars() -> list[Any]:
     """The progress bars tqdm counts as open in this process."""
-    return list(getattr(_progress_bar_class(), "_instances", ()))
+    return list(getattr(progress_bar_class(), "_instances", ()))
 
 
 def _forget_progress_bars_loaded(before: list[Any]) -> None:
@@ -1577,7 +1587,7 @@ def _forget_progress_bars_loaded(before: list[Any]) -> None:
     here; tqdm counted them as open bars, so while a report holding one lived, each later bar, in
     plain cells too, was drawn one line lower (a newline and a cursor-up on every refresh).
     """
-    bar = _progress_bar_class()
+    bar = progress_bar_class()
     instances = getattr(bar, "_instances", None)
     if instances is None:
         return

@@ -1,4 +1,4 @@
-"""The notebook's open files in runs that are not kept: stand-ins that hold what was written."""
+"""The notebook's open files and progress bars in runs that are not kept: stand-ins."""
 
 import csv
 import io
@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
-from neuron_workbench.run import notebook_files
+from neuron_workbench.run import notebook_handles
 from neuron_workbench.run.namespace import isolate
-from neuron_workbench.run.notebook_files import (
+from neuron_workbench.run.notebook_handles import (
     drain_made,
     is_notebook_file,
     kept_apart,
@@ -62,9 +62,9 @@ def test_a_stand_in_takes_writes_as_the_file_would_and_writes_nothing(tmp_path):
         with pytest.raises(ValueError, match="closed file"):
             apart.write("late")
     assert path.read_text() == ""
-    (made,) = drain_made().writes
-    assert made[1:] == (str(path), "step 1\n1,2.5\r\nlogged\nab\n", True)
-    assert drain_made().writes == []
+    (made,) = drain_made().uses
+    assert made[0] == "file" and made[2:] == (str(path), "step 1\n1,2.5\r\nlogged\nab\n", True)
+    assert drain_made().uses == []
 
 
 def test_a_kept_runs_writes_go_to_the_notebooks_file_once(tmp_path):
@@ -75,7 +75,7 @@ def test_a_kept_runs_writes_go_to_the_notebooks_file_once(tmp_path):
         assert apart.mode == "ab"
         apart.write(b"run|")
         apart.write(memoryview(b"view"))
-        write_back(drain_made().writes)
+        write_back(drain_made().uses)
         assert not out.closed
     assert path.read_bytes() == b"before|run|view"
 
@@ -86,8 +86,8 @@ def test_a_stand_in_comes_back_to_the_process_that_sent_its_file(tmp_path):
         assert pickle.loads(pickle.dumps(apart)) is log
         # elsewhere (the token names another process's file) it arrives as a stand-in again
         token = f"0:{id(log)}"
-        elsewhere = notebook_files._returned(token, log.name, "w", "utf-8", "strict")
-        assert type(elsewhere) is notebook_files.NotebookFileApart and not elsewhere.closed
+        elsewhere = notebook_handles._returned(token, log.name, "w", "utf-8", "strict")
+        assert type(elsewhere) is notebook_handles.NotebookFileApart and not elsewhere.closed
 
 
 def test_isolate_gives_the_kept_run_the_file_and_the_other_a_stand_in(tmp_path):
@@ -102,10 +102,39 @@ def test_isolate_gives_the_kept_run_the_file_and_the_other_a_stand_in(tmp_path):
     kept["log"].close()  # the kept run ran first and closed it ...
     apart, shared = isolate(namespace, ["logger", "log"], files_apart=True)
     # ... the other run still finds it open, as the cell did, the same stand-in under both names
-    assert shared == [] and type(apart["log"]) is notebook_files.NotebookFileApart
+    assert shared == [] and type(apart["log"]) is notebook_handles.NotebookFileApart
     assert apart["logger"].f is apart["log"] and not apart["log"].closed
     # in a later cell, the file closed before it is what it was for every run: a closed file
     _, shared = isolate(namespace, ["log"])
     assert shared == ["log"]
     _, shared = isolate(namespace, ["log"], files_apart=True)
     assert shared == ["log"]
+
+
+def test_a_progress_bar_stand_in_counts_and_the_kept_runs_moves_reach_the_bar():
+    tqdm = pytest.importorskip("tqdm")
+    with tqdm.tqdm(total=10, file=io.StringIO()) as bar:
+        bar.update(2)
+        apart = notebook_handles.bar_kept_apart(bar)
+        assert (apart.n, apart.total) == (2, 10)
+        for _ in range(3):
+            apart.update()
+        apart.set_description("epoch 1")
+        apart.set_postfix(loss=0.123456, step=5)
+        assert apart.n == 5 and bar.n == 2  # the notebook's bar did not move
+        assert pickle.loads(pickle.dumps(apart)) is bar  # back where it came from: the bar
+        write_back(drain_made().uses)  # the kept run's moves, done to the bar
+        assert bar.n == 5 and bar.desc == "epoch 1: " and bar.postfix == "loss=0.123, step=5"
+        untouched = notebook_handles.bar_kept_apart(bar)
+        assert drain_made().uses == [] and untouched.n == 5
+
+
+def test_isolate_gives_the_kept_run_the_bar_and_the_other_a_stand_in():
+    tqdm = pytest.importorskip("tqdm")
+    with tqdm.tqdm(total=4, file=io.StringIO()) as bar:
+        namespace = {"bar": bar, "state": {"bar": bar}}
+        kept, shared = isolate(namespace, ["bar", "state"])
+        assert shared == [] and kept["bar"] is bar and kept["state"]["bar"] is bar
+        apart, shared = isolate(namespace, ["bar", "state"], files_apart=True)
+        assert shared == [] and type(apart["bar"]) is notebook_handles.ProgressBarApart
+        assert apart["state"]["bar"] is apart["bar"]
