@@ -207,3 +207,28 @@ def test_a_script_that_wraps_its_stdout_again_keeps_what_it_printed(rewrap):
     run = execute(RunSpec(program, _ns()), get_backend("cpu"))
     assert run.ok, run.error
     assert run.stdout.split() == ["before", "after"]
+
+
+def test_a_capture_below_python_keeps_fd_output_in_order_and_restores_the_fds(tmp_path, capfd):
+    # A target's worker shares the kernel's fds 1 and 2: its os.system output reached the notebook
+    # next to the reference's. Captured below Python, it is the run's, where it came, and the fds
+    # are the process's again however the run ended (an interrupt here).
+    import os
+    import subprocess
+    import sys
+
+    from neuron_workbench.run.executor import capture_text
+
+    with pytest.raises(KeyboardInterrupt):
+        with capture_text(below=str(tmp_path)) as captured:
+            print("one")
+            os.system("echo two")
+            print("three", file=sys.stderr)
+            subprocess.run(["sh", "-c", "echo four >&2"])
+            sys.stdout.buffer.write(b"five\n")
+            os.write(1, b"six\n")
+            raise KeyboardInterrupt
+    os.write(1, b"the process's own\n")
+    assert (captured.stdout, captured.stderr) == ("one\ntwo\nfive\nsix\n", "three\nfour\n")
+    assert capfd.readouterr() == ("the process's own\n", "")
+    assert list(tmp_path.iterdir()) == []  # its files went with it

@@ -731,3 +731,60 @@ def test_sigterm_ends_a_script_run_with_one_line_and_exit_143(tmp_path):
     assert code == 143, out + err
     assert err.splitlines()[-1] == "neuron-workbench: terminated (SIGTERM)", err
     assert "Traceback" not in err
+
+
+BELOW_PYTHON_SCRIPT = """\
+import ctypes, os, subprocess, sys
+import torch
+print("before", flush=True)
+os.system("echo hi from os.system")
+subprocess.run(["echo", "hi from a subprocess"])
+os.write(1, b"hi from fd 1\\n")
+sys.stdout.flush()
+ctypes.CDLL(None).dprintf(2, b"hi from C on fd 2\\n")
+print("after")
+x = torch.ones(3, device="cuda") * 2
+"""
+
+
+def test_output_written_below_python_is_shown_once_and_recorded_with_the_target(tmp_path):
+    # os.system's output showed twice: the target's worker shares the terminal's fds 1 and 2, so
+    # what it wrote below Python reached the terminal next to the reference's
+    (tmp_path / "below.py").write_text(BELOW_PYTHON_SCRIPT)
+    done = cli("run", "below.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for text in ("hi from os.system", "hi from a subprocess", "hi from fd 1"):
+        assert done.stdout.count(text) == 1, done.stdout
+    assert done.stderr.count("hi from C on fd 2") == 1, done.stderr
+    # the target's is its run's record, where it came among what the run printed
+    target = json.loads((tmp_path / "r.json").read_text())["reports"][0]["target"]
+    assert target["stdout"] == (
+        "before\nhi from os.system\nhi from a subprocess\nhi from fd 1\nafter\n"
+    )
+    assert target["stderr"] == "hi from C on fd 2\n"
+
+
+DYING_SCRIPT = """\
+import ctypes, faulthandler, os
+import torch
+faulthandler.enable()
+x = torch.ones(2, device="cuda") + 1
+if os.environ.get("NEURON_WORKBENCH_WORKER"):
+    os.write(2, b"the device said why\\n")
+    ctypes.CDLL(None).abort()
+"""
+
+
+def test_a_target_that_died_keeps_what_it_wrote_below_python_and_its_line(tmp_path):
+    # what the dying worker wrote to its fd 2 (a C++ abort's message) is its run's record; the
+    # stack a script's own faulthandler.enable() dumps there still names the script's line
+    (tmp_path / "dies.py").write_text(DYING_SCRIPT)
+    done = cli("run", "dies.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    target = json.loads((tmp_path / "r.json").read_text())["reports"][0]["target"]
+    assert target["error"]["message"] == (
+        "target process died (SIGABRT) at dies.py, line 7, after running aten::add.Tensor"
+    )
+    assert target["stderr"].startswith("the device said why\n")
+    assert "Fatal Python error: Aborted" in target["stderr"]
+    assert "the device said why" not in done.stderr

@@ -48,6 +48,7 @@ from neuron_workbench.run.namespace import (
 )
 from neuron_workbench.run.notebook_handles import drain_made, write_back
 from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.run.printed_below import FdFile, fds_to_files
 from neuron_workbench.run.random_state import (
     RandomState,
     current_random_state,
@@ -83,11 +84,17 @@ class CapturedStream(io.TextIOWrapper):
     Parameters
     ----------
     real : str
-        ``"stdout"`` or ``"stderr"``: the process stream whose file descriptor ``fileno()`` gives.
+        ``"stdout"`` or ``"stderr"``: which of the process's streams it stands for.
+    shown : text stream, optional
+        Where the text written is also shown as it comes (a live run: the stream it replaced).
+    below : FdFile, optional
+        The file the process's fd of the same stream points at meanwhile (a target process's run):
+        what the run writes below Python (``os.system``, a subprocess, C code) joins this record
+        where it came.
     """
 
-    def __init__(self, real: str, shown: Any = None) -> None:
-        kept = _KeptBytes() if shown is None else _ShownBytes(shown)
+    def __init__(self, real: str, shown: Any = None, below: FdFile | None = None) -> None:
+        kept = _KeptBytes(below) if shown is None else _ShownBytes(shown, below)
         super().__init__(
             kept, encoding="utf-8", errors="surrogatepass", newline="", write_through=True
         )
@@ -100,7 +107,7 @@ class CapturedStream(io.TextIOWrapper):
         """Everything written so far, as text."""
         with contextlib.suppress(ValueError):  # closed or detached: everything is in the bytes
             self.flush()
-        data = self._kept.getvalue()
+        data = self._kept.merged()
         try:
             encoding, errors = self.encoding, self.errors or "strict"
         except ValueError:  # detached
@@ -133,6 +140,24 @@ def text_copy(text: str) -> io.StringIO:
 class _KeptBytes(io.BytesIO):
     """A captured stream's bytes, which closing the stream over them does not lose."""
 
+    def __init__(self, below: FdFile | None = None) -> None:
+        super().__init__()
+        self._below = below
+
+    def write(self, data: Any) -> int:
+        if self._below is not None:  # what reached the fd before these bytes comes before them
+            self._below.mark(self.tell())
+        return super().write(data)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:  # each through write(), which notes what reached the fd before it
+            self.write(line)
+
+    def merged(self) -> bytes:
+        """The bytes written here, with what reached the fd below them where it came."""
+        data = self.getvalue()
+        return data if self._below is None else self._below.merged(data)
+
     def close(self) -> None:
         """Nothing: the run's record reads the bytes after the run."""
 
@@ -140,8 +165,8 @@ class _KeptBytes(io.BytesIO):
 class _ShownBytes(_KeptBytes):
     """A captured stream's bytes, also written as they come to ``shown`` (a text stream)."""
 
-    def __init__(self, shown: Any) -> None:
-        super().__init__()
+    def __init__(self, shown: Any, below: FdFile | None = None) -> None:
+        super().__init__(below)
         self._shown = shown
         # a character's bytes split over two writes (through .buffer) show once it is whole
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -160,11 +185,12 @@ class _ShownBytes(_KeptBytes):
 
 
 class _StringCapture:
-    def __init__(self, live: bool = False) -> None:
+    def __init__(self, live: bool = False, below: tuple[FdFile, FdFile] | None = None) -> None:
         #: Whether the run's output was shown as it came (:meth:`show` shows nothing then).
         self.live = live
-        self._out = CapturedStream("stdout", sys.stdout if live else None)
-        self._err = CapturedStream("stderr", sys.stderr if live else None)
+        out_below, err_below = below if below is not None else (None, None)
+        self._out = CapturedStream("stdout", sys.stdout if live else None, out_below)
+        self._err = CapturedStream("stderr", sys.stderr if live else None, err_below)
 
     @property
     def stdout(self) -> str:
@@ -181,14 +207,20 @@ class _StringCapture:
 
 
 @contextlib.contextmanager
-def capture_text(live: bool = False) -> Iterator[Captured]:
+def capture_text(live: bool = False, below: str | None = None) -> Iterator[Captured]:
     """Capture ``print`` output of a run (the magic layer uses IPython's richer capture).
 
     With ``live`` the output is also written to this process's streams as it comes (a script's
-    progress on the command line), and :meth:`Captured.show` shows nothing more.
+    progress on the command line), and :meth:`Captured.show` shows nothing more. With ``below`` (a
+    target process's folder) the process's fds 1 and 2 point at files there meanwhile, and what the
+    run writes to them (``os.system``, a subprocess, C code) is part of its output, where it came:
+    the process's own fds are the kernel's or the terminal's, which show the reference run's.
     """
-    captured = _StringCapture(live)
-    with contextlib.redirect_stdout(captured._out), contextlib.redirect_stderr(captured._err):
+    with contextlib.ExitStack() as stack:
+        files = stack.enter_context(fds_to_files(below)) if below is not None else None
+        captured = _StringCapture(live, files)
+        stack.enter_context(contextlib.redirect_stdout(captured._out))
+        stack.enter_context(contextlib.redirect_stderr(captured._err))
         yield captured
 
 

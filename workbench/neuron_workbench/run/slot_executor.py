@@ -191,7 +191,11 @@ class PendingRun:
             return Run(backend=self._info, error=RunError("AnswerNotLoaded", str(exc)))
         except WorkerDied as exc:
             # The message names the cell line itself; no lineno, so reports do not repeat it.
-            return Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
+            run = Run(backend=self._info, error=RunError("TargetProcessDied", str(exc)))
+            # what it wrote below Python before it ended (a C++ abort's message) is its record
+            run.stdout, run.stderr = exc.printed
+            self._spec.captured[self._run_id] = _Printed(run.stdout, run.stderr)
+            return run
         except KeyboardInterrupt as interrupt:  # here, while the worker ran the cell
             note_interrupted(interrupt, f"while the target ran in its worker ({self._info.label})")
             raise

@@ -21,7 +21,20 @@ from neuron_workbench.run.transport import Loaded, Packed
 
 
 class WorkerDied(Exception):
-    """The slot's process (a worker or an actor) ended, or was ended, while running a cell."""
+    """The slot's process (a worker or an actor) ended, or was ended, while running a cell.
+
+    Parameters
+    ----------
+    message : str
+        The one-line cause.
+    printed : tuple of str, optional
+        ``(stdout, stderr)`` the run had written below Python before the end (a worker's fds 1 and
+        2, which point at files while it runs): a C++ abort's message is the run's record.
+    """
+
+    def __init__(self, message: str = "", printed: tuple[str, str] = ("", "")) -> None:
+        super().__init__(message)
+        self.printed = printed
 
 
 class AnswerNotLoaded(WorkerDied):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import csv
+import functools
 import gc
 import io
 import linecache
@@ -308,13 +309,16 @@ def answer_request(
     hint: str,
     running: Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]] | None = None,
     arena: str | None = None,
+    printed: str | None = None,
 ) -> Packed:
     """A target process's packed answer to one packed run request (a worker's or a Ray actor's).
 
     The run, or a one-line ``usage_error``: what the cell reads could not be loaded here (with
     ``load_hint``), an option the target cannot honour, or the workbench failing around the cell
     (with ``hint``). The process keeps serving either way. ``running`` wraps the run itself;
-    ``arena`` is the shared-memory folder for the answer's tensors (a worker).
+    ``arena`` is the shared-memory folder for the answer's tensors (a worker). ``printed``: a folder
+    where the run's fds 1 and 2 point meanwhile (a worker, whose fds are the kernel's or the
+    terminal's): what the run writes below Python is its output, not shown next to the reference's.
 
     What the request held (the cell's whole state here, and the run) stays alive after the answer
     until :func:`release_answered` (or the next request): freeing it takes a while, which a worker
@@ -338,7 +342,9 @@ def answer_request(
         return dumps({"copies": _held.get(request["held_copies"], {})}, arena)
     try:
         with running(request) if running is not None else contextlib.nullcontext():
-            return _run_request(request, backend, slot, arena=arena, defined=loaded.definitions)
+            return _run_request(
+                request, backend, slot, arena=arena, defined=loaded.definitions, printed=printed
+            )
     except WorkbenchUsageError as exc:  # an option the target cannot honour (--what-if)
         return dumps({"usage_error": str(exc)})
     except Exception as exc:  # the workbench failed around the cell: say so, keep serving
@@ -354,9 +360,10 @@ def _run_request(
     *,
     arena: str | None,
     defined: Collection[Any] = (),
+    printed: str | None = None,
 ) -> Packed:
     from neuron_workbench.run import logging_setup, torch_settings
-    from neuron_workbench.run.executor import RunSpec, execute, what_if_policy
+    from neuron_workbench.run.executor import RunSpec, capture_text, execute, what_if_policy
     from neuron_workbench.run.library_state import restore_library_state
 
     _held.clear()  # the previous run's evidence goes before this run needs the memory
@@ -399,6 +406,8 @@ def _run_request(
         random_state=request.get("random_state"),
         hidden=request["hidden"],
         resident=resident,
+        # fds 1 and 2 to files while it runs: os.system's output is the run's (its record)
+        capture=functools.partial(capture_text, below=printed),
         instruments=request["instruments"],
         rng_on_cpu=request["rng_on_cpu"],
         steps=request["steps"],

@@ -36,6 +36,7 @@ import torch
 from neuron_workbench.backends.base import Availability, BackendInfo
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.run.module_versions import loaded_versions
+from neuron_workbench.run.printed_below import left_in
 from neuron_workbench.run.slot_executor import SlotExecutor
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, WorkerDied, WorkerRow
 from neuron_workbench.run.target_requests import (
@@ -294,17 +295,17 @@ class WorkerSlot:
             answer = self._receive(request_id, deadline)
         except TimeoutError:
             self._dump_stacks()
-            where = self._where(cell_filename)
+            where, printed = self._where(cell_filename), self._printed()
             self.stop()
             raise WorkerDied(
-                f"target process timed out after {timeout:g} s{where}; it was ended"
+                f"target process timed out after {timeout:g} s{where}; it was ended", printed
             ) from None
         except AnswerNotLoaded:
             raise  # the worker ran the cell and serves on
         except WorkerDied as exc:
-            where = self._where(cell_filename)
+            where, printed = self._where(cell_filename), self._printed()
             self.stop()
-            raise WorkerDied(f"{exc}{where}") from None
+            raise WorkerDied(f"{exc}{where}", printed) from None
         except BaseException:  # KeyboardInterrupt: the worker's state is unknown; start afresh
             self.stop()
             raise
@@ -333,6 +334,16 @@ class WorkerSlot:
                 self._process.send_signal(signal.SIGUSR1)
             time.sleep(0.3)
 
+    def _printed(self) -> tuple[str, str]:
+        """What the run of a worker that died or was ended had written to its fds 1 and 2."""
+        if self._folder is None:
+            return "", ""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()  # ended before its files are read: nothing more comes
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=10)
+        return left_in(self._folder)
+
     def _where(self, cell_filename: str) -> str:
         """`` while running aten::op at cell line N`` from the files the worker left.
 
@@ -350,6 +361,8 @@ class WorkerSlot:
         with contextlib.suppress(OSError):
             with open(os.path.join(self._folder, "faults.log"), errors="replace") as handle:
                 dump = handle.read()[-200_000:]
+            # a cell's own faulthandler.enable() dumps to its stderr, which is a file of the folder
+            dump += left_in(self._folder)[1][-200_000:]
             # The cell's top-level frame; faulthandler may print exec'd code as <dynamic-code>.
             names = f"(?:{re.escape(cell_filename)}|<dynamic-code>)"
             pattern = re.compile(r'File "' + names + r'", line (\d+) in <module>')

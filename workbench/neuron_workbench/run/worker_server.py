@@ -125,6 +125,9 @@ def serve(fd: int, folder: str) -> NoReturn:
             load_hint=EXECUTOR_HINT,
             hint=EXECUTOR_HINT,
             arena=folder,
+            # its fds 1 and 2 are the kernel's (or the terminal's): a run's output there is the
+            # run's, kept in files here meanwhile (a crash leaves them to the kernel)
+            printed=folder,
         )
         try:
             send(conn, answer, {"id": head["id"]})
