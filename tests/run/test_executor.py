@@ -232,3 +232,25 @@ def test_a_capture_below_python_keeps_fd_output_in_order_and_restores_the_fds(tm
     assert (captured.stdout, captured.stderr) == ("one\ntwo\nfive\nsix\n", "three\nfour\n")
     assert capfd.readouterr() == ("the process's own\n", "")
     assert list(tmp_path.iterdir()) == []  # its files went with it
+
+
+def test_a_runs_stream_descriptor_is_the_one_of_the_stream_it_replaced(tmp_path, capfd):
+    # subprocess.run(cmd, stdout=sys.stdout) in a run wrote to the process's own fd 1 whatever
+    # sys.stdout was: in a kernel, whose sys.stdout has a descriptor of its own (ipykernel's copy
+    # of the terminal's), not where a plain cell's goes. Here sys.stdout is a file on another fd.
+    import contextlib
+
+    program = compile_cell(
+        "import subprocess, sys\n"
+        "subprocess.run(['echo', 'from a subprocess'], stdout=sys.stdout)\n"
+        "subprocess.run(['sh', '-c', 'echo to stderr >&2'], stderr=sys.stderr)\n"
+        "print('printed')\n"
+    )
+    out_path, err_path = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            run = execute(RunSpec(program, _ns(), live_run="ref"), get_backend("cpu"), run_id="ref")
+    assert run.ok, run.error
+    assert out_path.read_text() == "from a subprocess\nprinted\n"  # as plain code writes there
+    assert err_path.read_text() == "to stderr\n"
+    assert capfd.readouterr() == ("", "")  # nothing went around it, to the process's fds

@@ -739,6 +739,7 @@ import torch
 print("before", flush=True)
 os.system("echo hi from os.system")
 subprocess.run(["echo", "hi from a subprocess"])
+subprocess.run(["echo", "hi through sys.stdout"], stdout=sys.stdout)
 os.write(1, b"hi from fd 1\\n")
 sys.stdout.flush()
 ctypes.CDLL(None).dprintf(2, b"hi from C on fd 2\\n")
@@ -753,13 +754,15 @@ def test_output_written_below_python_is_shown_once_and_recorded_with_the_target(
     (tmp_path / "below.py").write_text(BELOW_PYTHON_SCRIPT)
     done = cli("run", "below.py", "--json", "r.json", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    for text in ("hi from os.system", "hi from a subprocess", "hi from fd 1"):
+    shown = ("hi from os.system", "hi from a subprocess", "hi through sys.stdout", "hi from fd 1")
+    for text in shown:
         assert done.stdout.count(text) == 1, done.stdout
     assert done.stderr.count("hi from C on fd 2") == 1, done.stderr
     # the target's is its run's record, where it came among what the run printed
     target = json.loads((tmp_path / "r.json").read_text())["reports"][0]["target"]
     assert target["stdout"] == (
-        "before\nhi from os.system\nhi from a subprocess\nhi from fd 1\nafter\n"
+        "before\nhi from os.system\nhi from a subprocess\nhi through sys.stdout\nhi from fd 1\n"
+        "after\n"
     )
     assert target["stderr"] == "hi from C on fd 2\n"
 

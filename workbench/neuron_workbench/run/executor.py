@@ -79,7 +79,7 @@ class CapturedStream(io.TextIOWrapper):
     so a script calling ``faulthandler.enable()``, ``sys.stdout.reconfigure(line_buffering=True)``
     or ``sys.stdout.buffer.write(...)`` raised in both runs where ``python SCRIPT`` runs it. Text and
     bytes written here are kept in order (UTF-8, every code point, as a ``StringIO`` kept them);
-    ``fileno()`` is the process's own stream's, where ``faulthandler`` writes a crash's stack.
+    ``fileno()`` is the replaced stream's, where ``faulthandler`` writes a crash's stack.
 
     Parameters
     ----------
@@ -99,6 +99,9 @@ class CapturedStream(io.TextIOWrapper):
             kept, encoding="utf-8", errors="surrogatepass", newline="", write_through=True
         )
         self._real = real
+        #: The stream this one replaces in the run (``sys.stdout`` as the capture began), whose
+        #: descriptor :meth:`fileno` gives.
+        self.replaced: Any = None
         # the bytes, also after the script closed or detached the stream (a TextIOWrapper of its
         # own over sys.stdout.buffer, freed when the run ends, closes the buffer under it)
         self._kept = kept
@@ -118,7 +121,18 @@ class CapturedStream(io.TextIOWrapper):
             return data.decode(encoding, errors="backslashreplace")
 
     def fileno(self) -> int:
-        """The process's own stream's descriptor (``io.UnsupportedOperation`` without one)."""
+        """The descriptor of the stream this one replaced, as plain code has it.
+
+        What writes there directly (``subprocess.run(cmd, stdout=sys.stdout)``, the stack
+        ``faulthandler.enable()`` dumps) goes where it goes outside a run: in a kernel where the
+        notebook's own stream's goes (ipykernel's: the terminal Jupyter runs in, as in a plain
+        cell), on the command line to the terminal, in a target's worker to the file its run's
+        output is recorded from. The process's own stream's where the replaced one has none (a
+        test's capture), as before; ``io.UnsupportedOperation`` where neither has one.
+        """
+        with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+            if self.replaced is not None and self.replaced is not self:
+                return int(self.replaced.fileno())
         stream = getattr(sys, f"__{self._real}__", None)
         if stream is None:
             raise io.UnsupportedOperation("fileno")
@@ -191,6 +205,7 @@ class _StringCapture:
         out_below, err_below = below if below is not None else (None, None)
         self._out = CapturedStream("stdout", sys.stdout if live else None, out_below)
         self._err = CapturedStream("stderr", sys.stderr if live else None, err_below)
+        self._out.replaced, self._err.replaced = sys.stdout, sys.stderr
 
     @property
     def stdout(self) -> str:
