@@ -43,7 +43,7 @@ __all__ = [
 #: The types of what ``open()`` returns.
 FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
 
-#: The notebook's files by the token they travelled under (this process's own, kept while open).
+#: The notebook's files and bars by the token they travelled under (this process's own, while alive).
 _SENT: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 #: Stand-ins made since the last :func:`drain_made` (one run's, at a time).
 _MADE: list[NotebookFileApart | ProgressBarApart] = []
@@ -70,15 +70,15 @@ def is_notebook_file(value: Any, *, open_only: bool = True) -> bool:
         return False
 
 
-def token_of(file: Any) -> str:
-    """The token ``file`` travels under; the process that sent it gets it back by it."""
-    token = f"{os.getpid()}:{id(file)}"
-    _SENT[token] = file
+def token_of(handle: Any) -> str:
+    """The token ``handle`` (a file, a bar) travels under; the process that sent it gets it back."""
+    token = f"{os.getpid()}:{id(handle)}"
+    _SENT[token] = handle
     return token
 
 
 def sent(token: str) -> Any:
-    """The notebook's file sent under ``token`` by this process, or None."""
+    """The notebook's file or bar sent under ``token`` by this process, or None."""
     return _SENT.get(token)
 
 
