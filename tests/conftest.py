@@ -113,6 +113,21 @@ def _device_placement(request):
         )
 
 
+@pytest.fixture(autouse=True)
+def _intra_op_threads_kept():
+    """Torch's thread count for threads started later is set back after each test.
+
+    A DataLoader's pin-memory thread calls ``torch.set_num_threads(1)``: this process's threads
+    keep their count, but threads started afterwards (the emulated device's autograd thread, at
+    the first backward pass there) took 1. A later test comparing CPU against the device then
+    reduced in another order on each (a conv bias before a BatchNorm, whose gradient is rounding
+    noise, then moved by Adam's whole step in opposite directions).
+    """
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def ip():
     """A real IPython shell with neuron_workbench loaded and a fresh namespace."""
