@@ -94,6 +94,14 @@ def test_a_cuda_autocast_turned_off_for_want_of_cuda_warns_at_the_line_that_buil
     assert not autocast._enabled  # what torch made of it outside a run
 
 
+def test_cuda_given_a_device_string_lands_on_the_runs_device():
+    # x.cuda("cuda:0") gave "neuron:cuda:0", an invalid device, where compiled code mapped it
+    neuron = get_backend("neuron")
+    with neuron.activated(), cuda_remapped_to(neuron):
+        moved = torch.ones(2).cuda("cuda:0")
+        assert moved.device == torch.device("neuron", 0)
+
+
 def test_cuda_idioms_land_on_the_emulated_neuron_device():
     neuron = get_backend("neuron")
     with neuron.activated(), cuda_remapped_to(neuron):

@@ -484,6 +484,9 @@ def _run_named(run_id: str | None) -> str:
 def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> Run:
     ns = spec.namespace
     saved = dict(ns)
+    # a run that is not kept: its file writes, the notebook's open files and bars, and its changes
+    # to the notebook's classes are kept apart from the notebook's
+    apart = spec.keeps_writes_apart(run_id)
     default_device = _default_device_setting()
     run_default = _run_default_device(spec.default_device, backend)
     if run_default != default_device:
@@ -500,7 +503,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     try:
         read, inputs = spec.inputs()
         if spec.isolate_inputs:
-            copies, shared = isolate(ns, inputs, files_apart=spec.keeps_writes_apart(run_id))
+            copies, shared = isolate(ns, inputs, files_apart=apart)
             # a name that only shares state with the cell's and cannot be copied (a DataLoader
             # iterator over a dataset the cell reads) stays as it is, as had it shared nothing
             shared = [name for name in shared if name in read]
@@ -554,11 +557,9 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             writes = (
-                stack.enter_context(writes_kept_apart(ns, spec.notebook_temp))
-                if spec.keeps_writes_apart(run_id)
-                else None
+                stack.enter_context(writes_kept_apart(ns, spec.notebook_temp)) if apart else None
             )
-            if spec.keeps_writes_apart(run_id):
+            if apart:
                 stack.enter_context(class_attributes_kept(ns))
             recording = stack.enter_context(backend.fallback_recording())
             default_devices_set = stack.enter_context(_default_devices_set())
@@ -624,7 +625,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         to_handles = drain_made()
         run.notebook_handle_uses = to_handles.uses
         written = [*(writes.written if writes is not None else []), *to_handles.paths]
-        if written and spec.keeps_writes_apart(run_id):
+        if written and apart:
             facts.notes.append(kept_apart_note(list(dict.fromkeys(written)), spec.kept_run))
         run.memory = memory
         run.wall_time_s = wall

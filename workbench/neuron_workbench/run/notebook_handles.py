@@ -32,7 +32,6 @@ __all__ = [
     "bar_kept_apart",
     "drain_made",
     "is_notebook_file",
-    "is_progress_bar",
     "kept_apart",
     "reduce_bar_for_sending",
     "reduce_for_sending",
@@ -210,12 +209,6 @@ def _returned(token: str, name: str, mode: str, encoding: str | None, errors: st
 def progress_bar_class() -> Any:
     """The progress bar class of tqdm where it is loaded (its notebook and asyncio bars subclass it)."""
     return getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-
-
-def is_progress_bar(value: Any) -> bool:
-    """Whether ``value`` is a tqdm progress bar."""
-    bar = progress_bar_class()
-    return bar is not None and isinstance(value, bar)
 
 
 class ProgressBarApart:

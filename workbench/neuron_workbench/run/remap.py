@@ -512,12 +512,7 @@ def _cuda_call_as_to(
     """The arguments of ``x.to(...)`` for a graph's ``x.cuda(...)`` on ``target``."""
     names = ("device", "non_blocking", "memory_format")
     given = {**dict(zip(names, args[1:])), **kwargs}
-    device = given.pop("device", None)
-    if isinstance(device, str):
-        device = torch.device(device)
-    index = device.index if isinstance(device, torch.device) else device
-    where = target if index is None or target == "cpu" else f"{target}:{index}"
-    return (args[0], where), given
+    return (args[0], _cuda_as(target, given.pop("device", None))), given
 
 
 def _tensor_cuda_to(
@@ -527,9 +522,16 @@ def _tensor_cuda_to(
     non_blocking: bool = False,
     memory_format: torch.memory_format = torch.preserve_format,
 ) -> torch.Tensor:
-    index = device.index if isinstance(device, torch.device) else device
-    where = target if index is None or target == "cpu" else f"{target}:{index}"
+    where = _cuda_as(target, device)
     return tensor.to(where, non_blocking=non_blocking, memory_format=memory_format)
+
+
+def _cuda_as(target: str, device: Any) -> str:
+    """Where ``x.cuda(device)`` puts ``x`` on ``target``: its index kept on an accelerator."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = device.index if isinstance(device, torch.device) else device
+    return target if index is None or target == "cpu" else f"{target}:{index}"
 
 
 def _autocast_init(
@@ -750,13 +752,8 @@ def remember_autocast_requests() -> None:
         if device_type != "cuda" or torch.cuda.is_available():
             init(self, device_type, *args, **kwargs)
             return
-        # torch's "CUDA is not available ... Disabling autocast" names its caller's line, which
-        # is this wrapper's: it is warned again at the line that built the autocast
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            init(self, device_type, *args, **kwargs)
-        for warning in caught:
-            warnings.warn(warning.message, warning.category, stacklevel=2)
+        # torch's "CUDA is not available ... Disabling autocast", at the line that built it
+        _warned_at_the_builders_line(init, self, device_type, *args, **kwargs)
 
     __init__._workbench_remembers = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]
@@ -812,8 +809,18 @@ def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..
 #: of CUDA, keeps the arguments it was built with (:func:`remember_grad_scaler_requests`).
 _SCALER_REQUEST = "_workbench_request"
 
-#: What torch warns when it turns a cuda ``GradScaler`` off (``torch.amp.GradScaler.__init__``).
-_SCALER_OFF_WARNING = "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+
+def _warned_at_the_builders_line(init: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Call ``init`` (torch's ``__init__`` under a wrapper) and warn its warnings again higher up.
+
+    torch's warnings there name their caller's line (``stacklevel=2``), which is the wrapper's;
+    they are warned again at the line that called the wrapper.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        init(*args, **kwargs)
+    for warning in caught:
+        warnings.warn(warning.message, warning.category, stacklevel=3)
 
 
 def remember_grad_scaler_requests() -> None:
@@ -844,12 +851,11 @@ def remember_grad_scaler_requests() -> None:
         ):
             init(self, *args, **kwargs)
             return
-        # What torch does here (off, and its warning, at the caller's line as torch's stacklevel
-        # puts it: not this wrapper's), keeping the arguments the scaler was asked for.
-        init(self, **{**request, "enabled": False})
+        # What torch does here (off, and its warning, at the line that built the scaler),
+        # keeping the arguments the scaler was asked for.
+        _warned_at_the_builders_line(init, self, *args, **kwargs)
         del request["device"], request["enabled"]
         self.__dict__[_SCALER_REQUEST] = request
-        warnings.warn(_SCALER_OFF_WARNING, stacklevel=2)
 
     __init__._workbench_remembers = True  # type: ignore[attr-defined]
     cls.__init__ = __init__  # type: ignore[method-assign]
