@@ -152,6 +152,22 @@ def _sort_bar_index(chart) -> int:
     return chart.evaluate("gd => gd.data[0].y.indexOf('aten::sort')")
 
 
+def _wait_status(page, source: str, text: str, timeout: int = 30_000) -> None:
+    """Wait for the status bar item to read ``text`` from ``source``; say what it read if not."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.locator(f'.nw-lab-statusbar[data-source="{source}"]', has_text=text).wait_for(
+            timeout=timeout
+        )
+    except PlaywrightTimeout:
+        status = page.locator(".nw-lab-statusbar")
+        raise AssertionError(
+            f"status bar reads {status.inner_text()!r} from {status.get_attribute('data-source')!r},"
+            f" not {text!r} from {source!r}"
+        ) from None
+
+
 def _hover_and_click_sort(page, fallback, cell_number: int):
     """Hover the aten::sort bar (its count), click it (its call site), return the sites pane."""
     chart = fallback.locator(".nw-lab-fallback-chart")
@@ -238,10 +254,7 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                 )
 
                 # Status bar: ref → target, asked from the kernel.
-                page.locator(
-                    '.nw-lab-statusbar[data-source="kernel"]',
-                    has_text="cpu (as cuda) → neuron (emulated)",
-                ).wait_for(timeout=30_000)
+                _wait_status(page, "kernel", "cpu (as cuda) → neuron (emulated)")
 
                 # The plain cell through the magic: keyboard shortcut on the active cell.
                 cells = page.locator(".jp-Notebook .jp-Cell")
@@ -333,10 +346,7 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
                 summary = page.locator("#neuron-workbench-dashboard .nw-lab-dash-summary")
                 assert summary.inner_text() == "4 cells: 3 PASS, 1 FAIL, 0 ERROR; 2 fallback ops"
                 # Status bar falls back to the last report of the notebook.
-                page.locator(
-                    '.nw-lab-statusbar[data-source="report"]',
-                    has_text="cpu (as cuda) → neuron (emulated)",
-                ).wait_for(timeout=30_000)
+                _wait_status(page, "report", "cpu (as cuda) → neuron (emulated)")
                 report = page.locator(".jp-OutputArea-output .nw-lab-report").nth(2)
                 _show_top(report)
                 page.screenshot(path=str(ARTIFACTS / "lab_report_after_reload.png"))
@@ -356,6 +366,87 @@ def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_p
         finally:
             browser.close()
     assert time.monotonic() - started < 300
+
+
+class _StatusQueryIdleDropper:
+    """Routes a page's kernel websockets, dropping the iopub idle status of the status bar's first
+    kernel query: its execute reply arrives, its idle status never does (a message lost to a
+    reconnecting websocket or a loaded host)."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.dropped = 0
+
+    def route(self, ws) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(lambda message: self._to_server(server, message))
+        server.on_message(lambda message: self._to_page(ws, message))
+
+    @staticmethod
+    def _parts(message) -> tuple[str, list[dict]] | None:
+        from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1
+
+        if isinstance(message, str):  # the legacy JSON protocol
+            msg = json.loads(message)
+            return msg.get("channel", ""), [msg["header"], msg["parent_header"], {}, msg["content"]]
+        channel, parts = deserialize_msg_from_ws_v1(message)
+        return channel, [json.loads(part) for part in parts[:4]]
+
+    def _to_server(self, server, message) -> None:
+        channel, (header, _parent, _meta, content) = self._parts(message)
+        if header.get("msg_type") == "execute_request" and "nw" in content.get(
+            "user_expressions", {}
+        ):
+            self.queries.append(header["msg_id"])
+        server.send(message)
+
+    def _to_page(self, ws, message) -> None:
+        channel, (header, parent, _meta, content) = self._parts(message)
+        if (
+            channel == "iopub"
+            and header.get("msg_type") == "status"
+            and content.get("execution_state") == "idle"
+            and parent.get("msg_id") in self.queries[:1]
+        ):
+            self.dropped += 1
+            return
+        ws.send(message)
+
+
+@needs_extension
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
+                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+def test_status_bar_answers_from_the_kernel_when_a_querys_idle_status_is_lost(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    dropper = _StatusQueryIdleDropper()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=lab.CHROMIUM, args=lab.CHROMIUM_ARGS)
+        page = None
+        try:
+            with lab.jupyter_lab(tmp_path) as (url, root):
+                lab.write_notebook(root / "status.ipynb", [SETUP])
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.route_web_socket("**/api/kernels/**", dropper.route)
+                page.goto(f"{url}/lab/tree/status.ipynb")
+                page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+                # The status bar's first query (the magics are not loaded yet) lost its idle.
+                deadline = time.monotonic() + 60
+                while not dropper.dropped and time.monotonic() < deadline:
+                    page.wait_for_timeout(200)
+                assert dropper.queries and dropper.dropped == 1, (dropper.queries, dropper.dropped)
+                page.locator(".jp-Notebook .jp-Cell").first.locator(".jp-InputPrompt").click()
+                page.keyboard.press("Shift+Enter")
+                _wait_status(page, "kernel", "cpu (as cuda) → neuron (emulated)")
+                assert len(dropper.queries) >= 2  # asked again after the cell ran
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "lab_status_lost_idle_failure.png"))
+            raise
+        finally:
+            browser.close()
 
 
 def _show_top(element) -> None:

@@ -373,6 +373,64 @@ const plugin = {
   }
 };
 
+/** How long an unanswered status query may stay pending before it is asked again (ms). */
+const KERNEL_QUERY_PATIENCE = 20000;
+
+/** Queries in a row that may go unanswered before the status bar stops asking (until next time). */
+const KERNEL_QUERY_TRIES = 3;
+
+/**
+ * Ask the kernel for its ref/target: the answer dict, null when the magics are not loaded, or
+ * undefined when no reply came (a lost message, a closed connection, or none within
+ * KERNEL_QUERY_PATIENCE).
+ *
+ * The execute reply is enough: waiting for `future.done` also waits for the request's idle status
+ * on iopub, and a status message lost there (a reconnecting websocket, a busy host) would leave
+ * the query pending forever and the status bar never asking again.
+ */
+function askKernel(kernel) {
+  return new Promise(resolve => {
+    let settled = false;
+    const settle = value => {
+      if (!settled) {
+        settled = true;
+        window.clearTimeout(timer);
+        resolve(value);
+      }
+    };
+    const timer = window.setTimeout(() => settle(undefined), KERNEL_QUERY_PATIENCE);
+    let future;
+    try {
+      future = kernel.requestExecute({ code: '', silent: true, store_history: false, user_expressions: { nw: KERNEL_QUERY } });
+    } catch (err) {
+      settle(undefined);
+      return;
+    }
+    const read = reply => {
+      try {
+        settle(parseKernelAnswer(reply));
+      } catch (err) {
+        settle(undefined);
+      }
+    };
+    future.onReply = read;
+    future.done.then(read, () => settle(undefined));
+  });
+}
+
+/** The status query's reply as `{ref, ref_label, target, emulated, available, source}` or null. */
+function parseKernelAnswer(reply) {
+  const value = reply.content.user_expressions && reply.content.user_expressions.nw;
+  const text = value && value.status === 'ok' ? value.data['text/plain'] : null;
+  if (!text || text === 'None') {
+    return null; // not loaded, or the query failed there: the notebook's last report speaks
+  }
+  // A Python dict repr of names and booleans: make it JSON.
+  const answer = JSON.parse(text.replace(/'/g, '"').replace(/\bTrue\b/g, 'true').replace(/\bFalse\b/g, 'false'));
+  answer.source = 'kernel';
+  return answer;
+}
+
 /** `cpu → neuron (emulated)`: asked from the kernel, else read from the notebook's last report. */
 class StatusItem extends Widget {
   constructor(tracker) {
@@ -429,26 +487,28 @@ class StatusItem extends Widget {
     if (ask && kernel && kernel.status !== 'idle' && kernel.status !== 'dead') {
       // Ask once the kernel is idle (a cell is running, or it is starting).
       this.schedule(true, 1000);
-    } else if (ask && kernel && !this._asking) {
+    } else if (ask && kernel && this._asking) {
+      // An answer is on its way, but it may predate what made us ask (e.g. %load_ext just ran).
+      this._askAgain = true;
+    } else if (ask && kernel) {
       this._asking = true;
       try {
-        const future = kernel.requestExecute({ code: '', silent: true, store_history: false, user_expressions: { nw: KERNEL_QUERY } });
-        const reply = await future.done;
-        const value = reply.content.user_expressions && reply.content.user_expressions.nw;
-        let answer = null;
-        if (value && value.status === 'ok') {
-          const text = value.data['text/plain'];
-          if (text && text !== 'None') {
-            // A Python dict repr of names and booleans: make it JSON.
-            answer = JSON.parse(text.replace(/'/g, '"').replace(/\bTrue\b/g, 'true').replace(/\bFalse\b/g, 'false'));
-            answer.source = 'kernel';
-          }
+        const answer = await askKernel(kernel);
+        if (answer === undefined) {
+          this._cache.delete(kernel);
+          // No reply: ask again once the kernel is idle, a few times.
+          this._unanswered = (this._unanswered || 0) + 1;
+          this._askAgain = this._askAgain || this._unanswered < KERNEL_QUERY_TRIES;
+        } else {
+          this._unanswered = 0;
+          this._cache.set(kernel, answer);
         }
-        this._cache.set(kernel, answer);
-      } catch (err) {
-        this._cache.delete(kernel);
       } finally {
         this._asking = false;
+        if (this._askAgain) {
+          this._askAgain = false;
+          this.schedule(true, 1000);
+        }
       }
     }
     let info = kernel ? this._cache.get(kernel) || null : null;
