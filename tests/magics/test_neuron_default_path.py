@@ -2970,3 +2970,31 @@ def test_a_crash_after_a_cell_enabled_faulthandler_still_names_its_line(ip):
         faulthandler.disable()
     error = _report(ip).target.error
     assert error.type == "TargetProcessDied" and "at cell line 4" in error.message, error
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_notebooks_torchscript_functions_reach_the_target(ip):
+    # @torch.jit.script in a plain cell (a fused activation the model's forward calls): every
+    # %%neuron cell reading it, directly or through the model's class, was refused ("'fused_gelu'
+    # (a ScriptFunction) cannot be sent to the neuron worker process")
+    run_cell(
+        ip,
+        "import torch\n"
+        "@torch.jit.script\n"
+        "def fused_gelu(x, scale: float = 0.5):\n"
+        "    return x * scale * (1.0 + torch.erf(x / 1.41421))\n"
+        "class Block(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        return fused_gelu(self.fc(x))\n"
+        "block = Block()\n"
+        "x = torch.randn(4, 8)",
+    )
+    report = _passed(
+        ip,
+        "model = block.cuda()\ny = model(x.cuda())\nhalved = fused_gelu(x.cuda(), 0.25)",
+    )
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["y"] == statuses["halved"] == "match", statuses

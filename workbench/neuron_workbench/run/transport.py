@@ -71,6 +71,7 @@ from neuron_workbench.run.notebook_handles import (
     reduce_for_sending,
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
+from neuron_workbench.run.scripted_functions import SCRIPT_FUNCTION, reduce_script_function
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
@@ -526,6 +527,8 @@ class _Pickler(cloudpickle.Pickler):
             if reduced is None:
                 reduced = _reduce_library_closure(obj)
             return reduced if reduced is not None else super().reducer_override(obj)
+        if kind is SCRIPT_FUNCTION:  # @torch.jit.script: cannot be pickled, rebuilt there
+            return reduce_script_function(obj)
         if kind in TAGGED:  # with its provenance (any other pickle gets the plain value)
             return reduce_tagged(obj)
         if kind is torch.UntypedStorage:
