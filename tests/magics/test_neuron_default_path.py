@@ -2998,3 +2998,40 @@ def test_a_notebooks_torchscript_functions_reach_the_target(ip):
     )
     statuses = {d.path: d.status for d in report.comparison.diffs}
     assert statuses["y"] == statuses["halved"] == "match", statuses
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_scripted_model_and_its_optimizer_train_in_both_runs(ip):
+    # torch.jit.script(model) in a plain cell: the worker refused it ("'scripted' (a
+    # RecursiveScriptModule) cannot be sent"), and the reference's copy of it (torch's own
+    # deepcopy of a scripted module) had parameters that were no leaves and not the optimizer's:
+    # its step changed nothing the model used
+    run_cell(
+        ip,
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(6, 2)\n"
+        "        self.register_buffer('offset', torch.full((2,), 0.5))\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x) + self.offset\n"
+        "scripted = torch.jit.script(Net())\n"
+        "opt = torch.optim.SGD(scripted.parameters(), lr=0.5)\n"
+        "x, t = torch.randn(8, 6), torch.randn(8, 2)\n"
+        "before = scripted.fc.weight.detach().clone()",
+    )
+    report = _passed(
+        ip,
+        "model = scripted.cuda()\n"
+        "loss = torch.nn.functional.mse_loss(model(x.cuda()), t.cuda())\n"
+        "loss.backward()\n"
+        "opt.step()\n"
+        "after = model(x.cuda())",
+    )
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["loss"] == statuses["after"] == "match", statuses
+    weight = ip.user_ns["scripted"].fc.weight
+    assert weight.is_leaf and weight.grad is not None
+    assert weight is ip.user_ns["opt"].param_groups[0]["params"][0]
+    assert not torch.equal(weight.detach(), ip.user_ns["before"])  # the kept run's step took

@@ -29,6 +29,7 @@ from neuron_workbench.run.notebook_handles import (
     progress_bar_class,
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
+from neuron_workbench.run.torchscript import SCRIPT_MODULES, reduce_script_module
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
 _NEVER_COPIED = (
@@ -545,6 +546,17 @@ def _deepcopy_method(value: types.MethodType, memo: dict[int, Any]) -> types.Met
     return type(value)(value.__func__, _deepcopy(value.__self__, memo))
 
 
+def _deepcopy_script_module(value: Any, memo: dict[int, Any]) -> Any:
+    """A scripted module's copy whose parameters and buffers are the copies the memo gives.
+
+    torch's own deepcopy of a scripted module clones its tensors past the memo, as results of a
+    clone: no leaves, and not the tensors the optimizer's copy holds, so a run's step changed
+    nothing its model used.
+    """
+    rebuild, (archive, tensors) = reduce_script_module(value)
+    return rebuild(archive, {path: _deepcopy(tensor, memo) for path, tensor in tensors.items()})
+
+
 #: ``copy``'s own copiers of these exact types, copying what they hold with :func:`_deepcopy`.
 _FAST_COPIERS: dict[type, Callable[[Any, dict[int, Any]], Any]] = {
     list: _deepcopy_list,
@@ -573,6 +585,7 @@ def _copy_of_file(value: Any, memo: dict[int, Any]) -> Any:
 
 
 _FAST_COPIERS.update(dict.fromkeys(FILE_TYPES, _copy_of_file))
+_FAST_COPIERS.update(dict.fromkeys(SCRIPT_MODULES, _deepcopy_script_module))
 #: Whether the copies being made are for a run whose writes are kept apart (innermost last).
 _FILES_APART: list[bool] = [False]
 #: tqdm's progress bar class while copies are made (None where tqdm is not loaded).

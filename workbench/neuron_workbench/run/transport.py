@@ -71,7 +71,12 @@ from neuron_workbench.run.notebook_handles import (
     reduce_for_sending,
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
-from neuron_workbench.run.scripted_functions import SCRIPT_FUNCTION, reduce_script_function
+from neuron_workbench.run.torchscript import (
+    SCRIPT_FUNCTION,
+    SCRIPT_MODULES,
+    reduce_script_function,
+    reduce_script_module,
+)
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
@@ -575,6 +580,8 @@ class _Pickler(cloudpickle.Pickler):
                 path = _module_path(obj)
                 if path is not None:
                     return _module_at, path
+        elif kind in SCRIPT_MODULES:  # torch.jit.script(model): cannot be pickled either
+            return reduce_script_module(obj)
         elif isinstance(obj, torch.nn.Module) and vars(obj).get("_compiled_call_impl"):
             # compiled in place (``model.compile()``): Module.__getstate__ drops the compiled call
             return _reduce_compiled_in_place(obj)

@@ -8,8 +8,11 @@ import warnings
 import pytest
 import torch
 
-from neuron_workbench.run import scripted_functions
+from neuron_workbench.run import torchscript
+from neuron_workbench.run.namespace import isolate
 from neuron_workbench.run.transport import dumps, loads
+
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")
 
 NOTEBOOK_CELL = """
 import torch
@@ -33,10 +36,10 @@ def notebook_cell():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         exec(compile(NOTEBOOK_CELL, filename, "exec"), namespace)
-    scripted_functions._REBUILT.clear()
+    torchscript._REBUILT.clear()
     yield namespace, filename
     linecache.cache.pop(filename, None)
-    scripted_functions._REBUILT.clear()
+    torchscript._REBUILT.clear()
 
 
 def _sent_away(value, filename):
@@ -121,3 +124,59 @@ def test_an_importable_modules_scripted_function_travels_by_name(tmp_path, monke
         assert loads(dumps(fused_ops.bias_gelu)) is fused_ops.bias_gelu
     finally:
         sys.modules.pop("fused_ops", None)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.head = torch.nn.Linear(2, 2)
+        self.register_buffer("offset", torch.full((2,), 0.5))
+
+    def forward(self, x):
+        return self.head(self.fc(x)) + self.offset
+
+
+@pytest.fixture(params=["scripted", "traced"])
+def scripted_and_optimizer(request):
+    """A scripted or traced model (``torch.jit.script(model)``, ``torch.jit.trace(model, x)``)."""
+    if request.param == "scripted":
+        model = torch.jit.script(_Net())
+    else:
+        model = torch.jit.trace(_Net(), torch.randn(2, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _connected(model, optimizer):
+    weight = model.fc.weight
+    return weight.is_leaf and weight is optimizer.param_groups[0]["params"][0]
+
+
+def test_a_scripted_module_arrives_with_its_optimizers_tensors(scripted_and_optimizer):
+    model, optimizer = scripted_and_optimizer
+    archive_size = len(torchscript.reduce_script_module(model)[1][0])
+    back_model, back_optimizer = loads(dumps((model, optimizer)))
+    assert isinstance(back_model, torch.jit.ScriptModule)
+    assert _connected(back_model, back_optimizer)
+    assert torch.equal(back_model.offset, model.offset)
+    x = torch.randn(4, 3)
+    assert torch.equal(back_model(x), model(x))
+    # the archive holds no copy of the tensors' data (they travel once, as tensors do)
+    assert archive_size < 16_000
+    big = torch.jit.script(torch.nn.Linear(512, 512))
+    assert len(torchscript.reduce_script_module(big)[1][0]) < 16_000
+    # the sender's module has its own tensors back after the archive was written
+    assert _connected(model, optimizer) and model.fc.weight.device.type == "cpu"
+
+
+def test_a_run_copies_a_scripted_module_with_its_optimizer(scripted_and_optimizer):
+    model, optimizer = scripted_and_optimizer
+    copies, shared = isolate({"model": model, "opt": optimizer}, ["model", "opt"])
+    assert not shared
+    assert copies["model"] is not model
+    assert _connected(copies["model"], copies["opt"])
+    before = model.fc.weight.detach().clone()
+    copies["model"](torch.ones(1, 3)).sum().backward()
+    copies["opt"].step()
+    assert torch.equal(model.fc.weight, before)  # the notebook's model is untouched
+    assert not torch.equal(copies["model"].fc.weight, before)

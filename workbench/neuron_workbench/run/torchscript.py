@@ -1,8 +1,14 @@
-"""TorchScript functions (``@torch.jit.script``, ``torch.jit.trace(fn, ...)``) between processes.
+"""TorchScript functions and modules between processes (the target's worker and back).
 
-A ``ScriptFunction`` cannot be pickled, so a notebook whose model calls one (``fused_gelu``, a
-scripted loss) could not send a single ``%%neuron`` cell to the target's worker. It travels as
-what rebuilds it there:
+Neither a ``ScriptFunction`` (``@torch.jit.script``, ``torch.jit.trace(fn, ...)``) nor a scripted
+or traced module (``torch.jit.script(model)``) can be pickled, so a notebook holding one could not send a
+single ``%%neuron`` cell reading it to the target's worker.
+
+A scripted module travels as its ``torch.jit.save`` archive (its code, and a copy of its tensors)
+with its parameters and buffers as the transport sends tensors, put back into the loaded module:
+they stay the tensors an optimizer or another model holds, on the device they were on.
+
+A function travels as what rebuilds it there:
 
 - a function of an importable module (``from lib import fused_gelu``) by its name;
 - otherwise its Python function and source lines, scripted again in the receiver, accepted only
@@ -27,6 +33,12 @@ import torch
 from neuron_workbench.quiet import warnings_ignored
 
 SCRIPT_FUNCTION = torch.jit.ScriptFunction
+#: Scripted and traced modules (``torch.jit.script(model)``, ``torch.jit.trace(model, x)``).
+SCRIPT_MODULES = (
+    torch.jit.RecursiveScriptModule,
+    torch.jit.TopLevelTracedModule,
+    torch.jit._trace.TracedModule,
+)
 
 #: Rebuilt functions by their serialized TorchScript (what the sender sends every request).
 _REBUILT: dict[bytes, Any] = {}
@@ -82,3 +94,39 @@ def _scripted_again(
         if again.code == code:
             return again
     return None
+
+
+def reduce_script_module(module: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The pickle reduction of a scripted module: ``(rebuild, arguments)``.
+
+    The archive holds its code and meta placeholders for its parameters and buffers (no copy of
+    their data, no device the receiver may not know); the tensors travel as the transport sends
+    them, and are put back into the module here before this returns.
+    """
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    archive = io.BytesIO()
+    try:
+        for path, tensor in tensors.items():
+            _set_tensor(module, path, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
+        torch.jit.save(module, archive)
+    finally:
+        for path, tensor in tensors.items():
+            _set_tensor(module, path, tensor)
+    return script_module_again, (archive.getvalue(), tensors)
+
+
+def _set_tensor(module: Any, path: str, tensor: torch.Tensor) -> None:
+    *owners, name = path.split(".")
+    for part in owners:  # a ScriptModule has no get_submodule
+        module = getattr(module, part)
+    setattr(module, name, tensor)
+
+
+def script_module_again(archive: bytes, tensors: dict[str, torch.Tensor]) -> Any:
+    """The sender's scripted module, loaded here with the tensors that travelled put back."""
+    with warnings_ignored():
+        module = torch.jit.load(io.BytesIO(archive))
+    for path, tensor in tensors.items():
+        _set_tensor(module, path, tensor)
+    return module
