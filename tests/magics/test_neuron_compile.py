@@ -332,6 +332,39 @@ def test_a_break_at_a_scalar_the_cell_reads_is_at_its_line_not_the_workbenchs(ip
         assert "Tensor.item()" in breaks[0]["reason"]
 
 
+def test_an_optimizer_step_in_compiled_code_breaks_where_a_plain_ones_does(ip):
+    # a compiled training step calling opt.step(): Dynamo traced the workbench's step recorder
+    # too, and broke the graph at torch/utils/_python_dispatch.py, a break a plain run does not
+    # have (and --strict-graph-breaks named it)
+    run_cell(ip, MLP + "\nopt = torch.optim.SGD(mlp.parameters(), lr=0.1)\nt = torch.randn(4, 4)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "mlp.cuda()\n"
+        "@torch.compile\n"
+        "def train_step(x, t):\n"
+        "    loss = torch.nn.functional.mse_loss(mlp(x), t)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    return loss\n"
+        "for _ in range(2):\n"
+        "    loss = train_step(x.cuda(), t.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    data = report.to_dict()
+    sites = {}
+    for role in ("ref", "target"):
+        breaks = data[role]["compile"]["graph_breaks"]
+        sites[role] = [(b["file"], b["line"]) for b in breaks]
+        assert not any("_python_dispatch" in f or "neuron_workbench" in f for f, _ in sites[role])
+        # backward() and zero_grad() at their lines, and torch's own break inside opt.step()
+        assert [s for s in sites[role] if s[0] == "cell"] == [("cell", 6), ("cell", 8)], sites
+        assert any(f.endswith("torch/optim/optimizer.py") for f, _ in sites[role]), sites
+    assert sites["ref"] == sites["target"]
+
+
 def test_dynamos_log_line_shows_once_and_the_target_keeps_its_own(ip):
     # torch's log handlers in the worker wrote to the stderr it shares with the kernel: each
     # graph-break warning showed twice under the cell

@@ -148,6 +148,11 @@ class OptimizerRecorder:
         return self._steps
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            # opt.step() inside a compiled function: Dynamo traces this hook too, and recording
+            # would break the cell's graph where a plain run's is whole (at torch's mode stack).
+            # The step is not recorded; its weights are judged as any other value.
+            return
         # Without the run's torch function modes: the reads and copies are the recorder's own (a
         # mode would remap, tag and note every one of them, at the cost of a few ms per step).
         with _no_function_modes():
