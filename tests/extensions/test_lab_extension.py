@@ -59,6 +59,22 @@ needs_extension = pytest.mark.skipif(
 )
 
 
+def in_jupyterlab(test):
+    """A test driving the extension in a real JupyterLab and chromium (marked browser, slow)."""
+    for mark in (
+        pytest.mark.skipif(
+            lab.CHROMIUM is None,
+            reason="Debian chromium is not installed "
+            "(scripts/install_browser.sh installs it; CI runs it)",
+        ),
+        pytest.mark.slow,
+        pytest.mark.browser,
+        needs_extension,
+    ):
+        test = mark(test)
+    return test
+
+
 @needs_extension
 def test_labextension_is_listed_enabled():
     out = subprocess.run(
@@ -189,11 +205,7 @@ def _hover_and_click_sort(page, fallback, cell_number: int):
     return pane
 
 
-@needs_extension
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
-                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+@in_jupyterlab
 def test_dashboard_compare_command_and_reports_without_kernel_after_reload(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -413,11 +425,7 @@ class _StatusQueryIdleDropper:
         ws.send(message)
 
 
-@needs_extension
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
-                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+@in_jupyterlab
 def test_status_bar_answers_from_the_kernel_when_a_querys_idle_status_is_lost(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -454,11 +462,7 @@ def _show_top(element) -> None:
     time.sleep(0.4)
 
 
-@needs_extension
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
-                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+@in_jupyterlab
 def test_with_the_extension_disabled_the_cell_shows_the_widget(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
@@ -506,11 +510,7 @@ COMPILE_SETUP = "%load_ext neuron_workbench\n" + MLP_SETUP
 COMPILE_CELL = compiled_mlp_cell(flags="")
 
 
-@needs_extension
-@pytest.mark.browser
-@pytest.mark.slow
-@pytest.mark.skipif(lab.CHROMIUM is None, reason="Debian chromium is not installed "
-                    "(scripts/install_browser.sh installs it; CI runs it)")  # fmt: skip
+@in_jupyterlab
 def test_a_compiled_cell_shows_what_compile_did_in_a_closed_section(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     ARTIFACTS.mkdir(exist_ok=True)
