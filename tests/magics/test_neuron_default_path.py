@@ -3035,3 +3035,21 @@ def test_a_scripted_model_and_its_optimizer_train_in_both_runs(ip):
     assert weight.is_leaf and weight.grad is not None
     assert weight is ip.user_ns["opt"].param_groups[0]["params"][0]
     assert not torch.equal(weight.detach(), ip.user_ns["before"])  # the kept run's step took
+
+
+def test_a_profilers_table_is_a_measurement_not_a_difference(ip):
+    # The table of `prof.key_averages()` is the run's timings: diffed as text, it made the cell FAIL.
+    report = _passed(
+        ip,
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "model = torch.nn.Linear(8, 4).cuda()\n"
+        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
+        "    out = model(torch.randn(2, 8, device='cuda'))\n"
+        "table = prof.key_averages().table(sort_by='cpu_time_total', row_limit=5)\n"
+        "text = str(prof.key_averages())",
+        setup="import torch",
+    )
+    measured = {m.path for m in report.comparison.measurements}
+    assert {"table", "text"} <= measured, measured
+    assert type(ip.user_ns["table"]) is str  # the notebook gets a plain string
+

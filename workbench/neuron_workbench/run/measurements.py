@@ -7,7 +7,8 @@ known only where the number is made, so for the length of a run the sources hand
 remember it:
 
 - timers (``time.perf_counter``, ``time``, ``monotonic``, ``process_time``, ``thread_time`` and their
-  ``_ns`` forms), ``torch.cuda.Event.elapsed_time``;
+  ``_ns`` forms), ``torch.cuda.Event.elapsed_time``, the profiler's table
+  (``prof.key_averages().table(...)``, and ``str()`` of its event lists);
 - ``torch.cuda`` memory statistics (``memory_allocated``, ``max_memory_allocated``,
   ``memory_reserved``, ``max_memory_reserved``, ``memory_stats``, ``mem_get_info``) and device
   properties (``get_device_properties``, ``get_device_name``, ``get_device_capability``);
@@ -608,6 +609,17 @@ def _tagged_elapsed(elapsed: Callable[..., float]) -> Callable[..., Any]:
     return elapsed_time
 
 
+def _tagged_table(table: Callable[..., str]) -> Callable[..., Any]:
+    prov = Provenance("time", "torch.profiler EventList.table")
+
+    def tagged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return TaggedStr(table(self, *args, **kwargs), prov)
+
+    tagged.__name__ = "table"
+    tagged.__doc__ = table.__doc__
+    return tagged
+
+
 def elapsed_ms(value: float) -> TaggedFloat:
     """``Event.elapsed_time``'s milliseconds, tagged as a time measurement."""
     return TaggedFloat(value, Provenance("time", "torch.cuda.Event.elapsed_time", "ms"))
@@ -621,9 +633,14 @@ def tracked(cuda: Any) -> Iterator[None]:
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
     """
+    from torch.autograd.profiler_util import EventList
+
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
+        # a profile's table is its timings, which differ between any two runs
+        table = vars(EventList)["table"]
+        stack.enter_context(patched_attributes(EventList, {"table": _tagged_table(table)}))
         stack.enter_context(patched_attributes(cuda, cuda_replacements(cuda)))
         yield
 
