@@ -3053,3 +3053,18 @@ def test_a_profilers_table_is_a_measurement_not_a_difference(ip):
     assert {"table", "text"} <= measured, measured
     assert type(ip.user_ns["table"]) is str  # the notebook gets a plain string
 
+
+def test_a_profiler_with_the_cuda_activity_records_silently_on_the_cpu_reference(ip, capfd):
+    # A torch without CUDA warned "Failed to record CUDA event" (and a C++ stack) for every op the
+    # reference's profiler recorded with ProfilerActivity.CUDA, which a GPU records silently.
+    _passed(
+        ip,
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "model = torch.nn.Linear(8, 4).cuda()\n"
+        "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+        "    out = model(torch.randn(2, 8, device='cuda'))\n"
+        "table = prof.key_averages().table(sort_by='cuda_time_total', row_limit=5)",
+        setup="import torch",
+    )
+    assert "Failed to record CUDA event" not in capfd.readouterr().err
+    assert "Self CPU time total" in ip.user_ns["table"]  # the CPU side was recorded

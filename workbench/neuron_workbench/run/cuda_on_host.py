@@ -451,3 +451,27 @@ def parallel_comm_on_host(host: CudaOnHost) -> Iterator[None]:
         patched_attributes(Scatter, {"backward": staticmethod(scatter_backward)}),
     ):
         yield
+
+
+@contextlib.contextmanager
+def profiler_on_host() -> Iterator[None]:
+    """``torch.profiler.profile(activities=[CPU, CUDA])`` on the host: its CPU activity only.
+
+    A torch without CUDA warns ``Failed to record CUDA event`` (with a C++ stack) for every op a
+    profiler with the CUDA activity records, where a GPU records its kernels silently. The host has
+    no kernels to record: the profile keeps the CPU side, as the reference's timings are its own.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler.profiler import _KinetoProfile
+
+    original = vars(_KinetoProfile)["__init__"]
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.activities.discard(ProfilerActivity.CUDA)
+        self.activity_filters.pop(ProfilerActivity.CUDA, None)
+        if self.use_device == "cuda":
+            self.use_device = None
+
+    with patched_attributes(_KinetoProfile, {"__init__": init}):
+        yield
