@@ -3068,3 +3068,27 @@ def test_a_profiler_with_the_cuda_activity_records_silently_on_the_cpu_reference
     )
     assert "Failed to record CUDA event" not in capfd.readouterr().err
     assert "Self CPU time total" in ip.user_ns["table"]  # the CPU side was recorded
+
+
+@pytest.mark.parametrize("map_location", ["'cuda'", "device"])
+def test_resuming_from_a_checkpoint_loaded_onto_cuda_trains_its_state(ip, tmp_path, map_location):
+    # torch.load(..., map_location="cuda") gives tensors on the GPU already: opt.load_state_dict
+    # keeps them and training changes `ck`, as the target did; the host copied them and left `ck`
+    # as loaded, a FAIL on ck['opt']['state'][0]['exp_avg']
+    run_cell(ip, f"import torch, os\nfrom torch import nn\nos.chdir({str(tmp_path)!r})")
+    run_cell(
+        ip,
+        "model = nn.Linear(8, 4)\nopt = torch.optim.AdamW(model.parameters())\n"
+        "model(torch.randn(2, 8)).sum().backward()\nopt.step()\n"
+        "torch.save({'model': model.state_dict(), 'opt': opt.state_dict()}, 'last.pt')",
+    )
+    report = _passed(
+        ip,
+        "device = torch.device('cuda')\n"
+        "model = nn.Linear(8, 4).cuda()\nopt = torch.optim.AdamW(model.parameters())\n"
+        f"ck = torch.load('last.pt', map_location={map_location})\n"
+        "model.load_state_dict(ck['model'])\nopt.load_state_dict(ck['opt'])\n"
+        "model(torch.randn(2, 8, device=device)).sum().backward()\nopt.step()\n"
+        "shared = ck['opt']['state'][0]['exp_avg'] is opt.state[model.weight]['exp_avg']",
+    )
+    assert ip.user_ns["shared"] is True, report.summary()

@@ -12,7 +12,8 @@ What is remapped, and how:
   ``cuda``) get the run's device type; autocast keeps CUDA's default dtype, float16, unless the cell
   names one;
 - ``torch.load`` restores storages located on ``cuda`` (``map_location="cuda"``, a checkpoint saved
-  on a GPU) on the run's device;
+  on a GPU) on the run's device; on the host standing in for cuda, what ``map_location="cuda"``
+  loads is on "cuda" (moving it there again returns it, as on a GPU);
 - ``torch.cuda.Stream`` and the stream functions are the device module's (no-ops on the host), and
   ``Tensor.record_stream`` with such a stand-in records nothing;
 - ``torch.Generator("cuda")`` makes the run's device's generator, or a CPU one where the device has
@@ -61,6 +62,7 @@ from neuron_workbench.run.measurements import (
     tracked,
     without_tags,
 )
+from neuron_workbench.run.namespace import tensors_in
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.random_draws import (
     DROPOUTS,
@@ -618,6 +620,25 @@ def _saving_plain_numbers(save: Callable[..., Any]) -> Callable[..., Any]:
     return save_plain
 
 
+def _loading_onto_host_cuda(load: Callable[..., Any], host: CudaOnHost) -> Callable[..., Any]:
+    """``torch.load`` on the host standing in for cuda: ``map_location="cuda"`` loads onto "cuda".
+
+    On a GPU such tensors are on the device already, so ``optimizer.load_state_dict(ck["opt"])``
+    keeps the checkpoint's own state tensors and training changes ``ck`` (the target's did); the
+    host, not knowing them as on "cuda", copied them and left ``ck`` as loaded: a FAIL on it.
+    """
+
+    @functools.wraps(load)
+    def load_onto_cuda(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        result = load(f, map_location, *args, **kwargs)
+        if _may_name_cuda(map_location, host):
+            for tensor in tensors_in(result):
+                host.mark(tensor)
+        return result
+
+    return load_onto_cuda
+
+
 #: Below every priority torch registers, so the run's cuda deserializer is asked first.
 _CUDA_LOAD_PRIORITY = -1
 
@@ -927,6 +948,8 @@ def cuda_remapped_to(
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
         # torch.save writes the numbers the run made from tensors as plain ones
         replaced: dict[str, Any] = {"cuda": shim, "save": _saving_plain_numbers(torch.save)}
+        if host is not None:
+            replaced["load"] = _loading_onto_host_cuda(torch.load, host)
         if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
             replaced["accelerator"] = AcceleratorShim(torch.accelerator, shim)
         stack.enter_context(patched_attributes(torch, replaced))
