@@ -430,10 +430,12 @@ def test_state_dicts_the_notebook_keeps_stay_views_of_the_parameters_in_the_work
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
-def test_resuming_from_a_checkpoint_leaves_the_loaded_checkpoint_as_it_was(ip, tmp_path):
+@pytest.mark.parametrize("move", [".cuda()", ".to(device)", ".to('cuda')"])
+def test_resuming_from_a_checkpoint_leaves_the_loaded_checkpoint_as_it_was(ip, tmp_path, move):
     # optimizer.load_state_dict casts the state to its parameters' device: on a GPU a copy, on the
     # host standing in for cuda the checkpoint's own tensors, so the reference trained them in
-    # place and the cell FAILed on ck['opt']['state'][0]['exp_avg'], "cause not identified"
+    # place and the cell FAILed on ck['opt']['state'][0]['exp_avg'], "cause not identified"; with
+    # model.to(device) it still did (the host did not know the moved parameters as on "cuda")
     run_cell(ip, f"import torch, os\nfrom torch import nn\nos.chdir({str(tmp_path)!r})")
     step = "opt.zero_grad()\nmodel(torch.randn(2, 8, device='cuda')).sum().backward()\nopt.step()"
     run_cell(
@@ -445,7 +447,8 @@ def test_resuming_from_a_checkpoint_leaves_the_loaded_checkpoint_as_it_was(ip, t
     run_cell(ip, "ck = torch.load('last.pt')\nloaded = ck['opt']['state'][0]['exp_avg'].clone()")
     run_cell(
         ip,
-        "%%neuron -o r\nmodel = nn.Linear(8, 4).cuda()\nopt = torch.optim.AdamW(model.parameters())\n"
+        f"%%neuron -o r\ndevice = torch.device('cuda')\nmodel = nn.Linear(8, 4){move}\n"
+        "opt = torch.optim.AdamW(model.parameters())\n"
         "model.load_state_dict(ck['model'])\nopt.load_state_dict(ck['opt'])\n" + step,
     )
     report = _report(ip)

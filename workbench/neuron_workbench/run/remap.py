@@ -311,6 +311,10 @@ class _CudaToDeviceMode(TorchFunctionMode):
             return host.remember_cuda_device(torch.device(result.type))
         if func is _TENSOR_TO:
             return host.moved(args[0], result)
+        if func is _PARSE_TO and result[0] is not None:
+            # model.to("cuda") or .to(device): each tensor's move names the cell's cuda, so the
+            # module's tensors are copied onto "cuda" and known there, as model.cuda() does
+            return (host.remember_cuda_device(result[0]), *result[1:])
         if func in _AS_TENSOR and args:
             source = args[0]
             on_device = isinstance(source, torch.Tensor) and host.on_device(source)
@@ -428,6 +432,8 @@ _TENSOR_FORMAT = torch.Tensor.__format__
 _TENSOR_ITEM = torch._C.TensorBase.item
 _TENSOR_CUDA = torch.Tensor.cuda
 _TENSOR_TO = torch.Tensor.to
+#: ``Module.to``'s parser of its arguments, which gives the device each tensor moves to.
+_PARSE_TO = torch._C._nn._parse_to
 _TENSOR_PIN_MEMORY = torch.Tensor.pin_memory
 _TENSOR_TYPE = torch.Tensor.type
 _TENSOR_IS_PINNED = torch.Tensor.is_pinned
