@@ -3057,6 +3057,26 @@ def test_a_profilers_table_is_a_measurement_not_a_difference(ip):
     assert type(ip.user_ns["table"]) is str  # the notebook gets a plain string
 
 
+def test_a_profilers_event_times_are_measurements_not_differences(ip):
+    # An event's cpu_time_total (and the totals summed from them) are the run's timings: they were
+    # diffed as numbers, a FAIL on every cell that read them
+    report = _passed(
+        ip,
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "model = torch.nn.Linear(8, 4).cuda()\n"
+        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
+        "    out = model(torch.randn(2, 8, device='cuda'))\n"
+        "events = prof.key_averages()\n"
+        "slowest = max(e.cpu_time_total for e in events)\n"
+        "total = sum(e.self_cpu_time_total for e in events)\n"
+        "average = events[0].cpu_time",
+        setup="import torch",
+    )
+    measured = {m.path for m in report.comparison.measurements}
+    assert {"slowest", "total", "average"} <= measured, measured
+    assert type(ip.user_ns["total"]) in (int, float)  # the notebook gets a plain number
+
+
 def test_a_profiler_with_the_cuda_activity_records_silently_on_the_cpu_reference(ip, capfd):
     # A torch without CUDA warned "Failed to record CUDA event" (and a C++ stack) for every op the
     # reference's profiler recorded with ProfilerActivity.CUDA, which a GPU records silently.

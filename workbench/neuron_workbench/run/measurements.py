@@ -7,7 +7,8 @@ known only where the number is made, so for the length of a run the sources hand
 remember it:
 
 - timers (``time.perf_counter``, ``time``, ``monotonic``, ``process_time``, ``thread_time`` and their
-  ``_ns`` forms), ``torch.cuda.Event.elapsed_time``, the profiler's table
+  ``_ns`` forms), ``torch.cuda.Event.elapsed_time``, the profiler's times (its events'
+  ``cpu_time_total`` and the others made from their intervals) and its table
   (``prof.key_averages().table(...)``, and ``str()`` of its event lists);
 - ``torch.cuda`` memory statistics (``memory_allocated``, ``max_memory_allocated``,
   ``memory_reserved``, ``max_memory_reserved``, ``memory_stats``, ``mem_get_info``) and device
@@ -620,6 +621,15 @@ def _tagged_table(table: Callable[..., str]) -> Callable[..., Any]:
     return tagged
 
 
+def _tagged_interval(init: Callable[..., None]) -> Callable[..., None]:
+    prov = Provenance("time", "torch.profiler event time", "us")
+
+    def tagged(self: Any, start: Any, end: Any) -> None:
+        init(self, tag(start, prov), tag(end, prov))
+
+    return tagged
+
+
 def elapsed_ms(value: float) -> TaggedFloat:
     """``Event.elapsed_time``'s milliseconds, tagged as a time measurement."""
     return TaggedFloat(value, Provenance("time", "torch.cuda.Event.elapsed_time", "ms"))
@@ -633,14 +643,17 @@ def tracked(cuda: Any) -> Iterator[None]:
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
     """
-    from torch.autograd.profiler_util import EventList
+    from torch.autograd.profiler_util import EventList, Interval
 
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
-        # a profile's table is its timings, which differ between any two runs
+        # a profile's times and its table of them differ between any two runs (every event time,
+        # its totals and averages, is made from an event's interval)
         table = vars(EventList)["table"]
         stack.enter_context(patched_attributes(EventList, {"table": _tagged_table(table)}))
+        interval = vars(Interval)["__init__"]
+        stack.enter_context(patched_attributes(Interval, {"__init__": _tagged_interval(interval)}))
         stack.enter_context(patched_attributes(cuda, cuda_replacements(cuda)))
         yield
 
