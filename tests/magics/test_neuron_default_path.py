@@ -3115,3 +3115,22 @@ def test_resuming_from_a_checkpoint_loaded_onto_cuda_trains_its_state(ip, tmp_pa
         "shared = ck['opt']['state'][0]['exp_avg'] is opt.state[model.weight]['exp_avg']",
     )
     assert ip.user_ns["shared"] is True, report.summary()
+
+
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_memory_use_as_a_share_of_the_device_runs_on_an_emulated_target(ip, target):
+    # An emulated device without a set capacity reported total_memory 0: the common share of used
+    # memory raised ZeroDivisionError on the target, and mem_get_info refused with advice
+    # (emulator.configure) that a notebook's kernel cannot follow; a real device reports its memory
+    report = _passed(
+        ip,
+        "x = torch.randn(256, 256, device='cuda')\n"
+        "share = torch.cuda.memory_allocated() / torch.cuda.get_device_properties(0).total_memory\n"
+        "free, total = torch.cuda.mem_get_info()\n"
+        "y = x * 2",
+        target=target,
+        setup="import torch",
+    )
+    measured = {m.path: m for m in report.comparison.measurements}
+    assert {"share", "free", "total"} <= set(measured), set(measured)
+    assert measured["total"].target > 0

@@ -15,6 +15,7 @@ import contextlib
 import enum
 import importlib.abc
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -131,6 +132,14 @@ def flat_memory_stats(device: Any = None) -> dict[str, Any]:
 
 
 # ---- device, streams, RNG ------------------------------------------------------------------------
+
+
+def _host_memory_bytes() -> int:
+    """The host's physical memory in bytes (0 where the platform cannot tell)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 @dataclass(frozen=True)
@@ -325,7 +334,10 @@ def build(device_type: str, status: Any) -> types.ModuleType:
 
     def get_device_properties(device: Any = None) -> DeviceProperties:
         _idx(device)
-        return DeviceProperties(f"{device_type}:0 (emulated)", _core.MEM.capacity or 0)
+        # Without a set capacity the device holds what the host's memory holds (its tensors live
+        # there); a real device reports its memory, so `allocated / total_memory` works there too
+        capacity = _core.MEM.capacity or _host_memory_bytes()
+        return DeviceProperties(f"{device_type}:0 (emulated)", capacity)
 
     @contextlib.contextmanager
     def device(dev: Any) -> Iterator[None]:

@@ -56,7 +56,7 @@ class DeviceProperties:
     """What ``torch.cuda.get_device_properties`` returns on a backend standing in for CUDA.
 
     ``total_memory`` is the device's capacity where the backend knows it (the host's RAM for the
-    cpu reference, an emulated capacity when one is set), else 0; ``major``/``minor`` are
+    cpu reference and for an emulated device without a set capacity), else 0; ``major``/``minor`` are
     :func:`stand_in_capability`. ``multi_processor_count`` (what ``nn.DataParallel`` balances
     GPUs by) exists on the cpu reference only, as the host's cores; a target's properties have
     no such field (TorchNeuron's have ``name`` and ``total_memory``).
