@@ -3117,6 +3117,31 @@ def test_resuming_from_a_checkpoint_loaded_onto_cuda_trains_its_state(ip, tmp_pa
     assert ip.user_ns["shared"] is True, report.summary()
 
 
+def test_resuming_from_a_gpus_checkpoint_trains_its_state(ip, tmp_path):
+    # A checkpoint saved on a GPU (storages tagged cuda:0) loads onto the GPU without map_location:
+    # the optimizer keeps its state tensors, as the target's did; the host copied them (a FAIL)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    entry = (-2, lambda storage: "cuda:0", lambda storage, location: None)
+    torch.serialization._package_registry.insert(0, entry)  # tag the next save as a GPU's
+    try:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "gpu.pt")
+    finally:
+        torch.serialization._package_registry.remove(entry)
+    report = _passed(
+        ip,
+        "model = nn.Linear(8, 4).cuda()\nopt = torch.optim.AdamW(model.parameters())\n"
+        f"ck = torch.load({str(tmp_path / 'gpu.pt')!r})\n"
+        "model.load_state_dict(ck['model'])\nopt.load_state_dict(ck['opt'])\n"
+        "model(torch.randn(2, 8, device='cuda')).sum().backward()\nopt.step()\n"
+        "shared = ck['opt']['state'][0]['exp_avg'] is opt.state[model.weight]['exp_avg']",
+        setup="import torch\nfrom torch import nn",
+    )
+    assert ip.user_ns["shared"] is True, report.summary()
+
+
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_memory_use_as_a_share_of_the_device_runs_on_an_emulated_target(ip, target):
     # An emulated device without a set capacity reported total_memory 0: the common share of used

@@ -587,20 +587,26 @@ def _backward_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> C
 
 
 @contextlib.contextmanager
-def _cuda_storages_loaded_to(target: str) -> Iterator[None]:
+def _cuda_storages_loaded_to(target: str, restored: set[int] | None = None) -> Iterator[None]:
     """``torch.load`` puts what names cuda on ``target``: ``map_location="cuda"``, GPU checkpoints.
 
     Torch's own cuda deserializer checks the location through ``torch.device("cuda")``, which the
     run maps to its device, so it refused every such load ("Expected a cuda device, but got:
     neuron"). A deserializer ahead of it restores the storage as one saved on ``target`` (the
     device's own deserializer, or the host's for the cpu backend). Only ``torch.serialization``'s
-    registry list is touched, and only for the run.
+    registry list is touched, and only for the run. ``restored`` collects the data pointers of the
+    storages restored so (see :func:`_loading_onto_host_cuda`).
     """
 
     def deserialize(storage: Any, location: str) -> Any:
         if not location.startswith("cuda"):
             return None
-        return torch.serialization.default_restore_location(storage, remap_device(location, target))
+        result = torch.serialization.default_restore_location(
+            storage, remap_device(location, target)
+        )
+        if restored is not None:
+            restored.add(result.data_ptr())
+        return result
 
     entry = (_CUDA_LOAD_PRIORITY, _untagged, deserialize)
     registry = torch.serialization._package_registry
@@ -626,20 +632,29 @@ def _saving_plain_numbers(save: Callable[..., Any]) -> Callable[..., Any]:
     return save_plain
 
 
-def _loading_onto_host_cuda(load: Callable[..., Any], host: CudaOnHost) -> Callable[..., Any]:
-    """``torch.load`` on the host standing in for cuda: ``map_location="cuda"`` loads onto "cuda".
+def _loading_onto_host_cuda(
+    load: Callable[..., Any], host: CudaOnHost, restored: set[int]
+) -> Callable[..., Any]:
+    """``torch.load`` on the host standing in for cuda: what it loads onto cuda is on "cuda".
 
-    On a GPU such tensors are on the device already, so ``optimizer.load_state_dict(ck["opt"])``
-    keeps the checkpoint's own state tensors and training changes ``ck`` (the target's did); the
-    host, not knowing them as on "cuda", copied them and left ``ck`` as loaded: a FAIL on it.
+    That is all it loads with ``map_location="cuda"`` (or a device built as cuda), and the tensors
+    of the storages a GPU saved (their data pointers are in ``restored``, which the run's cuda
+    deserializer fills). On a GPU such tensors are on the device already, so
+    ``optimizer.load_state_dict(ck["opt"])`` keeps the checkpoint's own state tensors and training
+    changes ``ck`` (the target's did); the host, not knowing them as on "cuda", copied them and
+    left ``ck`` as loaded: a FAIL on it.
     """
 
     @functools.wraps(load)
     def load_onto_cuda(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        restored.clear()
         result = load(f, map_location, *args, **kwargs)
-        if _may_name_cuda(map_location, host):
+        every = _may_name_cuda(map_location, host)
+        if every or restored:
             for tensor in tensors_in(result):
-                host.mark(tensor)
+                if every or tensor.untyped_storage().data_ptr() in restored:
+                    host.mark(tensor)
+        restored.clear()
         return result
 
     return load_onto_cuda
@@ -954,8 +969,10 @@ def cuda_remapped_to(
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
         # torch.save writes the numbers the run made from tensors as plain ones
         replaced: dict[str, Any] = {"cuda": shim, "save": _saving_plain_numbers(torch.save)}
+        restored_on_cuda: set[int] | None = None  # storages torch.load restored from cuda
         if host is not None:
-            replaced["load"] = _loading_onto_host_cuda(torch.load, host)
+            restored_on_cuda = set()
+            replaced["load"] = _loading_onto_host_cuda(torch.load, host, restored_on_cuda)
         if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
             replaced["accelerator"] = AcceleratorShim(torch.accelerator, shim)
         stack.enter_context(patched_attributes(torch, replaced))
@@ -988,7 +1005,7 @@ def cuda_remapped_to(
             stack.enter_context(profiler_on_host())
         elif not hasattr(torch._C, "_scatter"):
             stack.enter_context(_data_parallel_refused(target))
-        stack.enter_context(_cuda_storages_loaded_to(target))
+        stack.enter_context(_cuda_storages_loaded_to(target, restored_on_cuda))
         stack.enter_context(patched_attributes(torch.Tensor, {"record_stream": _record_stream}))
         stack.enter_context(_generators_for(target, facts, host))
         module_to = vars(torch.nn.Module)["to"]
