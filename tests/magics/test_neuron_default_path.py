@@ -3077,14 +3077,24 @@ def test_a_profilers_event_times_are_measurements_not_differences(ip):
     assert type(ip.user_ns["total"]) in (int, float)  # the notebook gets a plain number
 
 
-def test_a_profiler_with_the_cuda_activity_records_silently_on_the_cpu_reference(ip, capfd):
+@pytest.mark.parametrize(
+    "profiler",
+    [
+        "profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])",
+        "torch.autograd.profiler.profile(use_device='cuda')",
+    ],
+)
+def test_a_profiler_with_the_cuda_activity_records_silently_on_the_cpu_reference(
+    ip, capfd, profiler
+):
     # A torch without CUDA warned "Failed to record CUDA event" (and a C++ stack) for every op the
-    # reference's profiler recorded with ProfilerActivity.CUDA, which a GPU records silently.
+    # reference's profiler recorded with ProfilerActivity.CUDA (or the legacy profiler's cuda
+    # device, which the run's torch.cuda.is_available() left on), which a GPU records silently.
     _passed(
         ip,
         "from torch.profiler import profile, ProfilerActivity\n"
         "model = torch.nn.Linear(8, 4).cuda()\n"
-        "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+        f"with {profiler} as prof:\n"
         "    out = model(torch.randn(2, 8, device='cuda'))\n"
         "table = prof.key_averages().table(sort_by='cuda_time_total', row_limit=5)",
         setup="import torch",

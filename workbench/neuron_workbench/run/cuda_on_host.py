@@ -460,7 +460,11 @@ def profiler_on_host() -> Iterator[None]:
     A torch without CUDA warns ``Failed to record CUDA event`` (with a C++ stack) for every op a
     profiler with the CUDA activity records, where a GPU records its kernels silently. The host has
     no kernels to record: the profile keeps the CPU side, as the reference's timings are its own.
+    So does the legacy ``torch.autograd.profiler.profile(use_cuda=True)`` (``use_device="cuda"``),
+    which the run's ``torch.cuda.is_available()`` no longer turns off.
     """
+    from torch.autograd import ProfilerState
+    from torch.autograd import profiler as legacy
     from torch.profiler import ProfilerActivity
     from torch.profiler.profiler import _KinetoProfile
 
@@ -473,5 +477,18 @@ def profiler_on_host() -> Iterator[None]:
         if self.use_device == "cuda":
             self.use_device = None
 
-    with patched_attributes(_KinetoProfile, {"__init__": init}):
+    legacy_original = vars(legacy.profile)["__init__"]
+
+    def legacy_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        legacy_original(self, *args, **kwargs)
+        if self.use_device == "cuda":
+            self.use_device = None
+            self.kineto_activities.discard(ProfilerActivity.CUDA)
+            if self.profiler_kind == ProfilerState.KINETO_GPU_FALLBACK:
+                self.profiler_kind = ProfilerState.KINETO
+
+    with (
+        patched_attributes(_KinetoProfile, {"__init__": init}),
+        patched_attributes(legacy.profile, {"__init__": legacy_init}),
+    ):
         yield
