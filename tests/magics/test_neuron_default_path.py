@@ -3169,3 +3169,22 @@ def test_memory_use_as_a_share_of_the_device_runs_on_an_emulated_target(ip, targ
     measured = {m.path: m for m in report.comparison.measurements}
     assert {"share", "free", "total"} <= set(measured), set(measured)
     assert measured["total"].target > 0
+
+
+@pytest.mark.parametrize("device", ["next(model.parameters()).device", "xb.device"])
+def test_a_move_to_a_device_read_from_a_tensor_on_cuda_copies(ip, device):
+    # x.to(p.device) (an eval helper's `device = next(model.parameters()).device`, a Hugging Face
+    # model's `model.device`) copies x to the GPU; on the host p.device was the plain cpu device,
+    # so x.to() returned x itself and an in-place op on the "moved" batch changed the notebook's
+    # data: a FAIL on it, and the notebook's `data` changed
+    run_cell(ip, "import torch\ndata = torch.arange(8.0).reshape(2, 4)")
+    _passed(
+        ip,
+        "model = torch.nn.Linear(4, 2).cuda()\n"
+        "xb = torch.ones(2, 4).cuda()\n"
+        f"device = {device}\n"
+        "batch = data.to(device)\n"
+        "batch.div_(2)\n"
+        "out = model(batch)",
+    )
+    assert ip.user_ns["data"].tolist() == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]

@@ -197,6 +197,7 @@ class CudaOnHost:
         self._pinned: WeakIdKeyDictionary = WeakIdKeyDictionary()
         # torch.device objects cannot be weakly referenced; the run holds them (a few at most).
         self._cuda_devices: dict[int, torch.device] = {}
+        self._device_on_cuda: torch.device | None = None
         for tensor in resident:
             self._resident[tensor] = True
         self.precision = precision
@@ -238,6 +239,17 @@ class CudaOnHost:
     def names_cuda(self, value: Any) -> bool:
         """Whether ``value`` is a device object the cell built as ``torch.device("cuda")``."""
         return type(value) is torch.device and self._cuda_devices.get(id(value)) is value
+
+    def device_of(self, tensor: torch.Tensor, device: torch.device) -> torch.device:
+        """What ``tensor.device`` answers: one device object naming cuda for a tensor on "cuda".
+
+        ``x.to(next(model.parameters()).device)`` then copies ``x`` as a move to a GPU does.
+        """
+        if device.type != "cpu" or not self.on_device(tensor):
+            return device
+        if self._device_on_cuda is None:  # one per run: the run holds every device it remembers
+            self._device_on_cuda = self.remember_cuda_device(device)
+        return self._device_on_cuda
 
     # -- pinned memory ---------------------------------------------------------------------------
     def pin(self, tensor: torch.Tensor) -> torch.Tensor:

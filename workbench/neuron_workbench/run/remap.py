@@ -233,6 +233,12 @@ class _CudaToDeviceMode(TorchFunctionMode):
                         break
                 else:
                     return func(*args, **kwargs)
+        if getattr(func, "__self__", None) is _DEVICE_DESCRIPTOR:
+            # a parameter's device names cuda on the host, as on a GPU: x.to(p.device) copies x
+            device = func(*args)
+            if self.host is None or torch.compiler.is_compiling():
+                return device
+            return self.host.device_of(args[0], device)
         kwargs = kwargs or {}
         if func in SCALAR_CONVERSIONS:  # loss.item(): the scalar keeps its tensor's dtype
             return materialise(func, args, kwargs)
@@ -464,6 +470,7 @@ _CONVOLUTIONS = frozenset(
 )
 _RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
+_DEVICE_DESCRIPTOR = torch.Tensor.device
 #: ``x.get_device()`` and ``torch.get_device(x)``: -1 for a CPU tensor, the index on a GPU.
 _GET_DEVICE = frozenset(
     {torch.Tensor.get_device, *((torch.get_device,) if hasattr(torch, "get_device") else ())}
@@ -508,6 +515,7 @@ _SPECIAL = frozenset(
         _TENSOR_PIN_MEMORY,
         _TENSOR_IS_PINNED,
         _IS_CUDA_DESCRIPTOR.__get__,
+        _DEVICE_DESCRIPTOR.__get__,
         *_GET_DEVICE,
         *_NOTEWORTHY,
     }
