@@ -2,11 +2,9 @@
 run by Node.js on the report of a real compiled ``%%neuron`` cell (default path: target in its
 worker)."""
 
-import gc
 import re
 
 import pytest
-
 from compiled_cells import MLP_SETUP, compiled_mlp_cell
 
 from neuron_workbench.testing import run_cell

@@ -15,7 +15,11 @@ def test_measurement_rows_show_both_values_with_unit_and_basis(run_charts_js):
     target_out = {"step_ms": TaggedFloat(30.5, ms), "gpu": TaggedStr("neuron:0", name), "y": 1.0}
     cpu = BackendInfo("cpu", "cpu", "host", details={"stands_in_for": "cuda"})
     neuron = BackendInfo("neuron", "neuron:0", "emulated", emulated=True)
-    report = Report(Run(cpu, outputs=ref_out), Run(neuron, outputs=target_out), compare_outputs(ref_out, target_out))
+    report = Report(
+        Run(cpu, outputs=ref_out),
+        Run(neuron, outputs=target_out),
+        compare_outputs(ref_out, target_out),
+    )
     rows = run_charts_js("const out = charts.measurementRows(report);", report.to_dict())
     assert [(r["path"], r["ref"], r["target"]) for r in rows] == [
         ("step_ms", "12.25 ms", "30.5 ms"),

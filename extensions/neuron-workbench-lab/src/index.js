@@ -376,6 +376,9 @@ const plugin = {
 /** How long an unanswered status query may stay pending before it is asked again (ms). */
 const KERNEL_QUERY_PATIENCE = 20000;
 
+/** How long the status bar waits for a busy kernel to be idle before it asks anyway (ms). */
+const KERNEL_BUSY_PATIENCE = 10000;
+
 /** Queries in a row that may go unanswered before the status bar stops asking (until next time). */
 const KERNEL_QUERY_TRIES = 3;
 
@@ -477,6 +480,21 @@ class StatusItem extends Widget {
     }, delay);
   }
 
+  /**
+   * Whether the kernel has been busy for KERNEL_BUSY_PATIENCE while an ask waited: it runs a long
+   * cell, or the idle status of what it ran was lost (then it would never look idle again). The
+   * query is sent anyway and waits in the kernel's queue behind what runs.
+   */
+  _busyTooLong(kernel) {
+    if (kernel.status !== 'busy') {
+      this._busySince = 0; // starting or restarting: wait for it
+      return false;
+    }
+    const now = Date.now();
+    this._busySince = this._busySince || now;
+    return now - this._busySince >= KERNEL_BUSY_PATIENCE;
+  }
+
   async refresh(ask) {
     const panel = this._tracker.currentWidget;
     if (!panel) {
@@ -484,7 +502,11 @@ class StatusItem extends Widget {
       return;
     }
     const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
-    if (ask && kernel && kernel.status !== 'idle' && kernel.status !== 'dead') {
+    const busy = kernel && kernel.status !== 'idle' && kernel.status !== 'dead';
+    if (!busy) {
+      this._busySince = 0;
+    }
+    if (ask && busy && !this._busyTooLong(kernel)) {
       // Ask once the kernel is idle (a cell is running, or it is starting).
       this.schedule(true, 1000);
     } else if (ask && kernel && this._asking) {
@@ -492,6 +514,7 @@ class StatusItem extends Widget {
       this._askAgain = true;
     } else if (ask && kernel) {
       this._asking = true;
+      this._busySince = 0; // the next wait for idle starts afresh
       try {
         const answer = await askKernel(kernel);
         if (answer === undefined) {
