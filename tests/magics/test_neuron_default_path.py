@@ -3040,15 +3040,21 @@ def test_a_scripted_model_and_its_optimizer_train_in_both_runs(ip):
     assert not torch.equal(weight.detach(), ip.user_ns["before"])  # the kept run's step took
 
 
+#: A cell profiling a Linear layer's forward on cuda (``prof``), as a profiling notebook does.
+PROFILED_FORWARD = (
+    "from torch.profiler import profile, ProfilerActivity\n"
+    "model = torch.nn.Linear(8, 4).cuda()\n"
+    "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
+    "    out = model(torch.randn(2, 8, device='cuda'))\n"
+)
+
+
 def test_a_profilers_table_is_a_measurement_not_a_difference(ip):
     # The table of `prof.key_averages()` is the run's timings: diffed as text, it made the cell FAIL.
     report = _passed(
         ip,
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "model = torch.nn.Linear(8, 4).cuda()\n"
-        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
-        "    out = model(torch.randn(2, 8, device='cuda'))\n"
-        "table = prof.key_averages().table(sort_by='cpu_time_total', row_limit=5)\n"
+        PROFILED_FORWARD
+        + "table = prof.key_averages().table(sort_by='cpu_time_total', row_limit=5)\n"
         "text = str(prof.key_averages())",
         setup="import torch",
     )
@@ -3062,11 +3068,7 @@ def test_a_profilers_event_times_are_measurements_not_differences(ip):
     # diffed as numbers, a FAIL on every cell that read them
     report = _passed(
         ip,
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "model = torch.nn.Linear(8, 4).cuda()\n"
-        "with profile(activities=[ProfilerActivity.CPU]) as prof:\n"
-        "    out = model(torch.randn(2, 8, device='cuda'))\n"
-        "events = prof.key_averages()\n"
+        PROFILED_FORWARD + "events = prof.key_averages()\n"
         "slowest = max(e.cpu_time_total for e in events)\n"
         "total = sum(e.self_cpu_time_total for e in events)\n"
         "average = events[0].cpu_time",
