@@ -1,12 +1,13 @@
 """TorchScript functions and modules between processes (the target's worker and back).
 
 Neither a ``ScriptFunction`` (``@torch.jit.script``, ``torch.jit.trace(fn, ...)``) nor a scripted
-or traced module (``torch.jit.script(model)``) can be pickled, so a notebook holding one could not send a
-single ``%%neuron`` cell reading it to the target's worker.
+or traced module (``torch.jit.script(model)``) can be pickled, so a notebook holding one could not
+send a single ``%%neuron`` cell reading it to the target's worker.
 
-A scripted module travels as its ``torch.jit.save`` archive (its code, and a copy of its tensors)
-with its parameters and buffers as the transport sends tensors, put back into the loaded module:
-they stay the tensors an optimizer or another model holds, on the device they were on.
+A scripted module travels as its ``torch.jit.save`` archive, written with meta placeholders for its
+parameters and buffers (its code, no copy of their data), and those tensors as the transport sends
+tensors, put back into the loaded module: they stay the tensors an optimizer or another model
+holds, on the device they were on. A run's copy of such a module is made the same way.
 
 A function travels as what rebuilds it there:
 
