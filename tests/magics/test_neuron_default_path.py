@@ -1197,6 +1197,50 @@ def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_save_pretrained_keeps_the_reference_runs_safetensors(ip):
+    # safetensors writes in Rust, below open(): both runs wrote model.safetensors and the last to
+    # end won, so the notebook's file could hold the emulated target's float64-as-float32 weights
+    # while the notebook's model held the reference's. from_pretrained reads the run's own copy.
+    pytest.importorskip("transformers")
+    folder = pathlib.Path.cwd() / f".save-pretrained-test-{os.getpid()}"
+    try:
+        run_cell(
+            ip,
+            "import torch\n"
+            "from transformers import GPT2Config, GPT2LMHeadModel\n"
+            "from safetensors.torch import load_file\n"
+            "torch.manual_seed(0)\n"
+            "model = GPT2LMHeadModel(GPT2Config(\n"
+            "    vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)).double()\n"
+            "ids = torch.randint(0, 64, (2, 8))",
+        )
+        run_cell(
+            ip,
+            "%%neuron -o r\n"
+            "model.cuda()\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.5)\n"
+            "model(input_ids=ids.cuda(), labels=ids.cuda()).loss.backward()\n"
+            "opt.step()\n"
+            f"model.save_pretrained({str(folder)!r})\n"
+            f"again = type(model).from_pretrained({str(folder)!r}, dtype=torch.float64)\n"
+            "same = all(torch.equal(a, b.to(a.device)) for a, b in\n"
+            "           zip(again.state_dict().values(), model.state_dict().values()))\n"
+            "del again",
+        )
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert ip.user_ns["same"] is True  # the reference read back what it wrote
+        saved = ip.user_ns["load_file"](folder / "model.safetensors")
+        kept = ip.user_ns["model"].state_dict()
+        assert saved and all(torch.equal(saved[k], kept[k].cpu()) for k in saved)
+        note = f"{report.target.backend.label}: its writes to 3 files were kept apart"
+        assert any(n.startswith(note) and "model.safetensors" in n for n in report.notes), (
+            report.notes
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_nvtx_imported_from_torch_cuda_and_device_names_run_in_both_runs(ip, target):
     # `from torch.cuda import nvtx` reached the real module ("NVTX functions not installed" in both

@@ -53,6 +53,22 @@ def test_writes_stay_apart_and_read_back_inside(folder):
     assert not os.path.exists(writes.folder)
 
 
+def test_safetensors_files_stay_apart_and_read_back_inside(folder):
+    # safetensors opens its files in Rust, below open(): its writer and reader take the run's paths
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    saved = folder / "model.safetensors"
+    safetensors_torch.save_file({"w": torch.zeros(2)}, saved)
+    with writes_kept_apart() as writes:
+        safetensors_torch.save_file({"w": torch.arange(3.0)}, saved)
+        assert safetensors_torch.load_file(saved)["w"].tolist() == [0.0, 1.0, 2.0]
+        safetensors_torch.save_model(torch.nn.Linear(2, 1), folder / "linear.safetensors")
+        with safetensors_torch.safe_open(folder / "linear.safetensors", framework="pt") as handle:
+            assert sorted(handle.keys()) == ["bias", "weight"]
+        assert writes.written == [str(saved), str(folder / "linear.safetensors")]
+    assert safetensors_torch.load_file(saved)["w"].tolist() == [0.0, 0.0]
+    assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+
+
 def test_a_run_that_writes_no_file_makes_no_private_folder(folder):
     # Every run made and removed its private folder: removing a folder took 4 ms of each cell's
     # critical path on an ext4 disk mounted with discard, though most cells write nothing

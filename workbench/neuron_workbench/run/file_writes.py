@@ -19,7 +19,9 @@ is made for real and is the run's own: renamed into place, it leaves the folder)
 (``os.listdir``, ``os.scandir``, so ``glob``, ``os.walk`` and ``pathlib``'s ``iterdir`` and ``glob``)
 show the run's view too: the files it wrote, not those it removed; an entry for a file it wrote is
 not an ``os.DirEntry`` but has its attributes and methods. Files it did not write read as they are.
-Not covered: writes made below Python (``safetensors``' Rust writer, HDF5), listings of bytes paths
+safetensors' files (``save_file``, ``save_model``, so ``save_pretrained``; read back through
+``safe_open`` and ``load_file``, so ``from_pretrained``) are kept apart too, though its Rust code
+opens them. Not covered: other writes made below Python (HDF5), listings of bytes paths
 and fds, folder renames, ``os.lstat`` (``os.path.lexists``), and other processes reading or writing
 what the run wrote (a subprocess sees the notebook's file; a forked child's writes are its own). The
 patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
@@ -583,9 +585,9 @@ def writes_kept_apart(
     Yields the :class:`WritesKeptApart` record (``written``: the real paths the run wrote). The
     private copies are deleted on exit. Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``,
     ``rename``, ``remove``, ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``,
-    ``utime``, ``listdir`` and ``scandir``, ``shutil.rmtree``, and torch's zip writer and ``load``,
-    for the duration, in every thread; ``namespace``'s own ``open`` (a notebook's) goes through the
-    private copies too.
+    ``utime``, ``listdir`` and ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, and
+    safetensors' writer and reader (when loaded), for the duration, in every thread;
+    ``namespace``'s own ``open`` (a notebook's) goes through the private copies too.
     """
     # the name mkdtemp would give (never taken: made only when the run writes its first file)
     folder = os.path.join(
@@ -727,6 +729,7 @@ def writes_kept_apart(
             return real_load(f, *args, **kwargs)
 
         patches += [(serialization, {"load": load}), (torch, {"load": load})]
+    patches += _safetensors_patches(record, real_open)
     # A notebook's cells have an ``open`` of their own: IPython's wrapper in the kernel (it
     # refuses the fds 0-2), the real one a worker received with the cell's values. Patching
     # builtins does not reach it, so for the run the namespace's goes through the private copies.
@@ -747,6 +750,39 @@ def writes_kept_apart(
     finally:
         if record.folder_made:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+#: Modules that bind safetensors' reader by name at import (``from safetensors import safe_open``):
+#: a run reading back a file it wrote through them reads its own copy.
+_SAFE_OPEN_HOLDERS = ("safetensors", "safetensors.torch", "transformers.modeling_utils")
+
+
+def _safetensors_patches(record: WritesKeptApart, real_open: Any) -> list[tuple[Any, Any]]:
+    """Patches that keep safetensors' files apart, when safetensors is loaded.
+
+    safetensors writes and reads its files in Rust, below Python's ``open``: ``save_file`` (and so
+    ``save_model`` and ``save_pretrained``) wrote the real file from both runs, and whichever ended
+    last won. Its writer (``serialize_file``, looked up when ``save_file`` runs) and its reader
+    (``safe_open``, where the modules in :data:`_SAFE_OPEN_HOLDERS` bind it) take the run's paths.
+    """
+    torch_api = sys.modules.get("safetensors.torch")
+    real_writer = getattr(torch_api, "serialize_file", None)
+    if real_writer is None:
+        return []
+    real_reader = torch_api.safe_open
+
+    def serialize_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_writer(tensors, record.open_path(filename, "wb", real_open), *args, **kwargs)
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_reader(record.open_path(filename, "rb", real_open), *args, **kwargs)
+
+    patches: list[tuple[Any, Any]] = [(torch_api, {"serialize_file": serialize_file})]
+    for name in _SAFE_OPEN_HOLDERS:
+        module = sys.modules.get(name)
+        if getattr(module, "safe_open", None) is real_reader:
+            patches.append((module, {"safe_open": safe_open}))
+    return patches
 
 
 def kept_apart_note(paths: list[str], kept_run: str | None) -> str:
