@@ -515,6 +515,28 @@ def test_a_progress_bar_the_cell_binds_comes_back(ip):
     assert _report(ip).verdict == "PASS", _report(ip).summary()
 
 
+def test_a_progress_bar_over_a_data_loader_comes_back(ip):
+    # `pbar = tqdm(loader)` with tqdm.auto's bar (tqdm_asyncio, which takes an iterator of what it
+    # wraps when built): the target's bar held a DataLoader iterator, which cannot be pickled, so
+    # the verdict had `1 not compared` (pbar: could not be sent back ... _SingleProcessDataLoaderIter)
+    run_cell(
+        ip,
+        "import io\nimport torch\nfrom torch.utils.data import DataLoader\n"
+        "from tqdm.auto import tqdm\nloader = DataLoader(torch.arange(6.0), batch_size=2)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\ntotal = torch.zeros(1, device='cuda')\n"
+        "pbar = tqdm(loader, desc='eval', file=io.StringIO())\n"
+        "for x in pbar:\n    total += x.cuda().sum()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert not report.comparison.not_compared, report.summary()
+    assert report.target.bindings["pbar"].n == 3  # the target's bar came back
+    assert ip.user_ns["total"].item() == 15.0 and ip.user_ns["pbar"].n == 3
+
+
 def test_a_kept_report_leaves_later_progress_bars_on_their_own_line(ip):
     # The target's bar, rebuilt in the kernel for the report, joined tqdm's open bars: while the
     # report was kept (-o r), every later bar, in plain cells too, was drawn one line further down

@@ -818,6 +818,29 @@ def test_a_wrapper_forwarding_its_attributes_arrives(arena):
     assert back_slotted.shape == (2,)
 
 
+def test_an_asyncio_bar_over_a_data_loader_arrives_without_its_iterator(arena):
+    # tqdm.auto's bar takes an iterator of a loader when built (for `async for`), held by the bar
+    # and, through a weak proxy, by its output stream's guard: a loader's iterator cannot be
+    # pickled, so `pbar = tqdm(loader)` could not be sent back
+    import asyncio
+    import io
+
+    from tqdm.asyncio import tqdm_asyncio
+
+    loader = torch.utils.data.DataLoader(torch.arange(4.0), batch_size=2)
+    bar = tqdm_asyncio(loader, file=io.StringIO())
+    for _ in bar:
+        pass
+    back = loads_leniently(dumps(bar, arena)).value
+    assert back.n == 2 and back.total == 2
+    assert torch.equal(back.iterable.dataset, torch.arange(4.0))
+
+    async def drawn():  # the copy's `async for` starts a fresh iterator of the loader
+        return [batch.tolist() async for batch in back]
+
+    assert asyncio.run(drawn()) == [[0.0, 1.0], [2.0, 3.0]]
+
+
 _ACTIVE = contextvars.ContextVar("active", default=None)  # a module global no pickle takes
 
 

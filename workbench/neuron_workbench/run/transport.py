@@ -503,6 +503,9 @@ class _Pickler(cloudpickle.Pickler):
         self._cuda_devices = cuda_devices
         self._handles = notebook_handles
         self._bar = progress_bar_class() if notebook_handles else None
+        # tqdm.auto's bar class where it is loaded (no global cache of classes: one would keep a
+        # notebook class's functions, and the run's globals they read, alive in a worker)
+        self._async_bar = getattr(sys.modules.get("tqdm.asyncio"), "tqdm_asyncio", None)
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -591,6 +594,13 @@ class _Pickler(cloudpickle.Pickler):
                 return _reduced_then(obj, restore_optimizer_extras, extras)
         elif isinstance(obj, _DATA_LOADER) and isinstance(vars(obj).get("_iterator"), _WORKERS):
             return _reduce_loader_past_its_workers(obj)
+        elif (
+            self._async_bar is not None
+            and (kind is weakref.ProxyType or issubclass(kind, self._async_bar))
+            and _bar_over_a_loader(obj, self._async_bar)
+        ):
+            # the bar, or the weak proxy of it that its output stream's error guard holds
+            return _reduce_bar_past_its_loader_iterator(obj)
         elif (
             isinstance(obj, BaseException)
             and kind.__reduce__ in _EXCEPTION_REDUCTIONS
@@ -721,6 +731,56 @@ def _first_iterator_in_step(loader: torch.utils.data.DataLoader, seed: int) -> A
         return loader._get_iterator()
     finally:
         loader.generator = own
+
+
+_LOADER_ITER = torch.utils.data.dataloader._BaseDataLoaderIter
+
+
+def _bar_over_a_loader(obj: Any, bar_class: type) -> bool:
+    """Whether ``obj`` (or what it is a weak proxy of) is a ``bar_class`` bar over a loader.
+
+    ``bar_class`` is tqdm's asyncio bar (what ``tqdm.auto`` gives), which holds an iterator of what
+    it wraps.
+    """
+    try:
+        kind = obj.__class__  # a weak proxy answers its referent's class
+    except ReferenceError:  # a proxy whose referent is gone
+        return False
+    return (
+        isinstance(kind, type)
+        and issubclass(kind, bar_class)
+        and isinstance(vars(obj).get("iterable_iterator"), _LOADER_ITER)
+    )
+
+
+def _reduce_bar_past_its_loader_iterator(bar: Any) -> Any:
+    """A tqdm asyncio bar over a ``DataLoader`` (``pbar = tqdm(loader)``): sent without its iterator.
+
+    The bar takes an iterator of what it wraps when it is built, for ``async for``; a loader's
+    iterator cannot be pickled, so the bar could not be sent back (``not compared``). ``for x in
+    pbar`` never reads it. The receiver's copy starts a fresh iterator of the loader at its first
+    ``async for`` step.
+    """
+    state = {k: v for k, v in vars(bar).items() if k not in ("iterable_iterator", "iterable_next")}
+    # built by its class, not __newobj__: pickle refuses that for a proxy (its type is the proxy's)
+    return _new_bar, (bar.__class__,), state, None, None, _bar_state_set
+
+
+def _new_bar(kind: type) -> Any:
+    """An empty bar of ``kind``; tqdm's own ``__new__`` would count it among the open bars."""
+    return object.__new__(kind)
+
+
+def _bar_state_set(bar: Any, state: dict[str, Any]) -> None:
+    vars(bar).update(state)
+    vars(bar)["iterable_next"] = functools.partial(_next_of_fresh_iterator, bar)
+
+
+def _next_of_fresh_iterator(bar: Any) -> Any:
+    """The next item of a fresh iterator of ``bar``'s iterable, which it then keeps for ``async for``."""
+    iterator = bar.iterable_iterator = iter(bar.iterable)
+    bar.iterable_next = iterator.__next__
+    return iterator.__next__()
 
 
 def _asks_getattr_for_setstate(kind: type) -> bool:
