@@ -2820,6 +2820,32 @@ def test_a_transformers_kv_cache_carries_decoding_from_cell_to_cell(ip):
     assert ip.user_ns["n"] == 4 and ip.user_ns["cache"].get_seq_length() == 4
 
 
+def test_a_bfloat16_model_and_an_lstm_under_inference_mode_pass(ip):
+    # Under torch.inference_mode() the emulated device skipped its SDPA and fused RNN cell kernels
+    # (registered below autograd only): a bfloat16 Llama's logits FAILed (|Δ| 1.2e-03, "cause not
+    # identified": ATen's math attention, not CPU's flash kernel) and an LSTM ERRORed on the target
+    # (NotImplementedError: 'aten::_thnn_fused_lstm_cell' ... 'CPU' backend); both pass with
+    # torch.no_grad()
+    pytest.importorskip("transformers")
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"
+        "torch.manual_seed(0)\n"
+        "config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,\n"
+        "    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)\n"
+        "model = LlamaForCausalLM(config).eval()\nids = torch.randint(0, 64, (2, 12))\n"
+        "lstm = torch.nn.LSTM(8, 16, batch_first=True)\nx = torch.randn(2, 5, 8)",
+    )
+    report = _passed(
+        ip,
+        "half = model.to('cuda', torch.bfloat16)\nlstm.cuda()\n"
+        "with torch.inference_mode():\n"
+        "    logits = half(ids.cuda()).logits\n    out, (h, c) = lstm(x.cuda())",
+    )
+    paths = {diff.path for diff in report.comparison.diffs}
+    assert {"logits", "out", "h", "c"} <= paths
+
+
 def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
     # `with open(...) as f` left a closed file as `f`; the second run of the same cell took `f`
     # for a name the cell reads and was refused ("'f' (a TextIOWrapper) cannot be sent")

@@ -7,7 +7,8 @@
 - AutocastPrivateUse1: a fallthrough plus per-op cast kernels built from PyTorch's CUDA autocast
   lists (``aten/src/ATen/autocast_mode.h``), which TorchNeuron registers as well.
 - AutogradPrivateUse1: shims for ops whose decomposition depends on the device: SDPA (to the
-  overrideable fused op, as TorchNeuron) and the CUDA-only fused LSTM/GRU cells.
+  overrideable fused op, as TorchNeuron) and the CUDA-only fused LSTM/GRU cells; the same shims at
+  PrivateUse1, which ``torch.inference_mode()`` reaches without the autograd keys.
 """
 
 from __future__ import annotations
@@ -413,9 +414,17 @@ def register_all(native: bool = False) -> None:
 
     ag = Library("aten", "IMPL", "AutogradPrivateUse1")
     _LIBS.append(ag)
-    ag.impl("scaled_dot_product_attention", _sdpa)
-    ag.impl("_thnn_fused_lstm_cell", fused_lstm_cell)
-    ag.impl("_thnn_fused_gru_cell", fused_gru_cell)
+    # torch.inference_mode() leaves the autograd keys out of dispatch, and these kernels with
+    # them: SDPA took ATen's math path, not the kernel CPU picks (a bfloat16 model's outputs
+    # differed from CPU's), and the fused RNN cells, CUDA-only ops, reached the device's CPU
+    # fallback, which has no kernel for them (an LSTM raised NotImplementedError). The device's
+    # own key, which inference mode reaches, gets the same kernels.
+    below = Library("aten", "IMPL", "PrivateUse1")
+    _LIBS.append(below)
+    for library in (ag, below):
+        library.impl("scaled_dot_product_attention", _sdpa)
+        library.impl("_thnn_fused_lstm_cell", fused_lstm_cell)
+        library.impl("_thnn_fused_gru_cell", fused_gru_cell)
 
     _core.CPU_IMPLS[_SDPA_FUSED] = _sdpa_fused_cpu
     _core.CPU_IMPLS[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default] = (
