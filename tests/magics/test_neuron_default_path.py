@@ -2846,6 +2846,24 @@ def test_a_bfloat16_model_and_an_lstm_under_inference_mode_pass(ip):
     assert {"logits", "out", "h", "c"} <= paths
 
 
+def test_an_evaluation_under_inference_mode_runs_with_layers(ip):
+    # --layers (which a FAIL's "cause not identified" hint advises) ERRORed on both runs of any
+    # cell with a model under torch.inference_mode(): "Inference tensors do not track version
+    # counter." (the recorder read each output's version)
+    run_cell(
+        ip,
+        "import torch\nnet = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(),\n"
+        "    torch.nn.Linear(4, 2))\nx = torch.randn(3, 4)",
+    )
+    run_cell(
+        ip,
+        "%%neuron --layers -o r\nnet.cuda()\nwith torch.inference_mode():\n    y = net(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert [layer.module for layer in report.layers.layers] == ["0", "1", "2", "Sequential"]
+
+
 def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
     # `with open(...) as f` left a closed file as `f`; the second run of the same cell took `f`
     # for a name the cell reads and was refused ("'f' (a TextIOWrapper) cannot be sent")

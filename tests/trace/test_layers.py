@@ -94,6 +94,19 @@ def test_in_place_modules_are_summarized_after_they_ran():
     assert calls["1"].output.min == 0  # the same tensor after ReLU
 
 
+def test_modules_under_inference_mode_are_summarized():
+    # A tensor made under torch.inference_mode() has no version counter: --layers ERRORed every
+    # evaluation cell using it ("Inference tensors do not track version counter.")
+    from neuron_workbench.trace.layers import layer_recorder_for
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True))
+    with torch.inference_mode(), layer_recorder_for() as recorder:
+        model(torch.randn(8, 4) - 5)
+    calls = {c.module: c for c in recorder.trace.calls}
+    assert calls["0"].output.min < 0  # the linear output, before ReLU changed it in place
+    assert calls["1"].output.min == 0
+
+
 class _Float64Gradient(torch.autograd.Function):
     """Identity forward; the backward adds and removes 1e8 in float64 (float32 on neuron)."""
 

@@ -218,6 +218,10 @@ class LayerRecorder:
 
     def _summary(self, t: torch.Tensor) -> TensorSummary:
         # Keyed by identity and in-place version: ReLU(inplace=True) returns its input, changed.
+        # A tensor made under torch.inference_mode() has no version counter (reading it raises),
+        # and may still be changed in place there: summarized each time.
+        if t.is_inference():
+            return summarize(t)
         cached = self._summaries.get(id(t))
         if cached is not None and cached[0]() is t and cached[1] == t._version:
             return cached[2]
