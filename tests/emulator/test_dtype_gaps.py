@@ -51,6 +51,33 @@ def test_abs_of_bool_keeps_cudas_result_dtype():
     assert torch.equal(torch.abs(m.to("neuron")).cpu(), m)
 
 
+def test_widened_ops_run_under_inference_mode():
+    # The widened copies made under torch.inference_mode() have no version counter, which the
+    # emulator read to find the ones the kernel changed: a DBRX model's evaluation (its router's
+    # histc on int32) ERRORed on the target ("Inference tensors do not track version counter.")
+    from neuron_workbench.emulator._policy import run_widened
+
+    experts = torch.tensor([[0, 3], [3, 1], [7, 3]], dtype=torch.int32)
+    with torch.inference_mode():
+        counts = torch.histc(experts.to("neuron"), bins=8, min=0, max=7)
+        assert torch.abs(experts.to("neuron") > 2).dtype == torch.bool
+    assert counts.cpu().tolist() == [1, 1, 0, 3, 0, 0, 0, 1]
+
+    def fill(noise, value):  # a kernel writing into an argument, as rrelu_with_noise's noise
+        return noise.fill_(value).sum()
+
+    gaps = {torch.float16: torch.float32}
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            noise, untouched = (
+                torch.zeros(3, dtype=torch.float16),
+                torch.ones(3, dtype=torch.float16),
+            )
+            run_widened(fill, gaps, [noise, 2.0], {})
+            run_widened(lambda t: t.sum(), gaps, [untouched], {})
+        assert noise.tolist() == [2.0, 2.0, 2.0] and untouched.tolist() == [1.0, 1.0, 1.0]
+
+
 def test_other_dtypes_take_the_ordinary_path():
     x = torch.tensor([0.5, 1.5, 1.5, 3.0])
     assert torch.equal(

@@ -2864,6 +2864,30 @@ def test_an_evaluation_under_inference_mode_runs_with_layers(ip):
     assert [layer.module for layer in report.layers.layers] == ["0", "1", "2", "Sequential"]
 
 
+def test_a_moe_models_evaluation_under_inference_mode_passes(ip):
+    # DBRX's router loss counts tokens per expert with histc on int32 off the CPU, which the
+    # emulated device computes wider; under torch.inference_mode() the widened copy had no version
+    # counter to read: ERROR ... neuron raised RuntimeError: Inference tensors do not track version
+    # counter.
+    pytest.importorskip("transformers")
+    run_cell(
+        ip,
+        "import torch\nfrom transformers import DbrxConfig, DbrxForCausalLM\n"
+        "torch.manual_seed(0)\n"
+        "config = DbrxConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=1, max_seq_len=32,\n"
+        "    attn_config={'kv_n_heads': 2, 'rope_theta': 10000.0, 'clip_qkv': 8.0},\n"
+        "    ffn_config={'ffn_hidden_size': 64, 'moe_num_experts': 4, 'moe_top_k': 2},\n"
+        "    output_router_logits=True)\n"
+        "model = DbrxForCausalLM(config).eval()\nids = torch.randint(0, 64, (2, 8))",
+    )
+    report = _passed(
+        ip,
+        "model.cuda()\nwith torch.inference_mode():\n"
+        "    out = model(ids.cuda(), labels=ids.cuda())\naux = out.aux_loss.item()",
+    )
+    assert "aux" in {diff.path for diff in report.comparison.diffs}
+
+
 def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
     # `with open(...) as f` left a closed file as `f`; the second run of the same cell took `f`
     # for a name the cell reads and was refused ("'f' (a TextIOWrapper) cannot be sent")

@@ -174,6 +174,14 @@ def dtype_gaps() -> dict[str, dict[torch.dtype, torch.dtype]]:
     return _gaps
 
 
+def _mutated(widened: torch.Tensor, original: torch.Tensor) -> bool:
+    """Whether the kernel changed ``widened``, the exact wider copy of ``original``."""
+    if widened.is_inference():
+        # made under torch.inference_mode(): no version counter to read (reading it raises)
+        return not torch.equal(widened.to(original.dtype), original)
+    return widened._version > 0
+
+
 def run_widened(fn: Any, gaps: dict, args: list, kwargs: dict) -> Any:
     """Run ``fn`` with tensors of a dtype its CPU kernel lacks computed in a wider, exact one.
 
@@ -207,7 +215,7 @@ def run_widened(fn: Any, gaps: dict, args: list, kwargs: dict) -> Any:
 
     out = fn(*[widen(a) for a in args], **{k: widen(v) for k, v in kwargs.items()})
     for orig, w in widened:
-        if w._version:  # mutated by the kernel (rrelu_with_noise's noise)
+        if _mutated(w, orig):  # by the kernel (rrelu_with_noise's noise)
             orig.copy_(w)
 
     def narrow(o: Any) -> Any:
