@@ -61,3 +61,40 @@ def test_no_compiler_falls_back_to_the_python_core_with_one_line(run_py, tmp_pat
     assert len(out["warnings"]) == 1 and "\n" not in out["warnings"][0]
     assert "uses the pure-Python core" in out["warnings"][0]
     assert out["grads_match"] is True
+
+
+INFERENCE_PROBE = """
+import json
+import torch
+import torch.nn.functional as F
+from neuron_workbench.emulator import emulate
+emulate("neuron")
+torch.manual_seed(0)
+q, k, v = (torch.randn(2, 4, 12, 8).bfloat16() for _ in range(3))
+lstm, x = torch.nn.LSTM(8, 16, batch_first=True), torch.randn(2, 5, 8)
+with torch.no_grad():
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = lstm.to("neuron")(x.to("neuron"))[0].cpu()
+with torch.inference_mode():
+    y = torch.ones(3).to("neuron") * 2
+    host = y.cpu()
+    attention = F.scaled_dot_product_attention(
+        q.to("neuron"), k.to("neuron"), v.to("neuron"), is_causal=True
+    ).cpu()
+    out_inference = lstm(x.to("neuron"))[0].cpu()
+print(json.dumps({
+    "host": str(host.device), "numpy": host.numpy().tolist(),
+    "attention": torch.equal(attention, want), "lstm": torch.equal(out_inference, out),
+}))
+"""
+
+
+def test_python_core_under_inference_mode(run_py):
+    # Under torch.inference_mode() CompositeImplicitAutograd ops reach the core's dispatch
+    # undecomposed: x.cpu() (to.dtype_layout, a view by its schema) ran on the payload and stayed
+    # on the device (an eval loop's .cpu().numpy() ERRORed), SDPA took the math path and an LSTM
+    # raised NotImplementedError, as the native core's did (kernels.register_all)
+    r = run_py(INFERENCE_PROBE, env={"NEURON_WORKBENCH_EMULATOR_CORE": "python"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"host": "cpu", "numpy": [2.0, 2.0, 2.0], "attention": True, "lstm": True}

@@ -234,6 +234,9 @@ def wrap_new(elem: torch.Tensor) -> EmulatedTensor:
 
 _PLANS: dict[Any, tuple] = {}
 CPU_IMPLS: dict[Any, Any] = {}  # op -> python impl on CPU payloads (ops without a CPU kernel)
+#: aten ops the emulator gives a PrivateUse1 kernel of its own (kernels.register_all), which
+#: inference mode reaches below autograd: called with the device tensors, as the dispatcher does
+DEVICE_KERNELS: set[str] = set()
 
 
 def is_native(func: Any) -> bool:
@@ -273,24 +276,29 @@ def _make_plan(func: Any) -> tuple:
         ret_alias.append(target)
     if not mutates:
         mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args_info)
+    implicit = base not in NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
+        schema.name + (f".{schema.overload_name}" if schema.overload_name else ""),
+        "CompositeImplicitAutograd",
+    )
     if func in CPU_IMPLS:
         kind = K_IMPL
     elif ns != "aten":
         kind = library_op_kind(func, view)
-    elif view or base in INTERNAL or is_native(func):
+    elif base in DEVICE_KERNELS:
+        kind = K_DEVICE
+    elif base in INTERNAL or is_native(func) or (view and not implicit):
         kind = K_RUN
     elif base not in NO_DECOMP and func.has_kernel_for_dispatch_key(_CEA):
         # The real dispatcher runs a CompositeExplicitAutograd kernel on the device when the
         # backend has no kernel of its own: check its pieces op by op. (Structured
         # CompositeExplicitAutogradNonFunctional wrappers only reach the same op's out= form.)
         kind = K_DECOMP
-    elif base not in NO_DECOMP and torch._C._dispatch_has_kernel_for_dispatch_key(
-        schema.name + (f".{schema.overload_name}" if schema.overload_name else ""),
-        "CompositeImplicitAutograd",
-    ):
+    elif implicit:
         # A CompositeImplicitAutograd op called below autograd (from another op's kernel, such as
-        # SDPA's math path calling softmax.int): a backend without a kernel of its own runs the
-        # decomposition, as the real dispatcher does, never a CPU fallback of the whole op.
+        # SDPA's math path calling softmax.int, or any op under torch.inference_mode(), which
+        # leaves the autograd keys out): a backend without a kernel of its own runs the
+        # decomposition, as the real dispatcher does, never a CPU fallback of the whole op. So
+        # does a view such as to.dtype_layout: run on the payload, x.cpu() stayed on the device.
         kind = K_IMPLICIT
     else:
         kind = K_FALLBACK

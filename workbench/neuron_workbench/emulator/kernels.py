@@ -421,10 +421,14 @@ def register_all(native: bool = False) -> None:
     # own key, which inference mode reaches, gets the same kernels.
     below = Library("aten", "IMPL", "PrivateUse1")
     _LIBS.append(below)
-    for library in (ag, below):
-        library.impl("scaled_dot_product_attention", _sdpa)
-        library.impl("_thnn_fused_lstm_cell", fused_lstm_cell)
-        library.impl("_thnn_fused_gru_cell", fused_gru_cell)
+    for name, kernel in (
+        ("scaled_dot_product_attention", _sdpa),
+        ("_thnn_fused_lstm_cell", fused_lstm_cell),
+        ("_thnn_fused_gru_cell", fused_gru_cell),
+    ):
+        ag.impl(name, kernel)
+        below.impl(name, kernel)
+        _core.DEVICE_KERNELS.add(name)  # the Python core's tensors reach its dispatch first
 
     _core.CPU_IMPLS[_SDPA_FUSED] = _sdpa_fused_cpu
     _core.CPU_IMPLS[torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default] = (
