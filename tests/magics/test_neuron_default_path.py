@@ -2888,6 +2888,26 @@ def test_a_moe_models_evaluation_under_inference_mode_passes(ip):
     assert "aux" in {diff.path for diff in report.comparison.diffs}
 
 
+def test_activations_saved_to_pinned_host_memory_pass(ip):
+    # torch.autograd.graph.save_on_cpu(pin_memory=True) ERRORed on the cpu reference ("pin_memory=
+    # True requires a CUDA or other accelerator backend"): autograd calls the pack hook from inside
+    # the op, where the run's function mode is off, so its torch.empty(..., pin_memory=True)
+    # reached the host's allocator
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))\n"
+        "x = torch.randn(16, 8)",
+    )
+    report = _passed(
+        ip,
+        "net.cuda()\nwith torch.autograd.graph.save_on_cpu(pin_memory=True):\n"
+        "    loss = net(x.cuda()).pow(2).mean()\nloss.backward()",
+    )
+    assert "net.0.weight.grad" in {diff.path for diff in report.comparison.diffs}
+    assert ip.user_ns["net"][0].weight.grad is not None
+
+
 def test_a_cell_with_a_with_statement_runs_again(ip, tmp_path):
     # `with open(...) as f` left a closed file as `f`; the second run of the same cell took `f`
     # for a name the cell reads and was refused ("'f' (a TextIOWrapper) cannot be sent")

@@ -594,6 +594,32 @@ def _backward_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> C
     return run_backward
 
 
+def _saved_tensor_hooks_in_run(
+    mode: TorchFunctionMode, original: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``saved_tensors_hooks.__init__`` whose pack and unpack hooks run with the run's mode on.
+
+    Autograd calls a pack hook from inside the op that saves the tensor, which the mode's own
+    handler runs with the mode off: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``'s
+    ``torch.empty(..., pin_memory=True)`` reached the host's allocator, which has no pinned memory
+    ("pin_memory=True requires a CUDA or other accelerator backend"), where a GPU pins it.
+    """
+
+    def in_run(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def call(value: Any) -> Any:
+            if mode in torch.overrides._get_current_function_mode_stack():
+                return hook(value)
+            with mode:
+                return hook(value)
+
+        return call
+
+    def __init__(self: Any, pack_hook: Callable[..., Any], unpack_hook: Callable[..., Any]) -> None:
+        original(self, in_run(pack_hook), in_run(unpack_hook))
+
+    return __init__
+
+
 @contextlib.contextmanager
 def _cuda_storages_loaded_to(target: str, restored: set[int] | None = None) -> Iterator[None]:
     """``torch.load`` puts what names cuda on ``target``: ``map_location="cuda"``, GPU checkpoints.
@@ -1023,6 +1049,12 @@ def cuda_remapped_to(
         stack.enter_context(
             patched_attributes(
                 torch.autograd, {"_engine_run_backward": _backward_in_run(mode, engine_entry)}
+            )
+        )
+        hooks_cls = torch.autograd.graph.saved_tensors_hooks
+        stack.enter_context(
+            patched_attributes(
+                hooks_cls, {"__init__": _saved_tensor_hooks_in_run(mode, hooks_cls.__init__)}
             )
         )
         stack.enter_context(mode)
