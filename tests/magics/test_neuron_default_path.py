@@ -3344,3 +3344,34 @@ def test_a_move_to_a_device_read_from_a_tensor_on_cuda_copies(ip, device):
         "out = model(batch)",
     )
     assert ip.user_ns["data"].tolist() == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
+def test_an_error_in_a_dataloader_worker_names_the_workers_own_error(ip):
+    # A DataLoader with workers re-raises a sample's error as "Caught ValueError in DataLoader
+    # worker process 0." with the worker's traceback below: the verdict showed only that first
+    # line, so the cause (bad sample 5) was in no line the user saw; num_workers=0 showed it
+    run_cell(
+        ip,
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Samples(Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 8\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 5:\n"
+        '            raise ValueError(f"bad sample {i}")\n'
+        "        return torch.full((2,), float(i))",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "total = 0.0\n"
+        "for batch in DataLoader(Samples(), batch_size=2, num_workers=1):\n"
+        "    total += batch.cuda().sum().item()",
+    )
+    report = _report(ip)
+    assert report.verdict == "ERROR", report.summary()
+    cause = "ValueError: bad sample 5 (in DataLoader worker process 0)"
+    for run in (report.ref, report.target):
+        assert run.error.summary == cause, run.error.summary
+    assert f"cpu raised {cause} (cell line 3)" in report.summary()

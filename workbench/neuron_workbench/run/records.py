@@ -5,6 +5,7 @@ from __future__ import annotations
 import cmath
 import linecache
 import os
+import re
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,12 +51,17 @@ class RunError:
         """``RuntimeError: message`` on one line (first line of the message).
 
         A compiler's wrapper whose first line only says who raised (``BackendCompilerFailed:
-        backend='tpu' raised:``) is joined with the next line, the real cause.
+        backend='tpu' raised:``) is joined with the next line, the real cause. An error torch
+        re-raised from a DataLoader worker (``Caught ValueError in DataLoader worker process 0.``
+        and the worker's traceback) shows the worker's own error and where it was caught.
         """
         lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
         if first.endswith("raised:") and len(lines) > 1:
             first = f"{first} {lines[1]}"
+        caught = _caught_elsewhere(self.type, lines)
+        if caught is not None:
+            return caught
         return f"{self.type}: {first}" if first else self.type
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +83,36 @@ class RunError:
             int(lineno) if lineno else None,
             str(data.get("line", "")),
         )
+
+
+#: The first line of an error torch re-raised from another thread or process
+#: (``torch._utils.ExceptionWrapper``): ``Caught ValueError in DataLoader worker process 0.``
+_CAUGHT_LINE = re.compile(r"^Caught (?P<name>[\w.]+) (?P<where>in .+)\.$")
+
+
+def _caught_elsewhere(raised: str, lines: Sequence[str]) -> str | None:
+    """``ValueError: bad sample 5 (in DataLoader worker process 0)`` for a re-raised worker error.
+
+    torch re-raises an error of a DataLoader worker (or its pin-memory thread) in the main process
+    as the same class (``raised``; ``RuntimeError`` when that class cannot be built from one
+    message) with the worker's formatted traceback as its message, so the first line only says
+    where it was caught; the cause is the traceback's last line for the caught class
+    (``ValueError: bad sample 5``, or ``mod.MyError: ...`` for a class outside builtins). None
+    for any other error.
+    """
+    caught = _CAUGHT_LINE.match(lines[0]) if lines else None
+    if caught is None or len(lines) < 2 or not lines[1].startswith("Original Traceback"):
+        return None
+    name = caught["name"]
+    header = re.compile(rf"^(?:[\w.]+\.)?{re.escape(name)}(?::\s*(?P<message>.*))?$")
+    for line in reversed(lines[2:]):
+        found = header.match(line)
+        if found is not None:
+            cause = f"{name}: {found['message']}" if found["message"] else name
+            if name != raised:
+                cause = f"{raised}: {cause}"
+            return f"{cause} ({caught['where']})"
+    return None
 
 
 @dataclass(frozen=True)
