@@ -3375,3 +3375,29 @@ def test_an_error_in_a_dataloader_worker_names_the_workers_own_error(ip):
     for run in (report.ref, report.target):
         assert run.error.summary == cause, run.error.summary
     assert f"cpu raised {cause} (cell line 3)" in report.summary()
+
+
+def test_a_module_compiled_before_load_ext_says_to_compile_it_again(ip):
+    # cmodel = torch.compile(model) in a cell before %load_ext neuron_workbench: the module went
+    # to the worker with the kernel's Inductor callback, and the cell ended in an ERROR of the
+    # workbench's making (neuron raised BackendCompilerFailed: backend='inductor' raised:
+    # AttributeError: 'DeviceProperties' object has no attribute 'gcnArchName'); a function
+    # compiled so already said what to do
+    unpatched = torch.compile.__wrapped__  # torch's own, as before %load_ext
+    ip.user_ns["compile_before_load"] = unpatched
+    run_cell(
+        ip,
+        "import torch\n"
+        "model = torch.nn.Linear(6, 2)\n"
+        "cmodel = compile_before_load(model)\n"
+        "x = torch.randn(5, 6)",
+    )
+    cell = "%%neuron -o r\nmodel.cuda()\nout = cmodel(x.cuda())"
+    result = run_cell(ip, cell, allow_error=True)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert "'cmodel' was compiled with torch.compile before %load_ext" in str(result.error_in_exec)
+    assert "r" not in ip.user_ns
+    # compiled again, as the message says, it runs
+    run_cell(ip, "cmodel = torch.compile(model)")
+    run_cell(ip, cell)
+    assert _report(ip).verdict == "PASS", _report(ip).summary()

@@ -253,6 +253,19 @@ def test_a_function_compiled_before_the_extension_says_what_to_do(monkeypatch):
         pack_request({}, {"step": unremembered}, {"__name__": "__main__"}, "neuron")
 
 
+def test_a_module_compiled_before_the_extension_says_what_to_do(monkeypatch):
+    # cmodel = torch.compile(model) run before %load_ext: pickled with the host's compiler
+    # callback, it reached the target and failed there (BackendCompilerFailed: backend='inductor'
+    # raised: AttributeError: 'DeviceProperties' object has no attribute 'gcnArchName')
+    monkeypatch.setattr(torch, "compile", torch.compile)  # as it was, after the test
+    remember_compile_requests()
+    unremembered = torch.compile.__wrapped__(torch.nn.Linear(2, 2))
+    with pytest.raises(
+        WorkbenchUsageError, match="'cmodel' was compiled .*before %load_ext.*run the cell"
+    ):
+        pack_request({}, {"cmodel": unremembered}, {"__name__": "__main__"}, "neuron")
+
+
 def test_a_tensor_a_graph_computed_arrives_saying_so_when_backward_reaches_it(arena):
     w = torch.ones(2, requires_grad=True)
     back = loads(dumps({"loss": (w * 3).sum()}, arena))["loss"]

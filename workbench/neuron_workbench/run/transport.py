@@ -996,9 +996,23 @@ def remember_compile_requests() -> None:
 
 
 def _reduce_compiled(obj: Any) -> Any:
-    """A compiled function or module as ``(its original, the compile request)``, when remembered."""
+    """A compiled function or module as ``(its original, the compile request)``, when remembered.
+
+    Raises
+    ------
+    pickle.PicklingError
+        For a module ``torch.compile`` wrapped before the request could be remembered (before
+        ``%load_ext``).
+    """
     attributes = getattr(obj, "__dict__", None)
     request = attributes.get(COMPILE_REQUEST_ATTR) if isinstance(attributes, dict) else None
+    # (no compiled module without torch._dynamo imported: a plain cell does not import it here)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if request is None and eval_frame is not None and isinstance(obj, eval_frame.OptimizedModule):
+        # pickle would send it with this process's compiler callback (Inductor's for the host's
+        # cuda stand-in), which then failed in the target's compile with an error of its own
+        # ("'DeviceProperties' object has no attribute 'gcnArchName'")
+        raise pickle.PicklingError(COMPILED_BEFORE_LOAD)
     if request is None:
         return None
     if isinstance(obj, torch.nn.Module):
