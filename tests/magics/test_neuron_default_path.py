@@ -3401,3 +3401,29 @@ def test_a_module_compiled_before_load_ext_says_to_compile_it_again(ip):
     run_cell(ip, "cmodel = torch.compile(model)")
     run_cell(ip, cell)
     assert _report(ip).verdict == "PASS", _report(ip).summary()
+
+
+def test_a_forward_compiled_as_a_method_runs_on_each_runs_copy(ip):
+    # net.forward = torch.compile(net.forward): the run's copy of net kept the notebook's compiled
+    # method, bound to the notebook's net, so the reference trained the notebook's own model (a
+    # FAIL: net.l1.weight.grad missing on the reference) and a cell that raised left the
+    # notebook's model with its gradients
+    run_cell(
+        ip,
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l1 = torch.nn.Linear(6, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.l1(x).relu()\n"
+        "net = Net()\n"
+        "net.forward = torch.compile(net.forward)\n"
+        "x = torch.randn(3, 6)",
+    )
+    run_cell(ip, "%%neuron -o r\nnet(x.cuda()).sum().backward()\nraise ValueError('stop')")
+    assert _report(ip).verdict == "ERROR", _report(ip).summary()
+    assert ip.user_ns["net"].l1.weight.grad is None
+    report = _passed(ip, "net.cuda()\nloss = net(x.cuda()).pow(2).mean()\nloss.backward()")
+    assert "net.l1.weight.grad" in {d.path for d in report.comparison.diffs}
+    assert ip.user_ns["net"].l1.weight.grad is not None

@@ -77,14 +77,15 @@ _never_state = _instance_check(_IMMUTABLE + _NEVER_COPIED)
 def needs_copy(value: Any) -> bool:
     """False for values a run cannot change in place (numbers, strings, functions, classes).
 
-    A notebook function whose closure holds state (``step = make_step(model, opt)``) and a method
-    bound to such state (``trainer.fit``) are state: each run gets its own, around its copies.
+    A notebook function whose closure holds state (``step = make_step(model, opt)``), a method
+    bound to such state (``trainer.fit``) and a compiled one (``torch.compile(model.forward)``)
+    are state: each run gets its own, around its copies.
     """
     kind = type(value)
     if kind in _ATOMS:
         return False
     if kind is types.FunctionType:
-        return bool(_closure_state(value))
+        return bool(_closure_state(value)) or compiled_over_state(value) is not None
     if kind is types.MethodType:
         return needs_copy(value.__self__)
     if value is RANDOM_MODULE_GENERATOR:
@@ -131,6 +132,20 @@ def notebook_function(function: types.FunctionType, module_name: str = "__main__
     ) == module_name and "_torchdynamo_orig_callable" not in vars(function)
 
 
+def compiled_over_state(function: types.FunctionType) -> Any:
+    """What a ``torch.compile``'d function compiled, when that holds state (else None).
+
+    ``torch.compile(model.forward)`` (also set as ``model.forward``) compiles a method bound to the
+    model: the run's copy compiles the method of the run's copy of the model again. Only a compile
+    whose request was remembered (after ``%load_ext``) can be made again.
+    """
+    attributes = vars(function)
+    original = attributes.get("_torchdynamo_orig_callable")
+    if original is None or COMPILE_REQUEST_ATTR not in attributes:
+        return None
+    return original if needs_copy(original) else None
+
+
 def function_like(
     function: types.FunctionType,
     globals_: dict[str, Any],
@@ -158,7 +173,8 @@ def held_values(value: Any) -> list[Any]:
     """
     kind = type(value)
     if kind is types.FunctionType:
-        return _closure_state(value)
+        compiled = compiled_over_state(value)
+        return [compiled] if compiled is not None else _closure_state(value)
     if kind is types.MethodType:
         return [value.__self__]
     if kind is functools.partial:
@@ -599,8 +615,18 @@ def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types
 
     ``copy.deepcopy`` leaves functions as they are: a training step made by a factory
     (``step = make_step(model, opt)``), or a forward hook appending to a list, went on reaching
-    the notebook's objects from the run's copy.
+    the notebook's objects from the run's copy. A compiled function of such state
+    (``model.forward = torch.compile(model.forward)``) is compiled again over the copy of what it
+    compiled: it went on running the notebook's model, whose gradients the run's copy never got.
     """
+    compiled = compiled_over_state(value)
+    if compiled is not None:
+        request = vars(value)[COMPILE_REQUEST_ATTR]
+        result = torch.compile(_deepcopy(compiled, memo), **request)
+        object.__setattr__(result, COMPILE_REQUEST_ATTR, request)
+        memo[id(value)] = result
+        memo.setdefault(id(memo), []).append(value)  # alive with the memo (its id is a key)
+        return result
     if not _closure_state(value):
         return value
     assert value.__closure__ is not None
