@@ -3427,3 +3427,18 @@ def test_a_forward_compiled_as_a_method_runs_on_each_runs_copy(ip):
     report = _passed(ip, "net.cuda()\nloss = net(x.cuda()).pow(2).mean()\nloss.backward()")
     assert "net.l1.weight.grad" in {d.path for d in report.comparison.diffs}
     assert ip.user_ns["net"].l1.weight.grad is not None
+
+
+def test_an_attention_backend_chosen_with_sdpa_kernel_reaches_the_worker(ip):
+    # from torch.nn.attention import sdpa_kernel, SDPBackend (an LLM notebook's first lines): the
+    # cell was a usage error, 'SDPBackend' (a pybind11_type) cannot be sent to the neuron worker
+    # process, since pickle cannot find the enum by its own name (_SDPBackend)
+    report = _passed(
+        ip,
+        "q = torch.randn(1, 2, 8, 4, device='cuda')\n"
+        "with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):\n"
+        "    out = F.scaled_dot_product_attention(q, q, q, is_causal=True)",
+        setup="import torch\nimport torch.nn.functional as F\n"
+        "from torch.nn.attention import SDPBackend, sdpa_kernel",
+    )
+    assert {d.path for d in report.comparison.diffs} == {"q", "out"}

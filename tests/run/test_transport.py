@@ -253,6 +253,18 @@ def test_a_function_compiled_before_the_extension_says_what_to_do(monkeypatch):
         pack_request({}, {"step": unremembered}, {"__name__": "__main__"}, "neuron")
 
 
+def test_a_library_class_its_module_names_otherwise_travels_with_its_members():
+    # torch.nn.attention.SDPBackend is a C++ enum named _SDPBackend, a name its module lacks:
+    # pickle could not find it ("attribute lookup _SDPBackend on torch.nn.attention failed"), so a
+    # cell using SDPBackend.FLASH_ATTENTION could not be sent to the worker
+    from torch.nn.attention import SDPBackend
+
+    sent = {"kind": SDPBackend, "chosen": [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]}
+    back = loads(dumps(sent))
+    assert back["kind"] is SDPBackend
+    assert back["chosen"] == [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+
+
 def test_a_module_compiled_before_the_extension_says_what_to_do(monkeypatch):
     # cmodel = torch.compile(model) run before %load_ext: pickled with the host's compiler
     # callback, it reached the target and failed there (BackendCompilerFailed: backend='inductor'

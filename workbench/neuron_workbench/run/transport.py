@@ -569,6 +569,11 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _reduce_cached_function(obj)
             if reduced is not None:
                 return reduced
+        if kind is not type and isinstance(obj, type):
+            # a library class its module exposes under another name (torch's SDPBackend)
+            renamed = _class_renamed_in_module(obj)
+            if renamed is not None:
+                return _module_at, renamed
         if isinstance(obj, types.ModuleType):
             if sys.modules.get(obj.__name__) is obj:
                 if kind is not types.ModuleType:
@@ -844,8 +849,30 @@ def _module_path(module: types.ModuleType) -> tuple[str, tuple[str, ...]] | None
     return None
 
 
-def _module_at(parent: str, attributes: tuple[str, ...]) -> types.ModuleType:
-    """The module that ``attributes`` lead to from the imported module ``parent``."""
+def _class_renamed_in_module(kind: type) -> tuple[str, tuple[str]] | None:
+    """A library class's module and the other name it has there (None: pickle finds it).
+
+    ``torch.nn.attention.SDPBackend`` is a C++ enum named ``_SDPBackend`` in a module that has no
+    such name: pickle, which finds a class by its module and name, could not send it or its members
+    (``with sdpa_kernel(SDPBackend.FLASH_ATTENTION):`` in a %%neuron cell was a usage error).
+    """
+    module_name = getattr(kind, "__module__", None)
+    module = sys.modules.get(module_name) if _found_by_name(module_name) else None
+    if module is None:
+        return None
+    found: Any = module
+    for part in getattr(kind, "__qualname__", "").split("."):
+        found = getattr(found, part, None)
+    if found is kind:
+        return None
+    for name, value in list(vars(module).items()):
+        if value is kind:
+            return module.__name__, (name,)
+    return None
+
+
+def _module_at(parent: str, attributes: tuple[str, ...]) -> Any:
+    """The module (or class) that ``attributes`` lead to from the imported module ``parent``."""
     found: Any = importlib.import_module(parent)
     for attribute in attributes:
         found = getattr(found, attribute)
