@@ -3442,3 +3442,32 @@ def test_an_attention_backend_chosen_with_sdpa_kernel_reaches_the_worker(ip):
         "from torch.nn.attention import SDPBackend, sdpa_kernel",
     )
     assert {d.path for d in report.comparison.diffs} == {"q", "out"}
+
+
+def test_a_method_decorated_with_the_deprecated_autocast_warns_once_at_its_definition(ip, capfd):
+    # @torch.cuda.amp.autocast() on forward: torch warns (FutureWarning) whenever that deprecated
+    # class is made, unpickling included, so every %%neuron cell showed the warning twice more,
+    # at transport.py's `value = unpickler.load()` (the request's load, the answer's)
+    magics = ip.magics_manager.registry["NeuronMagics"]
+    magics.session.workers.get("neuron").stop()  # started again under capfd: its stderr is seen
+    run_cell(
+        ip,
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(4, 2)\n"
+        "    @torch.cuda.amp.autocast()\n"
+        "    def forward(self, x):\n"
+        "        return self.l(x)\n"
+        "net = Net()\n"
+        "x = torch.randn(2, 4)",
+    )
+    capfd.readouterr()
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # once per line, as a notebook shows them
+            report = _passed(ip, "out = net.cuda()(x.cuda())")
+        assert report.verdict == "PASS"
+        assert [str(w.message) for w in caught if w.category is FutureWarning] == []
+        assert "FutureWarning" not in capfd.readouterr().err

@@ -1672,7 +1672,11 @@ def _load(packed: Packed, lenient: bool) -> Loaded:
     try:
         unpickler = _Unpickler(io.BytesIO(packed.data), packed.buffers, lenient)
         bars_before = _open_progress_bars() if lenient else None
-        value = unpickler.load()
+        # What rebuilding an object warns was shown when the notebook built it: a method decorated
+        # with @torch.cuda.amp.autocast() (a deprecated class, which warns when made) showed its
+        # FutureWarning twice in every cell, at this line (the request's load, the answer's)
+        with warnings_ignored():
+            value = unpickler.load()
         if bars_before is not None:
             _forget_progress_bars_loaded(bars_before)
         return Loaded(value, unpickler.stood_in, tuple(unpickler.definitions))
