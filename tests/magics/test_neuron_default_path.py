@@ -3471,3 +3471,22 @@ def test_a_method_decorated_with_the_deprecated_autocast_warns_once_at_its_defin
         assert report.verdict == "PASS"
         assert [str(w.message) for w in caught if w.category is FutureWarning] == []
         assert "FutureWarning" not in capfd.readouterr().err
+
+
+def test_an_autocast_context_made_with_the_deprecated_api_warns_once_where_it_is_made(ip):
+    # ctx = torch.cuda.amp.autocast(dtype=...) in a plain cell (nanoGPT's `ctx`): the reference's
+    # copy of it made the deprecated class again, so every %%neuron cell showed
+    # "copyreg.py:105: FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated"
+    run_cell(
+        ip,
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "ctx = torch.cuda.amp.autocast(dtype=torch.bfloat16)\n"
+        "x = torch.randn(2, 4)",
+    )
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # once per line, as a notebook shows them
+            _passed(ip, "model.cuda()\nwith ctx:\n    out = model(x.cuda())")
+        assert [str(w.message) for w in caught if w.category is FutureWarning] == []
+        assert ip.user_ns["out"].dtype == torch.bfloat16  # as on a GPU

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.notebook_handles import (
     FILE_TYPES,
     bar_kept_apart,
@@ -412,7 +413,11 @@ def isolate(
     _FILES_APART.append(files_apart)
     _PROGRESS_BAR.append(progress_bar_class())
     try:
-        return _isolated(wanted)
+        # what making a copy warns was shown when the notebook made the original: a copy of
+        # ctx = torch.cuda.amp.autocast() (a deprecated class, which warns when made) showed its
+        # FutureWarning in every cell, at copyreg's line
+        with warnings_ignored():
+            return _isolated(wanted)
     finally:
         _FILES_APART.pop()
         _PROGRESS_BAR.pop()
