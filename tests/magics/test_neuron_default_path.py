@@ -3490,3 +3490,26 @@ def test_an_autocast_context_made_with_the_deprecated_api_warns_once_where_it_is
             _passed(ip, "model.cuda()\nwith ctx:\n    out = model(x.cuda())")
         assert [str(w.message) for w in caught if w.category is FutureWarning] == []
         assert ip.user_ns["out"].dtype == torch.bfloat16  # as on a GPU
+
+
+def test_a_file_a_with_block_closed_is_no_output_left_uncompared(ip, tmp_path, monkeypatch):
+    # with open("metrics.json", "w") as f: json.dump(...) in a cell (or a script run with
+    # neuron-workbench run) gave "2 outputs, 2 match; 2 not compared": the target's closed files
+    # could not be sent back ("Cannot pickle closed files"), though nothing in them is compared
+    # (the reference's files yield no output either)
+    monkeypatch.chdir(tmp_path)
+    run_cell(ip, "import json, torch")
+    report = _passed(
+        ip,
+        'x = torch.ones(3, device="cuda") * 2\n'
+        'with open("metrics.json", "w") as f:\n'
+        '    json.dump({"s": x.sum().item()}, f)\n'
+        'with open("metrics.json") as g:\n'
+        "    back = json.load(g)",
+    )
+    assert "not compared" not in report.summary(), report.summary()
+    assert {d.path: d.status for d in report.comparison.diffs} == {
+        "x": "match",
+        "back['s']": "match",
+    }
+    assert ip.user_ns["f"].closed and ip.user_ns["back"] == {"s": 6.0}

@@ -569,7 +569,19 @@ def _hold_copies(run: Run) -> None:
 
 
 def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
-    """Replace each result that cannot be pickled by a :class:`NotCompared` naming why."""
+    """Replace each result that cannot be pickled by a :class:`NotCompared` naming why.
+
+    One the comparison would not look into either (nothing in it is compared: a file that
+    ``with open(...) as f`` closed, a generator) is left out without a word, as on the reference.
+    """
+    from neuron_workbench.compare.flatten import iter_leaves
+
+    for name in list(run.outputs):
+        value = run.outputs[name]
+        if next(iter_leaves({name: value}), None) is None and sending_error(value) is not None:
+            # it was "not compared: could not be sent back (Cannot pickle closed files)"
+            del run.outputs[name]
+            run.bindings.pop(name, None)
 
     def why(value: Any) -> str | None:
         exc = sending_error(value)
