@@ -162,6 +162,21 @@ def test_script_arguments_are_for_scripts_only(tmp_path):
     )
 
 
+def test_a_scripts_arguments_without_the_dashes_say_where_they_go(context_script, tmp_path):
+    # `run train.py --lr 0.5` (the `--` forgotten) said only "unrecognized arguments: --lr 0.5"
+    done = cli("run", str(context_script), "--lr", "0.5", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "neuron-workbench: error: unrecognized arguments: --lr 0.5 (a script's own arguments "
+        "follow --, after the command's options: neuron-workbench run "
+        f"{context_script} [options] -- --lr 0.5)"
+    )
+    # an unknown option before `--` is the command's (a typo), as before
+    typo = cli("run", str(context_script), "--bogus", "--", "--steps=2", cwd=tmp_path)
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == "neuron-workbench: error: unrecognized arguments: --bogus"
+
+
 def test_max_steps_stops_both_runs(context_script, tmp_path):
     done = cli(
         "run", str(context_script), "--max-steps", "2", "--json", "r.json", "--", "--steps=50",

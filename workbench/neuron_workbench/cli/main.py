@@ -73,6 +73,22 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:index], argv[index + 1 :]
 
 
+def _unrecognized(args: argparse.Namespace, unknown: list[str], given_args: bool) -> str:
+    """The message for ``unknown``; after a script without ``--``, it says where they go.
+
+    ``run train.py --epochs 2`` (the ``--`` forgotten) said only "unrecognized arguments:
+    --epochs 2", as if the workbench refused the script's options.
+    """
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    script = getattr(args, "script", None) or getattr(args, "path", None)
+    if not given_args and "script_args" in vars(args) and str(script).endswith(".py"):
+        message += (
+            f" (a script's own arguments follow --, after the command's options: "
+            f"neuron-workbench {args.command} {script} [options] -- {' '.join(unknown)})"
+        )
+    return message
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the command is: its runs end as on Ctrl-C (workers stopped)."""
 
@@ -86,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, script_args = _split_script_args(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(_unrecognized(args, unknown, script_args is not None))
     if script_args is not None:
         args.script_args = script_args
     # A SIGTERM (a CI job's timeout, `kill`) ended the command with no word and its workers left
