@@ -3513,3 +3513,27 @@ def test_a_file_a_with_block_closed_is_no_output_left_uncompared(ip, tmp_path, m
         "back['s']": "match",
     }
     assert ip.user_ns["f"].closed and ip.user_ns["back"] == {"s": 6.0}
+
+
+def test_a_graph_break_on_a_logged_loss_names_the_cells_types(ip):
+    # print("mean", h.mean().item()) in a compiled forward: the second graph break's reason read
+    # "... builtin operator `print` with argument types ['str', 'TaggedFloat']", the workbench's
+    # tagged number in place of the float plain Dynamo names
+    run_cell(
+        ip,
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        h = self.l(x)\n"
+        '        print("mean", h.mean().item())\n'
+        "        return h.relu()\n"
+        "m = torch.compile(M())",
+    )
+    report = _passed(ip, "out = m.cuda()(torch.randn(2, 4, device='cuda'))")
+    for role in ("ref", "target"):
+        reasons = [b["reason"] for b in report.to_dict()[role]["compile"]["graph_breaks"]]
+        assert any("argument types ['str', 'float']" in r for r in reasons), reasons
+        assert not any("Tagged" in r for r in reasons), reasons

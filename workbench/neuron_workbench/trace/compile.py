@@ -36,6 +36,9 @@ _RANDOM_CALL = re.compile(
     r"randint|randperm|rand_like|randn_like|randint_like|bernoulli|normal|multinomial|poisson))\("
 )
 _AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$")
+#: The run's tagged numbers and strings (``loss.item()`` during a run) as a reason names their type
+#: (``print`` with argument types ['str', 'TaggedFloat']): the cell's plain types.
+_TAGGED_TYPE_NAMES = re.compile(r"'Tagged(Float|Int|Str)'")
 _WORKBENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -160,6 +163,7 @@ class _GraphBreaks(logging.Handler):
                 reason = stripped
         if not reason and len(lines) > 1:
             reason = lines[1].removeprefix("Graph Break Reason:").strip()
+        reason = _TAGGED_TYPE_NAMES.sub(lambda m: f"'{m[1].lower()}'", reason)
         file, line = match["file"], int(match["line"])
         if _in_the_workbench(file):
             # a break inside the run's own wrappers (the scalar record of `loss.item()`) is the
