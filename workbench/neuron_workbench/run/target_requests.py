@@ -571,14 +571,12 @@ def _hold_copies(run: Run) -> None:
 def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
     """Replace each result that cannot be pickled by a :class:`NotCompared` naming why.
 
-    One the comparison would not look into either (nothing in it is compared: a file that
-    ``with open(...) as f`` closed, a generator) is left out without a word, as on the reference.
+    A closed file (``with open(...) as f`` in the cell) or a generator is left out without a word:
+    nothing in it is compared, and the reference's yields no output either.
     """
-    from neuron_workbench.compare.flatten import iter_leaves
-
     for name in list(run.outputs):
         value = run.outputs[name]
-        if next(iter_leaves({name: value}), None) is None and sending_error(value) is not None:
+        if _holds_nothing_compared(value) and sending_error(value) is not None:
             # it was "not compared: could not be sent back (Cannot pickle closed files)"
             del run.outputs[name]
             run.bindings.pop(name, None)
@@ -590,6 +588,13 @@ def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
         return f"could not be sent back from the {target} worker process ({first_line(exc)})"
 
     not_compared(run, why)
+
+
+def _holds_nothing_compared(value: Any) -> bool:
+    """Whether ``value`` is a closed file or a generator: values the comparison never looks into."""
+    if isinstance(value, io.IOBase):
+        return value.closed
+    return isinstance(value, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType)
 
 
 def not_compared(run: Run, why: Callable[[Any], str | None]) -> None:
