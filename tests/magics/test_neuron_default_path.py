@@ -3537,3 +3537,27 @@ def test_a_graph_break_on_a_logged_loss_names_the_cells_types(ip):
         reasons = [b["reason"] for b in report.to_dict()[role]["compile"]["graph_breaks"]]
         assert any("argument types ['str', 'float']" in r for r in reasons), reasons
         assert not any("Tagged" in r for r in reasons), reasons
+
+
+def test_a_backward_pass_through_an_inference_tensor_fails_as_on_a_gpu(ip):
+    # each run's copy of `feats` (the kernel's deep copy, the worker's rebuilt tensor) was a
+    # normal tensor: the backward pass PASSed where a GPU raises, and the user ported code
+    # that fails
+    run_cell(
+        ip,
+        "import torch\nenc = torch.nn.Linear(4, 4)\nhead = torch.nn.Linear(4, 1)\nx = torch.randn(2, 4)",
+    )
+    _passed(
+        ip,
+        "enc.cuda(); head.cuda()\nwith torch.inference_mode():\n    feats = enc(x.cuda())",
+    )
+    assert ip.user_ns["feats"].is_inference()
+    run_cell(ip, "%%neuron -o r\nloss = head(feats).sum()\nloss.backward()")
+    report = _report(ip)
+    assert report.verdict == "ERROR", report.summary()
+    for run in (report.ref, report.target):
+        assert "Inference tensors cannot be saved for backward" in run.error.message, run.error
+    # the documented workaround, and reading it without autograd, work as on a GPU
+    _passed(ip, "loss = head(feats.clone()).sum()\nloss.backward()")
+    _passed(ip, "with torch.no_grad():\n    y = head(feats)\nmoved = feats.cpu().cuda()")
+    assert ip.user_ns["feats"].is_inference()

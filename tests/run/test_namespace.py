@@ -441,6 +441,24 @@ def test_the_isolation_copy_of_a_tensor_is_pytorchs_own():
     assert torch.count_nonzero(fast[2]) == 0 and torch.count_nonzero(tensors[2]) > 0
 
 
+def test_the_copy_of_an_inference_tensor_is_one():
+    # it was a normal tensor: a backward pass through the run's copy worked where a GPU raises
+    with torch.inference_mode():
+        feats = torch.randn(2, 3)
+        model = torch.nn.Linear(3, 1)  # rare: its copy stays a model the run can train
+    values = {"feats": feats, "view": feats[1], "odd": feats.t(), "model": model}
+    copies, _ = isolate(values, list(values))
+    assert all(copies[name].is_inference() for name in ("feats", "view", "odd"))
+    assert torch.equal(copies["feats"], feats)
+    assert copies["view"].untyped_storage()._cdata == copies["feats"].untyped_storage()._cdata
+    weight = copies["model"].weight
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        (copies["feats"] * weight).sum()
+    assert version_signature({"feats": feats}) == version_signature({"feats": feats})  # no counter
+    copies["model"](torch.ones(3)).sum().backward()
+    torch.optim.SGD(copies["model"].parameters(), lr=0.1).step()
+
+
 def test_the_one_look_up_instance_check_is_isinstance():
     class Config:  # a library config: its __getattribute__ is Python code
         def __getattribute__(self, name):
@@ -505,6 +523,21 @@ def test_a_moved_tensor_keeps_its_strides_and_values():
         assert moved.device.type == "neuron"
         assert moved.stride() == stride and moved.storage_offset() == offset
         assert torch.equal(moved.cpu(), values)
+
+
+@pytest.mark.inprocess_device
+def test_a_moved_inference_tensor_is_one_with_its_marks():
+    # the move set the data of the run's inference tensor to the device's: "incompatible tensor
+    # type" (and moved as a normal tensor, a backward pass through it worked where a GPU raises)
+    with torch.inference_mode():
+        feats = torch.arange(6.0).reshape(2, 3)
+    feats.__dict__[ORIGIN_ATTR] = "neuron:0"
+    memo: dict = {}
+    moved = move_to_device({"feats": feats, "view": feats[1]}, torch.device(NEURON), True, memo)
+    assert moved["feats"].device.type == "neuron" and moved["feats"].is_inference()
+    assert moved["view"].is_inference() and vars(moved["feats"]) == {ORIGIN_ATTR: "neuron:0"}
+    assert moved["view"].untyped_storage().data_ptr() == moved["feats"].untyped_storage().data_ptr()
+    assert moved["feats"].cpu().tolist() == feats.tolist()
 
 
 @pytest.mark.inprocess_device

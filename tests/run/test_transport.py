@@ -286,6 +286,23 @@ def test_a_tensor_a_graph_computed_arrives_saying_so_when_backward_reaches_it(ar
         back.backward()
 
 
+def test_an_inference_tensor_arrives_as_one(arena):
+    # it arrived as a normal tensor: a backward pass through it worked where a GPU raises
+    with torch.inference_mode():
+        feats = torch.randn(2, 3)
+        weight = torch.nn.Parameter(torch.randn(2))  # rare: a normal one, as the kernel copies it
+    feats.tag = "kept"
+    back = loads(
+        dumps({"feats": feats, "view": feats[1], "plain": torch.ones(2), "w": weight}, arena)
+    )
+    assert back["feats"].is_inference() and back["view"].is_inference()
+    assert torch.equal(back["feats"], feats) and back["feats"].tag == "kept"
+    assert not back["plain"].is_inference() and not back["w"].is_inference()
+    assert back["w"].requires_grad
+    with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+        (back["feats"] * back["w"][0]).sum()
+
+
 def test_lazy_conjugates_empty_and_odd_dtypes_survive(arena):
     z = torch.randn(3, dtype=torch.complex64)
     values = {

@@ -660,7 +660,13 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
     # it is kept alive with the memo (as copy._keep_alive does), or its id, a memo key, is reused.
     data = param.data
     memo.setdefault(id(memo), []).append(data)
-    result = type(param)(data.__deepcopy__(memo), param.requires_grad)
+    copied = data.__deepcopy__(memo)
+    if copied.is_inference():
+        # a parameter made under inference mode (rare) is copied as a normal one, as PyTorch copies
+        # it: on a GPU `model.cuda()` gives it normal data, on the host standing in for cuda it
+        # does nothing, and the run could not train it
+        copied = copied.clone()
+    result = type(param)(copied, param.requires_grad)
     # its hooks with the run's copies of what they hold (a gradient recorder's list)
     add_leaf_hooks(result, _deepcopy(leaf_hooks(param), memo))
     memo[id(param)] = result
@@ -917,33 +923,56 @@ def _pytorchs_deepcopy(
     is its whole storage: a run copies a hundred tensors per cell of a small GPT.
     """
     if not _copied_by_storage(tensor):
-        return original(tensor, memo)
+        with inference_mode_for(tensor):
+            return original(tensor, memo)
     if id(tensor) in memo:
         return memo[id(tensor)]
     storage = tensor.untyped_storage()
     storage_copies = memo.setdefault("torch", {})  # PyTorch's own key: its copies of storages
     copied = storage_copies.get(storage._cdata)
     result = None
-    if copied is None and _whole_storage(tensor, storage):
-        # its clone is a copy of its storage too, viewed as it is: one op instead of four
-        result = (tensor.detach() if tensor.requires_grad else tensor).clone()
-        if result.stride() == tensor.stride():
-            copied = storage_copies[storage._cdata] = result.untyped_storage()
-        else:  # (a dense clone keeps its strides: never, but then as PyTorch does)
-            result = None
-    if result is None:
-        if copied is None:
-            copied = storage_copies[storage._cdata] = storage.clone()
-        result = tensor.new_empty([])
-        result.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
-    if tensor.requires_grad:
-        result.requires_grad_()
+    with inference_mode_for(tensor):
+        if copied is None and _whole_storage(tensor, storage):
+            # its clone is a copy of its storage too, viewed as it is: one op instead of four
+            result = (tensor.detach() if tensor.requires_grad else tensor).clone()
+            if result.stride() == tensor.stride():
+                copied = storage_copies[storage._cdata] = result.untyped_storage()
+            else:  # (a dense clone keeps its strides: never, but then as PyTorch does)
+                result = None
+        if result is None:
+            if copied is None:
+                copied = storage_copies[storage._cdata] = storage.clone()
+            result = tensor.new_empty([])
+            result.set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
+        if tensor.requires_grad:
+            result.requires_grad_()
     grad = tensor.grad
     if grad is not None:
         result.grad = grad.__deepcopy__(memo)
     result.__dict__ = _deepcopy(vars(tensor), memo)  # empty, as PyTorch copies it
     memo[id(tensor)] = result
     return result
+
+
+def inference_mode_for(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """``torch.inference_mode()`` where ``tensor`` is an inference tensor, else nothing.
+
+    A copy or a move of an inference tensor (``feats`` an earlier cell computed under
+    ``torch.inference_mode()``) must be one too, or a backward pass through a run's copy works
+    where it fails on a GPU ("Inference tensors cannot be saved for backward"). Tensors made
+    there are inference tensors, and only there may one be set to a storage or require grad.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor about to be copied or moved.
+
+    Returns
+    -------
+    contextlib.AbstractContextManager
+        The context to make its copy in.
+    """
+    return torch.inference_mode() if tensor.is_inference() else contextlib.nullcontext()
 
 
 def _whole_storage(tensor: torch.Tensor, storage: torch.UntypedStorage) -> bool:
@@ -1119,6 +1148,12 @@ def _moved_tensor(
     # A leaf moves in place, as Module.to moves a parameter: it stays a leaf (``.to`` would give it
     # a grad_fn), and what else holds it (an optimizer of a tensor optimised alone, a list) holds
     # the moved tensor, hooks and marks included.
+    if tensor.is_inference():
+        # a new inference tensor, its marks included: an inference tensor's own data cannot be set
+        # to a device's, and it has no optimizer or hooks to keep
+        moved = _device_view(tensor.detach(), device, memo)
+        moved.__dict__.update(vars(tensor))
+        return moved
     if tensor.is_leaf:
         grad = tensor.grad
         tensor.data = _device_view(tensor.detach(), device, memo)
@@ -1132,6 +1167,13 @@ def _device_view(
     data: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
 ) -> torch.Tensor:
     """``data.to(device)``, as a view of the one device copy of ``data``'s whole storage."""
+    with inference_mode_for(data):  # an inference tensor's move is one too, as on the device
+        return _device_view_of(data, device, memo)
+
+
+def _device_view_of(
+    data: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
+) -> torch.Tensor:
     if type(data) is not torch.Tensor or data.layout != torch.strided:
         return data.to(device)
     if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
@@ -1634,8 +1676,8 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
         return
     if isinstance(value, torch.Tensor):
         grad = value.grad if value.is_leaf else None
-        grad_sig = (0, -1) if grad is None else (id(grad), grad._version)
-        out.append((id(value), value._version, *grad_sig))
+        grad_sig = (0, -1) if grad is None else (id(grad), _version_of(grad))
+        out.append((id(value), _version_of(value), *grad_sig))
         return
     if type(value) in _ATOMS or id(value) in seen:
         return
@@ -1674,6 +1716,12 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
     out.extend(map(id, items))
     for item in items:
         _sign(item, depth + 1, seen, out)
+
+
+def _version_of(tensor: torch.Tensor) -> int:
+    # An inference tensor has no version counter: it changes in place only inside inference mode,
+    # where a change is not seen (the run's copy is committed all the same)
+    return -1 if tensor.is_inference() else tensor._version
 
 
 class _Held:

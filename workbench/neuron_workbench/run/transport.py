@@ -682,9 +682,14 @@ class _Pickler(cloudpickle.Pickler):
             grad,
             parameter,
         )
-        # most tensors have no state, graph or hooks: their stream leaves the defaults out
-        if state or graph is not None or hooks is not None:
-            arguments += (state, graph, hooks)
+        # an inference tensor (`feats` computed under torch.inference_mode()) arrives as one, so a
+        # backward pass through it fails as on a GPU; a parameter arrives as a normal one, as
+        # namespace's copies make it
+        inference = obj.is_inference() and not parameter
+        # most tensors have no state, graph or hooks and are no inference tensors: their stream
+        # leaves the defaults out
+        if state or graph is not None or hooks is not None or inference:
+            arguments += (state, graph, hooks, inference)
         return _rebuild_tensor, arguments
 
     def _token(self, storage: torch.UntypedStorage, device_type: str) -> _StorageToken:
@@ -1376,13 +1381,16 @@ def _rebuild_tensor(
     state: dict[str, Any] | None = None,
     graph: str | None = None,
     hooks: tuple[Any, Any] | None = None,
+    inference: bool = False,
 ) -> torch.Tensor:
-    data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
-    tensor: torch.Tensor
-    if parameter:
-        tensor = _PARAMETER(data, requires_grad=requires_grad)
-    else:  # a new tensor does not require grad: only the ones that do are told
-        tensor = data.requires_grad_() if requires_grad else data
+    # an inference tensor is made in inference mode, the only place where it can be
+    with torch.inference_mode() if inference else contextlib.nullcontext():
+        data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
+        tensor: torch.Tensor
+        if parameter:
+            tensor = _PARAMETER(data, requires_grad=requires_grad)
+        else:  # a new tensor does not require grad: only the ones that do are told
+            tensor = data.requires_grad_() if requires_grad else data
     if grad is not None:
         tensor.grad = grad
     if state:
