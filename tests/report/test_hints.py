@@ -147,6 +147,26 @@ def test_a_run_that_did_not_count_wraps_has_the_int64_ops_as_its_evidence(ip):
     assert any("int64 op ran in this run): values beyond ±2^31 wrap around" in h for h in hints)
 
 
+def test_a_float32_output_taken_from_float64_values_gets_the_float64_hint(ip):
+    # A diffusion noise schedule built in float64, then cast to float32: neuron computed the
+    # float64 ops as float32, and the float32 output keeps that rounding. Its dtype is float32,
+    # yet the counted float64 ops are the evidence: not "cause not identified".
+    run_cell(ip, "import torch, math")
+    cell = (
+        "steps = torch.arange(1001, dtype=torch.float64, device='cuda') / 1000\n"
+        "f = torch.cos((steps + 0.008) / 1.008 * math.pi / 2) ** 2\n"
+        "abar = torch.cumprod(1 - torch.clip(1 - f[1:] / f[:-1], 0, 0.999), dim=0)\n"
+        "sqrt_recip = torch.sqrt(1.0 / abar).float()"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    diff = failures["sqrt_recip"]
+    assert diff.ref_dtype == diff.target_dtype == "float32"
+    assert CAUSE_NOT_IDENTIFIED not in diff.hints
+    hint = next(h for h in diff.hints if h.startswith("float64 is computed as float32 on neuron"))
+    assert "float64 ops ran in this run): a float32 output taken from float64 values" in hint
+
+
 def test_a_failing_int_output_on_tpu_gets_no_matmul_hint(ip):
     run_cell(ip, "import torch\nw = torch.randn(4, 4)")
     # a float32 matmul ran too (the TPU rule's op class), but it did not make an int64 output

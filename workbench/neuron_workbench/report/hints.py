@@ -337,6 +337,14 @@ def hints_for(
             f"{_ran(fp64_ops, 'float64 op')}: an integer output taken from float64 values "
             "(argmax, comparisons, rounding) changes where float32 rounds them together"
         )
+    elif on_neuron and floating and fp64_ops > 0:  # counted: a float64 op ran, not this dtype
+        # A float32 output taken from float64 values (a noise schedule built in float64, then
+        # `.float()`) carries float32's rounding of them: its dtype alone does not say float64.
+        hints.append(
+            "float64 is computed as float32 on neuron (torchneuron.md §7)"
+            f"{_ran(fp64_ops, 'float64 op')}: a {diff.target_dtype} output taken from float64 "
+            "values (.float(), .to(torch.float32)) keeps float32's rounding of their computation"
+        )
     if on_neuron and dtypes & set(_INT64):
         int64_hint = _int64_wrapped_hint(target)
         if int64_hint:
