@@ -234,6 +234,9 @@ def test_a_library_op_without_an_autocast_wrapper_for_the_device_is_named(ip):
         "z = x.index_select(0, torch.tensor([0, 2]))",  # a CPU index to an op that wants it there
         "z = torch.nn.Linear(4, 2)(x.view(1, 4))",  # a model left on the CPU
         "z = x.numpy()",  # NumPy of a device tensor
+        # lengths on the device: CUDA's kernel wants them on the CPU too
+        "z = torch.nn.utils.rnn.pack_padded_sequence(\n"
+        "    x.view(1, 4, 1), torch.tensor([4], device='cuda'), batch_first=True)",
     ],
 )
 def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
@@ -244,7 +247,13 @@ def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
     note = next(n for n in report.notes if ", as CUDA does;" in n)
-    what = "NumPy of a tensor on the device" if "numpy" in body else "a CPU tensor next to one on"
+    what = (
+        "NumPy of a tensor on the device"
+        if "numpy" in body
+        else "pack_padded_sequence's lengths on the device"
+        if "pack_padded" in body
+        else "a CPU tensor next to one on"
+    )
     assert note.startswith(f"neuron (emulated) error: the target refused {what}")
 
 

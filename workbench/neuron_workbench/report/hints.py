@@ -489,6 +489,13 @@ _CUDA_REFUSES_TOO = (
         "NumPy of a tensor on the device",
         "Copy it to the host first: .cpu().numpy()",
     ),
+    (
+        # pack_padded_sequence keeps a lengths tensor where it is; its kernel wants it on the CPU
+        "'lengths' argument should be a 1D CPU int64 tensor",
+        "",
+        "pack_padded_sequence's lengths on the device",
+        "Pass them on the CPU: pack_padded_sequence(x, lengths.cpu(), ...)",
+    ),
 )
 
 
