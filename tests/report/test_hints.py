@@ -127,6 +127,24 @@ def test_an_int64_value_beyond_int32_gets_the_wrap_hint_with_its_evidence(ip):
     assert CAUSE_NOT_IDENTIFIED not in failures["out"].hints
 
 
+def test_an_int64_wrap_is_named_first_where_an_unrelated_float64_op_ran(ip):
+    # The sum wraps in int32 on neuron; an unrelated float64 op ran in the same cell. The int
+    # output's own dtype names the int64 rule: it comes first, and the summary names it, not
+    # "float64 computed as float32".
+    run_cell(ip, "import torch")
+    cell = (
+        "w = torch.rand(4, device='cuda', dtype=torch.float64) * 2\n"
+        "total = torch.arange(100000, device='cuda').sum().item()"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    hints = failures["total"].hints
+    assert hints[0].startswith("int64 arithmetic runs as int32 on neuron"), hints
+    assert any(h.startswith("float64 is computed as float32 on neuron") for h in hints[1:])
+    assert "(int64 computed as int32)" in report.summary(), report.summary()
+    assert "float64 computed as float32" not in report.summary()
+
+
 def test_an_int64_difference_where_nothing_wrapped_gets_no_wrap_hint(ip):
     # int64 ops ran as int32 on the target, but every value fit in int32: the difference has
     # another cause (here a device check), and the int64 rule is no explanation for it.

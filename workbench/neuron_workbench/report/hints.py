@@ -329,26 +329,32 @@ def hints_for(
             f"and back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: expect float32 "
             "precision, or compute this in float32 on purpose"
         )
-    elif on_neuron and not floating and fp64_ops > 0:  # counted: no dtype says float64 here
-        # An index or count taken from float64 values (argmax, comparisons, rounding) changes
-        # with them: the int64 rule is not the only one that can explain an integer output.
-        hints.append(
-            "float64 is computed as float32 on neuron (torchneuron.md §7)"
-            f"{_ran(fp64_ops, 'float64 op')}: an integer output taken from float64 values "
-            "(argmax, comparisons, rounding) changes where float32 rounds them together"
-        )
-    elif on_neuron and floating and fp64_ops > 0:  # counted: a float64 op ran, not this dtype
-        # A float32 output taken from float64 values (a noise schedule built in float64, then
-        # `.float()`) carries float32's rounding of them: its dtype alone does not say float64.
-        hints.append(
-            "float64 is computed as float32 on neuron (torchneuron.md §7)"
-            f"{_ran(fp64_ops, 'float64 op')}: a {diff.target_dtype} output taken from float64 "
-            "values (.float(), .to(torch.float32)) keeps float32's rounding of their computation"
-        )
     if on_neuron and dtypes & set(_INT64):
         int64_hint = _int64_wrapped_hint(target)
         if int64_hint:
             hints.append(int64_hint)
+    # The float64 rule for an output of another dtype, where float64 ops were counted, comes after
+    # the int64 rule that its own dtype names: both are the whole run's evidence, the first names
+    # the cause (the summary's short cause).
+    if on_neuron and fp64_ops > 0 and not dtypes & set(_FLOAT64):
+        if floating:
+            # A float32 output taken from float64 values (a noise schedule built in float64,
+            # then `.float()`) keeps float32's rounding of them: its dtype does not say float64.
+            taken = (
+                f"a {diff.target_dtype} output taken from float64 values (.float(), "
+                ".to(torch.float32)) keeps float32's rounding of their computation"
+            )
+        else:
+            # An index or count taken from float64 values (argmax, comparisons, rounding)
+            # changes with them: the int64 rule is not the only one for an integer output.
+            taken = (
+                "an integer output taken from float64 values (argmax, comparisons, rounding) "
+                "changes where float32 rounds them together"
+            )
+        hints.append(
+            "float64 is computed as float32 on neuron (torchneuron.md §7)"
+            f"{_ran(fp64_ops, 'float64 op')}: {taken}"
+        )
     autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
     if autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
         hints.append(

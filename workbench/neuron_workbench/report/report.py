@@ -348,6 +348,7 @@ _SHORT_CAUSES = (
     ("the bf16 what-if policy was on", "bf16 what-if matmuls"),
     ("TF32:", "TF32 matmuls"),
     ("float64 is computed as float32 on neuron", "float64 computed as float32"),
+    ("int64 arithmetic runs as int32 on neuron", "int64 computed as int32"),
 )
 
 
