@@ -275,6 +275,29 @@ def test_what_cuda_refuses_too_is_named_as_the_cells_mistake(ip, body):
     assert note.startswith(f"neuron (emulated) error: the target refused {what}")
 
 
+def test_a_float16_fft_the_cpu_reference_cannot_compute_is_named_as_the_references_limit(ip):
+    # cuFFT computes a float16 FFT of a power-of-two size; the CPU standing in for cuda has no
+    # float16 FFT, so both runs raised and the ERROR read as if CUDA refused the line too.
+    run_cell(ip, "import torch")
+    cell = "x = torch.randn(4, 256, device='cuda')\nR = torch.fft.rfft(x.half())"
+    run_cell(ip, f"%%neuron -o r\n{cell}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is not None, report.summary()
+    note = next(n for n in report.notes if "float16 FFT" in n)
+    assert note.startswith("cpu (as cuda) error: the CPU has no float16 FFT"), note
+
+
+def test_a_float16_error_outside_an_fft_gets_no_fft_note(ip):
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\nx = torch.randn(4, device='cuda')\nraise RuntimeError('Unsupported dtype Half')",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR"
+    assert not any("float16 FFT" in n for n in report.notes)
+
+
 def test_a_checkpoint_an_earlier_cell_saved_is_named_with_its_map_location(ip, tmp_path):
     # The notebook keeps the reference's file, whose tensors the CPU standing in for cuda tagged
     # "cpu": loaded without map_location, the target refused them next to its device's, and the

@@ -25,6 +25,7 @@ from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
     Evidence,
     autocast_registration_hint,
+    cpu_lacks_half_fft_hint,
     cuda_refuses_too_hint,
     hints_for,
     kernel_only_op_hint,
@@ -720,6 +721,9 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
     for hint in (cuda_refuses_too_hint(ref, target), kernel_only_op_hint(ref, target)):
         if hint:
             notes.append(f"{target.backend.label} error: {hint}")
+    half_fft = cpu_lacks_half_fft_hint(ref)
+    if half_fft:
+        notes.append(f"{ref.backend.label} error: {half_fft}")
     return notes
 
 

@@ -528,6 +528,25 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
     return None
 
 
+def cpu_lacks_half_fft_hint(ref: Run) -> str | None:
+    """Why the cpu reference refused a float16 FFT that a CUDA GPU computes, when it did.
+
+    The CPU has no float16 FFT kernel ("Unsupported dtype Half"); cuFFT computes float16 FFTs
+    whose transformed sizes are powers of two (torch.fft's documentation), so on a GPU the line may
+    run. Given only when the CPU stood in for cuda and refused a line that calls an FFT.
+    """
+    error = ref.error
+    if error is None or ref.backend.details.get("stands_in_for") != "cuda":
+        return None
+    if error.message != "Unsupported dtype Half" or "fft" not in error.line:
+        return None
+    return (
+        "the CPU has no float16 FFT, so the cpu reference cannot stand in for cuda here: CUDA "
+        "computes float16 FFTs whose transformed sizes are powers of two (and none in bfloat16). "
+        "Compute the FFT in float32 (x.float()) to compare it"
+    )
+
+
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
 
 
