@@ -3561,3 +3561,18 @@ def test_a_backward_pass_through_an_inference_tensor_fails_as_on_a_gpu(ip):
     _passed(ip, "loss = head(feats.clone()).sum()\nloss.backward()")
     _passed(ip, "with torch.no_grad():\n    y = head(feats)\nmoved = feats.cpu().cuda()")
     assert ip.user_ns["feats"].is_inference()
+
+
+def test_a_draw_inside_vmap_with_different_randomness_runs_as_in_plain_pytorch(ip):
+    # the draw is a batched wrapper without storage: fingerprinting it raised "Cannot access data
+    # pointer of Tensor that doesn't have storage" in both runs, an ERROR plain PyTorch never gives
+    run_cell(ip, "import torch\nfrom torch.func import vmap")
+    _passed(
+        ip,
+        "x = torch.ones(4, 3, device='cuda')\n"
+        "z = vmap(lambda t: t + torch.randn(3, device='cuda'), randomness='different')(x)\n"
+        "d = vmap(lambda t: torch.nn.functional.dropout(t, 0.5), randomness='different')(x)",
+    )
+    report = _report(ip)
+    assert {"z", "d"} <= {diff.path for diff in report.comparison.diffs}, report.summary()
+    assert ip.user_ns["z"].shape == (4, 3)

@@ -49,23 +49,30 @@ def fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
     """
     if not isinstance(value, torch.Tensor):
         return ()
+    shape = tuple(value.shape)
+    # A draw inside torch.func.vmap(..., randomness="different") is a batched wrapper, which has
+    # no storage to read (reading it raised in the cell): read the tensor it wraps, all its rows.
+    while torch._C._functorch.is_functorch_wrapped_tensor(value):
+        value = torch._C._functorch.get_unwrapped(value)
     if value.is_meta or value.layout != torch.strided:
-        return (tuple(value.shape),)  # no values to read (a model built on the meta device)
+        return (shape,)  # no values to read (a model built on the meta device)
     if torch._C._len_torch_dispatch_stack() == 0:  # nothing to hide the reads from (the usual case)
-        return _head(value, zeros_only)  # reads of a detached tensor record no autograd graph
+        return _head(
+            value, shape, zeros_only
+        )  # reads of a detached tensor record no autograd graph
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
-        return _head(value, zeros_only)
+        return _head(value, shape, zeros_only)
 
 
-def _head(value: torch.Tensor, zeros_only: bool) -> tuple[Any, ...]:
+def _head(value: torch.Tensor, shape: tuple[int, ...], zeros_only: bool) -> tuple[Any, ...]:
     head = value.detach().reshape(-1)[:FINGERPRINT_LENGTH].to("cpu")
     if zeros_only:
         head = head == 0
     elif head.is_floating_point() or head.is_complex():
         head = head.to(torch.float64)
-    return (tuple(value.shape), *head.tolist())
+    return (shape, *head.tolist())
 
 
 def draw_on_cpu(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
