@@ -298,6 +298,43 @@ def test_a_float16_error_outside_an_fft_gets_no_fft_note(ip):
     assert not any("float16 FFT" in n for n in report.notes)
 
 
+_GRADCHECK_CELL = """\
+class Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * g
+
+x = torch.randn(3, dtype=torch.double, device='cuda', requires_grad=True)
+ok = torch.autograd.gradcheck(Cube.apply, (x,))"""
+
+
+def test_a_float64_gradcheck_neuron_alone_fails_is_named_as_float64_computed_in_float32(ip):
+    # A correct backward passed gradcheck on the reference; neuron computes float64 as float32,
+    # whose rounding swamps gradcheck's eps=1e-6, and the ERROR came with no note saying so.
+    run_cell(ip, "import torch")
+    run_cell(ip, f"%%neuron -o r\n{_GRADCHECK_CELL}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    assert report.target.error.type == "GradcheckError", report.summary()
+    note = next(n for n in report.notes if "gradcheck" in n)
+    assert note.startswith("neuron (emulated) error: float64 is computed as float32 on neuron")
+
+
+def test_a_gradcheck_both_runs_fail_gets_no_float64_note(ip):
+    run_cell(ip, "import torch")
+    cell = _GRADCHECK_CELL.replace("return 3 * x ** 2 * g", "return 2 * x * g")
+    run_cell(ip, f"%%neuron -o r\n{cell}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is not None, report.summary()
+    assert not any("gradcheck" in n for n in report.notes)
+
+
 def test_a_checkpoint_an_earlier_cell_saved_is_named_with_its_map_location(ip, tmp_path):
     # The notebook keeps the reference's file, whose tensors the CPU standing in for cuda tagged
     # "cpu": loaded without map_location, the target refused them next to its device's, and the

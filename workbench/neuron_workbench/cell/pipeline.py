@@ -27,6 +27,7 @@ from neuron_workbench.report.hints import (
     autocast_registration_hint,
     cpu_lacks_half_fft_hint,
     cuda_refuses_too_hint,
+    float64_gradcheck_hint,
     hints_for,
     kernel_only_op_hint,
 )
@@ -718,7 +719,11 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         hint = autocast_registration_hint(run)
         if hint:
             notes.append(f"{run.backend.label} error: {hint}")
-    for hint in (cuda_refuses_too_hint(ref, target), kernel_only_op_hint(ref, target)):
+    for hint in (
+        cuda_refuses_too_hint(ref, target),
+        kernel_only_op_hint(ref, target),
+        float64_gradcheck_hint(ref, target),
+    ):
         if hint:
             notes.append(f"{target.backend.label} error: {hint}")
     half_fft = cpu_lacks_half_fft_hint(ref)

@@ -547,6 +547,30 @@ def cpu_lacks_half_fft_hint(ref: Run) -> str | None:
     )
 
 
+def float64_gradcheck_hint(ref: Run, target: Run) -> str | None:
+    """Why ``torch.autograd.gradcheck`` failed on neuron alone, when float64 ops ran there.
+
+    gradcheck compares analytical gradients with finite differences taken with ``eps=1e-6`` in
+    float64; neuron computes float64 as float32 (torchneuron.md §7), whose rounding swamps such a
+    step, so the check fails there however correct the backward is. Given only when the reference
+    passed the check and the target counted float64 ops (or did not count them).
+    """
+    if ref.error is not None or target.error is None or target.backend.name != "neuron":
+        return None
+    if target.error.type != "GradcheckError":  # gradgradcheck raises it too
+        return None
+    fp64_ops = _rule_ran(target, "fp64")
+    if not fp64_ops:
+        return None
+    return (
+        "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits and "
+        f"back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: gradcheck's finite differences "
+        "(eps=1e-6) need float64 precision, so the check fails on neuron whatever the backward; "
+        "the reference passed it. Run gradcheck on the CPU, or give it eps, atol and rtol for "
+        "float32"
+    )
+
+
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
 
 
