@@ -57,9 +57,8 @@ def fingerprint(value: Any, zeros_only: bool = False) -> tuple[Any, ...]:
     if value.is_meta or value.layout != torch.strided:
         return (shape,)  # no values to read (a model built on the meta device)
     if torch._C._len_torch_dispatch_stack() == 0:  # nothing to hide the reads from (the usual case)
-        return _head(
-            value, shape, zeros_only
-        )  # reads of a detached tensor record no autograd graph
+        # reads of a detached tensor record no autograd graph
+        return _head(value, shape, zeros_only)
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
