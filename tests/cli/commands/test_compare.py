@@ -207,6 +207,18 @@ def test_role_choice_and_bad_input(recorded, tmp_path, capsys):
     assert "holds runs x, y and none is 'ref'" in capsys.readouterr().err
 
 
+def test_a_role_named_on_the_command_line_must_be_in_the_artifact(recorded, capsys):
+    # A one-run artifact's run stands in for the default roles only: `--target-run target_tpu`
+    # against a neuron-only recording compared its neuron run and exited 0 as if it were tpu's.
+    a, b = str(recorded["plain", "cpu"]), str(recorded["plain", "neuron"])
+    assert main(["compare", a, b, "--target-run", "target_tpu"]) == 2
+    assert "holds runs ref and none is 'target_tpu'" in capsys.readouterr().err
+    assert main(["compare", a, b, "--ref-run", "nope"]) == 2
+    assert "holds runs ref and none is 'nope'" in capsys.readouterr().err
+    assert main(["compare", a, b]) == 0  # left out, each artifact's only run is still taken
+    assert main(["compare", a, b, "--ref-run", "ref"]) == 0
+
+
 def _set_output(value):
     def edit(manifest):
         (run,) = manifest["runs"].values()

@@ -25,13 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ref-run",
         metavar="ROLE",
-        default="ref",
         help="A's run to use as the reference (default: its 'ref' or only run)",
     )
     parser.add_argument(
         "--target-run",
         metavar="ROLE",
-        default="target",
         help="B's run to use as the target (default: its 'target' or only run); a recording of "
         "several targets (--target neuron,tpu) holds the others as target_<backend>",
     )
@@ -41,13 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase)")
 
 
-def pick_run(artifact: Any, role: str) -> Any:
-    """``artifact``'s run in ``role``, else its only run; a usage error when ambiguous."""
+def pick_run(artifact: Any, role: str, *, exact: bool = False) -> Any:
+    """``artifact``'s run in ``role``, else its only run; a usage error when ambiguous.
+
+    ``exact``: the user named ``role`` (``--ref-run``, ``--target-run``), so only that run will do.
+    """
     from neuron_workbench.artifacts import ArtifactError
 
     if role in artifact.runs:
         return artifact.runs[role]
-    if len(artifact.runs) == 1:
+    if len(artifact.runs) == 1 and not exact:
         return next(iter(artifact.runs.values()))
     raise ArtifactError(
         f"{artifact.path}: holds runs {', '.join(sorted(artifact.runs))} and none is {role!r}"
@@ -59,21 +60,23 @@ def report_of_artifacts(
     target_artifact: Any,
     values: dict[str, Any] | None = None,
     *,
-    ref_run: str = "ref",
-    target_run: str = "target",
+    ref_run: str | None = None,
+    target_run: str | None = None,
 ) -> Any:
     """The :class:`~neuron_workbench.report.report.Report` of two artifacts' runs.
 
     ``values`` are option-table values by API name (tolerances) over the recorded cell's own;
-    ``ref_run`` and ``target_run`` are the roles of the runs to compare (each artifact's only run
-    where it holds one).
+    ``ref_run`` and ``target_run`` are the roles of the runs to compare; left out, ``ref`` and
+    ``target`` (each artifact's only run where it holds one). A role given must be in its artifact:
+    an only run of another role standing in for it would be compared under the wrong name.
     """
     from neuron_workbench.cell.session import compare_recorded
 
     roles = {"ref": ref_run, "target": target_run}
 
     def pick(artifact: Any, side: str) -> Any:
-        return pick_run(artifact, roles[side])
+        role = roles[side]
+        return pick_run(artifact, role or side, exact=role is not None)
 
     return compare_recorded(ref_artifact, target_artifact, values=values, pick=pick)
 
@@ -117,19 +120,20 @@ def run(args: argparse.Namespace) -> int:
             f"{args.reference} holds one run: comparing it with itself checks nothing; give the "
             "artifact of the other side as B"
         )
+    target_role = args.target_run or "target"
     if (
         Path(args.reference).resolve() == Path(args.target).resolve()
-        and args.ref_run == args.target_run
+        and (args.ref_run or "ref") == target_role
     ):
         raise WorkbenchUsageError(
-            f"--ref-run and --target-run both name {args.ref_run!r}: its run would stand for both "
+            f"--ref-run and --target-run both name {target_role!r}: its run would stand for both "
             "sides"
         )
     report = report_of_artifacts(
         ref_artifact, target_artifact, values, ref_run=args.ref_run, target_run=args.target_run
     )
-    others = other_targets(target_artifact, args.target_run)
-    if others and args.target_run in target_artifact.runs:
+    others = other_targets(target_artifact, target_role)
+    if others and target_role in target_artifact.runs:
         # a recording of several targets: the others are one option away, and the report says so
         note = (
             f"{Path(args.target).name} also holds the target run(s) {', '.join(others)}: "
