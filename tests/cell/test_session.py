@@ -67,3 +67,17 @@ def test_the_migration_tab_sees_what_earlier_cells_imported():
     assert rules("m = nn.DataParallel(model)", {"nn": torch.nn}) == {"NW141"}
     assert rules("m = DataParallel(model)", {"DataParallel": DataParallel}) == {"NW141"}
     assert rules("m = DataParallel(model)", {"DataParallel": object}) == set()  # not torch's
+
+
+def test_a_recording_of_only_target_runs_is_no_reference(tmp_path, monkeypatch, capsys):
+    # `run train.py --against trn.nwrun.zip` with the Trainium recording (role target) compared
+    # the neuron run with itself: 'PASS neuron (emulated) vs neuron (emulated)', exit 0.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("import torch\ny = torch.ones(3, device='cuda') * 2\n")
+    for role in ("target", "ref"):
+        made = ["record", "s.py", "--backend", "neuron", "--role", role, "-o", f"{role}.nwrun.zip"]
+        assert main(made) == 0
+    capsys.readouterr()
+    assert main(["run", "s.py", "--against", "target.nwrun.zip"]) == 2
+    assert "target.nwrun.zip holds no reference run (its runs: target)" in capsys.readouterr().err
+    assert main(["run", "s.py", "--against", "ref.nwrun.zip"]) == 0  # any other role still is
