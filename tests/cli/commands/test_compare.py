@@ -219,6 +219,16 @@ def test_a_role_named_on_the_command_line_must_be_in_the_artifact(recorded, caps
     assert main(["compare", a, b, "--ref-run", "ref"]) == 0
 
 
+def test_a_report_over_an_input_artifact_is_refused(recorded, tmp_path, capsys):
+    # `compare A B --json B` replaced the artifact B with the JSON report (exit 0)
+    a = tmp_path / "a.nwrun.zip"
+    a.write_bytes(recorded["plain", "cpu"].read_bytes())
+    b = str(recorded["plain", "neuron"])
+    assert main(["compare", str(a), b, "--json", str(a)]) == 2
+    assert f"--json {a} is also the input {a}" in capsys.readouterr().err
+    assert load(a).runs  # still the artifact
+
+
 def _set_output(value):
     def edit(manifest):
         (run,) = manifest["runs"].values()

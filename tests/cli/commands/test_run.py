@@ -170,6 +170,24 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
     assert "unknown backend 'gpu9000'" in err and err.count("\n") == 1
 
 
+def test_a_report_over_the_notebook_or_another_report_is_refused(tmp_path, capsys):
+    # `run nb.ipynb --html nb.ipynb` wrote the HTML report over the notebook (exit 1), and
+    # `--json F --html F` kept one of the two reports: both are refused before anything runs.
+    path = tmp_path / "nb.ipynb"
+    write_notebook(path, "%%neuron\nx = 1")
+    kept = path.read_text()
+    assert main(["run", str(path), "--html", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"neuron-workbench: error: --html {path} is also the input {path}: one would overwrite "
+        "the other\n"
+    )
+    assert path.read_text() == kept
+    same = tmp_path / "report.out"
+    assert main(["run", str(path), "--json", str(same), "--junit", str(same)]) == 2
+    assert "--junit " + str(same) + " is also --json" in capsys.readouterr().err
+    assert not same.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -759,6 +759,36 @@ def check_writable(path: str | Path | None, *, folder: bool = False) -> None:
         raise WorkbenchUsageError(f"cannot write {path}: {existing} is not writable")
 
 
+def check_distinct(
+    outputs: Mapping[str, str | Path | None], inputs: Sequence[str | Path] = ()
+) -> None:
+    """Raise a one-line usage error when two files the command writes, or one and an input, are one.
+
+    Parameters
+    ----------
+    outputs
+        The files the command writes, by the option that names each (``--json``).
+    inputs
+        The files it reads (the notebook, the artifacts).
+
+    Raises
+    ------
+    WorkbenchUsageError
+        ``run nb.ipynb --html nb.ipynb`` wrote the report over the notebook, and ``--json F
+        --html F`` kept only the last report written: fail before anything runs.
+    """
+    seen = {Path(path).resolve(): f"the input {path}" for path in inputs}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise WorkbenchUsageError(
+                f"{option} {path} is also {seen[key]}: one would overwrite the other"
+            )
+        seen[key] = option
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write a report file, creating its folder; failures are one-line usage errors."""
     target = Path(path)

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.options import COMPARE
     from neuron_workbench.cli.notebook_runner import (
         InputResult,
+        check_distinct,
         check_writable,
         junit_xml,
         terminal_safe,
@@ -110,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     check_pair(values.get("rtol"), values.get("atol"))
     for report_path in (args.json, args.html, args.junit):
         check_writable(report_path)
+    reports = {"--json": args.json, "--html": args.html, "--junit": args.junit}
+    check_distinct(reports, [args.reference, args.target])
     ref_artifact = load(args.reference)
     target_artifact = load(args.target)
     if (

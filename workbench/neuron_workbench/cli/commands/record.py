@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.session import Session
     from neuron_workbench.cli.commands.run import script_folder, show_printed
     from neuron_workbench.cli.notebook_runner import (
+        check_distinct,
         check_writable,
         compile_script,
         read_script,
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend or default_reference())  # unknown names fail before running
     source = read_script(args.script)
     check_writable(args.output)  # the artifact is saved after the run: a bad path fails now
+    check_distinct({"-o": args.output}, [args.script])
     program = compile_script(args.script, source)
     terminal_message(f"running {Path(args.script).name} on {backend.name}")
     cwd = script_folder(args)

@@ -188,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.option_parsing import given_values
     from neuron_workbench.cell.options import RUN
     from neuron_workbench.cli.notebook_runner import (
+        check_distinct,
         check_writable,
         junit_xml,
         run_document,
@@ -216,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         # the reports are written after the runs: a path they cannot take fails now, not then
         for report_path in (args.json, args.html, args.junit):
             check_writable(report_path)
+        reports = {"--json": args.json, "--html": args.html, "--junit": args.junit}
+        check_distinct(reports, [args.path])
         check_writable(args.record, folder=True)
     against = Path(args.against).resolve() if args.against else None
     if against is not None and not against.exists():
