@@ -188,6 +188,26 @@ def test_a_report_over_the_notebook_or_another_report_is_refused(tmp_path, capsy
     assert not same.exists()
 
 
+def test_record_into_the_recording_it_runs_against_is_refused(tmp_path, monkeypatch, capsys):
+    # `run nb.ipynb --record rec --against rec` saved each cell's target-only artifact over the
+    # recording it had compared with: the recorded reference runs were gone after one run
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("import torch\ny = torch.ones(3, device='cuda') * 2\n")
+    (tmp_path / "rec").mkdir()
+    assert main(["record", "s.py", "-q", "-o", "rec/s.nwrun.zip"]) == 0
+    capsys.readouterr()
+    for against in ("rec", "rec/s.nwrun.zip"):
+        assert main(["run", "s.py", "-q", "--against", against, "--record", "rec"]) == 2
+        assert capsys.readouterr().err == (
+            f"neuron-workbench: error: --record rec would overwrite the recording --against "
+            f"{against} compares with: record into another folder\n"
+        )
+    assert set(load(tmp_path / "rec" / "s.nwrun.zip").runs) == {"ref"}
+    write_notebook(tmp_path / "nb.ipynb", "%%neuron\nx = 1")
+    assert main(["run", "nb.ipynb", "--against", "rec", "--record", "./rec/"]) == 2
+    assert "would overwrite the recording --against rec" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

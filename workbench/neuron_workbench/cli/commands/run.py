@@ -232,6 +232,16 @@ def run(args: argparse.Namespace) -> int:
         against = against / f"{Path(args.path).stem}.nwrun.zip"
         if not against.is_file():
             raise WorkbenchUsageError(f"no recording of {Path(args.path).name} in {args.against}")
+    if against is not None and args.record:
+        # each run would save its target-only artifact over the recording it compared against:
+        # the reference runs, recorded on another machine, would be gone
+        record = Path(args.record).resolve()
+        written = record if suffix == ".ipynb" else record / f"{Path(args.path).stem}.nwrun.zip"
+        if written == against:
+            raise WorkbenchUsageError(
+                f"--record {args.record} would overwrite the recording --against {args.against} "
+                "compares with: record into another folder"
+            )
     if suffix == ".ipynb" and (args.script_args or args.cwd):
         raise WorkbenchUsageError("`-- ARGS` and --cwd apply to a script (.py)")
     if suffix == ".ipynb":
