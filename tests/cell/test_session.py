@@ -81,3 +81,18 @@ def test_a_recording_of_only_target_runs_is_no_reference(tmp_path, monkeypatch, 
     assert main(["run", "s.py", "--against", "target.nwrun.zip"]) == 2
     assert "target.nwrun.zip holds no reference run (its runs: target)" in capsys.readouterr().err
     assert main(["run", "s.py", "--against", "ref.nwrun.zip"]) == 0  # any other role still is
+
+
+def test_a_cell_recording_over_the_recording_it_runs_against_is_refused(tmp_path):
+    # `%%neuron --against X --record X` saved its target-only artifact over X: the reference gone
+    from neuron_workbench.artifacts import load
+
+    path = tmp_path / "cell.nwrun.zip"
+    shell = testing.testing_shell()
+    testing.run_cell(shell, "import torch")
+    cell = "x = torch.ones(3, device='cuda') * 2"
+    testing.run_cell(shell, f"%%neuron --record {path}\n{cell}")
+    same = f"%%neuron --against {path} --record {tmp_path / '.' / path.name}\n{cell}"
+    result = testing.run_cell(shell, same, allow_error=True)
+    assert "is the recording --against reads" in str(result.error_in_exec)
+    assert set(load(path).runs) == {"ref", "target"}

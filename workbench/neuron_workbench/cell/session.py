@@ -249,6 +249,15 @@ class Session:
         options.validate()
         compare = options.compare
         program = program if program is not None else compile_cell(source)
+        if (
+            options.record
+            and options.against
+            and Path(options.record).resolve() == Path(options.against).resolve()
+        ):  # the new artifact holds no reference run: saving it would lose the recorded one
+            raise WorkbenchUsageError(
+                f"--record {options.record} is the recording --against reads: this run would "
+                "overwrite its reference; record into another file"
+            )
         reference, warning, recording_note = _recorded_reference(options.against, source)
         if reference is not None and instruments and "script" in instruments:
             from neuron_workbench.run.script import arguments_warning
