@@ -11,6 +11,7 @@ from neuron_workbench.artifacts._format import (
     MEDIA_TYPE,
     ROLE_RULE,
     ArtifactError,
+    is_target_role,
     is_valid_role,
 )
 from neuron_workbench.artifacts.reader import RunArtifact, load, source_mismatch_warning
@@ -23,6 +24,7 @@ __all__ = [
     "ROLE_RULE",
     "ArtifactError",
     "RunArtifact",
+    "is_target_role",
     "is_valid_role",
     "load",
     "save",

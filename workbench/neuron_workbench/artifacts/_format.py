@@ -58,6 +58,25 @@ def is_valid_role(role: str) -> bool:
     return ROLE_PATTERN.fullmatch(role) is not None
 
 
+def is_target_role(role: str) -> bool:
+    """Whether ``role`` names a target run: ``target``, or ``target_<backend>`` for the others.
+
+    A recording of several targets (``--target neuron,tpu``) holds the first as ``target`` and
+    each other one as ``target_<backend>``; a reference run is never one of them.
+
+    Parameters
+    ----------
+    role : str
+        A run role such as ``"ref"``, ``"target"`` or ``"target_tpu"``.
+
+    Returns
+    -------
+    bool
+        True for a target run's role.
+    """
+    return role == "target" or role.startswith("target_")
+
+
 MAX_ROLES = 8
 MAX_MANIFEST_BYTES = 64 * 2**20
 MAX_SAFETENSORS_HEADER = 100 * 2**20

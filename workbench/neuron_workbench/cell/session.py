@@ -60,11 +60,6 @@ def recorded_reference(path: str | None, cell_source: str) -> tuple[Run | None, 
     return run, warning
 
 
-def _is_target_role(role: str) -> bool:
-    """Whether ``role`` names a target run (``target``, ``target_tpu``), never a reference."""
-    return role == "target" or role.startswith("target_")
-
-
 def _recorded_reference(
     path: str | None, cell_source: str
 ) -> tuple[Run | None, str | None, str | None]:
@@ -77,7 +72,7 @@ def _recorded_reference(
     run = artifact.runs.get("ref") or next(iter(artifact.runs.values()), None)
     if run is None:
         raise WorkbenchUsageError(f"{path}: the artifact holds no run")
-    if "ref" not in artifact.runs and all(_is_target_role(role) for role in artifact.runs):
+    if "ref" not in artifact.runs and all(map(artifacts.is_target_role, artifact.runs)):
         # a target recording (`record --role target`, or `--record` with `--against`) as the
         # reference compares the target with itself: a PASS that says nothing of the port
         raise WorkbenchUsageError(

@@ -83,11 +83,9 @@ def report_of_artifacts(
 
 def other_targets(artifact: Any, compared: str) -> list[str]:
     """The target runs ``artifact`` holds besides ``compared`` (a recording of several targets)."""
-    return sorted(
-        role
-        for role in artifact.runs
-        if role != compared and (role == "target" or role.startswith("target_"))
-    )
+    from neuron_workbench.artifacts import is_target_role
+
+    return sorted(role for role in artifact.runs if role != compared and is_target_role(role))
 
 
 def run(args: argparse.Namespace) -> int:
