@@ -576,22 +576,24 @@ def _autocast_init(
     return __init__
 
 
-def _backward_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> Callable[..., Any]:
-    """The autograd engine's entry point, run with the run's function mode on.
+def _called_in_run(mode: TorchFunctionMode, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, called with the run's function mode on (pushed again where it is off).
 
-    ``Tensor.backward`` and ``torch.autograd.grad`` reach the engine through the mode's own
-    handler, where the mode is off; the engine hands its thread-local state to the threads that run
-    the backward pass. Pushing the mode again here makes what autograd calls back into Python
-    (checkpoint recomputes, hooks, ``autograd.Function.backward``) run as the forward did.
+    Autograd reaches Python from inside the mode's own handler, where the mode is off:
+    ``Tensor.backward`` and ``torch.autograd.grad`` reach the engine's entry point that way (the
+    engine hands its thread-local state to the threads that run the backward pass), and a saved
+    tensor's pack hook runs inside the op that saves it. Wrapped, what autograd calls back into
+    Python (checkpoint recomputes, hooks, ``autograd.Function.backward``,
+    ``save_on_cpu(pin_memory=True)``'s pinned copies) runs as the forward did.
     """
 
-    def run_backward(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         if mode in torch.overrides._get_current_function_mode_stack():
             return original(*args, **kwargs)
         with mode:
             return original(*args, **kwargs)
 
-    return run_backward
+    return call
 
 
 def _saved_tensor_hooks_in_run(
@@ -599,23 +601,13 @@ def _saved_tensor_hooks_in_run(
 ) -> Callable[..., Any]:
     """``saved_tensors_hooks.__init__`` whose pack and unpack hooks run with the run's mode on.
 
-    Autograd calls a pack hook from inside the op that saves the tensor, which the mode's own
-    handler runs with the mode off: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``'s
-    ``torch.empty(..., pin_memory=True)`` reached the host's allocator, which has no pinned memory
-    ("pin_memory=True requires a CUDA or other accelerator backend"), where a GPU pins it.
+    Without it, ``torch.autograd.graph.save_on_cpu(pin_memory=True)``'s ``torch.empty(...,
+    pin_memory=True)`` reached the host's allocator, which has no pinned memory ("pin_memory=True
+    requires a CUDA or other accelerator backend"), where a GPU pins it.
     """
 
-    def in_run(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def call(value: Any) -> Any:
-            if mode in torch.overrides._get_current_function_mode_stack():
-                return hook(value)
-            with mode:
-                return hook(value)
-
-        return call
-
     def __init__(self: Any, pack_hook: Callable[..., Any], unpack_hook: Callable[..., Any]) -> None:
-        original(self, in_run(pack_hook), in_run(unpack_hook))
+        original(self, _called_in_run(mode, pack_hook), _called_in_run(mode, unpack_hook))
 
     return __init__
 
@@ -1048,7 +1040,7 @@ def cuda_remapped_to(
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
             patched_attributes(
-                torch.autograd, {"_engine_run_backward": _backward_in_run(mode, engine_entry)}
+                torch.autograd, {"_engine_run_backward": _called_in_run(mode, engine_entry)}
             )
         )
         hooks_cls = torch.autograd.graph.saved_tensors_hooks
