@@ -309,6 +309,13 @@ def _largest_update(lr: float, beta1: float, beta2: float, t: int) -> float | No
     return lr * ratio * math.sqrt(1 - beta2**t) / (1 - beta1**t)
 
 
+#: The float64 rule as the hints on a float64 output and on a failed float64 gradcheck state it.
+_FP64_RULE = (
+    "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits and "
+    "back; torchneuron.md §7)"
+)
+
+
 def hints_for(
     diff: OutputDiff, ref: Run, target: Run, evidence: Evidence | None = None
 ) -> list[str]:
@@ -325,8 +332,7 @@ def hints_for(
     fp64_ops = _rule_ran(target, "fp64")
     if on_neuron and dtypes & set(_FLOAT64) and fp64_ops:
         hints.append(
-            "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits "
-            f"and back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: expect float32 "
+            f"{_FP64_RULE}{_ran(fp64_ops, 'float64 op')}: expect float32 "
             "precision, or compute this in float32 on purpose"
         )
     if on_neuron and dtypes & set(_INT64):
@@ -563,8 +569,7 @@ def float64_gradcheck_hint(ref: Run, target: Run) -> str | None:
     if not fp64_ops:
         return None
     return (
-        "float64 is computed as float32 on neuron (TorchNeuron casts 64-bit inputs to 32 bits and "
-        f"back; torchneuron.md §7){_ran(fp64_ops, 'float64 op')}: gradcheck's finite differences "
+        f"{_FP64_RULE}{_ran(fp64_ops, 'float64 op')}: gradcheck's finite differences "
         "(eps=1e-6) need float64 precision, so the check fails on neuron whatever the backward; "
         "the reference passed it. Run gradcheck on the CPU, or give it eps, atol and rtol for "
         "float32"
