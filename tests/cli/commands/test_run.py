@@ -578,3 +578,24 @@ def test_a_recording_keeps_the_scripts_arguments_and_a_run_with_others_is_warned
     assert target.returncode == 0, target.stderr
     compared = cli("compare", "a.nwrun.zip", "b.nwrun.zip", cwd=tmp_path)
     assert f"warning: {warning}" in compared.stderr, compared.stderr
+
+
+def test_a_plain_cells_syntax_error_names_its_line_in_the_notebooks_order(tmp_path):
+    # the kernel compiles each cell under a temporary file named by a hash of its code: a
+    # SyntaxError's message names that file ("(3395539720.py, line 1)"), which no user can find;
+    # and the cell that raised is listed where it is in the notebook, not after every report
+    path = write_notebook(
+        tmp_path / "syntax.ipynb",
+        "import torch\nx = torch.ones(3)",
+        "y = (x +\n",
+        "%%neuron\nz = x.cuda() * 2",
+    )
+    done = cli("run", str(path), "--json", str(tmp_path / "syntax.json"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == [
+        "cell 2: raised SyntaxError: incomplete input (line 1)",
+        "cell 3: PASS neuron (emulated) vs cpu (as cuda) — 1 output, 1 match",
+    ]
+    document = json.loads((tmp_path / "syntax.json").read_text())
+    assert document["cell_errors"][0]["message"] == "incomplete input (line 1)"

@@ -29,6 +29,9 @@ from neuron_workbench.version import __version__
 RUN_SCHEMA_VERSION = 1
 
 _SETUP_TAG = "neuron-workbench-setup"
+#: The file ipykernel compiles a cell under, as a SyntaxError names it: ``(3395539720.py, line 1)``
+#: (a hash of the cell's code; no importable module has a name of digits only).
+_KERNEL_CELL_FILE = re.compile(r"\((?:.*[/\\])?\d+\.py, line (\d+)\)$")
 
 if TYPE_CHECKING:
     from neuron_workbench.run.script import ScriptContext
@@ -306,7 +309,7 @@ def run_notebook(
                     {
                         "cell_index": position,
                         "type": output.get("ename", ""),
-                        "message": output.get("evalue", ""),
+                        "message": _cell_error_message(output.get("evalue", "")),
                     }
                 )
         reply = replies.get(index, {})
@@ -317,10 +320,19 @@ def run_notebook(
                 {
                     "cell_index": position,
                     "type": str(reply.get("ename", "")),
-                    "message": str(reply.get("evalue", "")),
+                    "message": _cell_error_message(str(reply.get("evalue", ""))),
                 }
             )
     return result
+
+
+def _cell_error_message(message: str) -> str:
+    """A cell's error message as the user reads it next to ``cell N``.
+
+    A SyntaxError in a plain cell names the temporary file the kernel compiled the cell under
+    (``incomplete input (3395539720.py, line 1)``); the line is the cell's own, so only it stays.
+    """
+    return _KERNEL_CELL_FILE.sub(r"(line \1)", message)
 
 
 def terminal_progress(done: int, total: int) -> None:

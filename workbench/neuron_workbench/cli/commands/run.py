@@ -285,14 +285,22 @@ def run(args: argparse.Namespace) -> int:
             return code
         if not args.quiet:
             show_printed(*result.printed, shown=result.shown_live)
-    for report in result.reports:
-        sys.stdout.write(terminal_safe(f"{report['label']}: {report['summary']}") + "\n")
-        for warning in report.get("warnings") or ():  # as compare shows them (a recording's)
-            sys.stderr.write(terminal_safe(f"{report['label']}: warning: {warning}") + "\n")
-    for error in result.cell_errors:
-        sys.stdout.write(
-            f"cell {error['cell_index']}: raised {error['type']}: {error['message']}\n"
-        )
+    # in the notebook's order: a plain cell's error between the reports of the cells around it
+    shown = sorted(
+        [*result.reports, *result.cell_errors], key=lambda each: each.get("cell_index", 0)
+    )
+    for each in shown:
+        if "summary" not in each:
+            sys.stdout.write(
+                terminal_safe(
+                    f"cell {each['cell_index']}: raised {each['type']}: {each['message']}"
+                )
+                + "\n"
+            )
+            continue
+        sys.stdout.write(terminal_safe(f"{each['label']}: {each['summary']}") + "\n")
+        for warning in each.get("warnings") or ():  # as compare shows them (a recording's)
+            sys.stderr.write(terminal_safe(f"{each['label']}: warning: {warning}") + "\n")
     if suffix == ".py" and args.cwd is None:
         raised = [
             ((report.get(role) or {}).get("error") or {})
