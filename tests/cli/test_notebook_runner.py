@@ -153,3 +153,20 @@ def test_unreadable_notebooks_are_usage_errors(tmp_path):
         run_notebook(tmp_path / "bad.ipynb")
     with pytest.raises(WorkbenchUsageError, match="no such notebook"):
         run_notebook(tmp_path / "none.ipynb")
+
+
+def test_junit_times_are_the_cells_times_in_the_kernel(executed):
+    # a %%neuron cell's runs are a fraction of its time (the worker, the comparison, the report):
+    # CI showed every case at about a millisecond
+    result, _, _ = executed
+    assert sorted(result.cell_seconds) == [1, 2, 3, 4]
+    report = result.reports[0]
+    bodies = report["ref"]["wall_time_s"] + report["target"]["wall_time_s"]
+    assert result.cell_seconds[2] > bodies
+    suite = ET.fromstring(
+        junit_xml("mixed.ipynb", result.reports, result.cell_errors, result.cell_seconds).split(
+            "\n", 1
+        )[1]
+    ).find("testsuite")
+    times = {case.get("name"): case.get("time") for case in suite.findall("testcase")}
+    assert times == {f"cell {n}": f"{result.cell_seconds[n]:.3f}" for n in (2, 3, 4)}

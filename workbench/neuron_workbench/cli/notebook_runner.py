@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class InputResult:
     script_exit: tuple[int, str] | None = None
     #: Code cells starting with ``%%neuron`` (a notebook's; a report or an error each).
     neuron_cells: int = 0
+    #: Seconds each code cell of a notebook took in its kernel, by the cell's number (``cell N``):
+    #: what a JUnit test case's time is (the runs' bodies are a fraction of a %%neuron cell's).
+    cell_seconds: dict[int, float] = field(default_factory=dict)
     #: What a script printed, ``(stdout, stderr)`` of the kept run (the reference's unless ``keep``
     #: is ``target``): ``run`` shows it before the script's reports, as ``python SCRIPT`` would.
     #: Not part of the report files (each run's own output is in its report).
@@ -259,13 +263,21 @@ def run_notebook(
     client.km = manager = _kernel_manager("python3")
     total = len(code_cells) - 1
     replies: dict[int, dict[str, Any]] = {}
+    started: dict[int, float] = {}
+    seconds: dict[int, float] = {}
+
+    def on_cell_execute(cell: Any, cell_index: int, **kwargs: Any) -> None:
+        started[cell_index] = time.monotonic()
 
     def on_cell_executed(cell: Any, cell_index: int, **kwargs: Any) -> None:
+        if cell_index in started:
+            seconds[cell_index] = time.monotonic() - started[cell_index]
         reply = kwargs.get("execute_reply") or {}
         replies[cell_index] = dict(reply.get("content", {}))
         if progress is not None and cell_index in code_cells[1:]:
             progress(code_cells.index(cell_index), total)
 
+    client.on_cell_execute = on_cell_execute
     client.on_cell_executed = on_cell_executed
     try:
         client.execute()
@@ -290,7 +302,15 @@ def run_notebook(
                 f"{output.get('ename', '')}: {output.get('evalue', '')}"
             )
     result = InputResult(
-        str(path), kind="notebook", cells=len(code_cells) - 1, neuron_cells=neuron_cells
+        str(path),
+        kind="notebook",
+        cells=len(code_cells) - 1,
+        neuron_cells=neuron_cells,
+        cell_seconds={
+            position: seconds[index]
+            for position, index in enumerate(code_cells[1:], start=1)
+            if index in seconds
+        },
     )
     for position, index in enumerate(code_cells[1:], start=1):
         cell = nb.cells[index]
@@ -671,14 +691,19 @@ def _target_name(report: Mapping[str, Any]) -> str:
 
 
 def junit_xml(
-    suite: str, reports: Sequence[dict[str, Any]], cell_errors: Sequence[dict[str, Any]] = ()
+    suite: str,
+    reports: Sequence[dict[str, Any]],
+    cell_errors: Sequence[dict[str, Any]] = (),
+    cell_seconds: Mapping[int, float] | None = None,
 ) -> str:
     """JUnit XML with one ``<testcase>`` per report (``cell N``); ERROR is an error, FAIL a failure.
 
     UNCOMPARED (a cell that verified nothing) is a failure too. Cells that raised outside
     ``%%neuron`` are test cases with an ``<error>``. ElementTree does the escaping; characters XML
-    cannot hold at all are replaced.
+    cannot hold at all are replaced. A case's time is its cell's time in ``cell_seconds`` (shared
+    among a cell's cases, one per target), else the runs' bodies (a recorded pair of runs).
     """
+    cell_seconds = cell_seconds or {}
     cases: list[tuple[int, ET.Element]] = []
     failures = errors = 0
     # a cell compared on several targets (--target neuron,tpu) has a case per target, each named
@@ -693,11 +718,14 @@ def junit_xml(
         name = f"cell {index}"
         if len(targets.get(index, ())) > 1:
             name += f" ({_target_name(report)})"
+        took = cell_seconds.get(index)
         case = ET.Element(
             "testcase",
             classname=_xml_text(suite),
             name=_xml_text(name),
-            time=_report_time(report),
+            time=_report_time(report)
+            if took is None
+            else f"{took / max(1, indices.count(index)):.3f}",
         )
         verdict = report.get("verdict")
         summary = _xml_text(report.get("summary", ""))
@@ -712,7 +740,12 @@ def junit_xml(
         cases.append((index, case))
     for error in cell_errors:
         index = int(error.get("cell_index", 0))
-        case = ET.Element("testcase", classname=_xml_text(suite), name=f"cell {index}", time="0")
+        case = ET.Element(
+            "testcase",
+            classname=_xml_text(suite),
+            name=f"cell {index}",
+            time=f"{cell_seconds.get(index, 0.0):.3f}",
+        )
         element = ET.SubElement(
             case,
             "error",

@@ -355,5 +355,7 @@ def run(args: argparse.Namespace) -> int:
             args.html, render_page(result.reports, f"neuron-workbench: {name}", result.cell_errors)
         )
     if args.junit:
-        write_text(args.junit, junit_xml(name, result.reports, result.cell_errors))
+        write_text(
+            args.junit, junit_xml(name, result.reports, result.cell_errors, result.cell_seconds)
+        )
     return code
