@@ -1,4 +1,6 @@
 import ast
+import types
+import warnings
 
 import pytest
 
@@ -232,3 +234,36 @@ def test_with_and_for_targets_are_bound_in_their_bodies():
     assert "i" in reads("for i in range(n):\n    pass\nprint(i)")
     # a context manager may suppress the rest of its body: what the body binds may stay unbound
     assert "out" in reads("with suppress(E):\n    out = f()\nprint(out)")
+
+
+def test_a_cell_compiled_again_gets_new_code_under_its_own_file_name():
+    # a training step run cell after cell is parsed once; each run's code must still be its own
+    # (Dynamo keys its caches on code objects) and name its own file (tracebacks, sites)
+    source = "def step(x):\n    return [v * 2 for v in x]\ny = step([1])\ny"
+    first = compile_cell(source, filename="<cell-a>", first_line=2)
+    again = compile_cell(source, filename="<cell-b>", first_line=2)
+    assert (first.read_names, first.stored_names, first.last_expr_name) == (
+        again.read_names,
+        again.stored_names,
+        again.last_expr_name,
+    )
+    assert first.read_names is not again.read_names
+    functions = [c for c in again.body.co_consts if isinstance(c, types.CodeType)]
+    comprehension = [c for c in functions[0].co_consts if isinstance(c, types.CodeType)]
+    assert {again.body.co_filename, again.last_expr.co_filename, functions[0].co_filename} == {
+        "<cell-b>"
+    }
+    assert comprehension and comprehension[0].co_filename == "<cell-b>"
+    assert again.body is not first.body and first.body.co_filename == "<cell-a>"
+    namespace = {}
+    exec(again.body, namespace)
+    assert eval(again.last_expr, namespace) == [2]
+
+
+def test_a_cell_whose_compile_warns_warns_each_time_under_its_own_name():
+    source = "x = 1\nif x is 1:\n    pass"
+    for name in ("<warn-a>", "<warn-b>"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compile_cell(source, filename=name)
+        assert [(w.category, w.filename) for w in caught] == [(SyntaxWarning, name)]

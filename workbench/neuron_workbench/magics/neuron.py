@@ -337,7 +337,11 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.
             program = compile_cell(
-                shell.transform_cell(cell), transform_ast=shell.transform_ast, first_line=2
+                shell.transform_cell(cell),
+                # without AST transformers (IPython has none unless a user adds one), a cell run
+                # again is not parsed again
+                transform_ast=shell.transform_ast if shell.ast_transformers else None,
+                first_line=2,
             )
             cell_file = program.filename
             # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.

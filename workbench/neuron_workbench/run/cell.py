@@ -10,6 +10,7 @@ import itertools
 import linecache
 import symtable
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType, FunctionType, MethodType
@@ -79,6 +80,56 @@ def compile_cell(
     """
     filename = filename or f"<neuron-cell-{next(_cell_counter)}>"
     before = max(int(first_line), 1) - 1
+    compiled = _compiled(source, before) if transform_ast is None else None
+    if compiled is not None:
+        # the same text again (a training step run cell after cell): parsed, analysed and compiled
+        # once, its code given this run's file name (new code objects, as a fresh compile's)
+        body, last_expr, last_expr_name, read_names, stored = compiled
+        body = _with_filename(body, filename)
+        last_expr = _with_filename(last_expr, filename) if last_expr is not None else None
+        read_names = dict(read_names)
+    else:
+        body, last_expr, last_expr_name, read_names, stored = _compile(
+            source, filename, transform_ast, before
+        )
+    # Register the source so tracebacks and error reports can show the offending line.
+    lines = ["\n"] * before + source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    return CellProgram(source, filename, body, last_expr, last_expr_name, read_names, stored)
+
+
+_COMPILED_AS = "<neuron-cell>"
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(source: str, before: int) -> tuple[Any, ...] | None:
+    """:func:`_compile` of ``source`` under a stand-in file name (a syntax error is not kept).
+
+    None where compiling warns (``"is" with a literal``): such a cell is compiled each time, so
+    the warning names its own file, every time, as a plain cell's does.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = _compile(source, _COMPILED_AS, None, before)
+    return None if caught else compiled
+
+
+def _with_filename(code: CodeType, filename: str) -> CodeType:
+    """``code`` and the code objects it holds (functions, classes, comprehensions) in ``filename``."""
+    consts = tuple(
+        _with_filename(const, filename) if isinstance(const, CodeType) else const
+        for const in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _compile(
+    source: str,
+    filename: str,
+    transform_ast: Callable[[ast.Module], ast.Module] | None,
+    before: int,
+) -> tuple[CodeType, CodeType | None, str | None, dict[str, frozenset[str]], frozenset[str]]:
+    """The body, last expression, its name, the names read and those stored, of ``source``."""
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
@@ -108,11 +159,8 @@ def compile_cell(
         raise WorkbenchUsageError(
             f"syntax error in the cell, line {exc.lineno}: {exc.msg}{hint}"
         ) from None
-    # Register the source so tracebacks and error reports can show the offending line.
-    lines = ["\n"] * before + source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
     stored = _stored_names(body) | (_stored_names(last_expr) if last_expr else frozenset())
-    return CellProgram(source, filename, body, last_expr, last_expr_name, read_names, stored)
+    return body, last_expr, last_expr_name, read_names, stored
 
 
 _STORES = frozenset({"STORE_NAME", "STORE_GLOBAL"})
