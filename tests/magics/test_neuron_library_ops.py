@@ -3,8 +3,9 @@
 torchvision cannot be installed here: ``wbnb::nms`` stands in for ``torchvision::nms``, defined as
 torchvision defines it (a schema and a CPU kernel only) in a module the cell imports, so the
 reference (in the kernel) and the target (in its worker, which shares the kernel's ``sys.path``)
-both have it. An op registered only in the notebook kernel (a ``torch.library`` call in an earlier
-cell) does not exist in the worker; such a cell must define or import it itself.
+both have it. An op registered only in the notebook kernel (``torch.library.Library`` calls in an
+earlier cell) does not exist in the worker; such a cell must define or import it itself (a
+``torch.library.custom_op`` is defined in the worker too: tests/run/test_custom_ops.py).
 """
 
 import textwrap

@@ -19,6 +19,7 @@ def register(shell: Any) -> None:
     installed right away: PyTorch's autograd engine only learns about devices registered before its
     first backward pass. With the worker executor the kernel installs nothing.
     """
+    from neuron_workbench.run.custom_ops import remember_custom_op_definitions
     from neuron_workbench.run.remap import (
         remember_autocast_requests,
         remember_grad_scaler_requests,
@@ -30,6 +31,8 @@ def register(shell: Any) -> None:
     remember_autocast_requests()
     # and so can a GradScaler built for cuda, which torch turns off here without CUDA
     remember_grad_scaler_requests()
+    # an op the notebook defines with torch.library.custom_op can be defined in a target's process
+    remember_custom_op_definitions()
     instances = []
     for module_name, class_name in MAGICS:
         cls = getattr(importlib.import_module(module_name), class_name)

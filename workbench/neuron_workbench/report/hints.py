@@ -582,9 +582,10 @@ _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)
 def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     """Why ``torch.ops.<ns>.<op>`` was missing on the target alone: only the kernel registered it.
 
-    An op registered with ``torch.library`` by a notebook cell, or by a module only the kernel
-    imported, exists only there; the target's worker process ran neither. Given when the reference
-    ran the call and the target did not find the op; where this process knows the op's definition
+    An op registered with ``torch.library.Library`` by a notebook cell, a ``custom_op`` a notebook
+    defined before ``%load_ext`` (the worker defines the others too: ``run.custom_ops``), or an op
+    of a module only the kernel imported, exists only there. Given when the reference ran the call
+    and the target did not find the op; where this process knows the op's definition
     (``torch.library.custom_op``), its module is named.
     """
     if target.error is None or ref.error is not None or target.error.type != "AttributeError":
@@ -595,11 +596,11 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     namespace, op = found.groups()
     name = f"torch.ops.{namespace}.{op}"
     module = _defining_module(f"{namespace}::{op}")
-    if module == "__main__":
+    if module == "__main__":  # a custom_op defined before %load_ext: its calls were not kept
         return (
-            f"{name} was registered with torch.library by a notebook cell, which the target's "
-            "worker process did not run (README, Known limits): define the op in a module the cell "
-            "imports, or run the cell with --executor inprocess"
+            f"{name} was defined with torch.library.custom_op by a notebook cell that ran before "
+            "%load_ext neuron_workbench, so the target's worker process could not define it too: "
+            "run the cell that defines it again, or run this one with --executor inprocess"
         )
     if module is not None:
         return (
@@ -608,10 +609,11 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
             "--executor inprocess"
         )
     return (
-        f"{name} exists only in the kernel: a notebook cell, or a module only the kernel "
-        "imported, registered it with torch.library, and the target's worker process ran neither "
-        "(README, Known limits): import that module in this cell (a notebook's op: define it in a "
-        "module first), or run the cell with --executor inprocess"
+        f"{name} exists only in the kernel: a notebook cell registered it with torch.library's "
+        "Library API, or a module only the kernel imported did, and the target's worker process "
+        "ran neither (README, Known limits): define a notebook's op with "
+        "torch.library.custom_op (the worker defines those too), import that module in this "
+        "cell, or run the cell with --executor inprocess"
     )
 
 

@@ -35,6 +35,7 @@ import torch
 
 from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
+from neuron_workbench.run.custom_ops import CUSTOM_OP_BEFORE_LOAD, remember_custom_op_definitions
 from neuron_workbench.run.namespace import ResidentObjects
 from neuron_workbench.run.notebook_handles import drain_made
 from neuron_workbench.run.records import NotCompared, Run
@@ -164,6 +165,12 @@ def pack_request(
                         f"neuron_workbench, so it cannot be sent to the {target} worker process; "
                         f"run the cell that compiles it again, or {EXECUTOR_HINT}"
                     ) from None
+                if CUSTOM_OP_BEFORE_LOAD in str(item_exc):
+                    raise WorkbenchUsageError(
+                        f"{name!r} was {CUSTOM_OP_BEFORE_LOAD}, so it cannot be sent to the "
+                        f"{target} worker process; run the cell that defines it again, or "
+                        f"{EXECUTOR_HINT}"
+                    ) from None
                 if type(values[name]) is _CSV_WRITER:
                     # it writes to a file it does not name: the file itself can travel
                     raise WorkbenchUsageError(
@@ -241,6 +248,8 @@ def device_ready(backend: Backend, host: str) -> dict[str, Any]:
             # a function or module the cell compiles can come back, compiled again in the kernel
             # (after the device: an emulated torch.compile stays inside)
             remember_compile_requests()
+            # a notebook's torch.library.custom_op a request brings is defined here again
+            remember_custom_op_definitions(defines_received=True)
         return {"availability": availability, "info": backend.info() if availability else None}
     except Exception as exc:
         reason = f"{backend.name} {host}: {first_line(exc)}"

@@ -50,6 +50,7 @@ import torch
 
 from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
+from neuron_workbench.run.custom_ops import custom_op_class, reduce_custom_op
 from neuron_workbench.run.measurements import TAGGED, reduce_tagged
 from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
@@ -84,6 +85,17 @@ _TENSOR = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 _PLAIN_TENSOR_TYPES = {_TENSOR, _PARAMETER}
 _STRIDED = torch.strided
+_CUSTOM_OP_DEF = custom_op_class()
+_OP_PACKET = torch._ops.OpOverloadPacket
+_OP_OVERLOAD = torch._ops.OpOverload
+
+
+def _torch_op_at(namespace: str, name: str, overload: str | None) -> Any:
+    """``torch.ops.<namespace>.<name>`` (``.<overload>``) of this process, as a cell names it."""
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
 #: ``torch.empty`` itself: an emulated device wraps the public one in Python (pinned memory).
 _EMPTY = torch._C._VariableFunctions.empty
 _CLOUDPICKLE_DISPATCH = cloudpickle.cloudpickle.Pickler._dispatch_table
@@ -537,6 +549,12 @@ class _Pickler(cloudpickle.Pickler):
             return reduced if reduced is not None else super().reducer_override(obj)
         if kind is SCRIPT_FUNCTION:  # @torch.jit.script: cannot be pickled, rebuilt there
             return reduce_script_function(obj)
+        if kind is _CUSTOM_OP_DEF:  # a notebook's torch.library.custom_op: defined again there
+            return reduce_custom_op(obj)
+        if kind is _OP_PACKET:  # op = torch.ops.aten.add: by name (its C++ handle cannot travel)
+            return _torch_op_at, (*obj._qualified_op_name.split("::", 1), None)
+        if kind is _OP_OVERLOAD:  # torch.ops.aten.add.Tensor
+            return _torch_op_at, (*obj._schema.name.split("::", 1), obj._overloadname)
         if kind in TAGGED:  # with its provenance (any other pickle gets the plain value)
             return reduce_tagged(obj)
         if kind is torch.UntypedStorage:
