@@ -129,3 +129,22 @@ def test_an_op_whose_definition_was_not_kept_is_a_usage_error(ip, ns):
     run_cell(ip, "del scale_add._workbench_calls")
     with pytest.raises(UsageError, match=r"'scale_add' was defined with torch.library.custom_op"):
         run_cell(ip, "%%neuron\nz = scale_add(x.cuda(), y.cuda(), 2.0)")
+
+
+def test_an_op_that_cannot_travel_stays_behind_without_stopping_other_cells(ip, ns):
+    # every request carries the notebook's ops: one whose function holds a lock must not make
+    # every later cell fail to reach the worker
+    run_cell(
+        ip,
+        f"""import threading, torch
+guard = threading.Lock()
+def locked(x: torch.Tensor) -> torch.Tensor:
+    with guard:
+        return x + 1
+locked = torch.library.custom_op("{ns}::locked", locked, mutates_args=())
+x = torch.randn(3)""",
+    )
+    report = _report(ip, "z = x.cuda() * 2")
+    assert report.verdict == "PASS", report.summary()
+    report = _report(ip, f"z = torch.ops.{ns}.locked(x.cuda())")
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()

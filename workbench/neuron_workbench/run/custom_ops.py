@@ -130,10 +130,37 @@ def _keep(op: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 def notebook_custom_ops() -> list[Any]:
-    """The ops this process's notebook defined (after ``%load_ext``) that still exist."""
+    """The ops this process's notebook defined (after ``%load_ext``) that still exist and can travel.
+
+    An op whose functions cannot be pickled (one closes over a lock) is left out, rather than every
+    cell failing to reach the worker: a cell that calls it finds no such op there, as before.
+    """
     if custom_op_class() is None:
         return []
-    return [op for op in list(_definitions().values()) if hasattr(op, _CALLS_ATTR)]
+    return [
+        op
+        for op in list(_definitions().values())
+        if hasattr(op, _CALLS_ATTR)
+        and _can_travel(getattr(op, _TOKEN_ATTR), getattr(op, _CALLS_ATTR))
+    ]
+
+
+#: Whether each version of an op (by token) could be pickled: tried once per version.
+_TRAVELS: dict[str, bool] = {}
+
+
+def _can_travel(token: str, calls: list[Any]) -> bool:
+    known = _TRAVELS.get(token)
+    if known is None:
+        import cloudpickle
+
+        try:
+            cloudpickle.dumps(calls)
+            known = True
+        except Exception:  # noqa: BLE001 - whatever stops pickling stops the op from travelling
+            known = False
+        _TRAVELS[token] = known
+    return known
 
 
 def reduce_custom_op(op: Any) -> tuple[Any, ...]:
