@@ -148,3 +148,5 @@ x = torch.randn(3)""",
     assert report.verdict == "PASS", report.summary()
     report = _report(ip, f"z = torch.ops.{ns}.locked(x.cuda())")
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    note = next(n for n in report.notes if f"torch.ops.{ns}.locked" in n)
+    assert "could not be pickled" in note and "--executor inprocess" in note

@@ -19,6 +19,7 @@ import torch
 from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
+from neuron_workbench.run.custom_ops import defined_by_notebook
 from neuron_workbench.run.records import Run, recorded, same_random_numbers
 
 _FLOAT64 = ("float64", "complex128")
@@ -596,6 +597,12 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     namespace, op = found.groups()
     name = f"torch.ops.{namespace}.{op}"
     module = _defining_module(f"{namespace}::{op}")
+    if module == "__main__" and defined_by_notebook(f"{namespace}::{op}"):
+        return (
+            f"{name} was defined with torch.library.custom_op by a notebook cell, and its "
+            "functions could not be pickled to define it in the target's worker process too (one "
+            "holds a lock, an open file or a connection): run this cell with --executor inprocess"
+        )
     if module == "__main__":  # a custom_op defined before %load_ext: its calls were not kept
         return (
             f"{name} was defined with torch.library.custom_op by a notebook cell that ran before "

@@ -129,6 +129,13 @@ def _keep(op: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     setattr(op, _TOKEN_ATTR, uuid.uuid4().hex)  # a new version: a process defines it again
 
 
+def defined_by_notebook(qualified: str) -> bool:
+    """Whether the op ``qualified`` kept the calls that made it here (a notebook's, after load)."""
+    if custom_op_class() is None:
+        return False
+    return hasattr(_definitions().get(qualified), _CALLS_ATTR)
+
+
 def notebook_custom_ops() -> list[Any]:
     """The ops this process's notebook defined (after ``%load_ext``) that still exist and can travel.
 
