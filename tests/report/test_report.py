@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import torch
 
@@ -115,3 +116,39 @@ def test_the_page_shows_each_runs_op_profile_with_its_kind_of_time():
     page = render_page([data])
     assert page.count("<h4>Op profile: ") == 2 and "(wall time)</h4>" in page
     assert '<code>aten::mm</code></td><td class="num">3</td>' in page
+
+
+def test_error_summary_names_where_below_the_cell_it_was_raised():
+    error = RunError(
+        "RuntimeError",
+        "mat1 and mat2 shapes cannot be multiplied",
+        2,
+        "out = net(x)",
+        {"file": "cell [1]", "line": 9, "function": "Net.forward"},
+    )
+    report = Report(Run(CPU, outputs={}), Run(NEURON, error=error), None)
+    assert report.summary() == (
+        "ERROR neuron (emulated) vs cpu — neuron raised RuntimeError: mat1 and mat2 shapes "
+        "cannot be multiplied (cell line 2, in Net.forward at cell [1], line 9)"
+    )
+
+
+def test_a_notebook_class_raising_in_the_worker_is_named_as_its_cell(ip):
+    from neuron_workbench.testing import run_cell
+
+    run_cell(
+        ip,
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x @ torch.ones(5, 2, device=x.device)\n"
+        "net = Net()",
+    )
+    run_cell(ip, "%%neuron -o r\nout = net(torch.ones(3, 4, device='cuda'))")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR", report.summary()
+    cell = re.search(r"cell \[(\d+)\], line 4", report.summary())
+    assert cell is not None, report.summary()
+    for run in (report.ref, report.target):  # the worker's frame too, named in the kernel
+        assert run.error.raised_in == f"in Net.forward at cell [{cell.group(1)}], line 4"
+    assert "<td>Net.forward at cell [" in report._repr_html_()

@@ -55,3 +55,38 @@ def test_other_numbers_are_other_draws():
     other.random_ops[dropout] = 1
     other.note_draw(dropout, fingerprint((~mask).float(), zeros_only=True))
     assert not same_random_numbers(facts, other) and same_random_numbers(facts, facts)
+
+
+def test_an_error_raised_below_the_cell_names_the_users_frame_not_torchs():
+    # a shape error inside a notebook class's forward read "(cell line 2)" alone: the line calling
+    # the model, not the line in the class that raised
+    from neuron_workbench.run.records import Run, RunError
+    from neuron_workbench.sites import relabel_site
+
+    earlier = compile(
+        "import torch\ndef forward(x):\n    return x @ torch.ones(5, 2)\n",
+        "<ipython-input-3-abc>",
+        "exec",
+    )
+    namespace: dict = {}
+    exec(earlier, namespace)
+    cell = compile("y = forward(torch.ones(3, 4))", "<neuron-cell-9>", "exec")
+    try:
+        exec(cell, {**namespace})
+    except RuntimeError as exc:
+        error = RunError.from_exception(exc, "<neuron-cell-9>")
+    assert error.lineno == 1
+    # the innermost user frame, not torch's functions below it
+    assert error.site == {"file": "<ipython-input-3-abc>", "line": 3, "function": "forward"}
+    run = Run(None, error=error)
+    run.relabel_sites({"<ipython-input-3-abc>": 3})
+    assert run.error.raised_in == "in forward at cell [3], line 3"
+    assert RunError.from_dict(json.loads(json.dumps(run.error.to_dict()))) == run.error
+    assert relabel_site(run.error.site, {}) == run.error.site
+    # raised on the cell's own line: nothing more to say
+    try:
+        exec(
+            compile("y = torch.ones(3, 4) @ torch.ones(5, 2)", "<neuron-cell-9>", "exec"), namespace
+        )
+    except RuntimeError as exc:
+        assert RunError.from_exception(exc, "<neuron-cell-9>").site is None

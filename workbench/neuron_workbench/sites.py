@@ -12,6 +12,8 @@ frozen module, ``contextlib`` or ``typing_extensions``, or was registered with
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import sys
@@ -28,6 +30,7 @@ __all__ = [
     "find_site_and_module",
     "is_cell_filename",
     "is_internal",
+    "is_user_file",
     "library_folders",
     "mark_internal",
     "program_line",
@@ -262,6 +265,32 @@ def relabel_site(
     if best is not None:
         out["file"] = best.replace(os.sep, "/")
     return out
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether ``filename`` holds the user's code: a cell, a script, a project's module.
+
+    Not torch's or the workbench's (:func:`is_internal`), not the standard library's and not an
+    installed package's (``site-packages``).
+    """
+    if is_internal(filename):
+        return False
+    if filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return not any(path.startswith(root + os.sep) for root in _library_roots())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    with contextlib.suppress(AttributeError):  # a virtualenv's old site module lacks it
+        roots.update(site.getsitepackages())
+    return tuple(sorted({os.path.abspath(root) for root in roots}, key=len, reverse=True))
 
 
 def library_folders() -> list[str]:

@@ -316,6 +316,12 @@ def _check_error(data: Any, where: str) -> None:
         _expect(_require(data, key, where), str, f"{where}.{key}", "a string")
     _optional_int(data.get("lineno"), f"{where}.lineno")
     _expect(data.get("line", ""), str, f"{where}.line", "a string")
+    site = data.get("site")
+    if site is not None:
+        _expect(site, dict, f"{where}.site", "an object or null")
+        _expect(site.get("file", ""), str, f"{where}.site.file", "a string")
+        _optional_int(site.get("line"), f"{where}.site.line")
+        _expect(site.get("function", ""), str, f"{where}.site.function", "a string")
 
 
 #: Leaf kinds that can carry a ``provenance`` (a measurement, a scalar made from a tensor).

@@ -291,6 +291,12 @@ def render_report_html(data: dict[str, Any]) -> str:
         rows = []
         for _role, run in errors:
             err = run["error"]
+            site = err.get("site") or {}
+            raised_in = (
+                f"{site.get('function') or '?'} at {site_label(site)}"
+                if isinstance(site, dict) and site
+                else ""
+            )
             rows.append(
                 [
                     esc(run["backend"]["name"]),
@@ -298,9 +304,13 @@ def render_report_html(data: dict[str, Any]) -> str:
                     f"<pre>{esc(err['message'])}</pre>",
                     esc(err.get("lineno") or ""),
                     f"<code>{esc(err.get('line', ''))}</code>",
+                    esc(raised_in),
                 ]
             )
-        parts += ["<h4>Errors</h4>", _table(["backend", "type", "message", "line", "source"], rows)]
+        parts += [
+            "<h4>Errors</h4>",
+            _table(["backend", "type", "message", "line", "source", "raised in"], rows),
+        ]
     parts.append(render_compile_section(data))  # empty unless a run compiled
     if data.get("outputs"):
         headers = [

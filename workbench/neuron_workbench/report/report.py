@@ -173,11 +173,10 @@ class Report:
             parts = []
             for run in (self.ref, self.target):
                 if run.error is not None:
-                    where = (
-                        f" ({program_line(self.script, run.error.lineno)})"
-                        if run.error.lineno
-                        else ""
-                    )
+                    places = [program_line(self.script, run.error.lineno)] * bool(run.error.lineno)
+                    if run.error.raised_in:  # below the cell: a notebook's class, a module
+                        places.append(run.error.raised_in)
+                    where = f" ({', '.join(places)})" if places else ""
                     parts.append(f"{run.backend.name} raised {run.error.summary}{where}")
             body = "; ".join(parts)
         elif verdict == UNCOMPARED:

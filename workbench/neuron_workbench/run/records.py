@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cmath
+import dataclasses
 import linecache
 import os
 import re
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_workbench.backends.base import BackendInfo, MemoryStats
-from neuron_workbench.sites import relabel_site
+from neuron_workbench.sites import is_user_file, relabel_site, site_label
 
 
 @dataclass(frozen=True)
@@ -29,22 +30,45 @@ class RunError:
         Line in the cell where the failing statement is (the last cell frame of the traceback).
     line : str
         The source text of that line.
+    site : dict or None
+        Where in the user's code below the cell it was raised (``file``, ``line``, ``function``):
+        the innermost frame of a notebook's earlier cell, a script or a project module (not
+        torch's, an installed package's or the standard library's); None when that is the cell's
+        own line.
     """
 
     type: str
     message: str
     lineno: int | None = None
     line: str = ""
+    site: dict[str, Any] | None = None
 
     @classmethod
     def from_exception(cls, exc: BaseException, cell_filename: str) -> RunError:
         """Build from an exception raised while executing the cell compiled as ``cell_filename``."""
         lineno = None
+        innermost = None
         for frame, frame_lineno in traceback.walk_tb(exc.__traceback__):
-            if frame.f_code.co_filename == cell_filename:
+            code = frame.f_code
+            if code.co_filename == cell_filename:
                 lineno = frame_lineno
+            if is_user_file(code.co_filename):
+                innermost = (code, frame_lineno)
         line = linecache.getline(cell_filename, lineno).strip() if lineno else ""
-        return cls(type(exc).__name__, str(exc), lineno, line)
+        site = None
+        if innermost is not None and innermost[0].co_filename != cell_filename:
+            code, frame_lineno = innermost
+            function = getattr(code, "co_qualname", code.co_name)
+            site = {"file": code.co_filename, "line": frame_lineno, "function": function}
+        return cls(type(exc).__name__, str(exc), lineno, line, site)
+
+    @property
+    def raised_in(self) -> str:
+        """``in Net.forward at cell [1], line 9`` (the :attr:`site`), or ``""`` without one."""
+        if not self.site:
+            return ""
+        function = self.site.get("function") or "?"
+        return f"in {function} at {site_label(self.site)}"
 
     @property
     def summary(self) -> str:
@@ -66,22 +90,27 @@ class RunError:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
+        data: dict[str, Any] = {
             "type": self.type,
             "message": self.message,
             "lineno": self.lineno,
             "line": self.line,
         }
+        if self.site:
+            data["site"] = dict(self.site)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunError:
         """Inverse of :meth:`to_dict`."""
         lineno = data.get("lineno")
+        site = data.get("site")
         return cls(
             str(data["type"]),
             str(data["message"]),
             int(lineno) if lineno else None,
             str(data.get("line", "")),
+            dict(site) if isinstance(site, Mapping) else None,
         )
 
 
@@ -331,6 +360,11 @@ class Run:
         Fallback events, op-profile rows, the graphs and graph breaks of its torch.compile record,
         and the files its captured warnings name (``stderr``).
         """
+        if self.error is not None and self.error.site:
+            # where below the cell it was raised: a notebook cell as `cell [N]`
+            self.error = dataclasses.replace(
+                self.error, site=relabel_site(self.error.site, cells, folders)
+            )
         for index, event in enumerate(self.fallbacks):
             if isinstance(event, dict) and isinstance(event.get("site"), Mapping):
                 self.fallbacks[index] = {
