@@ -22,6 +22,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.quiet import warnings_ignored
+from neuron_workbench.run.loader_workers import (
+    has_started_workers,
+    loader_copied_past_its_workers,
+)
 from neuron_workbench.run.notebook_handles import (
     FILE_TYPES,
     bar_kept_apart,
@@ -484,6 +488,11 @@ def _deepcopy(value: Any, memo: dict[int, Any]) -> Any:
     elif _PROGRESS_BAR[-1] is not None and isinstance(value, _PROGRESS_BAR[-1]):
         # the notebook's progress bar: itself in the kept run, else a stand-in it moves
         result = bar_kept_apart(value) if _FILES_APART[-1] else value
+    elif has_started_workers(value):
+        # a loader whose persistent workers run: a copy without them, which starts its own, as
+        # the target's copy does (the notebook's workers, shared with this run, went on with
+        # random streams the target's could not continue)
+        result = loader_copied_past_its_workers(value, memo, _deepcopy)
     else:
         method = getattr(value, "__deepcopy__", None)
         if method is not None:

@@ -51,6 +51,7 @@ import torch
 from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.custom_ops import custom_op_class, reduce_custom_op
+from neuron_workbench.run.loader_workers import has_started_workers, reduce_loader_past_its_workers
 from neuron_workbench.run.measurements import TAGGED, reduce_tagged
 from neuron_workbench.run.namespace import (
     COMPILE_REQUEST_ATTR,
@@ -615,8 +616,10 @@ class _Pickler(cloudpickle.Pickler):
             extras = optimizer_extras(obj)
             if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
                 return _reduced_then(obj, restore_optimizer_extras, extras)
-        elif isinstance(obj, _DATA_LOADER) and isinstance(vars(obj).get("_iterator"), _WORKERS):
-            return _reduce_loader_past_its_workers(obj)
+        elif has_started_workers(obj):
+            # its worker processes cannot be pickled (every cell reading the loader after its
+            # first epoch could not be sent)
+            return reduce_loader_past_its_workers(obj)
         elif (
             self._async_bar is not None
             and (kind is weakref.ProxyType or issubclass(kind, self._async_bar))
@@ -719,48 +722,6 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _LRU_CACHE_WRAPPER = type(functools.lru_cache(None)(lambda: None))
-_DATA_LOADER = torch.utils.data.DataLoader
-_WORKERS = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
-
-
-def _reduce_loader_past_its_workers(loader: torch.utils.data.DataLoader) -> Any:
-    """A loader with ``persistent_workers`` that has started them: sent without them.
-
-    Its worker processes cannot be pickled (every cell reading the loader after its first epoch
-    could not be sent). The receiver's copy starts workers of its own when it is next iterated
-    (see :func:`_first_iterator_in_step`); what they draw in a dataset's ``__getitem__`` is not
-    what the sender's workers, further along, draw.
-    """
-    state = {k: v for k, v in vars(loader).items() if k not in ("_iterator", "_get_iterator")}
-    state["_iterator"] = None
-    seed = vars(loader)["_iterator"]._base_seed
-    return copyreg.__newobj__, (type(loader),), (state, seed), None, None, _loader_state_set
-
-
-def _loader_state_set(loader: torch.utils.data.DataLoader, state: Any) -> None:
-    attributes, seed = state
-    vars(loader).update(attributes)
-    vars(loader)["_get_iterator"] = functools.partial(_first_iterator_in_step, loader, seed)
-
-
-def _first_iterator_in_step(loader: torch.utils.data.DataLoader, seed: int) -> Any:
-    """The loader's first iterator here, its workers' seed drawn from ``seed`` (the sender's).
-
-    The sender's loader goes on with the workers it has: its next epoch draws its shuffle but no
-    base seed for workers. A fresh iterator draws one from the loader's generator (the notebook's
-    random stream, by default), which put this copy's stream one draw ahead (every random op after
-    the loop differed between the runs); it draws it from a generator of its own instead.
-    """
-    del vars(loader)["_get_iterator"]  # later iterators are the class's own
-    own = loader.generator
-    # only the base seed reads loader.generator; the sampler holds the generator it was built with
-    loader.generator = torch.Generator().manual_seed(seed)
-    try:
-        return loader._get_iterator()
-    finally:
-        loader.generator = own
-
-
 _LOADER_ITER = torch.utils.data.dataloader._BaseDataLoaderIter
 
 
