@@ -50,3 +50,62 @@ def test_epochs_of_a_loader_with_persistent_workers_draw_alike_in_both_runs(ip):
     # and the notebook's loader goes on in a plain cell
     run_cell(ip, "plain = torch.cat(list(loader))")
     assert ip.user_ns["plain"].shape == (8, 2)
+
+
+def test_a_vocabulary_keyed_by_wrapped_token_ids_names_the_int64_rule(ip):
+    # Token ids past int32 (a hashed vocabulary) wrapped on neuron, so a Counter and a dict keyed
+    # by them held an entry the other run lacked. Those entries (status "missing", no dtype) got
+    # "cause not identified", or, once any float64 op had run, the float64 rule's "an integer
+    # output taken from float64 values", while the cause the run counted was int64's wrap-around.
+    run_cell(
+        ip,
+        "import collections, torch\ncounts = collections.Counter()\n"
+        "hashed = torch.tensor([3_000_000_000, 5, 5, 7])\n"
+        "scale = torch.tensor([0.5, 2.0], dtype=torch.float64)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "weights = scale.cuda() * 2\n"
+        "ids = (hashed.cuda() + 1).tolist()\n"
+        "counts.update(ids)\n"
+        "vocab = {t: i for i, t in enumerate(ids)}",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    missing = [d for d in report.comparison.failures if d.status == "missing"]
+    assert {d.path.split("[")[0] for d in missing} == {"counts", "vocab"}, missing
+    for diff in missing:
+        assert diff.hints[0].startswith("int64 arithmetic runs as int32 on neuron"), diff.hints
+        assert "wrapped values around in this run" in diff.hints[0], diff.hints
+        assert not any("an integer output taken from float64" in h for h in diff.hints), diff.hints
+        # the float64 ops that ran are evidence too: the entries follow values computed in them
+        assert any(
+            h.startswith("float64 is computed as float32") and "one run has" in h
+            for h in diff.hints
+        ), diff.hints
+
+
+def test_a_decoded_list_cut_short_by_float64_names_the_float64_rule(ip):
+    # A greedy loop that stops on a token: float64 scores that float32 rounds together picked
+    # another token on neuron, which stopped early. The entries only the reference has got
+    # "cause not identified" where the float64 rule's evidence was counted.
+    run_cell(
+        ip,
+        "import torch\nscores = torch.zeros(6, dtype=torch.float64)\n"
+        "scores[2] = 1.0\nscores[4] = 1.0 + 1e-12",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "logits = scores.cuda()\nout = []\n"
+        "for step in range(4):\n"
+        "    t = int(logits.argmax())\n    out.append(t)\n"
+        "    if t == 2:\n        break",
+    )
+    report = ip.user_ns["r"]
+    missing = [d for d in report.comparison.failures if d.status == "missing"]
+    assert [d.path for d in missing] == ["out[1]", "out[2]", "out[3]"], report.summary()
+    for diff in missing:
+        assert diff.hints[0].startswith("float64 is computed as float32 on neuron"), diff.hints
+        assert "an integer output" not in diff.hints[0], diff.hints

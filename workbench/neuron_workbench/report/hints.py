@@ -331,19 +331,22 @@ def hints_for(
     dtypes = {diff.ref_dtype, diff.target_dtype}
     floating = bool(dtypes & _FLOATING)
     fp64_ops = _rule_ran(target, "fp64")
-    if on_neuron and dtypes & set(_FLOAT64) and fp64_ops:
+    if on_neuron and diff.status == "missing":
+        # an output one run has and the other lacks has no dtype of its own to say which rule
+        hints.extend(_rules_behind_a_missing_output(target, fp64_ops))
+    elif on_neuron and dtypes & set(_FLOAT64) and fp64_ops:
         hints.append(
             f"{_FP64_RULE}{_ran(fp64_ops, 'float64 op')}: expect float32 "
             "precision, or compute this in float32 on purpose"
         )
-    if on_neuron and dtypes & set(_INT64):
+    if on_neuron and dtypes & set(_INT64) and diff.status != "missing":
         int64_hint = _int64_wrapped_hint(target)
         if int64_hint:
             hints.append(int64_hint)
     # The float64 rule for an output of another dtype, where float64 ops were counted, comes after
     # the int64 rule that its own dtype names: both are the whole run's evidence, the first names
     # the cause (the summary's short cause).
-    if on_neuron and fp64_ops > 0 and not dtypes & set(_FLOAT64):
+    if on_neuron and fp64_ops > 0 and not dtypes & set(_FLOAT64) and diff.status != "missing":
         if floating:
             # A float32 output taken from float64 values (a noise schedule built in float64,
             # then `.float()`) keeps float32's rounding of them: its dtype does not say float64.
@@ -680,6 +683,29 @@ def _int64_wrapped_hint(target: Run) -> str | None:
         f"around in this run: {wrapped} of {int64_ops} int64 op{'' if int64_ops == 1 else 's'} "
         "had a value beyond ±2^31; keep indices and counters within int32"
     )
+
+
+def _rules_behind_a_missing_output(target: Run, fp64_ops: int) -> list[str]:
+    """The neuron rules that changed values in ``target``, for an output only one run has.
+
+    A list one run made longer, a dict keyed by computed values (token ids, a ``Counter``): the
+    entry follows values computed elsewhere in the cell, so only what the run counted is evidence
+    (int64 ops that wrapped a value, float64 ops that ran), not a dtype; the wrap-around, which
+    changed values for certain, comes first. A run that did not count them gives none.
+    """
+    hints = []
+    counts = getattr(target.facts, "rule_ops", None) or {}
+    wrapped = _int64_wrapped_hint(target) if counts.get("int64-wrapped", 0) > 0 else None
+    if wrapped:
+        hints.append(wrapped)
+    if fp64_ops > 0:
+        hints.append(
+            "float64 is computed as float32 on neuron (torchneuron.md §7)"
+            f"{_ran(fp64_ops, 'float64 op')}: an output one run has and the other "
+            "lacks (a longer list, a dict keyed by computed values) follows the values it was "
+            "built from, which change where float32 rounds them together"
+        )
+    return hints
 
 
 def _ran(count: int, what: str, how: str = "") -> str:
