@@ -109,3 +109,47 @@ def test_a_decoded_list_cut_short_by_float64_names_the_float64_rule(ip):
     for diff in missing:
         assert diff.hints[0].startswith("float64 is computed as float32 on neuron"), diff.hints
         assert "an integer output" not in diff.hints[0], diff.hints
+
+
+#: A dataset of file names (no tensor), its sampler and its loader, each named by the notebook.
+FILE_DATASET = """
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+class Files(Dataset):
+    def __init__(self):
+        self.paths = [f"img_{i}.png" for i in range(8)]
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        return torch.tensor(float(i))
+
+ds = Files()
+sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(ds, batch_size=8, sampler=sampler)
+shuffled = DataLoader(ds, batch_size=8, shuffle=True, generator=g)
+"""
+
+
+def test_the_sampler_a_loader_was_built_with_still_drives_it_after_a_cell(ip):
+    # A cell reading only the loader committed the kept run's copy of it, with copies of its
+    # sampler, dataset and generator, while the names `sampler`, `ds` and `g` kept the objects from
+    # before: the next epoch's `sampler.set_epoch(1)` changed a sampler the loader no longer held,
+    # so epoch 1 silently repeated epoch 0's order (both runs agreeing: PASS).
+    run_cell(ip, FILE_DATASET)
+    run_cell(ip, "expected = [next(iter(loader)).tolist() for _ in range(1)]")
+    run_cell(ip, "sampler.set_epoch(1)\nexpected.append(next(iter(loader)).tolist())")
+    run_cell(ip, "sampler.set_epoch(0)")
+    run_cell(ip, "%%neuron -o r\norder0 = next(iter(loader)).cuda().tolist()")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    ns = ip.user_ns
+    assert ns["loader"].sampler is ns["sampler"] and ns["loader"].dataset is ns["ds"]
+    run_cell(ip, "%%neuron -o r\nsampler.set_epoch(1)\norder1 = next(iter(loader)).cuda().tolist()")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    assert [ns["order0"], ns["order1"]] == ns["expected"]
+    # a generator the notebook gave a loader is the loader's after a cell too
+    run_cell(ip, "%%neuron -o r\nfirst = next(iter(shuffled)).cuda()")
+    assert ns["shuffled"].generator is ns["g"]

@@ -820,3 +820,27 @@ def test_a_resident_container_held_only_by_another_resident_one_goes_with_it():
     del inner, outer
     resident.prune()
     assert freed() is None
+
+
+def test_a_loaders_dataset_sampler_and_generator_share_with_it():
+    # torch.utils.data's classes are a library's, whose insides were never joined to notebook
+    # names: a cell reading the loader left `sampler` (no tensor in it) on the object from before
+    class Files(torch.utils.data.Dataset):
+        def __init__(self):
+            self.paths = ["a.png", "b.png"]
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return i
+
+    ds = Files()
+    sampler = torch.utils.data.RandomSampler(ds)
+    g = torch.Generator()
+    loader = torch.utils.data.DataLoader(ds, sampler=sampler, generator=g)
+    part = torch.utils.data.Subset(ds, [0])
+    ns = {"ds": ds, "sampler": sampler, "g": g, "loader": loader, "part": part, "other": Files()}
+    assert with_names_sharing_state({"loader"}, ns) == {"loader", "ds", "sampler", "g", "part"}
+    # (and through the loader, its generator)
+    assert with_names_sharing_state({"sampler"}, ns) == {"sampler", "ds", "loader", "part", "g"}

@@ -1604,7 +1604,9 @@ def _state_tensors(value: Any, objects: set[Any] | None = None) -> Iterator[torc
             elif type(item) in _CALLABLES_HOLDING_STATE:
                 follow(held_values(item), depth + 1)
             elif needs_copy(item) and not _ours(item):
-                inside_library = inside_library or type(item).__module__ != "__main__"
+                inside_library = inside_library or (
+                    type(item).__module__ != "__main__" and not _data_pipeline(item)
+                )
                 attributes = getattr(item, "__dict__", None)
                 if isinstance(attributes, dict):
                     follow(attributes.values(), depth + 1)
@@ -1636,7 +1638,8 @@ _HOOK_DICTS = frozenset(
 def _holds_state(item: Any) -> bool:
     """Whether two names reaching ``item`` share state through it.
 
-    Modules, optimizers, mutable containers (a deque), random generators (torch's,
+    Modules, optimizers, the data pipeline's loaders, datasets and samplers, mutable containers
+    (a deque), random generators (torch's,
     ``random.Random``, NumPy's) and objects of notebook classes; not what is only shared as a
     constant (a class, a function, an enum member, a library's logger or config: a teacher and a
     student built from one config share no state through it). Nor a NumPy array: a dataset's arrays
@@ -1651,6 +1654,11 @@ def _holds_state(item: Any) -> bool:
     )
 
 
+#: Library classes whose attributes are the notebook's own state: the dataset, sampler and
+#: generator a loader was built with are the ones the notebook names (`sampler.set_epoch(epoch)`
+#: must reach the loader's after a cell that read only the loader), as is a ``Subset``'s dataset.
+_DATA_PIPELINE = (torch.utils.data.DataLoader, torch.utils.data.Dataset, torch.utils.data.Sampler)
+_data_pipeline = _instance_check(_DATA_PIPELINE)
 _STATE_HOLDERS = (
     torch.nn.Module,
     torch.optim.Optimizer,
@@ -1661,6 +1669,7 @@ _STATE_HOLDERS = (
     collections.deque,
     bytearray,
     random.Random,
+    *_DATA_PIPELINE,
 )
 _state_holder = _instance_check(_STATE_HOLDERS)
 _NUMPY_STATE_HOLDERS = frozenset({"Generator", "RandomState"})
