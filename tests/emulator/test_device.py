@@ -261,3 +261,39 @@ def test_autoload_is_a_noop_without_the_env_var(monkeypatch):
     assert autoload() is None
     monkeypatch.setenv("NEURON_WORKBENCH_EMULATE", "neuron")
     assert autoload() is None and status().device == "neuron"  # idempotent here
+
+
+def test_a_forked_child_is_refused_the_device_as_torchneurons_runtime_refuses_it():
+    # torchneuron.md §2: re-initialising the runtime in a forked child raises. The emulated device
+    # made tensors there, which a DataLoader worker could not send back (its loader hung).
+    import os
+
+    emulate("neuron")
+    assert not torch.neuron._is_in_bad_fork()
+    torch.ones(2, device="neuron")  # the device is in use before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: each way onto the device is refused
+        answers = [str(torch.neuron._is_in_bad_fork())]
+        for make in (lambda: torch.ones(2, device="neuron"), lambda: torch.zeros(2).to("neuron")):
+            try:
+                make()
+                answers.append("made")
+            except RuntimeError as exc:
+                answers.append(str(exc))
+        os.write(write, "\n".join(answers).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        bad_fork, *refusals = answer.read().split("\n")
+    assert bad_fork == "True"
+    assert (
+        refusals
+        == [
+            "Cannot re-initialize Neuron runtime in forked subprocess. To use Neuron with "
+            "multiprocessing, use the 'spawn' start method"
+        ]
+        * 2
+    )
+    assert torch.ones(2, device="neuron").device.type == "neuron"  # the parent goes on

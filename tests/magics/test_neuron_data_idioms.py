@@ -153,3 +153,35 @@ def test_the_sampler_a_loader_was_built_with_still_drives_it_after_a_cell(ip):
     # a generator the notebook gave a loader is the loader's after a cell too
     run_cell(ip, "%%neuron -o r\nfirst = next(iter(shuffled)).cuda()")
     assert ns["shuffled"].generator is ns["g"]
+
+
+def test_a_dataset_making_device_tensors_in_forked_workers_is_refused_not_hung(ip):
+    # A dataset whose __getitem__ makes its tensors on "cuda", read by forked workers: CUDA and
+    # TorchNeuron refuse the device in a forked child ("Cannot re-initialize ... in forked
+    # subprocess"). The emulated neuron made the tensor there, whose storage the worker could not
+    # send back: the worker's queue thread failed, and the target waited for the batch forever.
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class OnDevice(Dataset):\n"
+        "    def __len__(self):\n        return 4\n"
+        "    def __getitem__(self, i):\n"
+        '        return torch.ones(2, device="cuda") * i\n'
+        "loader = DataLoader(OnDevice(), batch_size=2, num_workers=1)",
+    )
+    run_cell(ip, "%%neuron --timeout 60 -o r\nbatches = [b.sum() for b in loader]")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR", report.summary()
+    assert report.ref.error is None  # the cpu standing in for cuda cannot refuse it
+    error = report.target.error
+    assert error.type == "RuntimeError", error
+    assert error.summary.startswith(
+        "RuntimeError: Cannot re-initialize Neuron runtime in forked subprocess. To use Neuron "
+        "with multiprocessing, use the 'spawn' start method"
+    ), error.summary
+    assert "(in DataLoader worker process 0)" in error.summary, error.summary
+    assert any("forked" in note and "as CUDA does" in note for note in report.notes), report.notes
+    # the notebook's loader is left as it was, and serves a cell that moves batches itself
+    run_cell(ip, "loader.dataset.__class__.__getitem__ = lambda self, i: torch.ones(2) * i")
+    run_cell(ip, "%%neuron -o r\nbatches = [b.cuda().sum() for b in loader]")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()

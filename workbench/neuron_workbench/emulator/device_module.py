@@ -12,6 +12,7 @@ so seeds give the same numbers as on CPU.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import importlib.abc
 import importlib.util
@@ -376,7 +377,7 @@ def build(device_type: str, status: Any) -> types.ModuleType:
         set_rng_state(states[0])
 
     def _is_in_bad_fork() -> bool:
-        return False
+        return device_type == "neuron" and _IN_BAD_FORK[0]
 
     def current_stream(device: Any = None) -> Stream:
         return _default_stream
@@ -428,4 +429,52 @@ def build(device_type: str, status: Any) -> types.ModuleType:
         m.set_precision = set_precision
         m.execution_mode = _ExecutionMode()
         _offer_torch_tpu_switch()
+    if device_type == "neuron":
+        _refuse_device_in_forked_children(m)
     return m
+
+
+#: TorchNeuron's refusal of the device in a forked child (torchneuron.md §2, fork safety), which
+#: CUDA makes too ("Cannot re-initialize CUDA in forked subprocess").
+NEURON_FORK_REFUSAL = (
+    "Cannot re-initialize Neuron runtime in forked subprocess. To use Neuron with "
+    "multiprocessing, use the 'spawn' start method"
+)
+_IN_BAD_FORK = [False]
+#: torch's own fork handler for a device's lazy initialisation (libtorch_python, TORCH_PYTHON_API):
+#: in a forked child it makes torch ask the device module's ``_lazy_init`` again, as for CUDA.
+_FORK_HANDLER_SYMBOL = "_ZN5torch5utils37register_fork_handler_for_device_initEN3c1010DeviceTypeE"
+
+
+def _refuse_device_in_forked_children(module: types.ModuleType) -> None:
+    """Make a child forked from this process refuse the device, as TorchNeuron's runtime does.
+
+    Torch asks a device module's ``_lazy_init`` before a tensor is made on or moved to the device
+    (factories, ``.to()``, ``.cuda()`` in a run) until one call succeeded, and asks again in a
+    forked child once the device's fork handler is registered; the module's ``_lazy_init`` refuses
+    there. Without it, a forked DataLoader worker whose ``__getitem__`` made device tensors made
+    them, and could not send them back (``_share_fd_: only available on CPU`` in its queue's
+    thread): the loader waited for the batch forever. Where torch lacks the handler's symbol (a
+    torch built otherwise), the child goes on as before.
+    """
+    module._lazy_init = _lazy_init  # type: ignore[attr-defined]
+    if not hasattr(os, "register_at_fork"):
+        return
+    try:
+        handler = getattr(ctypes.CDLL(torch._C.__file__), _FORK_HANDLER_SYMBOL)
+    except (AttributeError, OSError):
+        return
+    handler.argtypes = [ctypes.c_int8]
+    handler.restype = None
+    handler(int(torch._C._autograd.DeviceType.PrivateUse1))
+    os.register_at_fork(after_in_child=_forked_child)
+
+
+def _forked_child() -> None:
+    _IN_BAD_FORK[0] = True
+
+
+def _lazy_init() -> None:
+    """``torch.neuron._lazy_init``: nothing to do, but in a forked child the device is refused."""
+    if _IN_BAD_FORK[0]:
+        raise RuntimeError(NEURON_FORK_REFUSAL)

@@ -512,6 +512,15 @@ _CUDA_REFUSES_TOO = (
         "pack_padded_sequence's lengths on the device",
         "Pass them on the CPU: pack_padded_sequence(x, lengths.cpu(), ...)",
     ),
+    (
+        # a forked DataLoader worker (or multiprocessing child) making or moving device tensors;
+        # CUDA's text is "Cannot re-initialize CUDA in forked subprocess"
+        "Cannot re-initialize Neuron runtime in forked subprocess",
+        "",
+        "the device in a forked child process (a DataLoader worker's __getitem__ or collate_fn)",
+        "Keep the dataset on the CPU and move each batch in the loop (batch.cuda(non_blocking="
+        "True)), or start the workers with DataLoader(..., multiprocessing_context='spawn')",
+    ),
 )
 
 
