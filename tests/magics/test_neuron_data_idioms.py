@@ -185,3 +185,30 @@ def test_a_dataset_making_device_tensors_in_forked_workers_is_refused_not_hung(i
     run_cell(ip, "loader.dataset.__class__.__getitem__ = lambda self, i: torch.ones(2) * i")
     run_cell(ip, "%%neuron -o r\nbatches = [b.cuda().sum() for b in loader]")
     assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+
+
+def test_what_the_targets_loader_workers_print_is_in_its_output(ip, capsys):
+    # A forked DataLoader worker of the target's process printed into its own copy of the run's
+    # captured sys.stdout, which it never gave back: with --keep target the cell lost every line
+    # the dataset printed (a plain cell shows them, as the reference's run does).
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class Loud(Dataset):\n"
+        "    def __len__(self):\n        return 2\n"
+        "    def __getitem__(self, i):\n"
+        '        print(f"item {i}", flush=True)\n'
+        "        return torch.tensor(float(i))\n"
+        "loader = DataLoader(Loud(), batch_size=2, num_workers=1)",
+    )
+    capsys.readouterr()
+    run_cell(
+        ip,
+        '%%neuron --keep target -o r\nprint("start")\nxs = [b.cuda() for b in loader]\nprint("end")',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.target.stdout == "start\nitem 0\nitem 1\nend\n", report.target.stdout
+    shown = capsys.readouterr().out  # the kept target's output, shown once both runs ended
+    assert shown.startswith("start\nitem 0\nitem 1\nend\n"), shown
+    assert shown.count("item 0") == 1, shown

@@ -11,6 +11,7 @@ import codecs
 import contextlib
 import importlib
 import io
+import os
 import random
 import sys
 import time
@@ -105,6 +106,8 @@ class CapturedStream(io.TextIOWrapper):
         # the bytes, also after the script closed or detached the stream (a TextIOWrapper of its
         # own over sys.stdout.buffer, freed when the run ends, closes the buffer under it)
         self._kept = kept
+        #: Whether the process's fd of the same stream points at the run's file meanwhile.
+        self.below = below is not None
 
     def getvalue(self) -> str:
         """Everything written so far, as text."""
@@ -142,6 +145,28 @@ class CapturedStream(io.TextIOWrapper):
         # A value holding the stream (a tqdm bar, a logging handler) is sent back from a worker
         # and copied between runs: as a StringIO of the same text, as the capture was before
         return (text_copy, (self.getvalue(),))
+
+
+def _streams_to_fds_in_forked_child() -> None:
+    """In a child forked during a target process's run, ``sys.stdout``/``sys.stderr`` write to the fds.
+
+    The run's captured streams keep their text in this process's memory: a forked child (a
+    DataLoader worker printing in ``__getitem__``) wrote into its own copy of them, which it never
+    gave back, and the run's output lost every line. The fds point at the run's files (opened for
+    appending), which join the run's record where each line came, as a subprocess's output does.
+    """
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if isinstance(stream, CapturedStream) and stream.below:
+            raw = io.FileIO(fd, "w", closefd=False)
+            text = io.TextIOWrapper(
+                raw, encoding="utf-8", errors="surrogatepass", write_through=True
+            )
+            setattr(sys, name, text)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_streams_to_fds_in_forked_child)
 
 
 def text_copy(text: str) -> io.StringIO:
