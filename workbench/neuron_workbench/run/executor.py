@@ -58,6 +58,7 @@ from neuron_workbench.run.random_state import (
 from neuron_workbench.run.records import Run, RunError, RunFacts, recorded
 from neuron_workbench.run.remap import cuda_remapped_to
 from neuron_workbench.run.scalars import StopRun
+from neuron_workbench.run.unversioned_writes import UnversionedWrites
 
 #: Output key of the cell's trailing expression.
 LAST_EXPRESSION = "Out"
@@ -558,6 +559,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             copies.update({name: backend.device for name in cuda_devices})
         ns.update(copies)
         before_run = dict(ns)
+        unversioned = UnversionedWrites()  # writes the tensors' version counters miss
         versions = {name: version_signature(value) for name, value in copies.items()}
         host = None
         if backend.device_type == "cpu":
@@ -587,6 +589,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             if apart:
                 stack.enter_context(class_attributes_kept(ns))
             recording = stack.enter_context(backend.fallback_recording())
+            stack.enter_context(unversioned.recording())
             default_devices_set = stack.enter_context(_default_devices_set())
             outside = (sys.stdout, sys.stderr)
             live = run_id is not None and run_id == spec.live_run
@@ -635,7 +638,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             backend.synchronize()
             wall = time.perf_counter() - start
             memory = backend.memory_stats()
-        run = _collect(spec, ns, before_run, versions, copies, info, last_value)
+        run = _collect(spec, ns, before_run, versions, copies, info, last_value, unversioned)
         if default_devices_set:  # torch.set_default_device in the cell: the last one holds
             run.sets_default_device = True
             run.default_device = _as_the_cell_means(default_devices_set[-1], backend, host)
@@ -816,6 +819,7 @@ def _collect(
     copies: dict[str, Any],
     info: BackendInfo,
     last_value: Any,
+    unversioned: UnversionedWrites,
 ) -> Run:
     missing = object()
     hidden = spec.hidden
@@ -825,7 +829,7 @@ def _collect(
         for name, value in copies.items()
         if name not in rebound
         and ns.get(name, missing) is value
-        and version_signature(value) != versions[name]
+        and version_signature(value, unversioned) != versions[name]
     ]
     outputs = {name: ns[name] for name in (*rebound, *mutated)}
     # A last expression of None (print(...), trainer.fit(x)) is no output, as IPython keeps no Out

@@ -35,6 +35,7 @@ from neuron_workbench.run.notebook_handles import (
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
 from neuron_workbench.run.torchscript import SCRIPT_MODULES, reduce_script_module
+from neuron_workbench.run.unversioned_writes import UnversionedWrites
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
 _NEVER_COPIED = (
@@ -1675,27 +1676,31 @@ _state_holder = _instance_check(_STATE_HOLDERS)
 _NUMPY_STATE_HOLDERS = frozenset({"Generator", "RandomState"})
 
 
-def version_signature(value: Any) -> tuple[Any, ...]:
+def version_signature(value: Any, writes: UnversionedWrites | None = None) -> tuple[Any, ...]:
     """In-place-modification counters of the tensors in ``value``, and what its objects hold.
 
     PyTorch bumps ``Tensor._version`` on every in-place op, so a changed signature means the run
     mutated the object (an optimizer step, ``.backward()`` filling ``.grad``) without rebinding it.
+    The writes of kernels that leave the counter alone (a fused optimizer's step) are added from
+    ``writes``, the run's :class:`~neuron_workbench.run.unversioned_writes.UnversionedWrites`.
     Gradients count, an optimizer's learning rates too, and what lists, deques, dicts, sets,
     notebook objects, namespaces and modules hold, by identity: an append, an item or attribute set,
     a buffer, layer or parameter replaced. The objects walked are those of :func:`tensors_in`.
     """
     signature: list[Any] = []
-    _sign(value, 0, set(), signature)
+    _sign(value, 0, set(), signature, writes)
     return tuple(signature)
 
 
-def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
+def _sign(
+    value: Any, depth: int, seen: set[int], out: list[Any], writes: UnversionedWrites | None
+) -> None:
     if depth > 8:
         return
     if isinstance(value, torch.Tensor):
         grad = value.grad if value.is_leaf else None
-        grad_sig = (0, -1) if grad is None else (id(grad), _version_of(grad))
-        out.append((id(value), _version_of(value), *grad_sig))
+        grad_sig = (0, -1) if grad is None else (id(grad), _version_of(grad, writes))
+        out.append((id(value), _version_of(value, writes), *grad_sig))
         return
     if type(value) in _ATOMS or id(value) in seen:
         return
@@ -1707,14 +1712,14 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
                     if key in _MODULE_TENSORS:
                         for tensor in item.values():
                             if tensor is not None:
-                                _sign(tensor, depth, seen, out)
+                                _sign(tensor, depth, seen, out, writes)
                     elif key == "_modules":
                         out.append(tuple(map(id, item.values())))  # a layer replaced
                 elif type(item) not in _ATOMS and holds_tensors(item):
                     # the class's own state (a KV cache); a setting the forward rewrites
                     # (self.last_shape) is no output, as the comparison does not read it
                     out.append(id(item))
-                    _sign(item, depth + 1, seen, out)
+                    _sign(item, depth + 1, seen, out, writes)
         return
     if isinstance(value, torch.optim.Optimizer):
         for group in value.param_groups:  # an LR scheduler's step changes no tensor
@@ -1722,24 +1727,26 @@ def _sign(value: Any, depth: int, seen: set[int], out: list[Any]) -> None:
         for state in value.state.values():
             for key, item in state.items():
                 if key != "step" and isinstance(item, torch.Tensor):
-                    _sign(item, depth, seen, out)
+                    _sign(item, depth, seen, out, writes)
         return
     contents = _contents(value)
     if contents is None:  # a closure's, a bound method's object, a partial's: by their own
         for item in held_values(value):
-            _sign(item, depth + 1, seen, out)
+            _sign(item, depth + 1, seen, out, writes)
         return
     items = list(contents)
     out.append(len(items))
     out.extend(map(id, items))
     for item in items:
-        _sign(item, depth + 1, seen, out)
+        _sign(item, depth + 1, seen, out, writes)
 
 
-def _version_of(tensor: torch.Tensor) -> int:
+def _version_of(tensor: torch.Tensor, writes: UnversionedWrites | None = None) -> int:
     # An inference tensor has no version counter: it changes in place only inside inference mode,
     # where a change is not seen (the run's copy is committed all the same)
-    return -1 if tensor.is_inference() else tensor._version
+    if tensor.is_inference():
+        return -1
+    return tensor._version + (writes.count(tensor) if writes is not None else 0)
 
 
 class _Held:

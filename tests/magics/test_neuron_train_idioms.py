@@ -1,0 +1,76 @@
+"""Training-loop idioms written for CUDA, through %%neuron on the default path (a worker target).
+
+Each test is a bug a user met with a training step cell run again and again: what the step changed
+must be compared, whatever kernel changed it.
+"""
+
+import pytest
+
+from neuron_workbench.testing import run_cell
+
+#: A model on the device and an optimizer over it, built in a %%neuron cell as a notebook does.
+FUSED_SETUP = """%%neuron -o setup
+device = torch.device("cuda")
+model = nn.Linear(16, 8).to(device)
+opt = {optimizer}
+X = torch.randn(32, 16, device=device)
+"""
+
+#: The step cell: backward, step, zero_grad(set_to_none=True) last, so the gradients are None
+#: before and after the cell, as in most training loops.
+STEP = """%%neuron -o r
+for i in range(2):
+    model(X).tanh().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _compared(report):
+    return {d.path for d in report.comparison.compared}
+
+
+@pytest.mark.parametrize(
+    "optimizer, state",
+    [
+        ("torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)", "exp_avg"),
+        (
+            "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)",
+            "momentum_buffer",
+        ),
+    ],
+)
+def test_a_fused_optimizer_step_is_compared(ip, optimizer, state):
+    # `fused=True` (nanoGPT's choice on CUDA) updates the weights with one kernel that leaves the
+    # tensors' version counters alone: the weights and the optimizer state looked unchanged, so a
+    # step cell compared only its loop variable (PASS, 1 output) whatever the target computed.
+    run_cell(ip, "import torch\nimport torch.nn as nn\ntorch.manual_seed(0)")
+    run_cell(ip, FUSED_SETUP.format(optimizer=optimizer))
+    run_cell(ip, STEP)  # the optimizer's state is made here: it was compared already
+    run_cell(ip, STEP)
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    compared = _compared(report)
+    assert {"model.weight", "model.bias"} <= compared, compared
+    assert f"opt.state[0]['{state}']" in compared, compared
+
+
+def test_a_fused_step_that_differs_fails(ip):
+    # float64 is computed as float32 on neuron: the weights a fused AdamW trains differ, and the
+    # report says so where it said PASS for the loop variable alone.
+    run_cell(ip, "import torch\nimport torch.nn as nn\ntorch.manual_seed(0)")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        'device = torch.device("cuda")\n'
+        "model = nn.Linear(64, 64).to(device).double()\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)\n"
+        "X = torch.randn(32, 64, device=device, dtype=torch.float64)",
+    )
+    run_cell(ip, STEP.replace("range(2)", "range(3)"))
+    report = ip.user_ns["r"]
+    assert "model.weight" in _compared(report), report.summary()
+    assert report.verdict == "FAIL", report.summary()
+    failed = {d.path: d for d in report.comparison.failures}
+    assert "model.weight" in failed, report.summary()
+    assert any("float64" in hint for hint in failed["model.weight"].hints)

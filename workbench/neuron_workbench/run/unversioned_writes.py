@@ -1,0 +1,93 @@
+"""Tensors a run changed in place without bumping their version counter.
+
+A run's outputs include every name whose tensors changed in place, which the executor sees from
+``Tensor._version`` (:func:`~neuron_workbench.run.namespace.version_signature`). Some of PyTorch's
+own in-place kernels leave that counter alone: the fused optimizer steps
+(``torch.optim.AdamW(..., fused=True)``, as CUDA code asks for, calls ``torch._fused_adamw_``) and
+the gradient scaler's unscaling (``torch._amp_foreach_non_finite_check_and_unscale_``), whose
+schemas write their tensor lists. A model trained by a fused optimizer in a cell that ends with
+``zero_grad()`` then looked unchanged, so its weights were never compared.
+
+:class:`UnversionedWrites` counts those writes per tensor while a run goes (the functions are
+wrapped where the optimizers and ``GradScaler`` look them up, on the ``torch`` module: no cost per
+op), and :func:`~neuron_workbench.run.namespace.version_signature` adds the counts to the
+tensors' versions. Nothing about the tensors themselves changes: autograd sees what it sees on a
+GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from neuron_workbench.run.patching import patched_attributes
+
+__all__ = ["UNVERSIONED_WRITERS", "UnversionedWrites"]
+
+#: ``torch`` functions whose kernels write tensors without bumping their version counters, and
+#: the positions of the arguments (tensors or lists of them) their schemas mark as written.
+UNVERSIONED_WRITERS: dict[str, tuple[int, ...]] = {
+    "_fused_adam_": (0, 1, 2, 3, 4),
+    "_fused_adamw_": (0, 1, 2, 3, 4),
+    "_fused_sgd_": (0, 1, 2),
+    "_fused_adagrad_": (0, 1, 2, 3),
+    "_amp_foreach_non_finite_check_and_unscale_": (0, 1),
+    "_amp_update_scale_": (0, 1),
+}
+
+
+class UnversionedWrites:
+    """How many times a run's unversioned in-place kernels wrote each tensor.
+
+    Only the tensors alive when :meth:`count` asks are answered for (a weak reference checks that
+    an id still names the tensor that was written).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+    def wrote(self, value: Any) -> None:
+        """Count one write of ``value``: a tensor, or a list or tuple of them."""
+        tensors = value if isinstance(value, list | tuple) else (value,)
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            entry = self._counts.get(id(tensor))
+            count = entry[1] if entry is not None and entry[0]() is tensor else 0
+            self._counts[id(tensor)] = (weakref.ref(tensor), count + 1)
+
+    def count(self, tensor: torch.Tensor) -> int:
+        """The writes of ``tensor`` the run's version counters did not count."""
+        entry = self._counts.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else 0
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[UnversionedWrites]:
+        """Count the writes of :data:`UNVERSIONED_WRITERS` made in the body."""
+        replacements = {
+            name: self._counting(getattr(torch, name), positions)
+            for name, positions in UNVERSIONED_WRITERS.items()
+            if hasattr(torch, name)
+        }
+        with patched_attributes(torch, replacements):
+            yield self
+
+    def _counting(
+        self, function: Callable[..., Any], positions: tuple[int, ...]
+    ) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # a compiled step: AOTAutograd bumps the versions
+                return function(*args, **kwargs)
+            result = function(*args, **kwargs)
+            for position in positions:
+                if position < len(args):
+                    self.wrote(args[position])
+            return result
+
+        return counted
