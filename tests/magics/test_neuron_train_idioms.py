@@ -5,6 +5,7 @@ must be compared, whatever kernel changed it.
 """
 
 import pytest
+import torch
 
 from neuron_workbench.testing import run_cell
 
@@ -74,3 +75,45 @@ def test_a_fused_step_that_differs_fails(ip):
     failed = {d.path: d for d in report.comparison.failures}
     assert "model.weight" in failed, report.summary()
     assert any("float64" in hint for hint in failed["model.weight"].hints)
+
+
+#: A hand-written EMA of a model's weights and WGAN's weight clipping, through ``.data``.
+THROUGH_DATA = {
+    "ema": (
+        "with torch.no_grad():\n"
+        "    for p_ema, p in zip(ema.parameters(), model.parameters()):\n"
+        "        p_ema.data.mul_(0.9).add_(p.data, alpha=0.1)\n"
+        "del p_ema, p"
+    ),
+    "clip": "for p in ema.parameters():\n    p.data.clamp_(-0.01, 0.01)\ndel p",
+    "assign": "ema.bias.data = ema.bias.data * 2",
+}
+
+
+@pytest.mark.parametrize("idiom", sorted(THROUGH_DATA))
+def test_a_change_through_data_is_compared(ip, idiom):
+    # `p.data` is an alias with a version counter of its own: writing through it left `p`'s
+    # counter as it was, so the EMA model looked unchanged (UNCOMPARED, 0 outputs compared).
+    run_cell(ip, "import torch\nimport torch.nn as nn\ntorch.manual_seed(0)")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        'device = torch.device("cuda")\n'
+        "model = nn.Linear(16, 8).to(device)\n"
+        "ema = nn.Linear(16, 8).to(device)",
+    )
+    before = ip.user_ns["ema"].bias.detach().clone()
+    run_cell(ip, f"%%neuron -o r\n{THROUGH_DATA[idiom]}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"ema.weight", "ema.bias"} <= _compared(report), report.summary()
+    assert not torch.equal(ip.user_ns["ema"].bias, before)  # the kept run's change is kept
+
+
+def test_reading_through_data_changes_nothing(ip):
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(ip, '%%neuron -o setup\nmodel = nn.Linear(16, 8).to("cuda")')
+    run_cell(ip, "%%neuron -o r\nnorms = [p.data.norm() for p in model.parameters()]")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert _compared(report) == {"norms[0]", "norms[1]"}

@@ -603,6 +603,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                     rng_on_cpu=spec.rng_on_cpu,
                     host=host,
                     may_enable_tf32=host is not None and may_enable_tf32(spec.program.source),
+                    writes=unversioned,
                 )
             )
             if host is not None:

@@ -76,6 +76,7 @@ from neuron_workbench.run.random_draws import (
     original_function,
 )
 from neuron_workbench.run.records import RunFacts
+from neuron_workbench.run.unversioned_writes import UnversionedWrites
 from neuron_workbench.run.warning_sites import warnings_at_callers_line
 
 _CUDA_STRING = re.compile(r"cuda(?::(\d+))?")
@@ -138,6 +139,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
         remap: bool = True,
         rng_on_cpu: bool = False,
         host: CudaOnHost | None = None,
+        writes: UnversionedWrites | None = None,
     ):
         super().__init__()
         self.target = target
@@ -145,6 +147,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
         self.remap = remap
         self.rng_on_cpu = rng_on_cpu
         self.host = host
+        self.writes = writes
 
     #: Dynamo traces compiled code as if this mode were off the stack, so a compiled cell breaks
     #: its graphs where and as often as a plain one (see ``run.compiled_frames``); the devices it
@@ -233,7 +236,17 @@ class _CudaToDeviceMode(TorchFunctionMode):
                         break
                 else:
                     return func(*args, **kwargs)
-        if getattr(func, "__self__", None) is _DEVICE_DESCRIPTOR:
+        owner = getattr(func, "__self__", None)
+        if owner is _DATA_DESCRIPTOR:
+            # p.data: what the cell writes through the alias changes p, unseen by p's version
+            result = func(*args)
+            if self.writes is not None and not torch.compiler.is_compiling():
+                if func.__name__ == "__get__":
+                    self.writes.aliased(args[0], result)
+                else:  # p.data = new
+                    self.writes.wrote(args[0])
+            return result
+        if owner is _DEVICE_DESCRIPTOR:
             # a parameter's device names cuda on the host, as on a GPU: x.to(p.device) copies x
             device = func(*args)
             if self.host is None or torch.compiler.is_compiling():
@@ -471,6 +484,8 @@ _CONVOLUTIONS = frozenset(
 _RNNS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
 _DEVICE_DESCRIPTOR = torch.Tensor.device
+#: ``Tensor.data``: an alias with a version counter of its own (see ``run.unversioned_writes``)
+_DATA_DESCRIPTOR = torch.Tensor.data
 #: ``x.get_device()`` and ``torch.get_device(x)``: -1 for a CPU tensor, the index on a GPU.
 _GET_DEVICE = frozenset(
     {torch.Tensor.get_device, *((torch.get_device,) if hasattr(torch, "get_device") else ())}
@@ -516,6 +531,8 @@ _SPECIAL = frozenset(
         _TENSOR_IS_PINNED,
         _IS_CUDA_DESCRIPTOR.__get__,
         _DEVICE_DESCRIPTOR.__get__,
+        _DATA_DESCRIPTOR.__get__,
+        _DATA_DESCRIPTOR.__set__,
         *_GET_DEVICE,
         *_NOTEWORTHY,
     }
@@ -961,13 +978,15 @@ def cuda_remapped_to(
     rng_on_cpu: bool = False,
     host: CudaOnHost | None = None,
     may_enable_tf32: bool = False,
+    writes: UnversionedWrites | None = None,
 ) -> Iterator[RunFacts]:
     """Run the body with CUDA device uses redirected to ``backend``; yield what was noticed.
 
     On the ``cuda`` backend itself devices are left alone (and nothing is intercepted unless
     ``rng_on_cpu`` asks for random numbers to come from the CPU generator). ``host``, on the ``cpu``
     backend, gives the CUDA parts of the cell CUDA's semantics; ``may_enable_tf32`` says the cell
-    may turn TF32 on (see :meth:`CudaOnHost.active`).
+    may turn TF32 on (see :meth:`CudaOnHost.active`). ``writes`` is told of the ``.data``
+    aliases the run takes and sets (:class:`~neuron_workbench.run.unversioned_writes.UnversionedWrites`).
     """
     target = backend.device_type
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
@@ -977,7 +996,7 @@ def cuda_remapped_to(
             with (
                 tracked(torch.cuda),
                 warnings_at_callers_line(),
-                _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True),
+                _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True, writes=writes),
             ):
                 yield facts
         else:
@@ -1036,7 +1055,7 @@ def cuda_remapped_to(
         stack.enter_context(_generators_for(target, facts, host))
         module_to = vars(torch.nn.Module)["to"]
         stack.enter_context(patched_attributes(torch.nn.Module, {"to": _module_to(module_to)}))
-        mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host)
+        mode = _CudaToDeviceMode(target, facts, rng_on_cpu=rng_on_cpu, host=host, writes=writes)
         engine_entry = torch.autograd._engine_run_backward
         stack.enter_context(
             patched_attributes(
