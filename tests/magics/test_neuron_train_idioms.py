@@ -117,3 +117,56 @@ def test_reading_through_data_changes_nothing(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert _compared(report) == {"norms[0]", "norms[1]"}
+
+
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_a_scaled_accumulation_stepped_in_the_next_cell(ip, keep):
+    # Gradient accumulation split over cells: the micro-batch cell scales and runs backward, the
+    # next cell steps. GradScaler's own copies drop the scale it made, so both runs stopped at
+    # `step` ("Attempted step but _scale is None ... did not use scaler.scale(loss)"), where the
+    # plain notebook steps.
+    run_cell(ip, "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Linear(16, 4).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        'scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)\n'
+        "X = torch.randn(32, 16).cuda()\n"
+        "Y = torch.randint(0, 4, (32,)).cuda()",
+    )
+    run_cell(
+        ip,
+        f"%%neuron -o micro --keep {keep}\n"
+        "for k in range(2):\n"
+        '    with torch.autocast("cuda", dtype=torch.float16):\n'
+        "        loss = F.cross_entropy(model(X[k * 16:(k + 1) * 16]), Y[k * 16:(k + 1) * 16]) / 2\n"
+        "    scaler.scale(loss).backward()",
+    )
+    assert ip.user_ns["micro"].verdict == "PASS", ip.user_ns["micro"].summary()
+    grad = ip.user_ns["model"].weight.grad.clone()
+    weight = ip.user_ns["model"].weight.detach().clone()
+    run_cell(ip, "%%neuron -o r\nscaler.step(opt)\nscaler.update()\nopt.zero_grad()")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "model.weight" in _compared(report)
+    # the step unscaled the accumulated gradients by the scale the first cell made
+    expected = weight - 0.1 * grad / 1024.0
+    torch.testing.assert_close(ip.user_ns["model"].weight.detach(), expected)
+    assert ip.user_ns["scaler"].get_scale() == 1024.0
+
+
+def test_a_scaler_that_never_scaled_still_says_so(ip):
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        "model = nn.Linear(4, 2).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        'scaler = torch.amp.GradScaler("cuda")',
+    )
+    run_cell(ip, "%%neuron -o r\nmodel(torch.ones(1, 4).cuda()).sum().backward()\nscaler.step(opt)")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR", report.summary()
+    assert "did not use scaler.scale" in report.summary()

@@ -29,6 +29,7 @@ from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.compiled_frames import compiled_global
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
+from neuron_workbench.run.grad_scalers import scales_made_again
 from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     ResidentObjects,
@@ -590,6 +591,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 stack.enter_context(class_attributes_kept(ns))
             recording = stack.enter_context(backend.fallback_recording())
             stack.enter_context(unversioned.recording())
+            stack.enter_context(scales_made_again())
             default_devices_set = stack.enter_context(_default_devices_set())
             outside = (sys.stdout, sys.stderr)
             live = run_id is not None and run_id == spec.live_run

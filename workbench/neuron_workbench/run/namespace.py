@@ -22,6 +22,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.quiet import warnings_ignored
+from neuron_workbench.run.grad_scalers import GRAD_SCALER, deepcopy_grad_scaler
 from neuron_workbench.run.loader_workers import (
     has_started_workers,
     loader_copied_past_its_workers,
@@ -862,10 +863,12 @@ def _copies_keep_state() -> Iterator[None]:
     backward) would be lost in the run's copy, and in what it commits back to the notebook. A tensor
     an autograd graph computed is copied (:func:`_deepcopy_tensor_of_a_graph`), a module
     compiled in place stays compiled (:func:`_deepcopy_module`), and an optimizer keeps its hooks
-    and its LR scheduler's watch (:func:`_deepcopy_optimizer`).
+    and its LR scheduler's watch (:func:`_deepcopy_optimizer`), and a ``GradScaler`` the scale it
+    had (:func:`~neuron_workbench.run.grad_scalers.deepcopy_grad_scaler`).
     """
     module_copier = vars(torch.nn.Module).get("__deepcopy__")
     optimizer_copier = vars(torch.optim.Optimizer).get("__deepcopy__")
+    scaler_copier = vars(GRAD_SCALER).get("__deepcopy__")
     original = torch.nn.Parameter.__deepcopy__
     original_tensor = torch.Tensor.__deepcopy__
     function_copier = copy._deepcopy_dispatch[types.FunctionType]  # type: ignore[attr-defined]
@@ -874,6 +877,7 @@ def _copies_keep_state() -> Iterator[None]:
     torch.Tensor.__deepcopy__ = _deepcopy_tensor_of_a_graph(original_tensor)  # type: ignore[method-assign]
     torch.nn.Module.__deepcopy__ = _deepcopy_module  # type: ignore[attr-defined]
     torch.optim.Optimizer.__deepcopy__ = _deepcopy_optimizer  # type: ignore[attr-defined]
+    GRAD_SCALER.__deepcopy__ = deepcopy_grad_scaler  # type: ignore[attr-defined]
     try:
         yield
     finally:
@@ -883,6 +887,7 @@ def _copies_keep_state() -> Iterator[None]:
         for owner, copier in (
             (torch.nn.Module, module_copier),
             (torch.optim.Optimizer, optimizer_copier),
+            (GRAD_SCALER, scaler_copier),
         ):
             if copier is None:
                 del owner.__deepcopy__  # type: ignore[attr-defined]

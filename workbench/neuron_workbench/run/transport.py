@@ -51,6 +51,7 @@ import torch
 from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.custom_ops import custom_op_class, reduce_custom_op
+from neuron_workbench.run.grad_scalers import GRAD_SCALER, grad_scaler_state
 from neuron_workbench.run.loader_workers import has_started_workers, reduce_loader_past_its_workers
 from neuron_workbench.run.measurements import TAGGED, reduce_tagged
 from neuron_workbench.run.namespace import (
@@ -616,6 +617,9 @@ class _Pickler(cloudpickle.Pickler):
             extras = optimizer_extras(obj)
             if extras:  # hooks and an LR scheduler's watch, which Optimizer.__getstate__ drops
                 return _reduced_then(obj, restore_optimizer_extras, extras)
+        elif isinstance(obj, GRAD_SCALER):
+            # its __getstate__ drops the scale it had: marked, to be made again where it is used
+            return copyreg.__newobj__, (kind,), grad_scaler_state(obj)
         elif has_started_workers(obj):
             # its worker processes cannot be pickled (every cell reading the loader after its
             # first epoch could not be sent)
