@@ -170,3 +170,27 @@ def test_a_scaler_that_never_scaled_still_says_so(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR", report.summary()
     assert "did not use scaler.scale" in report.summary()
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "RMSprop", "NAdam"])
+def test_a_capturable_optimizer_steps_on_the_cpu_reference(ip, optimizer):
+    # `capturable=True` (CUDA graphs' requirement, TorchTPU's advice for compiled steps) steps
+    # CUDA tensors; the cpu reference standing in for cuda raised "If capturable=True, params and
+    # state_steps must be on supported devices" where a GPU and the target step.
+    run_cell(ip, "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Linear(8, 2).cuda()\n"
+        f"opt = torch.optim.{optimizer}(model.parameters(), lr=1e-2, capturable=True)\n"
+        "X = torch.randn(16, 8).cuda()\n"
+        "Y = torch.randint(0, 2, (16,)).cuda()\n"
+        "for _ in range(2):\n"
+        "    F.cross_entropy(model(X), Y).backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "opt.state[0]['step']" in _compared(report)

@@ -22,6 +22,7 @@ What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -304,6 +305,7 @@ class CudaOnHost:
         """
         with self._stack:
             self._stack.enter_context(_foreach_by_default(self))
+            self._stack.enter_context(_capturable_on_the_host())
             self._stack.enter_context(_optimizer_state_loaded_onto_the_device(self))
             if self.precision == "cuda" and may_enable_tf32:
                 self._stack.enter_context(_Tf32Matmuls(self._note_tf32))
@@ -353,6 +355,38 @@ class CudaOnHost:
                 "this reference draws the CPU's (--rng cpu gives every device the CPU's numbers)"
             )
         return notes
+
+
+@contextlib.contextmanager
+def _capturable_on_the_host() -> Iterator[None]:
+    """Optimizers built with ``capturable=True`` step CPU tensors, as they step CUDA tensors.
+
+    Each optimizer module checks its parameters' device against the list
+    ``_get_capturable_supported_devices`` gives (CUDA, XPU, HPU, the PrivateUse1 device, XLA), which
+    has no ``cpu``: without it ``torch.optim.AdamW(..., capturable=True)`` (TorchTPU's advice for
+    compiled steps, CUDA graphs' requirement) raised on the reference alone.
+    """
+    import torch.optim.optimizer as optimizer_module
+
+    original = optimizer_module._get_capturable_supported_devices
+
+    def supported(supports_xla: bool = True) -> list[str]:
+        return [*original(supports_xla), "cpu"]
+
+    # the optimizer modules import it by name: each module's own name is replaced
+    modules = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("torch.optim.")
+        and getattr(module, "_get_capturable_supported_devices", None) is original
+    ]
+    for module in modules:
+        module._get_capturable_supported_devices = supported  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in modules:
+            module._get_capturable_supported_devices = original  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
