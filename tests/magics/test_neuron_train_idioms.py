@@ -194,3 +194,50 @@ def test_a_capturable_optimizer_steps_on_the_cpu_reference(ip, optimizer):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert "opt.state[0]['step']" in _compared(report)
+
+
+@pytest.mark.parametrize(
+    "map_location, on_cuda",
+    [
+        ("lambda storage, loc: storage.cuda(0)", True),
+        ("lambda storage, loc: storage.cuda()", True),
+        ("lambda storage, loc: storage", False),
+    ],
+)
+def test_a_checkpoint_mapped_by_a_function_resumes_as_on_a_gpu(ip, tmp_path, map_location, on_cuda):
+    # Older scripts resume with map_location=lambda storage, loc: storage.cuda(0). On a GPU (and on
+    # the target) the loaded state is on the device, so the optimizer keeps the checkpoint's own
+    # tensors and training changes `ck`; the cpu reference copied them, leaving `ck` as loaded:
+    # FAIL at ck['opt']['state'][0]['exp_avg'], cause not identified.
+    run_cell(
+        ip,
+        f"import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\npath = {str(tmp_path / 'ck.pt')!r}",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Linear(8, 2).cuda()\n"
+        "opt = torch.optim.Adam(model.parameters(), lr=1e-2)\n"
+        "X = torch.randn(16, 8).cuda()\n"
+        "Y = torch.randint(0, 2, (16,)).cuda()\n"
+        "F.cross_entropy(model(X), Y).backward()\n"
+        "opt.step()\n"
+        'torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)',
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        f"ck = torch.load(path, map_location={map_location})\n"
+        "m2 = nn.Linear(8, 2).cuda()\n"
+        'm2.load_state_dict(ck["model"])\n'
+        "o2 = torch.optim.Adam(m2.parameters(), lr=1e-2)\n"
+        'o2.load_state_dict(ck["opt"])\n'
+        "F.cross_entropy(m2(X), Y).backward()\n"
+        "o2.step()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    loaded = ip.user_ns["ck"]["opt"]["state"][0]["exp_avg"]
+    trained = ip.user_ns["o2"].state[ip.user_ns["m2"].weight]["exp_avg"]
+    assert (loaded is trained) == on_cuda

@@ -691,7 +691,13 @@ def _loading_onto_host_cuda(
     @functools.wraps(load)
     def load_onto_cuda(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         restored.clear()
-        result = load(f, map_location, *args, **kwargs)
+        if callable(map_location):
+            # map_location=lambda storage, loc: storage.cuda(0): what it moves with .cuda() is
+            # on "cuda", as the storages the run's cuda deserializer restores
+            with _storage_moves_to_cuda_noted(restored):
+                result = load(f, map_location, *args, **kwargs)
+        else:
+            result = load(f, map_location, *args, **kwargs)
         every = _may_name_cuda(map_location, host)
         if every or restored:
             for tensor in tensors_in(result):
@@ -701,6 +707,28 @@ def _loading_onto_host_cuda(
         return result
 
     return load_onto_cuda
+
+
+@contextlib.contextmanager
+def _storage_moves_to_cuda_noted(restored: set[int]) -> Iterator[None]:
+    """In the body, the data pointers of the storages ``storage.cuda()`` gives go into ``restored``.
+
+    On the host standing in for cuda, ``storage.cuda()`` gives the host storage itself.
+    """
+    patches = []
+    for owner in (torch.storage._StorageBase, torch.storage.TypedStorage):
+        move = vars(owner)["cuda"]
+
+        def noted(self: Any, *args: Any, _move: Callable[..., Any] = move, **kwargs: Any) -> Any:
+            result = _move(self, *args, **kwargs)
+            restored.add(result.data_ptr())
+            return result
+
+        patches.append(patched_attributes(owner, {"cuda": functools.wraps(move)(noted)}))
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
 
 
 #: Below every priority torch registers, so the run's cuda deserializer is asked first.
