@@ -21,6 +21,7 @@ def test_a_fused_step_is_counted_for_the_tensors_it_wrote():
 def test_writes_through_a_data_alias_count_for_the_tensor():
     p = torch.nn.Parameter(torch.ones(3))
     writes = UnversionedWrites()
+    writes.watch([p])
     alias = p.data
     writes.aliased(p, alias)
     assert writes.count(p) == 0
@@ -36,10 +37,33 @@ def test_writes_through_a_data_alias_count_for_the_tensor():
 def test_aliases_no_one_holds_are_let_go():
     p = torch.ones(3)
     writes = UnversionedWrites()
+    writes.watch([p])
     for _ in range(1000):
         alias = p.data
         writes.aliased(p, alias)
         alias.add_(1)
     del alias
     assert writes.count(p) == 1000
+    assert not writes._aliases
+
+
+def test_only_the_state_a_run_started_with_is_followed():
+    # `torch.max(outputs.data, 1)` in an evaluation loop: the run's own tensors are outputs by
+    # their names, and their aliases are not kept (they would keep each batch's outputs alive)
+    outputs = torch.ones(3)
+    writes = UnversionedWrites()
+    writes.aliased(outputs, outputs.data)
+    assert not writes._aliases
+
+
+def test_replacing_data_counts_once_and_lets_its_aliases_go():
+    p = torch.nn.Parameter(torch.ones(3))
+    writes = UnversionedWrites()
+    writes.watch([p])
+    old = p.data
+    writes.aliased(p, old)
+    old.add_(1)
+    p.data = torch.zeros(3)
+    writes.replaced(p)
+    assert writes.count(p) == 2
     assert not writes._aliases

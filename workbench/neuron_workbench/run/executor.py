@@ -561,6 +561,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         ns.update(copies)
         before_run = dict(ns)
         unversioned = UnversionedWrites()  # writes the tensors' version counters miss
+        unversioned.watch(tensor for value in copies.values() for tensor in tensors_in(value))
         versions = {name: version_signature(value) for name, value in copies.items()}
         host = None
         if backend.device_type == "cpu":

@@ -244,7 +244,7 @@ class _CudaToDeviceMode(TorchFunctionMode):
                 if func.__name__ == "__get__":
                     self.writes.aliased(args[0], result)
                 else:  # p.data = new
-                    self.writes.wrote(args[0])
+                    self.writes.replaced(args[0])
             return result
         if owner is _DEVICE_DESCRIPTOR:
             # a parameter's device names cuda on the host, as on a GPU: x.to(p.device) copies x

@@ -26,7 +26,7 @@ import contextlib
 import functools
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -63,6 +63,21 @@ class UnversionedWrites:
         # the .data aliases taken, by id: the alias, the tensor it aliases, its version counted
         self._aliases: dict[int, tuple[torch.Tensor, weakref.ref[torch.Tensor], int]] = {}
         self._sweep_at = _FIRST_SWEEP
+        # the tensors whose .data aliases are followed: the state the run started with
+        self._watched: dict[int, weakref.ref[torch.Tensor]] = {}
+
+    def watch(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Follow the ``.data`` aliases of ``tensors`` (and of their gradients).
+
+        Only the state a run started with can change unseen: a tensor the run made is an output by
+        its name. An alias of any other tensor (``outputs.data`` in an evaluation loop) is not
+        kept, so it holds no memory.
+        """
+        for tensor in tensors:
+            grad = tensor.grad if tensor.is_leaf else None
+            for item in (tensor, grad):
+                if isinstance(item, torch.Tensor):
+                    self._watched[id(item)] = weakref.ref(item)
 
     def aliased(self, tensor: torch.Tensor, alias: Any) -> None:
         """``alias`` is ``tensor.data``: what is written through it is written to ``tensor``."""
@@ -72,7 +87,10 @@ class UnversionedWrites:
         if entry is not None and entry[0] is tensor:  # p.data.data: the tensor aliased first
             source = entry[1]
         else:
-            source = weakref.ref(tensor)
+            watched = self._watched.get(id(tensor))
+            if watched is None or watched() is not tensor:
+                return
+            source = watched
         self._aliases[id(alias)] = (alias, source, alias._version)
         if len(self._aliases) >= self._sweep_at:
             self._fold()
@@ -87,6 +105,14 @@ class UnversionedWrites:
             entry = self._counts.get(id(tensor))
             count = entry[1] if entry is not None and entry[0]() is tensor else 0
             self._counts[id(tensor)] = (weakref.ref(tensor), count + 1)
+
+    def replaced(self, tensor: torch.Tensor) -> None:
+        """``tensor.data = new``: one write; its aliases from before view memory it no longer has."""
+        if self._aliases:
+            self._fold()
+            for key in [k for k, entry in self._aliases.items() if entry[1]() is tensor]:
+                del self._aliases[key]
+        self.wrote(tensor)
 
     def count(self, tensor: torch.Tensor) -> int:
         """The writes of ``tensor`` the run's version counters did not count."""
