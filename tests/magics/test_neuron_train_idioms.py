@@ -241,3 +241,21 @@ def test_a_checkpoint_mapped_by_a_function_resumes_as_on_a_gpu(ip, tmp_path, map
     loaded = ip.user_ns["ck"]["opt"]["state"][0]["exp_avg"]
     trained = ip.user_ns["o2"].state[ip.user_ns["m2"].weight]["exp_avg"]
     assert (loaded is trained) == on_cuda
+
+
+def test_a_tensor_learning_rate_a_scheduler_fills_is_compared(ip):
+    # A capturable optimizer's learning rate may be a tensor, which an LR scheduler fills in
+    # place: the schedule was neither seen as changed nor compared (floats only).
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        "model = nn.Linear(8, 2).cuda()\n"
+        "opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), capturable=True)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)",
+    )
+    run_cell(ip, "%%neuron -o r\nsched.step()")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "opt.param_groups[0]['lr']" in _compared(report), report.summary()
+    assert float(ip.user_ns["opt"].param_groups[0]["lr"]) == pytest.approx(0.005)

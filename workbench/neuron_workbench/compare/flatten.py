@@ -126,7 +126,8 @@ def _walk(
         # the learning rate a scheduler sets: a schedule that differs is a difference of the port
         for index, group in enumerate(value.param_groups):
             lr = group.get("lr")
-            if type(lr) is float:
+            # a float, or a tensor (capturable and compiled steps; a scheduler fills it in place)
+            if type(lr) is float or isinstance(lr, torch.Tensor):
                 leaves.append((f"{path}.param_groups[{index}]['lr']", lr))
         params = [p for group in value.param_groups for p in group["params"]]
         for index, param in enumerate(params):

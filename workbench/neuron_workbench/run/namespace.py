@@ -1727,8 +1727,11 @@ def _sign(
                     _sign(item, depth + 1, seen, out, writes)
         return
     if isinstance(value, torch.optim.Optimizer):
-        for group in value.param_groups:  # an LR scheduler's step changes no tensor
-            out.append((group.get("lr"), tuple(map(id, group.get("params", ())))))
+        for group in value.param_groups:  # an LR scheduler's step changes no tensor ...
+            lr = group.get("lr")
+            if isinstance(lr, torch.Tensor):  # ... but a tensor learning rate, filled in place
+                lr = (id(lr), _version_of(lr, writes))
+            out.append((lr, tuple(map(id, group.get("params", ())))))
         for state in value.state.values():
             for key, item in state.items():
                 if key != "step" and isinstance(item, torch.Tensor):
