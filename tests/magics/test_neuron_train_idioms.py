@@ -259,3 +259,35 @@ def test_a_tensor_learning_rate_a_scheduler_fills_is_compared(ip):
     assert report.verdict == "PASS", report.summary()
     assert "opt.param_groups[0]['lr']" in _compared(report), report.summary()
     assert float(ip.user_ns["opt"].param_groups[0]["lr"]) == pytest.approx(0.005)
+
+
+NET = """
+import torch
+import torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+def test_a_whole_model_saved_with_torch_save_loads_on_the_target(ip, tmp_path):
+    # `torch.save(model, path)` then `torch.load(path, weights_only=False)`: pickle finds the
+    # notebook's class on __main__ by name, and the worker's __main__ held only the names the
+    # cell reads: "neuron raised AttributeError: Can't get attribute 'Net' on <module '__main__'>".
+    run_cell(ip, NET + f"path = {str(tmp_path / 'full.pt')!r}")
+    run_cell(ip, "%%neuron -o saved\nmodel = Net().cuda()\ntorch.save(model, path)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'm = torch.load(path, weights_only=False, map_location="cuda")\n'
+        'y = m(torch.ones(1, 8, device="cuda"))',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"y", "m.fc.weight"} <= _compared(report)
+    assert type(ip.user_ns["m"]) is ip.user_ns["Net"]

@@ -267,3 +267,14 @@ def test_a_cell_whose_compile_warns_warns_each_time_under_its_own_name():
             warnings.simplefilter("always")
             compile_cell(source, filename=name)
         assert [(w.category, w.filename) for w in caught] == [(SyntaxWarning, name)]
+
+
+def test_a_cell_that_unpickles_reads_the_notebooks_classes():
+    # torch.load of a whole model finds its class on __main__ by name, unnamed by the cell
+    ns = {"__name__": "__main__"}
+    exec("class Net:\n    pass\nclass Other:\n    pass\nAlias = Net\nimport pickle", ns)
+    assert ns["Net"].__module__ == "__main__"
+    loads = referenced_names(compile_cell("m = pickle.load(f)"), ns)
+    assert {"Net", "Other"} <= loads
+    assert "Alias" not in loads  # pickle looks a class up by its own name
+    assert "Net" not in referenced_names(compile_cell("m = pickle"), ns)

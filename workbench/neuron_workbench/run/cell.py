@@ -467,17 +467,43 @@ def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[
     """
     seen: set[str] = set()
     todo = [(name, bound) for name, bound in program.read_names.items()]
-    while todo:
-        name, bound = todo.pop()
-        if name in seen or name in bound:
-            continue
-        seen.add(name)
-        if name not in namespace:
-            continue
-        for func in _user_functions(namespace[name], namespace):
-            # a function reached after the cell rebound a name sees the cell's value, not the old one
-            todo.extend((n, bound) for n in _code_names(func.__code__) if n not in seen)
-    return seen
+    unpickles = not _UNPICKLERS.isdisjoint(_code_names(program.body))
+    while True:
+        while todo:
+            name, bound = todo.pop()
+            if name in seen or name in bound:
+                continue
+            seen.add(name)
+            if name not in namespace:
+                continue
+            for func in _user_functions(namespace[name], namespace):
+                # a function reached after the cell rebound a name sees the cell's value
+                names = set(_code_names(func.__code__))
+                unpickles = unpickles or not _UNPICKLERS.isdisjoint(names)
+                todo.extend((n, bound) for n in names if n not in seen)
+        if not unpickles:
+            return seen
+        # torch.load(path, weights_only=False) of a whole model: pickle finds the notebook's
+        # classes on __main__ by name, also those the cell does not name (a worker's __main__
+        # holds only what the cell reads)
+        unpickles = False
+        todo.extend((n, frozenset()) for n in _notebook_classes(namespace) if n not in seen)
+
+
+#: Names of calls that unpickle (``torch.load``, ``pickle.load(s)``, ``joblib.load``,
+#: ``pd.read_pickle``): what they load may hold instances of the notebook's classes.
+_UNPICKLERS = frozenset({"load", "loads", "read_pickle"})
+
+
+def _notebook_classes(namespace: Mapping[str, Any]) -> list[str]:
+    """The names of the classes the notebook defined, bound where pickle looks them up."""
+    return [
+        name
+        for name, value in list(namespace.items())
+        if isinstance(value, type)
+        and getattr(value, "__module__", None) == "__main__"
+        and getattr(value, "__qualname__", None) == name
+    ]
 
 
 def calls_backward(program: CellProgram, namespace: Mapping[str, Any]) -> bool:
