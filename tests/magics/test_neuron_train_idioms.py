@@ -291,3 +291,43 @@ def test_a_whole_model_saved_with_torch_save_loads_on_the_target(ip, tmp_path):
     assert report.verdict == "PASS", report.summary()
     assert {"y", "m.fc.weight"} <= _compared(report)
     assert type(ip.user_ns["m"]) is ip.user_ns["Net"]
+
+
+@pytest.mark.parametrize(
+    "make_ema",
+    [
+        "ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))",
+        "ema = torch.optim.swa_utils.AveragedModel(model)",
+    ],
+)
+def test_an_averaged_model_made_in_a_plain_cell_is_on_the_device(ip, make_ema):
+    # AveragedModel(model) deep-copies a model the notebook has on cuda: on a GPU the EMA model is
+    # there too. The target's run found it on the CPU and refused it next to the device's tensors
+    # ("Expected all tensors to be on the same device ... neuron:0 and cpu").
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+        "from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        'device = torch.device("cuda")\n'
+        "model = nn.Linear(8, 2).to(device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "X = torch.randn(16, 8, device=device)\n"
+        "Y = torch.randint(0, 2, (16,), device=device)",
+    )
+    run_cell(ip, make_ema)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "F.cross_entropy(model(X), Y).backward()\n"
+        "opt.step()\n"
+        "opt.zero_grad()\n"
+        "ema.update_parameters(model)\n"
+        "val = F.cross_entropy(ema(X), Y)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"val", "ema.module.weight"} <= _compared(report)

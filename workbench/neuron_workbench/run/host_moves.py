@@ -28,7 +28,8 @@ may skip):
   device=device)``, ``torch.load(f, map_location=device)``) or has just made and moves there
   (``torch.zeros(3).to(device)``); not what a function of the notebook's makes, which may be
   anything;
-- a deep copy of something on the device (``ema = copy.deepcopy(model)``);
+- a deep copy of something on the device (``ema = copy.deepcopy(model)``, or PyTorch's
+  ``ema = AveragedModel(model)``, which deep-copies it);
 - a tensor the notebook had, moved there (``x = x.to(device)``), or a list, tuple or dict of such
   tensors (``batch = {k: v.to(device) for k, v in batch.items()}``), when nothing but the new name
   holds it. On a GPU the move gives the name a device copy and every other holder (another name, a
@@ -73,7 +74,20 @@ _NEW_TENSORS = frozenset(
 )
 
 #: Text a cell must contain to move anything this module follows.
-_MOVE_WORDS = (".cpu(", ".to(", ".cuda(", "device=", "map_location=", "deepcopy(")
+_MOVE_WORDS = (
+    *(".cpu(", ".to(", ".cuda(", "device=", "map_location=", "deepcopy("),
+    "AveragedModel(",
+)
+
+
+def _copies_a_module(kind: Any) -> bool:
+    """Whether calling ``kind`` gives a deep copy of the module it is given, where it was.
+
+    ``torch.optim.swa_utils.AveragedModel(model)`` (an EMA or SWA model) deep-copies ``model``.
+    """
+    from torch.optim.swa_utils import AveragedModel
+
+    return isinstance(kind, type) and issubclass(kind, AveragedModel)
 
 
 def follow_plain_cell_moves(
@@ -384,7 +398,7 @@ class _Moves(ast.NodeVisitor):
                 return None
             # what PyTorch has just made is new (torch.zeros(3).to(device), nn.Linear(4, 2).cuda())
             return where, "made" if self._made_by_pytorch(func) else "moved"
-        if method == "deepcopy" and call.args:
+        if call.args and (method == "deepcopy" or _copies_a_module(self._resolved(func))):
             _, root = _chain(call.args[0])
             if not isinstance(root, ast.Name):
                 return None
