@@ -243,7 +243,9 @@ class _CudaToDeviceMode(TorchFunctionMode):
             if self.writes is not None and not torch.compiler.is_compiling():
                 if func.__name__ == "__get__":
                     self.writes.aliased(args[0], result)
-                else:  # p.data = new
+                elif sys._getframe(1).f_globals.get("__name__") != _MODULE_APPLY_MODULE:
+                    # p.data = new; not Module.to / .half() swapping a parameter's data, a move
+                    # that is no output (and is none on a device that swaps tensors instead)
                     self.writes.replaced(args[0])
             return result
         if owner is _DEVICE_DESCRIPTOR:
@@ -486,6 +488,8 @@ _IS_CUDA_DESCRIPTOR = torch.Tensor.is_cuda
 _DEVICE_DESCRIPTOR = torch.Tensor.device
 #: ``Tensor.data``: an alias with a version counter of its own (see ``run.unversioned_writes``)
 _DATA_DESCRIPTOR = torch.Tensor.data
+#: Where ``Module._apply`` sets each parameter's ``.data`` (``model.to(device)``, ``.half()``).
+_MODULE_APPLY_MODULE = torch.nn.Module.__module__
 #: ``x.get_device()`` and ``torch.get_device(x)``: -1 for a CPU tensor, the index on a GPU.
 _GET_DEVICE = frozenset(
     {torch.Tensor.get_device, *((torch.get_device,) if hasattr(torch, "get_device") else ())}
