@@ -331,3 +331,47 @@ def test_an_averaged_model_made_in_a_plain_cell_is_on_the_device(ip, make_ema):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert {"val", "ema.module.weight"} <= _compared(report)
+
+
+#: A step split after unscale_: the scaler's own pickling refuses it (README's known limits).
+UNSCALED = (
+    "%%neuron -o unscaled{flags}\n"
+    'scaler.scale(model(torch.ones(1, 4, device="cuda")).sum()).backward()\n'
+    "scaler.unscale_(opt)"
+)
+SCALER_SETUP = (
+    "%%neuron -o setup\n"
+    "model = nn.Linear(4, 1, bias=False).cuda()\n"
+    "with torch.no_grad():\n"
+    "    model.weight.fill_(1.0)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=1.0)\n"
+    'scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)'
+)
+
+
+def test_a_step_split_after_unscale_says_to_keep_them_together(ip):
+    # The line told the user to run the cell with --executor inprocess, where the scaler, which
+    # cannot be copied, was shared by both runs: the second unscaled the gradients again.
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(ip, SCALER_SETUP)
+    run_cell(ip, UNSCALED.format(flags=""))
+    result = run_cell(ip, "%%neuron -o r\nscaler.step(opt)\nscaler.update()", allow_error=True)
+    message = str(result.error_in_exec)
+    assert "between unscale_ and step" in message
+    assert "in one %%neuron cell" in message
+    assert "--executor inprocess" not in message
+
+
+@pytest.mark.inprocess_device
+def test_a_step_split_after_unscale_is_no_pass_in_process(ip):
+    # In process, the scaler that cannot be copied was shared by the two runs: the second run's
+    # step unscaled the already unscaled gradients again, and the cell passed (weight 0.999
+    # where the plain notebook's step gives 0).
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(ip, SCALER_SETUP)
+    run_cell(ip, UNSCALED.format(flags=" --executor inprocess"))
+    run_cell(ip, "%%neuron -o r --executor inprocess\nscaler.step(opt)\nscaler.update()")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR", report.summary()
+    assert "between unscale_ and step" in report.summary()
+    torch.testing.assert_close(ip.user_ns["model"].weight.detach(), torch.ones(1, 4))

@@ -25,9 +25,17 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.patching import patched_attributes
 
-__all__ = ["SCALE_DROPPED", "deepcopy_grad_scaler", "grad_scaler_state", "scales_made_again"]
+__all__ = [
+    "SCALE_DROPPED",
+    "ScalerMidStep",
+    "deepcopy_grad_scaler",
+    "grad_scaler_state",
+    "mid_step_message",
+    "scales_made_again",
+]
 
 #: Set in the state of a copied ``GradScaler`` whose scale the copy dropped.
 SCALE_DROPPED = "_neuron_workbench_scale_dropped"
@@ -35,11 +43,27 @@ SCALE_DROPPED = "_neuron_workbench_scale_dropped"
 GRAD_SCALER = torch.amp.GradScaler
 
 
+class ScalerMidStep(WorkbenchUsageError):
+    """A ``GradScaler`` between ``unscale_`` and ``step``: it cannot be copied for a run."""
+
+
+def mid_step_message(name: str) -> str:
+    """The line that stops a cell reading ``name``, a scaler between ``unscale_`` and ``step``."""
+    return (
+        f"{name!r} is a GradScaler between unscale_ and step, which cannot be copied for a run "
+        f"(its own pickling refuses it, and runs sharing it would unscale the gradients twice); "
+        f"keep scaler.unscale_(optimizer) and scaler.step(optimizer) in one %%neuron cell"
+    )
+
+
 def grad_scaler_state(scaler: Any) -> dict[str, Any]:
     """``scaler.__getstate__()``, marked with :data:`SCALE_DROPPED` where it dropped a scale.
 
-    Raises what ``__getstate__`` raises (a scaler between ``unscale_`` and ``step``).
+    Raises :class:`ScalerMidStep` for a scaler between ``unscale_`` and ``step``, which
+    ``__getstate__`` refuses.
     """
+    if scaler._enabled and scaler._per_optimizer_states:
+        raise ScalerMidStep("a GradScaler between unscale_ and step cannot be copied")
     state = scaler.__getstate__()
     if scaler._enabled and scaler._scale is not None:
         state[SCALE_DROPPED] = True

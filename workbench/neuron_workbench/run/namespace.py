@@ -22,7 +22,12 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.quiet import warnings_ignored
-from neuron_workbench.run.grad_scalers import GRAD_SCALER, deepcopy_grad_scaler
+from neuron_workbench.run.grad_scalers import (
+    GRAD_SCALER,
+    ScalerMidStep,
+    deepcopy_grad_scaler,
+    mid_step_message,
+)
 from neuron_workbench.run.loader_workers import (
     has_started_workers,
     loader_copied_past_its_workers,
@@ -440,6 +445,9 @@ def _isolated(wanted: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             for name, value in wanted.items():
                 try:
                     copies[name] = _deepcopy_or_undo(value, memo)
+                except ScalerMidStep:
+                    # shared, both runs would step it: the second unscales the gradients again
+                    raise ScalerMidStep(mid_step_message(name)) from None
                 except Exception:
                     shared.append(name)
             return copies, shared

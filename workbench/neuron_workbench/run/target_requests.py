@@ -36,6 +36,7 @@ import torch
 from neuron_workbench.backends.base import Availability, Backend
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.custom_ops import CUSTOM_OP_BEFORE_LOAD, remember_custom_op_definitions
+from neuron_workbench.run.grad_scalers import ScalerMidStep, mid_step_message
 from neuron_workbench.run.namespace import ResidentObjects
 from neuron_workbench.run.notebook_handles import drain_made
 from neuron_workbench.run.records import NotCompared, Run
@@ -191,6 +192,8 @@ def pack_request(
                         f"one iterator; take the item in a plain cell (batch = next({name})) and "
                         f"use it in the %%neuron cell"
                     ) from None
+                if isinstance(item_exc, ScalerMidStep):  # --executor inprocess cannot help
+                    raise WorkbenchUsageError(mid_step_message(name)) from None
                 raise WorkbenchUsageError(
                     f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} worker "
                     f"process ({first_line(item_exc)}); {EXECUTOR_HINT}"
