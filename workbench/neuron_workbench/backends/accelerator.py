@@ -27,6 +27,7 @@ from neuron_workbench.backends.base import (
     FallbackRecording,
     MemoryStats,
 )
+from neuron_workbench.dispatch_calls import call_op
 from neuron_workbench.opnames import normalize_op
 
 #: What :meth:`AcceleratorBackend.capabilities` says when neither the SDK's documented API nor
@@ -209,7 +210,7 @@ class DispatchCallRecorder:
                 if per_call is not None:
                     per_call[0]()
                 t0 = time.perf_counter()
-                out = func(*args, **(kwargs or {}))
+                out = call_op(func, args, kwargs)
                 seconds = time.perf_counter() - t0
                 names = per_call[1]() if per_call is not None else None
                 recorder._note(func, args, seq, seconds, names)

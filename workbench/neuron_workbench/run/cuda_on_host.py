@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from neuron_workbench.backends.base import MemoryStats
+from neuron_workbench.dispatch_calls import call_op
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.records import RunFacts
 
@@ -87,7 +88,7 @@ class _Tf32Matmuls(TorchDispatchMode):
                 round_to_tf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
                 for a in args
             )
-        return func(*args, **kwargs)
+        return call_op(func, args, kwargs)
 
 
 class HostMemory(TorchDispatchMode):
@@ -133,7 +134,7 @@ class HostMemory(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        out = func(*args, **(kwargs or {}))
+        out = call_op(func, args, kwargs)
         if isinstance(out, torch.Tensor):
             self._count(out)
         elif isinstance(out, tuple | list):

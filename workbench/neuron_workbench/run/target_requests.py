@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.backends.base import Availability, Backend
+from neuron_workbench.dispatch_calls import call_op
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.run.custom_ops import CUSTOM_OP_BEFORE_LOAD, remember_custom_op_definitions
 from neuron_workbench.run.grad_scalers import ScalerMidStep, mid_step_message
@@ -223,7 +224,7 @@ class _LastOpMode(torch.utils._python_dispatch.TorchDispatchMode):
             name = self._names[func] = raw.ljust(LAST_OP_BYTES, b"\0")
         slot = self._slot
         slot[0:LAST_OP_BYTES] = name
-        out = func(*args, **(kwargs or {}))
+        out = call_op(func, args, kwargs)
         slot[LAST_OP_BYTES - 1] = OP_ENDED
         return out
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from neuron_workbench.dispatch_calls import call_op
 from neuron_workbench.opnames import normalize_op as base_op_name
 from neuron_workbench.sites import find_site_and_module
 from neuron_workbench.trace.profile_data import (
@@ -136,7 +137,7 @@ class _RecorderMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         rec = self._rec
         t0 = time.perf_counter_ns()
-        out = func(*args, **(kwargs or {}))
+        out = call_op(func, args, kwargs)
         if rec._sync is not None:
             rec._sync()
         t1 = time.perf_counter_ns()

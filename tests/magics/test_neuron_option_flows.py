@@ -1,0 +1,57 @@
+"""%%neuron options as users combine them, on the default path (the target in its worker process).
+
+Each test is a flow a user met with a realistic small model: a training step of an MLP under an
+option that must not change what is compared, or a sequence of cells where one option's effect
+must hold (or not) for the next.
+"""
+
+import pytest
+
+from neuron_workbench.testing import run_cell
+
+MLP_SETUP = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+torch.manual_seed(0)
+model = MLP()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(8, 16)
+y = torch.randint(0, 4, (8,))
+"""
+
+MLP_STEP = """
+device = torch.device("cuda")
+model.to(device)
+loss = F.cross_entropy(model(x.to(device)), y.to(device))
+loss.backward()
+opt.step()
+opt.zero_grad()
+"""
+
+
+def _outputs(report):
+    return [output["path"] for output in report.to_dict()["outputs"]]
+
+
+@pytest.mark.parametrize("flags", ["", "--profile", "--target neuron,tpu --profile"])
+def test_a_profiled_training_step_compares_the_trained_weights(ip, flags):
+    # A foreach optimizer step (the cpu reference's default, as on CUDA) under the op profiler's
+    # dispatch mode bumped no version counter: the weights it changed were no outputs, so a
+    # profiled cell compared the optimizer's state and not the model it trained.
+    run_cell(ip, MLP_SETUP)
+    run_cell(ip, f"%%neuron {flags} -o r\n{MLP_STEP}")
+    reports = ip.user_ns["r"]
+    for report in reports if isinstance(reports, list) else [reports]:
+        assert "model.fc1.weight" in _outputs(report), report.summary()
+        assert "model.fc2.bias" in _outputs(report), report.summary()

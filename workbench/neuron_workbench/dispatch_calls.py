@@ -1,0 +1,71 @@
+"""Calling an op from a ``TorchDispatchMode`` with the effects it has without the mode.
+
+An op that writes into a list of tensors in place (``aten::_foreach_add_``, ``aten::_fused_adamw_``:
+every foreach or fused optimizer step, which CUDA tensors and the cpu reference standing in for
+them use by default) does not bump the written tensors' version counters when it is called from a
+Python dispatch mode (pytorch/pytorch#191154, open for torch 2.13): the counter is bumped by the
+dispatch key the mode sits below. A run finds what a cell changed in place by those counters, so
+under such a mode an optimizer step would change a model's weights unseen, and the weights would
+not be compared. Each mode of this package calls ops through :func:`call_op`, which bumps them.
+
+A leaf module, so every layer's dispatch modes (the op profiler, device recorders, the host's CUDA
+stand-ins, the worker's last-op record) can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["call_op"]
+
+#: Per op overload: the positions and names of the tensor lists it writes in place (empty: none).
+_WRITTEN_LISTS: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _written_lists(func: Any) -> tuple[tuple[int, str], ...]:
+    written = _WRITTEN_LISTS.get(func)
+    if written is None:
+        try:
+            arguments = func._schema.arguments
+        except AttributeError:  # not an ATen op overload
+            arguments = ()
+        written = tuple(
+            (index, argument.name)
+            for index, argument in enumerate(arguments)
+            if argument.alias_info is not None
+            and argument.alias_info.is_write
+            and isinstance(argument.type, torch.ListType)
+        )
+        _WRITTEN_LISTS[func] = written
+    return written
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if not isinstance(value, list | tuple):
+        return []
+    return [t for t in value if isinstance(t, torch.Tensor) and not t.is_inference()]
+
+
+def call_op(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    """``func(*args, **kwargs)``, bumping the version of every tensor it wrote through a list.
+
+    Only tensors whose counter the call left unchanged are bumped, so an op that does bump them
+    (where PyTorch fixed it) is not counted twice.
+    """
+    kwargs = kwargs or {}
+    written = _written_lists(func)
+    if not written:
+        return func(*args, **kwargs)
+    tensors = [
+        tensor
+        for index, name in written
+        for tensor in _tensors(args[index] if index < len(args) else kwargs.get(name))
+    ]
+    before = [tensor._version for tensor in tensors]
+    out = func(*args, **kwargs)
+    stale = [tensor for tensor, version in zip(tensors, before) if tensor._version == version]
+    if stale:
+        torch.autograd.graph.increment_version(stale)
+    return out
