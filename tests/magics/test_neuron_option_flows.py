@@ -55,3 +55,24 @@ def test_a_profiled_training_step_compares_the_trained_weights(ip, flags):
     for report in reports if isinstance(reports, list) else [reports]:
         assert "model.fc1.weight" in _outputs(report), report.summary()
         assert "model.fc2.bias" in _outputs(report), report.summary()
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_judge_budget_judges_an_item_as_the_tensor_it_came_from(ip, seed):
+    # `v = s.item()` had its own R against the float64 oracle, counted from float64's ulp instead
+    # of float32's: the target 4x "less accurate" at v (a FAIL) where s, the same number as a
+    # tensor, was as accurate as the reference (R 1.0).
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        f"%%neuron --judge budget --seed {seed} -o r\n"
+        'x = torch.randn(4000, device="cuda") * 1000\n'
+        'if x.device.type == "cpu":\n'
+        "    s = x.sum()\n"
+        "else:\n"
+        "    s = x.flip(0).cumsum(0)[-1]\n"
+        "v = s.item()\n",
+    )
+    report = ip.user_ns["r"]
+    assert report.budget.get("v").ratio == report.budget.get("s").ratio
+    assert report.verdict == "PASS", report.summary()

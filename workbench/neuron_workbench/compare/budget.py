@@ -34,6 +34,7 @@ from neuron_workbench.compare.oracle import (
     rounding_instrument,
 )
 from neuron_workbench.run.executor import RunSpec
+from neuron_workbench.run.measurements import source_dtype
 from neuron_workbench.run.records import Run
 
 __all__ = [
@@ -252,7 +253,12 @@ def _float_leaf(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
         return value.detach()
     if isinstance(value, float):
-        return torch.tensor(value, dtype=torch.float64)
+        # A number made from a tensor (``loss.item()``) is exactly a value of that tensor's dtype,
+        # as the tolerance judges it: its floor is that dtype's ulp, not float64's
+        dtype = source_dtype(value)
+        if dtype is None or not dtype.is_floating_point:
+            dtype = torch.float64
+        return torch.tensor(float(value), dtype=dtype)
     return None
 
 
