@@ -76,3 +76,31 @@ def test_judge_budget_judges_an_item_as_the_tensor_it_came_from(ip, seed):
     report = ip.user_ns["r"]
     assert report.budget.get("v").ratio == report.budget.get("s").ratio
     assert report.verdict == "PASS", report.summary()
+
+
+def test_a_float64_loss_that_parts_on_neuron_has_a_finite_error_ratio(ip):
+    # A float64 loss the reference computed exactly as the float64 oracle did read "R inf" in the
+    # verdict line: the observed scalar's floor was the oracle's rounding to float64 (zero), not
+    # one ulp, as every output's floor is.
+    run_cell(ip, "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'dev = torch.device("cuda")\n'
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev).double()\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
+        "xs = torch.randn(64, 16, device=dev).double() * 100\n"
+        "ys = torch.randint(0, 4, (64,), device=dev)\n"
+        "for step in range(2):\n"
+        "    loss = F.cross_entropy(model(xs), ys)\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    print(loss.item())\n",
+    )
+    report = ip.user_ns["r"]
+    first = report.scalars.first
+    assert first is not None and first.ratio is not None, report.summary()
+    assert first.ratio != float("inf") and first.ratio > 2, report.summary()
+    assert "R inf" not in report.summary()

@@ -338,7 +338,7 @@ def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
 
 
-def _ratio(error: float, floor: float, least: float = 0.0) -> float:
+def error_ratio(error: float, floor: float, least: float = 0.0) -> float:
     """``R``: the target's error over the floor, both at least ``least`` (the dtype's ulp).
 
     An exact target is 0 (1 when the reference is exact too), whatever the floor.
@@ -358,7 +358,7 @@ def _output_budget(
     least: tuple[float, float] = (0.0, 0.0),
 ) -> OutputBudget:
     # Neither run can be closer than the dtype's rounding: both errors count from one ulp up.
-    ratio = _ratio(error[0], floor[0], least[0])
+    ratio = error_ratio(error[0], floor[0], least[0])
     floor = (max(floor[0], least[0]), max(floor[1], least[1]))
     band = classify(ratio)
     return OutputBudget(

@@ -337,11 +337,12 @@ def compare_scalars(
 def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace: Any) -> None:
     """Give ``divergence`` its error ratio ``R`` against a float64 oracle run's scalars, in place.
 
-    ``R = |target - oracle| / max(|ref - oracle|, rounding of the oracle to dtype)``, banded as
-    :mod:`neuron_workbench.compare.budget` bands outputs. Nothing when the oracle did not reach
-    that occurrence or a value is not a finite number.
+    ``R = |target - oracle| / |ref - oracle|``, both counted from one ulp of ``dtype`` up, as the
+    budget of an output counts them (:func:`~neuron_workbench.compare.budget.error_ratio`), and
+    banded as outputs are. Nothing when the oracle did not reach that occurrence or a value is not
+    a finite number.
     """
-    from neuron_workbench.compare.budget import classify
+    from neuron_workbench.compare.budget import classify, error_ratio, ulps
 
     trace = _trace(oracle_trace)
     series = trace.series.get(divergence.site) if trace is not None else None
@@ -352,13 +353,11 @@ def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace:
         return
     ref, target, oracle = (float(v) for v in values)
     torch_dtype = _dtype(dtype)
-    rounding = 0.0
+    # neither run is promised closer than one ulp of its dtype: a float64 loss that the reference
+    # got exactly was "R inf" for any target error
+    least = 0.0
     if torch_dtype is not None and torch_dtype.is_floating_point:
-        rounding = abs(torch.tensor(oracle, dtype=torch.float64).to(torch_dtype).item() - oracle)
-    floor = max(abs(ref - oracle), rounding)
-    error = abs(target - oracle)
-    ratio = (
-        (1.0 if floor == 0.0 else 0.0) if error == 0.0 else (error / floor if floor else math.inf)
-    )
+        least = float(ulps(torch.tensor(oracle, dtype=torch.float64), torch_dtype))
+    ratio = error_ratio(abs(target - oracle), abs(ref - oracle), least)
     divergence.oracle, divergence.ratio = oracle, ratio
     divergence.budget_label = classify(ratio).label
