@@ -101,3 +101,15 @@ def test_a_damaged_trace_says_why_and_a_report_of_it_warns():
         f"the reference run's observed scalars could not be read ({unreadable_trace(damaged)}); "
         "they are not compared"
     ]
+
+
+def test_a_divergence_shows_the_values_to_the_digit_where_they_differ():
+    from neuron_workbench.compare.scalars import ScalarDivergence
+
+    parted = ScalarDivergence("train.py:14", 2, 15.489961432543197, 15.489959716796875)
+    assert parted.headline() == "train.py:14 #2: 15.489961 vs 15.489960"
+    assert (
+        ScalarDivergence("a.py:1", 1, 2.30125, 2.30561).headline()
+        == "a.py:1 #1: 2.30125 vs 2.30561"
+    )
+    assert ScalarDivergence("a.py:1", 1, None, 1.5).headline() == "a.py:1 #1: none vs 1.5"

@@ -104,3 +104,6 @@ def test_a_float64_loss_that_parts_on_neuron_has_a_finite_error_ratio(ip):
     assert first is not None and first.ratio is not None, report.summary()
     assert first.ratio != float("inf") and first.ratio > 2, report.summary()
     assert "R inf" not in report.summary()
+    # ... and the two values shown differ (they part in the eighth digit: "15.49 vs 15.49")
+    shown = first.headline().split(": ", 1)[1].split(" vs ")
+    assert shown[0] != shown[1], first.headline()

@@ -51,7 +51,8 @@ class ScalarDivergence:
 
     def headline(self) -> str:
         """``train.py:88 #3: 2.30125 vs 2.30561`` (a missing value reads ``none``)."""
-        return f"{self.site} #{self.occurrence}: {_shown(self.ref)} vs {_shown(self.target)}"
+        ref, target = _told_apart(self.ref, self.target)
+        return f"{self.site} #{self.occurrence}: {ref} vs {target}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -160,6 +161,22 @@ def _shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+def _told_apart(ref: Any, target: Any) -> tuple[str, str]:
+    """Both values shown, with as many digits beyond six as it takes to show that they differ.
+
+    Where the runs part, a float64 loss computed as float32 parts in its eighth digit: at six,
+    the line read ``15.49 vs 15.49``.
+    """
+    if isinstance(ref, float) and isinstance(target, float) and ref != target:
+        for digits in range(6, 18):
+            shown = f"{ref:.{digits}g}", f"{target:.{digits}g}"
+            if shown[0] != shown[1]:
+                if digits > 6:  # both to the digit that differs: 15.489961 vs 15.489960
+                    shown = f"{ref:#.{digits}g}", f"{target:#.{digits}g}"
+                return shown
+    return _shown(ref), _shown(target)
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
