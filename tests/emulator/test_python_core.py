@@ -98,3 +98,36 @@ def test_python_core_under_inference_mode(run_py):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"host": "cpu", "numpy": [2.0, 2.0, 2.0], "attention": True, "lstm": True}
+
+
+VERSIONS = """
+import json
+import torch
+from neuron_workbench.emulator import emulate
+emulate("neuron")
+out = {}
+for name, cls, kwargs in (
+    ("sgd-foreach", torch.optim.SGD, {"foreach": True}),
+    ("adamw-foreach", torch.optim.AdamW, {"foreach": True}),
+    ("adamw-for-loop", torch.optim.AdamW, {"foreach": False}),
+):
+    model = torch.nn.Linear(3, 2).to("neuron")
+    opt = cls(model.parameters(), lr=0.1, **kwargs)
+    model(torch.randn(2, 3, device="neuron")).sum().backward()
+    before = model.weight._version
+    opt.step()
+    out[name] = model.weight._version > before
+print(json.dumps(out))
+"""
+
+
+def test_an_optimizer_step_bumps_the_device_weights_versions_in_both_cores(run_py):
+    # A foreach step wrote device weights through a tensor list without bumping their versions
+    # (on the native core, the CPU aliases' were bumped; on this one, a subclass's are not), so a
+    # run did not see the weights as changed: `%%neuron --against` then reported them "missing on
+    # the target".
+    for core in ("native", "python"):
+        r = run_py(VERSIONS, env={"NEURON_WORKBENCH_EMULATOR_CORE": core})
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out == {"sgd-foreach": True, "adamw-foreach": True, "adamw-for-loop": True}, core

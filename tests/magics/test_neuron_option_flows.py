@@ -107,3 +107,40 @@ def test_a_float64_loss_that_parts_on_neuron_has_a_finite_error_ratio(ip):
     # ... and the two values shown differ (they part in the eighth digit: "15.49 vs 15.49")
     shown = first.headline().split(": ", 1)[1].split(" vs ")
     assert shown[0] != shown[1], first.headline()
+
+
+SGD_SETUP = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 16)
+"""
+
+SGD_STEP = """
+device = torch.device("cuda")
+model.to(device)
+loss = model(x.to(device)).square().mean()
+loss.backward()
+opt.step()
+opt.zero_grad()
+loss.item()
+"""
+
+
+def test_an_sgd_step_against_its_recording_compares_the_trained_weights(ip, tmp_path):
+    # The emulated device's foreach SGD step changed the weights without bumping their version
+    # counters, so the target's run did not list them as changed. Live, the reference's outputs
+    # stood in; against a recording (whose outputs are leaves, model.weight) the cell FAILed:
+    # "model.weight missing on the target".
+    recording = tmp_path / "step.nwrun.zip"
+    run_cell(ip, SGD_SETUP)
+    run_cell(ip, f"%%neuron --record {recording} -o r\n{SGD_STEP}")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    run_cell(ip, SGD_SETUP)  # the notebook as it was when the recording was made
+    run_cell(ip, f"%%neuron --against {recording} -o r\n{SGD_STEP}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "model.weight" in _outputs(report)

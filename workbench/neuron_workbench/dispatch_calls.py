@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["call_op"]
+__all__ = ["bump_unchanged", "call_op", "written_through_lists"]
 
 #: Per op overload: the positions and names of the tensor lists it writes in place (empty: none).
 _WRITTEN_LISTS: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -48,24 +48,35 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in value if isinstance(t, torch.Tensor) and not t.is_inference()]
 
 
-def call_op(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-    """``func(*args, **kwargs)``, bumping the version of every tensor it wrote through a list.
-
-    Only tensors whose counter the call left unchanged are bumped, so an op that does bump them
-    (where PyTorch fixed it) is not counted twice.
-    """
-    kwargs = kwargs or {}
+def written_through_lists(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[torch.Tensor, int]]:
+    """The tensors ``func`` writes through a tensor list, with their versions now (often none)."""
     written = _written_lists(func)
     if not written:
-        return func(*args, **kwargs)
-    tensors = [
-        tensor
+        return []
+    return [
+        (tensor, tensor._version)
         for index, name in written
         for tensor in _tensors(args[index] if index < len(args) else kwargs.get(name))
     ]
-    before = [tensor._version for tensor in tensors]
-    out = func(*args, **kwargs)
-    stale = [tensor for tensor, version in zip(tensors, before) if tensor._version == version]
+
+
+def bump_unchanged(written: list[tuple[torch.Tensor, int]]) -> None:
+    """Bump the version of each tensor of :func:`written_through_lists` that the op left as it was.
+
+    Only those, so an op that does bump them (where PyTorch fixed it) is not counted twice.
+    """
+    stale = [tensor for tensor, version in written if tensor._version == version]
     if stale:
         torch.autograd.graph.increment_version(stale)
+
+
+def call_op(func: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    """``func(*args, **kwargs)``, bumping the version of every tensor it wrote through a list."""
+    kwargs = kwargs or {}
+    written = written_through_lists(func, args, kwargs)
+    out = func(*args, **kwargs)
+    if written:
+        bump_unchanged(written)
     return out

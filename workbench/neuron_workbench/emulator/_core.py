@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
+from neuron_workbench.dispatch_calls import bump_unchanged, written_through_lists
 from neuron_workbench.emulator import events as _events
 from neuron_workbench.emulator._memory import MEM, Allocation
 from neuron_workbench.emulator._policy import (
@@ -169,7 +170,14 @@ class EmulatedTensor(torch.Tensor):
         plan = _PLANS.get(func)
         if plan is None:
             plan = _make_plan(func)
-        return _dispatch(func, plan, args, kwargs or {})
+        kwargs = kwargs or {}
+        # a foreach or fused in-place op bumps no version of a subclass tensor it wrote
+        # (pytorch/pytorch#191154): the native core bumps them too (emucore.cpp's bump_written)
+        written = written_through_lists(func, args, kwargs)
+        out = _dispatch(func, plan, args, kwargs)
+        if written:
+            bump_unchanged(written)
+        return out
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass

@@ -274,6 +274,7 @@ struct Plan {
   int layout_arg = -1;
   std::vector<bool> kwarg_only;
   std::vector<bool> mutated;
+  bool writes_lists = false;  // a Tensor(a!)[] argument: a foreach or fused in-place op
 };
 
 std::mutex plan_mutex;
@@ -420,6 +421,8 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
     const auto& a = arguments[i];
     plan->kwarg_only.push_back(a.kwarg_only());
     plan->mutated.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+    if (plan->mutated.back() && a.type()->kind() == c10::TypeKind::ListType)
+      plan->writes_lists = true;
     if (a.name() == "device") plan->device_arg = static_cast<int>(i);
     if (a.name() == "pin_memory") plan->pin_arg = static_cast<int>(i);
     if (a.name() == "layout") plan->layout_arg = static_cast<int>(i);
@@ -808,6 +811,31 @@ bool has_gap_dtype(const torch::jit::Stack& stack, size_t base, size_t nargs, in
   return false;
 }
 
+// The device tensors an op writes through a tensor list (Tensor(a!)[]: _foreach_add_,
+// _fused_adamw_, every foreach or fused optimizer step), with their versions before it ran. The
+// CPU kernel bumps the versions of the CPU aliases only, and autograd's in-place layer bumps none
+// for a list, so without this an optimizer step on the device changed weights whose version
+// counters said they were untouched (as on CPU and CUDA, where the kernels bump them).
+std::vector<std::pair<at::Tensor, uint32_t>> written_lists(const Plan& plan,
+                                                           const torch::jit::Stack& stack,
+                                                           size_t base) {
+  std::vector<std::pair<at::Tensor, uint32_t>> written;
+  if (!plan.writes_lists) return written;
+  for (size_t i = 0; i < plan.mutated.size(); ++i) {
+    const IValue& v = stack[base + i];
+    if (!plan.mutated[i] || !v.isTensorList()) continue;
+    for (const at::Tensor& t : v.toTensorList().vec())
+      if (t.defined() && t.device().is_privateuseone() && !t.is_inference())
+        written.emplace_back(t, t._version());
+  }
+  return written;
+}
+
+void bump_written(const std::vector<std::pair<at::Tensor, uint32_t>>& written) {
+  for (const auto& [t, version] : written)
+    if (t._version() == version) t.unsafeGetTensorImpl()->bump_version();
+}
+
 void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto plan_ptr = plan_for(op);
   const Plan& plan = *plan_ptr;
@@ -833,6 +861,7 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   std::vector<IValue> originals;
   if (plan.kind == kFallback) originals.assign(stack->begin() + base, stack->end());
+  const std::vector<std::pair<at::Tensor, uint32_t>> written = written_lists(plan, *stack, base);
 
   // A host tensor of another layout asked onto the device (csr.to(device)): the layout error.
   if (plan.device_arg >= 0) {
@@ -969,6 +998,7 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       v = wrapper.wrap_value(v, plan);
     }
   }
+  bump_written(written);
   if (plan.kind == kFallback) emit_event(plan, originals, seconds);
 }
 
