@@ -429,7 +429,9 @@ def build_report(
         layers=layers,
         notes=notes,
         budget=budget,
-        scalars=compare_observed_scalars(ref, target, policy, oracle),
+        scalars=compare_observed_scalars(
+            ref, target, policy, oracle, by_budget=options.judge == "budget"
+        ),
         compile_check=compile_check,
         migration=migration,
     )
@@ -454,13 +456,19 @@ def _unreadable_scalars(ref: Run, target: Run) -> list[str]:
 
 
 def compare_observed_scalars(
-    ref: Run, target: Run, policy: TolerancePolicy | None = None, oracle: Run | None = None
+    ref: Run,
+    target: Run,
+    policy: TolerancePolicy | None = None,
+    oracle: Run | None = None,
+    *,
+    by_budget: bool = False,
 ) -> Any:
     """The two runs' observed scalars compared (a ``ScalarComparison``), with hints where they part.
 
     ``oracle``: the precision budget's float64 rerun, when it ran for this cell; the first
-    divergence then gets its error ratio ``R``. None when either run raised or neither
-    materialised a scalar from a tensor.
+    divergence then gets its error ratio ``R``, and ``by_budget`` (``--judge budget``) judges
+    each value outside tolerance by its ``R``, as floating outputs are judged. None when either
+    run raised or neither materialised a scalar from a tensor.
     """
     if not (ref.ok and target.ok) or "scalars" not in ref.extras or "scalars" not in target.extras:
         return None
@@ -468,7 +476,12 @@ def compare_observed_scalars(
     from neuron_workbench.compare.scalars import compare_scalars
 
     policy = with_precision_floor(policy or TolerancePolicy(), ref, target)
-    scalars = compare_scalars(ref.extras["scalars"], target.extras["scalars"], policy)
+    oracle_scalars = None
+    if by_budget and oracle is not None and oracle.ok:
+        oracle_scalars = oracle.extras.get("scalars")
+    scalars = compare_scalars(
+        ref.extras["scalars"], target.extras["scalars"], policy, oracle_trace=oracle_scalars
+    )
     if scalars is not None and scalars.first is not None:
         first = scalars.first
         site = next((s for s in scalars.sites if s.site == first.site), None)

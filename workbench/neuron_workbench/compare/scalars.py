@@ -88,6 +88,8 @@ class SiteComparison:
     abs_diff: list[float | None]
     parts_at: int | None = None
     max_abs: float = 0.0
+    #: Occurrences outside tolerance that the budget judge passed (their R within budget).
+    within_budget: int = 0
 
     @property
     def matched(self) -> bool:
@@ -109,6 +111,7 @@ class SiteComparison:
             "parts_at": self.parts_at,
             "max_abs": _json(self.max_abs),
             "matched": self.matched,
+            "within_budget": self.within_budget,
         }
 
 
@@ -132,7 +135,11 @@ class ScalarComparison:
         """``2 scalar sites match`` or ``scalars part at train.py:88 #3: 2.30 vs 2.31``."""
         if self.first is None:
             count = len(self.sites)
-            return f"{count} scalar site{'s' if count != 1 else ''} match"
+            line = f"{count} scalar site{'s' if count != 1 else ''} match"
+            within = sum(site.within_budget for site in self.sites)
+            if within:
+                line += f" ({within} value{'s' if within != 1 else ''} within precision budget)"
+            return line
         return f"scalars part at {self.first.headline()}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,17 +258,32 @@ def unreadable_trace(value: Any) -> str | None:
 
 
 def _site(
-    ref: ScalarSeries, target: ScalarSeries, policy: TolerancePolicy
+    ref: ScalarSeries,
+    target: ScalarSeries,
+    policy: TolerancePolicy,
+    oracle: ScalarSeries | None = None,
 ) -> tuple[SiteComparison, int | None]:
-    """One site's comparison, and the reference's event order of its first mismatch."""
+    """One site's comparison, and the reference's event order of its first mismatch.
+
+    With the float64 oracle's series of the site (the budget judge), an occurrence outside
+    tolerance whose ``R`` is within budget is no mismatch: it is counted in ``within_budget``.
+    """
+    from neuron_workbench.compare.budget import classify
+
     dtype_ref, dtype_target = _dtype(ref.dtype), _dtype(target.dtype or ref.dtype)
     tolerance = policy.for_output(f"scalars/{ref.site}", dtype_ref, dtype_target)
     diffs: list[float | None] = []
     parts_at = None
     order = None
+    within_budget = 0
     for index, (a, b) in enumerate(zip(ref.values, target.values, strict=False)):
         differs, delta = _differs(a, b, tolerance)
         diffs.append(delta)
+        if differs and oracle is not None and index < len(oracle.values):
+            ratio = _scalar_ratio(a, b, oracle.values[index], ref.dtype)
+            if ratio is not None and classify(ratio).within:
+                differs = False
+                within_budget += 1
         if differs and parts_at is None:
             parts_at, order = index + 1, ref.order[index]
     if parts_at is None and ref.count != target.count:
@@ -284,6 +306,7 @@ def _site(
         abs_diff=diffs,
         parts_at=parts_at,
         max_abs=max(finite) if finite else 0.0,
+        within_budget=within_budget,
     )
     return site, order
 
@@ -293,7 +316,11 @@ def _value_at(values: list[Any], occurrence: int) -> Any:
 
 
 def compare_scalars(
-    ref_trace: Any, target_trace: Any, policy: TolerancePolicy | None = None
+    ref_trace: Any,
+    target_trace: Any,
+    policy: TolerancePolicy | None = None,
+    *,
+    oracle_trace: Any = None,
 ) -> ScalarComparison | None:
     """Align two runs' scalars by call site and occurrence and compare them.
 
@@ -303,6 +330,9 @@ def compare_scalars(
         What each run's ``scalars`` instrument recorded (live, or from JSON).
     policy : TolerancePolicy, optional
         The comparison's tolerances (a site is judged as an output ``scalars/<site>``).
+    oracle_trace : ScalarTrace or dict, optional
+        The budget judge's float64 oracle run's scalars: a value outside tolerance whose error
+        ratio ``R`` is within budget does not part the runs, as a float output is judged.
 
     Returns
     -------
@@ -313,13 +343,14 @@ def compare_scalars(
     if ref is None or target is None or not (ref.series or target.series):
         return None
     policy = policy or TolerancePolicy()
+    oracle = _trace(oracle_trace) if oracle_trace is not None else None
     sites: list[SiteComparison] = []
     first: tuple[int, SiteComparison] | None = None
     for name, series in ref.series.items():
         other = target.series.get(name)
         if other is None:
             continue
-        site, order = _site(series, other, policy)
+        site, order = _site(series, other, policy, oracle.series.get(name) if oracle else None)
         sites.append(site)
         if order is not None and (first is None or order < first[0]):
             first = (order, site)
@@ -351,6 +382,23 @@ def compare_scalars(
     )
 
 
+def _scalar_ratio(ref: Any, target: Any, oracle: Any, dtype: str | None) -> float | None:
+    """``R`` of one occurrence against the oracle's value; None unless all three are finite."""
+    from neuron_workbench.compare.budget import error_ratio, ulps
+
+    values = (ref, target, oracle)
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return None
+    ref, target, oracle = (float(v) for v in values)
+    torch_dtype = _dtype(dtype)
+    # neither run is promised closer than one ulp of its dtype: a float64 loss that the reference
+    # got exactly was "R inf" for any target error
+    least = 0.0
+    if torch_dtype is not None and torch_dtype.is_floating_point:
+        least = float(ulps(torch.tensor(oracle, dtype=torch.float64), torch_dtype))
+    return error_ratio(abs(target - oracle), abs(ref - oracle), least)
+
+
 def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace: Any) -> None:
     """Give ``divergence`` its error ratio ``R`` against a float64 oracle run's scalars, in place.
 
@@ -359,22 +407,15 @@ def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace:
     banded as outputs are. Nothing when the oracle did not reach that occurrence or a value is not
     a finite number.
     """
-    from neuron_workbench.compare.budget import classify, error_ratio, ulps
+    from neuron_workbench.compare.budget import classify
 
     trace = _trace(oracle_trace)
     series = trace.series.get(divergence.site) if trace is not None else None
     if series is None or divergence.occurrence > len(series.values):
         return
-    values = (divergence.ref, divergence.target, series.values[divergence.occurrence - 1])
-    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+    oracle = series.values[divergence.occurrence - 1]
+    ratio = _scalar_ratio(divergence.ref, divergence.target, oracle, dtype)
+    if ratio is None:
         return
-    ref, target, oracle = (float(v) for v in values)
-    torch_dtype = _dtype(dtype)
-    # neither run is promised closer than one ulp of its dtype: a float64 loss that the reference
-    # got exactly was "R inf" for any target error
-    least = 0.0
-    if torch_dtype is not None and torch_dtype.is_floating_point:
-        least = float(ulps(torch.tensor(oracle, dtype=torch.float64), torch_dtype))
-    ratio = error_ratio(abs(target - oracle), abs(ref - oracle), least)
-    divergence.oracle, divergence.ratio = oracle, ratio
+    divergence.oracle, divergence.ratio = float(oracle), ratio
     divergence.budget_label = classify(ratio).label
