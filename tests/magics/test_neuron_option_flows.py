@@ -6,6 +6,7 @@ must hold (or not) for the next.
 """
 
 import pytest
+from IPython.core.error import UsageError
 
 from neuron_workbench.testing import run_cell
 
@@ -168,3 +169,18 @@ def test_judge_budget_judges_a_printed_loss_by_its_error_ratio(ip):
     (site,) = report.scalars.sites
     assert site.within_budget == 1 and site.parts_at is None
     assert "1 value within precision budget" in report.scalars.summary()
+
+
+def test_what_if_applies_to_the_neuron_target_of_several(ip):
+    # --what-if bf16-matmul with --target neuron,tpu stopped the cell, after the reference had
+    # run, with the emulator's API error: "bf16_matmul is the neuron what-if policy; on tpu use
+    # matmul_precision" (neither is an option of the cell). It is neuron's policy, as
+    # --list-fallbacks is tpu's: it applies to the neuron target, and a tpu-only cell is refused
+    # before anything runs.
+    run_cell(ip, MLP_SETUP)
+    run_cell(ip, f"%%neuron --what-if bf16-matmul --target neuron,tpu -o r\n{MLP_STEP}")
+    neuron, tpu = ip.user_ns["r"]
+    assert [neuron.options.get("what_if"), tpu.options.get("what_if")] == ["bf16-matmul", None]
+    assert neuron.verdict == tpu.verdict == "FAIL"  # both round float32 matmul inputs to bf16
+    with pytest.raises(UsageError, match="^--what-if bf16-matmul applies to a neuron target"):
+        ip.run_cell_magic("neuron", "--what-if bf16-matmul --target tpu", MLP_STEP)

@@ -238,7 +238,9 @@ def compare_cell(
             with _cores_shared():
                 for backend, run_id in targets:
                     pending.append(
-                        executor.start(spec, backend, run_id=run_id, what_if=options.what_if)  # type: ignore[attr-defined]
+                        executor.start(  # type: ignore[attr-defined]
+                            spec, backend, run_id=run_id, what_if=options.what_if_on(backend.name)
+                        )
                     )
                 ref_run = execute(spec, ref_backend, run_id="ref")
             # The scan needs no run: it fills the wait for the targets, which usually end later.
@@ -258,7 +260,7 @@ def compare_cell(
             # with no run here (--against), the target's is the one that changed notebook classes
             with answers_set_classes() if reference is not None else contextlib.nullcontext():
                 target_runs = [
-                    _run_target(spec, executor, backend, run_id, options.what_if)
+                    _run_target(spec, executor, backend, run_id, options.what_if_on(backend.name))
                     for backend, run_id in targets
                 ]
         except BaseException:  # a value the target cannot receive, an interrupt
@@ -309,7 +311,9 @@ def compare_cell(
         build_report(
             ref_run,
             run,
-            dataclasses.replace(options, target=run.backend.name),
+            dataclasses.replace(
+                options, target=run.backend.name, what_if=options.what_if_on(run.backend.name)
+            ),
             cell_source=program.source,
             comparison=(comparison, layers),
             budget=budget,
@@ -516,7 +520,9 @@ def _compile_check(
     ref, target = eager_runs(
         spec,
         ref_backend,
-        lambda eager, run_id: _run_target(eager, executor, target_backend, run_id, options.what_if),
+        lambda eager, run_id: _run_target(
+            eager, executor, target_backend, run_id, options.what_if_on(target_backend.name)
+        ),
     )
     return build_report(ref, target, options, cell_source=source)
 

@@ -138,6 +138,21 @@ class CompareOptions:
             raise OptionError("{0} applies to a tpu target", "list_fallbacks")
         if self.track_per_op and "neuron" not in names:  # type: ignore[attr-defined]
             raise OptionError("{0} applies to a neuron target", "track_per_op")
+        if self.what_if and "neuron" not in names:  # type: ignore[attr-defined]
+            raise OptionError(
+                "{0} {value} applies to a neuron target (tpu computes float32 matmuls in 1-pass "
+                "bfloat16 already)",
+                "what_if",
+                value=self.what_if,  # type: ignore[attr-defined]
+            )
+
+    def what_if_on(self, backend: str) -> str | None:
+        """The what-if policy of a run on ``backend``: ``bf16-matmul`` is neuron's alone.
+
+        With several targets (``--target neuron,tpu``) it applies to neuron, as
+        ``list_fallbacks`` applies to tpu.
+        """
+        return self.what_if if backend == "neuron" else None  # type: ignore[attr-defined]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], **values: Any) -> CompareOptions:
