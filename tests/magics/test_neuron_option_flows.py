@@ -184,3 +184,18 @@ def test_what_if_applies_to_the_neuron_target_of_several(ip):
     assert neuron.verdict == tpu.verdict == "FAIL"  # both round float32 matmul inputs to bf16
     with pytest.raises(UsageError, match="^--what-if bf16-matmul applies to a neuron target"):
         ip.run_cell_magic("neuron", "--what-if bf16-matmul --target tpu", MLP_STEP)
+
+
+@pytest.mark.parametrize("name", ["1abc", "r.x", "class"])
+def test_o_names_a_variable_or_the_cell_is_refused_before_it_runs(ip, name):
+    # `-o 1abc` ran both runs and stored the report under a key no code can read
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    with pytest.raises(UsageError, match="^-o NAME must be a Python variable name"):
+        ip.run_cell_magic("neuron", f"-o {name}", "y = x.cuda() + 1")
+    assert name not in ip.user_ns and "y" not in ip.user_ns
+
+
+def test_o_takes_a_quoted_name(ip):
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    run_cell(ip, '%%neuron -o "rep"\ny = x.cuda() + 1')
+    assert ip.user_ns["rep"].verdict == "PASS"

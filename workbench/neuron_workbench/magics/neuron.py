@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 import os
 import shutil
 import sys
@@ -46,6 +47,11 @@ def _unquoted(value: str | None) -> str | None:
     if value and len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
+
+
+def _is_variable_name(name: str) -> bool:
+    """Whether ``name`` can be assigned and read as a plain name in a cell (``-o NAME``)."""
+    return name.isidentifier() and not keyword.iskeyword(name)
 
 
 def _recorded_cell(folder: str, count: int) -> str | None:
@@ -326,6 +332,11 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         cell_file = None
         # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)
+        args.output = _unquoted(args.output)
+        if args.output is not None and not _is_variable_name(args.output):
+            # stored under any other key, the report was in the namespace where no code could
+            # name it, after both runs had gone by
+            raise UsageError(f"-o NAME must be a Python variable name, got {args.output!r}")
         try:
             # A flag given in the cell wins over the session's setting (%config NeuronMagics.x);
             # a cell's rtol/atol pair replaces the session's pair whole.
