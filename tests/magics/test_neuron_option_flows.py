@@ -199,3 +199,24 @@ def test_o_takes_a_quoted_name(ip):
     run_cell(ip, "import torch\nx = torch.ones(2)")
     run_cell(ip, '%%neuron -o "rep"\ny = x.cuda() + 1')
     assert ip.user_ns["rep"].verdict == "PASS"
+
+
+@pytest.mark.parametrize("targets", ["neuron,tpu", "tpu,neuron"])
+def test_a_cell_one_of_two_targets_raises_in_leaves_the_namespace_as_it_was(ip, targets):
+    # With tpu second, the reference's results were committed (the trained weights, `w`, the
+    # cell's value) although the tpu report was an ERROR; with tpu first they were not.
+    run_cell(ip, MLP_SETUP)
+    before = ip.user_ns["model"].fc1.weight.clone()
+    result = run_cell(
+        ip,
+        f"%%neuron --target {targets} -o r\n{MLP_STEP}"
+        "w = x.cuda() * 2\n"
+        'if w.device.type == "tpu":\n'
+        '    raise ValueError("not on this device")\n'
+        "w\n",
+    )
+    verdicts = {report.target.backend.name: report.verdict for report in ip.user_ns["r"]}
+    assert verdicts == {"neuron": "PASS", "tpu": "ERROR"}
+    assert "w" not in ip.user_ns and "loss" not in ip.user_ns
+    assert result.result is None
+    assert ip.user_ns["model"].fc1.weight.equal(before)

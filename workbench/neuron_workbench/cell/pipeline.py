@@ -295,7 +295,9 @@ def compare_cell(
     )
     last_value = None
     sets_default_device, default_device_set = False, None
-    if ref_run.ok and target_run.ok:
+    # A cell that raised on any run, a further target's included, leaves the namespace as it was,
+    # whatever order --target names the targets in
+    if ref_run.ok and all(run.ok for run in target_runs):
         if reference is not None or options.keep == "target":
             kept, other = target_run, ref_run
             devices_as_the_notebook_names_them(kept, other, namespace, resident)
