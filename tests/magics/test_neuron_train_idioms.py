@@ -77,6 +77,33 @@ def test_a_fused_step_that_differs_fails(ip):
     assert any("float64" in hint for hint in failed["model.weight"].hints)
 
 
+def test_a_graph_that_saved_weights_before_a_fused_step_runs_its_backward_after_it(ip):
+    # A GAN's generator loss goes back through the discriminator its fused step just changed: the
+    # fused kernel bumps no version on a GPU (nor on the CPU), so the backward pass runs there;
+    # the workbench's dispatch modes and the emulated device bumped them, and both runs raised
+    # "modified by an inplace operation" (ERROR) where the plain notebook runs the cell.
+    run_cell(ip, "import torch\nimport torch.nn as nn\ntorch.manual_seed(0)")
+    run_cell(
+        ip,
+        "%%neuron -o setup\n"
+        'device = torch.device("cuda")\n'
+        "model = nn.Sequential(nn.Linear(16, 8), nn.Linear(8, 4)).to(device)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)\n"
+        "X = torch.randn(32, 16, device=device)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "out = model(X).tanh().sum()\n"
+        "out.backward(retain_graph=True)\n"
+        "opt.step()\n"
+        "out.backward()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"model.0.weight", "model.1.weight"} <= _compared(report), report.summary()
+
+
 #: A hand-written EMA of a model's weights and WGAN's weight clipping, through ``.data``.
 THROUGH_DATA = {
     "ema": (

@@ -18,7 +18,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["bump_unchanged", "call_op", "written_through_lists"]
+__all__ = ["UNVERSIONED_WRITERS", "bump_unchanged", "call_op", "written_through_lists"]
+
+#: ``torch`` functions whose kernels write tensors without bumping their version counters (on
+#: CPU and CUDA alike: the fused optimizer steps, GradScaler's kernels), and the positions of the
+#: arguments (tensors or lists of them) their schemas mark as written. Their writes are counted
+#: apart (``run.unversioned_writes``); a mode leaves their counters as the kernels do, or a graph
+#: that saved a weight before a fused step would fail its backward pass where a GPU runs it.
+UNVERSIONED_WRITERS: dict[str, tuple[int, ...]] = {
+    "_fused_adam_": (0, 1, 2, 3, 4),
+    "_fused_adamw_": (0, 1, 2, 3, 4),
+    "_fused_sgd_": (0, 1, 2),
+    "_fused_adagrad_": (0, 1, 2, 3),
+    "_amp_foreach_non_finite_check_and_unscale_": (0, 1),
+    "_amp_update_scale_": (0, 1),
+}
 
 #: Per op overload: the positions and names of the tensor lists it writes in place (empty: none).
 _WRITTEN_LISTS: dict[Any, tuple[tuple[int, str], ...]] = {}
@@ -28,7 +42,10 @@ def _written_lists(func: Any) -> tuple[tuple[int, str], ...]:
     written = _WRITTEN_LISTS.get(func)
     if written is None:
         try:
-            arguments = func._schema.arguments
+            schema = func._schema
+            arguments = schema.arguments
+            if schema.name.split("::", 1)[-1] in UNVERSIONED_WRITERS:
+                arguments = ()  # its kernel bumps none: neither does a mode
         except AttributeError:  # not an ATen op overload
             arguments = ()
         written = tuple(

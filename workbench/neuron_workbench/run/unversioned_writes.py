@@ -31,20 +31,10 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.dispatch_calls import UNVERSIONED_WRITERS
 from neuron_workbench.run.patching import patched_attributes
 
 __all__ = ["UNVERSIONED_WRITERS", "UnversionedWrites"]
-
-#: ``torch`` functions whose kernels write tensors without bumping their version counters, and
-#: the positions of the arguments (tensors or lists of them) their schemas mark as written.
-UNVERSIONED_WRITERS: dict[str, tuple[int, ...]] = {
-    "_fused_adam_": (0, 1, 2, 3, 4),
-    "_fused_adamw_": (0, 1, 2, 3, 4),
-    "_fused_sgd_": (0, 1, 2),
-    "_fused_adagrad_": (0, 1, 2, 3),
-    "_amp_foreach_non_finite_check_and_unscale_": (0, 1),
-    "_amp_update_scale_": (0, 1),
-}
 
 
 #: How many ``.data`` aliases are held before the first look at which of them can go.

@@ -427,6 +427,11 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
     if (a.name() == "pin_memory") plan->pin_arg = static_cast<int>(i);
     if (a.name() == "layout") plan->layout_arg = static_cast<int>(i);
   }
+  // The fused optimizer steps' and GradScaler's kernels bump no version on CPU or CUDA either
+  // (dispatch_calls.UNVERSIONED_WRITERS): a graph that saved a weight before a fused step must
+  // not fail its backward pass here alone.
+  if (plan->overload.rfind("aten::_fused_", 0) == 0 || plan->overload.rfind("aten::_amp_", 0) == 0)
+    plan->writes_lists = false;
   {
     py::gil_scoped_acquire gil;
     try {
