@@ -270,15 +270,24 @@ def relabel_site(
 def is_user_file(filename: str) -> bool:
     """Whether ``filename`` holds the user's code: a cell, a script, a project's module.
 
-    Not torch's or the workbench's (:func:`is_internal`), not the standard library's and not an
-    installed package's (``site-packages``).
+    Not torch's or the workbench's (:func:`is_internal`), not the standard library's, not an
+    installed package's (``site-packages``), and not code torch generates (an FX graph's
+    ``<eval_with_key>``, Inductor's and Triton's caches).
     """
     if is_internal(filename):
         return False
-    if filename.startswith("<"):
-        return True
+    if filename.startswith("<"):  # a cell's pseudo-file, not generated code (<eval_with_key>.3)
+        return filename.startswith(_CELL_PSEUDO_FILES)
     path = os.path.abspath(filename)
+    if any(folder in path for folder in _GENERATED_FOLDERS):
+        return False
     return not any(path.startswith(root + os.sep) for root in _library_roots())
+
+
+#: Pseudo-files of cells: IPython's (a terminal's, a test shell's) and a %%neuron cell's own.
+_CELL_PSEUDO_FILES = ("<ipython-input-", "<neuron-cell")
+#: Folders of code torch.compile generates (Inductor's and Triton's caches).
+_GENERATED_FOLDERS = (f"{os.sep}torchinductor_", f"{os.sep}.triton{os.sep}")
 
 
 @functools.lru_cache(maxsize=1)
