@@ -278,3 +278,17 @@ def test_a_cell_that_unpickles_reads_the_notebooks_classes():
     assert {"Net", "Other"} <= loads
     assert "Alias" not in loads  # pickle looks a class up by its own name
     assert "Net" not in referenced_names(compile_cell("m = pickle"), ns)
+
+
+def test_a_cell_that_unpickles_names_the_notebooks_classes_without_what_they_read():
+    # pickle finds a notebook class on __main__ by name: the class travels, and what its methods
+    # read travels with it by value; following those names copied (and sent) every dataset or
+    # model a method mentions with each cell that loads a checkpoint
+    ns = {"__name__": "__main__"}
+    exec(
+        "dataset = list(range(10))\nclass Net:\n    def batches(self):\n        return dataset\n",
+        ns,
+    )
+    program = compile_cell("state = torch.load(path, weights_only=False)")
+    names = referenced_names(program, ns)
+    assert "Net" in names and "dataset" not in names

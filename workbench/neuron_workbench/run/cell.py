@@ -486,8 +486,10 @@ def referenced_names(program: CellProgram, namespace: Mapping[str, Any]) -> set[
         # torch.load(path, weights_only=False) of a whole model: pickle finds the notebook's
         # classes on __main__ by name, also those the cell does not name (a worker's __main__
         # holds only what the cell reads)
-        unpickles = False
-        todo.extend((n, frozenset()) for n in _notebook_classes(namespace) if n not in seen)
+        # Only the classes themselves: what their methods read travels with them by value,
+        # and following it would copy (and send) every dataset or model a method mentions.
+        seen.update(_notebook_classes(namespace))
+        return seen
 
 
 #: Names of calls that unpickle (``torch.load``, ``pickle.load(s)``, ``joblib.load``,
