@@ -150,3 +150,14 @@ x = torch.randn(3)""",
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
     note = next(n for n in report.notes if f"torch.ops.{ns}.locked" in n)
     assert "could not be pickled" in note and "--executor inprocess" in note
+
+
+def test_register_autocast_is_kept_and_returns_what_torch_returns(ip, ns):
+    # register_autocast has no decorator form: its keyword call was taken for one, so it returned
+    # a decorator and the worker never got the registration
+    run_cell(ip, SCALE_ADD.format(ns=ns))
+    run_cell(ip, 'returned = scale_add.register_autocast("cuda", cast_inputs=torch.float16)')
+    # torch's own kernel, not a decorator waiting for a function
+    assert ip.user_ns["returned"].__qualname__.startswith("CustomOpDef.register_autocast")
+    calls = ip.user_ns["scale_add"]._workbench_calls
+    assert calls[-1] == ("register_autocast", ("cuda",), {"cast_inputs": torch.float16})

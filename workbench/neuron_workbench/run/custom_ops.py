@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import pickle
 import uuid
 from collections.abc import Callable
@@ -29,24 +30,28 @@ import torch
 _CALLS_ATTR = "_workbench_calls"
 _TOKEN_ATTR = "_workbench_token"
 
-#: The methods whose calls are kept, with the count of positional arguments of their whole form
-#: (fewer, and no function given by keyword: the decorator form, whose function comes later).
-_RECORDED = {
-    "register_kernel": 2,
-    "register_fake": 1,
-    "register_autograd": 1,
-    "register_autocast": 2,
-    "register_vmap": 1,
-    "register_torch_dispatch": 2,
-}
-_FUNCTION_KEYWORD = {
-    "register_kernel": "fn",
-    "register_vmap": "func",
-    "register_torch_dispatch": "fn",
+#: The methods whose calls are kept.
+_RECORDED = (
+    "register_kernel",
+    "register_fake",
+    "register_autograd",
+    "register_autocast",
+    "register_vmap",
+    "register_torch_dispatch",
+)
+#: Those with a decorator form: the count of positional arguments of their whole form and the
+#: keyword of their function (fewer, and no function by keyword: the function comes later).
+_DECORATOR_FORMS = {
+    "register_kernel": (2, "fn"),
+    "register_vmap": (1, "func"),
+    "register_torch_dispatch": (2, "fn"),
 }
 
 #: Part of the message when a notebook's op defined before ``%load_ext`` cannot travel.
 CUSTOM_OP_BEFORE_LOAD = "defined with torch.library.custom_op before %load_ext neuron_workbench"
+
+#: ``CustomOpDef.__init__``'s signature: a definition is kept by argument name.
+_INIT_SIGNATURE: inspect.Signature | None = None
 
 #: Whether this process defines again the ops it receives (a target process's, set when it
 #: starts); the kernel keeps its own definition of an op it receives back.
@@ -83,32 +88,36 @@ def remember_custom_op_definitions(*, defines_received: bool = False) -> None:
     if cls is None or getattr(cls, "_workbench_remembers", False):
         return
     init = cls.__init__
+    global _INIT_SIGNATURE
+    _INIT_SIGNATURE = inspect.signature(init)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is __init__
         init(self, *args, **kwargs)
-        fn = args[3] if len(args) > 3 else kwargs.get("fn")
-        if getattr(fn, "__module__", None) == "__main__":  # a notebook's (or a script's) op
-            setattr(self, _CALLS_ATTR, [("define", args, kwargs)])
+        # by name (namespace, name, schema, fn, tags), however torch passed them
+        given = dict(_INIT_SIGNATURE.bind(self, *args, **kwargs).arguments)
+        given.pop("self", None)
+        if getattr(given.get("fn"), "__module__", None) == "__main__":  # a notebook's op
+            setattr(self, _CALLS_ATTR, [("define", (), given)])
             setattr(self, _TOKEN_ATTR, uuid.uuid4().hex)
 
     cls.__init__ = __init__
-    for name, whole in _RECORDED.items():
+    for name in _RECORDED:
         method = getattr(cls, name, None)
         if method is not None:
-            setattr(cls, name, _recording(name, whole, method))
+            setattr(cls, name, _recording(name, method))
     cls._workbench_remembers = True
 
 
-def _recording(name: str, whole: int, method: Callable[..., Any]) -> Callable[..., Any]:
-    keyword = _FUNCTION_KEYWORD.get(name)
+def _recording(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    whole, keyword = _DECORATOR_FORMS.get(name, (0, None))
 
     @functools.wraps(method)
     def record(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
         if not hasattr(self, _CALLS_ATTR):
             return result
-        if len(args) < whole and (keyword is None or kwargs.get(keyword) is None):
+        if keyword is not None and len(args) < whole and kwargs.get(keyword) is None:
             # the decorator form (@op.register_kernel("cpu")): kept once it gets its function
             decorate = result
 
@@ -201,9 +210,8 @@ def _custom_op_from(qualified: str, token: str, calls: list[tuple[str, Any, Any]
         getattr(existing, _TOKEN_ATTR, None) == token or not _defines_received
     ):
         return existing
-    (_, define_args, define_kwargs), *rest = calls
-    _, _, schema, fn, *more = (*define_args, *define_kwargs.values())
-    tags = more[0] if more else None
+    (_, _, defined), *rest = calls
+    schema, fn, tags = defined["schema"], defined["fn"], defined.get("tags")
     device_types = None
     if rest and rest[0][0] == "register_kernel" and rest[0][1][1:2] == (fn,):
         # custom_op's own registration of the function it was given, for its device types
