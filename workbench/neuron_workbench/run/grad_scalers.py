@@ -50,20 +50,23 @@ class ScalerMidStep(WorkbenchUsageError):
 def mid_step_message(name: str) -> str:
     """The line that stops a cell reading ``name``, a scaler between ``unscale_`` and ``step``."""
     return (
-        f"{name!r} is a GradScaler between unscale_ and step, which cannot be copied for a run "
-        f"(its own pickling refuses it, and runs sharing it would unscale the gradients twice); "
-        f"keep scaler.unscale_(optimizer) and scaler.step(optimizer) in one %%neuron cell"
+        f"{name!r} is a GradScaler between unscale_ and step (or between step and update), which "
+        f"cannot be copied for a run (its own pickling refuses it, and runs sharing it would "
+        f"unscale the gradients twice); keep scaler.unscale_(optimizer), scaler.step(optimizer) "
+        f"and scaler.update() in one %%neuron cell"
     )
 
 
 def grad_scaler_state(scaler: Any) -> dict[str, Any]:
     """``scaler.__getstate__()``, marked with :data:`SCALE_DROPPED` where it dropped a scale.
 
-    Raises :class:`ScalerMidStep` for a scaler between ``unscale_`` and ``step``, which
-    ``__getstate__`` refuses.
+    Raises :class:`ScalerMidStep` for a scaler between ``unscale_`` and ``step``, or ``step``
+    and ``update`` (its per-optimizer states are set), which ``__getstate__`` refuses.
     """
     if scaler._enabled and scaler._per_optimizer_states:
-        raise ScalerMidStep("a GradScaler between unscale_ and step cannot be copied")
+        raise ScalerMidStep(
+            "a GradScaler between unscale_ and step (or step and update) cannot be copied"
+        )
     state = scaler.__getstate__()
     if scaler._enabled and scaler._scale is not None:
         state[SCALE_DROPPED] = True
