@@ -19,7 +19,7 @@ import torch
 from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
-from neuron_workbench.run.custom_ops import defined_by_notebook
+from neuron_workbench.run.custom_ops import defined_by_notebook, defining_module
 from neuron_workbench.run.records import Run, recorded, same_random_numbers
 
 _FLOAT64 = ("float64", "complex128")
@@ -608,7 +608,7 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
         return None
     namespace, op = found.groups()
     name = f"torch.ops.{namespace}.{op}"
-    module = _defining_module(f"{namespace}::{op}")
+    module = defining_module(f"{namespace}::{op}")
     if module == "__main__" and defined_by_notebook(f"{namespace}::{op}"):
         return (
             f"{name} was defined with torch.library.custom_op by a notebook cell, and its "
@@ -634,17 +634,6 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
         "torch.library.custom_op (the worker defines those too), import that module in this "
         "cell, or run the cell with --executor inprocess"
     )
-
-
-def _defining_module(qualified_name: str) -> str | None:
-    """The module of the function a ``torch.library.custom_op`` was made from (None: not known)."""
-    try:
-        from torch._library.custom_ops import OPDEFS
-    except ImportError:  # a torch without custom_op
-        return None
-    definition = OPDEFS.get(qualified_name)
-    module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
-    return module if isinstance(module, str) else None
 
 
 def _has_kernel(name: str, key: str) -> bool:

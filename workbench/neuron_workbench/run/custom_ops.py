@@ -50,9 +50,6 @@ _DECORATOR_FORMS = {
 #: Part of the message when a notebook's op defined before ``%load_ext`` cannot travel.
 CUSTOM_OP_BEFORE_LOAD = "defined with torch.library.custom_op before %load_ext neuron_workbench"
 
-#: ``CustomOpDef.__init__``'s signature: a definition is kept by argument name.
-_INIT_SIGNATURE: inspect.Signature | None = None
-
 #: Whether this process defines again the ops it receives (a target process's, set when it
 #: starts); the kernel keeps its own definition of an op it receives back.
 _defines_received = False
@@ -88,14 +85,13 @@ def remember_custom_op_definitions(*, defines_received: bool = False) -> None:
     if cls is None or getattr(cls, "_workbench_remembers", False):
         return
     init = cls.__init__
-    global _INIT_SIGNATURE
-    _INIT_SIGNATURE = inspect.signature(init)
+    signature = inspect.signature(init)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is __init__
         init(self, *args, **kwargs)
         # by name (namespace, name, schema, fn, tags), however torch passed them
-        given = dict(_INIT_SIGNATURE.bind(self, *args, **kwargs).arguments)
+        given = dict(signature.bind(self, *args, **kwargs).arguments)
         given.pop("self", None)
         if getattr(given.get("fn"), "__module__", None) == "__main__":  # a notebook's op
             setattr(self, _CALLS_ATTR, [("define", (), given)])
@@ -136,6 +132,18 @@ def _recording(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
 def _keep(op: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     getattr(op, _CALLS_ATTR).append((name, args, kwargs))
     setattr(op, _TOKEN_ATTR, uuid.uuid4().hex)  # a new version: a process defines it again
+
+
+def defining_module(qualified: str) -> str | None:
+    """The module of the function the op ``qualified`` was made from (None: not known here)."""
+    if custom_op_class() is None:
+        return None
+    return _init_module(_definitions().get(qualified))
+
+
+def _init_module(op: Any) -> str | None:
+    module = getattr(getattr(op, "_init_fn", None), "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 def defined_by_notebook(qualified: str) -> bool:
@@ -191,8 +199,8 @@ def reduce_custom_op(op: Any) -> tuple[Any, ...]:
     calls = getattr(op, _CALLS_ATTR, None)
     if calls is not None:
         return _custom_op_from, (qualified, getattr(op, _TOKEN_ATTR), calls)
-    module = getattr(getattr(op, "_init_fn", None), "__module__", None)
-    if module == "__main__" or not isinstance(module, str):
+    module = _init_module(op)
+    if module is None or module == "__main__":
         raise pickle.PicklingError(f"{qualified} was {CUSTOM_OP_BEFORE_LOAD}")
     return _custom_op_named, (qualified, module)
 
