@@ -28,6 +28,7 @@ __all__ = [
     "SourceSite",
     "cell_file",
     "find_site_and_module",
+    "function_at",
     "is_cell_filename",
     "is_internal",
     "is_user_file",
@@ -210,6 +211,11 @@ def site_label(file: Any, line: Any = None) -> str:
     if text.startswith("<neuron-cell"):
         return f"cell line {where}"  # compiled outside a notebook: no execution count to show
     return f"{text}:{where}"
+
+
+def function_at(site: Mapping[str, Any]) -> str:
+    """``Net.forward at cell [1], line 9``: a site's function and where it is (``?``: not known)."""
+    return f"{site.get('function') or '?'} at {site_label(site)}"
 
 
 def relabel_site(

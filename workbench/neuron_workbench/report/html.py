@@ -20,7 +20,7 @@ from neuron_workbench.report.display import (
 from neuron_workbench.report.html_parts import esc
 from neuron_workbench.report.html_parts import table as _table
 from neuron_workbench.report.schema import read_report
-from neuron_workbench.sites import site_label
+from neuron_workbench.sites import function_at, site_label
 
 _STYLE = """
 .nw-report{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;line-height:1.4;
@@ -292,11 +292,7 @@ def render_report_html(data: dict[str, Any]) -> str:
         for _role, run in errors:
             err = run["error"]
             site = err.get("site") or {}
-            raised_in = (
-                f"{site.get('function') or '?'} at {site_label(site)}"
-                if isinstance(site, dict) and site
-                else ""
-            )
+            raised_in = function_at(site) if isinstance(site, dict) and site else ""
             rows.append(
                 [
                     esc(run["backend"]["name"]),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_workbench.backends.base import BackendInfo, MemoryStats
-from neuron_workbench.sites import is_user_file, relabel_site, site_label
+from neuron_workbench.sites import function_at, is_user_file, relabel_site
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,7 @@ class RunError:
     @property
     def raised_in(self) -> str:
         """``in Net.forward at cell [1], line 9`` (the :attr:`site`), or ``""`` without one."""
-        if not self.site:
-            return ""
-        function = self.site.get("function") or "?"
-        return f"in {function} at {site_label(self.site)}"
+        return f"in {function_at(self.site)}" if self.site else ""
 
     @property
     def summary(self) -> str:
