@@ -376,3 +376,26 @@ def test_a_value_where_the_other_run_left_none_is_missing_on_that_side():
     comparison = compare_outputs({"d": {"a": None, "b": 1}}, {"d": {"a": torch.ones(2), "b": 1}})
     statuses = {d.path: (d.status, d.detail) for d in comparison.diffs}
     assert statuses == {"d['b']": ("match", ""), "d['a']": ("missing", "missing on the reference")}
+
+
+def test_finite_differences_too_large_to_square_in_float32_are_measured_in_float64():
+    # |Δ| = 1e20 and 3e20: their squares overflow float32, not float64 (a diverged activation, a
+    # mask value another run left unset); the metrics are those of the exact values.
+    ref = torch.tensor([1e-30, 0.0, 1.0])
+    target = torch.tensor([1e20, 3e20, 1.0])
+    d = one(ref, target)
+    assert d.status == "differ" and d.mismatched == 2
+    assert d.rmse == pytest.approx(math.sqrt((1e40 + 9e40) / 3), rel=1e-5)
+    aa = 1e-60 + 1.0
+    assert d.snr_db == pytest.approx(10 * math.log10(aa / 1e41), rel=1e-5)
+    assert d.cosine == pytest.approx(
+        1e-30 * 1e20 / math.sqrt(aa * 1.0e41) + 1 / math.sqrt(aa * 1e41), abs=1e-9
+    )
+    assert d.worst_index == (1,)
+
+
+def test_bfloat16_differences_beyond_float32_squares_are_measured():
+    d = one(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), torch.tensor([1e20, 1.0]).bfloat16())
+    exact = float(torch.tensor(1e20).bfloat16())
+    assert d.status == "differ" and d.rmse == pytest.approx(exact / math.sqrt(2), rel=1e-6)
+    assert d.cosine == pytest.approx(1 / math.sqrt(1 + exact**2), abs=1e-12)

@@ -69,7 +69,7 @@ class _Totals:
     def __init__(self) -> None:
         self.mismatched = self.nan_mm = self.inf_mm = 0
         self.n_finite = 0
-        self.sum_abs = self.sum_sq = self.sum_aa = self.sum_bb = 0.0
+        self.sum_abs = self.sum_sq = self.sum_aa = self.sum_bb = self.sum_ab = 0.0
         self.max_abs = self.max_rel = self.max_mag = 0.0
         self.need_atol = -math.inf  # max of (|Δ| - rtol |ref|) over finite elements
         self.need_rtol = 0.0  # max of (|Δ| - atol) / |ref| over finite elements with ref != 0
@@ -106,15 +106,20 @@ def _fast_chunk(
     buffers: _Buffers,
     aa: float,
     bb: float,
-) -> None:
+) -> bool:
     """A float32/float64 chunk finite on both sides: few passes, same decision as ``isclose``.
 
     ``isclose`` passes an element when ``|b - a| <= atol + rtol * |a|``, computed in the tensors'
     dtype; the same expression is evaluated here, and ``excess > 0`` is exactly its negation.
+    False (nothing counted) where the squared differences overflow the dtype (``|Δ|`` beyond
+    about 1e19 in float32): the general path measures that chunk in float64.
     """
     rtol, atol = tol.rtol, tol.atol
     ad, mag, tmp, mask = buffers.view(a.numel())
     torch.sub(b, a, out=ad).abs_()
+    sum_sq = float(torch.dot(ad, ad))
+    if not math.isfinite(sum_sq):
+        return False
     torch.abs(a, out=mag)
     torch.mul(mag, rtol, out=tmp)
     # |Δ| - rtol |ref|: the atol each element needs (taken before atol is added, so a large atol
@@ -131,9 +136,15 @@ def _fast_chunk(
     totals.mismatched += mismatched
     totals.n_finite += a.numel()
     totals.sum_abs += float(ad.sum())
-    totals.sum_sq += float(torch.dot(ad, ad))
+    totals.sum_sq += sum_sq
     totals.sum_aa += aa
     totals.sum_bb += bb
+    # a.b: from the norms where the chunks are close (exact to a few ulps there), else its own
+    # sum (a.b is small next to |a|^2 + |b|^2, which the identity would cancel away)
+    if sum_sq <= min(aa, bb):
+        totals.sum_ab += (aa + bb - sum_sq) / 2
+    else:
+        totals.sum_ab += float(torch.dot(a.to(torch.float64), b.to(torch.float64)))
     totals.max_abs = max(totals.max_abs, float(max_abs))
     totals.max_mag = max(totals.max_mag, float(mag.max()))
     if float(max_abs) > 0:
@@ -149,6 +160,7 @@ def _fast_chunk(
         totals.need_rtol = max(totals.need_rtol, float(tmp.max()))
     bad = (float(max_excess), int(at_excess)) if mismatched else None
     totals.worst(start, bad, (float(max_abs), int(at_abs)))
+    return True
 
 
 def _general_chunk(
@@ -179,11 +191,13 @@ def _general_chunk(
     mag = torch.where(finite, a_c.abs(), 0)
     totals.n_finite += int(finite.sum())
     totals.sum_abs += float(delta.sum(dtype=torch.float64))
-    totals.sum_sq += float(delta.square().sum(dtype=torch.float64))
-    a_f = torch.where(finite, a_c, 0)
-    b_f = torch.where(finite, b_c, 0)
-    totals.sum_aa += float(a_f.square().sum(dtype=torch.float64))
-    totals.sum_bb += float(b_f.square().sum(dtype=torch.float64))
+    # squares in float64: a float32 or bfloat16 |Δ| beyond about 1e19 overflows squared
+    totals.sum_sq += float(delta.to(torch.float64).square().sum())
+    a_f = torch.where(finite, a_c, 0).to(torch.float64)
+    b_f = torch.where(finite, b_c, 0).to(torch.float64)
+    totals.sum_aa += float(a_f.square().sum())
+    totals.sum_bb += float(b_f.square().sum())
+    totals.sum_ab += float(torch.dot(a_f, b_f))
     totals.max_abs = max(totals.max_abs, float(delta.max()))
     totals.max_mag = max(totals.max_mag, float(mag.max()))
     nonzero = mag > 0
@@ -246,8 +260,11 @@ def tensor_stats(
             # Squared norms are needed anyway; a NaN or infinity anywhere makes them non-finite,
             # which sends the chunk down the general path without a separate isfinite pass.
             aa, bb = float(torch.dot(a, a)), float(torch.dot(b, b))
-            if math.isfinite(aa) and math.isfinite(bb):
-                _fast_chunk(totals, start, a, b, tolerance, buffers, aa, bb)
+            if (
+                math.isfinite(aa)
+                and math.isfinite(bb)
+                and _fast_chunk(totals, start, a, b, tolerance, buffers, aa, bb)
+            ):
                 continue
         _general_chunk(totals, start, a, b, tolerance, floating)
     return _finish(totals, a_flat, b_flat, tolerance, eps)
@@ -271,11 +288,18 @@ def _finish(
     elif aa == 0 or bb == 0:
         cosine = 0.0
     else:
-        # From |a - b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that near-identical tensors keep digits.
         norm_a, norm_b = math.sqrt(aa), math.sqrt(bb)
-        cosine = 1.0 - (dd - (norm_a - norm_b) ** 2) / (2 * norm_a * norm_b)
+        if dd <= min(aa, bb):
+            # From |a - b|^2 = |a|^2 + |b|^2 - 2 a.b, written so that near-identical tensors keep
+            # digits.
+            cosine = 1.0 - (dd - (norm_a - norm_b) ** 2) / (2 * norm_a * norm_b)
+        else:  # far apart: the identity would cancel a.b away against |a|^2 + |b|^2
+            cosine = totals.sum_ab / (norm_a * norm_b)
         cosine = max(-1.0, min(1.0, cosine))
-    snr_db = math.inf if dd == 0 else (10 * math.log10(aa / dd) if aa > 0 else -math.inf)
+    # (as a difference of logarithms: aa / dd can underflow to 0 where both are positive)
+    snr_db = (
+        math.inf if dd == 0 else (10 * (math.log10(aa) - math.log10(dd)) if aa > 0 else -math.inf)
+    )
     n_fin = totals.n_finite
     placement_differs = totals.nan_mm or totals.inf_mm
     # Margins cover rounding where isclose evaluates |b - a| and atol + rtol * |a| in the dtype.
