@@ -220,3 +220,11 @@ def test_a_cell_one_of_two_targets_raises_in_leaves_the_namespace_as_it_was(ip, 
     assert "w" not in ip.user_ns and "loss" not in ip.user_ns
     assert result.result is None
     assert ip.user_ns["model"].fc1.weight.equal(before)
+
+
+def test_o_naming_a_variable_the_cell_binds_is_refused_before_it_runs(ip):
+    # `-o x` over a cell binding x replaced the cell's tensor with the report, silently
+    run_cell(ip, "import torch\nx = torch.ones(2)")
+    with pytest.raises(UsageError, match="^-o x names a variable the cell binds"):
+        ip.run_cell_magic("neuron", "-o x", "x = torch.ones(2, device='cuda') * 3\ny = x + 1")
+    assert ip.user_ns["x"].tolist() == [1.0, 1.0] and "y" not in ip.user_ns

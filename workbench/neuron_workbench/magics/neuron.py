@@ -355,6 +355,12 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 first_line=2,
             )
             cell_file = program.filename
+            if args.output is not None and args.output in program.stored_names:
+                # the report replaced what the cell had bound there, after both runs
+                raise UsageError(
+                    f"-o {args.output} names a variable the cell binds; store the report under "
+                    f"another name"
+                )
             # Sites read `cell [7], line 3` and `models.py:16` in every view and artifact.
             cells = cell_filenames(shell, program.filename)
             # The running cell's number, as its sites read it (not shell.execution_count, which
