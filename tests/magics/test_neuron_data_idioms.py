@@ -187,6 +187,29 @@ def test_a_dataset_making_device_tensors_in_forked_workers_is_refused_not_hung(i
     assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
 
 
+def test_the_emulated_tpu_refuses_device_tensors_in_forked_workers_not_hangs(ip):
+    # On tpu the same loader hung the target until --timeout (forever without one): what TorchTPU
+    # does in a forked child is not documented, and the emulator cannot send its tensors out of one
+    run_cell(
+        ip,
+        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class OnDevice(Dataset):\n"
+        "    def __len__(self):\n        return 4\n"
+        "    def __getitem__(self, i):\n"
+        '        return torch.ones(2, device="cuda") * i\n'
+        "loader = DataLoader(OnDevice(), batch_size=2, num_workers=1)",
+    )
+    run_cell(ip, "%%neuron --target tpu --timeout 60 -o r\nbatches = [b.sum() for b in loader]")
+    report = ip.user_ns["r"]
+    assert report.verdict == "ERROR" and report.ref.error is None, report.summary()
+    error = report.target.error
+    assert error.summary.startswith(
+        "RuntimeError: the emulated tpu cannot be used in a forked subprocess"
+    ), error.summary
+    assert "(in DataLoader worker process 0)" in error.summary, error.summary
+    assert any("forked" in note and "as CUDA does" in note for note in report.notes), report.notes
+
+
 def test_what_the_targets_loader_workers_print_is_in_its_output(ip, capsys):
     # A forked DataLoader worker of the target's process printed into its own copy of the run's
     # captured sys.stdout, which it never gave back: with --keep target the cell lost every line

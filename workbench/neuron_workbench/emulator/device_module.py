@@ -377,7 +377,7 @@ def build(device_type: str, status: Any) -> types.ModuleType:
         set_rng_state(states[0])
 
     def _is_in_bad_fork() -> bool:
-        return device_type == "neuron" and _IN_BAD_FORK[0]
+        return _IN_BAD_FORK[0]
 
     def current_stream(device: Any = None) -> Stream:
         return _default_stream
@@ -429,8 +429,7 @@ def build(device_type: str, status: Any) -> types.ModuleType:
         m.set_precision = set_precision
         m.execution_mode = _ExecutionMode()
         _offer_torch_tpu_switch()
-    if device_type == "neuron":
-        _refuse_device_in_forked_children(m)
+    _refuse_device_in_forked_children(m, FORK_REFUSALS[device_type])
     return m
 
 
@@ -440,14 +439,26 @@ NEURON_FORK_REFUSAL = (
     "Cannot re-initialize Neuron runtime in forked subprocess. To use Neuron with "
     "multiprocessing, use the 'spawn' start method"
 )
+#: The emulated tpu's: what TorchTPU does in a forked child is not documented (torchtpu.md), but the
+#: emulator cannot send its device tensors between processes, so it says so rather than hang.
+TPU_FORK_REFUSAL = (
+    "the emulated tpu cannot be used in a forked subprocess: its tensors cannot be sent between "
+    "processes (TorchTPU's behaviour here is not documented); make device tensors in the main "
+    "process (move each batch to the device in the loop)"
+)
+#: What each emulated device raises where a forked child asks for it.
+FORK_REFUSALS = {"neuron": NEURON_FORK_REFUSAL, "tpu": TPU_FORK_REFUSAL}
 _IN_BAD_FORK = [False]
 #: torch's own fork handler for a device's lazy initialisation (libtorch_python, TORCH_PYTHON_API):
 #: in a forked child it makes torch ask the device module's ``_lazy_init`` again, as for CUDA.
 _FORK_HANDLER_SYMBOL = "_ZN5torch5utils37register_fork_handler_for_device_initEN3c1010DeviceTypeE"
 
 
-def _refuse_device_in_forked_children(module: types.ModuleType) -> None:
-    """Make a child forked from this process refuse the device, as TorchNeuron's runtime does.
+def _refuse_device_in_forked_children(module: types.ModuleType, refusal: str) -> None:
+    """Make a child forked from this process refuse the device with ``refusal``.
+
+    TorchNeuron's runtime refuses so (torchneuron.md §2); the emulated tpu, which cannot send its
+    tensors out of a child either, refuses with its own text (:data:`TPU_FORK_REFUSAL`).
 
     Torch asks a device module's ``_lazy_init`` before a tensor is made on or moved to the device
     (factories, ``.to()``, ``.cuda()`` in a run) until one call succeeded, and asks again in a
@@ -457,6 +468,12 @@ def _refuse_device_in_forked_children(module: types.ModuleType) -> None:
     thread): the loader waited for the batch forever. Where torch lacks the handler's symbol (a
     torch built otherwise), the child goes on as before.
     """
+
+    def _lazy_init() -> None:
+        """``torch.<device>._lazy_init``: nothing to do, but in a forked child the device is refused."""
+        if _IN_BAD_FORK[0]:
+            raise RuntimeError(refusal)
+
     module._lazy_init = _lazy_init  # type: ignore[attr-defined]
     if not hasattr(os, "register_at_fork"):
         return
@@ -472,9 +489,3 @@ def _refuse_device_in_forked_children(module: types.ModuleType) -> None:
 
 def _forked_child() -> None:
     _IN_BAD_FORK[0] = True
-
-
-def _lazy_init() -> None:
-    """``torch.neuron._lazy_init``: nothing to do, but in a forked child the device is refused."""
-    if _IN_BAD_FORK[0]:
-        raise RuntimeError(NEURON_FORK_REFUSAL)

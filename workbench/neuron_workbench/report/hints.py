@@ -521,6 +521,14 @@ _CUDA_REFUSES_TOO = (
         "Keep the dataset on the CPU and move each batch in the loop (batch.cuda(non_blocking="
         "True)), or start the workers with DataLoader(..., multiprocessing_context='spawn')",
     ),
+    (
+        # the same on the emulated tpu, which cannot send device tensors out of a child process
+        "the emulated tpu cannot be used in a forked subprocess",
+        "",
+        "the device in a forked child process (a DataLoader worker's __getitem__ or collate_fn)",
+        "Keep the dataset on the CPU and move each batch in the loop (batch.cuda(non_blocking="
+        "True))",
+    ),
 )
 
 
