@@ -146,6 +146,20 @@ def test_reading_through_data_changes_nothing(ip):
     assert _compared(report) == {"norms[0]", "norms[1]"}
 
 
+def test_a_model_converted_to_another_dtype_is_compared_and_a_move_is_not(ip):
+    # model.half() swaps each parameter's data, which bumps no version counter: a cell converting
+    # the model read UNCOMPARED, though each run had rounded the weights its own way
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(ip, '%%neuron -o setup\nmodel = nn.Linear(16, 8).to("cuda")')
+    run_cell(ip, "%%neuron -o r\nmodel.cuda()\nmoved = True")
+    assert _compared(ip.user_ns["r"]) == {"moved"}  # on the device already: no change
+    run_cell(ip, "%%neuron -o r\nmodel.half()\nconverted = True")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert _compared(report) == {"model.weight", "model.bias", "converted"}, report.summary()
+    assert ip.user_ns["model"].weight.dtype == torch.float16
+
+
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_scaled_accumulation_stepped_in_the_next_cell(ip, keep):
     # Gradient accumulation split over cells: the micro-batch cell scales and runs backward, the

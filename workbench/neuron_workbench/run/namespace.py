@@ -1713,7 +1713,9 @@ def _sign(
     if isinstance(value, torch.Tensor):
         grad = value.grad if value.is_leaf else None
         grad_sig = (0, -1) if grad is None else (id(grad), _version_of(grad, writes))
-        out.append((id(value), _version_of(value, writes), *grad_sig))
+        # the dtype too: model.half() swaps each parameter's data, which bumps no counter (a
+        # move alone, model.cuda(), changes no value and is no output)
+        out.append((id(value), _version_of(value, writes), value.dtype, *grad_sig))
         return
     if type(value) in _ATOMS or id(value) in seen:
         return
