@@ -358,6 +358,19 @@ class CudaOnHost:
         return notes
 
 
+#: ``torch.optim.*`` modules, found again when ``sys.modules`` has grown or shrunk since (a walk of
+#: every module a notebook imported, twice a run, is not needed for the few new ones).
+_OPTIMIZER_MODULES: list[Any] = [-1, ()]
+
+
+def _optimizer_modules() -> tuple[Any, ...]:
+    count = len(sys.modules)
+    if _OPTIMIZER_MODULES[0] != count:
+        found = tuple(m for n, m in list(sys.modules.items()) if n.startswith("torch.optim."))
+        _OPTIMIZER_MODULES[:] = [count, found]
+    return _OPTIMIZER_MODULES[1]
+
+
 @contextlib.contextmanager
 def _capturable_on_the_host() -> Iterator[None]:
     """Optimizers built with ``capturable=True`` step CPU tensors, as they step CUDA tensors.
@@ -377,9 +390,8 @@ def _capturable_on_the_host() -> Iterator[None]:
     # the optimizer modules import it by name: each module's own name is replaced
     modules = [
         module
-        for name, module in list(sys.modules.items())
-        if name.startswith("torch.optim.")
-        and getattr(module, "_get_capturable_supported_devices", None) is original
+        for module in _optimizer_modules()
+        if getattr(module, "_get_capturable_supported_devices", None) is original
     ]
     for module in modules:
         module._get_capturable_supported_devices = supported  # type: ignore[attr-defined]
