@@ -1,3 +1,4 @@
+import gc
 import importlib.util
 import json
 import shutil
@@ -65,7 +66,14 @@ def pytest_collection_finish(session):
     The emulated device must be installed before the process's first backward pass, and the
     default-path tests need a process without it, so each kind runs in a session of its own
     (``scripts/test.sh`` runs both).
+
+    Collection also freezes what the imports made (torch, IPython, the test modules): those
+    objects live as long as the session does, and every ``gc.collect()`` (each ``ip`` test's
+    ``shell.reset()`` runs two) walked them all again, most of a second per test late in a
+    session. Only the garbage of tests is collected; no test has run yet, so none is frozen.
     """
+    gc.collect()
+    gc.freeze()
     kinds = {_marked_in_process(item) for item in session.items}
     if kinds == {True, False}:
         skip = pytest.mark.skip(
