@@ -29,11 +29,15 @@ LAYER_NORM_BUG = (
 def fresh_tpu(ip):
     """A tpu worker at its default matmul precision.
 
-    A cell's ``torch.set_float32_matmul_precision`` lasts in its worker, as in a kernel.
+    A cell's ``torch.set_float32_matmul_precision`` lasts in its worker, as in a kernel. A worker
+    that ran no cell since it started (the one the last test's teardown started) is kept.
     """
-    ip.magics_manager.registry["NeuronMagics"].session.workers.restart("tpu")
+    workers = ip.magics_manager.registry["NeuronMagics"].session.workers
+    tpu = workers.get("tpu")
+    if not (tpu.alive and tpu.cells_run == 0):
+        workers.restart("tpu")
     yield
-    ip.magics_manager.registry["NeuronMagics"].session.workers.restart("tpu")
+    workers.restart("tpu")
 
 
 def _run(ip, flags, body):
