@@ -47,6 +47,14 @@ def test_shape_dtype_missing_and_nan_statuses():
     assert [d.status for d in comparison.diffs] == ["missing", "missing"]
 
 
+def test_numpy_dtypes_no_tensor_holds_are_compared():
+    # longdouble (a float128 array from SciPy code) was an "error" output: torch holds no such dtype
+    d = one(np.array([1.5, 2.0], dtype=np.longdouble), np.array([1.5, 2.5], dtype=np.longdouble))
+    assert (d.status, d.ref_dtype, d.max_abs) == ("differ", "float64", 0.5), d.to_dict()
+    assert one(np.clongdouble(1 + 2j), np.clongdouble(1 + 2j)).status == "match"
+    assert one(np.array([b"a"]), np.array([b"b"])).status == "differ"
+
+
 def test_integers_compare_exactly():
     assert one(torch.tensor([2**31]), torch.tensor([2**31])).status == "match"
     assert one(torch.tensor([2**31]), torch.tensor([-(2**31)])).status == "differ"

@@ -3576,3 +3576,28 @@ def test_a_draw_inside_vmap_with_different_randomness_runs_as_in_plain_pytorch(i
     report = _report(ip)
     assert {"z", "d"} <= {diff.path for diff in report.comparison.diffs}, report.summary()
     assert ip.user_ns["z"].shape == (4, 3)
+
+
+def test_numpy_arrays_of_labels_and_dates_are_compared(ip):
+    # A NumPy array no tensor holds (class names picked by argmax, dates) was an "error" output
+    # with torch's "can't convert np.ndarray of type numpy.str_": a FAIL for a cell that matched
+    run_cell(ip, "import torch\nimport numpy as np")
+    _passed(
+        ip,
+        'names = np.array(["cat", "dog", "bird"])\n'
+        'idx = torch.tensor([2, 1], device="cuda")\n'
+        "pred = names[idx.cpu().numpy()]\n"
+        'day = np.datetime64("2024-01-01") + idx.cpu().numpy()\n'
+        "tags = np.array([1, 'a'], dtype=object)",
+    )
+    # and where the labels differ (an index wrapped around in int32 on neuron), they differ
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'idx = (torch.tensor([2**32 + 2, 1], device="cuda") * 1) % 3\n'
+        "pred = names[idx.cpu().numpy()]",
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    pred = next(d for d in report.comparison.diffs if d.path == "pred")
+    assert pred.status == "differ" and "'cat', 'dog'" in pred.detail, pred.to_dict()

@@ -3,7 +3,9 @@
 What is walked, in order of precedence:
 
 - tensors, NumPy arrays and scalars, Python numbers, strings and bytes are leaves, as is ``None``
-  bound to a name (a ``None`` inside a structure, a model output's unset field, is no value);
+  bound to a name (a ``None`` inside a structure, a model output's unset field, is no value); a
+  NumPy array of what no tensor holds is read as a pandas column is (times as their int64 ticks,
+  ``longdouble`` as float64, text and objects as the text of their values);
 - a :class:`~neuron_workbench.run.records.NotCompared` marker (an output that could not come back
   from the target's process) is a leaf, so the comparison can say so;
 - ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
@@ -135,7 +137,7 @@ def _walk(
                 _walk(leaves, f"{path}.state[{index}][{key!r}]", item, depth + 1, seen, modules)
         return
     if _is_numpy_array(value):
-        leaves.append((path, value))
+        leaves.append((path, _numpy_leaf(value)))
         return
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
@@ -233,6 +235,29 @@ def _column_leaf(column: Any, pandas: Any) -> Any:
     if api.is_numeric_dtype(column.dtype) or api.is_bool_dtype(column.dtype):
         return column.to_numpy(dtype="float64", na_value=float("nan"))
     return "\n".join(map(str, array.tolist()))
+
+
+#: Bytes per element of the NumPy floating and complex dtypes a tensor holds (not ``longdouble``).
+_TENSOR_ITEMSIZE = {"f": (2, 4, 8), "c": (8, 16)}
+
+
+def _numpy_leaf(value: Any) -> Any:
+    """A NumPy array or scalar as a leaf the comparison can read, as :func:`_column_leaf` does.
+
+    Numbers a tensor can hold stay as they are; times are their int64 ticks, ``longdouble`` and
+    ``clongdouble`` are float64 and complex128, and anything else (labels in a ``<U`` array, bytes,
+    objects, records) is the text of its values, with their nesting: no tensor holds them, and an
+    array of class names is as much the cell's result as a list of them.
+    """
+    dtype = value.dtype
+    kind = dtype.kind
+    if kind in "biu" or dtype.itemsize in _TENSOR_ITEMSIZE.get(kind, ()):
+        return value
+    if kind in "mM":
+        return value.astype("int64")  # (astype: a 0-d datetime64 cannot be viewed as int64)
+    if kind in "fc":
+        return value.astype("float64" if kind == "f" else "complex128")
+    return repr(value.tolist())
 
 
 def _state_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
