@@ -145,6 +145,27 @@ def test_an_int64_wrap_is_named_first_where_an_unrelated_float64_op_ran(ip):
     assert "float64 computed as float32" not in report.summary()
 
 
+def test_a_float_output_picked_by_a_wrapped_index_gets_the_wrap_hint(ip):
+    # Hashed ids (int64) pick embedding rows: on neuron the hash wrapped around in int32, so the
+    # float32 rows differ. Its dtype is not int64, yet the counted wrap is the evidence: it said
+    # "cause not identified" (as did a flag or a label picked with the wrapped value).
+    run_cell(ip, "import torch")
+    cell = (
+        "h = torch.tensor([3_000_000_019, 7], device='cuda')\n"
+        "bucket = (h * 31) % 1000\n"
+        "emb = torch.nn.Embedding(1000, 4).cuda()\n"
+        "vec = emb(bucket)\n"
+        "low = bool(bucket[0] < 100)"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    for path, dtype in (("vec", "float32"), ("low", "bool")):
+        diff = failures[path]
+        assert diff.ref_dtype == dtype and CAUSE_NOT_IDENTIFIED not in diff.hints, diff.hints
+        hint = next(h for h in diff.hints if h.startswith("int64 arithmetic runs as int32"))
+        assert "wrapped values around in this run" in hint and "picked or computed" in hint
+
+
 def test_an_int64_difference_where_nothing_wrapped_gets_no_wrap_hint(ip):
     # int64 ops ran as int32 on the target, but every value fit in int32: the difference has
     # another cause (here a device check), and the int64 rule is no explanation for it.

@@ -343,6 +343,18 @@ def hints_for(
         int64_hint = _int64_wrapped_hint(target)
         if int64_hint:
             hints.append(int64_hint)
+    if on_neuron and not dtypes & set(_INT64) and diff.status != "missing":
+        # An output of another dtype picked or computed with int64 values that wrapped (an
+        # embedding row chosen by a hashed id, a count cast to float, a label or a flag) changes
+        # with them: its dtype does not say int64, but where the run counted a wrap that is its
+        # evidence, as for an output one run lacks, and first, as there (it changed values).
+        counts = getattr(target.facts, "rule_ops", None) or {}
+        wrapped = _int64_wrapped_hint(target) if counts.get("int64-wrapped", 0) > 0 else None
+        if wrapped:
+            hints.append(
+                f"{wrapped}; an output picked or computed with wrapped values (a row chosen by "
+                "an index, a label, a flag, a float taken from a count) changes with them"
+            )
     # The float64 rule for an output of another dtype, where float64 ops were counted, comes after
     # the int64 rule that its own dtype names: both are the whole run's evidence, the first names
     # the cause (the summary's short cause).
