@@ -3601,3 +3601,21 @@ def test_numpy_arrays_of_labels_and_dates_are_compared(ip):
     assert report.verdict == "FAIL", report.summary()
     pred = next(d for d in report.comparison.diffs if d.path == "pred")
     assert pred.status == "differ" and "'cat', 'dog'" in pred.detail, pred.to_dict()
+
+
+def test_a_python_int_checksum_off_by_a_wrap_says_its_difference(ip):
+    # A polynomial hash over token ids is a Python int of 30 digits; one id wrapped around in
+    # int32 on neuron, so the checksums differ by 2**32, which their floats cannot tell apart:
+    # the verdict read "checksum |Δ| 0.0e+00 > 0.0e+00 at [] (max|Δ| 4.3e+09)"
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "ids = (torch.tensor([3_000_000_019] + list(range(1, 20)), device='cuda') + 0).tolist()\n"
+        "checksum = sum(v * 31**i for i, v in enumerate(ids))",
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    checksum = next(d for d in report.comparison.diffs if d.path == "checksum")
+    assert checksum.max_abs == 2**32, checksum.to_dict()
+    assert checksum.headline() == "checksum max|Δ| 4.3e+09 > 0.0e+00", checksum.headline()
