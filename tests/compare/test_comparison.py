@@ -55,6 +55,18 @@ def test_numpy_dtypes_no_tensor_holds_are_compared():
     assert one(np.array([b"a"]), np.array([b"b"])).status == "differ"
 
 
+def test_complex32_and_quantized_outputs_that_differ_are_measured():
+    # both were "error" outputs ("equal_cpu" not implemented for ComplexHalf; a quantized
+    # isclose): a quantized one is compared by its dequantized values, as assert_close does
+    x = torch.tensor([1.0, 2.0, 3.0])
+    d = one(x.to(torch.complex32), (x + torch.tensor([0.0, 1.0, 0.0])).to(torch.complex32))
+    assert (d.status, d.mismatched, d.max_abs) == ("differ", 1, 1.0), d.to_dict()
+    q = torch.quantize_per_tensor(x, 0.5, 0, torch.qint8)
+    d = one(q, torch.quantize_per_tensor(x + 0.5, 0.5, 0, torch.qint8))
+    assert (d.status, d.mismatched, d.max_abs) == ("differ", 3, 0.5), d.to_dict()
+    assert one(q, torch.quantize_per_tensor(x, 0.25, 0, torch.qint8)).status == "match"
+
+
 def test_integers_compare_exactly():
     assert one(torch.tensor([2**31]), torch.tensor([2**31])).status == "match"
     assert one(torch.tensor([2**31]), torch.tensor([-(2**31)])).status == "differ"

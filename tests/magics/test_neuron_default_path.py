@@ -3619,3 +3619,25 @@ def test_a_python_int_checksum_off_by_a_wrap_says_its_difference(ip):
     checksum = next(d for d in report.comparison.diffs if d.path == "checksum")
     assert checksum.max_abs == 2**32, checksum.to_dict()
     assert checksum.headline() == "checksum max|Δ| 4.3e+09 > 0.0e+00", checksum.headline()
+
+
+def test_float8_outputs_that_differ_are_measured(ip):
+    # float8 scales picked by an index that wrapped around in int32 on neuron differ: the output
+    # was an "error" ('"mul_cpu_reduced_float" not implemented for Float8_e4m3fn'), as was any
+    # complex32 or quantized output that differed, instead of its difference
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'scales = torch.linspace(0.5, 4.0, 10, device="cuda").to(torch.float8_e4m3fn)\n'
+        'idx = (torch.tensor([2**32 + 3, 1], device="cuda") * 1) % 10\n'
+        "picked = scales[idx]",
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    diffs = {d.path: d for d in report.comparison.diffs}
+    assert diffs["scales"].status == "match"
+    picked, ref = diffs["picked"], ip.user_ns["scales"].float()
+    # the reference picked scales[(2**32 + 3) % 10] = scales[9], the target scales[3]
+    assert picked.status == "differ" and picked.mismatched == 1, picked.to_dict()
+    assert picked.max_abs == float(ref[9] - ref[3]), picked.to_dict()

@@ -679,6 +679,36 @@ def _dense_on_one_device(
     return a, b
 
 
+#: Dtypes whose values the comparison's CPU kernels (isclose, abs, mul) cannot read, and the dtype
+#: that holds each of their values exactly.
+_WIDENED = {
+    dtype: wide
+    for name, wide in (
+        ("float8_e4m3fn", torch.float32),
+        ("float8_e4m3fnuz", torch.float32),
+        ("float8_e5m2", torch.float32),
+        ("float8_e5m2fnuz", torch.float32),
+        ("complex32", torch.complex64),
+    )
+    if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+}
+
+
+def _with_cpu_kernels(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` in a dtype the comparison can compute with, holding the same values.
+
+    float8 and complex32 values are widened exactly (their tolerance stays their dtype's); a
+    quantized tensor is compared by its dequantized values, as ``torch.testing.assert_close``
+    compares it. Anything else is returned as it is.
+    """
+    if a.is_quantized and b.is_quantized:
+        return a.dequantize(), b.dequantize()
+    wide = _WIDENED.get(a.dtype)
+    if wide is None:
+        return a, b
+    return a.to(wide), b.to(wide)
+
+
 def _compare_tensors(
     path: str,
     kind: str,
@@ -732,6 +762,7 @@ def _compare_tensors(
     diff.numel = a.numel()
     if diff.numel == 0:
         return diff
+    a, b = _with_cpu_kernels(a, b)
     if torch.equal(a, b):
         # Bitwise-equal outputs (the common case between the CPU and the emulator) need no metrics.
         diff.max_abs = diff.mean_abs = diff.max_rel = diff.rmse = 0.0
