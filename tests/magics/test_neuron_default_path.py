@@ -3641,3 +3641,24 @@ def test_float8_outputs_that_differ_are_measured(ip):
     # the reference picked scales[(2**32 + 3) % 10] = scales[9], the target scales[3]
     assert picked.status == "differ" and picked.mismatched == 1, picked.to_dict()
     assert picked.max_abs == float(ref[9] - ref[3]), picked.to_dict()
+
+
+def test_a_float8_output_that_differs_gets_its_precision_budget(ip):
+    # the budget of a failing float8 output raised ('"isfinite" not implemented for
+    # Float8_e4m3fn', then no nextafter): the HTML said "the precision budget failed" for all
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'scales = torch.linspace(0.5, 4.0, 10, device="cuda").to(torch.float8_e4m3fn)\n'
+        'idx = (torch.tensor([2**32 + 3, 1], device="cuda") * 1) % 10\n'
+        "picked = scales[idx]",
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    assert not report.budget.oracle_error, report.budget.oracle_error
+    picked = report.budget.get("picked")
+    # the target is off by the whole difference of the two scales
+    ref = ip.user_ns["scales"].float()
+    assert picked is not None and picked.error_worst == float(ref[9] - ref[3]), picked
+    assert "precision budget failed" not in report._repr_html_()

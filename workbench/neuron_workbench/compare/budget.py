@@ -307,7 +307,8 @@ def _target_distance(
 
     Distances count finite elements only, so a NaN the reference does not have must not vanish.
     """
-    if not torch.equal(torch.isfinite(ref.detach().cpu()), torch.isfinite(target.detach().cpu())):
+    # (in float64: float8 has no isfinite kernel)
+    if not torch.equal(_finite(ref), _finite(target)):
         return math.inf, math.inf
     return _distance(target, oracle)
 
@@ -332,9 +333,21 @@ def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     return float(torch.linalg.vector_norm(ulp)), float(ulp.max())
 
 
+def _finite(value: torch.Tensor) -> torch.Tensor:
+    """Which elements of ``value`` are finite, read in float64 (or complex128)."""
+    value = value.detach().cpu()
+    return torch.isfinite(value.to(torch.complex128 if value.is_complex() else torch.float64))
+
+
 def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """One unit in the last place of each element of ``|value|`` stored in ``dtype``, in float64."""
     stored = value.detach().cpu().abs().to(dtype)
+    if dtype.itemsize == 1:
+        # float8 has no nextafter kernel: its spacing is eps at its exponent, subnormals' that of
+        # the smallest normal number
+        info = torch.finfo(dtype)
+        exponent = torch.floor(torch.log2(stored.double()))
+        return info.eps * torch.exp2(exponent.clamp_min(math.log2(info.smallest_normal)))
     return (torch.nextafter(stored, torch.full_like(stored, math.inf)) - stored).double()
 
 
