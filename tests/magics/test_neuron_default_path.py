@@ -3662,3 +3662,26 @@ def test_a_float8_output_that_differs_gets_its_precision_budget(ip):
     ref = ip.user_ns["scales"].float()
     assert picked is not None and picked.error_worst == float(ref[9] - ref[3]), picked
     assert "precision budget failed" not in report._repr_html_()
+
+
+def test_a_complex_overflow_is_one_element_whose_placement_differs(ip):
+    # float64 magnitudes beyond float32's range overflow on neuron, so torch.polar's first
+    # element is inf+infj there: the verdict counted its two parts, "NaN/Inf placement differs
+    # (2 elements)" with one element of three outside tolerance
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'r = torch.tensor([1e200, 1.0, 3.0], dtype=torch.float64, device="cuda") * 2\n'
+        'z = torch.polar(r, torch.full((3,), 0.5, dtype=torch.float64, device="cuda"))',
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    z = next(d for d in report.comparison.diffs if d.path == "z")
+    assert (z.status, z.mismatched, z.inf_mismatches, z.nan_mismatches) == (
+        "nan-mismatch",
+        1,
+        1,
+        0,
+    ), z.to_dict()
+    assert z.headline() == "z NaN/Inf placement differs (1 element)"

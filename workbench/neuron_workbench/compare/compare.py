@@ -140,7 +140,7 @@ class OutputDiff:
             return f"{self.path} ({why})"
         if self.status == "nan-mismatch":
             count = self.nan_mismatches + self.inf_mismatches
-            return f"{self.path} NaN/Inf placement differs ({count} elements)"
+            return f"{self.path} NaN/Inf placement differs ({count} element{'' if count == 1 else 's'})"
         if self.status == "differ" and self.max_abs is not None:
             allowed = self.allowed_at_worst if self.allowed_at_worst is not None else 0.0
             if self.detail and not (math.isfinite(self.max_abs) and math.isfinite(allowed)):

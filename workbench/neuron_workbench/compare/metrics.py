@@ -181,9 +181,15 @@ def _general_chunk(
     b_c = _as_real(b).to(compute)
     if floating:
         nan_a, nan_b = torch.isnan(a_c), torch.isnan(b_c)
-        totals.nan_mm += int((nan_a != nan_b).sum())
         inf_a, inf_b = torch.isinf(a_c), torch.isinf(b_c)
-        totals.inf_mm += int(((inf_a | inf_b) & (a_c != b_c) & ~(nan_a | nan_b)).sum())
+        inf_mm = (inf_a | inf_b) & (a_c != b_c) & ~(nan_a | nan_b)
+        if a.is_complex():
+            # Counted per element, as numel and mismatched are (an inf+infj overflow is one
+            # element, not two), and a number with a NaN part is NaN, as isclose reads it.
+            nan_a, nan_b = nan_a.view(-1, 2).any(-1), nan_b.view(-1, 2).any(-1)
+            inf_mm = inf_mm.view(-1, 2).any(-1) & ~(nan_a | nan_b)
+        totals.nan_mm += int((nan_a != nan_b).sum())
+        totals.inf_mm += int(inf_mm.sum())
         finite = torch.isfinite(a_c) & torch.isfinite(b_c)
     else:
         finite = torch.ones_like(a_c, dtype=torch.bool)
