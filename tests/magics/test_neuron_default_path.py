@@ -3685,3 +3685,24 @@ def test_a_complex_overflow_is_one_element_whose_placement_differs(ip):
         0,
     ), z.to_dict()
     assert z.headline() == "z NaN/Inf placement differs (1 element)"
+
+
+def test_dicts_keyed_by_objects_are_compared_entry_by_entry(ip):
+    # A dict keyed by an object of a notebook class had each entry "missing" on the other run
+    # (its path was the key's repr, with the object's address: a FAIL), and activations keyed by
+    # two Linear(4, 4) modules had one path, so one of them was never compared
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    report = _passed(
+        ip,
+        "class Key:\n    pass\n"
+        "key = Key()\n"
+        'cache = {key: torch.ones(2, device="cuda"), "plain": 2.0}\n'
+        "net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)).cuda()\n"
+        "acts = {}\n"
+        "for m in net:\n"
+        "    m.register_forward_hook(lambda m, i, o: acts.__setitem__(m, o))\n"
+        'y = net(torch.randn(2, 4, device="cuda"))',
+    )
+    paths = [d.path for d in report.comparison.diffs]
+    assert "cache[<Key #0>]" in paths and "cache['plain']" in paths, paths
+    assert {"acts[<Linear #0>]", "acts[ReLU()]", "acts[<Linear #2>]"} <= set(paths), paths

@@ -10,7 +10,8 @@ What is walked, in order of precedence:
   from the target's process) is a leaf, so the comparison can say so;
 - ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
   submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
-- dataclasses, mappings, lists, tuples and deques, by field, key and index; ``SimpleNamespace`` and
+- dataclasses, mappings, lists, tuples and deques, by field, key and index (a key whose repr is
+  its address, or repeats, by its type and position: ``acts[<Linear #2>]``); ``SimpleNamespace`` and
   ``argparse.Namespace`` objects by attribute; pandas DataFrames by column and Series as a column
   (a metrics table), with their index unless it is the default ``0..n-1``, each column one leaf
   (numbers as an array, anything else as its text);
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import sys
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
@@ -145,8 +147,8 @@ def _walk(
             _walk(leaves, f"{path}.{field.name}", item, depth + 1, seen, modules)
         return
     if isinstance(value, Mapping):
-        for key, item in value.items():
-            _walk(leaves, f"{path}[{key!r}]", item, depth + 1, seen, modules)
+        for label, item in zip(_key_labels(value), value.values(), strict=True):
+            _walk(leaves, f"{path}[{label}]", item, depth + 1, seen, modules)
         return
     if isinstance(value, list | tuple | collections.deque):
         for index, item in enumerate(value):
@@ -194,6 +196,31 @@ def _walk(
     if pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series):
         _walk_pandas(leaves, path, value, pandas)
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
+
+
+#: A repr that names where its object lives (``<__main__.Key object at 0x7f...>``, a function's).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _key_labels(mapping: Mapping[Any, Any]) -> list[str]:
+    """How each key of ``mapping`` appears in a path: its repr, or its position where that fails.
+
+    A key whose repr names its address (an object of a class without a ``__repr__``, a function)
+    is another string in each run, and keys whose reprs repeat (two ``Linear(4, 4)`` modules
+    keying their activations) would give one path to two values: such a key is named by its
+    type and its position among the keys (``acts[<Linear #1>]``), which runs that build the
+    mapping alike share.
+    """
+    labels = [repr(key) for key in mapping]
+    if not any(_ADDRESS.search(label) for label in labels) and len(set(labels)) == len(labels):
+        return labels  # the common case: one pass, nothing to rename
+    repeated = {label for label, count in collections.Counter(labels).items() if count > 1}
+    return [
+        f"<{type(key).__qualname__} #{index}>"
+        if label in repeated or _ADDRESS.search(label)
+        else label
+        for index, (key, label) in enumerate(zip(mapping, labels, strict=True))
+    ]
 
 
 def _walk_pandas(leaves: list[tuple[str, Any]], path: str, value: Any, pandas: Any) -> None:
