@@ -3706,3 +3706,21 @@ def test_dicts_keyed_by_objects_are_compared_entry_by_entry(ip):
     paths = [d.path for d in report.comparison.diffs]
     assert "cache[<Key #0>]" in paths and "cache['plain']" in paths, paths
     assert {"acts[<Linear #0>]", "acts[ReLU()]", "acts[<Linear #2>]"} <= set(paths), paths
+
+
+def test_a_leaf_tensors_gradient_is_compared(ip):
+    # An input's gradient (a saliency map) is the cell's result: exp(100 x) magnifies float32's
+    # rounding of float64 on neuron 25-fold beyond float64's tolerance, yet the cell PASSed on
+    # `x` alone ("1 output, 1 match"): only nn.Module parameters had their .grad compared
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'x = torch.full((3,), 1/3, dtype=torch.float64, device="cuda").requires_grad_()\n'
+        "torch.exp(x * 100).sum().backward()",
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    diffs = {d.path: d for d in report.comparison.diffs}
+    assert diffs["x"].status == "match" and diffs["x.grad"].status == "differ", diffs
+    assert diffs["x.grad"].ref_shape == (3,)

@@ -8,6 +8,7 @@ What is walked, in order of precedence:
   ``longdouble`` as float64, text and objects as the text of their values);
 - a :class:`~neuron_workbench.run.records.NotCompared` marker (an output that could not come back
   from the target's process) is a leaf, so the comparison can say so;
+- a leaf tensor's ``.grad`` (``x.grad`` after ``x.requires_grad_()`` and a backward pass);
 - ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
   submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
 - dataclasses, mappings, lists, tuples and deques, by field, key and index (a key whose repr is
@@ -102,6 +103,11 @@ def _walk(
     if isinstance(value, torch.Tensor | NotCompared):
         # NotCompared first: it is a dataclass, but its reason is not an output.
         leaves.append((path, value))
+        # A leaf tensor's gradient (an input's saliency, a hand-written model's weight) is as much
+        # the cell's result as a parameter's; a non-leaf has none (reading it warns).
+        grad = value.grad if isinstance(value, torch.Tensor) and value.is_leaf else None
+        if grad is not None:
+            leaves.append((f"{path}.grad", grad))
         return
     if isinstance(value, torch.nn.Module):
         if id(value) in seen:
