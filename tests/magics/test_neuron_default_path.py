@@ -3724,3 +3724,23 @@ def test_a_leaf_tensors_gradient_is_compared(ip):
     diffs = {d.path: d for d in report.comparison.diffs}
     assert diffs["x"].status == "match" and diffs["x.grad"].status == "differ", diffs
     assert diffs["x.grad"].ref_shape == (3,)
+
+
+def test_two_long_texts_show_where_they_differ(ip):
+    # A decoded text whose last character came from an id that wrapped around on neuron: the
+    # report line cut both texts at 37 characters, "'aaaa...' != 'aaaa...'", two equal strings
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'vocab = "abcdefghijklmnopqrstuvwxyz"\n'
+        'ids = (torch.tensor([0] * 50 + [2**32 + 3], device="cuda") * 1) % 26\n'
+        'text = "".join(vocab[i] for i in ids.tolist())',
+    )
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    text = next(d for d in report.comparison.diffs if d.path == "text")
+    last_ref, last_target = "abcdefghijklmnopqrstuvwxyz"[(2**32 + 3) % 26], "d"  # wrapped: 3
+    assert text.detail == (
+        f"…'{'a' * 10}{last_ref}' != …'{'a' * 10}{last_target}' (first difference at character 50)"
+    ), text.detail

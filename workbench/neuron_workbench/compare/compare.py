@@ -489,7 +489,7 @@ def _compare_leaf(
             )
         kind = "none" if ref is None and target is None else "text"
         status = "match" if type(ref) is type(target) and ref == target else "differ"
-        detail = "" if status == "match" else f"{_short(ref)} != {_short(target)}"
+        detail = "" if status == "match" else _text_difference(ref, target)
         if status == "differ" and devices is not None and _same_device_named(ref, target, devices):
             status, detail = "match", f"the runs' devices: {_short(ref)} and {_short(target)}"
         return OutputDiff(path, status, kind, EXACT, detail=detail)
@@ -609,6 +609,24 @@ def _same_device_named(ref: Any, target: Any, devices: tuple[str, str]) -> bool:
             return False
         named.append(match.group(2))
     return None in named or named[0] == named[1]
+
+
+def _text_difference(ref: Any, target: Any) -> str:
+    """``ref != target`` as a report line shows it, where two long strings first differ.
+
+    Two texts that differ past the part :func:`_short` keeps (a decoded sentence whose last word
+    changed) are shown from a little before their first difference, with its position.
+    """
+    left, right = _short(ref), _short(target)
+    if left != right or type(ref) is not type(target) or not isinstance(ref, str | bytes):
+        return f"{left} != {right}"
+    at = next((i for i, pair in enumerate(zip(ref, target)) if pair[0] != pair[1]), None)
+    if at is None:  # one is the other's beginning
+        at = min(len(ref), len(target))
+    start = max(0, at - 10)
+    return (
+        f"…{_short(ref[start:])} != …{_short(target[start:])} (first difference at character {at})"
+    )
 
 
 def _short(value: Any) -> str:
