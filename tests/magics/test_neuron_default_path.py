@@ -3744,3 +3744,15 @@ def test_two_long_texts_show_where_they_differ(ip):
     assert text.detail == (
         f"…'{'a' * 10}{last_ref}' != …'{'a' * 10}{last_target}' (first difference at character 50)"
     ), text.detail
+
+
+def test_a_complex_random_draw_warns_nothing(ip):
+    # each draw's leading numbers are read to tell whether both runs drew the same ones: a
+    # complex draw was cast to float64 for it, and the cell printed torch's "Casting complex
+    # values to real discards the imaginary part" (an ERROR under warnings-as-errors)
+    run_cell(ip, "import torch")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = _passed(ip, 'z = torch.randn(3, dtype=torch.complex64, device="cuda")')
+    assert not [w for w in caught if "Casting complex" in str(w.message)], caught
+    assert report.target.facts.random_draws == report.ref.facts.random_draws

@@ -70,6 +70,10 @@ def _head(value: torch.Tensor, shape: tuple[int, ...], zeros_only: bool) -> tupl
     if zeros_only:
         head = head == 0
     elif head.is_floating_point() or head.is_complex():
+        if head.is_complex():
+            # its real and imaginary parts: casting it to float64 dropped the imaginary part, with
+            # torch's "Casting complex values to real" warning in the cell's output
+            head = torch.view_as_real(head).reshape(-1)
         head = head.to(torch.float64)
     return (shape, *head.tolist())
 
