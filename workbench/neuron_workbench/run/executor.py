@@ -846,8 +846,11 @@ def _collect(
     bindings = {name: ns[name] for name in rebound}
     # Every copied input is committed too: the run may have changed it in place, and rebinding all
     # copies together keeps objects that reference each other (a model and its optimizer) consistent.
+    # Not IPython's own names (`_`, `Out`, `_7`): it records outputs into the objects it holds
+    # itself, and a copy in their place stopped `_` from moving on (IPython took it for the user's)
+    # and left later outputs out of the notebook's `Out`.
     for name, value in copies.items():
-        if ns.get(name, missing) is value:
+        if ns.get(name, missing) is value and name not in hidden:
             bindings.setdefault(name, value)
     deleted = [name for name in before_run if name not in ns and _is_output_name(name, hidden)]
     return Run(

@@ -1,0 +1,50 @@
+"""Notebook state across many cells on the default path (plain ``%%neuron``, target in its worker).
+
+Each test runs the cells a notebook session runs, plain cells between ``%%neuron`` cells, and checks
+that the namespace afterwards is what a plain run of the same cells (with "cuda" on the CPU) leaves.
+"""
+
+import pytest
+import torch
+
+from neuron_workbench import testing
+from neuron_workbench.testing import run_cell
+
+
+@pytest.fixture(scope="module")
+def shell():
+    """One shell for the module's tests: each starts from a fresh namespace (``reset``)."""
+    shell = testing.testing_shell()
+    yield shell
+    shell.reset(new_session=False)
+
+
+@pytest.fixture
+def nb(shell):
+    shell.reset(new_session=False)
+    run_cell(shell, "import torch")
+    return shell
+
+
+def _passed(shell, cell):
+    run_cell(shell, f"%%neuron -o r\n{cell}")
+    report = shell.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    return report
+
+
+def test_output_history_a_cell_reads_goes_on_recording(nb):
+    # A cell that read `_` or `Out[n]` (a tensor) committed its copies of them: IPython then took
+    # `_` for the user's own and stopped updating `_`, `__` and `___`, and the notebook's `Out` was
+    # no longer the dict IPython records outputs in, so later outputs were missing from it.
+    shown = nb.execution_count
+    run_cell(nb, "torch.arange(3.0)")
+    first = nb.user_ns["_"]
+    _passed(nb, f"doubled = _ * 2\nfrom_out = Out[{shown}] + _{shown}\ndoubled")
+    ns = nb.user_ns
+    assert ns["_"] is ns["doubled"] and ns["__"] is first and ns["Out"][shown] is first
+    assert ns["Out"] is ns["_oh"] is nb.history_manager.output_hist
+    run_cell(nb, "7")
+    assert ns["_"] == 7 and ns["__"] is ns["doubled"] and ns["___"] is first
+    assert ns["Out"][shown + 2] == 7 and ns[f"_{shown + 2}"] == 7
+    assert torch.equal(ns["from_out"], torch.arange(3.0) * 2)
