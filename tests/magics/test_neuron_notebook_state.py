@@ -48,3 +48,18 @@ def test_output_history_a_cell_reads_goes_on_recording(nb):
     assert ns["_"] == 7 and ns["__"] is ns["doubled"] and ns["___"] is first
     assert ns["Out"][shown + 2] == 7 and ns[f"_{shown + 2}"] == 7
     assert torch.equal(ns["from_out"], torch.arange(3.0) * 2)
+
+
+def test_names_starting_like_ipythons_are_the_cells(nb):
+    # `_init` and `_idx` were taken for IPython's input history: the cell's bindings of them were
+    # dropped (a NameError in the next cell) and `del` left them.
+    run_cell(nb, "_items = [1]\n_iold = torch.ones(2)")
+    _passed(
+        nb,
+        "_init = torch.ones(2, device='cuda')\n_idx = 3\n_items.append(2)\ndel _iold",
+    )
+    ns = nb.user_ns
+    assert torch.equal(ns["_init"], torch.ones(2)) and ns["_idx"] == 3
+    assert ns["_items"] == [1, 2] and "_iold" not in ns
+    run_cell(nb, "y = _init.cpu().numpy().sum() + _idx")
+    assert ns["y"] == 5

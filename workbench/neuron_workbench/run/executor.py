@@ -13,6 +13,7 @@ import importlib
 import io
 import os
 import random
+import re
 import sys
 import time
 import types
@@ -425,8 +426,15 @@ class RunSpec:
         return self.kept_run is not None and run_id != self.kept_run
 
 
+#: IPython's input history (``_i``, ``_ii``, ``_iii``, ``_i7``), which a target process is sent
+#: only where the cell names it: no cell binds these as its own, where a user's ``_init`` or
+#: ``_idx`` is the cell's like any other name.
+_INPUT_HISTORY = re.compile(r"_i{1,3}|_i\d+")
+
+
 def _is_output_name(name: str, hidden: frozenset[str]) -> bool:
-    return not (name in hidden or name.startswith("__") or name.startswith("_i"))
+    # (`__` names are Python's and torch.compile's: `__name__`, `__builtins_dict___0`)
+    return not (name in hidden or name.startswith("__") or _INPUT_HISTORY.fullmatch(name))
 
 
 @contextlib.contextmanager
