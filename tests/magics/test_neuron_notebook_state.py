@@ -63,3 +63,19 @@ def test_names_starting_like_ipythons_are_the_cells(nb):
     assert ns["_items"] == [1, 2] and "_iold" not in ns
     run_cell(nb, "y = _init.cpu().numpy().sum() + _idx")
     assert ns["y"] == 5
+
+
+def test_a_private_name_for_the_model_stays_the_model(nb):
+    # `_model = model` and `_w = model.weight` were never copied with the model: after a cell that
+    # read `model` alone they held the model from before it, while plain Python shares one object.
+    run_cell(
+        nb,
+        "import torch.nn as nn\nmodel = nn.Linear(2, 2)\n_model = model\n_w = model.weight\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=1.0)",
+    )
+    before = nb.user_ns["model"].weight.detach().clone()
+    _passed(nb, "model.cuda()\nmodel(torch.ones(1, 2, device='cuda')).sum().backward()")
+    run_cell(nb, "opt.step()")
+    ns = nb.user_ns
+    assert ns["_model"] is ns["model"] and ns["_w"] is ns["model"].weight
+    assert torch.equal(ns["_w"], before - 1)

@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import functools
 import random
+import re
 import sys
 import tempfile
 import types
@@ -1423,6 +1424,13 @@ SHARING_WALK_LIMIT = 10_000
 _SHARING_DEPTH = 4
 
 
+#: IPython's output and input history (``_``, ``__``, ``___``, ``_7``, ``_i7``, ``_oh``), also where
+#: ``hidden`` does not list them, and the ``__`` names of Python and torch.compile (``__name__``,
+#: ``__builtins_dict___0``). A user's own ``_model = model`` or ``_w = model.weight`` shares state
+#: like any other name.
+_IPYTHON_HISTORY = re.compile(r"_|_\d+|_i{1,3}|_i\d+|_[oid]h|__.*")
+
+
 def with_names_sharing_state(
     names: Iterable[str], namespace: Mapping[str, Any], hidden: Collection[str] = ()
 ) -> set[str]:
@@ -1436,8 +1444,7 @@ def with_names_sharing_state(
     the cell while its partner moves on. Tensors are found through modules (parameters, buffers,
     gradients), optimizers (parameters and state), containers and object attributes, a few levels
     down (:func:`_state_tensors`); other objects shared inside two values are not looked for.
-    ``hidden`` names, names starting with ``_`` (IPython's history) and the workbench's own results
-    are never added.
+    ``hidden`` names, IPython's history and the workbench's own results are never added.
     """
     found = set(names)
     keys: set[int | tuple[str, int]] = set()
@@ -1451,7 +1458,7 @@ def with_names_sharing_state(
         for name, value in namespace.items()
         if name not in found
         and name not in hidden
-        and not name.startswith("_")  # IPython's history (_, _7, _i7, _oh) among them
+        and not _IPYTHON_HISTORY.fullmatch(name)
         and needs_copy(value)
         and not _ours(value)
     }
