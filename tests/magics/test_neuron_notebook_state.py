@@ -79,3 +79,16 @@ def test_a_private_name_for_the_model_stays_the_model(nb):
     ns = nb.user_ns
     assert ns["_model"] is ns["model"] and ns["_w"] is ns["model"].weight
     assert torch.equal(ns["_w"], before - 1)
+
+
+def test_a_semicolon_after_the_last_expression_silences_it(nb):
+    # A plain cell ending in `x;` shows nothing and leaves `_` and `Out` as they were; a %%neuron
+    # cell showed `Out[n]: tensor(...)` and recorded it.
+    run_cell(nb, "shown = 5\nshown")
+    result = run_cell(nb, "%%neuron -o r\nx = torch.ones(2, device='cuda')\nx;")
+    assert nb.user_ns["r"].verdict == "PASS", nb.user_ns["r"].summary()
+    assert result.result is None and nb.user_ns["_"] == 5
+    assert nb.execution_count - 1 not in nb.user_ns["Out"]
+    assert torch.equal(nb.user_ns["x"], torch.ones(2))
+    shown = run_cell(nb, "%%neuron -o r\ny = x.cuda() * 2\ny  # a comment; not a semicolon")
+    assert shown.result is nb.user_ns["y"] is nb.user_ns["_"]

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import (
+    Magics,
+    cell_magic,
+    line_magic,
+    magics_class,
+    output_can_be_silenced,
+)
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from IPython.utils.capture import capture_output
@@ -279,6 +285,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         help="store the Report object in this variable (a list of them for several targets)",
     )
     @cell_magic
+    # a cell ending in `x;` shows no value and leaves `_` and `Out` alone, as a plain cell's
+    @output_can_be_silenced
     def neuron(self, line: str, cell: str) -> Any:
         """Run the cell on a reference and a target backend, and compare every output.
 
