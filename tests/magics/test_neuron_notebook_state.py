@@ -92,3 +92,19 @@ def test_a_semicolon_after_the_last_expression_silences_it(nb):
     assert torch.equal(nb.user_ns["x"], torch.ones(2))
     shown = run_cell(nb, "%%neuron -o r\ny = x.cuda() * 2\ny  # a comment; not a semicolon")
     assert shown.result is nb.user_ns["y"] is nb.user_ns["_"]
+
+
+def test_reloading_the_extension_keeps_the_notebooks_session(nb):
+    # `%reload_ext neuron_workbench` made new magics with a session of their own: the next cell's
+    # target computed the model an earlier cell put on cuda on the CPU ("nothing ran on neuron",
+    # a PASS of nothing), and the old session's worker ran on, unlisted by %neuron_workers.
+    run_cell(nb, "import torch.nn as nn")
+    _passed(nb, "model = nn.Linear(2, 2).cuda()\nx = torch.randn(3, 2).cuda()")
+    before = {row.target: row.pid for row in nb.run_line_magic("neuron_workers", "").rows}
+    run_cell(nb, "%reload_ext neuron_workbench")
+    report = _passed(nb, "y = model(x)")
+    assert not report.idle_target, report.summary()
+    rows = nb.run_line_magic("neuron_workers", "").rows
+    assert {row.target: row.pid for row in rows} == before
+    magics = [c for c in nb.configurables if type(c).__name__ == "NeuronMagics"]
+    assert magics == [nb.magics_manager.registry["NeuronMagics"]]

@@ -34,13 +34,22 @@ def register(shell: Any) -> None:
     # an op the notebook defines with torch.library.custom_op can be defined in a target's process
     remember_custom_op_definitions()
     instances = []
+    # `%reload_ext neuron_workbench` registers the magics again: what they had before goes
+    previous = {name: shell.magics_manager.registry.get(name) for _, name in MAGICS}
     for module_name, class_name in MAGICS:
         cls = getattr(importlib.import_module(module_name), class_name)
         instance = cls(shell=shell)
         shell.register_magics(instance)
+        if previous[class_name] in shell.configurables:
+            shell.configurables.remove(previous[class_name])
         if instance not in shell.configurables:
             shell.configurables.append(instance)
         instances.append(instance)
+    if previous["NeuronMagics"] is not None:
+        # The notebook's session goes on: with a new one, the old one's worker processes ran on
+        # out of %neuron_workers' reach, and what earlier cells had put on the device was
+        # forgotten, so the next cell's target computed with it on the CPU ("nothing ran").
+        instances[0].session = previous["NeuronMagics"].session
     from neuron_workbench.magics.neuron import prepare_target
 
     # a plain cell's moves to the CPU (model.cpu()) hold for the next %%neuron cell
