@@ -108,3 +108,17 @@ def test_reloading_the_extension_keeps_the_notebooks_session(nb):
     assert {row.target: row.pid for row in rows} == before
     magics = [c for c in nb.configurables if type(c).__name__ == "NeuronMagics"]
     assert magics == [nb.magics_manager.registry["NeuronMagics"]]
+
+
+def test_a_view_a_plain_cell_took_of_a_device_tensor_is_on_the_device(nb):
+    # `head = x[:2]` after x went to cuda: the target moved x to its device and left `head` on the
+    # host, so what the cell did through `head` missed x there (a FAIL, "cause not identified");
+    # a part taken to the host (`row = x[1:3].cpu()`) is a CPU copy, as on a GPU.
+    _passed(nb, "x = torch.zeros(4).cuda()")
+    run_cell(nb, "head = x[:2]\nrow = x[1:3].cpu()")
+    ns = nb.user_ns
+    assert ns["row"].data_ptr() != ns["x"][1:].data_ptr()
+    _passed(nb, "head.add_(1)\ntotal = x.sum()\nrow_sum = float(row.numpy().sum())")
+    assert ns["total"].item() == 2.0 and ns["row_sum"] == 0.0
+    assert torch.equal(ns["head"], torch.ones(2))
+    assert ns["head"].data_ptr() == ns["x"].data_ptr()

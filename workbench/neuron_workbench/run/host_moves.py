@@ -137,7 +137,9 @@ def _forget_moves_to_host(
         if isinstance(value, torch.Tensor):
             # a copy on a GPU: each name a move bound gets one, the tensor stays where it is
             for bound in finder.bound.get(receiver, ()):
-                if namespace.get(bound) is value:
+                held = namespace.get(bound)
+                # (`row = x[0].cpu()` bound a view of it here)
+                if held is value or (isinstance(held, torch.Tensor) and held._base is value):
                     # what .cpu() gives on a GPU: a copy (no device mark), linked by autograd
                     namespace[bound] = value.clone()
                     moved.append(bound)
@@ -468,7 +470,30 @@ class _Moves(ast.NodeVisitor):
                     if where == "cpu" and target is not None:
                         self.bound.setdefault(link.id, []).append(target)
                     self._moved(link.id, where)
+            elif links and isinstance(link, ast.Subscript):
+                self._part_to_host(links, link, self._bound.get(id(node)))
         self.generic_visit(node)
+
+    def _part_to_host(
+        self, links: list[tuple[str, ast.Call]], part: ast.Subscript, target: str | None
+    ) -> None:
+        """Note ``row = x[0].cpu()``: on a GPU a CPU copy of part of ``x``, here a view of it."""
+        root: ast.expr = part
+        while isinstance(root, ast.Subscript):
+            root = root.value
+        if (
+            target is None
+            or not isinstance(root, ast.Name)
+            or self._is_local(root.id)
+            or not isinstance(self.namespace.get(root.id), torch.Tensor)
+        ):
+            return
+        where = None
+        for method, call in reversed(links):
+            where = self._where(method, call) or where
+        if where == "cpu":
+            self.last.setdefault(root.id, ("cpu", target))
+            self.bound.setdefault(root.id, []).append(target)
 
     def _moved(self, name: str, where: str) -> None:
         """Note a move of the name's value itself (``name.to(...)``, whatever binds the result).

@@ -1076,7 +1076,12 @@ def move_to_device(
     """
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
-        if (force or on_accelerator(value)) and value.device != device:
+        # part of memory a move with the same memo took there (`head = x[:2]` in a plain cell
+        # after x went to cuda) is on the device too: left here, what the cell did through it
+        # missed x on the device. (All of it may be a copy on a GPU that the host standing in
+        # for cuda did not make: `w0 = weight.detach().cpu()`.)
+        follows = _storage_moved(value, memo) and not _whole_storage(value, value.untyped_storage())
+        if (force or follows or on_accelerator(value)) and value.device != device:
             return _moved_tensor(value, device, memo)
         return value
     if isinstance(value, torch.nn.Module):
