@@ -33,6 +33,21 @@ def test_float64_reductions_and_matmul_round_through_float32():
     assert s.item() == float(torch.tensor(s.item()).float())
 
 
+def test_float64_batch_norm_updates_its_running_statistics():
+    # native_batch_norm writes running_mean/var though its schema does not mark them written: the
+    # float64 rule handed the kernel float32-rounded copies, so the statistics never moved
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    bn = torch.nn.BatchNorm1d(4).double().to("neuron")
+    bn(x.to("neuron"))
+    expected = torch.nn.BatchNorm1d(4).double()
+    expected(x.float().double())  # the inputs rounded through float32, as the device rounds them
+    assert bn.running_mean.abs().sum() > 0
+    torch.testing.assert_close(bn.running_mean.cpu(), expected.running_mean, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(bn.running_var.cpu(), expected.running_var, rtol=1e-6, atol=1e-7)
+    assert int(bn.num_batches_tracked) == 1
+
+
 def test_int64_arithmetic_wraps_like_int32():
     big = torch.tensor([2**31 - 1, 5])
     assert (big.to("neuron") + 1).tolist() == [-(2**31), 6]

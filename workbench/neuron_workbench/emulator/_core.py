@@ -38,6 +38,7 @@ from neuron_workbench.emulator._policy import (
     RESTRIDE,
     RULE_OPS,
     SHARES,
+    UNMARKED_WRITES,
     dtype_gaps,
     library_op_kind,
     matmul_operands,
@@ -472,7 +473,9 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     post = None
     wrapped = False
     if NARROW_64BIT and (fp64_ok or int_arith):
-        post, wrapped = narrow_inputs(cargs, ckw, fp64_ok, int_arith, ret_alias)
+        post, wrapped = narrow_inputs(
+            cargs, ckw, fp64_ok, int_arith, ret_alias, UNMARKED_WRITES.get(overload, ())
+        )
 
     t0 = _perf()
     fn = CPU_IMPLS[func] if kind == K_IMPL else func

@@ -252,18 +252,30 @@ def _beyond_int32(t: torch.Tensor) -> bool:
     return int(lo) < _I32_MIN or int(hi) > _I32_MAX
 
 
+#: Ops whose CPU kernels write arguments their schemas do not mark as written: those arguments are
+#: narrowed in place, as a marked one is (a copy would lose the write). ``native_batch_norm``
+#: updates ``running_mean`` and ``running_var`` in training. The native core has the same table.
+UNMARKED_WRITES: dict[str, tuple[int, ...]] = {"aten::native_batch_norm": (3, 4)}
+
+
 def narrow_inputs(
-    cargs: list, ckw: dict, fp64_ok: bool, int_arith: bool, ret_alias: tuple
+    cargs: list,
+    ckw: dict,
+    fp64_ok: bool,
+    int_arith: bool,
+    ret_alias: tuple,
+    written: tuple[int, ...] = (),
 ) -> tuple[Any, bool | None]:
     """Round float64 inputs through float32 / wrap int64 inputs through int32.
 
     Returns the dtype the outputs are narrowed to (None: leave them), and for an int64 op (one
     with an int64 tensor input) whether wrapping an input (a tensor's value or a Python int beyond
-    int32's range) changed it; None for any other op.
+    int32's range) changed it; None for any other op. ``written``: positions of arguments the op
+    writes that its returns do not alias (:data:`UNMARKED_WRITES`).
     """
     found = None
     saw_fp64 = saw_int64 = wrapped = False
-    mutated = {a[1] for a in ret_alias if a is not None}
+    mutated = {a[1] for a in ret_alias if a is not None}.union(written)
     for i, a in enumerate(cargs):
         if type(a) is torch.Tensor:
             dt = a.dtype

@@ -427,6 +427,10 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
     if (a.name() == "pin_memory") plan->pin_arg = static_cast<int>(i);
     if (a.name() == "layout") plan->layout_arg = static_cast<int>(i);
   }
+  // Arguments the CPU kernel writes though the schema does not mark them (_policy.UNMARKED_WRITES):
+  // native_batch_norm's running_mean and running_var, updated in training.
+  if (plan->overload == "aten::native_batch_norm" && plan->mutated.size() > 4)
+    plan->mutated[3] = plan->mutated[4] = true;
   // The fused optimizer steps' and GradScaler's kernels bump no version on CPU or CUDA either
   // (dispatch_calls.UNVERSIONED_WRITERS): a graph that saved a weight before a fused step must
   // not fail its backward pass here alone.
