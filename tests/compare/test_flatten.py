@@ -268,3 +268,23 @@ def test_none_is_a_leaf_only_where_the_cell_bound_it_to_a_name():
     )
     assert list(leaves) == ["best", "out.logits", "metrics['acc']", "steps[1]"]
     assert leaves["best"] is None and leaves["out.logits"] is logits
+
+
+def test_a_set_is_one_leaf_of_its_items_in_order_and_a_set_of_objects_is_not_compared():
+    # a set was no leaf at all: a cell binding one read UNCOMPARED, "0 outputs compared"
+    from neuron_workbench.run.records import NotCompared
+
+    leaves = dict(
+        iter_leaves(
+            {
+                "ids": {3, 1, 2},
+                "words": frozenset({"b", "a"}),
+                "mixed": {2, "x", (1, None), 0.5},
+                "empty": set(),
+                "tensors": {torch.ones(1)},
+            }
+        )
+    )
+    assert leaves["ids"] == "{1, 2, 3}" and leaves["words"] == "{'a', 'b'}"
+    assert leaves["mixed"] == "{0.5, 2, 'x', (1, None)}" and leaves["empty"] == "set()"
+    assert isinstance(leaves["tensors"], NotCompared)

@@ -3746,6 +3746,20 @@ def test_two_long_texts_show_where_they_differ(ip):
     ), text.detail
 
 
+def test_a_set_the_cell_binds_is_compared_by_its_items(ip):
+    # a set was no output: ids hashed into a set read UNCOMPARED, "0 outputs compared", even where
+    # neuron's int64 wrap had changed them
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron -o r\nwords = set('the cat sat on the mat'.split())")
+    assert _report(ip).verdict == "PASS" and _report(ip).comparison.counts()["match"] == 1
+    run_cell(ip, "%%neuron -o r\nbuckets = set((torch.arange(3, device='cuda') * 2**31).tolist())")
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    buckets = next(d for d in report.comparison.diffs if d.path == "buckets")
+    assert buckets.status == "differ"
+    assert buckets.detail == "'{0, 2147483648, 4294967296}' != '{-2147483648, 0}'", buckets.detail
+
+
 def test_a_complex_random_draw_warns_nothing(ip):
     # each draw's leading numbers are read to tell whether both runs drew the same ones: a
     # complex draw was cast to float64 for it, and the cell printed torch's "Casting complex

@@ -178,6 +178,9 @@ def _walk(
     if isinstance(value, bool | int | float | complex | str | bytes):
         leaves.append((path, value))
         return
+    if isinstance(value, set | frozenset):
+        leaves.append((path, _set_leaf(value)))
+        return
     if _is_user_object(value, modules):
         if id(value) in seen:
             return
@@ -202,6 +205,25 @@ def _walk(
     if pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series):
         _walk_pandas(leaves, path, value, pandas)
     # Anything else (a DataLoader, a function, a library object) is not a numeric output.
+
+
+_SET_ITEMS = (bool, int, float, complex, str, bytes, tuple, type(None))
+
+
+def _set_leaf(value: set[Any] | frozenset[Any]) -> str | NotCompared:
+    """A set as the text of its items in order (``{1, 2, 3}``), so two runs' sets compare alike.
+
+    A set has no order of its own (the order of a set of strings differs between processes), so
+    its items are sorted, by type name and value, or by repr where values of one type do not
+    order; a set holding anything but plain values (tensors, objects) is not compared.
+    """
+    if not all(isinstance(item, _SET_ITEMS) for item in value):
+        return NotCompared("a set of objects (no order to compare them in)")
+    try:
+        items = sorted(value, key=lambda item: (type(item).__name__, item))
+    except TypeError:  # complex numbers, tuples holding None next to numbers
+        items = sorted(value, key=lambda item: (type(item).__name__, repr(item)))
+    return "{" + ", ".join(map(repr, items)) + "}" if items else "set()"
 
 
 #: A repr that names where its object lives (``<__main__.Key object at 0x7f...>``, a function's).
