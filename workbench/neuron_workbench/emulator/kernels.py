@@ -20,6 +20,7 @@ import torch
 from torch._C import DispatchKey
 from torch.library import Library
 
+from neuron_workbench.cuda_semantics.attention import host_attention_kernels
 from neuron_workbench.cuda_semantics.autocast import register_cuda_policy
 from neuron_workbench.cuda_semantics.rnn import fused_gru_cell, fused_lstm_cell
 from neuron_workbench.emulator import _core
@@ -193,16 +194,20 @@ def _sdpa(
     choice = -1
     mask_grad = isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad
     if not mask_grad:
-        choice = _sdp_choice(
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
+        # A device without a kernel choice of its own takes the math kernel whatever the flags
+        # say: where the CPU would find none (sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)), the
+        # choice is the one the cpu reference makes there.
+        with host_attention_kernels(query):
+            choice = _sdp_choice(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
     # Grouped-query attention (fewer key/value heads) goes to the fused op as it is: CPU's flash
     # kernel shares each key/value head among its group of query heads and sums their gradients in
     # float32, which expanding the heads first would not reproduce.

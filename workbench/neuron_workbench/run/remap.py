@@ -46,6 +46,7 @@ from torch.overrides import TorchFunctionMode
 
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
+from neuron_workbench.cuda_semantics.attention import host_attention_kernels
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
 from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.cuda_module import (
@@ -356,6 +357,11 @@ class _CudaToDeviceMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is _SDPA:
             facts.attention_calls += 1
+            query = args[0] if args else kwargs.get("query")
+            if self.host is not None and isinstance(query, torch.Tensor):
+                # sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) leaves a GPU a kernel the CPU lacks
+                with host_attention_kernels(query):
+                    return func(*args, **kwargs)
             return func(*args, **kwargs)
         if func in _RNNS:
             facts.rnn_calls += 1

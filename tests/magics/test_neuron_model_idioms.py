@@ -1,0 +1,63 @@
+"""Public model code and PyTorch idioms pasted from a CUDA notebook, on the default path.
+
+Each test runs real ``%%neuron`` cells with no option (the target in its worker process) after
+plain cells that define the models and data, as a user's notebook does, and checks the verdict
+and what the notebook holds afterwards. The tests share one shell: each defines the names it
+reads.
+"""
+
+import pytest
+import torch
+
+from neuron_workbench.testing import run_cell
+
+
+@pytest.fixture(scope="module")
+def shell():
+    """One IPython shell with the extension loaded, for the whole module."""
+    from neuron_workbench.run.torch_settings import forget_chosen_precision
+    from neuron_workbench.testing import testing_shell
+
+    precision = torch.get_float32_matmul_precision()
+    ip = testing_shell()
+    yield ip
+    ip.reset(new_session=False)
+    torch.set_float32_matmul_precision(precision)
+    forget_chosen_precision()
+
+
+def _passed(shell, cell):
+    """The report of ``cell`` run as a ``%%neuron -o r`` cell: a PASS."""
+    run_cell(shell, f"%%neuron -o r\n{cell}")
+    report = shell.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    return report
+
+
+#: Attention with only the memory-efficient kernel allowed, forward and backward.
+EFFICIENT_ATTENTION = """
+qq = q.cuda().requires_grad_()
+with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+    attended = F.scaled_dot_product_attention(qq, k.cuda(), v.cuda(), is_causal=True)
+attended.sum().backward()
+"""
+
+
+def test_attention_with_only_the_memory_efficient_kernel_allowed_runs(shell):
+    # `with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):` leaves a GPU its memory-efficient
+    # kernel. The CPU has none, so the reference raised "No viable backend for
+    # scaled_dot_product_attention was found", and so did the emulated neuron, which asked the
+    # CPU's choice, where the device (no kernel choice of its own) takes the math kernel: ERROR.
+    run_cell(
+        shell,
+        "import torch\nimport torch.nn.functional as F\n"
+        "from torch.nn.attention import sdpa_kernel, SDPBackend\n"
+        "torch.manual_seed(0)\n"
+        "q, k, v = torch.randn(3, 2, 4, 8, 16).unbind(0)",
+    )
+    report = _passed(shell, EFFICIENT_ATTENTION)
+    compared = {d.path for d in report.comparison.compared}
+    assert {"attended", "qq"} <= compared, compared
+    # the cell's flags are the notebook's again afterwards, and the notebook has the results
+    run_cell(shell, "flags = torch.backends.cuda.math_sdp_enabled(), attended.shape, qq.grad.shape")
+    assert shell.user_ns["flags"] == (True, (2, 4, 8, 16), (2, 4, 8, 16))
