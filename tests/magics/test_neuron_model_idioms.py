@@ -61,3 +61,23 @@ def test_attention_with_only_the_memory_efficient_kernel_allowed_runs(shell):
     # the cell's flags are the notebook's again afterwards, and the notebook has the results
     run_cell(shell, "flags = torch.backends.cuda.math_sdp_enabled(), attended.shape, qq.grad.shape")
     assert shell.user_ns["flags"] == (True, (2, 4, 8, 16), (2, 4, 8, 16))
+
+
+def test_the_gradient_of_a_tensor_optimised_alone_is_compared(shell):
+    # A leaf tensor made in the cell with requires_grad (an input whose saliency is its .grad, a
+    # weight trained without a module) had only its values compared: its gradient, which float64
+    # computed as float32 on neuron made 3e4 apart, was no output (PASS, "1 output, 1 match").
+    run_cell(
+        shell,
+        "%%neuron -o r\n"
+        'phase = torch.linspace(0, 1, 16, dtype=torch.float64, device="cuda", requires_grad=True)\n'
+        "(phase * 1e6).sin().sum().backward()",
+    )
+    report = shell.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    differ = {d.path: d for d in report.comparison.compared if not d.passed}
+    assert set(differ) == {"phase.grad"}, report.summary()
+    assert any("float64 is computed as float32" in hint for hint in differ["phase.grad"].hints)
+    # the notebook holds the reference's gradient, as a plain cell would
+    run_cell(shell, "expected = 1e6 * (phase.detach() * 1e6).cos()")
+    assert torch.equal(shell.user_ns["phase"].grad, shell.user_ns["expected"])
