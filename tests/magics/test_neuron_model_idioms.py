@@ -81,3 +81,63 @@ def test_the_gradient_of_a_tensor_optimised_alone_is_compared(shell):
     # the notebook holds the reference's gradient, as a plain cell would
     run_cell(shell, "expected = 1e6 * (phase.detach() * 1e6).cos()")
     assert torch.equal(shell.user_ns["phase"].grad, shell.user_ns["expected"])
+
+
+#: A custom model as Hugging Face's guide to custom models writes it, registered with the Auto
+#: classes in a plain cell.
+CUSTOM_AUTO_MODEL = """
+import tempfile
+
+import torch
+import torch.nn as nn
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny-notebook"
+
+    def __init__(self, width=8, **kwargs):
+        self.width = width
+        super().__init__(**kwargs)
+
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.proj = nn.Linear(config.width, config.width)
+        self.post_init()
+
+    def forward(self, x):
+        return self.proj(x)
+
+AutoConfig.register("tiny-notebook", TinyConfig)
+AutoModel.register(TinyConfig, TinyModel)
+torch.manual_seed(0)
+tiny = TinyModel(TinyConfig())
+checkpoints = tempfile.mkdtemp()
+"""
+
+#: Save the notebook's model and load it back through the Auto class.
+AUTO_ROUND_TRIP = """
+tiny.save_pretrained(checkpoints)
+loaded = AutoModel.from_pretrained(checkpoints).to("cuda")
+same_class = type(loaded) is type(tiny)
+y = loaded(torch.ones(2, 8, device="cuda"))
+"""
+
+
+def test_a_model_the_notebook_registered_with_the_auto_classes_loads_on_the_target(shell):
+    # AutoConfig.register / AutoModel.register in a plain cell filled transformers' tables in the
+    # kernel alone: AutoModel.from_pretrained of the notebook's own checkpoint raised "... has
+    # model type `tiny-notebook` but Transformers does not recognize this architecture" on neuron
+    # (ERROR) where the reference loaded it.
+    pytest.importorskip("transformers")
+    run_cell(shell, CUSTOM_AUTO_MODEL)
+    report = _passed(shell, AUTO_ROUND_TRIP)
+    compared = {d.path for d in report.comparison.compared}
+    assert {"y", "loaded.proj.weight", "same_class"} <= compared, compared
+    assert shell.user_ns["same_class"] is True
+    run_cell(
+        shell, "check = type(loaded).__name__, torch.equal(loaded.proj.weight, tiny.proj.weight)"
+    )
+    assert shell.user_ns["check"] == ("TinyModel", True)

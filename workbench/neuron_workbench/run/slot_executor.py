@@ -20,6 +20,7 @@ from typing import Any
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.custom_ops import notebook_custom_ops
+from neuron_workbench.run.library_state import notebook_registrations
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -88,6 +89,9 @@ class SlotExecutor:
             # the notebook's torch.library ops, defined again there before the values that may
             # name them (torch.ops.nbops.scale_add) are rebuilt
             "custom_ops": notebook_custom_ops(),
+            # the notebook's classes it registered with transformers' Auto classes
+            # (AutoModel.register), for from_pretrained of its checkpoints there
+            "library_registrations": notebook_registrations(),
             "program": spec.program,
             "seed": spec.seed,
             "random_state": getattr(spec, "random_state", None),
