@@ -141,3 +141,44 @@ def test_a_model_the_notebook_registered_with_the_auto_classes_loads_on_the_targ
         shell, "check = type(loaded).__name__, torch.equal(loaded.proj.weight, tiny.proj.weight)"
     )
     assert shell.user_ns["check"] == ("TinyModel", True)
+
+
+#: A checkpoint holding the notebook's config dataclass, allowed for weights_only loads.
+SAFE_GLOBALS_CHECKPOINT = """
+import dataclasses
+import os
+import tempfile
+
+import torch
+import torch.nn as nn
+
+@dataclasses.dataclass
+class TrainConfig:
+    width: int = 8
+    lr: float = 1e-3
+
+torch.serialization.add_safe_globals([TrainConfig])
+torch.manual_seed(0)
+checkpoint = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+torch.save({"model": nn.Linear(8, 2).state_dict(), "config": TrainConfig()}, checkpoint)
+"""
+
+#: Load it as torch.load does by default (weights_only=True) and rebuild the model.
+SAFE_GLOBALS_LOAD = """
+state = torch.load(checkpoint, map_location="cuda")
+restored = nn.Linear(state["config"].width, 2).cuda()
+restored.load_state_dict(state["model"])
+y = restored(torch.ones(1, 8, device="cuda"))
+"""
+
+
+def test_a_checkpoint_of_globals_the_notebook_allowed_loads_on_the_target(shell):
+    # torch.serialization.add_safe_globals([TrainConfig]) in a plain cell allowed the class in the
+    # kernel's torch alone: torch.load (weights_only=True by default) of a checkpoint holding it
+    # raised "Weights only load failed ... Unsupported global" on neuron (ERROR).
+    run_cell(shell, SAFE_GLOBALS_CHECKPOINT)
+    report = _passed(shell, SAFE_GLOBALS_LOAD)
+    compared = {d.path for d in report.comparison.compared}
+    assert {"y", "restored.weight", "state['config'].width"} <= compared, compared
+    run_cell(shell, "loaded_config = type(state['config']).__name__, state['config'].width")
+    assert shell.user_ns["loaded_config"] == ("TrainConfig", 8)

@@ -65,31 +65,35 @@ def notebook_registrations() -> dict[tuple[str, str], dict[Any, Any]]:
             extra = getattr(table, "_extra_content", None)
             if not extra or not isinstance(extra, dict) or isinstance(table, type):
                 continue
-            entries = {key: value for key, value in list(extra.items()) if _travels(key, value)}
+            entries = {key: value for key, value in list(extra.items()) if can_travel((key, value))}
             if entries:
                 registered[(module_name, name)] = entries
     return registered
 
 
-#: Whether each registered entry could be pickled: tried once per entry.
-_TRAVELS: dict[tuple[Any, Any], bool] = {}
+#: Whether each value :func:`can_travel` tried could be pickled: tried once per value.
+_TRAVELS: dict[Any, bool] = {}
 
 
-def _travels(key: Any, value: Any) -> bool:
+def can_travel(value: Any) -> bool:
+    """Whether ``value`` (a class, a function, a tuple of them) can be pickled to another process.
+
+    Tried once per value that can be a dict key (classes and functions are), each time otherwise.
+    """
     try:
-        known = _TRAVELS.get((key, value))
-    except TypeError:  # an entry that cannot be a dict key is tried each time
+        known = _TRAVELS.get(value)
+    except TypeError:
         known = None
     if known is None:
         import cloudpickle
 
         try:
-            cloudpickle.dumps((key, value))
+            cloudpickle.dumps(value)
             known = True
-        except Exception:  # noqa: BLE001 - whatever stops pickling stops the entry travelling
+        except Exception:  # noqa: BLE001 - whatever stops pickling stops the value travelling
             known = False
         with contextlib.suppress(TypeError):
-            _TRAVELS[(key, value)] = known
+            _TRAVELS[value] = known
     return known
 
 

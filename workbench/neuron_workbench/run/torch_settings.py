@@ -4,7 +4,9 @@ A cell runs in the kernel's torch as earlier cells left it: ``torch.set_default_
 ``torch.set_grad_enabled(False)``, deterministic algorithms, anomaly detection, the float32 matmul
 precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
 ``torch.backends.cuda.matmul.allow_tf32``), the print options and the ``torch._dynamo.config``
-values a cell changed (``capture_scalar_outputs = True``, ``recompile_limit``). The reference runs
+values a cell changed (``capture_scalar_outputs = True``, ``recompile_limit``), and the globals
+``torch.serialization.add_safe_globals`` allowed for ``torch.load(..., weights_only=True)`` (a
+checkpoint holding a notebook's config dataclass). The reference runs
 in the kernel and sees them; a target in another process (a worker, a Ray actor) has its own
 torch, so each run request carries the kernel's settings and the target process takes them before
 the run. A cell that changes one changes it in each process, as on one machine.
@@ -58,6 +60,7 @@ def current() -> dict[str, Any]:
             "allow_tf32": cudnn.allow_tf32,
         },
         "print_options": _print_options,
+        "safe_globals": _safe_globals,
     }
     settings: dict[str, Any] = {"float32_matmul_precision_chosen": _chosen[0]}
     for key, read in readers.items():
@@ -122,6 +125,38 @@ def _matmul_precision() -> str | None:
         return torch.get_float32_matmul_precision()
     except RuntimeError:
         return None
+
+
+def _safe_globals() -> list[Any]:
+    """The globals ``torch.load(weights_only=True)`` may rebuild here, as the notebook allowed them.
+
+    One that cannot be pickled (a function closing over a lock) stays behind, rather than every
+    cell failing to reach its target.
+    """
+    from neuron_workbench.run.library_state import can_travel
+
+    allowed = [entry for entry in torch.serialization.get_safe_globals() if can_travel(entry)]
+    return sorted(allowed, key=_global_name)  # torch keeps a set: in the order of their names
+
+
+def _global_name(entry: Any) -> str:
+    """The name a checkpoint gives a safe global (a ``(global, name)`` pair names it itself)."""
+    if isinstance(entry, tuple):
+        return str(entry[1])
+    return f"{getattr(entry, '__module__', '')}.{getattr(entry, '__qualname__', repr(entry))}"
+
+
+def _apply_safe_globals(allowed: list[Any]) -> None:
+    """Allow exactly ``allowed`` (another process's), with what this process allowed on its own.
+
+    The list is set anew each time, not added to: a class the notebook defined again arrives as a
+    new class of the same name, and the one a load rebuilds must be the cell's.
+    """
+    wanted = sorted(dict.fromkeys([*_own.get("safe_globals", []), *allowed]), key=_global_name)
+    if _safe_globals() == wanted:
+        return
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(wanted)
 
 
 def _print_options() -> dict[str, Any]:
@@ -212,6 +247,8 @@ def apply(settings: dict[str, Any] | None) -> None:
     dynamo = settings.get("dynamo_config")
     if dynamo is not None or _dynamo_applied:
         _apply_dynamo_config(dynamo or {})
+    if "safe_globals" in settings:
+        _apply_safe_globals(settings["safe_globals"])
     options = settings.get("print_options")
     if options and options != _print_options():
         with contextlib.suppress(TypeError):
