@@ -182,3 +182,37 @@ def test_a_checkpoint_of_globals_the_notebook_allowed_loads_on_the_target(shell)
     assert {"y", "restored.weight", "state['config'].width"} <= compared, compared
     run_cell(shell, "loaded_config = type(state['config']).__name__, state['config'].width")
     assert shell.user_ns["loaded_config"] == ("TrainConfig", 8)
+
+
+#: Activation statistics of every layer through a hook for every module, in a plain cell.
+GLOBAL_FORWARD_HOOK = """
+import torch
+import torch.nn as nn
+from torch.nn.modules.module import register_module_forward_hook
+
+torch.manual_seed(0)
+means = []
+
+def record(module, args, output):
+    if isinstance(module, nn.Linear):
+        means.append(output.detach().abs().mean().item())
+
+handle = register_module_forward_hook(record)
+net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+"""
+
+
+def test_a_hook_for_every_module_runs_on_the_target_too(shell):
+    # register_module_forward_hook(record) in a plain cell is process-wide: the target's worker
+    # ran the model without it, so the means the hook took with .item() were the reference's
+    # alone: FAIL, "scalars part at ...:11 #1: 0.66499 vs none".
+    run_cell(shell, GLOBAL_FORWARD_HOOK)
+    report = _passed(shell, 'net.cuda()\ny = net(torch.ones(3, 4, device="cuda"))')
+    (site,) = report.to_dict()["scalars"]["sites"]
+    assert site["ref_count"] == site["target_count"] == 2, site
+    assert len(shell.user_ns["means"]) == 2
+    # once the notebook removes it, neither run calls it
+    run_cell(shell, "handle.remove()")
+    report = _passed(shell, 'y = net(torch.ones(3, 4, device="cuda"))')
+    assert not (report.to_dict()["scalars"] or {}).get("sites")
+    assert len(shell.user_ns["means"]) == 2

@@ -110,3 +110,74 @@ def apply_registrations(registered: dict[tuple[str, str], dict[Any, Any]] | None
         extra = getattr(table, "_extra_content", None)
         if isinstance(extra, dict):
             extra.update(entries)
+
+
+#: torch.nn's tables of hooks every module calls, with the function that registers one there.
+_MODULE_HOOKS = (
+    ("_global_forward_pre_hooks", "register_module_forward_pre_hook"),
+    ("_global_forward_hooks", "register_module_forward_hook"),
+    ("_global_backward_pre_hooks", "register_module_full_backward_pre_hook"),
+    ("_global_backward_hooks", "register_module_full_backward_hook"),
+)
+#: The handles :func:`apply_module_hooks` registered here, removed before it registers again.
+_applied_hooks: list[Any] = []
+
+
+def notebook_module_hooks() -> list[tuple[str, Any, dict[str, bool]]]:
+    """The hooks for every module this process's notebook registered, for :func:`apply_module_hooks`.
+
+    ``torch.nn.modules.module.register_module_forward_hook(record)`` in a plain cell (activation
+    statistics of every layer, a NaN check) is process-wide: a target in another process ran the
+    cell's modules without it, so what the hook recorded (a scalar it took with ``.item()``) was the
+    reference's alone and the cell FAILed.
+
+    Returns
+    -------
+    list of (str, callable, dict)
+        The registering function's name, the hook, and its keyword options (``with_kwargs``,
+        ``always_call``), in the order they were registered. The workbench's own hooks (``--layers``
+        records through them) and a hook that cannot be pickled are left out.
+    """
+    from torch.nn.modules import module
+
+    hooks = []
+    for table_name, register in _MODULE_HOOKS:
+        table = getattr(module, table_name, None)
+        if not isinstance(table, dict) or not table:
+            continue
+        if table_name == "_global_backward_hooks" and not module._global_is_full_backward_hook:
+            register = "register_module_backward_hook"
+        for key, hook in list(table.items()):
+            if _workbench_own(hook) or not can_travel(hook):
+                continue
+            options = {}
+            if table_name == "_global_forward_hooks":
+                options = {
+                    "with_kwargs": key in module._global_forward_hooks_with_kwargs,
+                    "always_call": key in module._global_forward_hooks_always_called,
+                }
+            hooks.append((register, hook, options))
+    return hooks
+
+
+def _workbench_own(hook: Any) -> bool:
+    return str(getattr(hook, "__module__", None) or "").startswith("neuron_workbench.")
+
+
+def apply_module_hooks(hooks: list[tuple[str, Any, dict[str, bool]]] | None) -> None:
+    """Register in this process the hooks :func:`notebook_module_hooks` read in the notebook's.
+
+    The ones the previous call registered are removed first: each run has the notebook's hooks as
+    they are when it starts.
+
+    Parameters
+    ----------
+    hooks : list or None
+        As :func:`notebook_module_hooks` returns it; None or empty registers none.
+    """
+    from torch.nn.modules import module
+
+    while _applied_hooks:
+        _applied_hooks.pop().remove()
+    for register, hook, options in hooks or []:
+        _applied_hooks.append(getattr(module, register)(hook, **options))

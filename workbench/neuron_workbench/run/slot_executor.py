@@ -20,7 +20,7 @@ from typing import Any
 from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.custom_ops import notebook_custom_ops
-from neuron_workbench.run.library_state import notebook_registrations
+from neuron_workbench.run.library_state import notebook_module_hooks, notebook_registrations
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -92,6 +92,8 @@ class SlotExecutor:
             # the notebook's classes it registered with transformers' Auto classes
             # (AutoModel.register), for from_pretrained of its checkpoints there
             "library_registrations": notebook_registrations(),
+            # the hooks it registered for every module (register_module_forward_hook)
+            "module_hooks": notebook_module_hooks(),
             "program": spec.program,
             "seed": spec.seed,
             "random_state": getattr(spec, "random_state", None),

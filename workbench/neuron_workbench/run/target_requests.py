@@ -377,7 +377,11 @@ def _run_request(
 ) -> Packed:
     from neuron_workbench.run import logging_setup, torch_settings
     from neuron_workbench.run.executor import RunSpec, capture_text, execute, what_if_policy
-    from neuron_workbench.run.library_state import apply_registrations, restore_library_state
+    from neuron_workbench.run.library_state import (
+        apply_module_hooks,
+        apply_registrations,
+        restore_library_state,
+    )
 
     _held.clear()  # the previous run's evidence goes before this run needs the memory
     if backend.memory_stats().current_bytes:
@@ -407,6 +411,7 @@ def _run_request(
     )
     restore_library_state(request["values"].values())
     apply_registrations(request.get("library_registrations"))
+    apply_module_hooks(request.get("module_hooks"))
     torch_settings.apply(request.get("torch_settings"))
     logging_setup.apply(request.get("logging"))
     resident = ResidentObjects()
