@@ -216,3 +216,34 @@ def test_a_hook_for_every_module_runs_on_the_target_too(shell):
     report = _passed(shell, 'y = net(torch.ones(3, 4, device="cuda"))')
     assert not (report.to_dict()["scalars"] or {}).get("sites")
     assert len(shell.user_ns["means"]) == 2
+
+
+#: A model whose attention is the notebook's own, registered with transformers' interface.
+CUSTOM_ATTENTION = """
+import torch
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+def scaled_attention(*args, **kwargs):
+    return sdpa_attention_forward(*args, **kwargs)
+
+AttentionInterface.register("notebook_sdpa", scaled_attention)
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, attn_implementation="notebook_sdpa",
+)
+llama = LlamaForCausalLM(config)
+"""
+
+
+def test_a_model_with_attention_the_notebook_registered_runs_on_the_target(shell):
+    # AttentionInterface.register("notebook_sdpa", fn) in a plain cell filled transformers' table
+    # in the kernel alone: the model's forward raised "KeyError: '`notebook_sdpa` is not a valid
+    # attention implementation registered in the `AttentionInterface`'" on neuron (ERROR).
+    pytest.importorskip("transformers")
+    run_cell(shell, CUSTOM_ATTENTION)
+    report = _passed(
+        shell, 'llama.cuda()\nlogits = llama(torch.arange(6, device="cuda")[None]).logits'
+    )
+    assert "logits" in {d.path for d in report.comparison.compared}

@@ -12,7 +12,8 @@ Tables a notebook fills by calls of its own are sent with each run instead
 ``AutoModel.register`` (``AutoTokenizer``'s, every Auto class's) in a plain cell, as Hugging Face's
 guide to custom models has it, registered the notebook's classes in the kernel alone, so
 ``AutoModel.from_pretrained`` of the notebook's own checkpoint raised "Transformers does not
-recognize this architecture" on the target.
+recognize this architecture" on the target; ``AttentionInterface.register("my_attention", fn)``
+left a model built with ``attn_implementation="my_attention"`` without its attention there.
 """
 
 from __future__ import annotations
@@ -45,29 +46,52 @@ def restore_library_state(values: Iterable[Any]) -> None:
 _AUTO_MODULES = "transformers.models.auto."
 
 
-def notebook_registrations() -> dict[tuple[str, str], dict[Any, Any]]:
-    """What this process registered with transformers' Auto classes, for :func:`apply_registrations`.
+def notebook_registrations() -> dict[tuple[str, str, str], dict[Any, Any]]:
+    """What this process registered with transformers, for :func:`apply_registrations`.
+
+    The Auto classes' tables (``AutoModel.register``), and the interfaces a model looks its kernels
+    up in (``AttentionInterface.register("my_attention", fn)`` for
+    ``attn_implementation="my_attention"``).
 
     Returns
     -------
     dict
-        ``(module, table name)`` to the entries registered in that table (a model type or a config
-        class to the class it names); empty when transformers' Auto classes were not loaded or
-        nothing was registered. Transformers' own entries are not in them: a table keeps what
-        ``register`` added apart (``_extra_content``). An entry that cannot be pickled (a class
-        holding a lock) is left out, rather than every cell failing to reach the worker.
+        ``(module, table name, attribute)`` to the entries registered in that table (a model type
+        or a config class to the class it names, a name to a function); empty when transformers
+        was not loaded or nothing was registered. Transformers' own entries are not in them: an
+        Auto table keeps what ``register`` added apart (``_extra_content``), and an interface's
+        own functions are transformers'. An entry that cannot be pickled (a class holding a lock)
+        is left out, rather than every cell failing to reach the worker.
     """
-    registered: dict[tuple[str, str], dict[Any, Any]] = {}
+    tables: list[tuple[tuple[str, str, str], dict[Any, Any]]] = []
     for module_name, module in list(sys.modules.items()):
         if module is None or not module_name.startswith(_AUTO_MODULES):
             continue
         for name, table in list(vars(module).items()):
             extra = getattr(table, "_extra_content", None)
-            if not extra or not isinstance(extra, dict) or isinstance(table, type):
-                continue
-            entries = {key: value for key, value in list(extra.items()) if can_travel((key, value))}
-            if entries:
-                registered[(module_name, name)] = entries
+            if extra and isinstance(extra, dict) and not isinstance(table, type):
+                tables.append(((module_name, name, "_extra_content"), extra))
+    generic = sys.modules.get("transformers.utils.generic")
+    interfaces = [getattr(generic, "GeneralInterface", None)]
+    while interfaces:
+        interface = interfaces.pop()
+        if not isinstance(interface, type):
+            continue
+        interfaces.extend(interface.__subclasses__())
+        mapping = vars(interface).get("_global_mapping")
+        if isinstance(mapping, dict):
+            own = {
+                key: value
+                for key, value in mapping.items()
+                if not str(getattr(value, "__module__", "")).startswith("transformers.")
+            }
+            where = (interface.__module__, interface.__qualname__, "_global_mapping")
+            tables.append((where, own))
+    registered = {}
+    for where, table in tables:
+        entries = {key: value for key, value in list(table.items()) if can_travel((key, value))}
+        if entries:
+            registered[where] = entries
     return registered
 
 
@@ -97,7 +121,7 @@ def can_travel(value: Any) -> bool:
     return known
 
 
-def apply_registrations(registered: dict[tuple[str, str], dict[Any, Any]] | None) -> None:
+def apply_registrations(registered: dict[tuple[str, str, str], dict[Any, Any]] | None) -> None:
     """Register in this process what :func:`notebook_registrations` read in the notebook's.
 
     Parameters
@@ -105,11 +129,11 @@ def apply_registrations(registered: dict[tuple[str, str], dict[Any, Any]] | None
     registered : dict or None
         As :func:`notebook_registrations` returns it; None or empty registers nothing.
     """
-    for (module_name, name), entries in (registered or {}).items():
-        table = getattr(importlib.import_module(module_name), name, None)
-        extra = getattr(table, "_extra_content", None)
-        if isinstance(extra, dict):
-            extra.update(entries)
+    for (module_name, name, attribute), entries in (registered or {}).items():
+        owner = getattr(importlib.import_module(module_name), name, None)
+        table = getattr(owner, attribute, None)
+        if isinstance(table, dict):
+            table.update(entries)
 
 
 #: torch.nn's tables of hooks every module calls, with the function that registers one there.
