@@ -39,7 +39,8 @@ def test_device_path_matches_pytorch_in_float32(kind, bidirectional):
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-def test_packed_sequences_and_projections_keep_pytorchs_path():
+def test_projections_keep_pytorchs_path():
+    # padded and packed forms alike: an LSTM with proj_size has a weight more per layer
     lstm = torch.nn.LSTM(4, 3, proj_size=2)
     params = list(lstm._flat_weights)
     args = (
@@ -66,6 +67,37 @@ def test_packed_sequences_and_projections_keep_pytorchs_path():
         False,
     )
     assert device_path(torch.lstm, packed_args) is None
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_packed_device_path_matches_pytorch_in_float32(kind, bidirectional):
+    # sequences of several lengths: forward, one that ended keeps its state; backward, each starts
+    # from its own initial state
+    torch.manual_seed(0)
+    cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+    rnn = cls(5, 6, num_layers=2, bidirectional=bidirectional)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.randn(7, 4, 5), torch.tensor([7, 5, 5, 2])
+    )
+    initial = torch.randn(2 * (2 if bidirectional else 1), 4, 6)
+    hx = (initial, torch.randn_like(initial)) if kind == "lstm" else initial
+    args = (
+        packed.data,
+        packed.batch_sizes,
+        hx,
+        rnn._flat_weights,
+        True,
+        2,
+        0.0,
+        False,
+        bidirectional,
+    )
+    func = torch.lstm if kind == "lstm" else torch.gru
+    run = device_path(func, args)
+    assert run is not None
+    for got, expected in zip(run(), func(*args), strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_fused_cell_rounds_bfloat16_once():

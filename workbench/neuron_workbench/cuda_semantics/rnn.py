@@ -6,7 +6,8 @@ rounds its outputs once to the input's precision. On the CPU they pre-compute in
 use unfused cells, and under autocast oneDNN's kernel, which CUDA's autocast lists do not cast.
 
 The emulated devices register the fused cells from here, and the host standing in for ``cuda``
-runs whole layers through :func:`lstm_device_path`/:func:`gru_device_path` under autocast, so both
+runs whole layers through :func:`lstm_device_path`/:func:`gru_device_path` (and their
+``packed_`` forms for a ``pack_padded_sequence`` input) under autocast, so both
 sides of a comparison compute recurrent layers alike. (CUDA itself runs cuDNN's RNN kernel when
 cuDNN is enabled; no CPU reproduces its internal summation order.)
 """
@@ -84,6 +85,23 @@ def _autocast_cast(*tensors: Any) -> tuple[Any, ...]:
     if not torch.is_autocast_enabled("cpu"):
         return tensors
     return cast_float32(tensors, torch.get_autocast_dtype("cpu"))
+
+
+def _packed_device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
+    """:func:`device_path` for the packed forms.
+
+    Their arguments: (data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+    bidirectional).
+    """
+    params, has_biases, num_layers, bidirectional = args[3], args[4], args[5], args[8]
+    per = 4 if has_biases else 2
+    if len(params) != per * num_layers * (2 if bidirectional else 1):
+        return None  # projections (proj_size) add a weight per layer
+    if func is torch.lstm and isinstance(args[2], list | tuple) and len(args[2]) == 2:
+        return lambda: packed_lstm_device_path(*args)
+    if func is torch.gru and isinstance(args[2], torch.Tensor):
+        return lambda: packed_gru_device_path(*args)
+    return None
 
 
 def _layers(
@@ -187,11 +205,13 @@ def gru_device_path(
 def device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     """A call of the device path for ``torch.lstm``/``torch.gru`` with these arguments, if it has one.
 
-    Only the padded-input forms without LSTM projections qualify (the packed-sequence overloads and
-    ``proj_size`` keep PyTorch's own path).
+    The padded-input and packed-sequence forms without LSTM projections qualify (``proj_size``
+    keeps PyTorch's own path).
     """
     # input forms: (input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
     # batch_first); the packed forms put batch_sizes second and parameters fourth.
+    if len(args) == 9 and isinstance(args[1], torch.Tensor) and isinstance(args[3], list | tuple):
+        return _packed_device_path(func, args)
     if len(args) != 9 or not isinstance(args[2], list | tuple):
         return None
     params, has_biases, num_layers, bidirectional = args[2], args[3], args[4], args[7]
@@ -203,3 +223,129 @@ def device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
     if func is torch.gru and isinstance(args[1], torch.Tensor):
         return lambda: gru_device_path(*args)
     return None
+
+
+def _packed_layers(
+    data: torch.Tensor,
+    batch_sizes: torch.Tensor,
+    hidden: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    step: Callable[..., tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """ATen's ``PackedLayer``/``ReversedPackedLayer`` loops on a GPU-like device.
+
+    ``data`` holds the time steps one after the other, ``batch_sizes[t]`` rows each (decreasing):
+    forward, a sequence that ended leaves its state behind; backward, each starts from its own
+    initial state when it begins.
+    """
+    sizes = [int(b) for b in batch_sizes]
+    offsets = [sum(sizes[:t]) for t in range(len(sizes))]
+    directions = 2 if bidirectional else 1
+    per = 4 if has_biases else 2
+    finals: list[list[torch.Tensor]] = [[] for _ in hidden]
+    layer_input = data
+    for layer in range(num_layers):
+        outputs = []
+        for direction in range(directions):
+            index = layer * directions + direction
+            w_ih, w_hh, *biases = params[index * per : (index + 1) * per]
+            b_ih, b_hh = biases if has_biases else (None, None)
+            initial = [h[index] for h in hidden]
+            weights = (w_ih, w_hh, b_ih, b_hh)
+            out: list[torch.Tensor] = []
+            if direction == 0:
+                state, ended, last = list(initial), [], sizes[0]
+                for t, size in enumerate(sizes):
+                    if size < last:  # sequences that ended keep their state
+                        ended.append([s[size:last] for s in state])
+                        state = [s[:size] for s in state]
+                    last = size
+                    x = layer_input.narrow(0, offsets[t], size)
+                    state = _packed_step(x, state, weights, step)
+                    out.append(state[0])
+                ended.append(state)
+                final = [torch.cat(parts[::-1], 0) for parts in zip(*ended)]
+                outputs.append(torch.cat(out, 0))
+            else:
+                last = sizes[-1]
+                state = [s[:last] for s in initial]
+                for t in reversed(range(len(sizes))):
+                    size = sizes[t]
+                    if size > last:  # sequences that begin here start from their own state
+                        state = [torch.cat([s, h[last:size]], 0) for s, h in zip(state, initial)]
+                    last = size
+                    x = layer_input.narrow(0, offsets[t], size)
+                    state = _packed_step(x, state, weights, step)
+                    out.append(state[0])
+                final = state
+                outputs.append(torch.cat(out[::-1], 0))
+            for slot, value in zip(finals, final):
+                slot.append(value)
+        layer_input = outputs[0] if directions == 1 else torch.cat(outputs, -1)
+        if dropout and train and layer < num_layers - 1:
+            layer_input = torch.nn.functional.dropout(layer_input, dropout, training=True)
+    return layer_input, finals
+
+
+def _packed_step(
+    x: torch.Tensor,
+    state: list[torch.Tensor],
+    weights: tuple[Any, Any, Any, Any],
+    step: Callable[..., tuple[torch.Tensor, ...]],
+) -> list[torch.Tensor]:
+    """One cell update of a packed layer: the two matmuls, then ``step`` (the fused cell)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    igates = torch.matmul(x, w_ih.t())
+    hgates = torch.matmul(state[0], w_hh.t())
+    return list(step(igates, hgates, state, b_ih, b_hh))
+
+
+def packed_lstm_device_path(
+    data: torch.Tensor,
+    batch_sizes: torch.Tensor,
+    hx: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.lstm`` of a packed sequence (no projections) as ATen runs it on a GPU-like device."""
+
+    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+        hy, cy, _ = fused_lstm_cell(*_autocast_cast(igates, hgates, state[1], b_ih, b_hh))
+        return hy, cy
+
+    output, (hs, cs) = _packed_layers(
+        data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional, step
+    )
+    return output, torch.stack(hs), torch.stack(cs)
+
+
+def packed_gru_device_path(
+    data: torch.Tensor,
+    batch_sizes: torch.Tensor,
+    hx: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.gru`` of a packed sequence as ATen runs it on a GPU-like device."""
+
+    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+        hy, _ = fused_gru_cell(*_autocast_cast(igates, hgates, state[0], b_ih, b_hh))
+        return (hy,)
+
+    output, (hs,) = _packed_layers(
+        data, batch_sizes, [hx], params, has_biases, num_layers, dropout, train, bidirectional, step
+    )
+    return output, torch.stack(hs)
