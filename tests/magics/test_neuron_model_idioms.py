@@ -286,3 +286,27 @@ def test_a_packed_lstm_under_autocast_computes_alike_on_both_sides(shell):
     assert len(outputs) > 20 and all(not o.get("max_abs") for o in outputs), outputs
     run_cell(shell, "shapes = padded.shape, h.shape, lstm.weight_hh_l1_reverse.grad.dtype")
     assert shell.user_ns["shapes"] == ((4, 7, 32), (4, 4, 16), torch.float32)
+
+
+def test_attention_kernels_a_plain_cell_switched_off_stay_off_on_the_target(shell):
+    # torch.backends.cuda.enable_flash_sdp(False) in a plain cell switched the kernel's flash
+    # attention off, not the worker's: the reference computed bfloat16 attention with the math
+    # kernel, the target with the CPU's flash kernel, and the gradients parted (FAIL, "qq.grad
+    # |Δ| 3.3e-02 > 6.3e-03"), where both sides run the kernel the notebook left on.
+    run_cell(
+        shell,
+        "import torch\nimport torch.nn.functional as F\n"
+        "torch.manual_seed(0)\nq, k, v = torch.randn(3, 2, 4, 64, 32).unbind(0)",
+    )
+    run_cell(shell, "torch.backends.cuda.enable_flash_sdp(False)")
+    try:
+        report = _passed(
+            shell,
+            "qq = q.cuda().bfloat16().requires_grad_()\n"
+            "a = F.scaled_dot_product_attention(qq, k.cuda().bfloat16(), v.cuda().bfloat16(),"
+            " is_causal=True)\n"
+            "a.float().pow(2).sum().backward()",
+        )
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+    assert all(not o.get("max_abs") for o in report.to_dict()["outputs"])

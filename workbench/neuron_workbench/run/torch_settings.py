@@ -3,13 +3,14 @@
 A cell runs in the kernel's torch as earlier cells left it: ``torch.set_default_dtype``,
 ``torch.set_grad_enabled(False)``, deterministic algorithms, anomaly detection, the float32 matmul
 precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
-``torch.backends.cuda.matmul.allow_tf32``), the print options and the ``torch._dynamo.config``
-values a cell changed (``capture_scalar_outputs = True``, ``recompile_limit``), and the globals
-``torch.serialization.add_safe_globals`` allowed for ``torch.load(..., weights_only=True)`` (a
-checkpoint holding a notebook's config dataclass). The reference runs
-in the kernel and sees them; a target in another process (a worker, a Ray actor) has its own
-torch, so each run request carries the kernel's settings and the target process takes them before
-the run. A cell that changes one changes it in each process, as on one machine.
+``torch.backends.cuda.matmul.allow_tf32``), the attention kernels ``scaled_dot_product_attention``
+may pick (``torch.backends.cuda.enable_flash_sdp(False)``), the print options, the
+``torch._dynamo.config`` values a cell changed (``capture_scalar_outputs = True``,
+``recompile_limit``), and the globals ``torch.serialization.add_safe_globals`` allowed for
+``torch.load(..., weights_only=True)`` (a checkpoint holding a notebook's config dataclass). The
+reference runs in the kernel and sees them; a target in another process (a worker, a Ray actor)
+has its own torch, so each run request carries the kernel's settings and the target process takes
+them before the run. A cell that changes one changes it in each process, as on one machine.
 
 A backend may define its own default for a setting: TorchTPU computes float32 matmuls in its
 DEFAULT mode (one bf16 pass) until the program asks for more, which torch reports as "medium"
@@ -34,7 +35,8 @@ import torch
 def current() -> dict[str, Any]:
     """The settings of this process, as :func:`apply` takes them (one torch cannot read: left out)."""
     cudnn = torch.backends.cudnn
-    matmul = torch.backends.cuda.matmul
+    cuda = torch.backends.cuda
+    matmul = cuda.matmul
     readers: dict[str, Callable[[], Any]] = {
         "default_dtype": torch.get_default_dtype,
         "grad_enabled": torch.is_grad_enabled,
@@ -60,6 +62,8 @@ def current() -> dict[str, Any]:
             "allow_tf32": cudnn.allow_tf32,
         },
         "print_options": _print_options,
+        # the attention kernels scaled_dot_product_attention may pick (enable_flash_sdp(False))
+        "sdp_kernels": lambda: {name: getattr(cuda, f"{name}_enabled")() for name in _SDP_KERNELS},
         "safe_globals": _safe_globals,
     }
     settings: dict[str, Any] = {"float32_matmul_precision_chosen": _chosen[0]}
@@ -74,6 +78,9 @@ def current() -> dict[str, Any]:
         settings["dynamo_config"] = dynamo
     return settings
 
+
+#: The attention kernels ``torch.backends.cuda`` switches (``enable_flash_sdp(False)``).
+_SDP_KERNELS = ("flash_sdp", "mem_efficient_sdp", "math_sdp", "cudnn_sdp")
 
 _NO_DEFAULT = object()
 #: Values a request's ``torch._dynamo.config`` settings may hold: they travel to another process.
@@ -247,6 +254,10 @@ def apply(settings: dict[str, Any] | None) -> None:
     dynamo = settings.get("dynamo_config")
     if dynamo is not None or _dynamo_applied:
         _apply_dynamo_config(dynamo or {})
+    for name, enabled in settings.get("sdp_kernels", {}).items():
+        with contextlib.suppress(AttributeError, RuntimeError, TypeError):
+            if getattr(torch.backends.cuda, f"{name}_enabled")() != enabled:
+                getattr(torch.backends.cuda, f"enable_{name}")(enabled)
     if "safe_globals" in settings:
         _apply_safe_globals(settings["safe_globals"])
     options = settings.get("print_options")
