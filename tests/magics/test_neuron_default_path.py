@@ -3672,8 +3672,8 @@ def test_a_complex_overflow_is_one_element_whose_placement_differs(ip):
     run_cell(
         ip,
         "%%neuron -o r\n"
-        'r = torch.tensor([1e200, 1.0, 3.0], dtype=torch.float64, device="cuda") * 2\n'
-        'z = torch.polar(r, torch.full((3,), 0.5, dtype=torch.float64, device="cuda"))',
+        'mag = torch.tensor([1e200, 1.0, 3.0], dtype=torch.float64, device="cuda") * 2\n'
+        'z = torch.polar(mag, torch.full((3,), 0.5, dtype=torch.float64, device="cuda"))',
     )
     report = _report(ip)
     assert report.verdict == "FAIL", report.summary()
