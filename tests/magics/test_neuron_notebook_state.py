@@ -114,11 +114,22 @@ def test_a_view_a_plain_cell_took_of_a_device_tensor_is_on_the_device(nb):
     # `head = x[:2]` after x went to cuda: the target moved x to its device and left `head` on the
     # host, so what the cell did through `head` missed x there (a FAIL, "cause not identified");
     # a part taken to the host (`row = x[1:3].cpu()`) is a CPU copy, as on a GPU.
-    _passed(nb, "x = torch.zeros(4).cuda()")
-    run_cell(nb, "head = x[:2]\nrow = x[1:3].cpu()")
+    _passed(nb, "x = torch.arange(4.0).cuda()")
+    # parts taken to the host as a user writes them, detached or not, before or after the move
+    run_cell(
+        nb,
+        "head = x[:2]\nrow = x[1:3].cpu()\nfirst = x[0].detach().cpu()\nlast = x.cpu()[3]",
+    )
     ns = nb.user_ns
-    assert ns["row"].data_ptr() != ns["x"][1:].data_ptr()
-    _passed(nb, "head.add_(1)\ntotal = x.sum()\nrow_sum = float(row.numpy().sum())")
-    assert ns["total"].item() == 2.0 and ns["row_sum"] == 0.0
-    assert torch.equal(ns["head"], torch.ones(2))
+    assert ns["row"].tolist() == [1.0, 2.0] and ns["first"].item() == 0.0
+    assert ns["last"].item() == 3.0
+    for name in ("row", "first", "last"):  # copies, as on a GPU
+        assert ns[name].untyped_storage().data_ptr() != ns["x"].untyped_storage().data_ptr()
+    _passed(
+        nb,
+        "head.add_(1)\ntotal = x.sum()\n"
+        "host = float(row.numpy().sum() + first.numpy() + last.numpy())",
+    )
+    assert ns["total"].item() == 8.0 and ns["host"] == 6.0
+    assert torch.equal(ns["head"], torch.tensor([1.0, 2.0]))
     assert ns["head"].data_ptr() == ns["x"].data_ptr()

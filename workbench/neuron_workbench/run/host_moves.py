@@ -138,10 +138,12 @@ def _forget_moves_to_host(
             # a copy on a GPU: each name a move bound gets one, the tensor stays where it is
             for bound in finder.bound.get(receiver, ()):
                 held = namespace.get(bound)
-                # (`row = x[0].cpu()` bound a view of it here)
-                if held is value or (isinstance(held, torch.Tensor) and held._base is value):
-                    # what .cpu() gives on a GPU: a copy (no device mark), linked by autograd
-                    namespace[bound] = value.clone()
+                # (`row = x[0].cpu()`, `c = x[0].detach().cpu()`, `a = x.cpu()[0]` bound a view of
+                # its memory here, with or without a _base)
+                if held is value or (isinstance(held, torch.Tensor) and _same_memory(held, value)):
+                    # what .cpu() gives on a GPU: a copy of what the name holds (no device mark),
+                    # linked by autograd
+                    namespace[bound] = held.clone()
                     moved.append(bound)
             continue
         if where != "cpu":
@@ -151,6 +153,14 @@ def _forget_moves_to_host(
         _forget(value, resident)
         moved.append(receiver)
     return moved
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view one storage (False for tensors without one)."""
+    try:
+        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a sparse or a wrapper subclass tensor
+        return False
 
 
 def _remember_moves_to_device(
@@ -319,6 +329,11 @@ class _Moves(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             self._bound[id(node.value)] = node.targets[0].id
+            # `a = x.cpu()[0]`: the move binds the name too, through the part taken of its result
+            value = node.value
+            while isinstance(value, ast.Subscript):
+                value = value.value
+            self._bound.setdefault(id(value), node.targets[0].id)
         self.generic_visit(node)  # first: binding a name forgets where its old value was
         for target in node.targets:
             self._bind(target, node.value, id(node))
