@@ -46,6 +46,12 @@ def test_float64_batch_norm_updates_its_running_statistics():
     torch.testing.assert_close(bn.running_mean.cpu(), expected.running_mean, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(bn.running_var.cpu(), expected.running_var, rtol=1e-6, atol=1e-7)
     assert int(bn.num_batches_tracked) == 1
+    # in eval the statistics are read, not written: they keep every float64 bit
+    stats = torch.tensor([1 + 2**-40, 3.0], dtype=torch.float64)
+    frozen = torch.nn.BatchNorm1d(2).double().to("neuron").eval()
+    frozen.running_mean.copy_(stats.to("neuron"))
+    frozen(torch.randn(4, 2, dtype=torch.float64).to("neuron"))
+    assert torch.equal(frozen.running_mean.cpu(), stats)
 
 
 def test_int64_arithmetic_wraps_like_int32():

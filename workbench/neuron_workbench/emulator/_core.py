@@ -38,7 +38,6 @@ from neuron_workbench.emulator._policy import (
     RESTRIDE,
     RULE_OPS,
     SHARES,
-    UNMARKED_WRITES,
     dtype_gaps,
     library_op_kind,
     matmul_operands,
@@ -48,6 +47,7 @@ from neuron_workbench.emulator._policy import (
     overload_name,
     run_widened,
     sparse_layout_of,
+    unmarked_writes,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +474,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     wrapped = False
     if NARROW_64BIT and (fp64_ok or int_arith):
         post, wrapped = narrow_inputs(
-            cargs, ckw, fp64_ok, int_arith, ret_alias, UNMARKED_WRITES.get(overload, ())
+            cargs, ckw, fp64_ok, int_arith, ret_alias, unmarked_writes(overload, cargs)
         )
 
     t0 = _perf()

@@ -252,10 +252,20 @@ def _beyond_int32(t: torch.Tensor) -> bool:
     return int(lo) < _I32_MIN or int(hi) > _I32_MAX
 
 
-#: Ops whose CPU kernels write arguments their schemas do not mark as written: those arguments are
-#: narrowed in place, as a marked one is (a copy would lose the write). ``native_batch_norm``
-#: updates ``running_mean`` and ``running_var`` in training. The native core has the same table.
-UNMARKED_WRITES: dict[str, tuple[int, ...]] = {"aten::native_batch_norm": (3, 4)}
+#: Ops whose CPU kernels write arguments their schemas do not mark as written, when a bool argument
+#: is true: ``{op: (positions written, position of the bool)}``. Those arguments are narrowed in
+#: place, as a marked one is (a copy would lose the write). ``native_batch_norm`` updates
+#: ``running_mean`` and ``running_var`` in training only. The native core's plan has the same entry.
+UNMARKED_WRITES: dict[str, tuple[tuple[int, ...], int]] = {"aten::native_batch_norm": ((3, 4), 5)}
+
+
+def unmarked_writes(overload: str, cargs: list) -> tuple[int, ...]:
+    """Positions of the arguments ``overload`` writes though its schema does not say so, this call."""
+    entry = UNMARKED_WRITES.get(overload)
+    if entry is None:
+        return ()
+    written, flag = entry
+    return written if len(cargs) > flag and cargs[flag] is True else ()
 
 
 def narrow_inputs(

@@ -274,6 +274,11 @@ struct Plan {
   int layout_arg = -1;
   std::vector<bool> kwarg_only;
   std::vector<bool> mutated;
+  // Arguments the CPU kernel writes though the schema does not mark them, when the bool argument
+  // at `written_if` is true (_policy.UNMARKED_WRITES: native_batch_norm's running statistics, in
+  // training); -1: none.
+  std::vector<bool> written;
+  int written_if = -1;
   bool writes_lists = false;  // a Tensor(a!)[] argument: a foreach or fused in-place op
 };
 
@@ -427,10 +432,11 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
     if (a.name() == "pin_memory") plan->pin_arg = static_cast<int>(i);
     if (a.name() == "layout") plan->layout_arg = static_cast<int>(i);
   }
-  // Arguments the CPU kernel writes though the schema does not mark them (_policy.UNMARKED_WRITES):
-  // native_batch_norm's running_mean and running_var, updated in training.
-  if (plan->overload == "aten::native_batch_norm" && plan->mutated.size() > 4)
-    plan->mutated[3] = plan->mutated[4] = true;
+  if (plan->overload == "aten::native_batch_norm" && arguments.size() > 5) {
+    plan->written.assign(arguments.size(), false);
+    plan->written[3] = plan->written[4] = true;  // running_mean, running_var
+    plan->written_if = 5;                        // training
+  }
   // The fused optimizer steps' and GradScaler's kernels bump no version on CPU or CUDA either
   // (dispatch_calls.UNVERSIONED_WRITERS): a graph that saved a weight before a fused step must
   // not fail its backward pass here alone.
@@ -573,6 +579,8 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
     float_input = t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
                   (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()));
   }
+  const bool writes_unmarked = plan.written_if >= 0 && stack[base + plan.written_if].isBool() &&
+                               stack[base + plan.written_if].toBool();
   for (size_t i = 0; i < plan.kwarg_only.size(); ++i) {
     if (plan.kwarg_only[i]) continue;
     IValue& v = stack[base + i];
@@ -607,7 +615,7 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
         if (!beyond_int32(t)) continue;
         int64.wrapped = true;
       }
-      if (plan.mutated[i]) {
+      if (plan.mutated[i] || (writes_unmarked && plan.written[i])) {
         at::Tensor target = t;
         target.copy_(t.to(narrow));
       } else {
