@@ -207,12 +207,14 @@ def test_a_hook_for_every_module_runs_on_the_target_too(shell):
     # ran the model without it, so the means the hook took with .item() were the reference's
     # alone: FAIL, "scalars part at ...:11 #1: 0.66499 vs none".
     run_cell(shell, GLOBAL_FORWARD_HOOK)
-    report = _passed(shell, 'net.cuda()\ny = net(torch.ones(3, 4, device="cuda"))')
-    (site,) = report.to_dict()["scalars"]["sites"]
-    assert site["ref_count"] == site["target_count"] == 2, site
-    assert len(shell.user_ns["means"]) == 2
-    # once the notebook removes it, neither run calls it
-    run_cell(shell, "handle.remove()")
+    try:
+        report = _passed(shell, 'net.cuda()\ny = net(torch.ones(3, 4, device="cuda"))')
+        (site,) = report.to_dict()["scalars"]["sites"]
+        assert site["ref_count"] == site["target_count"] == 2, site
+        assert len(shell.user_ns["means"]) == 2
+    finally:  # process-wide: a failure above must not leave it to every later test
+        # once the notebook removes it, neither run calls it
+        run_cell(shell, "handle.remove()")
     report = _passed(shell, 'y = net(torch.ones(3, 4, device="cuda"))')
     assert not (report.to_dict()["scalars"] or {}).get("sites")
     assert len(shell.user_ns["means"]) == 2

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -89,20 +90,39 @@ def notebook_registrations() -> dict[tuple[str, str, str], dict[Any, Any]]:
             tables.append((where, own))
     registered = {}
     for where, table in tables:
-        entries = {key: value for key, value in list(table.items()) if can_travel((key, value))}
+        entries = {
+            key: value
+            for key, value in list(table.items())
+            if not _remote_code(key)
+            and not _remote_code(value)
+            and (isinstance(key, str) or can_travel(key))
+            and can_travel(value)
+        }
         if entries:
             registered[where] = entries
     return registered
 
 
-#: Whether each value :func:`can_travel` tried could be pickled: tried once per value.
-_TRAVELS: dict[Any, bool] = {}
+def _remote_code(value: Any) -> bool:
+    """Whether ``value`` is a class of a checkpoint's own code (``trust_remote_code=True``).
+
+    ``from_pretrained`` registers those itself, from modules (``transformers_modules.<hash>``) that
+    only a process that loaded the checkpoint can import: sent with every request, one would stop
+    every later cell from loading in the worker.
+    """
+    return str(getattr(value, "__module__", "")).startswith("transformers_modules")
+
+
+#: Whether each class or function :func:`can_travel` tried could be pickled, while it lives: tried
+#: once each, without keeping a hook the notebook removed (and what it holds) alive.
+_TRAVELS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def can_travel(value: Any) -> bool:
-    """Whether ``value`` (a class, a function, a tuple of them) can be pickled to another process.
+    """Whether ``value`` (a class, a function) can be pickled to another process.
 
-    Tried once per value that can be a dict key (classes and functions are), each time otherwise.
+    Tried once per value that can be weakly referenced (classes and functions can), each time
+    otherwise.
     """
     try:
         known = _TRAVELS.get(value)
