@@ -334,9 +334,13 @@ def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def _finite(value: torch.Tensor) -> torch.Tensor:
-    """Which elements of ``value`` are finite, read in float64 (or complex128)."""
+    """Which elements of ``value`` are finite (float8 and complex32 read widened: no kernel)."""
     value = value.detach().cpu()
-    return torch.isfinite(value.to(torch.complex128 if value.is_complex() else torch.float64))
+    if value.dtype.itemsize == 1 and value.is_floating_point():
+        value = value.to(torch.float32)  # exactly: float8 has no isfinite kernel
+    elif value.dtype == torch.complex32:
+        value = value.to(torch.complex64)
+    return torch.isfinite(value)
 
 
 def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

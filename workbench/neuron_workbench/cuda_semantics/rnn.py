@@ -14,6 +14,7 @@ cuDNN is enabled; no CPU reproduces its internal summation order.)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -244,7 +245,7 @@ def _packed_layers(
     initial state when it begins.
     """
     sizes = [int(b) for b in batch_sizes]
-    offsets = [sum(sizes[:t]) for t in range(len(sizes))]
+    offsets = [0, *itertools.accumulate(sizes)][:-1]  # where each step's rows start
     directions = 2 if bidirectional else 1
     per = 4 if has_biases else 2
     finals: list[list[torch.Tensor]] = [[] for _ in hidden]

@@ -73,7 +73,7 @@ def _head(value: torch.Tensor, shape: tuple[int, ...], zeros_only: bool) -> tupl
         if head.is_complex():
             # its real and imaginary parts: casting it to float64 dropped the imaginary part, with
             # torch's "Casting complex values to real" warning in the cell's output
-            head = torch.view_as_real(head).reshape(-1)
+            head = torch.view_as_real(head.resolve_conj()).reshape(-1)  # (a conj view has none)
         head = head.to(torch.float64)
     return (shape, *head.tolist())
 
