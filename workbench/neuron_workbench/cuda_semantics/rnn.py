@@ -148,6 +148,18 @@ def _layers(
     return output, finals
 
 
+def _lstm_step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+    """One LSTM cell update from its gates, as the fused CUDA kernel makes it."""
+    hy, cy, _ = fused_lstm_cell(*_autocast_cast(igates, hgates, state[1], b_ih, b_hh))
+    return hy, cy
+
+
+def _gru_step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
+    """One GRU cell update from its gates, as the fused CUDA kernel makes it."""
+    hy, _ = fused_gru_cell(*_autocast_cast(igates, hgates, state[0], b_ih, b_hh))
+    return (hy,)
+
+
 def lstm_device_path(
     input: torch.Tensor,
     hx: Sequence[torch.Tensor],
@@ -160,13 +172,17 @@ def lstm_device_path(
     batch_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.lstm`` (padded input, no projections) as ATen runs it on a GPU-like device."""
-
-    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
-        hy, cy, _ = fused_lstm_cell(*_autocast_cast(igates, hgates, state[1], b_ih, b_hh))
-        return hy, cy
-
     output, (hs, cs) = _layers(
-        input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, step
+        input,
+        hx,
+        params,
+        has_biases,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        batch_first,
+        _lstm_step,
     )
     return output, torch.stack(hs), torch.stack(cs)
 
@@ -183,11 +199,6 @@ def gru_device_path(
     batch_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.gru`` (padded input) as ATen runs it on a GPU-like device."""
-
-    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
-        hy, _ = fused_gru_cell(*_autocast_cast(igates, hgates, state[0], b_ih, b_hh))
-        return (hy,)
-
     output, (hs,) = _layers(
         input,
         [hx],
@@ -198,7 +209,7 @@ def gru_device_path(
         train,
         bidirectional,
         batch_first,
-        step,
+        _gru_step,
     )
     return output, torch.stack(hs)
 
@@ -318,13 +329,17 @@ def packed_lstm_device_path(
     bidirectional: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.lstm`` of a packed sequence (no projections) as ATen runs it on a GPU-like device."""
-
-    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
-        hy, cy, _ = fused_lstm_cell(*_autocast_cast(igates, hgates, state[1], b_ih, b_hh))
-        return hy, cy
-
     output, (hs, cs) = _packed_layers(
-        data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional, step
+        data,
+        batch_sizes,
+        hx,
+        params,
+        has_biases,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        _lstm_step,
     )
     return output, torch.stack(hs), torch.stack(cs)
 
@@ -341,12 +356,16 @@ def packed_gru_device_path(
     bidirectional: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.gru`` of a packed sequence as ATen runs it on a GPU-like device."""
-
-    def step(igates: Any, hgates: Any, state: list, b_ih: Any, b_hh: Any) -> tuple:
-        hy, _ = fused_gru_cell(*_autocast_cast(igates, hgates, state[0], b_ih, b_hh))
-        return (hy,)
-
     output, (hs,) = _packed_layers(
-        data, batch_sizes, [hx], params, has_biases, num_layers, dropout, train, bidirectional, step
+        data,
+        batch_sizes,
+        [hx],
+        params,
+        has_biases,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        _gru_step,
     )
     return output, torch.stack(hs)
