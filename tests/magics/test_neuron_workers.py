@@ -166,6 +166,30 @@ def test_a_refused_cell_leaves_the_random_state_as_it_was(ip):
     assert torch.equal(ip.user_ns["after"], ip.user_ns["expected"])
 
 
+def test_a_seeded_cell_that_commits_nothing_leaves_the_random_state_as_it_was(ip):
+    # --seed seeds each run, and the reference runs in the kernel: a cell refused after it had run
+    # (--profile), or one the target raised in, left the notebook's generator seeded and drawn
+    run_cell(ip, "import torch\nnumbers = (i for i in range(3))")
+    cells = [
+        ("--profile --seed 5", "a = torch.randn(2, device='cuda')\nb = next(numbers)"),
+        (
+            "--seed 5 -o r",
+            "a = torch.randn(2, device='cuda')\n"
+            "if a.device.type != 'cpu':\n    raise ValueError('target only')",
+        ),
+    ]
+    for flags, cell in cells:
+        run_cell(ip, "torch.manual_seed(3)")
+        if "--profile" in flags:
+            with pytest.raises(UsageError):
+                run_cell(ip, f"%%neuron {flags}\n{cell}")
+        else:
+            run_cell(ip, f"%%neuron {flags}\n{cell}")
+            assert ip.user_ns["r"].verdict == "ERROR", ip.user_ns["r"].summary()
+        run_cell(ip, "after = torch.randn(2)\ntorch.manual_seed(3)\nexpected = torch.randn(2)")
+        assert torch.equal(ip.user_ns["after"], ip.user_ns["expected"]), flags
+
+
 def test_a_magic_line_in_the_cell_says_the_worker_has_no_ipython(ip):
     # `%time out = f(x)` is get_ipython().run_line_magic(...): "'get_ipython' (a method) cannot be
     # sent ... (cannot pickle '_thread.lock' object)" did not say what to do about it

@@ -360,9 +360,13 @@ def _idle_target_noted(report: Report) -> Report:
 
 
 def _random_state_as_it_was(spec: RunSpec) -> None:
-    """The notebook's random state as before the cell (none of its runs is committed)."""
-    if spec.seed is None:
-        restore_random_state(spec.random_state)
+    """The notebook's random state as before the cell (none of its runs is committed).
+
+    Seeded runs too: ``--seed`` seeds each run, and the reference runs in this process, so a cell
+    refused after it had run (``--profile``), or one a target raised in, left the notebook's
+    generators seeded and drawn from.
+    """
+    restore_random_state(spec.random_state)
 
 
 def _default_device_set(kept: Run, other: Run) -> tuple[bool, str | None]:

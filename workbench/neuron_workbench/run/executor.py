@@ -364,11 +364,10 @@ class RunSpec:
         self.namespace = namespace
         #: Every run is seeded with it; None: every run starts from :attr:`random_state`.
         self.seed = seed
-        #: With no seed, the random state every run starts from (the notebook's, by default as it
-        #: is when the spec is made: before any run of the cell).
-        self.random_state = (
-            random_state if random_state is not None or seed is not None else current_random_state()
-        )
+        #: The notebook's random state as it is when the spec is made (before any run of the
+        #: cell), unless given: every run starts from it where there is no seed, and a cell that
+        #: commits nothing leaves it so, seeded or not.
+        self.random_state = random_state if random_state is not None else current_random_state()
         self.hidden = hidden
         self.resident = resident if resident is not None else ResidentObjects()
         self.capture = capture
