@@ -22,7 +22,6 @@ What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -33,7 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from neuron_workbench.backends.base import MemoryStats
 from neuron_workbench.dispatch_calls import call_op
-from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.run.patching import loaded_modules_under, patched_attributes
 from neuron_workbench.run.records import RunFacts
 
 #: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
@@ -358,19 +357,6 @@ class CudaOnHost:
         return notes
 
 
-#: ``torch.optim.*`` modules, found again when ``sys.modules`` has grown or shrunk since (a walk of
-#: every module a notebook imported, twice a run, is not needed for the few new ones).
-_OPTIMIZER_MODULES: list[Any] = [-1, ()]
-
-
-def _optimizer_modules() -> tuple[Any, ...]:
-    count = len(sys.modules)
-    if _OPTIMIZER_MODULES[0] != count:
-        found = tuple(m for n, m in list(sys.modules.items()) if n.startswith("torch.optim."))
-        _OPTIMIZER_MODULES[:] = [count, found]
-    return _OPTIMIZER_MODULES[1]
-
-
 @contextlib.contextmanager
 def _capturable_on_the_host() -> Iterator[None]:
     """Optimizers built with ``capturable=True`` step CPU tensors, as they step CUDA tensors.
@@ -390,7 +376,7 @@ def _capturable_on_the_host() -> Iterator[None]:
     # the optimizer modules import it by name: each module's own name is replaced
     modules = [
         module
-        for module in _optimizer_modules()
+        for module in loaded_modules_under("torch.optim.")
         if getattr(module, "_get_capturable_supported_devices", None) is original
     ]
     for module in modules:

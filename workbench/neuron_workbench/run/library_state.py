@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.run.patching import loaded_modules_under
+
 
 def restore_library_state(values: Iterable[Any]) -> None:
     """Record in this process what libraries would have recorded when ``values`` were built."""
@@ -65,13 +67,11 @@ def notebook_registrations() -> dict[tuple[str, str, str], dict[Any, Any]]:
         is left out, rather than every cell failing to reach the worker.
     """
     tables: list[tuple[tuple[str, str, str], dict[Any, Any]]] = []
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not module_name.startswith(_AUTO_MODULES):
-            continue
+    for module in loaded_modules_under(_AUTO_MODULES):
         for name, table in list(vars(module).items()):
             extra = getattr(table, "_extra_content", None)
             if extra and isinstance(extra, dict) and not isinstance(table, type):
-                tables.append(((module_name, name, "_extra_content"), extra))
+                tables.append(((module.__name__, name, "_extra_content"), extra))
     generic = sys.modules.get("transformers.utils.generic")
     interfaces = [getattr(generic, "GeneralInterface", None)]
     while interfaces:

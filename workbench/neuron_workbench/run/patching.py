@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["patched_attributes"]
+__all__ = ["loaded_modules_under", "patched_attributes"]
+
+#: Per package prefix: how many modules were loaded when it was last looked for, and its modules.
+_UNDER: dict[str, tuple[int, tuple[types.ModuleType, ...]]] = {}
+
+
+def loaded_modules_under(prefix: str) -> tuple[types.ModuleType, ...]:
+    """The loaded modules whose names start with ``prefix`` (``"torch.optim."``).
+
+    Looked for again only when ``sys.modules`` has grown or shrunk since the last look: a notebook
+    with transformers has thousands of modules, and the run-by-run callers want a few of them.
+    """
+    count = len(sys.modules)
+    seen = _UNDER.get(prefix)
+    if seen is None or seen[0] != count:
+        found = tuple(
+            module
+            for name, module in list(sys.modules.items())
+            if name.startswith(prefix) and isinstance(module, types.ModuleType)
+        )
+        seen = _UNDER[prefix] = (count, found)
+    return seen[1]
 
 
 @contextlib.contextmanager
