@@ -33,6 +33,7 @@ from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
 from neuron_workbench.run.grad_scalers import scales_made_again
 from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
+    INPUT_HISTORY,
     ResidentObjects,
     class_attributes_kept,
     devices_on_the_device,
@@ -425,10 +426,8 @@ class RunSpec:
         return self.kept_run is not None and run_id != self.kept_run
 
 
-#: IPython's input history (``_i``, ``_ii``, ``_iii``, ``_i7``), which a target process is sent
-#: only where the cell names it: no cell binds these as its own, where a user's ``_init`` or
-#: ``_idx`` is the cell's like any other name.
-_INPUT_HISTORY = re.compile(r"_i{1,3}|_i\d+")
+#: IPython's input history, which a target process is sent only where the cell names it.
+_INPUT_HISTORY = re.compile(INPUT_HISTORY)
 
 
 def _is_output_name(name: str, hidden: frozenset[str]) -> bool:

@@ -1429,11 +1429,14 @@ SHARING_WALK_LIMIT = 10_000
 _SHARING_DEPTH = 4
 
 
+#: IPython's input history (``_i``, ``_ii``, ``_iii``, ``_i7``): no cell binds these as its own,
+#: where a user's ``_init`` or ``_idx`` is the cell's like any other name.
+INPUT_HISTORY = r"_i{1,3}|_i\d+"
 #: IPython's output and input history (``_``, ``__``, ``___``, ``_7``, ``_i7``, ``_oh``), also where
 #: ``hidden`` does not list them, and the ``__`` names of Python and torch.compile (``__name__``,
 #: ``__builtins_dict___0``). A user's own ``_model = model`` or ``_w = model.weight`` shares state
 #: like any other name.
-_IPYTHON_HISTORY = re.compile(r"_|_\d+|_i{1,3}|_i\d+|_[oid]h|__.*")
+_IPYTHON_HISTORY = re.compile(rf"_|_\d+|{INPUT_HISTORY}|_[oid]h|__.*")
 
 
 def with_names_sharing_state(
