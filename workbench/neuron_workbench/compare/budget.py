@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.compare.compare import with_cpu_kernels
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.oracle import (
     OracleRuns,
@@ -307,7 +308,7 @@ def _target_distance(
 
     Distances count finite elements only, so a NaN the reference does not have must not vanish.
     """
-    # (in float64: float8 has no isfinite kernel)
+    # (float8 and complex32 widened: no isfinite kernel)
     if not torch.equal(_finite(ref), _finite(target)):
         return math.inf, math.inf
     return _distance(target, oracle)
@@ -334,13 +335,8 @@ def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def _finite(value: torch.Tensor) -> torch.Tensor:
-    """Which elements of ``value`` are finite (float8 and complex32 read widened: no kernel)."""
-    value = value.detach().cpu()
-    if value.dtype.itemsize == 1 and value.is_floating_point():
-        value = value.to(torch.float32)  # exactly: float8 has no isfinite kernel
-    elif value.dtype == torch.complex32:
-        value = value.to(torch.complex64)
-    return torch.isfinite(value)
+    """Which elements of ``value`` are finite (read as the comparison reads them)."""
+    return torch.isfinite(with_cpu_kernels(value.detach().cpu()))
 
 
 def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

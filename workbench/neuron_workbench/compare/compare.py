@@ -712,19 +712,17 @@ _WIDENED = {
 }
 
 
-def _with_cpu_kernels(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a`` and ``b`` in a dtype the comparison can compute with, holding the same values.
+def with_cpu_kernels(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in a dtype the CPU's kernels (isclose, abs, isfinite) compute with, same values.
 
     float8 and complex32 values are widened exactly (their tolerance stays their dtype's); a
-    quantized tensor is compared by its dequantized values, as ``torch.testing.assert_close``
-    compares it. Anything else is returned as it is.
+    quantized tensor is its dequantized values, as ``torch.testing.assert_close`` compares it.
+    Anything else is returned as it is.
     """
-    if a.is_quantized and b.is_quantized:
-        return a.dequantize(), b.dequantize()
-    wide = _WIDENED.get(a.dtype)
-    if wide is None:
-        return a, b
-    return a.to(wide), b.to(wide)
+    if value.is_quantized:
+        return value.dequantize()
+    wide = _WIDENED.get(value.dtype)
+    return value if wide is None else value.to(wide)
 
 
 def _compare_tensors(
@@ -780,7 +778,7 @@ def _compare_tensors(
     diff.numel = a.numel()
     if diff.numel == 0:
         return diff
-    a, b = _with_cpu_kernels(a, b)
+    a, b = with_cpu_kernels(a), with_cpu_kernels(b)  # (one dtype here: both or neither)
     if torch.equal(a, b):
         # Bitwise-equal outputs (the common case between the CPU and the emulator) need no metrics.
         diff.max_abs = diff.mean_abs = diff.max_rel = diff.rmse = 0.0
