@@ -94,15 +94,44 @@ def _packed_device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] |
     Their arguments: (data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
     bidirectional).
     """
-    params, has_biases, num_layers, bidirectional = args[3], args[4], args[5], args[8]
-    per = 4 if has_biases else 2
-    if len(params) != per * num_layers * (2 if bidirectional else 1):
-        return None  # projections (proj_size) add a weight per layer
+    if not _no_projections(args[3], args[4], args[5], args[8]):
+        return None
     if func is torch.lstm and isinstance(args[2], list | tuple) and len(args[2]) == 2:
         return lambda: packed_lstm_device_path(*args)
     if func is torch.gru and isinstance(args[2], torch.Tensor):
         return lambda: packed_gru_device_path(*args)
     return None
+
+
+def _weights(
+    params: Sequence[torch.Tensor], index: int, has_biases: bool
+) -> tuple[Any, Any, Any, Any]:
+    """``(w_ih, w_hh, b_ih, b_hh)`` of layer-direction ``index`` (biases None without them)."""
+    per = 4 if has_biases else 2
+    w_ih, w_hh, *biases = params[index * per : (index + 1) * per]
+    b_ih, b_hh = biases if has_biases else (None, None)
+    return w_ih, w_hh, b_ih, b_hh
+
+
+def _cell_update(
+    x: torch.Tensor,
+    state: list[torch.Tensor],
+    weights: tuple[Any, Any, Any, Any],
+    step: Callable[..., tuple[torch.Tensor, ...]],
+) -> list[torch.Tensor]:
+    """One cell update at one time step: the two matmuls, then ``step`` (the fused cell)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    igates = torch.matmul(x, w_ih.t())
+    hgates = torch.matmul(state[0], w_hh.t())
+    return list(step(igates, hgates, state, b_ih, b_hh))
+
+
+def _no_projections(
+    params: Sequence[torch.Tensor], has_biases: bool, num_layers: int, bidirectional: bool
+) -> bool:
+    """Whether ``params`` are plain LSTM/GRU weights: projections (proj_size) add one per layer."""
+    per = 4 if has_biases else 2
+    return len(params) == per * num_layers * (2 if bidirectional else 1)
 
 
 def _layers(
@@ -121,22 +150,18 @@ def _layers(
     if batch_first:
         input = input.transpose(0, 1)
     directions = 2 if bidirectional else 1
-    per = 4 if has_biases else 2
     finals: list[list[torch.Tensor]] = [[] for _ in hidden]
     layer_input = input
     for layer in range(num_layers):
         outputs = []
         for direction in range(directions):
             index = layer * directions + direction
-            w_ih, w_hh, *biases = params[index * per : (index + 1) * per]
-            b_ih, b_hh = biases if has_biases else (None, None)
+            weights = _weights(params, index, has_biases)
             state = [h[index] for h in hidden]
             steps = range(layer_input.size(0))
             out: list[torch.Tensor] = [layer_input[0]] * layer_input.size(0)
             for t in reversed(steps) if direction else steps:
-                igates = torch.matmul(layer_input[t], w_ih.t())
-                hgates = torch.matmul(state[0], w_hh.t())
-                state = list(step(igates, hgates, state, b_ih, b_hh))
+                state = _cell_update(layer_input[t], state, weights, step)
                 out[t] = state[0]
             outputs.append(torch.stack(out))
             for slot, value in zip(finals, state):
@@ -226,10 +251,8 @@ def device_path(func: Any, args: tuple[Any, ...]) -> Callable[[], Any] | None:
         return _packed_device_path(func, args)
     if len(args) != 9 or not isinstance(args[2], list | tuple):
         return None
-    params, has_biases, num_layers, bidirectional = args[2], args[3], args[4], args[7]
-    per = 4 if has_biases else 2
-    if len(params) != per * num_layers * (2 if bidirectional else 1):
-        return None  # projections (proj_size) add a weight per layer
+    if not _no_projections(args[2], args[3], args[4], args[7]):
+        return None
     if func is torch.lstm and isinstance(args[1], list | tuple) and len(args[1]) == 2:
         return lambda: lstm_device_path(*args)
     if func is torch.gru and isinstance(args[1], torch.Tensor):
@@ -258,17 +281,14 @@ def _packed_layers(
     sizes = [int(b) for b in batch_sizes]
     offsets = [0, *itertools.accumulate(sizes)][:-1]  # where each step's rows start
     directions = 2 if bidirectional else 1
-    per = 4 if has_biases else 2
     finals: list[list[torch.Tensor]] = [[] for _ in hidden]
     layer_input = data
     for layer in range(num_layers):
         outputs = []
         for direction in range(directions):
             index = layer * directions + direction
-            w_ih, w_hh, *biases = params[index * per : (index + 1) * per]
-            b_ih, b_hh = biases if has_biases else (None, None)
+            weights = _weights(params, index, has_biases)
             initial = [h[index] for h in hidden]
-            weights = (w_ih, w_hh, b_ih, b_hh)
             out: list[torch.Tensor] = []
             if direction == 0:
                 state, ended, last = list(initial), [], sizes[0]
@@ -278,7 +298,7 @@ def _packed_layers(
                         state = [s[:size] for s in state]
                     last = size
                     x = layer_input.narrow(0, offsets[t], size)
-                    state = _packed_step(x, state, weights, step)
+                    state = _cell_update(x, state, weights, step)
                     out.append(state[0])
                 ended.append(state)
                 final = [torch.cat(parts[::-1], 0) for parts in zip(*ended)]
@@ -292,7 +312,7 @@ def _packed_layers(
                         state = [torch.cat([s, h[last:size]], 0) for s, h in zip(state, initial)]
                     last = size
                     x = layer_input.narrow(0, offsets[t], size)
-                    state = _packed_step(x, state, weights, step)
+                    state = _cell_update(x, state, weights, step)
                     out.append(state[0])
                 final = state
                 outputs.append(torch.cat(out[::-1], 0))
@@ -302,19 +322,6 @@ def _packed_layers(
         if dropout and train and layer < num_layers - 1:
             layer_input = torch.nn.functional.dropout(layer_input, dropout, training=True)
     return layer_input, finals
-
-
-def _packed_step(
-    x: torch.Tensor,
-    state: list[torch.Tensor],
-    weights: tuple[Any, Any, Any, Any],
-    step: Callable[..., tuple[torch.Tensor, ...]],
-) -> list[torch.Tensor]:
-    """One cell update of a packed layer: the two matmuls, then ``step`` (the fused cell)."""
-    w_ih, w_hh, b_ih, b_hh = weights
-    igates = torch.matmul(x, w_ih.t())
-    hgates = torch.matmul(state[0], w_hh.t())
-    return list(step(igates, hgates, state, b_ih, b_hh))
 
 
 def packed_lstm_device_path(
