@@ -155,20 +155,23 @@ def test_the_sampler_a_loader_was_built_with_still_drives_it_after_a_cell(ip):
     assert ns["shuffled"].generator is ns["g"]
 
 
+#: A dataset whose __getitem__ makes its tensors on "cuda", read by one forked worker.
+LOADER_MAKING_DEVICE_TENSORS_IN_FORKED_WORKERS = (
+    "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+    "class OnDevice(Dataset):\n"
+    "    def __len__(self):\n        return 4\n"
+    "    def __getitem__(self, i):\n"
+    '        return torch.ones(2, device="cuda") * i\n'
+    "loader = DataLoader(OnDevice(), batch_size=2, num_workers=1)"
+)
+
+
 def test_a_dataset_making_device_tensors_in_forked_workers_is_refused_not_hung(ip):
     # A dataset whose __getitem__ makes its tensors on "cuda", read by forked workers: CUDA and
     # TorchNeuron refuse the device in a forked child ("Cannot re-initialize ... in forked
     # subprocess"). The emulated neuron made the tensor there, whose storage the worker could not
     # send back: the worker's queue thread failed, and the target waited for the batch forever.
-    run_cell(
-        ip,
-        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
-        "class OnDevice(Dataset):\n"
-        "    def __len__(self):\n        return 4\n"
-        "    def __getitem__(self, i):\n"
-        '        return torch.ones(2, device="cuda") * i\n'
-        "loader = DataLoader(OnDevice(), batch_size=2, num_workers=1)",
-    )
+    run_cell(ip, LOADER_MAKING_DEVICE_TENSORS_IN_FORKED_WORKERS)
     run_cell(ip, "%%neuron --timeout 60 -o r\nbatches = [b.sum() for b in loader]")
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR", report.summary()
@@ -190,15 +193,7 @@ def test_a_dataset_making_device_tensors_in_forked_workers_is_refused_not_hung(i
 def test_the_emulated_tpu_refuses_device_tensors_in_forked_workers_not_hangs(ip):
     # On tpu the same loader hung the target until --timeout (forever without one): what TorchTPU
     # does in a forked child is not documented, and the emulator cannot send its tensors out of one
-    run_cell(
-        ip,
-        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n"
-        "class OnDevice(Dataset):\n"
-        "    def __len__(self):\n        return 4\n"
-        "    def __getitem__(self, i):\n"
-        '        return torch.ones(2, device="cuda") * i\n'
-        "loader = DataLoader(OnDevice(), batch_size=2, num_workers=1)",
-    )
+    run_cell(ip, LOADER_MAKING_DEVICE_TENSORS_IN_FORKED_WORKERS)
     run_cell(ip, "%%neuron --target tpu --timeout 60 -o r\nbatches = [b.sum() for b in loader]")
     report = ip.user_ns["r"]
     assert report.verdict == "ERROR" and report.ref.error is None, report.summary()

@@ -3621,18 +3621,22 @@ def test_a_python_int_checksum_off_by_a_wrap_says_its_difference(ip):
     assert checksum.headline() == "checksum max|Δ| 4.3e+09 > 0.0e+00", checksum.headline()
 
 
+#: float8 scales picked by an index that wraps around in int32 on neuron: scales[9] on the
+#: reference, scales[3] on the target.
+FLOAT8_PICKED_BY_A_WRAPPED_INDEX = (
+    "%%neuron -o r\n"
+    'scales = torch.linspace(0.5, 4.0, 10, device="cuda").to(torch.float8_e4m3fn)\n'
+    'idx = (torch.tensor([2**32 + 3, 1], device="cuda") * 1) % 10\n'
+    "picked = scales[idx]"
+)
+
+
 def test_float8_outputs_that_differ_are_measured(ip):
     # float8 scales picked by an index that wrapped around in int32 on neuron differ: the output
     # was an "error" ('"mul_cpu_reduced_float" not implemented for Float8_e4m3fn'), as was any
     # complex32 or quantized output that differed, instead of its difference
     run_cell(ip, "import torch")
-    run_cell(
-        ip,
-        "%%neuron -o r\n"
-        'scales = torch.linspace(0.5, 4.0, 10, device="cuda").to(torch.float8_e4m3fn)\n'
-        'idx = (torch.tensor([2**32 + 3, 1], device="cuda") * 1) % 10\n'
-        "picked = scales[idx]",
-    )
+    run_cell(ip, FLOAT8_PICKED_BY_A_WRAPPED_INDEX)
     report = _report(ip)
     assert report.verdict == "FAIL", report.summary()
     diffs = {d.path: d for d in report.comparison.diffs}
@@ -3647,13 +3651,7 @@ def test_a_float8_output_that_differs_gets_its_precision_budget(ip):
     # the budget of a failing float8 output raised ('"isfinite" not implemented for
     # Float8_e4m3fn', then no nextafter): the HTML said "the precision budget failed" for all
     run_cell(ip, "import torch")
-    run_cell(
-        ip,
-        "%%neuron -o r\n"
-        'scales = torch.linspace(0.5, 4.0, 10, device="cuda").to(torch.float8_e4m3fn)\n'
-        'idx = (torch.tensor([2**32 + 3, 1], device="cuda") * 1) % 10\n'
-        "picked = scales[idx]",
-    )
+    run_cell(ip, FLOAT8_PICKED_BY_A_WRAPPED_INDEX)
     report = _report(ip)
     assert report.verdict == "FAIL", report.summary()
     assert not report.budget.oracle_error, report.budget.oracle_error
