@@ -312,3 +312,50 @@ def test_attention_kernels_a_plain_cell_switched_off_stay_off_on_the_target(shel
     finally:
         torch.backends.cuda.enable_flash_sdp(True)
     assert all(not o.get("max_abs") for o in report.to_dict()["outputs"])
+
+
+#: A custom autograd Function that wants float32 under autocast, as fused-kernel repos write it.
+FLOAT32_FUNCTION = """
+import torch
+
+class Float32Matmul(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.t(), x.t() @ grad
+
+torch.manual_seed(0)
+xs, ws = torch.randn(4, 8), torch.randn(8, 8)
+"""
+
+#: Its step under bfloat16 autocast, with the queries a model's own upcasting asks.
+FLOAT32_FUNCTION_STEP = """
+x, w = xs.cuda(), ws.cuda().requires_grad_()
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    out = Float32Matmul.apply(x, w)
+    plain = x @ w
+    asked = (torch.is_autocast_enabled(), torch.get_autocast_dtype("cuda"))
+out.sum().backward()
+dtypes = (out.dtype, plain.dtype, w.grad.dtype)
+outside = torch.is_autocast_enabled("cuda")
+"""
+
+
+def test_custom_fwd_casts_inputs_under_cuda_autocast_on_both_sides(shell):
+    # custom_fwd(device_type="cuda", cast_inputs=torch.float32) asks CUDA's autocast state, which
+    # no run had: both runs left the Function's matmul in bfloat16 (a PASS of two wrong results)
+    # and torch.is_autocast_enabled() read False inside the cell's autocast, where a GPU casts the
+    # inputs to float32 and answers True.
+    run_cell(shell, FLOAT32_FUNCTION)
+    report = _passed(shell, FLOAT32_FUNCTION_STEP)
+    assert {"out", "w.grad"} <= {d.path for d in report.comparison.compared}
+    assert shell.user_ns["dtypes"] == (torch.float32, torch.bfloat16, torch.float32)
+    assert shell.user_ns["asked"] == (True, torch.bfloat16)
+    assert shell.user_ns["outside"] is False

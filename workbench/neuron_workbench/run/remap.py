@@ -921,6 +921,50 @@ _NVTX_FUNCTIONS = {
 }
 
 
+def _autocast_queries(target: str, host: CudaOnHost | None) -> dict[str, Callable[..., Any]]:
+    """``torch``'s autocast queries for a run: CUDA's state is the run's device's.
+
+    ``torch.is_autocast_enabled()`` (no argument: CUDA's), ``is_autocast_enabled("cuda")``,
+    ``get_autocast_dtype("cuda")`` and ``get_autocast_gpu_dtype()`` are C functions no mode sees:
+    under ``torch.autocast("cuda")``, which the run enters on its own device, they answered for the
+    idle CUDA autocast, so ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)``
+    cast nothing and a model's ``if torch.is_autocast_enabled():`` upcast never ran, where a GPU
+    does both. Outside the cell's autocast they answer as torch does.
+    """
+    is_enabled, get_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+    def cuda_autocast_on() -> bool:
+        if host is not None:  # the host's cpu autocast may be the cell's own ("cpu"): not cuda's
+            return host.under_cuda_autocast()
+        return is_enabled(target)
+
+    def is_autocast_enabled(device_type: str = "cuda") -> bool:
+        return cuda_autocast_on() if device_type == "cuda" else is_enabled(device_type)
+
+    def get_autocast_dtype(device_type: str) -> torch.dtype:
+        if device_type == "cuda" and cuda_autocast_on():
+            return get_dtype(target)
+        return get_dtype(device_type)
+
+    def get_autocast_gpu_dtype() -> torch.dtype:
+        return get_autocast_dtype("cuda")
+
+    return {
+        "is_autocast_enabled": is_autocast_enabled,
+        "get_autocast_dtype": get_autocast_dtype,
+        "get_autocast_gpu_dtype": get_autocast_gpu_dtype,
+    }
+
+
+def _autocast_cast(target: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.amp.autocast_mode._cast`` (``custom_fwd``'s input cast): "cuda" is the run's device."""
+
+    def _cast(value: Any, device_type: str, dtype: torch.dtype) -> Any:
+        return original(value, target if device_type == "cuda" else device_type, dtype)
+
+    return _cast
+
+
 def _grad_scaler_init(target: str, original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, remap_device(device, target), *args, **kwargs)
@@ -1058,7 +1102,14 @@ def cuda_remapped_to(
             replaced["load"] = _loading_onto_host_cuda(torch.load, host, restored_on_cuda)
         if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
             replaced["accelerator"] = AcceleratorShim(torch.accelerator, shim)
+        replaced.update(_autocast_queries(target, host))
         stack.enter_context(patched_attributes(torch, replaced))
+        autocast_module = torch.amp.autocast_mode
+        stack.enter_context(
+            patched_attributes(
+                autocast_module, {"_cast": _autocast_cast(target, autocast_module._cast)}
+            )
+        )
         stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
