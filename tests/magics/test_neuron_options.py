@@ -114,3 +114,24 @@ def test_a_cells_own_recording_named_as_the_folders_is_saved_once(ip, tmp_path):
     path = tmp_path / f"cell-{count}.nwrun.zip"
     run_cell(ip, f"%%neuron --record {path} -o r\nx = torch.ones(2, device='cuda')")
     assert ip.user_ns["r"].verdict == "PASS" and path.is_file()
+
+
+def test_a_preset_with_rtol_and_atol_is_a_one_line_usage_error(ip):
+    # --rtol/--atol set every output's tolerance: the preset given beside them was silently ignored
+    # (`--preset strict --rtol 1e-3 --atol 1e-3` judged at 1e-3, not bitwise). A session's preset
+    # (%config) with a cell's pair stays allowed: the cell's own flags win there.
+    run_cell(ip, "import torch\nx = torch.ones(3)")
+    result = run_cell(
+        ip, "%%neuron --preset strict --rtol 1e-3 --atol 1e-3\ny = x.cuda()", allow_error=True
+    )
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        "--rtol and --atol set every output's tolerance, which replaces --preset: "
+        "give one or the other"
+    )
+    run_cell(ip, "%config NeuronMagics.preset = 'strict'")
+    try:
+        run_cell(ip, "%%neuron --rtol 1e-3 --atol 1e-3 -o r\ny = x.cuda() * 1.0001")
+        assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    finally:
+        run_cell(ip, "%config NeuronMagics.preset = 'default'")

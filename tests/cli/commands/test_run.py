@@ -213,6 +213,10 @@ def test_record_into_the_recording_it_runs_against_is_refused(tmp_path, monkeypa
     [
         (["notes.txt"], "notes.txt: expected a notebook (.ipynb) or a script (.py)"),
         (["x.py", "--rtol", "1e-3"], "give --rtol and --atol together, or neither"),
+        (
+            ["x.py", "--preset", "strict", "--rtol", "1e-3", "--atol", "0"],
+            "--rtol and --atol set every output's tolerance, which replaces --preset",
+        ),
         (["missing.py"], "no such script: missing.py"),
         (["broken.py"], "broken.py: syntax error line 2: "),
         (["broken.ipynb"], "broken.ipynb is not a readable notebook"),

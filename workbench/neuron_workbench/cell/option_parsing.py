@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from neuron_workbench.cell.options import OPTION, TRAIT, Option, options_for
+from neuron_workbench.errors import OptionError
 
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -60,12 +61,26 @@ def _parsed_value(option: Option, value: Any) -> Any:
 
 
 def given_values(args: argparse.Namespace, front: str) -> dict[str, Any]:
-    """The options ``front`` takes that ``args`` sets, by API name."""
+    """The options ``front`` takes that ``args`` sets, by API name.
+
+    Raises
+    ------
+    OptionError
+        A tolerance preset given with ``rtol``/``atol``: the pair is every output's tolerance, so
+        the preset would be silently ignored.
+    """
     values = {}
     for option in options_for(front):
         raw = getattr(args, option.name, None)
         if _given(option, raw):
             values[option.name] = _parsed_value(option, raw)
+    if "preset" in values and ("rtol" in values or "atol" in values):
+        raise OptionError(
+            "{0} and {1} set every output's tolerance, which replaces {2}: give one or the other",
+            "rtol",
+            "atol",
+            "preset",
+        )
     return values
 
 
