@@ -156,6 +156,108 @@ def test_strings_naming_each_runs_device_match():
     assert both.passed and "the runs' devices" in both.diffs[0].detail
 
 
+CPU_REF = ("cpu", "neuron:0")
+
+
+def test_texts_that_name_each_runs_device_inside_match():
+    # f"on {y.device}": on a GPU both runs would write "on cuda:0"
+    y = torch.ones(3)
+    text = one(f"on {y.device} ({y.device.type})", "on neuron:0 (neuron)", devices=CPU_REF)
+    assert text.status == "match" and "the runs' devices" in text.detail
+    assert one("moved to cpu.", "moved to neuron.", devices=CPU_REF).status == "match"
+    assert one("cpu:0 and cpu", "neuron:0 and neuron", devices=CPU_REF).status == "match"
+    # a name the cell wrote itself is the same literal in both runs
+    assert one(f"{y.device} vs cpu", "neuron:0 vs cpu", devices=CPU_REF).status == "match"
+    gpu_ref = ("cuda:0", "tpu:0")
+    assert one("ran on cuda:0", "ran on tpu:0", devices=gpu_ref).status == "match"
+    assert one("ran on cuda", "ran on tpu:0", devices=gpu_ref).status == "match"
+
+
+def test_texts_that_differ_elsewhere_or_name_no_device_as_a_token_still_differ():
+    for ref, target, devices in [
+        ("on cpu!", "on neuron:0?", CPU_REF),  # differs past the name too
+        ("on cpu", "at neuron:0", CPU_REF),
+        ("cpu_time 3", "neuron:0_time 3", CPU_REF),  # not a whole token
+        ("xcpu", "xneuron", CPU_REF),
+        ("on neuron:0", "on cpu", CPU_REF),  # each run's own device only
+        ("cpu and cpu", "neuron and tpu", CPU_REF),
+        ("cpu time", "neuron:0 time", ("cuda:0", "neuron:0")),  # cpu is not this reference's
+        ("ran on cuda:1", "ran on tpu:0", ("cuda:0", "tpu:0")),  # indices disagree
+        ("on cpu", "on neuron:0 now", CPU_REF),
+    ]:
+        diff = one(ref, target, devices=devices)
+        assert diff.status == "differ", (ref, target)
+        assert diff.detail == f"{ref!r} != {target!r}"
+    # the control: the same texts but for the names match
+    assert one("on cpu!", "on neuron:0!", devices=CPU_REF).status == "match"
+    assert one("cpu time", "cuda:0 time", devices=("cpu", "cuda:0")).status == "match"
+
+
+def test_dict_keys_naming_each_runs_device_pair_into_one_output():
+    y = torch.arange(3.0)
+    ref = {"a": 1, "d": {str(y.device): y.sum(), "n": [y]}, "e": {y.device.type: [y, y * 2]}}
+    target = {
+        "a": 1,
+        "d": {"neuron:0": y.sum(), "n": [y.clone()]},
+        "e": {"neuron": [y.clone(), y * 3]},
+    }
+    comparison = compare_outputs(ref, target, devices=CPU_REF)
+    # reported at the reference's paths, in the reference's order
+    assert [(d.path, d.status) for d in comparison.diffs] == [
+        ("a", "match"),
+        ("d['cpu']", "match"),
+        ("d['n'][0]", "match"),
+        ("e['cpu'][0]", "match"),
+        ("e['cpu'][1]", "differ"),
+    ]
+    by_path = {d.path: d for d in comparison.diffs}
+    assert by_path["d['cpu']"].detail == "d['neuron:0'] on the target"
+    assert by_path["e['cpu'][1]"].max_abs == pytest.approx(2.0)
+    assert by_path["e['cpu'][1]"].detail.endswith("e['neuron'][1] on the target")
+    # texts stored under such keys pair and match too
+    texts = compare_outputs(
+        {"d": {"cpu": "on cpu"}}, {"d": {"neuron:0": "on neuron:0"}}, devices=CPU_REF
+    )
+    assert texts.passed and [d.path for d in texts.diffs] == ["d['cpu']"]
+
+
+def test_keys_that_could_pair_several_ways_stay_missing():
+    # str(y.device) and y.device.type are one key on the host ("cpu") and two on the target
+    y = torch.ones(2)
+    ref = {"d": {str(y.device): y, y.device.type: y}, "z": 0}
+    target = {"d": {"neuron:0": y.clone(), "neuron": y.clone()}, "z": 0}
+    comparison = compare_outputs(ref, target, devices=CPU_REF)
+    assert [(d.path, d.status, d.detail) for d in comparison.diffs] == [
+        ("d['cpu']", "missing", "missing on the target"),
+        ("z", "match", ""),
+        ("d['neuron:0']", "missing", "missing on the reference"),
+        ("d['neuron']", "missing", "missing on the reference"),
+    ]
+    # two reference keys for one target key: neither is chosen
+    two = compare_outputs(
+        {"d": {"cpu": y, "cpu:0": y}}, {"d": {"neuron:0": y}}, devices=CPU_REF
+    ).diffs
+    assert [d.status for d in two] == ["missing"] * 3
+    # the control: with only the one target key, the pairing is one-to-one
+    del target["d"]["neuron"]
+    one_key = compare_outputs(ref, target, devices=CPU_REF).diffs
+    assert [(d.path, d.status) for d in one_key] == [("d['cpu']", "match"), ("z", "match")]
+
+
+def test_without_devices_texts_and_keys_compare_as_they_are():
+    y = torch.ones(2)
+    ref = {"msg": f"on {y.device}", "d": {str(y.device): y}}
+    target = {"msg": "on neuron:0", "d": {"neuron:0": y.clone()}}
+    comparison = compare_outputs(ref, target)
+    assert [(d.path, d.status) for d in comparison.diffs] == [
+        ("msg", "differ"),
+        ("d['cpu']", "missing"),
+        ("d['neuron:0']", "missing"),
+    ]
+    assert comparison.diffs[0].detail == "'on cpu' != 'on neuron:0'"
+    assert compare_outputs(ref, target, devices=CPU_REF).passed  # the same outputs, with devices
+
+
 def test_tolerances_both_or_neither():
     with pytest.raises(WorkbenchUsageError):
         compare_outputs({}, {}, rtol=0.1)

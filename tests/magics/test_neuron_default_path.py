@@ -195,6 +195,21 @@ def test_keep_target_leaves_the_notebook_its_own_cuda_device(ip):
     assert on_accelerator(report.target.outputs["u"])
 
 
+def test_a_text_and_a_dict_key_naming_the_cells_device_pass(ip):
+    # A correct port failed: "msg 'on cpu' != 'on neuron:0'", and d['cpu'] and d['neuron:0'] each
+    # "missing on the other side" with "cause not identified"; on a GPU both runs write cuda
+    run_cell(ip, "import torch\nx = torch.ones(3)")
+    run_cell(
+        ip,
+        '%%neuron -o r\ny = x.cuda()\nmsg = f"on {y.device}"\nd = {str(y.device): y.sum()}',
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    key = f"d[{report.ref.backend.device!r}]"  # the reference's path: d['cpu'] on this host
+    assert statuses == {"y": "match", "msg": "match", key: "match"}
+
+
 def test_a_metrics_dataframe_the_cell_binds_is_compared(ip):
     # It was left out silently: PASS over the other outputs while its column wrapped around on
     # neuron (int64 as int32); with only the table bound, "0 outputs compared" and no reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -337,8 +338,13 @@ def compare_outputs(
         (see :func:`~neuron_workbench.compare.flatten.iter_leaves`).
     devices : tuple of (str, str), optional
         The device each run's tensors lived on (``cpu`` or ``cuda:0``, ``neuron:0``): the cell's
-        ``cuda`` on each side. A string naming the reference's device matches one naming the
-        target's (``str(x.device)``, ``x.device.type``), as the same device seen by each run.
+        ``cuda`` on each side. Two strings that are one text but for naming each run's own device
+        match (``str(x.device)``, ``x.device.type``, ``f"on {x.device}"``), as the same value seen
+        by each run; names are whole tokens. Likewise a path only the reference has and one only
+        the target has that are one path but for such a name (``d['cpu']``, ``d['neuron:0']``
+        from ``d[str(x.device)]``) are one output, reported at the reference's path, where the
+        pairing is one-to-one; paths that could pair several ways stay ``missing``. Without
+        ``devices``, texts and paths are compared as they are.
 
     Returns
     -------
@@ -355,12 +361,20 @@ def compare_outputs(
         raise ValueError("give rtol/atol or a policy, not both")
     ref_leaves = dict(iter_leaves(ref, user_modules=user_modules))
     target_leaves = dict(iter_leaves(target, user_modules=user_modules))
-    paths = list(ref_leaves) + [p for p in target_leaves if p not in ref_leaves]
+    target_only = [p for p in target_leaves if p not in ref_leaves]
+    # A key naming each run's device (d[str(x.device)]) is one output under two paths: the
+    # target's path of each reference path that has a partner there.
+    partner: dict[str, str] = {}
+    if devices is not None and target_only:
+        ref_only = [p for p in ref_leaves if p not in target_leaves]
+        partner = _paired_by_device(ref_only, target_only, devices)
+    paired = set(partner.values())
+    paths = list(ref_leaves) + [p for p in target_only if p not in paired]
     markers = [
         p
         for p in paths
         if isinstance(ref_leaves.get(p), NotCompared)
-        or isinstance(target_leaves.get(p), NotCompared)
+        or isinstance(target_leaves.get(partner.get(p, p)), NotCompared)
     ]
     reported: set[str] = set()
     diffs = []
@@ -371,24 +385,29 @@ def compare_outputs(
         if marker is not None:
             if marker not in reported:
                 reported.add(marker)
+                target_marker = partner.get(marker, marker)
                 diffs.append(
-                    _not_compared(marker, ref_leaves.get(marker), target_leaves.get(marker))
+                    _not_compared(marker, ref_leaves.get(marker), target_leaves.get(target_marker))
                 )
             continue
-        ref_leaf, target_leaf = ref_leaves.get(path), target_leaves.get(path)
+        target_path = partner.get(path, path)
+        ref_leaf, target_leaf = ref_leaves.get(path), target_leaves.get(target_path)
         # The common leaf, a tensor on both sides, is neither missing nor a measurement (those
         # are tagged numbers and strings): it goes straight to the comparison.
         if type(ref_leaf) not in _PLAIN_TENSORS or type(target_leaf) not in _PLAIN_TENSORS:
             if is_measurement(ref_leaf) or is_measurement(target_leaf):
                 measurements.append(_measurement(path, ref_leaf, target_leaf))
                 continue
-            if path not in target_leaves or path not in ref_leaves:
-                side = "target" if path not in target_leaves else "reference"
+            if target_path not in target_leaves or path not in ref_leaves:
+                side = "target" if target_path not in target_leaves else "reference"
                 diffs.append(
                     OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
                 )
                 continue
-        diffs.append(_compare_leaf(path, ref_leaf, target_leaf, tolerances, devices))
+        diff = _compare_leaf(path, ref_leaf, target_leaf, tolerances, devices)
+        if target_path != path:  # say where the target has it, as the path is the reference's
+            diff.detail = "; ".join(filter(None, (diff.detail, f"{target_path} on the target")))
+        diffs.append(diff)
     return Comparison(diffs, measurements)
 
 
@@ -591,24 +610,108 @@ def _one_line(exc: Exception) -> str:
 
 
 _PLAIN_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
-_DEVICE_NAME = re.compile(r"([a-z_][a-z0-9_]*)(?::(\d+))?")
+#: A device's name as a whole token of a text (``cpu``, ``cuda:0``, ``neuron``), for device types
+#: ``{kinds}``: not inside a longer word (``cpu_time``, ``xcpu``), an index only where one follows.
+_DEVICE_NAME = r"(?<!\w)((?:{kinds})(?::\d+)?)(?!\w)"
+
+
+@functools.lru_cache(maxsize=16)
+def _device_names(kinds: tuple[str, ...]) -> re.Pattern[str]:
+    """The pattern of :data:`_DEVICE_NAME` for these device types (longest first)."""
+    alternatives = "|".join(re.escape(kind) for kind in sorted(kinds, key=len, reverse=True))
+    return re.compile(_DEVICE_NAME.format(kinds=alternatives))
+
+
+def _device_split(text: str, devices: tuple[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``text`` cut at the names of either run's device: the texts between them, and the names.
+
+    Both runs' device types are cut on both sides, so a name a cell wrote as a literal (a
+    ``"cpu"`` in the cell's own text, the same in both runs) lines up with itself.
+    """
+    kinds = tuple(dict.fromkeys(k for device in devices if (k := device.partition(":")[0])))
+    if not kinds:  # an empty type would cut every text everywhere
+        return (text,), ()
+    parts = _device_names(kinds).split(text)
+    return tuple(parts[0::2]), tuple(parts[1::2])
+
+
+def _names_agree(ref: tuple[str, ...], target: tuple[str, ...], devices: tuple[str, str]) -> bool:
+    """Whether each pair of device names is one name, or each run's own device.
+
+    ``cpu`` standing in for ``cuda`` names no index (``str(x.device)`` is ``cpu``); where both
+    names carry one, the indices must agree.
+    """
+    if len(ref) != len(target):
+        return False
+    ref_kind, target_kind = (device.partition(":")[0] for device in devices)
+    for ref_name, target_name in zip(ref, target, strict=True):
+        if ref_name == target_name:  # the same literal in both runs
+            continue
+        (a_kind, _, a_index), (b_kind, _, b_index) = (
+            ref_name.partition(":"),
+            target_name.partition(":"),
+        )
+        if (a_kind, b_kind) != (ref_kind, target_kind):
+            return False
+        if a_index and b_index and a_index != b_index:
+            return False
+    return True
 
 
 def _same_device_named(ref: Any, target: Any, devices: tuple[str, str]) -> bool:
-    """Whether ``ref`` and ``target`` are strings naming each run's own device.
+    """Whether ``ref`` and ``target`` are one text but for naming each run's own device.
 
-    ``cpu`` standing in for ``cuda`` names no index (``str(x.device)`` is ``cpu``); where both
-    strings carry one, the indices must agree.
+    ``"cpu"`` and ``"neuron:0"`` (``str(x.device)``), or ``"on cpu"`` and ``"on neuron:0"``
+    (``f"on {x.device}"``): on a GPU both runs would have written ``cuda``. Names count as whole
+    tokens only, and each run's text only where it names that run's device, so a text that
+    differs anywhere else still differs.
     """
     if type(ref) is not str or type(target) is not str:
         return False
-    named = []
-    for text, device in zip((ref, target), devices, strict=True):
-        match = _DEVICE_NAME.fullmatch(text)
-        if match is None or match.group(1) != device.partition(":")[0]:
-            return False
-        named.append(match.group(2))
-    return None in named or named[0] == named[1]
+    (ref_text, ref_names), (target_text, target_names) = (
+        _device_split(ref, devices),
+        _device_split(target, devices),
+    )
+    return ref_text == target_text and _names_agree(ref_names, target_names, devices)
+
+
+def _paired_by_device(
+    ref_only: list[str], target_only: list[str], devices: tuple[str, str]
+) -> dict[str, str]:
+    """Pair the paths only one run has that are one path but for naming each run's device.
+
+    ``d[str(x.device)]`` is ``d['cpu']`` on the reference and ``d['neuron:0']`` on the target: one
+    output. Only one-to-one pairings are kept: a dict keyed by both ``str(x.device)`` and
+    ``x.device.type`` has one key on the reference (``cpu``) and two on the target (``neuron:0``,
+    ``neuron``), and which of them is the reference's is anyone's guess, so all stay missing.
+
+    Returns
+    -------
+    dict of str to str
+        Reference path to the target's path of the same output, in the reference's order.
+    """
+    by_text: dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]] = {}
+    for path in target_only:
+        text, names = _device_split(path, devices)
+        if names:
+            by_text.setdefault(text, []).append((path, names))
+    if not by_text:  # the common case: no path names a device
+        return {}
+    candidates: dict[str, list[str]] = {}
+    for path in ref_only:
+        text, names = _device_split(path, devices)
+        if names:
+            candidates[path] = [
+                other
+                for other, other_names in by_text.get(text, ())
+                if _names_agree(names, other_names, devices)
+            ]
+    chosen = Counter(other for others in candidates.values() for other in others)
+    return {
+        path: others[0]
+        for path, others in candidates.items()
+        if len(others) == 1 and chosen[others[0]] == 1
+    }
 
 
 def _text_difference(ref: Any, target: Any) -> str:
