@@ -258,6 +258,25 @@ def test_without_devices_texts_and_keys_compare_as_they_are():
     assert compare_outputs(ref, target, devices=CPU_REF).passed  # the same outputs, with devices
 
 
+def test_paths_on_names_each_run_drew_from_tempfile_match_in_draw_order():
+    drawn = (["aaaa1111", "bbbb2222"], ["cccc3333", "dddd4444"])
+    same = compare_leaf("p", "/tmp/aaaa1111/m.pt", "/tmp/cccc3333/m.pt", temp_names=drawn)
+    assert same.status == "match" and "temporary names" in same.detail
+    two = compare_leaf("p", "aaaa1111:bbbb2222", "cccc3333:dddd4444", temp_names=drawn)
+    assert two.status == "match"
+    # the reference's first folder against the target's second: not the same code's path
+    swapped = compare_leaf("p", "/tmp/aaaa1111/m.pt", "/tmp/dddd4444/m.pt", temp_names=drawn)
+    assert swapped.status == "differ"
+    # around the names the strings must agree, and a name neither run drew is text
+    assert compare_leaf("p", "/tmp/aaaa1111/a", "/tmp/cccc3333/b", temp_names=drawn).status == (
+        "differ"
+    )
+    assert compare_leaf("p", "/tmp/zzzz9999", "/tmp/cccc3333", temp_names=drawn).status == (
+        "differ"
+    )
+    assert compare_leaf("p", "/tmp/aaaa1111", "/tmp/cccc3333").status == "differ"
+
+
 def test_tolerances_both_or_neither():
     with pytest.raises(WorkbenchUsageError):
         compare_outputs({}, {}, rtol=0.1)

@@ -374,6 +374,53 @@ def test_an_averaged_model_made_in_a_plain_cell_is_on_the_device(ip, make_ema):
     assert {"val", "ema.module.weight"} <= _compared(report)
 
 
+def test_a_checkpoint_in_a_temporary_folder_the_cell_made_passes(ip):
+    # Checkpoints saved to a TemporaryDirectory the cell makes: each run drew its own random
+    # folder name, so the path the cell kept differed between the runs, and the cell failed
+    # ("ckpt '/tmp/tmpj2bgmeim/model.pt' != '/tmp/tmpn9wiz7kx/model.pt'", cause not identified)
+    # where the same code ran on both sides.
+    run_cell(ip, "import os, tempfile\nimport torch\nimport torch.nn as nn")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "model = nn.Linear(4, 2).cuda()\n"
+        "tmp = tempfile.TemporaryDirectory()\n"
+        'ckpt = os.path.join(tmp.name, "model.pt")\n'
+        "torch.save(model.state_dict(), ckpt)\n"
+        'paths = {"best": ckpt, "folder": tmp.name, "other": tempfile.mkdtemp(prefix="run-")}',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"ckpt", "paths['best']", "paths['other']"} <= _compared(report), report.summary()
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "m2 = nn.Linear(4, 2).cuda()\n"
+        'm2.load_state_dict(torch.load(ckpt, map_location="cuda"))\n'
+        "files = os.listdir(tmp.name)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["files"] == ["model.pt"]
+
+
+def test_paths_of_temporary_folders_paired_otherwise_still_differ(ip):
+    # The names each run drew must pair one to one: a path the reference built on its first
+    # folder and the target on its second is no longer the same code's.
+    run_cell(ip, "import tempfile\nimport torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "a, b = tempfile.mkdtemp(), tempfile.mkdtemp()\n"
+        'x = torch.ones(1, device="cuda")\n'
+        'pick = a if x.device.type == "cpu" else b\n'
+        "both = (a, b)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    assert {d.path for d in report.comparison.failures} == {"pick"}, report.summary()
+
+
 #: A step split after unscale_: the scaler's own pickling refuses it (README's known limits).
 UNSCALED = (
     "%%neuron -o unscaled{flags}\n"

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from neuron_workbench.run.file_writes import kept_apart_note, tempfile_names, writes_kept_apart
+from neuron_workbench.run.file_writes import (
+    kept_apart_note,
+    tempfile_names,
+    tempfile_names_drawn,
+    writes_kept_apart,
+)
 
 
 @pytest.fixture(params=["project", "under the temporary folder"])
@@ -410,3 +415,23 @@ def test_folder_listings_show_the_runs_own_files_and_hide_what_it_removed(folder
     # outside the run: the disk, which the run did not write to (a folder it made stays)
     assert sorted(os.listdir(folder)) == ["gone.txt", "made", "old.txt", "sub"]
     assert sorted(e.name for e in os.scandir(folder / "sub")) == ["deep.txt"]
+
+
+def test_the_names_tempfile_draws_in_a_run_are_noted_in_order():
+    with tempfile_names_drawn() as drawn:
+        first = tempfile.mkdtemp()
+        with tempfile.TemporaryDirectory(prefix="ckpt-") as second:
+            pass
+        fd, third = tempfile.mkstemp(suffix=".pt")
+    os.close(fd)
+    os.remove(third)
+    os.rmdir(first)
+    assert len(drawn) == 3
+    assert os.path.basename(first) == f"tmp{drawn[0]}"
+    assert os.path.basename(second) == f"ckpt-{drawn[1]}"
+    assert os.path.basename(third) == f"tmp{drawn[2]}.pt"
+    assert tempfile._get_candidate_names() is tempfile._name_sequence  # put back
+    with tempfile_names_drawn(limit=1) as kept:
+        for _ in range(3):
+            os.rmdir(tempfile.mkdtemp())
+    assert len(kept) == 1

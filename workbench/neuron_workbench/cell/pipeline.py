@@ -672,6 +672,7 @@ def compare_runs(
         target.outputs,
         policy=policy,
         devices=(ref.backend.device, target.backend.device),
+        temp_names=(ref.facts.temp_names, target.facts.temp_names),
     )
     failures = comparison.failures
     if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure

@@ -6,7 +6,7 @@ import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -321,6 +321,7 @@ def compare_outputs(
     policy: TolerancePolicy | None = None,
     user_modules: Collection[str] = USER_MODULES,
     devices: tuple[str, str] | None = None,
+    temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
 
@@ -345,6 +346,11 @@ def compare_outputs(
         from ``d[str(x.device)]``) are one output, reported at the reference's path, where the
         pairing is one-to-one; paths that could pair several ways stay ``missing``. Without
         ``devices``, texts and paths are compared as they are.
+    temp_names : tuple of (sequence of str, sequence of str), optional
+        The random names ``tempfile`` drew in each run, in order (``RunFacts.temp_names``). Two
+        strings that differ only where each holds a name its own run drew at the same place in
+        its order (the path of a checkpoint in a ``TemporaryDirectory`` the cell made) match: the
+        same code made them.
 
     Returns
     -------
@@ -404,7 +410,7 @@ def compare_outputs(
                     OutputDiff(path, "missing", "none", EXACT, detail=f"missing on the {side}")
                 )
                 continue
-        diff = _compare_leaf(path, ref_leaf, target_leaf, tolerances, devices)
+        diff = _compare_leaf(path, ref_leaf, target_leaf, tolerances, devices, temp_names)
         if target_path != path:  # say where the target has it, as the path is the reference's
             diff.detail = "; ".join(filter(None, (diff.detail, f"{target_path} on the target")))
         diffs.append(diff)
@@ -440,13 +446,16 @@ def compare_leaf(
     policy: TolerancePolicy | None = None,
     *,
     devices: tuple[str, str] | None = None,
+    temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> OutputDiff:
     """Compare one leaf pair; never raises for a value problem (it becomes status ``error``).
 
     A :class:`NotCompared` marker on either side gives status ``not-compared``. ``devices`` are
-    the runs' devices (see :func:`compare_outputs`).
+    the runs' devices and ``temp_names`` the names each drew from ``tempfile`` (see
+    :func:`compare_outputs`).
     """
-    return _compare_leaf(path, ref, target, _Tolerances(policy or TolerancePolicy()), devices)
+    tolerances = _Tolerances(policy or TolerancePolicy())
+    return _compare_leaf(path, ref, target, tolerances, devices, temp_names)
 
 
 class _Tolerances:
@@ -476,7 +485,12 @@ def _dtype_tolerance(
 
 
 def _compare_leaf(
-    path: str, ref: Any, target: Any, tolerances: _Tolerances, devices: tuple[str, str] | None
+    path: str,
+    ref: Any,
+    target: Any,
+    tolerances: _Tolerances,
+    devices: tuple[str, str] | None,
+    temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> OutputDiff:
     if type(ref) in _PLAIN_TENSORS and type(target) in _PLAIN_TENSORS:
         # The common leaf (a weight, a gradient, a state tensor): no markers or scalar sources
@@ -511,6 +525,13 @@ def _compare_leaf(
         detail = "" if status == "match" else _text_difference(ref, target)
         if status == "differ" and devices is not None and _same_device_named(ref, target, devices):
             status, detail = "match", f"the runs' devices: {_short(ref)} and {_short(target)}"
+        if (
+            status == "differ"
+            and temp_names is not None
+            and _same_but_temp_names(ref, target, temp_names)
+        ):
+            status = "match"
+            detail = f"the runs' temporary names: {_short(ref)} and {_short(target)}"
         return OutputDiff(path, status, kind, EXACT, detail=detail)
     except Exception as exc:  # a comparison bug must not hide the other outputs
         return OutputDiff(path, "error", "none", EXACT, detail=_one_line(exc))
@@ -712,6 +733,40 @@ def _paired_by_device(
         for path, others in candidates.items()
         if len(others) == 1 and chosen[others[0]] == 1
     }
+
+
+def _same_but_temp_names(
+    ref: Any, target: Any, temp_names: tuple[Sequence[str], Sequence[str]]
+) -> bool:
+    """Whether two strings differ only in names their own runs drew from ``tempfile``.
+
+    Each run draws its own random names (``mkdtemp``'s ``tmpa1b2c3d4``), so a path built on one
+    differs between runs of the same code. The same code draws its names in the same order: the
+    strings must be the same around those names, and each name the reference's must be the one
+    drawn at the same place in the target's run (its first folder where the reference has its
+    first).
+    """
+    if type(ref) is not str or type(target) is not str:
+        return False
+    ref_parts = _split_on_names(ref, temp_names[0])
+    target_parts = _split_on_names(target, temp_names[1])
+    if len(ref_parts) != len(target_parts) or len(ref_parts) == 1:
+        return False
+    for i, (a, b) in enumerate(zip(ref_parts, target_parts, strict=True)):
+        if i % 2 == 0:  # the text around the names
+            if a != b:
+                return False
+        elif temp_names[0].index(a) != temp_names[1].index(b):
+            return False
+    return True
+
+
+def _split_on_names(text: str, names: Collection[str]) -> list[str]:
+    """``text`` cut around the ``names`` it holds: text, name, text, ... (just ``[text]``: none)."""
+    held = sorted({name for name in names if name and name in text}, key=len, reverse=True)
+    if not held:
+        return [text]
+    return re.split("(" + "|".join(map(re.escape, held)) + ")", text)
 
 
 def _text_difference(ref: Any, target: Any) -> str:

@@ -29,7 +29,11 @@ from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.compiled_frames import compiled_global
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
-from neuron_workbench.run.file_writes import kept_apart_note, writes_kept_apart
+from neuron_workbench.run.file_writes import (
+    kept_apart_note,
+    tempfile_names_drawn,
+    writes_kept_apart,
+)
 from neuron_workbench.run.grad_scalers import scales_made_again
 from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
@@ -596,6 +600,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             )
             if apart:
                 stack.enter_context(class_attributes_kept(ns))
+            temp_names = stack.enter_context(tempfile_names_drawn())
             recording = stack.enter_context(backend.fallback_recording())
             stack.enter_context(unversioned.recording())
             stack.enter_context(scales_made_again())
@@ -658,6 +663,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
         run.steps = step_scalars
         run.facts = facts
         facts.rule_ops = dict(recording.rule_ops)
+        facts.temp_names = temp_names
         # what it did to the notebook's open files and bars, given to it as stand-ins: kept apart
         # in a run that is not kept, done to them by the kernel when it is (a worker's target)
         to_handles = drain_made()

@@ -52,7 +52,13 @@ from typing import Any
 
 from neuron_workbench.run.patching import patched_attributes
 
-__all__ = ["WritesKeptApart", "kept_apart_note", "tempfile_names", "writes_kept_apart"]
+__all__ = [
+    "WritesKeptApart",
+    "kept_apart_note",
+    "tempfile_names",
+    "tempfile_names_drawn",
+    "writes_kept_apart",
+]
 
 #: Mode letters that write.
 _WRITING = frozenset("wax+")
@@ -552,6 +558,33 @@ def tempfile_names() -> frozenset[str]:
     if changed < listed_at - _SETTLED_NS:
         _TEMPFILE_LISTING[folder] = (changed, names)
     return names
+
+
+@contextlib.contextmanager
+def tempfile_names_drawn(limit: int = 256) -> Iterator[list[str]]:
+    """Note the random names ``tempfile`` draws while the body runs, in order (the first ``limit``).
+
+    Yields the list they are appended to: the eight characters ``mkdtemp``, ``mkstemp``,
+    ``TemporaryDirectory`` and ``NamedTemporaryFile`` put between their prefix and suffix. Each
+    run of a cell draws its own, so a path the cell builds on one (``ckpt =
+    os.path.join(tmp.name, "model.pt")``) differs between the runs though the code is the same;
+    the comparison pairs the names each run drew (a name drawn and found taken is noted too).
+    """
+    drawn: list[str] = []
+    real = tempfile._get_candidate_names  # type: ignore[attr-defined]
+
+    def candidate_names() -> Iterator[str]:
+        # tempfile asks for its shared sequence at each call and takes names from it until one is
+        # free; the shared sequence goes on as it would have
+        names = real()
+        while True:
+            name = next(names)
+            if len(drawn) < limit:
+                drawn.append(name)
+            yield name
+
+    with patched_attributes(tempfile, {"_get_candidate_names": candidate_names}):
+        yield drawn
 
 
 #: The temporary folder's last listing of tempfile's names, with its modification time then.

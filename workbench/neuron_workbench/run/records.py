@@ -210,6 +210,9 @@ class RunFacts:
     shared_host : bool
         Whether the run ran at the same time as the other run of its cell (a target in its
         worker while the reference ran in the kernel): its wall time shares the host's cores.
+    temp_names : list of str
+        The random names ``tempfile`` drew in the run, in order (the first 256): a path built on
+        one (``tempfile.TemporaryDirectory().name``) differs between runs of the same code.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -225,6 +228,7 @@ class RunFacts:
     notes: list[str] = field(default_factory=list)
     rule_ops: dict[str, int] = field(default_factory=dict)
     shared_host: bool = False
+    temp_names: list[str] = field(default_factory=list)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
         """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
@@ -247,6 +251,7 @@ class RunFacts:
             "notes": list(self.notes),
             "rule_ops": dict(self.rule_ops),
             "shared_host": self.shared_host,
+            "temp_names": list(self.temp_names),
         }
 
 
