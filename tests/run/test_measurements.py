@@ -6,6 +6,7 @@ import math
 import pickle
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from neuron_workbench.run.measurements import (
     provenance_of,
     source_dtype,
     tracked,
+    untagged,
 )
 from neuron_workbench.run.remap import cuda_remapped_to
 
@@ -97,6 +99,32 @@ def test_tracked_puts_every_source_back():
     assert after == originals
     assert "item" not in vars(torch.Tensor) and type(time.perf_counter()) is float
     assert type(torch.ones(()).item()) is float
+
+
+def test_summaries_of_measurements_are_measurements_of_the_same_type():
+    import statistics
+
+    from neuron_workbench.run.transport import dumps, loads
+
+    times = [TaggedFloat(t, MS) for t in (1.0, 2.0, 4.0)]
+    with tracked(torch.cuda):
+        mean, p90, var = np.mean(times), np.percentile(times, 90), np.var(times)
+        peak = np.max([TaggedInt(2**21, BYTES), TaggedInt(2**20, BYTES)]) / 2**20
+        median = statistics.median(t for t in times)  # an iterator is read once, as before
+        quartiles = statistics.quantiles(times, n=4)
+        total = math.fsum(times)
+        plain = np.mean([1.0, 2.0])
+    assert isinstance(mean, np.float64) and provenance_of(mean).unit == "ms"
+    assert provenance_of(mean * 1e3).unit == "us" and is_measurement(mean.round(1))
+    assert is_measurement(p90) and provenance_of(var).unit is None  # milliseconds squared
+    assert provenance_of(peak).unit == "MiB"
+    assert type(median) is TaggedFloat and median == 2.0
+    assert all(is_measurement(q) for q in quartiles) and is_measurement(total)
+    assert type(plain) is np.float64 and not is_measurement(plain)
+    assert type(loads(dumps([mean]))[0]) is type(mean) and loads(dumps([mean]))[0] == mean
+    assert type(untagged([mean])[0]) is np.float64  # what the notebook gets is NumPy's own
+    # outside a run the functions are NumPy's and statistics' again
+    assert not is_measurement(np.mean(times)) and not is_measurement(statistics.mean(times))
 
 
 def test_scalars_from_tensors_carry_their_dtype_and_pass_one_interception_point():

@@ -29,9 +29,12 @@ by value with their provenance, so they come back from a worker process as they 
 per op beyond one lookup in the run's existing torch function mode: the timers and statistics are
 replaced only while :func:`tracked` is active.
 
-What loses the provenance (documented limits): ``int(x)`` and ``float(x)`` of a tagged number
-(Python requires exact types there), string formatting (``f"{ms:.1f}"``), NumPy and ``statistics``
-functions, and tensors built from tagged numbers.
+Summaries of a list of measurements are measurements too: ``statistics``' averages, medians and
+spreads, ``math.fsum`` and NumPy's reductions (``np.mean(times)``, ``np.percentile(times, 90)``;
+a NumPy ``float64`` result stays one, tagged). What loses the provenance (documented limits):
+``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), string
+formatting (``f"{ms:.1f}"``), NumPy arrays (``np.array(times)``) and what is computed from them,
+and tensors built from tagged numbers.
 """
 
 from __future__ import annotations
@@ -39,14 +42,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import functools
+import itertools
 import math
 import operator
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+try:  # torch imports NumPy where it is installed; the workbench does not need it
+    import numpy
+except ImportError:  # pragma: no cover - a torch without NumPy
+    numpy = None  # type: ignore[assignment]
 
 from neuron_workbench.run.namespace import attributes_are_state
 from neuron_workbench.run.patching import patched_attributes
@@ -166,6 +177,9 @@ def tag(value: Any, provenance: Provenance) -> Any:
     kind = type(value)
     if kind is bool or value is None:
         return value
+    numpy_tagged = _NUMPY_TAGGED.get(kind)
+    if numpy_tagged is not None:  # a NumPy summary's (np.mean(times)): it stays NumPy's type
+        return numpy_tagged(value, provenance)
     if isinstance(value, float):
         return TaggedFloat(value, provenance)
     if isinstance(value, int):
@@ -182,6 +196,9 @@ def tag(value: Any, provenance: Provenance) -> Any:
 
 
 def _plain(value: Any) -> Any:
+    numpy_type = _NUMPY_PLAIN.get(type(value))
+    if numpy_type is not None:
+        return numpy_type(value.item())
     if isinstance(value, TaggedFloat):
         return float.__float__(value)
     if isinstance(value, TaggedInt):
@@ -299,11 +316,11 @@ def _binary(name: str) -> Callable[[Any, Any], Any]:
     def method(self: Any, other: Any, *modulo: Any) -> Any:
         if modulo:  # three-argument pow(): a plain result, as the builtin type gives it
             return pow(_plain(self), _plain(other), *modulo)
-        if not isinstance(other, _NUMBER):
+        if not isinstance(other, _NUMERIC):
             return NotImplemented  # a tensor, an array: their own operator decides
         a, b = _plain(self), _plain(other)
         result = op(b, a) if reflected else op(a, b)
-        if type(result) is bool or not isinstance(result, _NUMBER):
+        if type(result) is bool or not isinstance(result, _NUMERIC):
             return result
         prov = _combined(self.provenance, provenance_of(other), name, b, result)
         return result if prov is None else tag(result, prov)
@@ -315,7 +332,7 @@ def _binary(name: str) -> Callable[[Any, Any], Any]:
 def _unary(func: Callable[..., Any]) -> Callable[..., Any]:
     def method(self: Any, *args: Any) -> Any:
         result = func(_plain(self), *args)
-        if not isinstance(result, _NUMBER) or type(result) is bool:
+        if type(result) is bool or not isinstance(result, _NUMERIC):
             return result
         prov = _combined(self.provenance, None, "unary", None, result)
         return result if prov is None else tag(result, prov)
@@ -431,8 +448,58 @@ class TaggedStr(str):
         return str, (str.__str__(self),)
 
 
-#: The tagged types: what the workbench's transport pickles with the provenance.
-TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
+def _tagged_numpy_scalar(base: type) -> type:
+    """A subclass of the NumPy scalar type ``base`` that remembers where it came from.
+
+    NumPy's own methods make new scalars of the receiver's type, through ``__new__`` or without
+    it: each is one of this type, with no provenance unless given one (a plain number, as the
+    method gives on a plain one). :class:`_TaggedNumber`'s methods are copied in, not inherited:
+    NumPy's scalar methods crash (``ms.round(2)``) on a subclass with another base before ``base``.
+    """
+
+    def __new__(cls: type, value: Any, provenance: Provenance | None = None) -> Any:
+        # always an instance of cls: NumPy writes the value into what __new__ returns
+        self = base.__new__(cls, value)  # type: ignore[call-overload]
+        self.provenance = provenance
+        return self
+
+    def round(self: Any, decimals: int = 0, out: Any = None) -> Any:
+        # np.mean(times).round(2), tagged as round(ms, 2) is
+        result = _plain(self).round(decimals, out)
+        return result if out is not None else tag(result, self.provenance)
+
+    namespace: dict[str, Any] = {
+        name: method
+        for name, method in vars(_TaggedNumber).items()
+        if name.startswith("__") and callable(method) and name != "__init_subclass__"
+    }
+    namespace.update(
+        __new__=__new__,
+        __repr__=base.__repr__,
+        __str__=base.__str__,
+        __hash__=base.__hash__,
+        __module__=__name__,
+        __doc__=f"A NumPy ``{base.__name__}`` that remembers where it came from "
+        "(``np.mean(times)``).",
+        provenance=None,
+        round=round,
+    )
+    return type(f"Tagged{base.__name__.capitalize()}", (base,), namespace)
+
+
+if numpy is not None:
+    TaggedFloat64 = _tagged_numpy_scalar(numpy.float64)
+    TaggedInt64 = _tagged_numpy_scalar(numpy.int64)
+    #: NumPy's scalar types that summaries of measurements give, and their tagged subclasses.
+    _NUMPY_TAGGED: dict[type, type] = {numpy.float64: TaggedFloat64, numpy.int64: TaggedInt64}
+    #: The tagged types: what the workbench's transport pickles with the provenance.
+    TAGGED: tuple[type, ...] = (TaggedFloat, TaggedInt, TaggedStr, TaggedFloat64, TaggedInt64)
+else:  # pragma: no cover - a torch without NumPy
+    _NUMPY_TAGGED = {}
+    TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
+_NUMPY_PLAIN = {tagged: plain for plain, tagged in _NUMPY_TAGGED.items()}
+#: The numbers tagged arithmetic takes and makes: Python's, and NumPy's that summaries give.
+_NUMERIC: tuple[type, ...] = (*_NUMBER, *_NUMPY_TAGGED)
 
 
 # ---- tensor to Python scalar: the one interception point ------------------------------------------
@@ -635,6 +702,116 @@ def elapsed_ms(value: float) -> TaggedFloat:
     return TaggedFloat(value, Provenance("time", "torch.cuda.Event.elapsed_time", "ms"))
 
 
+# ---- summaries of measurements ----------------------------------------------------------------
+
+#: Functions that summarise a sequence of numbers, by module: a summary of measurements is one
+#: (the mean of a list of step times differs between any two runs as the times do). True: the
+#: result is in the numbers' unit (a mean or a percentile of times is a time); False: it is not
+#: (a variance is in the unit squared).
+SUMMARIES: dict[str, dict[str, bool]] = {
+    "statistics": {
+        **dict.fromkeys(
+            (
+                "mean",
+                "fmean",
+                "geometric_mean",
+                "harmonic_mean",
+                "median",
+                "median_low",
+                "median_high",
+                "median_grouped",
+                "mode",
+                "stdev",
+                "pstdev",
+                "quantiles",
+            ),
+            True,
+        ),
+        "variance": False,
+        "pvariance": False,
+    },
+    "math": {"fsum": True},
+    "numpy": {
+        **dict.fromkeys(
+            (
+                "mean",
+                "average",
+                "median",
+                "std",
+                "min",
+                "max",
+                "amin",
+                "amax",
+                "sum",
+                "ptp",
+                "percentile",
+                "quantile",
+                "nanmean",
+                "nanmedian",
+                "nanstd",
+                "nanmin",
+                "nanmax",
+                "nansum",
+                "nanpercentile",
+                "nanquantile",
+            ),
+            True,
+        ),
+        "var": False,
+        "nanvar": False,
+    },
+}
+#: How many items of a sequence are looked at for a measurement (a list of timings holds only
+#: them; a long list of anything else is not walked to the end on every call).
+_SUMMARY_LOOK = 1024
+
+
+def _measured_in(data: Any) -> Provenance | None:
+    """The provenance of the first measurement ``data`` is or holds (a list of timings), or None."""
+    if is_measurement(data):
+        return provenance_of(data)
+    if type(data) in (list, tuple, collections.deque):
+        for item in itertools.islice(data, _SUMMARY_LOOK):
+            if is_measurement(item):
+                return provenance_of(item)
+    return None
+
+
+def _summary(func: Callable[..., Any], keeps_unit: bool, takes_iterators: bool) -> Any:
+    @functools.wraps(func)
+    def summary(*args: Any, **kwargs: Any) -> Any:
+        if not args:
+            return func(*args, **kwargs)
+        data = args[0]
+        if takes_iterators and isinstance(data, Iterator):
+            # statistics and fsum read any iterable once: read here, and given on as a list
+            data = list(data)
+            args = (data, *args[1:])
+        prov = _measured_in(data)
+        result = func(*args, **kwargs)
+        if prov is None:
+            return result
+        return tag(result, prov if keeps_unit else replace(prov, unit=None))
+
+    return summary
+
+
+def _summary_patches() -> list[tuple[Any, dict[str, Any]]]:
+    """The summarising functions of the loaded modules of :data:`SUMMARIES`, wrapped to tag."""
+    patches = []
+    for module_name, functions in SUMMARIES.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        replacements = {
+            name: _summary(getattr(module, name), keeps_unit, module_name != "numpy")
+            for name, keeps_unit in functions.items()
+            if callable(getattr(module, name, None))
+        }
+        patches.append((module, replacements))
+    return patches
+
+
 @contextlib.contextmanager
 def tracked(cuda: Any) -> Iterator[None]:
     """For the body: timers and ``cuda``'s statistics hand out tagged values.
@@ -655,6 +832,9 @@ def tracked(cuda: Any) -> Iterator[None]:
         interval = vars(Interval)["__init__"]
         stack.enter_context(patched_attributes(Interval, {"__init__": _tagged_interval(interval)}))
         stack.enter_context(patched_attributes(cuda, cuda_replacements(cuda)))
+        # np.mean(times), statistics.median(times): summaries of measurements are measurements
+        for module, replacements in _summary_patches():
+            stack.enter_context(patched_attributes(module, replacements))
         yield
 
 
