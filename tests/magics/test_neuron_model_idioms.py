@@ -359,3 +359,44 @@ def test_custom_fwd_casts_inputs_under_cuda_autocast_on_both_sides(shell):
     assert shell.user_ns["dtypes"] == (torch.float32, torch.bfloat16, torch.float32)
     assert shell.user_ns["asked"] == (True, torch.bfloat16)
     assert shell.user_ns["outside"] is False
+
+
+#: A small Llama, to decode with a static cache (transformers compiles its forward for that).
+STATIC_CACHE_MODEL = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1,
+)
+decoder = LlamaForCausalLM(config).eval()
+decoder.generation_config.pad_token_id = 0
+prompt = torch.randint(0, 32, (2, 5))
+"""
+
+#: Greedy decoding with a static cache, as a model card writes it for a GPU.
+STATIC_CACHE_GENERATE = """
+decoder.cuda()
+tokens = decoder.generate(
+    prompt.cuda(), max_new_tokens=3, do_sample=False, cache_implementation="static"
+)
+"""
+
+
+@pytest.mark.parametrize("keep", ["", " --keep target"])
+def test_generate_with_a_static_cache_compiled_for_the_device_comes_back(shell, keep):
+    # generate() with a static cache compiles the model's forward, with backend="neuron" on a
+    # Neuron device (transformers' default there), and keeps it on the model: the worker's answer
+    # could not be loaded in the kernel, which has no such backend (ERROR, "AnswerNotLoaded ...
+    # Invalid backend: 'neuron'"). It comes back now, and the model decodes again in a later cell.
+    pytest.importorskip("transformers")
+    run_cell(shell, STATIC_CACHE_MODEL)
+    run_cell(shell, f"%%neuron -o r{keep}\n{STATIC_CACHE_GENERATE}")
+    report = shell.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "tokens" in {d.path for d in report.comparison.compared}
+    assert shell.user_ns["tokens"].shape == (2, 8)
+    report = _passed(shell, STATIC_CACHE_GENERATE.replace("tokens =", "again ="))
+    assert torch.equal(shell.user_ns["again"], shell.user_ns["tokens"])

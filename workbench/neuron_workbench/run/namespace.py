@@ -647,7 +647,7 @@ def _deepcopy_function(value: types.FunctionType, memo: dict[int, Any]) -> types
     compiled = compiled_over_state(value)
     if compiled is not None:
         request = vars(value)[COMPILE_REQUEST_ATTR]
-        result = torch.compile(_deepcopy(compiled, memo), **request)
+        result = torch.compile(_deepcopy(compiled, memo), **compile_request_here(request))
         object.__setattr__(result, COMPILE_REQUEST_ATTR, request)
         memo[id(value)] = result
         memo.setdefault(id(memo), []).append(value)  # alive with the memo (its id is a key)
@@ -702,6 +702,69 @@ def _deepcopy_parameter(param: torch.nn.Parameter, memo: dict[int, Any]) -> torc
 COMPILE_REQUEST_ATTR = "_workbench_compile_request"
 
 
+def compile_request_here(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` as this process's ``torch.compile`` can take it (a remembered request).
+
+    A backend named by a string that only the process which compiled has registered would fail
+    the compile made again here (``InvalidBackend``): transformers' ``generate()`` with a static
+    cache compiles the model's forward with ``backend="neuron"`` on a Neuron device, and the
+    target's answer bringing that model back could not be loaded in the kernel (ERROR). Such a
+    name becomes a backend that looks it up when a graph first compiles: a call here fails as in
+    any process without that backend, and the request remembered keeps the name, which a target's
+    process compiles with again.
+
+    Parameters
+    ----------
+    request : dict
+        The keyword arguments ``torch.compile`` was given.
+
+    Returns
+    -------
+    dict
+        ``request`` itself, or a copy whose ``backend`` is looked up by name at its first compile.
+    """
+    backend = request.get("backend")
+    if not isinstance(backend, str) or _backend_registered(backend):
+        return request
+    return {**request, "backend": _backend_named_later(backend)}
+
+
+def _backend_registered(name: str) -> bool:
+    """Whether Dynamo knows a backend called ``name`` in this process."""
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.exc import InvalidBackend
+
+    try:
+        lookup_backend(name)
+    except InvalidBackend:
+        return False
+    return True
+
+
+@functools.cache
+def _backend_named_later(name: str) -> Callable[..., Any]:
+    """A Dynamo backend that is the one called ``name`` when a graph compiles (one per name).
+
+    One object per name, as Dynamo's cached code guards on its backend's identity.
+    """
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(name)(gm, example_inputs, **kwargs)
+
+    backend.__name__ = name
+    return backend
+
+
+def compile_in_place_again(module: torch.nn.Module, request: dict[str, Any]) -> None:
+    """``module.compile(**request)`` in this process, remembering ``request`` as it was given."""
+    module.compile(**compile_request_here(request))
+    # (what this process's torch.compile remembered may name a backend looked up later)
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(vars(module)["_compiled_call_impl"], COMPILE_REQUEST_ATTR, request)
+
+
 def compile_request_in_place(module: torch.nn.Module) -> dict[str, Any] | None:
     """What ``module.compile()`` was asked for (None: not compiled in place, or not remembered)."""
     compiled = vars(module).get("_compiled_call_impl")
@@ -737,7 +800,7 @@ def _deepcopy_module(self: torch.nn.Module, memo: dict[int, Any]) -> torch.nn.Mo
     if vars(self).get("_compiled_call_impl") is not None:
         request = compile_request_in_place(self)
         if request is not None:
-            result.compile(**request)
+            compile_in_place_again(result, request)
     asked = vars(self).get(COMPILE_REQUEST_ATTR)
     if asked is not None and COMPILE_REQUEST_ATTR not in vars(result):
         object.__setattr__(result, COMPILE_REQUEST_ATTR, asked)

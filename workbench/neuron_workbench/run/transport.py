@@ -60,6 +60,8 @@ from neuron_workbench.run.namespace import (
     ORIGIN_ATTR,
     UNUSABLE_DEVICE_TYPE,
     add_leaf_hooks,
+    compile_in_place_again,
+    compile_request_here,
     compile_request_in_place,
     guard_graph_left_behind,
     leaf_hooks,
@@ -1138,7 +1140,7 @@ def _state_then(obj: Any, packed: tuple[Any, Callable[[Any, Any], None], Any]) -
 
 def _compile_in_place(module: torch.nn.Module, request: dict[str, Any]) -> None:
     with _warned_before():
-        module.compile(**request)
+        compile_in_place_again(module, request)
 
 
 @contextlib.contextmanager
@@ -1185,7 +1187,7 @@ COMPILED_BEFORE_LOAD = "compiled with torch.compile before %load_ext neuron_work
 def _compiled_again(original: Any, request: dict[str, Any]) -> Any:
     """``torch.compile(original, **request)`` in this process, remembering the request again."""
     with _warned_before():
-        compiled = torch.compile(original, **request)
+        compiled = torch.compile(original, **compile_request_here(request))
     _remember(compiled, request)
     return compiled
 
