@@ -39,6 +39,7 @@ from neuron_workbench.run.measurements import reads_memory_statistics, untagged
 from neuron_workbench.run.namespace import (
     INPUT_HISTORY,
     ResidentObjects,
+    StorageMoves,
     class_attributes_kept,
     devices_on_the_device,
     devices_replaced,
@@ -546,7 +547,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             shared = [name for name in shared if name in read]
         else:
             copies = {n: ns[n] for n in sorted(inputs) if n in ns and needs_copy(ns[n])}
-        storages: dict[int, torch.UntypedStorage] = {}  # views of one storage stay views of one
+        storages: StorageMoves = {}  # views of one storage stay views of one
 
         # what the cell had put on the device first: a name viewing its memory then moves with it
         # (`sd = model.state_dict()` in a plain cell), as it is on the device on a GPU; optimizers
@@ -559,6 +560,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             copies[name] = move_to_device(
                 copies[name], backend.device, force=saved[name] in spec.resident, memo=storages
             )
+        storages.clear()  # the host storages it held (what moved) go now, not after the cell
         # A device object an earlier cell built as "cuda" (kept as the reference's cpu device)
         # means this run's device.
         cuda_devices = {

@@ -1113,11 +1113,19 @@ def guard_graph_left_behind(tensor: torch.Tensor, grad_fn: str) -> None:
     tensor.register_hook(graph_left_behind)
 
 
+#: The device copy of each host storage a run's moves took there, by the storage's ``_cdata``,
+#: with that storage itself: held, its address (the key) cannot be reused by another storage while
+#: the moves go on. A parameter's host storage is freed as soon as the parameter moves, and a
+#: device storage made next at that address (a tied weight met again in ``Module._apply``) then
+#: found the first one's device copy: the weight read another tensor's memory on the target.
+StorageMoves = dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]]
+
+
 def move_to_device(
     value: Any,
     device: torch.device,
     force: bool = False,
-    memo: dict[int, torch.UntypedStorage] | None = None,
+    memo: StorageMoves | None = None,
     seen: dict[int, Any] | None = None,
 ) -> Any:
     """Move the tensors in ``value`` that live on an accelerator (or all, with ``force``) to ``device``.
@@ -1221,7 +1229,7 @@ def move_to_device(
     return value
 
 
-def _storage_moved(tensor: torch.Tensor, memo: dict[int, torch.UntypedStorage]) -> bool:
+def _storage_moved(tensor: torch.Tensor, memo: StorageMoves) -> bool:
     """Whether ``tensor`` views memory already moved to the device (``model.state_dict()``'s).
 
     Memory on the device is there for every tensor viewing it, whatever the notebook knew of them.
@@ -1234,9 +1242,7 @@ def _storage_moved(tensor: torch.Tensor, memo: dict[int, torch.UntypedStorage]) 
         return False
 
 
-def _moved_tensor(
-    tensor: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
-) -> torch.Tensor:
+def _moved_tensor(tensor: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:
     # A leaf moves in place, as Module.to moves a parameter: it stays a leaf (``.to`` would give it
     # a grad_fn), and what else holds it (an optimizer of a tensor optimised alone, a list) holds
     # the moved tensor, hooks and marks included.
@@ -1255,17 +1261,13 @@ def _moved_tensor(
     return tensor.to(device)
 
 
-def _device_view(
-    data: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
-) -> torch.Tensor:
+def _device_view(data: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:
     """``data.to(device)``, as a view of the one device copy of ``data``'s whole storage."""
     with inference_mode_for(data):  # an inference tensor's move is one too, as on the device
         return _device_view_of(data, device, memo)
 
 
-def _device_view_of(
-    data: torch.Tensor, device: torch.device, memo: dict[int, torch.UntypedStorage]
-) -> torch.Tensor:
+def _device_view_of(data: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:
     if type(data) is not torch.Tensor or data.layout != torch.strided:
         return data.to(device)
     if data.is_conj() or data.is_neg():  # lazy bits a storage view cannot carry
@@ -1273,24 +1275,27 @@ def _device_view_of(
     try:
         source = data.untyped_storage()
         key = source._cdata
-        storage = memo.get(key)
-        if storage is None:
-            if (
-                data.storage_offset() == 0
-                and data.is_contiguous()
-                and data.numel() * data.element_size() == source.nbytes()
-            ):
-                # The tensor is its whole storage (a weight, an optimizer state): its own copy is
-                # the storage's device copy, in one op instead of five (a worker moves every
-                # tensor a cell reads).
-                moved = data.to(device)
-                memo[key] = moved.untyped_storage()
-                if moved.stride() == data.stride():
-                    return moved
-                storage = memo[key]  # size-1 dims may restride: the same bytes, viewed as before
-            else:
-                whole = torch.empty(0, dtype=torch.uint8, device=data.device).set_(source)
-                storage = memo[key] = whole.to(device).untyped_storage()
+        entry = memo.get(key)
+        if entry is not None:
+            storage = entry[1]
+        elif (
+            data.storage_offset() == 0
+            and data.is_contiguous()
+            and data.numel() * data.element_size() == source.nbytes()
+        ):
+            # The tensor is its whole storage (a weight, an optimizer state): its own copy is
+            # the storage's device copy, in one op instead of five (a worker moves every
+            # tensor a cell reads).
+            moved = data.to(device)
+            storage = moved.untyped_storage()
+            memo[key] = (source, storage)
+            if moved.stride() == data.stride():
+                return moved
+            # (size-1 dims may restride: the same bytes, viewed as before, below)
+        else:
+            whole = torch.empty(0, dtype=torch.uint8, device=data.device).set_(source)
+            storage = whole.to(device).untyped_storage()
+            memo[key] = (source, storage)
         view = torch.empty(0, dtype=data.dtype, device=device)
         return view.set_(storage, data.storage_offset(), data.shape, data.stride())
     except Exception:  # a device without storage views (or set_): a plain copy
