@@ -23,6 +23,7 @@ from neuron_workbench.compare.budget import (
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
+    CAUSE_NOT_IDENTIFIED,
     Evidence,
     autocast_registration_hint,
     cpu_lacks_half_fft_hint,
@@ -30,6 +31,7 @@ from neuron_workbench.report.hints import (
     float64_gradcheck_hint,
     hints_for,
     kernel_only_op_hint,
+    rounding_hint,
 )
 from neuron_workbench.report.report import IDLE_TARGET, Report
 from neuron_workbench.run import (
@@ -589,6 +591,12 @@ def precision_budget(
     budget.tolerances = tolerance_lines(comparison.failures, budget)
     if judge == "budget":
         _explain_beyond_budget(comparison, budget, ref, target, oracle)
+    else:
+        for diff in comparison.failures:
+            measured = budget.get(diff.path)
+            # "cause not identified" sends the user looking for a bug the oracle ruled out
+            if measured is not None and measured.within and diff.hints == [CAUSE_NOT_IDENTIFIED]:
+                diff.hints = [rounding_hint(measured.factor, measured.label)]
     return budget
 
 

@@ -33,6 +33,20 @@ CAUSE_NOT_IDENTIFIED = (
 )
 
 
+def rounding_hint(ratio: str, label: str) -> str:
+    """The hint of a failing output the precision budget measured as rounding (``R`` within budget).
+
+    ``ratio`` and ``label`` are the output's ``R`` as the report writes it and its band
+    (:class:`~neuron_workbench.compare.budget.OutputBudget`): against a float64 oracle, the target's
+    error is about the reference's own, so the tolerance was tighter than the two runs' rounding
+    (a sum over many elements, another op order), which is no cause to look for.
+    """
+    return (
+        f"rounding: against a float64 oracle the target is {label} (R {ratio}); the tolerance is "
+        "tighter than this computation's own rounding (--judge budget judges float outputs by R)"
+    )
+
+
 class Evidence:
     """What both runs recorded, looked up once per comparison and shared by every failing output."""
 
