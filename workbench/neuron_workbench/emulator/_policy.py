@@ -371,17 +371,20 @@ def matmul_passes(func: Any, base: str, pos: tuple, cargs: list, ckw: dict, pass
         return func(*cargs, **ckw)
     RULE_OPS["tpu-matmul"] += 1
     n = passes
-    if base.startswith("_scaled_dot_product"):
-        n = 1  # attention: inputs rounded once (documented approximation for HIGH/HIGHEST)
-    if passes == 1:  # the mode's own passes: attention's approximation is not DEFAULT's doing
+    if passes == 1:
         RULE_OPS["tpu-matmul-1pass"] += 1
     if base == "convolution_backward":
         return _conv_backward_passes(func, cargs, ckw, n)
     nterms = {1: 1, 3: 2, 6: 3}[n]
     if base.startswith("_scaled_dot_product"):
+        # Attention's matmuls are inside one kernel (a softmax between them), so their passes
+        # cannot be summed from separate calls: each input keeps what the mode's bf16 terms hold
+        # of it (one term at DEFAULT, two at HIGH, three, all of float32's bits, at HIGHEST).
+        # Rounding them to one term whatever the mode made attention under 'highest' differ
+        # from the reference by bfloat16's rounding, with no rule to name.
         args = list(cargs)
         for p in pos:
-            args[p] = cargs[p].to(_BF16).to(_F32)
+            args[p] = sum(_bf16_split(cargs[p], nterms))
         return func(*args, **ckw)
     a_parts = _bf16_split(cargs[pos[0]], nterms)
     b_parts = _bf16_split(cargs[pos[1]], nterms)
