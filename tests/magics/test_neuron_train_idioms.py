@@ -463,3 +463,32 @@ def test_a_step_split_after_unscale_is_no_pass_in_process(ip):
     assert report.verdict == "ERROR", report.summary()
     assert "between unscale_ and step" in report.summary()
     torch.testing.assert_close(ip.user_ns["model"].weight.detach(), torch.ones(1, 4))
+
+
+def test_autocast_on_the_tpus_own_device_type_defaults_to_bfloat16(ip):
+    # `torch.autocast(device_type=x.device.type)` with no dtype takes the device's default, which
+    # TorchTPU's device module makes bfloat16 (shared/notes/updates-2026-12.md). The emulated tpu
+    # kept PyTorch's float16 for PrivateUse1, and its report's numerics said "autocast_default:
+    # float16": the target computed what no TPU computes.
+    run_cell(ip, "import torch\nimport torch.nn as nn")
+    run_cell(
+        ip,
+        "%%neuron --target tpu -o r\n"
+        'device = torch.device("cuda")\n'
+        "model = nn.Linear(16, 4).to(device)\n"
+        "X = torch.randn(8, 16, device=device)\n"
+        "with torch.autocast(device_type=X.device.type):\n"
+        "    h = model(X)",
+    )
+    target = ip.user_ns["r"].target
+    assert target.error is None, ip.user_ns["r"].summary()
+    assert target.outputs["h"].dtype == torch.bfloat16
+    assert target.backend.details["numerics"]["autocast_default"] == "bfloat16"
+    # the cell's own torch.autocast("cuda") is still CUDA's float16 on the target
+    run_cell(
+        ip,
+        '%%neuron --target tpu -o r\nwith torch.autocast("cuda"):\n    h = model(X)',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.target.outputs["h"].dtype == torch.float16

@@ -194,7 +194,7 @@ def status() -> EmulatorStatus | None:
             "matmul_precision": names.get(_core.MATMUL_PASSES, "exact fp32"),
             "float64": "computed as float32" if _core.NARROW_64BIT else "float64",
             "int64": "computed as int32" if _core.NARROW_64BIT else "int64",
-            "autocast_default": "float16",
+            "autocast_default": "bfloat16",  # TorchTPU's device module's (updates-2026-12.md)
         }
     return EmulatorStatus(
         device=p.device,

@@ -226,6 +226,9 @@ def install(device_type: str, profile: Profile, status: Callable[[], Any] | None
     _patch_limits(device_type)
     if device_type == "tpu":
         _patch_tpu_precision(mod)
+        # TorchTPU's device module defaults autocast to bfloat16 (updates-2026-12.md); PyTorch's
+        # own default for PrivateUse1 is float16, which TorchNeuron keeps (torchneuron.md §10).
+        torch.set_autocast_dtype(device_type, torch.bfloat16)
     from neuron_workbench.emulator import compile as _compile
 
     _compile.install()  # torch.compile selects the device's backend, as the SDKs patch it
