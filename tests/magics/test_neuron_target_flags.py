@@ -89,3 +89,29 @@ def test_a_flag_for_another_target_is_a_one_line_usage_error(ip, line, message):
     with pytest.raises(UsageError) as info:
         run_cell(ip, f"%%neuron {line}\nx = 1")
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+SCALED_STEP = """
+net.cuda()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cuda")
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = net(inputs.cuda()).float().pow(2).mean()
+scaler.scale(loss).backward()
+scaler.step(opt)
+scaler.update()
+"""
+
+
+def test_a_missing_tpu_op_error_says_what_to_do_next(ip):
+    # A float16 GradScaler step on tpu stopped at TorchTPU's first missing op (its CPU fallback is
+    # off by default) with only "Please file a feature request": the report named no way on.
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nnet = torch.nn.Linear(8, 4)")
+    run_cell(ip, "inputs = torch.randn(4, 8)")
+    report = _report(ip, "--target tpu", SCALED_STEP)
+    assert report.verdict == "ERROR" and report.ref.ok, report.summary()
+    [note] = [n for n in report.notes if n.startswith("tpu (emulated) error: ")]
+    assert "TorchTPU has no kernel for aten::_amp_foreach_non_finite_check_and_unscale_" in note
+    assert "--list-fallbacks" in note and "GradScaler's" in note
+    # the way it names: with the fallback on, the step runs and the cell passes
+    assert _report(ip, "--target tpu --list-fallbacks", SCALED_STEP).verdict == "PASS"

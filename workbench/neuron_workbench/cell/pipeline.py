@@ -31,6 +31,7 @@ from neuron_workbench.report.hints import (
     float64_gradcheck_hint,
     hints_for,
     kernel_only_op_hint,
+    missing_tpu_op_hint,
     rounding_hint,
 )
 from neuron_workbench.report.report import IDLE_TARGET, Report
@@ -757,6 +758,7 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
         cuda_refuses_too_hint(ref, target),
         kernel_only_op_hint(ref, target),
         float64_gradcheck_hint(ref, target),
+        missing_tpu_op_hint(ref, target),
     ):
         if hint:
             notes.append(f"{target.backend.label} error: {hint}")

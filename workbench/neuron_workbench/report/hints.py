@@ -670,6 +670,37 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     )
 
 
+_TPU_MISSING_OP = re.compile(r"operator '([\w:.]+)' is not implemented for TPU\. Please file")
+
+
+def missing_tpu_op_hint(ref: Run, target: Run) -> str | None:
+    """What to do when TorchTPU had no kernel for an op the cell ran, and stopped there.
+
+    TorchTPU's CPU fallback is off by default (``shared/notes/torchtpu.md`` §3), so the first op
+    without a TPU kernel raises, which says nothing of the others after it. Given when the
+    reference ran the cell and the target raised TorchTPU's "not implemented" error; a
+    ``GradScaler`` step's op (``aten::_amp_*``) also gets the reason a TPU cell needs no scaler.
+    """
+    if target.error is None or ref.error is not None or target.backend.name != "tpu":
+        return None
+    found = _TPU_MISSING_OP.search(target.error.message)
+    if found is None:
+        return None
+    op = found.group(1)
+    hint = (
+        f"TorchTPU has no kernel for {op}, and its CPU fallback is off by default, so the run "
+        "stopped at the first such op: --list-fallbacks runs the cell with the fallback on and "
+        "lists every op it needs (on a TPU: torch_tpu._internal.execution_mode."
+        "enable_cpu_fallback = True); or replace the op"
+    )
+    if op.startswith("aten::_amp_"):
+        hint += (
+            "; it is GradScaler's: float16 needs loss scaling, bfloat16 (float32's exponent range) "
+            'does not: train under torch.autocast("cuda", dtype=torch.bfloat16) without a scaler'
+        )
+    return hint
+
+
 def _has_kernel(name: str, key: str) -> bool:
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
