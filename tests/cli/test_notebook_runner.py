@@ -1,11 +1,13 @@
 """run_notebook executes a real kernel; the report files (run document, JUnit) built from it."""
 
+import json
 import xml.etree.ElementTree as ET
 
 import pytest
 from nbformat.v4 import new_markdown_cell
 
 from neuron_workbench.artifacts import load
+from neuron_workbench.cli.main import main
 from neuron_workbench.cli.notebook_runner import (
     InputResult,
     junit_xml,
@@ -170,3 +172,60 @@ def test_junit_times_are_the_cells_times_in_the_kernel(executed):
     ).find("testsuite")
     times = {case.get("name"): case.get("time") for case in suite.findall("testcase")}
     assert times == {f"cell {n}": f"{result.cell_seconds[n]:.3f}" for n in (2, 3, 4)}
+
+
+LOGGING_SCRIPT = """\
+import logging, sys
+import torch
+
+log = logging.getLogger("train")
+
+def main():
+    handler = logging.StreamHandler()  # stderr, as logging.basicConfig's
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    w = torch.ones(2, device="cuda", requires_grad=True)
+    for epoch in range(3):
+        loss = (w * (epoch + 1)).sum()
+        log.info("epoch %d loss %.4f", epoch, loss.item())
+    log.error("did not converge")
+    return 1
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_a_script_that_logged_its_progress_to_stderr_then_exited_non_zero_is_reported(
+    tmp_path, monkeypatch, capsys
+):
+    # `logging` writes to stderr, as a usage message does: the script's exit was taken for an
+    # argument error, so the command printed its log, exited 1 with no report line and wrote no
+    # --json / --junit file (the same script printing its progress was reported)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(LOGGING_SCRIPT)
+    code = main(["run", "train.py", "--json", "r.json", "--junit", "r.xml"])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "INFO epoch 2 loss 6.0000\nERROR did not converge\n" in err
+    assert out.startswith(
+        "train.py: ERROR neuron (emulated) vs cpu (as cuda) — cpu raised SystemExit: 1"
+    )
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    assert report["verdict"] == "ERROR"
+    assert report["ref"]["scalars"]["total"] == 3  # what it logged before it exited
+    assert (tmp_path / "r.xml").is_file()
+    # `record` keeps such a run too; an argument error stays the script's own message and code
+    assert main(["record", "train.py", "-q", "-o", "train.nwrun.zip"]) == 1
+    assert (tmp_path / "train.nwrun.zip").is_file()
+    (tmp_path / "args.py").write_text(
+        "import argparse, torch\np = argparse.ArgumentParser(prog='args.py')\n"
+        "p.add_argument('--epochs', type=int)\np.parse_args()\n"
+    )
+    capsys.readouterr()
+    assert main(["run", "args.py", "--json", "a.json", "--", "--epochs", "x"]) == 2
+    out, err = capsys.readouterr()
+    assert err.endswith("args.py: error: argument --epochs: invalid int value: 'x'\n")
+    assert not (tmp_path / "a.json").exists()

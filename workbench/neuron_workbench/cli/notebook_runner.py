@@ -579,17 +579,25 @@ def run_script(
 def script_exit(run: Any, exited_ok: bool = False) -> tuple[int, str] | None:
     """``(code, printed)`` when ``run`` ended in ``sys.exit(code)`` before it was compared.
 
-    That is a non-zero ``code`` before the script printed anything to its standard output
-    (``printed``: the script's usage message), or ``0`` when the caller knows the run ended in
-    ``sys.exit(0)`` with nothing to compare, ``exited_ok`` (a script's own ``--help``; ``printed``:
-    its standard output). A script that printed its progress and then exited non-zero ("the loss did
-    not converge") did its work: its runs are reported (``ERROR``, exit 1), report files written.
+    That is a non-zero ``code`` before the script printed anything to its standard output or
+    logged a scalar from a tensor (``printed``: the script's usage message), or ``0`` when the
+    caller knows the run ended in ``sys.exit(0)`` with nothing to compare, ``exited_ok`` (a
+    script's own ``--help``; ``printed``: its standard output). A script that printed or logged its
+    progress and then exited non-zero ("the loss did not converge") did its work: its runs are
+    reported (``ERROR``, exit 1), report files written.
     """
+    from neuron_workbench.compare.scalars import recorded_trace
+
     error = run.error
     if error is None and exited_ok:
         printed = run.stdout or ""
         return 0, printed if printed.endswith("\n") or not printed else printed + "\n"
     if error is None or error.type != "SystemExit" or (run.stdout or "").strip():
+        return None
+    logged = recorded_trace(run.extras.get("scalars"))
+    if logged is not None and logged.total:
+        # its progress went to stderr (`logging`'s default stream), where a usage message goes
+        # too: the loss it logged says it ran
         return None
     message = str(error.message).strip()
     if message in ("", "0", "None"):

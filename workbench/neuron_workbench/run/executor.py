@@ -687,9 +687,13 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             run.facts = facts
             facts.rule_ops = dict(recording.rule_ops)
         # Records that stay true of a run that raised: what compiled before the error (a failed
-        # compile among it), and a script's command line (its report names the script's lines).
+        # compile among it), a script's command line (its report names the script's lines) and
+        # the scalars it logged before it (a script's progress: it did its work, which its exit
+        # code alone does not say when it logged to stderr).
         run.extras = {
-            name: recorded(observed[name]) for name in ("compile", "script") if name in observed
+            name: recorded(observed[name])
+            for name in ("compile", "script", "scalars")
+            if name in observed
         }
     finally:
         drain_made()  # a run that raised is never kept: what it wrote to stand-ins goes
