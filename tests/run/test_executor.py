@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -254,3 +256,43 @@ def test_a_runs_stream_descriptor_is_the_one_of_the_stream_it_replaced(tmp_path,
     assert out_path.read_text() == "from a subprocess\nprinted\n"  # as plain code writes there
     assert err_path.read_text() == "to stderr\n"
     assert capfd.readouterr() == ("", "")  # nothing went around it, to the process's fds
+
+
+STEPPED_SCRIPT = """\
+import argparse, sys
+import torch
+
+def main():
+    parser = argparse.ArgumentParser(prog="stepped.py")
+    parser.add_argument("--lr", type=float, default=0.5)
+    args = parser.parse_args()
+    w = torch.ones(2, device="cuda")
+    loss = (w * args.lr).sum()
+    print(f"loss {loss.item():.4f}")
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_steps_repeat_a_script_that_ends_in_sys_exit_0_as_one_that_just_ends(
+    tmp_path, monkeypatch, capsys
+):
+    # `sys.exit(main())` ended every repetition, not its own: `run train.py --steps 3` ran such a
+    # script once and passed with options.steps 3 and no training section, while the same script
+    # without sys.exit ran three times
+    from neuron_workbench.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stepped.py").write_text(STEPPED_SCRIPT)
+    assert main(["run", "stepped.py", "--steps", "3", "--json", "r.json"]) == 0
+    assert capsys.readouterr().out.startswith("loss 1.0000\n" * 3 + "stepped.py: PASS")
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    assert report["training"]["steps"] == 3
+    assert [(s["site"], s["ref_count"], s["target_count"]) for s in report["scalars"]["sites"]] == [
+        ("stepped.py:10", 3, 3)
+    ]
+    # the script's own --help is printed once, as under python
+    assert main(["run", "stepped.py", "--steps", "3", "--", "--help"]) == 0
+    assert capsys.readouterr().out.count("usage: stepped.py") == 1

@@ -507,8 +507,10 @@ def run_script(
     context = script_run_context(path, args, cwd)
     namespace = script_namespace(path)
     exits = ExitWatch()
+    asked = any(arg in ("-h", "--help") for arg in args)
     options = cell_options(
-        {"scan": False, **(options or {})},
+        # the script's own --help is printed once, as under python, whatever --steps says
+        {"scan": False, **(options or {}), **({"steps": 1} if asked else {})},
         record=str(Path(record_dir).resolve() / f"{Path(path).stem}.nwrun.zip")
         if record_dir
         else None,
@@ -546,7 +548,6 @@ def run_script(
         session.close()
     # sys.exit(0) before anything was compared, asked for help: the script's own --help, not an
     # empty run (`sys.exit(main())` of a script that compared nothing stays UNCOMPARED, exit 1)
-    asked = any(arg in ("-h", "--help") for arg in args)
     helped = asked and exits.exited_ok and result.report.verdict == UNCOMPARED
     kept = result.captured.get(result.report.options.get("keep", options.compare.keep))
     shown_live = bool(getattr(kept, "live", False))

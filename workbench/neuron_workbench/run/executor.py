@@ -649,7 +649,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 except SystemExit as exc:
                     if exc.code not in (0, None):
                         raise  # the program's own failure (argparse's usage error): its error
-                    break  # `sys.exit(main())` at a script's end: its normal end
+                    # `sys.exit(main())` at a script's end: this repetition's normal end, as a
+                    # script that just ends (--steps runs it again; it ended all of them)
                 if spec.steps > 1:
                     step_scalars.append(_step_scalars(ns, before_run, last_value, spec.hidden))
             backend.synchronize()
