@@ -90,3 +90,38 @@ def test_an_error_raised_below_the_cell_names_the_users_frame_not_torchs():
         )
     except RuntimeError as exc:
         assert RunError.from_exception(exc, "<neuron-cell-9>").site is None
+
+
+SPAWNING_SCRIPT = """\
+import torch
+import torch.multiprocessing as mp
+
+
+def worker(rank):
+    raise ValueError(f"no shard for rank {rank}")
+
+
+if __name__ == "__main__":
+    print("loss", torch.ones(2, device="cuda").sum().item())
+    mp.spawn(worker, nprocs=1)
+"""
+
+
+def test_an_error_of_a_spawned_process_names_its_cause(tmp_path, monkeypatch, capsys):
+    # `mp.spawn` (a DDP script's entry point) re-raises a process's error with its traceback as
+    # the message: the report line read "ProcessRaisedException: -- Process 0 terminated with the
+    # following error:", the cause nowhere but the JSON's message
+    from neuron_workbench.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ddp.py").write_text(SPAWNING_SCRIPT)
+    assert main(["run", "ddp.py", "-q", "--junit", "r.xml"]) == 1
+    cause = (
+        "raised ProcessRaisedException: ValueError: no shard for rank 0 (in spawned process 0) "
+        "(ddp.py, line 11)"
+    )
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("ddp.py: ERROR ") and line.count(cause) == 2, line
+    assert (
+        "ValueError: no shard for rank 0 (in spawned process 0)" in (tmp_path / "r.xml").read_text()
+    )

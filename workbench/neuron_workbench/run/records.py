@@ -74,13 +74,16 @@ class RunError:
         A compiler's wrapper whose first line only says who raised (``BackendCompilerFailed:
         backend='tpu' raised:``) is joined with the next line, the real cause. An error torch
         re-raised from a DataLoader worker (``Caught ValueError in DataLoader worker process 0.``
-        and the worker's traceback) shows the worker's own error and where it was caught.
+        and the worker's traceback) shows the worker's own error and where it was caught, as does
+        one ``torch.multiprocessing.spawn`` re-raised from a process it started.
         """
         lines = [line.strip() for line in self.message.strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
         if first.endswith("raised:") and len(lines) > 1:
             first = f"{first} {lines[1]}"
         caught = _caught_elsewhere(self.type, lines)
+        if caught is None:
+            caught = _raised_in_spawned_process(self.type, self.message)
         if caught is not None:
             return caught
         return f"{self.type}: {first}" if first else self.type
@@ -139,6 +142,33 @@ def _caught_elsewhere(raised: str, lines: Sequence[str]) -> str | None:
                 cause = f"{raised}: {cause}"
             return f"{cause} ({caught['where']})"
     return None
+
+
+#: The first line of the error ``torch.multiprocessing.spawn`` re-raises from a process it started
+#: (``ProcessRaisedException``, the process's formatted traceback after it).
+_SPAWNED_LINE = re.compile(r"^-- Process (?P<rank>\d+) terminated with the following error:$")
+
+
+def _raised_in_spawned_process(raised: str, message: str) -> str | None:
+    """``ProcessRaisedException: ValueError: bad rank (in spawned process 0)``, else None.
+
+    ``mp.spawn(worker, nprocs=N)`` (a DDP training script's entry point) re-raises an error of a
+    process it started as ``ProcessRaisedException`` whose message is that process's traceback:
+    its first line (``-- Process 0 terminated with the following error:``) says nothing of the
+    cause, which is the exception line that ends the last traceback in it.
+    """
+    lines = message.strip().splitlines()
+    spawned = _SPAWNED_LINE.match(lines[0].strip()) if lines else None
+    if spawned is None:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call")]
+    if not starts:
+        return None
+    # the frames below the header are indented; the exception's own line is not
+    cause = next((line for line in lines[starts[-1] + 1 :] if line and not line[0].isspace()), "")
+    if not cause:
+        return None
+    return f"{raised}: {cause.strip()} (in spawned process {spawned['rank']})"
 
 
 @dataclass(frozen=True)
