@@ -6,6 +6,7 @@ Every user-provided string (variable names, cell source, error messages, printed
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -80,6 +81,30 @@ def _backend_rows(data: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _command_lines(data: dict[str, Any]) -> str:
+    """``ran: python train.py --lr 0.1`` (and its folder) for a script's runs; ``""`` for a cell's.
+
+    The script's arguments decide what it computed: a page of a run with ``-- --epochs 3`` read
+    the same as one without them. Each run's own line where the two ran different ones (a
+    recording compared with a run given other arguments).
+    """
+    ran = {}
+    for role in ("ref", "target"):
+        script = (data.get(role) or {}).get("script")
+        if isinstance(script, dict) and isinstance(script.get("argv"), list):
+            line = f"python {shlex.join(str(arg) for arg in script['argv'])}"
+            where = f" in {script['cwd']}" if isinstance(script.get("cwd"), str) else ""
+            ran[role] = (line, where)
+    if len(set(ran.values())) == 1:
+        roles = {next(iter(ran)): ""}
+    else:
+        roles = {role: f"{data[role]['backend']['name']} " for role in ran}
+    return "".join(
+        f"<div class='note'>{esc(who)}ran: <code>{esc(ran[role][0])}</code>{esc(ran[role][1])}</div>"
+        for role, who in roles.items()
+    )
 
 
 def _emulation_notes(data: dict[str, Any]) -> str:
@@ -284,6 +309,7 @@ def render_report_html(data: dict[str, Any]) -> str:
             ["role", "backend", "device", "kind", "status", "time", "peak memory", "fallback ops"],
             _backend_rows(data),
         ),
+        _command_lines(data),
         _emulation_notes(data),
     ]
     errors = [(role, data[role]) for role in ("ref", "target") if data[role].get("error")]
