@@ -763,6 +763,30 @@ def test_a_request_rebuilds_the_same_code_and_one_namespace_for_the_notebooks_fu
     assert loads(dumps(namespace["scaled"])).__code__ is not first.__code__
 
 
+def test_dynamos_names_are_there_while_the_values_cleared_away_are_freed():
+    # Freeing a value can free code Dynamo compiled for it, whose cleanup deletes the names it put
+    # into the globals: emptied and refilled, they were missing then ("Exception ignored in: ...
+    # KeyError: '__builtins_dict___28'" on the worker's stderr, under the next cell)
+    import weakref
+
+    from neuron_workbench.run.transport import notebook_globals_cleared
+
+    namespace = {"__name__": "__main__"}
+    exec("def step():\n    pass", namespace)
+    scope = loads(dumps(namespace["step"])).__globals__
+
+    class Guarded:
+        pass
+
+    scope["opt"] = Guarded()
+    scope["__builtins_dict___28"] = {}
+    found = []
+    # as Dynamo's CleanupHook, once the object its compiled code guarded is gone
+    weakref.finalize(scope["opt"], lambda: found.append(scope.pop("__builtins_dict___28", None)))
+    notebook_globals_cleared()
+    assert found == [{}] and "opt" not in scope and scope["__name__"] == "__main__"
+
+
 def test_the_notebooks_globals_stay_while_a_thread_runs_code_over_them():
     # a thread a cell started in the worker failed with NameError once the answer was sent: the
     # globals were emptied under it

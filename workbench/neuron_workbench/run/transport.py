@@ -934,9 +934,12 @@ def notebook_globals_cleared() -> None:
     """
     if _run_by_other_threads(_NOTEBOOK_GLOBALS):
         return
-    kept = {k: v for k, v in _NOTEBOOK_GLOBALS.items() if compiled_global(k)}
-    _NOTEBOOK_GLOBALS.clear()
-    _NOTEBOOK_GLOBALS.update(kept, __name__="__main__")
+    # Name by name, Dynamo's names never out: a value dropped here can free compiled code, whose
+    # cleanup deletes the names Dynamo put here for it. Emptying the dict and putting them back
+    # had them missing then ("Exception ignored ... KeyError: '__builtins_dict___30'" on stderr).
+    for name in [k for k in _NOTEBOOK_GLOBALS if not compiled_global(k)]:
+        _NOTEBOOK_GLOBALS.pop(name, None)
+    _NOTEBOOK_GLOBALS["__name__"] = "__main__"
 
 
 def _run_by_other_threads(namespace: dict[str, Any]) -> bool:
