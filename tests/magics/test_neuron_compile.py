@@ -890,3 +890,21 @@ def test_a_compiled_train_step_of_the_notebooks_prints_no_dynamo_cleanup_error(i
         assert _report(ip).verdict == "PASS", _report(ip).summary()
     err = capfd.readouterr().err + _report(ip).target.stderr
     assert "Exception ignored" not in err and "KeyError" not in err, err
+
+
+def test_a_stance_set_in_a_plain_cell_holds_on_the_target(ip):
+    # The worker compiled with its own stance: set_stance("force_eager"), set in a plain cell to
+    # run compiled code eagerly, held on the reference only, and the target still failed to
+    # compile an op neuron's compiler cannot take (ERROR; on a Trainium host it runs eagerly).
+    run_cell(ip, MLP + "\nkth = torch.compile(lambda t: t.kthvalue(2, 0).values)")
+    run_cell(ip, 'torch.compiler.set_stance("force_eager")')
+    try:
+        run_cell(ip, "%%neuron -o r\ny = kth(x.cuda())")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert report.to_dict()["target"]["compile"]["graphs"] == []
+        assert "aten::kthvalue" in report.target.fallback_ops()  # eager: it ran on the CPU
+    finally:
+        run_cell(ip, 'torch.compiler.set_stance("default")')
+    run_cell(ip, "%%neuron -o r\ny = kth(x.cuda())")  # the default is the target's again
+    assert "aten::kthvalue" in _report(ip).summary() and _report(ip).verdict == "ERROR"

@@ -86,6 +86,33 @@ def test_a_precision_the_notebook_chose_travels_at_torchs_default_too(restored):
         torch_settings._own.update(own)
 
 
+def test_the_compilers_stance_travels_and_goes_back():
+    # A target process compiled what the kernel's set_stance("force_eager") ran eagerly.
+    import torch.compiler
+    from torch._dynamo import eval_frame
+
+    try:
+        torch.compiler.set_stance("force_eager")
+        sent = torch_settings.current()
+        assert sent["compile_stance"] == {
+            "stance": "force_eager",
+            "skip_guard_eval_unsafe": False,
+            "force_backend": None,
+        }
+        torch.compiler.set_stance("default")
+        torch_settings.apply(sent)
+        assert eval_frame._stance.stance == "force_eager"
+        # settings without a stance set torch's default back
+        torch_settings.apply({"grad_enabled": torch.is_grad_enabled()})
+        assert eval_frame._stance.stance == "default"
+        torch.compiler.set_stance(force_backend="eager")  # a backend by name travels
+        assert torch_settings.current()["compile_stance"]["force_backend"] == "eager"
+        torch.compiler.set_stance(force_backend=lambda gm, inputs: gm)  # a callable one does not
+        assert "compile_stance" not in torch_settings.current()
+    finally:
+        torch.compiler.set_stance("default")
+
+
 def test_dynamo_config_a_notebook_changed_travels_and_goes_back():
     # A target process compiled with torch's defaults whatever the kernel's cells set.
     import torch._dynamo.config as config

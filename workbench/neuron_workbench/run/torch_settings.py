@@ -6,7 +6,8 @@ precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
 ``torch.backends.cuda.matmul.allow_tf32``), the attention kernels ``scaled_dot_product_attention``
 may pick (``torch.backends.cuda.enable_flash_sdp(False)``), the print options, the
 ``torch._dynamo.config`` values a cell changed (``capture_scalar_outputs = True``,
-``recompile_limit``), and the globals ``torch.serialization.add_safe_globals`` allowed for
+``recompile_limit``) and the compiler's stance (``torch.compiler.set_stance("force_eager")``), and
+the globals ``torch.serialization.add_safe_globals`` allowed for
 ``torch.load(..., weights_only=True)`` (a checkpoint holding a notebook's config dataclass). The
 reference runs in the kernel and sees them; a target in another process (a worker, a Ray actor)
 has its own torch, so each run request carries the kernel's settings and the target process takes
@@ -76,6 +77,9 @@ def current() -> dict[str, Any]:
     # there when one did (its absence sets the target's back to torch's defaults).
     if "torch._dynamo.config" in sys.modules and (dynamo := _dynamo_config()):
         settings["dynamo_config"] = dynamo
+    # The same for the compiler's stance (``torch.compiler.set_stance("force_eager")``).
+    if (stance := _compile_stance()) is not None:
+        settings["compile_stance"] = stance
     return settings
 
 
@@ -124,6 +128,44 @@ def _apply_dynamo_config(values: dict[str, Any]) -> None:
             if getattr(config, name) != value:
                 setattr(config, name, value)
             _dynamo_applied.add(name)
+
+
+def _compile_stance() -> dict[str, Any] | None:
+    """The ``torch.compiler.set_stance`` this process is at, None at torch's default.
+
+    A backend it forces travels by name only: a callable one belongs to the process that set it.
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    stance = getattr(eval_frame, "_stance", None)
+    if stance is None:
+        return None
+    backend = stance.backend if isinstance(stance.backend, str) else None
+    if stance.stance == "default" and not stance.skip_guard_eval_unsafe and backend is None:
+        return None
+    return {
+        "stance": stance.stance,
+        "skip_guard_eval_unsafe": bool(stance.skip_guard_eval_unsafe),
+        "force_backend": backend,
+    }
+
+
+def _apply_compile_stance(stance: dict[str, Any] | None) -> None:
+    """Set the compiler's stance as ``stance`` (another process's; None: torch's default) says.
+
+    Dynamo is imported only for a stance other than the default: a process that has not imported
+    it is at the default.
+    """
+    if stance == _compile_stance():
+        return
+    import torch.compiler
+
+    stance = stance or {}
+    with contextlib.suppress(RuntimeError, ValueError, TypeError):
+        torch.compiler.set_stance(
+            stance.get("stance", "default"),
+            skip_guard_eval_unsafe=bool(stance.get("skip_guard_eval_unsafe", False)),
+            force_backend=stance.get("force_backend"),
+        )
 
 
 def _matmul_precision() -> str | None:
@@ -254,6 +296,7 @@ def apply(settings: dict[str, Any] | None) -> None:
     dynamo = settings.get("dynamo_config")
     if dynamo is not None or _dynamo_applied:
         _apply_dynamo_config(dynamo or {})
+    _apply_compile_stance(settings.get("compile_stance"))
     for name, enabled in settings.get("sdp_kernels", {}).items():
         with contextlib.suppress(AttributeError, RuntimeError, TypeError):
             if getattr(torch.backends.cuda, f"{name}_enabled")() != enabled:
