@@ -908,3 +908,29 @@ def test_a_stance_set_in_a_plain_cell_holds_on_the_target(ip):
         run_cell(ip, 'torch.compiler.set_stance("default")')
     run_cell(ip, "%%neuron -o r\ny = kth(x.cuda())")  # the default is the target's again
     assert "aten::kthvalue" in _report(ip).summary() and _report(ip).verdict == "ERROR"
+
+
+def test_a_compiled_optimizer_step_runs_its_step_hooks_in_a_fresh_worker(ip):
+    # `cstep = torch.compile(opt.step)` in a plain cell reached a worker that had made no SGD yet
+    # as the bare SGD.step (pickle finds the hooked one by name): the step post hook never ran on
+    # the target (FAIL: "calls[0] missing on the target"), and Dynamo's frame there started past
+    # the hooks (a compile record "error" at the optimizer's graph break).
+    ip.magics_manager.registry["NeuronMagics"].session.workers.get("neuron").stop()
+    run_cell(
+        ip,
+        "import torch\n"
+        "model = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "calls = []\n"
+        "opt.register_step_post_hook(lambda o, args, kwargs: calls.append(1))\n"
+        "cstep = torch.compile(opt.step)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\nmodel.cuda()\nmodel(torch.ones(2, 4, device='cuda')).sum().backward()\n"
+        "cstep()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert ip.user_ns["calls"] == [1]
+    assert report.to_dict()["target"]["compile"]["errors"] == []

@@ -767,8 +767,6 @@ def test_dynamos_names_are_there_while_the_values_cleared_away_are_freed():
     # Freeing a value can free code Dynamo compiled for it, whose cleanup deletes the names it put
     # into the globals: emptied and refilled, they were missing then ("Exception ignored in: ...
     # KeyError: '__builtins_dict___28'" on the worker's stderr, under the next cell)
-    import weakref
-
     from neuron_workbench.run.transport import notebook_globals_cleared
 
     namespace = {"__name__": "__main__"}
@@ -785,6 +783,23 @@ def test_dynamos_names_are_there_while_the_values_cleared_away_are_freed():
     weakref.finalize(scope["opt"], lambda: found.append(scope.pop("__builtins_dict___28", None)))
     notebook_globals_cleared()
     assert found == [{}] and "opt" not in scope and scope["__name__"] == "__main__"
+
+
+def test_a_bound_optimizer_step_arrives_with_its_hooks_where_its_class_has_none_yet():
+    # pickle sent the class's hooked step by its name, and a process that had made no SGD yet
+    # found the bare one there: a saved `opt.step` ran without the optimizer's step hooks
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    opt.register_step_post_hook(lambda o, args, kwargs: setattr(o, "stepped", True))
+    packed = dumps(opt.step)
+    hooked = vars(torch.optim.SGD)["step"]
+    torch.optim.SGD.step = hooked.__wrapped__  # as in a process that made no SGD yet
+    try:
+        step = loads(packed)
+        assert getattr(type(step.__self__).step, "hooked", False)
+        step()
+        assert getattr(step.__self__, "stepped", False)  # its post hook ran
+    finally:
+        torch.optim.SGD.step = hooked
 
 
 def test_the_notebooks_globals_stay_while_a_thread_runs_code_over_them():

@@ -550,6 +550,8 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _reduce_compiled(obj)
             if reduced is None:
                 reduced = _reduce_library_closure(obj)
+            if reduced is None:
+                reduced = _reduce_hooked_step(obj)
             return reduced if reduced is not None else super().reducer_override(obj)
         if kind is SCRIPT_FUNCTION:  # @torch.jit.script: cannot be pickled, rebuilt there
             return reduce_script_function(obj)
@@ -970,6 +972,37 @@ _MAKE_FUNCTION = cloudpickle.cloudpickle._make_function
 def _found_by_name(module: object) -> bool:
     """Whether a function of ``module`` pickles by name: the module is importable there too."""
     return isinstance(module, str) and module != "__main__" and module in sys.modules
+
+
+def _reduce_hooked_step(func: types.FunctionType) -> Any:
+    """An optimizer class's ``step`` as torch hooks it, as ``(its class,)``; None for the rest.
+
+    The first optimizer of a class wraps the class's ``step`` in its step hooks (pre and post
+    hooks, an LR scheduler's count), keeping its name. By that name pickle sends it, and a process
+    that has made no optimizer of the class yet finds the bare ``step`` there: a bound
+    ``opt.step`` (``torch.compile(opt.step)``) saved in an earlier cell ran without the hooks in
+    the first cell of a target (a step post hook not called).
+    """
+    if not getattr(func, "hooked", False) or not _found_by_name(func.__module__):
+        return None
+    owner_name, _, name = func.__qualname__.partition(".")
+    owner = getattr(sys.modules[func.__module__], owner_name, None)
+    if (
+        name != "step"
+        or not isinstance(owner, type)
+        or not issubclass(owner, torch.optim.Optimizer)
+        or vars(owner).get("step") is not func
+    ):
+        return None
+    return _hooked_step, (owner,)
+
+
+def _hooked_step(owner: type) -> Any:
+    """``owner.step`` with torch's step hooks, as an optimizer of ``owner`` made here leaves it."""
+    if not getattr(owner.step, "hooked", None):  # what Optimizer._patch_step_function does
+        owner.step = torch.optim.Optimizer.profile_hook_step(owner.step)  # type: ignore[method-assign]
+        owner.step.hooked = True  # type: ignore[attr-defined]
+    return owner.step
 
 
 def _reduce_cached_function(obj: Any) -> Any:
