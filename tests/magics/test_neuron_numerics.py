@@ -206,3 +206,26 @@ def test_migration_findings_are_attached(ip):
     migration = ip.user_ns["r"].to_dict()["migration"]
     rules = {f["rule_id"] for f in migration["findings"]}
     assert {"NW102", "NW103"} <= rules
+
+
+def test_autocast_on_a_tensors_device_type_names_the_dtypes_not_the_op_lists(ip):
+    # torch.autocast(device_type=x.device.type) is CPU autocast on the cpu reference (bfloat16)
+    # and float16 on neuron, as on a GPU: the FAIL was hinted "autocast op lists differ", which
+    # sent the user to the lists; the runs' autocast dtypes differ, and the hint now says why.
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'device = torch.device("cuda")\n'
+        "layer = torch.nn.Linear(16, 4).to(device)\n"
+        "with torch.autocast(device_type=device.type):\n"
+        "    h = layer(torch.randn(8, 16, device=device))\n",
+    )
+    report = ip.user_ns["r"]
+    [diff] = report.comparison.failures
+    assert (diff.path, diff.ref_dtype, diff.target_dtype) == ("h", "bfloat16", "float16")
+    [hint] = diff.hints
+    assert hint.startswith(
+        "the runs autocast to different dtypes: cpu (as cuda) to bfloat16, neuron (emulated) to "
+        "float16; an autocast whose device type the cell reads from a tensor"
+    ), hint

@@ -392,7 +392,15 @@ def hints_for(
             f"{_ran(fp64_ops, 'float64 op')}: {taken}"
         )
     autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
-    if autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
+    ref_casts, target_casts = set(ref.facts.autocast_dtypes), set(target.facts.autocast_dtypes)
+    if (
+        ref_casts != target_casts
+        and {diff.ref_dtype, diff.target_dtype} <= set(_LOWER)
+        and diff.ref_dtype != diff.target_dtype
+    ):
+        # bfloat16 against float16: not which ops autocast casts, but to what
+        hints.append(_autocast_dtypes_hint(ref, target, backend.label))
+    elif autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
         hints.append(
             f"autocast op lists differ: this output is {diff.ref_dtype} on {ref.backend.label} "
             f"but {diff.target_dtype} on {backend.label}, so the two backends cast different ops "
@@ -481,6 +489,32 @@ def hints_for(
 
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU"}
+
+
+def _autocast_dtypes_hint(ref: Run, target: Run, target_label: str) -> str:
+    """The runs autocast to different dtypes; on the cpu reference, why it may have.
+
+    An autocast without a dtype takes its device type's default: CUDA's and TorchNeuron's float16,
+    the CPU's (and TorchTPU's) bfloat16. A cell that reads the device type from a tensor
+    (``torch.autocast(device_type=x.device.type)``) autocasts the CPU way on the cpu reference,
+    where ``x`` is a CPU tensor.
+    """
+    hint = (
+        f"the runs autocast to different dtypes: {ref.backend.label} to "
+        f"{', '.join(ref.facts.autocast_dtypes) or 'none'}, {target_label} to "
+        f"{', '.join(target.facts.autocast_dtypes) or 'none'}"
+    )
+    if (
+        ref.backend.details.get("stands_in_for") == "cuda"
+        and "bfloat16" in ref.facts.autocast_dtypes
+    ):
+        hint += (
+            "; an autocast whose device type the cell reads from a tensor "
+            "(torch.autocast(device_type=x.device.type)) is CPU autocast on the cpu reference, "
+            'bfloat16 unless the cell names a dtype: write torch.autocast("cuda", ...) or name '
+            "the dtype (README, Known limits)"
+        )
+    return hint
 
 
 def autocast_registration_hint(run: Run) -> str | None:
