@@ -228,3 +228,50 @@ def test_o_naming_a_variable_the_cell_binds_is_refused_before_it_runs(ip):
     with pytest.raises(UsageError, match="^-o x names a variable the cell binds"):
         ip.run_cell_magic("neuron", "-o x", "x = torch.ones(2, device='cuda') * 3\ny = x + 1")
     assert ip.user_ns["x"].tolist() == [1.0, 1.0] and "y" not in ip.user_ns
+
+
+BACKWARD_BUG_SETUP = """
+import torch
+import torch.nn as nn
+
+class DeviceScaledGrad(torch.autograd.Function):
+    # a port bug in backward only: the forward pass matches, the gradient does not
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.5 if grad.device.type != "cpu" else grad
+
+class GradClip(nn.Module):
+    def forward(self, x):
+        return DeviceScaledGrad.apply(x)
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), GradClip(), nn.Linear(8, 1))
+x = torch.randn(4, 8)
+"""
+
+BACKWARD_BUG_STEP = """
+net = net.cuda()
+net(x.cuda()).sum().backward()
+"""
+
+
+def test_layers_against_a_recording_names_where_backward_diverged(ip, tmp_path):
+    # The recording kept each module call's statistics but not the gradient summaries nor which
+    # call produced each input: live the report named `2 (backward)`, against the recording of the
+    # same cell it named no module at all.
+    recording = tmp_path / "backward.nwrun.zip"
+    run_cell(ip, BACKWARD_BUG_SETUP)
+    run_cell(ip, f"%%neuron --layers --record {recording} -o r\n{BACKWARD_BUG_STEP}")
+    live = ip.user_ns["r"]
+    assert live.layers.first_backward.module == "2", live.summary()
+    run_cell(ip, BACKWARD_BUG_SETUP)
+    run_cell(ip, f"%%neuron --layers --against {recording} -o r\n{BACKWARD_BUG_STEP}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL"
+    assert report.summary().endswith("first divergence at 2 (backward)"), report.summary()
+    backward = report.to_dict()["layers"]["first_backward_divergence"]
+    assert backward is not None and backward["module"] == "2"

@@ -147,7 +147,11 @@ class LayerCall:
         return (self.module, self.call)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (without the optional full tensor)."""
+        """JSON-ready form (without the optional full tensor).
+
+        The gradient summary and the producers go with it: a recording compared with ``--against``
+        is aligned from this form, and names where backward diverged only with them.
+        """
         return {
             "module": self.module,
             "call": self.call,
@@ -155,6 +159,8 @@ class LayerCall:
             "parent": self.parent,
             "inputs": [s.to_dict() for s in self.inputs],
             "output": self.output.to_dict() if self.output else None,
+            "grad_output": self.grad_output.to_dict() if self.grad_output else None,
+            "producers": [list(p) if p is not None else None for p in self.producers],
         }
 
 
