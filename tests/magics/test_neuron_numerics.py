@@ -229,3 +229,66 @@ def test_autocast_on_a_tensors_device_type_names_the_dtypes_not_the_op_lists(ip)
         "the runs autocast to different dtypes: cpu (as cuda) to bfloat16, neuron (emulated) to "
         "float16; an autocast whose device type the cell reads from a tensor"
     ), hint
+
+
+RESIDUAL_BACKWARD_BUG = """
+import torch
+import torch.nn as nn
+
+class DeviceScaledGrad(torch.autograd.Function):
+    # a port bug in backward only: the forward pass matches, the gradient does not
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.5 if grad.device.type != "cpu" else grad
+
+class GradClip(nn.Module):
+    def forward(self, x):
+        return DeviceScaledGrad.apply(x)
+
+class Block(nn.Module):
+    def __init__(self, bug):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.clip = GradClip() if bug else nn.Identity()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.fc(self.clip(torch.tanh(self.ln(x))))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList([Block(bug=False), Block(bug=True), Block(bug=False)])
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+torch.manual_seed(0)
+net = Net()
+x = torch.randn(4, 8)
+"""
+
+
+def test_layers_name_the_module_whose_backward_differs_between_functional_ops(ip):
+    # The culprit's input came from `tanh(ln(x))`, not from a module as it is, so it had no
+    # producer and could not be where backward diverged; its block, whose input was the previous
+    # block's output, was named instead: "first divergence at blocks.1 (backward)".
+    run_cell(ip, RESIDUAL_BACKWARD_BUG)
+    run_cell(ip, "%%neuron --layers -o r\nnet = net.cuda()\nnet(x.cuda()).sum().backward()")
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL"
+    assert report.first_divergence is None  # the forward pass matches
+    assert report.summary().endswith("first divergence at blocks.1.clip (backward)"), (
+        report.summary()
+    )
+    born = [d.label for d in report.layers.layers if d.grad_born]
+    assert born == ["blocks.1.clip"]

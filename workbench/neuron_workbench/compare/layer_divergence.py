@@ -220,13 +220,23 @@ def _gradient_divergence(
         d.grad_diverged = error is not None
         grad_bad[(d.module, d.call)] = d.grad_diverged
     born = []
-    for d in layers:
+    parent_of = {
+        c.key(): ref.calls[c.parent].key() if c.parent is not None else None for c in ref.calls
+    }
+    has_born_child: set[tuple[str, int]] = set()
+    for d in layers:  # children finish before their parents, so they come first
         key = (d.module, d.call)
-        if key not in grad_bad or grad_bad[key]:
-            continue
-        producers = [p for p in calls[key].producers if p is not None]
-        if any(grad_bad.get(tuple(p), False) for p in producers):
-            d.grad_born = True
+        if key in grad_bad and not grad_bad[key] and key not in has_born_child:
+            producers = [p for p in calls[key].producers if p is not None]
+            d.grad_born = any(grad_bad.get(tuple(p), False) for p in producers)
+        if d.grad_born or key in has_born_child:
+            # A container whose input comes from the same producer as the culprit's is not
+            # where the gradient changed: the call inside it is.
+            parent = parent_of.get(key)
+            while parent is not None:
+                has_born_child.add(parent)
+                parent = parent_of.get(parent)
+        if d.grad_born:
             born.append(d)
     # Backward runs in reverse order of the forward pass: the last-finished call comes first.
     return max(born, key=lambda d: d.order) if born else None

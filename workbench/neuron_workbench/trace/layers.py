@@ -22,6 +22,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 #: Elements sampled per tensor (evenly spaced over the flattened tensor, the same in both runs).
 SAMPLE_SIZE = 32
 
+#: Key of the mark a recorder leaves in the autograd node of each module output it saw.
+_NODE_MARK = "neuron_workbench.layer"
+#: Autograd nodes visited, per input, looking for the module calls it was computed from.
+_PRODUCER_SEARCH_NODES = 64
+
 
 @dataclass
 class TensorSummary:
@@ -139,7 +144,9 @@ class LayerCall:
     full_output: torch.Tensor | None = field(default=None, repr=False)
     #: Summary of the gradient with respect to the output, filled in during backward.
     grad_output: TensorSummary | None = None
-    #: (module, call) of the calls that produced this call's tensor inputs (None: from outside).
+    #: (module, call) of the calls whose outputs this call's tensor inputs were computed from,
+    #: directly or through functional ops (``tanh(fc(x))``, a residual ``x + attn(x)``); None: an
+    #: input from outside any recorded call.
     producers: list[tuple[str, int] | None] = field(default_factory=list)
 
     def key(self) -> tuple[str, int]:
@@ -221,6 +228,8 @@ class LayerRecorder:
         self._counts: dict[str, int] = {}
         # A module's input is usually the previous module's output: summarize each tensor once.
         self._summaries: dict[int, tuple[Any, int, TensorSummary]] = {}
+        # Tells this recorder's marks in autograd nodes from another run's in the same process.
+        self._token = object()
 
     def _summary(self, t: torch.Tensor) -> TensorSummary:
         # Keyed by identity and in-place version: ReLU(inplace=True) returns its input, changed.
@@ -238,9 +247,33 @@ class LayerRecorder:
             pass
         return summary
 
-    def _producer(self, t: torch.Tensor) -> tuple[str, int] | None:
+    def _producers(self, t: torch.Tensor) -> list[tuple[str, int] | None]:
+        """The calls ``t`` was computed from: the one that returned it, else those upstream in autograd.
+
+        Between two modules there are usually functional ops (an activation, a residual add, a
+        reshape): the autograd graph still leads from ``t`` to the nodes of the module outputs it
+        was computed from, which :meth:`hook` marked. Without a graph (no grad), only a tensor a
+        call returned as it is has a producer.
+        """
         made = self._made_by.get(id(t))
-        return made[1] if made is not None and made[0]() is t else None
+        if made is not None and made[0]() is t:
+            return [made[1]]
+        node = t.grad_fn if t.requires_grad else None
+        found: list[tuple[str, int] | None] = []
+        # The nodes stay referenced while walking, so their ids are not reused.
+        pending, seen = [node] if node is not None else [], []
+        while pending and len(seen) < _PRODUCER_SEARCH_NODES:
+            node = pending.pop(0)
+            if any(node is other for other in seen):
+                continue
+            seen.append(node)
+            mark = node.metadata.get(_NODE_MARK)
+            if mark is not None and mark[0] is self._token:
+                if mark[1] not in found:
+                    found.append(mark[1])
+                continue
+            pending.extend(n for n, _ in node.next_functions if n is not None)
+        return found or [None]
 
     def _watch_gradient(self, out: torch.Tensor, record: LayerCall) -> None:
         """Summarize the gradient w.r.t. this output when backward reaches it (never alters it)."""
@@ -281,7 +314,7 @@ class LayerRecorder:
         record = LayerCall(name, call, type(module).__name__, parent)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         record.inputs = [self._summary(a) for a in tensors]
-        record.producers = [self._producer(a) for a in tensors]
+        record.producers = [p for a in tensors for p in self._producers(a)]
         self._stack.append((module, name, record))
 
     def hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -294,6 +327,10 @@ class LayerRecorder:
             record.output = self._summary(out)
             with contextlib.suppress(TypeError):
                 self._made_by[id(out)] = (weakref.ref(out), record.key())
+            if out.grad_fn is not None and self.gradients:
+                # Marks the output's autograd node for the calls whose inputs come from it through
+                # functional ops (_producers): the node lives as long as the graph does.
+                out.grad_fn.metadata[_NODE_MARK] = (self._token, record.key())
             if self.gradients and out.requires_grad and torch.is_grad_enabled():
                 self._watch_gradient(out, record)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.full):
