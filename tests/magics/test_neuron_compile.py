@@ -934,3 +934,29 @@ def test_a_compiled_optimizer_step_runs_its_step_hooks_in_a_fresh_worker(ip):
     assert report.verdict == "PASS", report.summary()
     assert ip.user_ns["calls"] == [1]
     assert report.to_dict()["target"]["compile"]["errors"] == []
+
+
+def test_layers_record_a_compiled_model_as_one_call(ip):
+    # TorchDynamo inlined --layers' global module hooks into the graph it traced, and failed on
+    # the module they held: both runs raised "UnspecializedNNModuleVariable(Sequential) is already
+    # tracked for mutation" and the cell was an ERROR for any compiled model.
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+        "class PortedNorm(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        eps = 1e-1 if x.device.type != 'cpu' else 1e-5  # the port's bug\n"
+        "        return F.layer_norm(x, x.shape[-1:], eps=eps)\n"
+        "torch.manual_seed(0)\n"
+        "net = nn.Sequential(nn.Linear(8, 8), PortedNorm(), nn.Linear(8, 1))\n"
+        "x = torch.randn(4, 8)",
+    )
+    run_cell(
+        ip,
+        "%%neuron --layers -o r\nnet = net.cuda()\ncompiled = torch.compile(net)\n"
+        "compiled(x.cuda()).sum().backward()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    assert [d.label for d in report.layers.layers] == ["OptimizedModule"]
+    assert report.summary().endswith("first divergence at OptimizedModule"), report.summary()

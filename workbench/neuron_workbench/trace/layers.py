@@ -306,6 +306,12 @@ class LayerRecorder:
 
     def pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """Push the module and summarize its tensor inputs."""
+        if torch.compiler.is_compiling():
+            # TorchDynamo inlines global hooks into the graphs it traces: summaries there would
+            # break every graph, and the recorder's stack, which holds the module being traced,
+            # fails Dynamo's own checks (both runs raised). A compiled module is recorded as one
+            # call, by its eager wrapper's hooks.
+            return
         name = self._name_of(module)
         call = self._counts.get(name, 0)
         self._counts[name] = call + 1
@@ -319,6 +325,8 @@ class LayerRecorder:
 
     def hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Pop the module and summarize its output."""
+        if torch.compiler.is_compiling():
+            return  # see pre_hook
         if not self._stack or self._stack[-1][0] is not module:
             return  # a hook installed mid-call; ignore the unmatched end
         _, name, record = self._stack.pop()
