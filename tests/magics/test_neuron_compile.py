@@ -960,3 +960,24 @@ def test_layers_record_a_compiled_model_as_one_call(ip):
     assert report.verdict == "FAIL", report.summary()
     assert [d.label for d in report.layers.layers] == ["OptimizedModule"]
     assert report.summary().endswith("first divergence at OptimizedModule"), report.summary()
+
+
+def test_a_reset_of_dynamo_in_a_plain_cell_resets_the_target_too(ip):
+    # torch._dynamo.reset() in a plain cell emptied the kernel's caches only: the next cell
+    # recompiled on the reference and the target kept its old graphs (none in its record).
+    run_cell(ip, "import torch\n@torch.compile\ndef f(t):\n    return (t * 2).sin()")
+    run_cell(ip, "x = torch.randn(8)")
+    cell = "%%neuron -o r\ny = f(x.cuda())"
+    compiled = []
+    for reset in ("", "torch._dynamo.reset()", "torch.compiler.reset()", ""):
+        if reset:
+            run_cell(ip, reset)
+        run_cell(ip, cell)
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        compiled.append([len(_graphs(_report(ip), role)) for role in ("ref", "target")])
+    # a reset inside a %%neuron cell is each run's own: not done again before the next cell
+    run_cell(ip, "%%neuron -o r\ny = f(x.cuda())\ntorch._dynamo.reset()\ny = f(x.cuda())")
+    compiled.append([len(_graphs(_report(ip), role)) for role in ("ref", "target")])
+    run_cell(ip, cell)
+    compiled.append([len(_graphs(_report(ip), role)) for role in ("ref", "target")])
+    assert compiled == [[1, 1], [1, 1], [1, 1], [0, 0], [1, 1], [0, 0]]

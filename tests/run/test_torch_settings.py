@@ -135,3 +135,33 @@ def test_dynamo_config_a_notebook_changed_travels_and_goes_back():
         for name in ("capture_scalar_outputs", "recompile_limit", "reorderable_logging_functions"):
             setattr(config, name, config._config[name].default)
         torch_settings.apply({})
+
+
+def test_a_reset_of_dynamo_is_counted_and_done_where_the_count_differs():
+    # A target process kept its compiled graphs after the kernel's torch._dynamo.reset().
+    import torch._dynamo
+    import torch.compiler
+
+    assert torch_settings.remember_dynamo_resets()  # Dynamo is loaded: resets are counted
+    torch_settings.remember_dynamo_resets()  # once: not counted twice
+    before = torch_settings.current()["dynamo_resets"]
+    torch._dynamo.reset()
+    torch.compiler.reset()
+    sent = torch_settings.current()
+    assert sent["dynamo_resets"] == before + 2
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm
+
+    compiled = torch.compile(lambda t: t + 1, backend=backend)
+    compiled(torch.ones(2))
+    torch_settings.apply(sent)  # the count this process has: nothing to reset
+    compiled(torch.ones(2))
+    assert len(graphs) == 1
+    torch_settings._resets[0] -= 1  # a process one reset behind resets, and takes the count
+    torch_settings.apply(sent)
+    assert torch_settings.current()["dynamo_resets"] == sent["dynamo_resets"]
+    compiled(torch.ones(2))
+    assert len(graphs) == 2

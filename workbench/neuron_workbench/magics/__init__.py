@@ -24,7 +24,10 @@ def register(shell: Any) -> None:
         remember_autocast_requests,
         remember_grad_scaler_requests,
     )
-    from neuron_workbench.run.torch_settings import remember_chosen_precision
+    from neuron_workbench.run.torch_settings import (
+        remember_chosen_precision,
+        remember_dynamo_resets,
+    )
     from neuron_workbench.run.transport import remember_compile_requests
 
     # autocast decorators the notebook builds from now on can be entered as meant in a run
@@ -63,3 +66,6 @@ def register(shell: Any) -> None:
     remember_compile_requests()
     # a float32 matmul precision the notebook sets from now on travels even at torch's default
     remember_chosen_precision()
+    # a reset of Dynamo's caches in a plain cell resets a target process's too (counted once
+    # Dynamo is loaded: here, or by the notebook's first torch.compile)
+    remember_dynamo_resets()

@@ -6,9 +6,10 @@ precision, the cuDNN / cuBLAS flags (``torch.backends.cudnn.deterministic``,
 ``torch.backends.cuda.matmul.allow_tf32``), the attention kernels ``scaled_dot_product_attention``
 may pick (``torch.backends.cuda.enable_flash_sdp(False)``), the print options, the
 ``torch._dynamo.config`` values a cell changed (``capture_scalar_outputs = True``,
-``recompile_limit``) and the compiler's stance (``torch.compiler.set_stance("force_eager")``), and
-the globals ``torch.serialization.add_safe_globals`` allowed for
-``torch.load(..., weights_only=True)`` (a checkpoint holding a notebook's config dataclass). The
+``recompile_limit``), the compiler's stance (``torch.compiler.set_stance("force_eager")``) and
+its resets (``torch._dynamo.reset()``, ``torch.compiler.reset()``: counted, see
+:func:`remember_dynamo_resets`), and the globals ``torch.serialization.add_safe_globals``
+allowed for ``torch.load(..., weights_only=True)`` (a checkpoint holding a notebook's config dataclass). The
 reference runs in the kernel and sees them; a target in another process (a worker, a Ray actor)
 has its own torch, so each run request carries the kernel's settings and the target process takes
 them before the run. A cell that changes one changes it in each process, as on one machine.
@@ -80,6 +81,9 @@ def current() -> dict[str, Any]:
     # The same for the compiler's stance (``torch.compiler.set_stance("force_eager")``).
     if (stance := _compile_stance()) is not None:
         settings["compile_stance"] = stance
+    # The resets of its caches, counted once Dynamo is loaded (before that, nothing to reset).
+    remember_dynamo_resets()
+    settings["dynamo_resets"] = _resets[0]
     return settings
 
 
@@ -166,6 +170,54 @@ def _apply_compile_stance(stance: dict[str, Any] | None) -> None:
             skip_guard_eval_unsafe=bool(stance.get("skip_guard_eval_unsafe", False)),
             force_backend=stance.get("force_backend"),
         )
+
+
+#: How many times this process reset Dynamo (see :func:`remember_dynamo_resets`), a target process
+#: as the kernel's count it last took.
+_resets = [0]
+
+
+def remember_dynamo_resets() -> bool:
+    """Make ``torch._dynamo.reset`` count its calls, once Dynamo is loaded (once per process).
+
+    ``torch.compiler.reset()`` calls it too. A reset in a plain cell emptied the kernel's compile
+    caches only: a target process kept the graphs it had, and the next cell recompiled on the
+    reference alone. The count travels with the settings, and a target process whose count differs
+    resets before its run (:func:`apply`). A reset inside a ``%%neuron`` cell runs in each run
+    and is counted in each process, so it is not done again.
+
+    Returns
+    -------
+    bool
+        Whether resets are counted (Dynamo is loaded in this process).
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    reset = getattr(dynamo, "reset", None)
+    if reset is None:  # not loaded yet, or still loading
+        return False
+    if getattr(reset, "_workbench_counts", False):
+        return True
+
+    @functools.wraps(reset)
+    def counted_reset() -> None:
+        reset()
+        _resets[0] += 1
+
+    counted_reset._workbench_counts = True  # type: ignore[attr-defined]
+    dynamo.reset = counted_reset  # type: ignore[union-attr]
+    return True
+
+
+def _apply_dynamo_resets(count: int) -> None:
+    """Reset Dynamo here unless this process already did the resets ``count`` (the kernel's) says."""
+    remember_dynamo_resets()  # a reset inside the next run is counted here, as in the kernel
+    if count == _resets[0]:
+        return
+    import torch._dynamo
+
+    remember_dynamo_resets()
+    torch._dynamo.reset()
+    _resets[0] = count  # what this reset counted was the kernel's
 
 
 def _matmul_precision() -> str | None:
@@ -297,6 +349,8 @@ def apply(settings: dict[str, Any] | None) -> None:
     if dynamo is not None or _dynamo_applied:
         _apply_dynamo_config(dynamo or {})
     _apply_compile_stance(settings.get("compile_stance"))
+    if settings.get("dynamo_resets") is not None:
+        _apply_dynamo_resets(settings["dynamo_resets"])
     for name, enabled in settings.get("sdp_kernels", {}).items():
         with contextlib.suppress(AttributeError, RuntimeError, TypeError):
             if getattr(torch.backends.cuda, f"{name}_enabled")() != enabled:

@@ -76,6 +76,7 @@ from neuron_workbench.run.notebook_handles import (
     reduce_for_sending,
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
+from neuron_workbench.run.torch_settings import remember_dynamo_resets
 from neuron_workbench.run.torchscript import (
     SCRIPT_FUNCTION,
     SCRIPT_MODULES,
@@ -1039,6 +1040,7 @@ def remember_compile_requests() -> None:
         request = dict(kwargs)  # before a compile of an emulated process changes its own copy
         compiled = current(model, **kwargs)
         keep_dynamo_out_of_the_workbench()  # before anything compiled runs; Dynamo is loaded now
+        remember_dynamo_resets()  # and a reset from now on travels to a target process
         if compiled is not model:  # disable=True gives the model itself
             _remember(compiled, request)
         return compiled
