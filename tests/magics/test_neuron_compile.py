@@ -981,3 +981,36 @@ def test_a_reset_of_dynamo_in_a_plain_cell_resets_the_target_too(ip):
     run_cell(ip, cell)
     compiled.append([len(_graphs(_report(ip), role)) for role in ("ref", "target")])
     assert compiled == [[1, 1], [1, 1], [1, 1], [0, 0], [1, 1], [0, 0]]
+
+
+def test_a_train_step_over_the_notebooks_optimizer_compiles_in_every_cell(
+    ip, dynamo_config_restored
+):
+    # Each run compiles the step's frames for its own copy of `opt` (Dynamo guards it by
+    # identity); Dynamo kept the entries of the freed copies, which counted towards its recompile
+    # limit: from the ninth cell both sides ran eagerly ("compile failed: Unsupported: Dynamo
+    # recompile limit exceeded"). A limit of 2, set in the notebook, reaches it in the third.
+    run_cell(
+        ip,
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "torch._dynamo.config.recompile_limit = 2\n"
+        "net = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)\n"
+        "X = torch.randn(4, 4)\n"
+        "@torch.compile\n"
+        "def train_step(x):\n"
+        "    loss = F.mse_loss(net(x), x[:, :2])\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    return loss",
+    )
+    run_cell(ip, "%%neuron -o r\nnet.cuda()\nloss = train_step(X.cuda())")
+    for _ in range(3):
+        run_cell(ip, "%%neuron -o r\nloss = train_step(X.cuda())")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        for role in ("ref", "target"):
+            record = report.to_dict()[role]["compile"]
+            assert record["errors"] == [] and _graphs(report, role), (role, record)

@@ -1,6 +1,7 @@
 """Dynamo compiles the user's frames, never the workbench's own, and traces none of the run's."""
 
 import pytest
+import torch
 from torch.overrides import TorchFunctionMode
 
 from neuron_workbench.backends import get_backend
@@ -154,4 +155,49 @@ def test_a_compiled_frame_that_enters_a_mode_leaves_the_run_its_remap():
             scoped(torch.ones(2))
             assert torch.overrides._get_current_function_mode_stack() == before
     finally:
+        torch._dynamo.reset()
+
+
+_optimizer = None
+
+
+def _step_with_the_global_optimizer(x):
+    y = x * 2
+    torch._dynamo.graph_break()  # the frame resuming here guards the optimizer by identity
+    _optimizer.step()
+    return y
+
+
+def test_code_compiled_for_objects_since_freed_counts_to_no_recompile_limit():
+    # Each %%neuron run compiles such a frame for its own copies; Dynamo kept the entries of the
+    # freed copies, which counted towards recompile_limit: from the ninth cell it ran eagerly.
+    import torch._dynamo
+    import torch._dynamo.config as config
+
+    from neuron_workbench.run.compiled_frames import drop_code_compiled_for_the_dead
+
+    global _optimizer
+    torch._dynamo.reset()
+    compiled = torch.compile(_step_with_the_global_optimizer, backend="eager")
+    weight = torch.nn.Parameter(torch.zeros(2))
+    frames = []
+    try:
+        config.recompile_limit = 2
+        for _ in range(4):  # a copy per run, the last one freed as the next is made
+            _optimizer = torch.optim.SGD([weight], lr=0.1)
+            drop_code_compiled_for_the_dead()
+            before = dict(torch._dynamo.utils.counters["frames"])
+            compiled(torch.ones(2))
+            after = torch._dynamo.utils.counters["frames"]
+            frames.append(
+                (after["total"] - before.get("total", 0), after["ok"] - before.get("ok", 0))
+            )
+        # compiled for each copy after the first, none run eagerly at the limit
+        assert all(ok == total > 0 for total, ok in frames[1:]), frames
+        assert drop_code_compiled_for_the_dead() == 0  # the last copy lives: its code stays
+        _optimizer = None
+        assert drop_code_compiled_for_the_dead() > 0  # the frames resuming with it
+    finally:
+        config.recompile_limit = config._config["recompile_limit"].default
+        _optimizer = None
         torch._dynamo.reset()

@@ -63,6 +63,44 @@ def keep_dynamo_out_of_the_workbench() -> None:
             set_code_exec_strategy(code, strategy)
 
 
+def drop_code_compiled_for_the_dead() -> int:
+    """Empty Dynamo's cache for each code object holding code compiled for objects since freed.
+
+    Each run works on copies of the notebook's objects, and Dynamo guards some by identity (the
+    optimizer a compiled train step calls: ``___check_obj_id(G['opt'], ...)``), so each
+    ``%%neuron`` cell compiles such a frame again for its own copies. When a copy is freed, Dynamo
+    invalidates the entry compiled for it but keeps it in the code's cache, where it still counts
+    towards ``torch._dynamo.config.recompile_limit``: from the ninth cell Dynamo ran the frame
+    eagerly ("Dynamo recompile limit exceeded") where a plain notebook compiles once. Called as a
+    run starts: a cache holding such an entry is emptied (with its frame's compile count), and the
+    run compiles the frame afresh. A live entry beside a freed one goes too (Dynamo cannot drop one
+    entry alone): a plain cell compiles it again when it next runs.
+
+    Returns
+    -------
+    int
+        How many code objects' caches were emptied (none until the process has imported Dynamo).
+    """
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo import convert_frame
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+    except ImportError:  # another torch: its caches are left as they are
+        return 0
+    emptied = 0
+    for weak_code in list(getattr(convert_frame.input_codes, "seen", [])):
+        code = weak_code()
+        if code is None:
+            continue
+        entries = _debug_get_cache_entry_list(code)
+        if any(isinstance(entry.guard_manager, DeletedGuardManagerWrapper) for entry in entries):
+            reset_code(code)
+            emptied += 1
+    return emptied
+
+
 def _codes_of(module: types.ModuleType) -> list[types.CodeType]:
     """The code objects a module defines: its functions, methods and what is nested in them."""
     found: dict[int, types.CodeType] = {}

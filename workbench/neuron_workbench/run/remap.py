@@ -48,7 +48,10 @@ from neuron_workbench.backends.base import Backend
 from neuron_workbench.cuda_semantics import rnn as cuda_rnn
 from neuron_workbench.cuda_semantics.attention import host_attention_kernels
 from neuron_workbench.cuda_semantics.dropout import fused_dropout_on_cpu
-from neuron_workbench.run.compiled_frames import keep_dynamo_out_of_the_workbench
+from neuron_workbench.run.compiled_frames import (
+    drop_code_compiled_for_the_dead,
+    keep_dynamo_out_of_the_workbench,
+)
 from neuron_workbench.run.cuda_module import (
     NVTX,
     AcceleratorShim,
@@ -1073,6 +1076,8 @@ def cuda_remapped_to(
     target = backend.device_type
     facts = RunFacts(rng_on_cpu=rng_on_cpu)
     keep_dynamo_out_of_the_workbench()  # an earlier cell compiled: not the remap's own frames
+    # code compiled for an earlier run's copies, freed since, no longer counts to a recompile limit
+    drop_code_compiled_for_the_dead()
     if target == "cuda":
         if rng_on_cpu:
             with (
