@@ -90,14 +90,18 @@ def drop_code_compiled_for_the_dead() -> int:
     except ImportError:  # another torch: its caches are left as they are
         return 0
     emptied = 0
-    for weak_code in list(getattr(convert_frame.input_codes, "seen", [])):
-        code = weak_code()
-        if code is None:
-            continue
-        entries = _debug_get_cache_entry_list(code)
-        if any(isinstance(entry.guard_manager, DeletedGuardManagerWrapper) for entry in entries):
-            reset_code(code)
-            emptied += 1
+    try:
+        for weak_code in list(getattr(convert_frame.input_codes, "seen", [])):
+            code = weak_code()
+            if code is None:
+                continue
+            entries = _debug_get_cache_entry_list(code)
+            if any(isinstance(e.guard_manager, DeletedGuardManagerWrapper) for e in entries):
+                reset_code(code)
+                emptied += 1
+    except (AttributeError, TypeError, RuntimeError):
+        # Dynamo's private cache API differs in another torch: tidying must never stop a run
+        pass
     return emptied
 
 
