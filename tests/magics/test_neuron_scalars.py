@@ -113,6 +113,38 @@ def test_max_steps_compares_the_first_steps_of_a_long_loop(ip):
         ip.run_cell_magic("neuron", "--max-steps 0", "y = 1")
 
 
+@pytest.mark.parametrize(
+    ("logged", "why"),
+    [
+        ("", "the cell made no scalar from a tensor"),
+        ("    print(loss.item())\n", "its first scalar's call site (cell:9) made 3, fewer than 5"),
+    ],
+    ids=["nothing-logged", "shorter-loop"],
+)
+def test_max_steps_that_stopped_nothing_says_so(ip, logged, why):
+    # A DataLoader loop that logged no loss ran to its end under --max-steps 2 with no word in the
+    # report, and one shorter than its limit read "Both runs stopped after 5 steps" in the HTML.
+    run_cell(ip, "import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import *")
+    run_cell(
+        ip,
+        "%%neuron --max-steps " + ("2" if not logged else "5") + " -o r\n"
+        'device = torch.device("cuda")\n'
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 2).to(device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ds = TensorDataset(torch.randn(12, 4), torch.randint(0, 2, (12,)))\n"
+        "for xb, yb in DataLoader(ds, batch_size=4):\n"
+        "    loss = F.cross_entropy(model(xb.to(device)), yb.to(device))\n"
+        + logged
+        + "    opt.zero_grad(); loss.backward(); opt.step()\n",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    limit = 2 if not logged else 5
+    assert f"--max-steps {limit} did not stop the runs: {why}" in "\n".join(report.notes)
+    assert "Both runs stopped" not in report._repr_html_()
+
+
 def test_under_the_budget_judge_the_first_divergence_gets_its_error_ratio(ip):
     run_cell(ip, SETUP)
     run_cell(ip, "%%neuron --target tpu --judge budget -o r\n" + LOOP)

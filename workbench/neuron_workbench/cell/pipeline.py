@@ -765,6 +765,12 @@ def comparison_notes(ref: Run, target: Run, policy: TolerancePolicy | None) -> l
     half_fft = cpu_lacks_half_fft_hint(ref)
     if half_fft:
         notes.append(f"{ref.backend.label} error: {half_fft}")
+    if ref.ok and target.ok:
+        from neuron_workbench.compare.scalars import max_steps_note
+
+        unstopped = max_steps_note(ref.extras.get("scalars"), target.extras.get("scalars"))
+        if unstopped:
+            notes.append(unstopped)
     return notes
 
 

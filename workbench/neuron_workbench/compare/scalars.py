@@ -23,6 +23,7 @@ __all__ = [
     "ScalarDivergence",
     "SiteComparison",
     "compare_scalars",
+    "max_steps_note",
     "scalar_budget",
 ]
 
@@ -378,7 +379,41 @@ def compare_scalars(
         first=divergence,
         only_ref=only_ref,
         only_target=only_target,
-        stopped_at=ref.max_steps,
+        # a limit the loop never reached stopped nothing: the report must not say it did
+        stopped_at=ref.max_steps if ref.stopped or target.stopped else None,
+    )
+
+
+def max_steps_note(ref_trace: Any, target_trace: Any) -> str | None:
+    """Why ``--max-steps N`` stopped neither run, or None (no limit, or a run stopped).
+
+    A step is counted by the first call site that materialises a scalar from a tensor: a loop
+    that makes none (no ``loss.item()``, no ``print(f"{loss:.4f}")``), or fewer than ``N``,
+    runs to its end, which the user asked to cut short.
+
+    Parameters
+    ----------
+    ref_trace, target_trace : ScalarTrace or dict
+        What each run's ``scalars`` instrument recorded (live, or from JSON).
+
+    Returns
+    -------
+    str or None
+        The report's note.
+    """
+    ref, target = _trace(ref_trace), _trace(target_trace)
+    if ref is None or target is None or ref.max_steps is None or ref.stopped or target.stopped:
+        return None
+    limit = f"--max-steps {ref.max_steps} did not stop the runs"
+    first = next(iter(ref.series.values()), None)
+    if first is None:
+        return (
+            f"{limit}: the cell made no scalar from a tensor (loss.item(), "
+            'print(f"{loss:.4f}")), which is what counts a step, so both ran to their end'
+        )
+    return (
+        f"{limit}: its first scalar's call site ({first.site}) made {first.count}, "
+        f"fewer than {ref.max_steps}, so both ran to their end"
     )
 
 
