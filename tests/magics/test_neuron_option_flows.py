@@ -275,3 +275,35 @@ def test_layers_against_a_recording_names_where_backward_diverged(ip, tmp_path):
     assert report.summary().endswith("first divergence at 2 (backward)"), report.summary()
     backward = report.to_dict()["layers"]["first_backward_divergence"]
     assert backward is not None and backward["module"] == "2"
+
+
+def test_steps_keeps_the_loss_curve_of_a_model_output_holding_the_loss(ip):
+    # `out = model(batch, labels=batch); out.loss.backward()` binds no loss of its own: under
+    # --steps 3 the report's per-step series (its loss curves) were empty.
+    pytest.importorskip("transformers")
+    run_cell(
+        ip,
+        "import torch\n"
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "torch.manual_seed(0)\n"
+        "model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50,\n"
+        "                                   n_positions=16))\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "ids = torch.randint(0, 50, (2, 8))\n",
+    )
+    run_cell(
+        ip,
+        "%%neuron --steps 3 -o r\n"
+        'device = torch.device("cuda")\n'
+        "model.to(device)\n"
+        "out = model(ids.to(device), labels=ids.to(device))\n"
+        "out.loss.backward()\n"
+        "opt.step()\n"
+        "opt.zero_grad()\n",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    curve = report.to_dict()["training"]["series"]["out.loss"]
+    assert len(curve["ref"]) == len(curve["target"]) == 3
+    assert curve["ref"][-1] == pytest.approx(float(ip.user_ns["out"].loss))
+    assert curve["ref"][0] > curve["ref"][-1]  # three steps, each one's loss

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import importlib
 import io
 import os
@@ -822,16 +823,45 @@ def _step_scalars(
     last_value: Any,
     hidden: frozenset[str],
 ) -> dict[str, float]:
-    """The scalar values (a loss, an accuracy) the cell bound, after one repetition."""
+    """The scalar values (a loss, an accuracy) the cell bound, after one repetition.
+
+    A model's output holding its loss (a transformers ``ModelOutput``, a dict of ``"loss"``) gives
+    its scalar tensors too, by the paths the comparison names them (``out.loss``,
+    ``out['loss']``): ``outputs = model(**batch, labels=y); outputs.loss.backward()`` binds no
+    loss of its own, and its loss curve was missing.
+    """
     values = {name: ns[name] for name in _rebound(ns, before_run, hidden)}
     values[LAST_EXPRESSION] = last_value
     scalars = {}
     for name, value in values.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        if _is_scalar_tensor(value):
             scalars[name] = float(value.detach().cpu())
         elif isinstance(value, float | int) and not isinstance(value, bool):
             scalars[name] = float(value)
+        else:
+            for path, item in _held_scalar_tensors(name, value):
+                scalars[path] = float(item.detach().cpu())
     return scalars
+
+
+def _is_scalar_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
+
+
+def _held_scalar_tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """One-element float tensors one level inside a dataclass or a mapping of string keys."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # a ModelOutput is both: its fields are what the comparison names (out.loss)
+        items = (
+            (f"{name}.{f.name}", getattr(value, f.name, None)) for f in dataclasses.fields(value)
+        )
+    elif isinstance(value, Mapping):
+        items = ((f"{name}[{key!r}]", item) for key, item in value.items() if isinstance(key, str))
+    else:
+        return
+    for path, item in items:
+        if _is_scalar_tensor(item):
+            yield path, item
 
 
 def _collect(
