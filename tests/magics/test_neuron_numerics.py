@@ -1,6 +1,7 @@
 """%%neuron's numerics options end to end: layers, training parity, what-if, rng, tolerances."""
 
 import pytest
+from backward_bug_cells import GRAD_CLIP
 
 from neuron_workbench.testing import run_cell
 
@@ -231,24 +232,10 @@ def test_autocast_on_a_tensors_device_type_names_the_dtypes_not_the_op_lists(ip)
     ), hint
 
 
-RESIDUAL_BACKWARD_BUG = """
-import torch
-import torch.nn as nn
-
-class DeviceScaledGrad(torch.autograd.Function):
-    # a port bug in backward only: the forward pass matches, the gradient does not
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 1.5 if grad.device.type != "cpu" else grad
-
-class GradClip(nn.Module):
-    def forward(self, x):
-        return DeviceScaledGrad.apply(x)
-
+RESIDUAL_BACKWARD_BUG = (
+    "import torch\nimport torch.nn as nn\n"
+    + GRAD_CLIP
+    + """
 class Block(nn.Module):
     def __init__(self, bug):
         super().__init__()
@@ -276,6 +263,7 @@ torch.manual_seed(0)
 net = Net()
 x = torch.randn(4, 8)
 """
+)
 
 
 def test_layers_name_the_module_whose_backward_differs_between_functional_ops(ip):

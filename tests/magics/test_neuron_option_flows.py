@@ -6,6 +6,7 @@ must hold (or not) for the next.
 """
 
 import pytest
+from backward_bug_cells import GRAD_CLIP
 from IPython.core.error import UsageError
 
 from neuron_workbench.testing import run_cell
@@ -230,28 +231,15 @@ def test_o_naming_a_variable_the_cell_binds_is_refused_before_it_runs(ip):
     assert ip.user_ns["x"].tolist() == [1.0, 1.0] and "y" not in ip.user_ns
 
 
-BACKWARD_BUG_SETUP = """
-import torch
-import torch.nn as nn
-
-class DeviceScaledGrad(torch.autograd.Function):
-    # a port bug in backward only: the forward pass matches, the gradient does not
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 1.5 if grad.device.type != "cpu" else grad
-
-class GradClip(nn.Module):
-    def forward(self, x):
-        return DeviceScaledGrad.apply(x)
-
+BACKWARD_BUG_SETUP = (
+    "import torch\nimport torch.nn as nn\n"
+    + GRAD_CLIP
+    + """
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), GradClip(), nn.Linear(8, 1))
 x = torch.randn(4, 8)
 """
+)
 
 BACKWARD_BUG_STEP = """
 net = net.cuda()
