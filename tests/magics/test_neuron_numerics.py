@@ -280,3 +280,13 @@ def test_layers_name_the_module_whose_backward_differs_between_functional_ops(ip
     )
     born = [d.label for d in report.layers.layers if d.grad_born]
     assert born == ["blocks.1.clip"]
+    # the JSON report says the same per layer (it held the forward figures only): the gradient
+    # w.r.t. the culprit's output still matches, the one upstream of it (its input's) does not
+    rows = {row["module"]: row for row in report.to_dict()["layers"]["layers"]}
+    assert [m for m, row in rows.items() if row["grad_born"]] == ["blocks.1.clip"]
+    assert (rows["blocks.1.clip"]["grad_diverged"], rows["blocks.1.clip"]["grad_error"]) == (
+        False,
+        0.0,
+    )
+    assert rows["blocks.1.ln"]["grad_diverged"] and rows["blocks.1.ln"]["grad_error"] > 0.1
+    assert not rows["blocks.2.fc"]["grad_diverged"]

@@ -88,6 +88,10 @@ class LayerDivergence:
             "diverged": self.diverged,
             "inputs_diverged": self.inputs_diverged,
             "born": self.born,
+            # backward: the gradient w.r.t. the output (None where backward did not reach it)
+            "grad_error": json_float(self.grad_error) if self.grad_error is not None else None,
+            "grad_diverged": self.grad_diverged,
+            "grad_born": self.grad_born,
         }
 
 
