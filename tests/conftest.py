@@ -136,9 +136,9 @@ def _intra_op_threads_kept():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def ip():
-    """A real IPython shell with neuron_workbench loaded and a fresh namespace."""
+def _shell_kept_apart():
+    """A real IPython shell with neuron_workbench loaded; on teardown its namespace and the
+    process's matmul precision go back to what they were."""
     from neuron_workbench.run.torch_settings import forget_chosen_precision
     from neuron_workbench.testing import testing_shell
 
@@ -150,6 +150,18 @@ def ip():
     # in this process (as in a kernel) and later tests' float32 matmuls ran at it
     torch.set_float32_matmul_precision(precision)
     forget_chosen_precision()
+
+
+@pytest.fixture
+def ip():
+    """A real IPython shell with neuron_workbench loaded and a fresh namespace."""
+    yield from _shell_kept_apart()
+
+
+@pytest.fixture(scope="module")
+def module_ip():
+    """One such shell for a whole test module, whose tests share what its cells define."""
+    yield from _shell_kept_apart()
 
 
 @pytest.fixture

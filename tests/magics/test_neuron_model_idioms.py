@@ -12,18 +12,10 @@ import torch
 from neuron_workbench.testing import run_cell
 
 
-@pytest.fixture(scope="module")
-def shell():
-    """One IPython shell with the extension loaded, for the whole module."""
-    from neuron_workbench.run.torch_settings import forget_chosen_precision
-    from neuron_workbench.testing import testing_shell
-
-    precision = torch.get_float32_matmul_precision()
-    ip = testing_shell()
-    yield ip
-    ip.reset(new_session=False)
-    torch.set_float32_matmul_precision(precision)
-    forget_chosen_precision()
+@pytest.fixture
+def shell(module_ip):
+    """The module's one shell (``module_ip``): the tests share what its cells define."""
+    return module_ip
 
 
 def _passed(shell, cell):
