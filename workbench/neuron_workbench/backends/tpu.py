@@ -43,6 +43,10 @@ LIST_FALLBACKS_ENV = "NEURON_WORKBENCH_TPU_LIST_FALLBACKS"
 SWITCH_MODULE = "torch_tpu._internal.execution_mode"
 SWITCH_NAME = "enable_cpu_fallback"
 
+#: TorchTPU's error for an op without a TPU kernel while its CPU fallback is off (torchtpu.md §3).
+UNIMPLEMENTED_ERROR = re.compile(
+    r"operator '(?P<op>[^']+)' is not implemented for TPU\. Please file a feature request"
+)
 #: TorchTPU's per-call warning when the CPU fallback runs an op (torchtpu.md §3).
 FALLBACK_WARNING = re.compile(
     r"operator '(?P<op>[^']+)' is not implemented for TPU\. Falling back to CPU"

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.backends.tpu import SWITCH_MODULE, SWITCH_NAME, UNIMPLEMENTED_ERROR
 from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
@@ -491,6 +492,11 @@ def hints_for(
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU"}
 
 
+def _stands_in_for_cuda(run: Run) -> bool:
+    """Whether ``run`` is the cpu reference standing in for the cell's cuda."""
+    return run.backend.details.get("stands_in_for") == "cuda"
+
+
 def _autocast_dtypes_hint(ref: Run, target: Run, target_label: str) -> str:
     """The runs autocast to different dtypes; on the cpu reference, why it may have.
 
@@ -504,10 +510,7 @@ def _autocast_dtypes_hint(ref: Run, target: Run, target_label: str) -> str:
         f"{', '.join(ref.facts.autocast_dtypes) or 'none'}, {target_label} to "
         f"{', '.join(target.facts.autocast_dtypes) or 'none'}"
     )
-    if (
-        ref.backend.details.get("stands_in_for") == "cuda"
-        and "bfloat16" in ref.facts.autocast_dtypes
-    ):
+    if _stands_in_for_cuda(ref) and "bfloat16" in ref.facts.autocast_dtypes:
         hint += (
             "; an autocast whose device type the cell reads from a tensor "
             "(torch.autocast(device_type=x.device.type)) is CPU autocast on the cpu reference, "
@@ -603,7 +606,7 @@ def cuda_refuses_too_hint(ref: Run, target: Run) -> str | None:
     """
     if target.error is None or ref.error is not None:
         return None
-    if ref.backend.details.get("stands_in_for") != "cuda":
+    if not _stands_in_for_cuda(ref):
         return None
     message = target.error.message
     for refusal, also, what, fix in _CUDA_REFUSES_TOO:
@@ -623,7 +626,7 @@ def cpu_lacks_half_fft_hint(ref: Run) -> str | None:
     run. Given only when the CPU stood in for cuda and refused a line that calls an FFT.
     """
     error = ref.error
-    if error is None or ref.backend.details.get("stands_in_for") != "cuda":
+    if error is None or not _stands_in_for_cuda(ref):
         return None
     if error.message != "Unsupported dtype Half" or "fft" not in error.line:
         return None
@@ -704,9 +707,6 @@ def kernel_only_op_hint(ref: Run, target: Run) -> str | None:
     )
 
 
-_TPU_MISSING_OP = re.compile(r"operator '([\w:.]+)' is not implemented for TPU\. Please file")
-
-
 def missing_tpu_op_hint(ref: Run, target: Run) -> str | None:
     """What to do when TorchTPU had no kernel for an op the cell ran, and stopped there.
 
@@ -717,15 +717,15 @@ def missing_tpu_op_hint(ref: Run, target: Run) -> str | None:
     """
     if target.error is None or ref.error is not None or target.backend.name != "tpu":
         return None
-    found = _TPU_MISSING_OP.search(target.error.message)
+    found = UNIMPLEMENTED_ERROR.search(target.error.message)
     if found is None:
         return None
-    op = found.group(1)
+    op = found.group("op")
     hint = (
         f"TorchTPU has no kernel for {op}, and its CPU fallback is off by default, so the run "
         "stopped at the first such op: --list-fallbacks runs the cell with the fallback on and "
-        "lists every op it needs (on a TPU: torch_tpu._internal.execution_mode."
-        "enable_cpu_fallback = True); or replace the op"
+        f"lists every op it needs (on a TPU: {SWITCH_MODULE}.{SWITCH_NAME} = True); or replace "
+        "the op"
     )
     if op.startswith("aten::_amp_"):
         hint += (
