@@ -37,7 +37,10 @@ def _executed(path, monkeypatch):
 
 @pytest.mark.slow
 def test_output_written_below_python_shows_once_in_the_cell(tmp_path, monkeypatch):
-    plain = "import os\nos.system('echo hi from a plain cell')"
+    # ipykernel's thread reading fd 1 forwards on its own schedule: output it forwards after the
+    # cell went idle is not the cell's (nbclient has stopped reading), which a loaded CI machine
+    # hit once; the plain cell waits for it before it ends
+    plain = "import os, time\nos.system('echo hi from a plain cell')\ntime.sleep(1)"
     path = write_notebook(
         tmp_path / "below.ipynb", "%load_ext neuron_workbench\nimport torch", plain, CELL
     )
