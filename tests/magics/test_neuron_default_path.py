@@ -2359,6 +2359,33 @@ def test_get_device_names_cuda_0_on_the_host_standing_in_for_it(ip):
     assert ip.user_ns["gd"] == ip.user_ns["fd"] == 0
 
 
+def test_what_a_plain_cell_computes_from_device_tensors_is_on_the_device(ip):
+    # On a GPU a tensor computed from cuda tensors is on cuda. A plain cell computes on the cpu
+    # stand-in, so `x2 = x * 2` was a CPU tensor to the next %%neuron cell, whose target then mixed
+    # devices: a false ERROR ("Expected all tensors to be on the same device").
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    _passed(ip, "lin = torch.nn.Linear(4, 3).cuda()\nx = torch.randn(5, 4, device='cuda')")
+    run_cell(
+        ip,
+        "x2 = x * 2\nxc = x.clone()\nnoise = torch.randn_like(x)\npreds = lin(x).argmax(-1)\n"
+        "head, tail = x.chunk(2)\nscaled = torch.nn.functional.normalize(x, dim=-1)\n"
+        "x = x - x.mean(0)\n"  # bound again: computed from the x before the cell
+        # on the CPU on a GPU too: moved there, or made by a factory given no device
+        "host = x.cpu() * 2\nshaped = torch.zeros(x.shape)\nlabels = torch.arange(x.shape[0])",
+    )
+    report = _passed(
+        ip,
+        "y = lin(x2) + lin(xc) + lin(noise) + lin(scaled) + lin(x)\nk = preds + 1\n"
+        "parts = torch.cat([head, tail])\n"
+        "on_host = host + shaped + torch.ones(5, 4)\nlabelled = labels + torch.ones(5)",
+    )
+    bindings = report.target.bindings
+    for name in ("y", "k", "parts"):
+        assert on_accelerator(bindings[name]), name
+    for name in ("on_host", "labelled"):
+        assert not on_accelerator(bindings[name]), name
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from neuron_workbench.run.host_moves import follow_plain_cell_moves
+from neuron_workbench.run.host_moves import follow_plain_cell_moves, places_before
 from neuron_workbench.run.namespace import ORIGIN_ATTR, ResidentObjects, on_accelerator
 
 
@@ -304,3 +304,84 @@ def test_a_module_moves_its_submodules_and_the_names_bound_to_them():
     )
     assert placed == ["model", "backbone"]
     assert namespace["backbone"] in resident and namespace["other"] not in resident
+
+
+def _computed_after(source, **values):
+    """Run the plain cell ``source`` over ``values`` as the magic does: places read before it."""
+    resident = ResidentObjects()
+    namespace = {"torch": torch, "F": torch.nn.functional, "device": CUDA_STAND_IN, **values}
+    resident.add(CUDA_STAND_IN)
+    for name in ("x", "model", "batch"):
+        if name in values:
+            resident.add(values[name])  # put there by a %%neuron cell
+    values.clear()
+    before = places_before(source, namespace, resident)
+    exec(source, namespace)
+    placed = follow_plain_cell_moves(source, namespace, resident, before)
+    return placed, namespace, resident
+
+
+def test_a_tensor_computed_from_device_tensors_is_on_the_device():
+    for source, name in (
+        ("y = x * 2", "y"),
+        ("y = -x", "y"),
+        ("y = x.clone().float()", "y"),
+        ("y = x[1:] @ model.weight.T", "y"),
+        ("y = torch.cat([x, torch.ones(1, 4)])", "y"),
+        ("y = F.softmax(x, dim=-1)", "y"),
+        ("y = torch.randn_like(x)", "y"),
+        ("y = torch.zeros(3, device=x.device)", "y"),
+        ("y = model(x).argmax(-1)", "y"),
+        ("y = batch['ids'] + 1", "y"),
+        ("y = torch.ones(2, 4).to(x)", "y"),
+        ("x = x - x.mean(0)", "x"),  # x as it was before the cell
+        ("z = x * 2\ny = z + 1", "y"),  # through a name the cell computed
+    ):
+        placed, namespace, resident = _computed_after(
+            source,
+            x=torch.ones(2, 4),
+            model=torch.nn.Linear(4, 3),
+            batch={"ids": torch.ones(2, dtype=torch.long)},
+        )
+        assert name in placed and namespace[name] in resident, source
+    placed, namespace, resident = _computed_after("a, b = x.chunk(2)", x=torch.ones(2, 4))
+    assert placed == ["a", "b"] and namespace["a"] in resident and namespace["b"] in resident
+
+
+def test_what_a_gpu_has_on_the_cpu_or_the_source_cannot_place_stays_where_it_is():
+    def helper(t):
+        return t.cpu() * 2
+
+    for source in (
+        "y = x.cpu() * 2",  # moved to the host first
+        "y = torch.zeros(x.shape)",  # a factory given no device
+        "y = torch.arange(x.shape[0])",
+        "y = torch.tensor(x.tolist())",
+        "y = x.mean().item()",  # no tensor
+        "y = helper(x)",  # a function of the notebook's may return anything
+        "y = items[0] * 2",  # what a list holds is not looked through
+        "y = [x * 2]",  # a container the cell builds holds it; what it holds is not followed
+        "if flag:\n    y = x * 2",  # may not have run
+        "for _ in range(2):\n    y = x * 2",
+        "y = cpu_tensor + 1",
+        "x = helper(x)\ny = x * 2",  # x computed by a function of the notebook's
+    ):
+        placed, namespace, resident = _computed_after(
+            source,
+            x=torch.ones(2, 4),
+            helper=helper,
+            items=[torch.ones(2)],
+            flag=True,
+            cpu_tensor=torch.ones(3),
+        )
+        assert "y" not in placed and namespace["y"] not in resident, source
+
+
+def test_without_the_places_before_a_name_the_cell_binds_places_nothing_it_computes():
+    resident = ResidentObjects()
+    x = torch.ones(3)
+    resident.add(x)
+    namespace = {"x": x}
+    exec("y = x * 2\nx = x + 1", namespace)
+    # x is bound by the cell: its value now is not the one `y = x * 2` read
+    assert follow_plain_cell_moves("y = x * 2\nx = x + 1", namespace, resident) == []

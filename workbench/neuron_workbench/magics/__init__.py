@@ -55,10 +55,15 @@ def register(shell: Any) -> None:
         instances[0].session = previous["NeuronMagics"].session
     from neuron_workbench.magics.neuron import prepare_target
 
-    # a plain cell's moves to the CPU (model.cpu()) hold for the next %%neuron cell
-    callbacks = shell.events.callbacks["post_run_cell"]
-    callbacks[:] = [c for c in callbacks if getattr(c, "__name__", "") != "after_plain_cell"]
-    shell.events.register("post_run_cell", instances[0].after_plain_cell)
+    # a plain cell's moves to the CPU (model.cpu()), and what it computes on the device, hold for
+    # the next %%neuron cell
+    for event, name in (
+        ("pre_run_cell", "before_plain_cell"),
+        ("post_run_cell", "after_plain_cell"),
+    ):
+        callbacks = shell.events.callbacks[event]
+        callbacks[:] = [c for c in callbacks if getattr(c, "__name__", "") != name]
+        shell.events.register(event, getattr(instances[0], name))
 
     prepare_target(instances[0].target, instances[0].executor)
     # functions and modules the notebook compiles from now on can travel to a target's process,

@@ -238,6 +238,30 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         super().__init__(shell=shell, **kwargs)
         self.session = Session()
         self._start_dir = os.getcwd()
+        #: the plain cell about to run, and where what it binds was before it (before_plain_cell)
+        self._places_before: tuple[str, dict[str, str | None]] | None = None
+
+    def before_plain_cell(self, info: Any) -> None:
+        """Before every cell (IPython's ``pre_run_cell``): where what a plain cell binds is now.
+
+        ``x = x * 2`` computes from the ``x`` before it: :meth:`after_plain_cell` reads the cell
+        after it ran, when the name holds the new tensor (see
+        :func:`~neuron_workbench.run.host_moves.places_before`).
+        """
+        self._places_before = None
+        raw = getattr(info, "raw_cell", None) or ""
+        if raw.lstrip().startswith("%%"):
+            return  # a cell magic's body (a %%neuron cell) is followed by its own runs
+        from neuron_workbench.run.host_moves import places_before
+
+        try:
+            source = self.shell.transform_cell(raw)
+            self._places_before = (
+                raw,
+                places_before(source, self.shell.user_ns, self.session.resident),
+            )
+        except Exception:  # noqa: BLE001 - a plain cell's preparation must never fail the cell
+            return
 
     def after_plain_cell(self, result: Any) -> None:
         """After every cell (IPython's ``post_run_cell``): what a plain cell moved, read from its source.
@@ -256,9 +280,11 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             return  # a cell magic's body is no top-level statement of the cell (a %%neuron cell)
         from neuron_workbench.run.host_moves import follow_plain_cell_moves
 
+        taken, self._places_before = self._places_before, None
+        before = taken[1] if taken is not None and taken[0] == raw else None
         try:
             source = self.shell.transform_cell(raw)
-            follow_plain_cell_moves(source, self.shell.user_ns, self.session.resident)
+            follow_plain_cell_moves(source, self.shell.user_ns, self.session.resident, before)
         except Exception:  # noqa: BLE001 - a plain cell's aftermath must never fail the cell
             return
 

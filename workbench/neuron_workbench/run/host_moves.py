@@ -38,6 +38,16 @@ may skip):
   ``y = x.to(device)`` leaves ``y`` where ``x`` is. So does a PyTorch call that may give its input
   back (``torch.as_tensor(x, device=device)``).
 
+And a tensor the cell *computes* from what is on the device (``x2 = x * 2``, ``preds =
+logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``, ``out = model(x)``,
+``a, b = x.chunk(2)``), in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
+what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
+call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
+goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
+may return anything, and an expression reading what the source cannot place (an item of a list,
+an object's attribute other than a module's) places nothing. A name the cell binds again
+(``x = x * 2``) is read as it was before the cell (:func:`places_before`).
+
 Statements count in order: a later move back to the device undoes an earlier move to the CPU and
 the other way round (a move to the CPU counts in branches and loops too, as it did before moves to
 the device were followed), and a later binding of a name replaces what an earlier one put on the device.
@@ -53,7 +63,7 @@ from __future__ import annotations
 import ast
 import sys
 import types
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -94,6 +104,7 @@ def follow_plain_cell_moves(
     source: str,
     namespace: MutableMapping[str, Any],
     resident: ResidentObjects,
+    before: Mapping[str, str | None] | None = None,
 ) -> list[str]:
     """Apply what the plain cell ``source`` moved (see the module); return the names it moved.
 
@@ -105,23 +116,102 @@ def follow_plain_cell_moves(
         The notebook's globals after the cell.
     resident : ResidentObjects
         What is on the device: earlier ``%%neuron`` cells' objects, and those this adds.
+    before : mapping, optional
+        Where the values of the names the cell binds were before it ran (:func:`places_before`):
+        what it computes from them (``x = x * 2``) is read as computed from those. Without it,
+        what the cell computes is followed only from names it does not bind.
 
     Returns
     -------
     list of str
         The names moved to the CPU, then those put on the device.
     """
-    if not any(word in source for word in _MOVE_WORDS):
+    if not any(word in source for word in _MOVE_WORDS) and not _may_compute(source):
         return []
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    finder = _Moves(namespace, resident)
+    if before is None:  # where what the cell binds was is not known: nothing computed from it
+        before = dict.fromkeys(_bound_in(tree))
+    finder = _Moves(namespace, resident, before)
     finder.visit(tree)
     return _forget_moves_to_host(finder, namespace, resident) + _remember_moves_to_device(
         finder, namespace, resident
     )
+
+
+def places_before(
+    source: str, namespace: Mapping[str, Any], resident: ResidentObjects
+) -> dict[str, str | None]:
+    """Where the values of the names the plain cell ``source`` binds are, before it runs.
+
+    For :func:`follow_plain_cell_moves`, which reads the cell after it ran, when the name holds
+    what the cell bound: ``x = x * 2`` computes from the ``x`` before it, on the device or not.
+    Each place is ``"device"``, ``"cpu"`` (a tensor or module elsewhere), ``"scalar"`` (a Python
+    number, string or None) or None (not known).
+    """
+    if not _may_compute(source):
+        return {}
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    return {
+        name: _place_of(namespace[name], resident) for name in _bound_in(tree) if name in namespace
+    }
+
+
+def _bound_in(tree: ast.AST) -> set[str]:
+    """The names ``tree`` binds anywhere (assignments, loops, ``with``, ``del``, ``import``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.id)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+def _may_compute(source: str) -> bool:
+    """Whether ``source`` may bind a name to a computed value (a cheap look at its text)."""
+    return "=" in source
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _place_of(value: Any, resident: ResidentObjects) -> str | None:
+    """Where ``value`` is, as :func:`places_before` says it (no walk through containers)."""
+    if isinstance(value, torch.Tensor | torch.nn.Module):
+        return "device" if resident.on_device(value) else "cpu"
+    if isinstance(value, _SCALARS) or isinstance(value, torch.dtype):
+        return "scalar"
+    # a container or object the registry holds (a batch dict a %%neuron cell bound); any other
+    # one is not looked through (a dataset of thousands of tensors): not known
+    return "device" if value in resident else None
+
+
+#: A tensor's methods whose value is on the CPU (or no tensor), wherever the tensor is.
+_TO_HOST_METHODS = frozenset({"cpu", "numpy", "item", "tolist"})
+#: A tensor's attributes that are no tensor (a shape, a dtype, a device).
+_NO_TENSOR_ATTRIBUTES = frozenset(
+    {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_leaf"}
+)
+
+
+def _computes(node: ast.expr) -> bool:
+    """Whether ``node`` computes a value, rather than naming or holding one (``y = x``, ``[x]``)."""
+    return isinstance(node, ast.BinOp | ast.UnaryOp | ast.Call | ast.Subscript | ast.Attribute)
+
+
+def _combined(places: list[str | None]) -> str | None:
+    """The place of a value computed from values at ``places``: where a GPU computes it."""
+    if None in places:
+        return None
+    if "device" in places:
+        return "device"  # (with CPU tensors too: a GPU refuses that or takes a CPU scalar)
+    return "cpu" if "cpu" in places else "scalar"
 
 
 def _forget_moves_to_host(
@@ -261,9 +351,18 @@ class _Moves(ast.NodeVisitor):
     the names moved to the device in place (``model.to(device)``).
     """
 
-    def __init__(self, namespace: MutableMapping[str, Any], resident: ResidentObjects) -> None:
+    def __init__(
+        self,
+        namespace: MutableMapping[str, Any],
+        resident: ResidentObjects,
+        before: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.resident = resident
+        #: where the values of the names the cell binds were before it (see places_before)
+        self.before = before
+        #: an assignment's value: where a GPU computed it (read before its targets are bound)
+        self._computed: dict[int, str | None] = {}
         self.last: dict[str, tuple[str, str | None]] = {}
         self.bound: dict[str, list[str]] = {}
         self.placed: dict[str, tuple[str, int]] = {}
@@ -327,6 +426,8 @@ class _Moves(ast.NodeVisitor):
         return any(name in names for names in self._local)
 
     def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
+        # where its value is computed, as the names it reads are before this statement binds any
+        self._computed[id(node.value)] = self._computed_place(node.value)
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             self._bound[id(node.value)] = node.targets[0].id
             # `a = x.cpu()[0]`: the move binds the name too, through the part taken of its result
@@ -339,6 +440,8 @@ class _Moves(ast.NodeVisitor):
             self._bind(target, node.value, id(node))
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # noqa: N802
+        if node.value is not None:
+            self._computed[id(node.value)] = self._computed_place(node.value)
         self.generic_visit(node)
         if node.value is not None:
             self._bind(node.target, node.value, id(node))
@@ -367,15 +470,126 @@ class _Moves(ast.NodeVisitor):
         """Note whether ``target = value`` puts what each name is bound to on the device."""
         if isinstance(target, ast.Name):
             how = self._placement(value)
+            if how is None and self._computed.get(id(value)) == "device" and _computes(value):
+                how = "made"  # x2 = x * 2: computed where x is, a new tensor
             if how is not None and not self._conditional:
                 self.placed[target.id] = (how, assignment)
                 self.where_now[target.id] = "device"
             elif how is not None:
                 self.where_now[target.id] = "unknown"
+            elif self._computed.get(id(value)) == "cpu" and not self._conditional:
+                self.where_now[target.id] = "cpu"  # computed on the CPU: read so by what follows
         elif isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List):
             if len(value.elts) == len(target.elts):  # x, y = x.to(device), y.to(device)
                 for item, item_value in zip(target.elts, value.elts, strict=True):
+                    self._computed.setdefault(id(item_value), self._computed_place(item_value))
                     self._bind(item, item_value, id(item_value))
+        elif isinstance(target, ast.Tuple | ast.List) and not self._conditional:
+            if self._computed.get(id(value)) == "device" and _computes(value):  # a, b = x.chunk(2)
+                for item in target.elts:
+                    if isinstance(item, ast.Name):
+                        self.placed[item.id] = ("made", assignment)
+                        self.where_now[item.id] = "device"
+
+    def _name_place(self, name: str) -> str | None:
+        """Where the value of ``name`` is at this point of the cell (see :func:`_place_of`)."""
+        if self._is_local(name):
+            return None
+        where = self.where_now.get(name)
+        if where is not None:
+            if where == "device" and self.placed.get(name, ("made",))[0] == "moved":
+                return None  # x = x.to(device) may leave x where it was (see the module)
+            return where if where in ("device", "cpu") else None
+        if self.before is not None and name in self.before:
+            return self.before[name]  # bound by the cell later on: as it was before it
+        if name not in self.namespace:
+            return None
+        return _place_of(self.namespace[name], self.resident)
+
+    def _computed_place(self, node: ast.expr) -> str | None:
+        """Where a GPU computes the value of ``node``: ``"device"``, ``"cpu"``, ``"scalar"``, None.
+
+        None: not known (a function of the notebook's, an item of a container, an object).
+        """
+        if isinstance(node, ast.Constant):
+            return "scalar"
+        if isinstance(node, ast.Name):
+            return self._name_place(node.id)
+        if isinstance(node, ast.UnaryOp):
+            return self._computed_place(node.operand)
+        if isinstance(node, ast.BinOp):
+            return _combined([self._computed_place(node.left), self._computed_place(node.right)])
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            return _combined([self._computed_place(each) for each in operands])
+        if isinstance(node, ast.Subscript):
+            where = self._computed_place(node.value)
+            return where if where in ("device", "cpu") else None
+        if isinstance(node, ast.Attribute):
+            if isinstance(self._resolved(node.value), types.ModuleType):
+                return "scalar"  # torch.float16, math.pi
+            if node.attr in _NO_TENSOR_ATTRIBUTES:
+                return "scalar"
+            owner = self._computed_place(node.value)  # model.fc.weight, x.T
+            return owner if owner in ("device", "cpu") else None
+        if isinstance(node, ast.List | ast.Tuple):
+            return _combined([self._computed_place(each) for each in node.elts])
+        if isinstance(node, ast.Call):
+            return self._call_place(node)
+        return None
+
+    def _arguments_place(self, call: ast.Call) -> str | None:
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(
+            k.arg is None for k in call.keywords
+        ):
+            return None  # f(*args, **kwargs): not read from here
+        values = [*call.args, *(k.value for k in call.keywords)]
+        return _combined([self._computed_place(each) for each in values])
+
+    def _call_place(self, call: ast.Call) -> str | None:
+        func = call.func
+        resolved = self._resolved(func)
+        if _pytorchs(resolved) and not isinstance(resolved, type):
+            for keyword in call.keywords:
+                if keyword.arg in ("device", "map_location"):
+                    value = keyword.value
+                    if isinstance(value, ast.Attribute) and value.attr == "device":
+                        where = self._computed_place(value.value)  # device=x.device: where x is
+                        return where if where in ("device", "cpu") else None
+                    placement = self._made_on(call)  # torch.zeros(3, device=d)
+                    return None if placement is None else placement[0]
+            name = getattr(resolved, "__name__", "")
+            if name in _NEW_TENSORS and not name.endswith("_like"):
+                return "cpu"  # a factory given no device: torch.zeros(x.shape)
+            if name.endswith("_like") and call.args:
+                return self._computed_place(call.args[0])
+            return self._arguments_place(call)  # torch.cat([x, y]), F.softmax(x, dim=-1)
+        if isinstance(func, ast.Name):
+            module = self.namespace.get(func.id)
+            if not isinstance(module, torch.nn.Module):
+                return None  # a function or class of the notebook's: may return anything
+            where = self._name_place(func.id)
+            if where == "device":
+                return "device"  # model(x): where its parameters are
+            if where == "cpu" and next(iter(tensors_in(module)), None) is None:
+                return self._arguments_place(call)  # nn.ReLU()(x): where x is
+            return "cpu" if where == "cpu" else None
+        if not isinstance(func, ast.Attribute):
+            return None
+        method = func.attr
+        if method in _TO_HOST_METHODS:
+            return "cpu"
+        if method in ("to", "cuda"):
+            where = self._where(method, call)
+            if where is not None:
+                return where
+            if method == "to" and call.args and not call.keywords:
+                # x.to(other): where the other tensor is; x.to(torch.float16): where x is
+                other = self._computed_place(call.args[0])
+                if other in ("device", "cpu"):
+                    return other
+        owner = self._computed_place(func.value)
+        return owner if owner in ("device", "cpu") else None
 
     def _placement(self, node: ast.expr) -> str | None:
         """Whether the expression ``node``'s value is on the device (as the cell means it), and how.
