@@ -174,6 +174,33 @@ def test_a_timed_step_repeated_has_no_timing_curve(ip):
     assert set(report.to_dict()["training"]["series"]) == {"loss"}
 
 
+def test_a_numpy_array_of_timings_is_a_measurement(ip):
+    # np.array(times) and what was computed from it (a median, a mask of the fast steps) were
+    # compared, and failed the cell ("arr max|Δ| 4.1e+00 > 5.5e-07") whatever the target computed.
+    run_cell(ip, SETUP)
+    run_cell(ip, "import numpy as np")
+    report = _report(
+        ip,
+        "times = []\n"
+        "for _ in range(4):\n"
+        "    t0 = time.perf_counter()\n"
+        "    y = model(x)\n"
+        "    times.append(time.perf_counter() - t0)\n"
+        "arr = np.array(times) * 1e3\n"
+        "p50, mean = np.median(arr), arr.mean()\n"
+        "fast = arr < 1.0\n"
+        "steps = arr.tolist()",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert {d.path for d in report.comparison.diffs} == {"y", "_"}, report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert measured["arr"]["unit"] == "ms" and measured["p50"]["unit"] == "ms"
+    assert measured["mean"]["unit"] == "ms" and "fast" in measured and "steps[3]" in measured
+    # the notebook gets what NumPy gives plain code
+    assert type(ip.user_ns["arr"]) is np.ndarray and type(ip.user_ns["fast"]) is np.ndarray
+    assert type(ip.user_ns["p50"]) is np.float64 and type(ip.user_ns["steps"][0]) is float
+
+
 def test_summaries_of_timings_are_measurements(ip):
     # A benchmark cell summarises its step times with NumPy or statistics: np.mean(times) and
     # statistics.stdev(times) were plain numbers, compared, and failed the cell ("res['mean']

@@ -25,6 +25,7 @@ from neuron_workbench.run.measurements import (
 )
 from neuron_workbench.run.remap import cuda_remapped_to
 
+S = Provenance("time", "time.perf_counter", "s")
 MS = Provenance("time", "torch.cuda.Event.elapsed_time", "ms")
 BYTES = Provenance("memory", "torch.cuda.max_memory_allocated", "B")
 
@@ -125,6 +126,42 @@ def test_summaries_of_measurements_are_measurements_of_the_same_type():
     assert type(untagged([mean])[0]) is np.float64  # what the notebook gets is NumPy's own
     # outside a run the functions are NumPy's and statistics' again
     assert not is_measurement(np.mean(times)) and not is_measurement(statistics.mean(times))
+
+
+def test_a_numpy_array_of_measurements_is_one_and_so_is_what_numpy_computes_from_it():
+    import copy
+    import pickle
+
+    from neuron_workbench.run.transport import dumps, loads
+
+    times = [TaggedFloat(t, S) for t in (0.001, 0.002, 0.004)]
+    with tracked(torch.cuda):
+        arr = np.array(times)
+        ms = arr * 1e3
+        fast = ms < 2.5
+        from_tuple = np.asarray(tuple(times))
+        plain = np.array([1.0, 2.0])
+        summaries = {"median": np.median(ms), "p90": np.percentile(ms, 90)}
+    assert is_measurement(arr) and provenance_of(arr).unit == "s"
+    assert provenance_of(ms).unit == "ms" and is_measurement(fast) and is_measurement(from_tuple)
+    assert provenance_of(fast).unit is None  # a comparison of times is no time
+    # methods, elements, iteration and lists of it: measurements, in its unit where they keep it
+    assert provenance_of(ms.mean()).unit == "ms" and provenance_of(ms.max()).unit == "ms"
+    assert provenance_of(ms.var()).unit is None and isinstance(ms.mean(), np.float64)
+    assert provenance_of(ms[0]).unit == "ms" and is_measurement(ms[1:])
+    assert all(is_measurement(t) for t in ms) and all(is_measurement(t) for t in ms.tolist())
+    assert provenance_of(np.diff(ms)).unit == "ms"  # a difference of times is a time
+    assert all(is_measurement(v) for v in summaries.values())
+    assert ms.tolist() == [1.0, 2.0, 4.0] and repr(ms) == repr(np.array([1.0, 2.0, 4.0]))
+    assert not is_measurement(plain)
+    # the workbench's transport keeps the provenance; any other pickle and the notebook get NumPy's
+    back = loads(dumps([ms]))[0]
+    assert provenance_of(back) == provenance_of(ms) and back.tolist() == ms.tolist()
+    assert type(pickle.loads(pickle.dumps(ms))) is np.ndarray
+    assert provenance_of(copy.deepcopy(ms)) == provenance_of(ms)
+    assert type(untagged({"ms": ms})["ms"]) is np.ndarray
+    # outside a run np.array is NumPy's again
+    assert not is_measurement(np.array(times))
 
 
 def test_scalars_from_tensors_carry_their_dtype_and_pass_one_interception_point():

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from neuron_workbench.run.measurements import TAGGED
 from neuron_workbench.run.namespace import (
     PLAIN_NAMESPACES,
     TENSOR_HOLDERS,
@@ -146,6 +147,9 @@ def _walk(
         return
     if _is_numpy_array(value):
         leaves.append((path, _numpy_leaf(value)))
+        return
+    if isinstance(value, TAGGED):  # np.array(times): a measurement, kept as one
+        leaves.append((path, value))
         return
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):

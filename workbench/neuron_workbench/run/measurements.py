@@ -33,8 +33,9 @@ Summaries of a list of measurements are measurements too: ``statistics``' averag
 spreads, ``math.fsum`` and NumPy's reductions (``np.mean(times)``, ``np.percentile(times, 90)``;
 a NumPy ``float64`` result stays one, tagged). What loses the provenance (documented limits):
 ``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), string
-formatting (``f"{ms:.1f}"``), NumPy arrays (``np.array(times)``) and what is computed from them,
-and tensors built from tagged numbers.
+formatting (``f"{ms:.1f}"``), tensors and pandas objects built from tagged numbers. An array of
+measurements (``np.array(times)``, ``np.asarray(times)``) is a :class:`TaggedArray`, and so is what
+NumPy computes from it (see :func:`_tagged_array_type`).
 """
 
 from __future__ import annotations
@@ -177,9 +178,14 @@ def tag(value: Any, provenance: Provenance) -> Any:
     kind = type(value)
     if kind is bool or value is None:
         return value
+    if kind in TAGGED:  # (a summary of a tagged array NumPy computed through its methods)
+        value = _plain(value)
+        kind = type(value)
     numpy_tagged = _NUMPY_TAGGED.get(kind)
     if numpy_tagged is not None:  # a NumPy summary's (np.mean(times)): it stays NumPy's type
         return numpy_tagged(value, provenance)
+    if numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind in "biuf":
+        return TaggedArray(value, provenance)  # np.array(times): an array of measurements
     if isinstance(value, float):
         return TaggedFloat(value, provenance)
     if isinstance(value, int):
@@ -196,6 +202,8 @@ def tag(value: Any, provenance: Provenance) -> Any:
 
 
 def _plain(value: Any) -> Any:
+    if numpy is not None and isinstance(value, TaggedArray):
+        return value.view(numpy.ndarray)
     numpy_type = _NUMPY_PLAIN.get(type(value))
     if numpy_type is not None:
         return numpy_type(value.item())
@@ -487,13 +495,141 @@ def _tagged_numpy_scalar(base: type) -> type:
     return type(f"Tagged{base.__name__.capitalize()}", (base,), namespace)
 
 
+#: The ufuncs whose value is in the unit of their tagged operands (a difference of times is a time).
+_UNIT_KEEPING_UFUNCS = frozenset(
+    {"add", "subtract", "negative", "positive", "absolute", "maximum", "minimum", "fmax", "fmin"}
+    | {"rint", "floor", "ceil", "trunc"}
+)
+#: ``ndarray`` methods that summarise it, and whether the value keeps the unit (see SUMMARIES).
+_ARRAY_SUMMARIES = {
+    **dict.fromkeys(("mean", "std", "min", "max", "sum", "ptp", "cumsum"), True),
+    "var": False,
+    "prod": False,
+}
+
+
+def _tagged_array_type() -> type:
+    """A NumPy ``ndarray`` subclass that remembers where its values came from (``np.array(times)``).
+
+    What NumPy computes from it keeps the provenance: element-wise arithmetic and comparisons
+    (``arr * 1e3``, ``arr > 0.01``: an array, the unit kept where the ufunc keeps it and scaled by
+    a number as a tagged float's), reductions and the summarising methods (``arr.mean()``, a
+    tagged NumPy scalar), an element (``arr[0]``), iteration and ``tolist()``.
+    """
+    base = numpy.ndarray
+
+    def __new__(cls: type, value: Any, provenance: Provenance | None = None) -> Any:
+        array = numpy.asarray(value)
+        if provenance is None:
+            return array
+        self = array.view(cls)
+        self.provenance = provenance
+        return self
+
+    def __array_finalize__(self: Any, obj: Any) -> None:
+        # a view, a copy or a slice of a tagged array: the same values, the same provenance
+        self.provenance = getattr(obj, "provenance", None)
+
+    def __array_ufunc__(self: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        provenance = next(
+            (each.provenance for each in inputs if isinstance(each, cls) and each.provenance),
+            None,
+        )
+        plain = tuple(each.view(base) if isinstance(each, cls) else each for each in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(o.view(base) if isinstance(o, cls) else o for o in kwargs["out"])
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if provenance is None:
+            return result
+        if ufunc.__name__ not in _UNIT_KEEPING_UFUNCS or method != "__call__":
+            numbers = [e for e in plain if isinstance(e, _NUMBER) and not isinstance(e, bool)]
+            unit = None
+            if ufunc.__name__ == "multiply" and len(numbers) == 1:
+                unit = _scaled(provenance.unit, float(numbers[0]))
+            elif ufunc.__name__ in ("divide", "true_divide") and plain[1:] == tuple(numbers):
+                unit = _scaled(provenance.unit, 1 / float(numbers[0])) if numbers else None
+            elif method == "reduce" and ufunc.__name__ in _UNIT_KEEPING_UFUNCS:
+                unit = provenance.unit  # a sum, a maximum of times
+            provenance = replace(provenance, unit=unit)
+        if isinstance(result, tuple):
+            return tuple(_tagged_result(each, provenance) for each in result)
+        return _tagged_result(result, provenance)
+
+    def __getitem__(self: Any, key: Any) -> Any:
+        return _tagged_result(base.__getitem__(self, key), self.provenance)
+
+    def __iter__(self: Any) -> Any:
+        return (self[index] for index in range(len(self)))
+
+    def tolist(self: Any) -> Any:
+        return tag(base.tolist(self.view(base)), self.provenance)
+
+    def __reduce__(self: Any) -> Any:
+        # any pickle but the workbench's transport (torch.save, pickle.dump) gets a plain array
+        return base.__reduce__(self.view(base))
+
+    def __repr__(self: Any) -> str:
+        return repr(self.view(base))  # array([...]), as the cell's output shows a plain one
+
+    def summary_method(name: str, keeps_unit: bool) -> Callable[..., Any]:
+        method = getattr(base, name)
+
+        def summarise(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = method(self.view(base), *args, **kwargs)
+            provenance = self.provenance
+            if provenance is not None and not keeps_unit:
+                provenance = replace(provenance, unit=None)
+            return _tagged_result(result, provenance)
+
+        summarise.__name__ = name
+        return summarise
+
+    namespace: dict[str, Any] = {
+        "__new__": __new__,
+        "__array_finalize__": __array_finalize__,
+        "__array_ufunc__": __array_ufunc__,
+        "__getitem__": __getitem__,
+        "__iter__": __iter__,
+        "tolist": tolist,
+        "__reduce__": __reduce__,
+        "__repr__": __repr__,
+        "__module__": __name__,
+        "__doc__": _tagged_array_type.__doc__,
+        "provenance": None,
+        **{
+            name: summary_method(name, keeps)
+            for name, keeps in _ARRAY_SUMMARIES.items()
+            if hasattr(base, name)  # (NumPy 2 has no ndarray.ptp)
+        },
+    }
+    cls = type("TaggedArray", (base,), namespace)
+    return cls
+
+
+def _tagged_result(value: Any, provenance: Provenance | None) -> Any:
+    """What a tagged array's operation gave, tagged: an array as one, a NumPy scalar as one."""
+    if provenance is None:
+        return value
+    if isinstance(value, numpy.ndarray):
+        return TaggedArray(value, provenance)
+    return tag(value, provenance)
+
+
 if numpy is not None:
     TaggedFloat64 = _tagged_numpy_scalar(numpy.float64)
     TaggedInt64 = _tagged_numpy_scalar(numpy.int64)
+    TaggedArray = _tagged_array_type()
     #: NumPy's scalar types that summaries of measurements give, and their tagged subclasses.
     _NUMPY_TAGGED: dict[type, type] = {numpy.float64: TaggedFloat64, numpy.int64: TaggedInt64}
     #: The tagged types: what the workbench's transport pickles with the provenance.
-    TAGGED: tuple[type, ...] = (TaggedFloat, TaggedInt, TaggedStr, TaggedFloat64, TaggedInt64)
+    TAGGED: tuple[type, ...] = (
+        TaggedFloat,
+        TaggedInt,
+        TaggedStr,
+        TaggedFloat64,
+        TaggedInt64,
+        TaggedArray,
+    )
 else:  # pragma: no cover - a torch without NumPy
     _NUMPY_TAGGED = {}
     TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
@@ -835,7 +971,38 @@ def tracked(cuda: Any) -> Iterator[None]:
         # np.mean(times), statistics.median(times): summaries of measurements are measurements
         for module, replacements in _summary_patches():
             stack.enter_context(patched_attributes(module, replacements))
+        # np.array(times): an array of measurements is one, and so is what NumPy computes from it
+        if "numpy" in sys.modules and numpy is not None:
+            constructors = {name: _array_of(getattr(numpy, name)) for name in _ARRAY_CONSTRUCTORS}
+            stack.enter_context(patched_attributes(numpy, constructors))
         yield
+
+
+#: NumPy's functions that make an array of the numbers they are given.
+_ARRAY_CONSTRUCTORS = ("array", "asarray", "asanyarray")
+
+
+def _array_of(make: Callable[..., Any]) -> Callable[..., Any]:
+    """``make`` (``np.array``), giving a tagged array for a sequence of measurements.
+
+    Only the sequence's first item is looked at (a list of timings holds nothing else): NumPy makes
+    arrays of long lists in loops, which a look through each would slow down.
+    """
+
+    @functools.wraps(make)
+    def array(*args: Any, **kwargs: Any) -> Any:
+        result = make(*args, **kwargs)
+        if not args or not isinstance(result, numpy.ndarray):
+            return result
+        data = args[0]
+        if type(data) in (list, tuple) and data:
+            data = data[0]
+        prov = provenance_of(data)
+        if prov is None or not prov.measurement:
+            return result
+        return tag(result, prov)
+
+    return array
 
 
 #: ``torch.cuda`` names whose answers on the cpu reference need its memory accounting.
