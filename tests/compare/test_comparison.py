@@ -221,6 +221,25 @@ def test_dict_keys_naming_each_runs_device_pair_into_one_output():
     assert texts.passed and [d.path for d in texts.diffs] == ["d['cpu']"]
 
 
+def test_device_keys_of_each_runs_device_pair_into_one_output():
+    # {x.device: ...}: the host's device on the reference, the target's in the kernel, which holds
+    # it as privateuseone (it has no neuron device of its own)
+    y = torch.arange(3.0)
+    target_device = torch.device("privateuseone", 0)
+    ref = {"d": {torch.device("cpu"): y.sum()}, "t": {torch.device("cpu"): y}}
+    target = {"d": {target_device: y.sum()}, "t": {target_device: y * 2}}
+    comparison = compare_outputs(ref, target, devices=CPU_REF)
+    assert [(d.path, d.status) for d in comparison.diffs] == [
+        ("d[device(type='cpu')]", "match"),
+        ("t[device(type='cpu')]", "differ"),
+    ]
+    # a device key that names neither run's device stays itself
+    other = compare_outputs(
+        {"d": {torch.device("meta"): 1}}, {"d": {target_device: 1}}, devices=CPU_REF
+    )
+    assert [d.status for d in other.diffs] == ["missing", "missing"]
+
+
 def test_keys_that_could_pair_several_ways_stay_missing():
     # str(y.device) and y.device.type are one key on the host ("cpu") and two on the target
     y = torch.ones(2)

@@ -208,6 +208,9 @@ def test_a_text_and_a_dict_key_naming_the_cells_device_pass(ip):
     statuses = {d.path: d.status for d in report.comparison.diffs}
     key = f"d[{report.ref.backend.device!r}]"  # the reference's path: d['cpu'] on this host
     assert statuses == {"y": "match", "msg": "match", key: "match"}
+    # keyed by the device itself: each run's own, the target's held as privateuseone here
+    report = _passed(ip, "z = x.cuda()\nper_device = {z.device: z.sum()}")
+    assert [d.status for d in report.comparison.diffs] == ["match", "match"]
 
 
 def test_a_metrics_dataframe_the_cell_binds_is_compared(ip):

@@ -27,6 +27,7 @@ from neuron_workbench.run.measurements import (
     provenance_of,
     source_dtype,
 )
+from neuron_workbench.run.namespace import UNUSABLE_DEVICE_TYPE
 from neuron_workbench.run.records import NotCompared
 
 #: Status of an output that could not be compared (a :class:`NotCompared` marker on either side).
@@ -696,6 +697,30 @@ def _same_device_named(ref: Any, target: Any, devices: tuple[str, str]) -> bool:
     return ref_text == target_text and _names_agree(ref_names, target_names, devices)
 
 
+#: A ``torch.device`` as a dict key shows in a path: ``d[device(type='cpu')]``.
+_DEVICE_KEY = re.compile(r"device\(type='(\w+)'(?:, index=(\d+))?\)")
+
+
+def _device_keys_named(path: str, target_kind: str) -> str:
+    """``path`` with its ``torch.device`` keys written as the device's name (``device('cpu')``).
+
+    ``{x.device: ...}`` is keyed by each run's own device: ``device(type='cpu')`` on the reference
+    (the host standing in for cuda, no index) and the target's device, which the kernel holds as
+    ``privateuseone`` when it has no such device of its own (see ``run.transport``): named as the
+    target's device type here, so that the two keys pair as ``d[str(x.device)]``'s do.
+    """
+    if "device(" not in path:
+        return path
+
+    def named(match: re.Match[str]) -> str:
+        kind, index = match.group(1), match.group(2)
+        if kind == UNUSABLE_DEVICE_TYPE:
+            kind = target_kind
+        return f"device('{kind}:{index}')" if index is not None else f"device('{kind}')"
+
+    return _DEVICE_KEY.sub(named, path)
+
+
 def _paired_by_device(
     ref_only: list[str], target_only: list[str], devices: tuple[str, str]
 ) -> dict[str, str]:
@@ -712,15 +737,16 @@ def _paired_by_device(
         Reference path to the target's path of the same output, in the reference's order.
     """
     by_text: dict[tuple[str, ...], list[tuple[str, tuple[str, ...]]]] = {}
+    target_kind = devices[1].partition(":")[0]
     for path in target_only:
-        text, names = _device_split(path, devices)
+        text, names = _device_split(_device_keys_named(path, target_kind), devices)
         if names:
             by_text.setdefault(text, []).append((path, names))
     if not by_text:  # the common case: no path names a device
         return {}
     candidates: dict[str, list[str]] = {}
     for path in ref_only:
-        text, names = _device_split(path, devices)
+        text, names = _device_split(_device_keys_named(path, target_kind), devices)
         if names:
             candidates[path] = [
                 other
