@@ -741,7 +741,12 @@ CUDA_SOURCES = {
 
 
 def _timer(name: str, unit: str) -> Callable[[], Any]:
-    original = getattr(time, name)
+    return _timer_over(getattr(time, name), name, unit)
+
+
+@functools.lru_cache(maxsize=64)
+def _timer_over(original: Callable[[], Any], name: str, unit: str) -> Callable[[], Any]:
+    """``original`` (``time.<name>``) giving tagged values; made once per function (every run)."""
     prov = Provenance("time", f"time.{name}", unit)
     kind = TaggedInt if unit == "ns" else TaggedFloat
 
@@ -913,6 +918,7 @@ def _measured_in(data: Any) -> Provenance | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)  # every run wraps the same functions: made once each
 def _summary(func: Callable[..., Any], keeps_unit: bool, takes_iterators: bool) -> Any:
     @functools.wraps(func)
     def summary(*args: Any, **kwargs: Any) -> Any:
@@ -982,6 +988,7 @@ def tracked(cuda: Any) -> Iterator[None]:
 _ARRAY_CONSTRUCTORS = ("array", "asarray", "asanyarray")
 
 
+@functools.lru_cache(maxsize=16)
 def _array_of(make: Callable[..., Any]) -> Callable[..., Any]:
     """``make`` (``np.array``), giving a tagged array for a sequence of measurements.
 

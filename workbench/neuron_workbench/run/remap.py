@@ -1038,22 +1038,25 @@ def _scaler_methods_waking(cls: type) -> dict[str, Callable[..., Any]]:
     is built again, as asked, by the run's ``__init__``, which gives it the run's device: the
     scaler then scales as it would on a GPU, and the notebook keeps the kept run's copy, on.
     """
-
-    def waking(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            request = self.__dict__.pop(_SCALER_REQUEST, None)
-            if request is not None and not self._enabled and self._device == "cuda":
-                cls.__init__(self, "cuda", **request)  # type: ignore[misc]
-            return method(self, *args, **kwargs)
-
-        return wrapper
-
     return {
-        name: waking(value)
+        name: _waking(cls, value)
         for name, value in vars(cls).items()
         if not name.startswith("_") and inspect.isfunction(value)
     }
+
+
+@functools.lru_cache(maxsize=64)  # every run wraps the same methods: made once each
+def _waking(cls: type, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of ``cls`` (a GradScaler's), building first a scaler that remembers a request."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request = self.__dict__.pop(_SCALER_REQUEST, None)
+        if request is not None and not self._enabled and self._device == "cuda":
+            cls.__init__(self, "cuda", **request)  # type: ignore[misc]
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @contextlib.contextmanager
