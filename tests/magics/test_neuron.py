@@ -234,6 +234,30 @@ def test_what_only_the_whole_cell_shows_is_a_syntax_error_of_one_line(ip, body, 
     assert f"syntax error in the cell, {says}" in str(result.error_in_exec)
 
 
+def test_a_cell_run_again_after_an_input_transformer_was_added_is_transformed_by_it(ip):
+    # The magic remembers the Python IPython made of a cell; a transformer the notebook adds (as
+    # an extension does) applies to the same cell run again.
+    cell = "%%neuron -o r\ny = torch.ones(2).cuda() * SCALE"
+    run_cell(ip, "import torch\nSCALE = 2")
+    run_cell(ip, cell)
+    assert ip.user_ns["y"].tolist() == [2.0, 2.0]
+
+    def scale_by_three(lines):
+        # (the cell body's own first line: IPython's pass over the whole cell leaves it alone)
+        if not lines or not lines[0].startswith("y ="):
+            return lines
+        return [line.replace("SCALE", "3") for line in lines]
+
+    ip.input_transformers_cleanup.append(scale_by_three)
+    try:
+        run_cell(ip, cell)
+    finally:
+        ip.input_transformers_cleanup.remove(scale_by_three)
+    assert ip.user_ns["y"].tolist() == [3.0, 3.0]
+    run_cell(ip, cell)
+    assert ip.user_ns["y"].tolist() == [2.0, 2.0]
+
+
 def test_functions_from_earlier_cells_see_each_runs_own_copy(ip):
     run_cell(ip, SETUP)
     run_cell(

@@ -186,6 +186,40 @@ def _table_arguments(func: Any) -> Any:
     return func
 
 
+#: Cells IPython's input transformers made Python of, by their text and the transformers then.
+_TRANSFORMED: dict[tuple[Any, ...], str] = {}
+_TRANSFORMED_KEPT = 64
+
+
+def _transformed_cell(shell: Any, cell: str) -> str:
+    """``shell.transform_cell(cell)``, remembered for a cell run again with the same transformers.
+
+    IPython tokenizes the whole cell each time (0.15 ms for a 10-line cell); a notebook reruns
+    the same cells, and the magic reads each plain cell before and after it runs.
+    """
+    manager = shell.input_transformer_manager
+    key = (
+        cell,
+        id(manager),
+        *(
+            tuple(map(id, transforms))
+            for transforms in (
+                manager.cleanup_transforms,
+                manager.line_transforms,
+                manager.token_transformers,
+                shell.input_transformers_post,
+            )
+        ),
+    )
+    source = _TRANSFORMED.get(key)
+    if source is None:
+        source = shell.transform_cell(cell)
+        if len(_TRANSFORMED) >= _TRANSFORMED_KEPT:
+            del _TRANSFORMED[next(iter(_TRANSFORMED))]  # the oldest
+        _TRANSFORMED[key] = source
+    return source
+
+
 @magics_class
 class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
     """Compare a CUDA-style cell on a reference and a target backend.
@@ -255,7 +289,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         from neuron_workbench.run.host_moves import places_before
 
         try:
-            source = self.shell.transform_cell(raw)
+            source = _transformed_cell(self.shell, raw)
             self._places_before = (
                 raw,
                 places_before(source, self.shell.user_ns, self.session.resident),
@@ -283,7 +317,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         taken, self._places_before = self._places_before, None
         before = taken[1] if taken is not None and taken[0] == raw else None
         try:
-            source = self.shell.transform_cell(raw)
+            source = _transformed_cell(self.shell, raw)
             follow_plain_cell_moves(source, self.shell.user_ns, self.session.resident, before)
         except Exception:  # noqa: BLE001 - a plain cell's aftermath must never fail the cell
             return
@@ -382,7 +416,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
             shell = self.shell
             # Line 1 of the cell is the %%neuron line: errors and sites count lines as the editor.
             program = compile_cell(
-                shell.transform_cell(cell),
+                _transformed_cell(shell, cell),
                 # without AST transformers (IPython has none unless a user adds one), a cell run
                 # again is not parsed again
                 transform_ast=shell.transform_ast if shell.ast_transformers else None,
