@@ -288,3 +288,25 @@ def test_a_set_is_one_leaf_of_its_items_in_order_and_a_set_of_objects_is_not_com
     assert leaves["ids"] == "{1, 2, 3}" and leaves["words"] == "{'a', 'b'}"
     assert leaves["mixed"] == "{0.5, 2, 'x', (1, None)}" and leaves["empty"] == "set()"
     assert isinstance(leaves["tensors"], NotCompared)
+
+
+def test_outputs_flattened_ahead_give_the_leaves_of_the_outputs_as_they_are_now():
+    # The reference's outputs are flattened while the target runs; by the comparison the output
+    # names may be completed (a name only the other run bound) or rebound to another object.
+    from neuron_workbench.compare.flatten import FlattenedOutputs
+
+    model = torch.nn.Linear(2, 2)
+    outputs = {"model": model, "stats": {"loss": 1.5}, "x": torch.ones(2)}
+    flattened = FlattenedOutputs(outputs)
+    assert list(flattened.leaves(outputs)) == list(iter_leaves(outputs))
+    later = {"model": model, "stats": {"loss": 2.5}, "x": outputs["x"], "y": torch.zeros(1)}
+    leaves = list(flattened.leaves(later))
+    assert leaves == list(iter_leaves(later))
+    assert [path for path, _ in leaves] == [
+        "model.weight",
+        "model.bias",
+        "stats['loss']",
+        "x",
+        "y",
+    ]
+    assert dict(leaves)["stats['loss']"] == 2.5  # another object bound to the name: walked again

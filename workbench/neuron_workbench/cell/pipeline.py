@@ -20,6 +20,7 @@ from neuron_workbench.compare.budget import (
     measure_budget,
     tolerance_lines,
 )
+from neuron_workbench.compare.flatten import FlattenedOutputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
@@ -229,6 +230,7 @@ def compare_cell(
         and getattr(executor, "concurrent", False)
     )
     findings: dict[str, dict[str, Any] | None] = {}
+    ref_flattened = None
 
     def migration_for(name: str) -> dict[str, Any] | None:
         if migration is not None and name not in findings:
@@ -249,6 +251,10 @@ def compare_cell(
             # The scan needs no run: it fills the wait for the targets, which usually end later.
             for backend, _ in targets:
                 migration_for(backend.name)
+            # So does flattening the reference's outputs for the comparison (an output the
+            # comparison adds or finds rebound by then is walked again there)
+            if ref_run.ok:
+                ref_flattened = FlattenedOutputs(ref_run.outputs)
             target_runs = [_checked_target(each.result()) for each in pending]
         except BaseException:  # an interrupt, an option a target refused: abandon every run
             for each in pending:
@@ -283,7 +289,9 @@ def compare_cell(
     # a recorded reference ran from another namespace: nothing of this one stands for it
     before = namespace if reference is None else None
     for run in target_runs:
-        comparison, layers = compare_runs(ref_run, run, policy, unchanged=before)
+        comparison, layers = compare_runs(
+            ref_run, run, policy, unchanged=before, ref_flattened=ref_flattened
+        )
         budget = None
         if reference is None:
             budget = precision_budget(
@@ -665,12 +673,15 @@ def compare_runs(
     policy: TolerancePolicy | None = None,
     *,
     unchanged: Mapping[str, Any] | None = None,
+    ref_flattened: FlattenedOutputs | None = None,
 ) -> tuple[Comparison | None, LayerComparison | None]:
     """Compare two finished runs, live or recorded: outputs with hints, and layers if both have them.
 
     ``unchanged`` is the namespace both runs started from, before anything is committed: a name
     one run bound and the other left as it was is compared with the value it was left at.
-    Returns ``(None, None)`` when either run raised.
+    ``ref_flattened``: the reference's outputs flattened while the target ran (see
+    :class:`~neuron_workbench.compare.flatten.FlattenedOutputs`). Returns ``(None, None)`` when
+    either run raised.
     """
     if not (ref.ok and target.ok):
         return None, None
@@ -682,6 +693,7 @@ def compare_runs(
         policy=policy,
         devices=(ref.backend.device, target.backend.device),
         temp_names=(ref.facts.temp_names, target.facts.temp_names),
+        ref_flattened=ref_flattened,
     )
     failures = comparison.failures
     if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.compare.flatten import USER_MODULES, iter_leaves
+from neuron_workbench.compare.flatten import USER_MODULES, FlattenedOutputs, iter_leaves
 from neuron_workbench.compare.metrics import tensor_stats
 from neuron_workbench.compare.tolerances import (
     EXACT,
@@ -323,6 +323,7 @@ def compare_outputs(
     user_modules: Collection[str] = USER_MODULES,
     devices: tuple[str, str] | None = None,
     temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
+    ref_flattened: FlattenedOutputs | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
 
@@ -352,6 +353,10 @@ def compare_outputs(
         strings that differ only where each holds a name its own run drew at the same place in
         its order (the path of a checkpoint in a ``TemporaryDirectory`` the cell made) match: the
         same code made them.
+    ref_flattened : FlattenedOutputs, optional
+        The reference's outputs flattened ahead (while the target ran): its leaves of each output
+        still bound to the same object are used as they are. Ignored where its ``user_modules``
+        are not these.
 
     Returns
     -------
@@ -366,7 +371,10 @@ def compare_outputs(
         policy = TolerancePolicy(rtol=rtol, atol=atol)
     elif rtol is not None or atol is not None:
         raise ValueError("give rtol/atol or a policy, not both")
-    ref_leaves = dict(iter_leaves(ref, user_modules=user_modules))
+    if ref_flattened is not None and ref_flattened.user_modules == frozenset(user_modules):
+        ref_leaves = dict(ref_flattened.leaves(ref))
+    else:
+        ref_leaves = dict(iter_leaves(ref, user_modules=user_modules))
     target_leaves = dict(iter_leaves(target, user_modules=user_modules))
     target_only = [p for p in target_leaves if p not in ref_leaves]
     # A key naming each run's device (d[str(x.device)]) is one output under two paths: the

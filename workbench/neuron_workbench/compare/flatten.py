@@ -55,7 +55,7 @@ from neuron_workbench.run.namespace import (
 )
 from neuron_workbench.run.records import NotCompared
 
-__all__ = ["USER_MODULES", "iter_leaves"]
+__all__ = ["USER_MODULES", "FlattenedOutputs", "iter_leaves"]
 
 _MAX_DEPTH = 16
 #: ``__module__`` of the classes a notebook (or a script run as a cell) defines.
@@ -83,11 +83,55 @@ def iter_leaves(
     """
     modules = frozenset(user_modules)
     for name, value in outputs.items():
-        # One output at a time, into a list: a recursion that appends costs less per leaf than
-        # nested generators, each of which a leaf would pass up through.
-        leaves: list[tuple[str, Any]] = []
-        _walk(leaves, name, value, 0, set(), modules)
-        yield from leaves
+        yield from _output_leaves(name, value, modules)
+
+
+def _output_leaves(name: str, value: Any, modules: frozenset[str]) -> list[tuple[str, Any]]:
+    """The leaves of one named output (each output is walked on its own: its own ``seen``)."""
+    # Into a list: a recursion that appends costs less per leaf than nested generators, each of
+    # which a leaf would pass up through.
+    leaves: list[tuple[str, Any]] = []
+    _walk(leaves, name, value, 0, set(), modules)
+    return leaves
+
+
+class FlattenedOutputs:
+    """A run's outputs flattened ahead of their comparison, each output's leaves with its value.
+
+    The reference run ends before the target's answer comes back from its worker: its outputs are
+    flattened in that wait, off the time the comparison takes once the answer is there.
+    :meth:`leaves` then yields what :func:`iter_leaves` would, walking again only an output bound
+    since (``compare_runs`` completes a run's outputs with the other run's names) or bound to
+    another object.
+
+    Parameters
+    ----------
+    outputs : mapping of str to object
+        Output name to value, as a run bound them.
+    user_modules : collection of str, optional
+        As for :func:`iter_leaves`.
+    """
+
+    def __init__(
+        self, outputs: Mapping[str, Any], *, user_modules: Collection[str] = USER_MODULES
+    ) -> None:
+        self.user_modules = frozenset(user_modules)
+        self._by_name = {
+            name: (value, _output_leaves(name, value, self.user_modules))
+            for name, value in outputs.items()
+        }
+
+    def leaves(self, outputs: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+        """Yield ``(path, leaf)`` for every comparable value under each output, as :func:`iter_leaves`.
+
+        ``outputs`` are the run's outputs now; an output flattened ahead counts as it was then.
+        """
+        for name, value in outputs.items():
+            held = self._by_name.get(name)
+            if held is not None and held[0] is value:
+                yield from held[1]
+            else:
+                yield from _output_leaves(name, value, self.user_modules)
 
 
 def _walk(
