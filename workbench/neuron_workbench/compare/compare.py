@@ -290,20 +290,23 @@ class Comparison:
         """True when every compared output matched (``not-compared`` outputs are ignored)."""
         return not self.failures
 
+    # A report reads these several times over its hundreds of outputs: by status, as
+    # OutputDiff.compared and .failed decide, without a property call per output.
+
     @property
     def compared(self) -> list[OutputDiff]:
         """The outputs that were compared (matched or failed)."""
-        return [d for d in self.diffs if d.compared]
+        return [d for d in self.diffs if d.status != NOT_COMPARED]
 
     @property
     def failures(self) -> list[OutputDiff]:
         """The compared outputs that did not match."""
-        return [d for d in self.diffs if d.failed]
+        return [d for d in self.diffs if d.status != "match" and d.status != NOT_COMPARED]
 
     @property
     def not_compared(self) -> list[OutputDiff]:
         """The outputs with status ``not-compared``."""
-        return [d for d in self.diffs if not d.compared]
+        return [d for d in self.diffs if d.status == NOT_COMPARED]
 
     def counts(self) -> dict[str, int]:
         """Number of outputs per status, ``not-compared`` included (only statuses that occur)."""

@@ -52,6 +52,13 @@ def _fmt_float(value: Any) -> str:
     return f"{value:.3g}"
 
 
+def _number_cell(value: Any) -> str:
+    """``esc(_fmt_float(value))``: a float's text needs no escaping (a table has hundreds)."""
+    if type(value) is float:
+        return f"{value:.3g}"
+    return esc(_fmt_float(value))
+
+
 def _fmt_time(run: dict[str, Any]) -> str:
     seconds = run.get("wall_time_s")
     if seconds is None:
@@ -206,8 +213,8 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
                 status_cell,
                 esc(dtype),
                 esc(shape_text),
-                esc(_fmt_float(largest_difference(out))),
-                esc(_fmt_float(largest_difference(out, "max_rel"))),
+                _number_cell(largest_difference(out)),
+                _number_cell(largest_difference(out, "max_rel")),
                 esc(mismatched),
                 tolerance,
                 esc(worst or get("detail", "")),
