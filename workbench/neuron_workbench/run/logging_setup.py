@@ -202,14 +202,18 @@ def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> Non
     ``streams`` are what ``sys.stdout`` and ``sys.stderr`` were before the run, in that order.
     """
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    for logger in loggers:
-        for handler in getattr(logger, "handlers", ()):  # a placeholder has none
-            if not isinstance(handler, logging.StreamHandler):
-                continue
-            stream = handler.stream
-            for capture, stream_before in zip(captures, streams, strict=True):
-                if stream is capture and capture is not stream_before:
-                    handler.setStream(stream_before)  # type: ignore[attr-defined]
+    # (in one comprehension: most of the hundreds of loggers have no handler, a placeholder none)
+    handlers = [
+        h for logger in loggers if getattr(logger, "handlers", None) for h in logger.handlers
+    ]
+    captured = {id(capture) for capture in captures}
+    for handler in handlers:
+        if not isinstance(handler, logging.StreamHandler) or id(handler.stream) not in captured:
+            continue  # (nearly every one)
+        stream = handler.stream
+        for capture, stream_before in zip(captures, streams, strict=True):
+            if stream is capture and capture is not stream_before:
+                handler.setStream(stream_before)  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
