@@ -671,6 +671,11 @@ def test_device_tensors_leave_for_the_host_as_views_of_one_copy(where, in_place)
         isinstance(back["param"], torch.nn.Parameter) and back["param"].grad.tolist() == [1.0] * 3
     )
     assert back["param"]._workbench_device == "neuron:0"
+    # every device tensor names its device, in attributes of its own (one state is sent for all)
+    assert back["base"]._workbench_device == back["view"]._workbench_device == "neuron:0"
+    del back["base"]._workbench_device
+    assert back["view"]._workbench_device == back["param"]._workbench_device == "neuron:0"
+    assert not hasattr(back["cpu"], "_workbench_device")
     assert base[4].item() == 4.0  # the sender's tensor is untouched
 
 

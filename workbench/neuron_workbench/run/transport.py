@@ -517,6 +517,7 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._sink = sink
         self._tokens: dict[int, _StorageToken] = {}
+        self._origins: dict[str, dict[str, str]] = {}  # a device tensor's state, by device
         self._cuda_devices = cuda_devices
         self._handles = notebook_handles
         self._bar = progress_bar_class() if notebook_handles else None
@@ -685,8 +686,12 @@ class _Pickler(cloudpickle.Pickler):
             token = self._token(data.untyped_storage(), "cpu")
         attributes = vars(obj)
         if on_device:
-            # a device tensor's attributes belong to its backend (the emulator's payload)
-            state: dict[str, Any] | None = {ORIGIN_ATTR: _device_name(device)}
+            # a device tensor's attributes belong to its backend (the emulator's payload); one
+            # state per device for the whole message (the memo sends it once; it is only read)
+            name = _device_name(device)
+            state: dict[str, Any] | None = self._origins.get(name)
+            if state is None:
+                state = self._origins[name] = {ORIGIN_ATTR: name}
         elif attributes:
             state = {k: v for k, v in attributes.items() if not k.startswith("_backward")}
         else:
@@ -1406,14 +1411,12 @@ def _rebuild_tensor(
     hooks: tuple[Any, Any] | None = None,
     inference: bool = False,
 ) -> torch.Tensor:
-    # an inference tensor is made in inference mode, the only place where it can be
-    with torch.inference_mode() if inference else contextlib.nullcontext():
-        data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
-        tensor: torch.Tensor
-        if parameter:
-            tensor = _PARAMETER(data, requires_grad=requires_grad)
-        else:  # a new tensor does not require grad: only the ones that do are told
-            tensor = data.requires_grad_() if requires_grad else data
+    tensor: torch.Tensor
+    if inference:  # an inference tensor is made in inference mode, the only place where it can be
+        with torch.inference_mode():
+            tensor = _tensor_over(storage, dtype, offset, shape, stride, requires_grad, parameter)
+    else:  # (nearly every one: no context to enter)
+        tensor = _tensor_over(storage, dtype, offset, shape, stride, requires_grad, parameter)
     if grad is not None:
         tensor.grad = grad
     if state:
@@ -1424,6 +1427,22 @@ def _rebuild_tensor(
     if hooks is not None:
         add_leaf_hooks(tensor, hooks)
     return tensor
+
+
+def _tensor_over(
+    storage: torch.UntypedStorage,
+    dtype: torch.dtype,
+    offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    parameter: bool,
+) -> torch.Tensor:
+    data = _EMPTY(0, dtype=dtype).set_(storage, offset, shape, stride)
+    if parameter:
+        return _PARAMETER(data, requires_grad=requires_grad)
+    # a new tensor does not require grad: only the ones that do are told
+    return data.requires_grad_() if requires_grad else data
 
 
 def _open_storages(packed: Packed) -> list[torch.UntypedStorage]:
