@@ -1263,8 +1263,10 @@ def _moved_tensor(tensor: torch.Tensor, device: torch.device, memo: StorageMoves
 
 def _device_view(data: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:
     """``data.to(device)``, as a view of the one device copy of ``data``'s whole storage."""
-    with inference_mode_for(data):  # an inference tensor's move is one too, as on the device
-        return _device_view_of(data, device, memo)
+    if data.is_inference():  # an inference tensor's move is one too, as on the device
+        with torch.inference_mode():
+            return _device_view_of(data, device, memo)
+    return _device_view_of(data, device, memo)  # (nearly every one: no context to enter)
 
 
 def _device_view_of(data: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:
