@@ -565,3 +565,26 @@ def test_no_gradient_difference_accounts_for_more_than_an_adam_step_can_move():
     evidence = Evidence(ref, target)
     assert evidence.amplification_within_budget(diff, oracle_run) is None
     assert evidence.amplification(diff) is None
+
+
+def test_with_layers_the_unexplained_hint_names_the_module_not_layers_again(ip):
+    # A porting bug in one module (GELU's tanh approximation on the accelerator only): with
+    # --layers the report found it born in module 1, yet the hint still said "run with --layers
+    # to find the module where it is born", to a cell that had run with it.
+    run_cell(ip, "import torch")
+    cell = (
+        "torch.manual_seed(0)\n"
+        "approx = 'tanh' if torch.ones(1, device='cuda').device.type != 'cpu' else 'none'\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(approximate=approx),\n"
+        "                        torch.nn.Linear(32, 4)).cuda()\n"
+        "y = m(torch.randn(16, 32, device='cuda'))"
+    )
+    report, failures = _failures(ip, cell, "--layers")
+    assert report.verdict == "FAIL" and report.first_divergence.module == "1"
+    (hint,) = failures["y"].hints
+    assert hint.startswith("cause not identified:")
+    assert "run with --layers" not in hint
+    assert "--layers found it is born in module call 1 (GELU)" in hint
+    # without --layers the hint still advises it
+    report, failures = _failures(ip, cell)
+    assert failures["y"].hints == [CAUSE_NOT_IDENTIFIED]

@@ -24,7 +24,6 @@ from neuron_workbench.compare.flatten import FlattenedOutputs
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
-    CAUSE_NOT_IDENTIFIED,
     Evidence,
     autocast_registration_hint,
     cpu_lacks_half_fft_hint,
@@ -33,6 +32,7 @@ from neuron_workbench.report.hints import (
     hints_for,
     kernel_only_op_hint,
     missing_tpu_op_hint,
+    not_identified,
     rounding_hint,
 )
 from neuron_workbench.report.report import IDLE_TARGET, Report
@@ -295,7 +295,7 @@ def compare_cell(
         budget = None
         if reference is None:
             budget = precision_budget(
-                spec, ref_backend, ref_run, run, comparison, options.judge, oracle
+                spec, ref_backend, ref_run, run, comparison, options.judge, oracle, layers
             )
         compared.append((run, comparison, layers, budget))
     # --compile-check: the cell once more with torch.compile off, before anything is committed
@@ -578,6 +578,7 @@ def precision_budget(
     comparison: Comparison | None,
     judge: str,
     oracle: OracleRuns | None = None,
+    layers: LayerComparison | None = None,
 ) -> Budget | None:
     """The precision budget of a comparison, measured lazily.
 
@@ -599,18 +600,23 @@ def precision_budget(
         return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
     budget.tolerances = tolerance_lines(comparison.failures, budget)
     if judge == "budget":
-        _explain_beyond_budget(comparison, budget, ref, target, oracle)
+        _explain_beyond_budget(comparison, budget, ref, target, oracle, layers)
     else:
         for diff in comparison.failures:
             measured = budget.get(diff.path)
             # "cause not identified" sends the user looking for a bug the oracle ruled out
-            if measured is not None and measured.within and diff.hints == [CAUSE_NOT_IDENTIFIED]:
+            if measured is not None and measured.within and not_identified(diff.hints):
                 diff.hints = [rounding_hint(measured.factor, measured.label)]
     return budget
 
 
 def _explain_beyond_budget(
-    comparison: Comparison, budget: Budget, ref: Run, target: Run, oracle: OracleRuns | None
+    comparison: Comparison,
+    budget: Budget,
+    ref: Run,
+    target: Run,
+    oracle: OracleRuns | None,
+    layers: LayerComparison | None = None,
 ) -> None:
     """Explain or hint the outputs beyond budget.
 
@@ -623,7 +629,7 @@ def _explain_beyond_budget(
         measured = budget.get(diff.path)
         if diff.explained or measured is None or measured.within:
             continue
-        evidence = evidence or Evidence(ref, target)
+        evidence = evidence or Evidence(ref, target, layers=layers)
         if oracle_run is not None and oracle_run.ok:
             diff.explained = evidence.amplification_within_budget(diff, oracle_run) or ""
         if diff.passed and not diff.explained:
@@ -695,12 +701,6 @@ def compare_runs(
         temp_names=(ref.facts.temp_names, target.facts.temp_names),
         ref_flattened=ref_flattened,
     )
-    failures = comparison.failures
-    if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure
-        evidence = Evidence(ref, target, policy)
-        for diff in failures:
-            diff.hints = hints_for(diff, ref, target, evidence)
-            diff.explained = evidence.amplification(diff) or ""
     layers = None
     if "layers" in ref.extras and "layers" in target.extras:
         from neuron_workbench.compare.layer_divergence import compare_layers, full_output_diffs
@@ -712,6 +712,13 @@ def compare_runs(
         if ref_trace is not None and target_trace is not None:
             layers = compare_layers(ref_trace, target_trace, policy)
             layers.full_diffs = full_output_diffs(ref_trace, target_trace, policy)
+    failures = comparison.failures
+    if failures:  # the evidence (random-draw fingerprints, ...) is read only to explain a failure
+        # with what --layers found: a hint that cannot name the cause names the module instead
+        evidence = Evidence(ref, target, policy, layers)
+        for diff in failures:
+            diff.hints = hints_for(diff, ref, target, evidence)
+            diff.explained = evidence.amplification(diff) or ""
     return comparison, layers
 
 

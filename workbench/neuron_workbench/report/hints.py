@@ -34,6 +34,45 @@ CAUSE_NOT_IDENTIFIED = (
 )
 
 
+def cause_not_identified(layers: Any = None) -> str:
+    """The hint of a failing output no evidence explains, with what ``--layers`` found if it ran.
+
+    ``layers`` is the runs' :class:`~neuron_workbench.compare.layer_divergence.LayerComparison`
+    (None when ``--layers`` was off): advising ``--layers`` to a cell that ran with it sends the
+    user to run it again, where its finding (the module where the difference is born) is the lead.
+    """
+    if layers is None:
+        return CAUSE_NOT_IDENTIFIED
+    start = CAUSE_NOT_IDENTIFIED.split("; run with --layers")[0]
+    first = layers.first
+    if first is not None:
+        # compare_layers falls back to the first diverged call when none is born (its inputs
+        # already differed): say which of the two it is
+        where = (
+            "is born in module call {} ({}): its inputs matched and its output did not"
+            if first.born
+            else "first shows in module call {} ({}), whose inputs already differed"
+        )
+        return f"{start}; --layers found it " + where.format(first.label, first.module_type)
+    backward = layers.first_backward
+    if backward is not None:
+        return (
+            f"{start}; --layers found it born in the backward of module call {backward.label} "
+            f"({backward.module_type}): its output gradient matched, its input gradient did not"
+        )
+    if not layers.layers:
+        return f"{start}; --layers traced no module call (the cell called no nn.Module)"
+    return (
+        f"{start}; --layers found no module call whose output summary diverged: look at the "
+        "cell's own tensor code outside the traced modules"
+    )
+
+
+def not_identified(hints: list[str]) -> bool:
+    """Whether ``hints`` are the lone "cause not identified" hint (with or without --layers)."""
+    return len(hints) == 1 and hints[0].startswith(CAUSE_NOT_IDENTIFIED.split(":")[0] + ":")
+
+
 def rounding_hint(ratio: str, label: str) -> str:
     """The hint of a failing output the precision budget measured as rounding (``R`` within budget).
 
@@ -51,10 +90,14 @@ def rounding_hint(ratio: str, label: str) -> str:
 class Evidence:
     """What both runs recorded, looked up once per comparison and shared by every failing output."""
 
-    def __init__(self, ref: Run, target: Run, policy: TolerancePolicy | None = None) -> None:
+    def __init__(
+        self, ref: Run, target: Run, policy: TolerancePolicy | None = None, layers: Any = None
+    ) -> None:
         self.ref = ref
         self.target = target
         self.policy = policy or TolerancePolicy()
+        #: What --layers found (a LayerComparison), None when it was off.
+        self.layers = layers
         self.same_random = same_random_numbers(ref.facts, target.facts)
         self._leaves: tuple[dict[str, Any], dict[str, Any]] | None = None
         self._oracle: tuple[Run, dict[str, Any]] | None = None
@@ -485,7 +528,7 @@ def hints_for(
             f"({_short_list(fallback_ops)}); their results come from CPU kernels"
         )
     if not hints:
-        hints.append(CAUSE_NOT_IDENTIFIED)
+        hints.append(cause_not_identified(evidence.layers))
     return hints
 
 
