@@ -167,6 +167,35 @@ def test_loose_tolerances_do_not_hide_the_tpu_factor_or_its_cause(ip, fresh_tpu)
     assert "x less accurate than the reference (TPU 1-pass bf16 matmuls)" in report.summary()
 
 
+def test_outputs_beyond_budget_are_shown_as_failing_not_as_matching(ip, fresh_tpu):
+    # Under --judge budget an output within its tolerance but beyond budget fails the verdict,
+    # and the summary says "0 match, 3 differ"; yet the report data said status "match" for
+    # each, and the HTML listed them under "3 matching outputs" below a FAIL badge.
+    from importlib import resources
+
+    import jsonschema
+
+    from neuron_workbench.views.tables import numerics_html, summary_html
+
+    report = _run(ip, "--target tpu --judge budget --rtol 0.1 --atol 0.1", MATMUL)
+    assert report.verdict == "FAIL" and report.comparison.passed, report.summary()
+    assert ", 0 match, 3 differ: " in report.summary()
+    data = report.to_dict()
+    judged = {o["path"]: (o["status"], o.get("budget_judged")) for o in data["outputs"]}
+    assert judged == {p: ("match", "beyond") for p in ("h", "p", "loss")}, judged
+    schema = resources.files("neuron_workbench.report").joinpath("report.schema.json")
+    jsonschema.Draft202012Validator(json.loads(schema.read_text())).validate(data)
+    html = report._repr_html_()
+    assert "matching output" not in html
+    assert '<span class="bad">beyond budget (tolerance: match)</span>' in html
+    assert '<span class="bad">beyond budget (tolerance: match)</span>' in numerics_html(data)
+    assert "precision budget: 3 beyond, 0 within" in summary_html(data)
+    # under the tolerance judge nothing changes: the outputs match, and show so
+    report = _run(ip, "--target neuron", MATMUL)
+    assert report.verdict == "PASS"
+    assert not any("budget_judged" in o for o in report.to_dict()["outputs"])
+
+
 def test_a_cell_that_sets_high_precision_gets_no_one_pass_hint(ip, fresh_tpu):
     """The worker starts the cell at DEFAULT; the cell's own 'high' is what its matmul ran at."""
     high = "torch.set_float32_matmul_precision('high')\n" + MATMUL
@@ -259,3 +288,4 @@ def test_a_rounding_level_failure_is_hinted_as_rounding_not_an_unknown_cause(ip)
             f"(R {report.budget.get(diff.path).factor}); the tolerance is tighter than this "
             "computation's own rounding (--judge budget judges float outputs by R)"
         ], diff.hints
+

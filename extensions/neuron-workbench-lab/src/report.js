@@ -20,8 +20,15 @@ export function badgeClass(verdict) {
   return `nw-lab-badge nw-lab-badge-${verdict}${known ? '' : ' nw-lab-badge-none'}`;
 }
 
-/** Whether an output was compared and did not match. */
+/**
+ * Whether an output fails the verdict: under --judge budget its R's judgment (budget_judged,
+ * 'within' or 'beyond') where measured, else compared and not matching (report/display.py's
+ * output_fails).
+ */
 export function isFailing(output) {
+  if (output.budget_judged) {
+    return output.budget_judged === 'beyond';
+  }
   return !!output.status && output.status !== 'match' && output.status !== NOT_COMPARED;
 }
 
@@ -298,7 +305,11 @@ function outputsTable(report) {
   for (const o of report.outputs || []) {
     const row = el('tr', `nw-lab-row-${o.status}`);
     row.appendChild(el('td', 'nw-lab-path', o.path));
-    row.appendChild(el('td', null, null, [el('span', `nw-lab-status nw-lab-status-${o.status}`, o.status)]));
+    // under --judge budget, R's judgment where it overrules the tolerance's status
+    const overruled = o.budget_judged && isFailing(o) !== (o.status !== 'match' && o.status !== NOT_COMPARED);
+    const statusText = overruled ? `${o.budget_judged} budget (tolerance: ${o.status})` : o.status;
+    const statusClass = overruled ? (isFailing(o) ? 'differ' : 'match') : o.status;
+    row.appendChild(el('td', null, null, [el('span', `nw-lab-status nw-lab-status-${statusClass}`, statusText)]));
     const dtype = o.ref_dtype === o.target_dtype ? o.ref_dtype : `${o.ref_dtype} / ${o.target_dtype}`;
     row.appendChild(el('td', null, dtype || o.kind || ''));
     const shape = s => (Array.isArray(s) ? `[${s.join(', ')}]` : '');

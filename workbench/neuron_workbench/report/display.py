@@ -26,6 +26,8 @@ __all__ = [
     "VERDICT_COLORS",
     "format_bytes",
     "op_time_kind",
+    "output_fails",
+    "output_judged_status",
     "output_status_class",
     "run_label",
     "run_time_kind",
@@ -63,6 +65,34 @@ def output_status_class(status: Any) -> str:
     if status == "match":
         return "ok"
     return "na" if status == NOT_COMPARED_STATUS else "bad"
+
+
+def output_fails(output: Mapping[str, Any]) -> bool:
+    """Whether an output (one of report data's ``outputs``) counts as a failure of the verdict.
+
+    Under ``--judge budget`` a floating output whose R was measured carries ``budget_judged``
+    (``within`` or ``beyond``), which decides, whatever its tolerance's ``status`` says; every other
+    output fails when it was compared and did not match. A weight judged by its gradients
+    (``explained``) keeps its row among the failures, marked as such.
+    """
+    judged = output.get("budget_judged")
+    if judged:
+        return judged == "beyond"
+    return output.get("status") not in ("match", NOT_COMPARED_STATUS)
+
+
+def output_judged_status(output: Mapping[str, Any]) -> tuple[str, str]:
+    """An output's status as the verdict judged it: its CSS class and its text.
+
+    The tolerance's ``status`` (``match``, ``differ``, ...) unless the precision budget judged the
+    output the other way: then ``beyond budget`` or ``within budget``, with the tolerance's status.
+    """
+    status = str(output.get("status", ""))
+    judged = output.get("budget_judged")
+    fails = output_fails(output)
+    if judged and fails != (output_status_class(status) == "bad"):
+        return ("bad" if fails else "ok"), f"{judged} budget (tolerance: {status})"
+    return output_status_class(status), status
 
 
 def run_time_kind(emulated: bool) -> str:

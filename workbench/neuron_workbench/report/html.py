@@ -15,6 +15,8 @@ from neuron_workbench.report.display import (
     NOT_COMPARED_STATUS,
     format_bytes,
     largest_difference,
+    output_fails,
+    output_judged_status,
     output_status_class,
     verdict_color,
 )
@@ -179,11 +181,12 @@ def _output_rows(outputs: list[dict[str, Any]]) -> list[list[str]]:
         get = out.get
         status = out["status"]
         passed = status == "match"
-        status_cell = status_cells.get(status)
+        # under --judge budget, R's judgment where it overrules the tolerance's status
+        cls, text = output_judged_status(out) if "budget_judged" in out else ("", status)
+        status_cell = status_cells.get(text)
         if status_cell is None:
-            status_cell = status_cells[status] = (
-                f'<span class="{output_status_class(status)}">{esc(status)}</span>'
-            )
+            cls = cls or output_status_class(status)
+            status_cell = status_cells[text] = f'<span class="{cls}">{esc(text)}</span>'
         if get("explained"):  # does not fail the verdict: its gradients matched
             status_cell += " (judged by its gradients)"
         dtype = get("ref_dtype") or ""
@@ -354,8 +357,11 @@ def render_report_html(data: dict[str, Any]) -> str:
             "worst element / detail",
         ]
         skipped = [o for o in data["outputs"] if o["status"] == NOT_COMPARED_STATUS]
-        failing = [o for o in data["outputs"] if o["status"] not in ("match", NOT_COMPARED_STATUS)]
-        matching = [o for o in data["outputs"] if o["status"] == "match"]
+        # as the verdict judged them: under --judge budget an output's R decides
+        failing = [o for o in data["outputs"] if output_fails(o)]
+        matching = [
+            o for o in data["outputs"] if o["status"] != NOT_COMPARED_STATUS and not output_fails(o)
+        ]
         parts.append("<h4>Outputs</h4>")
         if failing:
             parts.append(_table(headers, _output_rows(failing), numeric={4, 5, 6}))

@@ -290,7 +290,7 @@ class Report:
             "title": self.title,
             "ref": _run_dict(self.ref),
             "target": _run_dict(self.target),
-            "outputs": [d.to_dict() for d in self.comparison.diffs] if self.comparison else [],
+            "outputs": self._output_dicts(),
             "counts": self.comparison.counts() if self.comparison else {},
             "fallback_ops": self.target.fallback_ops(),
             "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
@@ -306,6 +306,24 @@ class Report:
             "options": dict(self.options),
             "cell": {"source": source, "sha256": hashlib.sha256(source.encode()).hexdigest()},
         }
+
+    def _output_dicts(self) -> list[dict[str, Any]]:
+        """Each output's data; under ``--judge budget`` with the budget's judgment of it.
+
+        Its ``status`` is the tolerance's; where R was measured ``budget_judged`` (``within`` or
+        ``beyond``) is what the verdict counted (:meth:`judged_failures`), so that renderers
+        do not list as matching an output that failed the verdict.
+        """
+        if self.comparison is None:
+            return []
+        outputs = [d.to_dict() for d in self.comparison.diffs]
+        if self.judge != "budget" or self.budget is None:
+            return outputs
+        for diff, data in zip(self.comparison.diffs, outputs):
+            measured = self.budget.get(diff.path)
+            if measured is not None and diff.compared and not diff.explained:
+                data["budget_judged"] = "within" if measured.within else "beyond"
+        return outputs
 
     def measurements(self) -> list[dict[str, Any]]:
         """The outputs that are measurements, as plain records, with what each run's value is.

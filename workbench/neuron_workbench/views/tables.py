@@ -15,7 +15,7 @@ from neuron_workbench.report.display import (
     format_bytes,
     largest_difference,
     op_time_kind,
-    output_status_class,
+    output_judged_status,
     run_label,
     verdict_color,
 )
@@ -127,9 +127,17 @@ def summary_html(data: dict[str, Any]) -> str:
     )  # fmt: skip
     counts = data.get("counts") or {}
     if counts:
+        # the counts are by the tolerance's status; under --judge budget R judged floating outputs
+        judged = [o.get("budget_judged") for o in data.get("outputs", []) if o.get("budget_judged")]
+        by_budget = (
+            f"; precision budget: {judged.count('beyond')} beyond, {judged.count('within')} within"
+            if judged
+            else ""
+        )
         parts.append(
             "<div>outputs: "
             + ", ".join(f"{esc(k)} {esc(v)}" for k, v in sorted(counts.items()))
+            + by_budget
             + "</div>"
         )
     if any(
@@ -166,16 +174,14 @@ def numerics_html(data: dict[str, Any]) -> str:
         if data.get("measurements") and data.get("verdict") != "ERROR":
             why = "the cell bound only measurements"
         return f'<div class="nw-view nw-numerics note">No outputs were compared ({why}).</div>'
-    order = {"na": 1, "ok": 2}  # "bad" first
-    outputs.sort(
-        key=lambda d: (order.get(output_status_class(d.get("status")), 0), str(d.get("path")))
-    )
+    order = {"na": 1, "ok": 2}  # "bad" first, as the verdict judged them (--judge budget: by R)
+    outputs.sort(key=lambda d: (order.get(output_judged_status(d)[0], 0), str(d.get("path"))))
     skipped = any(d.get("status") == NOT_COMPARED_STATUS for d in outputs)
     last = "tolerance / why not compared" if skipped else "tolerance"
     rows = []
     for d in outputs:
         status = str(d.get("status", ""))
-        cls = output_status_class(status)
+        cls, shown = output_judged_status(d)
         shape = d.get("ref_shape")
         mism = d.get("mismatched")
         numel = d.get("numel")
@@ -184,7 +190,7 @@ def numerics_html(data: dict[str, Any]) -> str:
             # no tolerance applied; the reason is what the row has to say
             tolerance, mism = esc(d.get("detail", "")), None
         rows.append(
-            [f"<code>{esc(d.get('path'))}</code>", f'<span class="{cls}">{esc(status)}</span>',
+            [f"<code>{esc(d.get('path'))}</code>", f'<span class="{cls}">{esc(shown)}</span>',
              esc(d.get("kind", "")), esc(d.get("ref_dtype") or ""), esc(d.get("target_dtype") or ""),
              esc(shape if shape is not None else ""), _fmt_num(largest_difference(d)),
              _fmt_num(largest_difference(d, "max_rel")),
