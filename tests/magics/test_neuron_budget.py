@@ -289,3 +289,31 @@ def test_a_rounding_level_failure_is_hinted_as_rounding_not_an_unknown_cause(ip)
             "computation's own rounding (--judge budget judges float outputs by R)"
         ], diff.hints
 
+
+def test_a_suggested_tol_line_pasted_into_the_magic_passes_the_output(ip):
+    # The report's "Tolerances that would pass" lines are quoted for a shell (--tol 'y=...'),
+    # and the magic's line keeps quotes: pasted as shown, each stopped the cell with
+    # "--tol expects numbers in PATH=RTOL,ATOL, got "'y=1.3e-06,...'"". A path holding quotes
+    # (out['z']) was single-quoted too, which a shell splits.
+    import shlex
+
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nsignal = torch.randn(4, 8, 200)\n"
+        "conv = torch.nn.Conv1d(8, 16, 9)\nnorm = torch.nn.GroupNorm(4, 16)",
+    )
+    body = "y = norm.cuda()(conv.cuda()(signal.cuda()))\nout = {'z': y.exp()}"
+    run_cell(ip, f"%%neuron --preset strict -o r\n{body}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    lines = sorted(report.budget.tolerances)
+    assert [line.split("=")[0] for line in lines] == ["--tol \"out['z']", "--tol 'y"], lines
+    for line in lines:  # a shell reads each path whole
+        flag, value = shlex.split(line)
+        assert value.split("=")[0] in ("y", "out['z']")
+    run_cell(ip, f"%%neuron --preset strict {' '.join(lines)} -o r\n{body}")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    double_quoted = lines[1].replace("'", '"')
+    run_cell(ip, f"%%neuron --preset strict {lines[0]} {double_quoted} -o r\n{body}")
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+

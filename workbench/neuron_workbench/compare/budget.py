@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,12 +239,25 @@ def tolerance_lines(
         new_rtol, new_atol = min(
             options, key=lambda pair: pair[0] / max(rtol, 1e-300) + pair[1] / max(atol, 1e-300)
         )
-        line = f"--tol '{diff.path}={new_rtol:.1e},{new_atol:.1e}'"
+        line = f"--tol {_quoted(f'{diff.path}={new_rtol:.1e},{new_atol:.1e}')}"
         measured = budget.get(diff.path) if budget is not None else None
         if measured is not None and not measured.within:
             line = f"# {line}  (R {measured.factor}: beyond budget, a tolerance would hide it)"
         lines.append(line)
     return lines
+
+
+def _quoted(value: str) -> str:
+    """``value`` quoted for a shell and for the magic's line alike (which keeps quotes whole).
+
+    Single quotes, or double quotes for a path holding one (``opt.state[0]['exp_avg']``, which a
+    shell would otherwise split); ``shlex.quote`` where neither is safe.
+    """
+    if "'" not in value:
+        return f"'{value}'"
+    if not any(ch in value for ch in '"$`\\!'):
+        return f'"{value}"'
+    return shlex.quote(value)
 
 
 # ---------------------------------------------------------------------------------------------

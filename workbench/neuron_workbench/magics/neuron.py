@@ -401,6 +401,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)
         args.output = _unquoted(args.output)
+        # the report's "Tolerances that would pass" lines quote each --tol (a glob), as a shell
+        # needs: pasted into the magic's line they keep their quotes
+        if args.per_output:
+            args.per_output = [_unquoted(value) for value in args.per_output]
         if args.output is not None and not _is_variable_name(args.output):
             # stored under any other key, the report was in the namespace where no code could
             # name it, after both runs had gone by
