@@ -317,3 +317,25 @@ def test_a_suggested_tol_line_pasted_into_the_magic_passes_the_output(ip):
     run_cell(ip, f"%%neuron --preset strict {lines[0]} {double_quoted} -o r\n{body}")
     assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
 
+
+def test_integer_outputs_that_changed_get_no_tolerance_that_would_pass_them(ip):
+    # ids wrapped around on neuron (int64 computed as int32; the hint says so), yet the report
+    # listed "--tol 'ids=2.9e+00,0.0e+00'" among the "Tolerances that would pass": an integer
+    # has no rounding, a tolerance only hides the changed values.
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron --target neuron -o r\n"
+        "ids = torch.arange(10, device='cuda') * 1_000_000_000\n"
+        "bucket = ids % 1000\n"
+        "share = bucket.float() / 1000",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    lines = {line.split("'")[1].split("=")[0]: line for line in report.budget.tolerances}
+    for name in ("ids", "bucket"):
+        assert lines[name].startswith(f"# --tol '{name}="), lines
+        assert "integer values that changed, not rounding" in lines[name]
+    assert "beyond budget" in lines["share"]  # a float taken from them: measured by its R
+    html = report._repr_html_()  # the precision budget's section lists every line
+    assert "integer values that changed, not rounding" in html

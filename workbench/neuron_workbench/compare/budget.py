@@ -224,7 +224,10 @@ def tolerance_lines(
 
     Each keeps the output's ``rtol`` and loosens ``atol`` to ``safety`` times the tightest passing
     one (or keeps ``atol`` and loosens ``rtol`` when that is the smaller change). An output whose R is
-    beyond budget is listed as a comment: a tolerance would hide a real difference.
+    beyond budget is listed as a comment: a tolerance would hide a real difference. So is an
+    integer or boolean output (an index, a count, a flag): its dtype has no rounding, so any
+    difference is a changed value (an int64 that wrapped, an argmax that flipped), which a
+    tolerance would hide.
     """
     lines = []
     for diff in failures:
@@ -243,6 +246,10 @@ def tolerance_lines(
         measured = budget.get(diff.path) if budget is not None else None
         if measured is not None and not measured.within:
             line = f"# {line}  (R {measured.factor}: beyond budget, a tolerance would hide it)"
+        elif _exact_dtype(diff.ref_dtype) and _exact_dtype(diff.target_dtype):
+            line = (
+                f"# {line}  (integer values that changed, not rounding: a tolerance would hide it)"
+            )
         lines.append(line)
     return lines
 
@@ -258,6 +265,12 @@ def _quoted(value: str) -> str:
     if not any(ch in value for ch in '"$`\\!'):
         return f'"{value}"'
     return shlex.quote(value)
+
+
+def _exact_dtype(name: str | None) -> bool:
+    """Whether ``name`` is an integer or boolean dtype (``int64``, ``bool``): one with no rounding."""
+    dtype = getattr(torch, name, None) if name else None
+    return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex)
 
 
 # ---------------------------------------------------------------------------------------------
