@@ -588,3 +588,26 @@ def test_with_layers_the_unexplained_hint_names_the_module_not_layers_again(ip):
     # without --layers the hint still advises it
     report, failures = _failures(ip, cell)
     assert failures["y"].hints == [CAUSE_NOT_IDENTIFIED]
+
+
+def test_with_layers_a_parting_scalar_and_a_string_output_are_hinted_from_what_it_found(ip):
+    # The printed loss.item() that parted was still hinted "run with --layers" under --layers,
+    # and the string the device check made was said to be "born in module call 1 (GELU)".
+    run_cell(ip, "import torch")
+    cell = (
+        "torch.manual_seed(0)\n"
+        "approx = 'tanh' if torch.ones(1, device='cuda').device.type != 'cpu' else 'none'\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(approximate=approx),\n"
+        "                        torch.nn.Linear(32, 4)).cuda()\n"
+        "print(m(torch.randn(16, 32, device='cuda')).sum().item())"
+    )
+    report, failures = _failures(ip, cell, "--layers")
+    assert report.verdict == "FAIL" and report.first_divergence.module == "1"
+    (scalar_hint,) = report.scalars.first.hints
+    assert "run with --layers" not in scalar_hint
+    assert "--layers found it is born in module call 1 (GELU)" in scalar_hint
+    (text_hint,) = failures["approx"].hints
+    assert "GELU" not in text_hint and "run with --layers" not in text_hint
+    assert "--layers compares the modules' tensor outputs, not how this value was made" in (
+        text_hint
+    )

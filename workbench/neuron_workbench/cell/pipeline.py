@@ -451,7 +451,7 @@ def build_report(
         notes=notes,
         budget=budget,
         scalars=compare_observed_scalars(
-            ref, target, policy, oracle, by_budget=options.judge == "budget"
+            ref, target, policy, oracle, by_budget=options.judge == "budget", layers=layers
         ),
         compile_check=compile_check,
         migration=migration,
@@ -483,12 +483,14 @@ def compare_observed_scalars(
     oracle: Run | None = None,
     *,
     by_budget: bool = False,
+    layers: LayerComparison | None = None,
 ) -> Any:
     """The two runs' observed scalars compared (a ``ScalarComparison``), with hints where they part.
 
     ``oracle``: the precision budget's float64 rerun, when it ran for this cell; the first
     divergence then gets its error ratio ``R``, and ``by_budget`` (``--judge budget``) judges
-    each value outside tolerance by its ``R``, as floating outputs are judged. None when either
+    each value outside tolerance by its ``R``, as floating outputs are judged. ``layers``: what
+    ``--layers`` found, which an unexplained first divergence's hint names. None when either
     run raised or neither materialised a scalar from a tensor.
     """
     if not (ref.ok and target.ok) or "scalars" not in ref.extras or "scalars" not in target.extras:
@@ -515,7 +517,7 @@ def compare_observed_scalars(
             ref_dtype=site.dtype if site is not None else None,
             target_dtype=site.dtype if site is not None else None,
         )
-        first.hints = hints_for(diff, ref, target)
+        first.hints = hints_for(diff, ref, target, Evidence(ref, target, policy, layers))
         if oracle is not None and oracle.ok and "scalars" in oracle.extras:
             from neuron_workbench.compare.scalars import scalar_budget
 

@@ -34,16 +34,23 @@ CAUSE_NOT_IDENTIFIED = (
 )
 
 
-def cause_not_identified(layers: Any = None) -> str:
+def cause_not_identified(layers: Any = None, kind: str = "tensor") -> str:
     """The hint of a failing output no evidence explains, with what ``--layers`` found if it ran.
 
     ``layers`` is the runs' :class:`~neuron_workbench.compare.layer_divergence.LayerComparison`
     (None when ``--layers`` was off): advising ``--layers`` to a cell that ran with it sends the
     user to run it again, where its finding (the module where the difference is born) is the lead.
+    ``kind`` is the output's (``tensor``, ``number``, ``text``, ``none``): modules' outputs say
+    nothing of where a string or another object came from.
     """
     if layers is None:
         return CAUSE_NOT_IDENTIFIED
     start = CAUSE_NOT_IDENTIFIED.split("; run with --layers")[0]
+    if kind not in ("tensor", "number"):
+        return (
+            f"{start}; --layers compares the modules' tensor outputs, not how this value was "
+            "made: look at the line that makes it"
+        )
     first = layers.first
     if first is not None:
         # compare_layers falls back to the first diverged call when none is born (its inputs
@@ -528,7 +535,7 @@ def hints_for(
             f"({_short_list(fallback_ops)}); their results come from CPU kernels"
         )
     if not hints:
-        hints.append(cause_not_identified(evidence.layers))
+        hints.append(cause_not_identified(evidence.layers, diff.kind))
     return hints
 
 
