@@ -288,6 +288,20 @@ def test_a_rounding_level_failure_is_hinted_as_rounding_not_an_unknown_cause(ip)
             f"(R {report.budget.get(diff.path).factor}); the tolerance is tighter than this "
             "computation's own rounding (--judge budget judges float outputs by R)"
         ], diff.hints
+    # --judge budget passes them, and the HTML's "Likely causes" said "cause not identified ...
+    # run with --layers" for each all the same
+    run_cell(
+        ip,
+        "%%neuron --preset strict --judge budget -o r\n"
+        "y = norm.cuda()(conv.cuda()(signal.cuda()))\ny.sum().backward()",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    failures = report.comparison.failures
+    assert failures and all(report.budget.get(d.path).within for d in failures)
+    for diff in failures:
+        assert len(diff.hints) == 1 and diff.hints[0].startswith("rounding: "), diff.hints
+    assert "cause not identified" not in report._repr_html_()
 
 
 def test_a_suggested_tol_line_pasted_into_the_magic_passes_the_output(ip):

@@ -603,12 +603,12 @@ def precision_budget(
     budget.tolerances = tolerance_lines(comparison.failures, budget)
     if judge == "budget":
         _explain_beyond_budget(comparison, budget, ref, target, oracle, layers)
-    else:
-        for diff in comparison.failures:
-            measured = budget.get(diff.path)
-            # "cause not identified" sends the user looking for a bug the oracle ruled out
-            if measured is not None and measured.within and not_identified(diff.hints):
-                diff.hints = [rounding_hint(measured.factor, measured.label)]
+    for diff in comparison.failures:
+        measured = budget.get(diff.path)
+        # "cause not identified" sends the user looking for a bug the oracle ruled out (under
+        # either judge: --judge budget passes such an output, yet its hint still showed)
+        if measured is not None and measured.within and not_identified(diff.hints):
+            diff.hints = [rounding_hint(measured.factor, measured.label)]
     return budget
 
 
