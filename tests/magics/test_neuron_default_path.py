@@ -2389,6 +2389,26 @@ def test_what_a_plain_cell_computes_from_device_tensors_is_on_the_device(ip):
         assert not on_accelerator(bindings[name]), name
 
 
+def test_containers_a_plain_cell_computes_from_device_tensors_are_on_the_device(ip):
+    # `pair = (x * 2, y + 1)`, a dict of statistics, a list comprehension of rows: on a GPU they
+    # hold cuda tensors; the next %%neuron cell's target found CPU tensors in them next to its
+    # device's, a false ERROR ("Expected all tensors to be on the same device").
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    _passed(ip, "lin = torch.nn.Linear(4, 3).cuda()\nx = torch.randn(6, 4, device='cuda')")
+    run_cell(
+        ip,
+        "pair = (x * 2, x + 1)\nstats = {'mean': x.mean(0), 'std': x.std(0), 'n': 6}\n"
+        "rows = [x[i] * 2 for i in range(3)]",
+    )
+    report = _passed(
+        ip,
+        "y = lin(pair[0]) + lin(pair[1])\nz = lin((x - stats['mean']) / stats['std'])\n"
+        "w = lin(torch.stack(rows)) + lin(x[:3])",
+    )
+    for name in ("y", "z", "w"):
+        assert on_accelerator(report.target.bindings[name]), name
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

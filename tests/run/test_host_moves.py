@@ -348,6 +348,25 @@ def test_a_tensor_computed_from_device_tensors_is_on_the_device():
     assert placed == ["a", "b"] and namespace["a"] in resident and namespace["b"] in resident
 
 
+def test_a_container_of_tensors_computed_on_the_device_is_on_it():
+    # On a GPU `pair = (x * 2, y + 1)` holds two cuda tensors; placed nothing, the next
+    # %%neuron cell's target met CPU tensors next to its device's.
+    for source in (
+        "y = (x * 2, x.sum(0))",
+        "y = [x * 2]",
+        "y = {'a': x * 2, 'b': x, 'n': 3}",  # a device tensor itself, a constant
+        "y = [x[i] * 2 for i in range(2)]",  # i is the comprehension's, x the notebook's
+        "y = {k: x * 2 for k in 'ab'}",
+        "y = ((x + 1, x - 1), [x.mean()])",
+        "y = [x * 2]\nx = torch.zeros(3)",  # x as it was when y was computed
+        "x = (x * 2, x + 1)",
+    ):
+        placed, namespace, resident = _computed_after(source, x=torch.ones(2, 4))
+        assert "y" in placed or "x" in placed, source
+        name = "y" if "y" in placed else "x"
+        assert namespace[name] in resident and resident.on_device(namespace[name]), source
+
+
 def test_what_a_gpu_has_on_the_cpu_or_the_source_cannot_place_stays_where_it_is():
     def helper(t):
         return t.cpu() * 2
@@ -360,7 +379,9 @@ def test_what_a_gpu_has_on_the_cpu_or_the_source_cannot_place_stays_where_it_is(
         "y = x.mean().item()",  # no tensor
         "y = helper(x)",  # a function of the notebook's may return anything
         "y = items[0] * 2",  # what a list holds is not looked through
-        "y = [x * 2]",  # a container the cell builds holds it; what it holds is not followed
+        "y = [x * 2, cpu_tensor]",  # a container holding a CPU tensor too
+        "y = [t * 2 for t in items]",  # reads the comprehension's own variable
+        "y = [items[0] * 2]",
         "if flag:\n    y = x * 2",  # may not have run
         "for _ in range(2):\n    y = x * 2",
         "y = cpu_tensor + 1",

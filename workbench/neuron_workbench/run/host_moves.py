@@ -40,7 +40,8 @@ may skip):
 
 And a tensor the cell *computes* from what is on the device (``x2 = x * 2``, ``preds =
 logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``, ``out = model(x)``,
-``a, b = x.chunk(2)``), in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
+``a, b = x.chunk(2)``, or a list, tuple or dict of such tensors: ``pair = (x * 2, y + 1)``,
+``[x[i] * 2 for i in range(4)]``), in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
 goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
@@ -428,6 +429,7 @@ class _Moves(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802
         # where its value is computed, as the names it reads are before this statement binds any
         self._computed[id(node.value)] = self._computed_place(node.value)
+        self._note_items(node.value)
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             self._bound[id(node.value)] = node.targets[0].id
             # `a = x.cpu()[0]`: the move binds the name too, through the part taken of its result
@@ -442,6 +444,7 @@ class _Moves(ast.NodeVisitor):
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # noqa: N802
         if node.value is not None:
             self._computed[id(node.value)] = self._computed_place(node.value)
+            self._note_items(node.value)
         self.generic_visit(node)
         if node.value is not None:
             self._bind(node.target, node.value, id(node))
@@ -597,14 +600,18 @@ class _Moves(ast.NodeVisitor):
         ``"moved"``: a move there gave it (on the stand-in, the tensor it was given); ``"made"``:
         made there (PyTorch given the device, a deep copy); None: not known to be there.
         """
-        if isinstance(node, ast.ListComp | ast.SetComp):
-            return self._placement(node.elt)
-        if isinstance(node, ast.DictComp):
-            return self._placement(node.value)
+        if isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp):
+            item = node.value if isinstance(node, ast.DictComp) else node.elt
+            return self._placement(item) or self._item_computed(item)
         if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
             # every item there (a constant holds no tensor): [x.to(device), 3], not [x.to(device), y]
             items = node.values if isinstance(node, ast.Dict) else node.elts
-            kinds = [None if isinstance(i, ast.Constant) else self._placement(i) for i in items]
+            kinds = [
+                None
+                if isinstance(i, ast.Constant)
+                else self._placement(i) or self._item_computed(i)
+                for i in items
+            ]
             placed = [
                 k for i, k in zip(items, kinds, strict=True) if not isinstance(i, ast.Constant)
             ]
@@ -618,6 +625,44 @@ class _Moves(ast.NodeVisitor):
                 where, how = placement
                 return how if where == "device" else None
         return None
+
+    def _item_computed(self, item: ast.expr) -> str | None:
+        """``"made"`` if a GPU computes the container item ``item`` on the device, else None.
+
+        ``pair = (x * 2, y + 1)``, ``d = {"a": x.sum(0), "b": y}``, ``[x[i] * 2 for i in
+        range(4)]``: a container of what is computed there (or already is there) holds device
+        tensors on a GPU. Read as the names were before the statement (see :meth:`visit_Assign`).
+        """
+        where = self._computed.get(id(item))
+        if where is None:
+            return None
+        if _computes(item) or isinstance(item, ast.Name):
+            return "made" if where == "device" else None
+        return None
+
+    def _note_items(self, node: ast.expr) -> None:
+        """Read where a GPU computes each item of the container ``node`` builds, before binding.
+
+        A comprehension's own loop variables are not the notebook's names: an item reading one
+        (``[t * 2 for t in ts]``) is not known, one reading none of them is
+        (``[x[i] * 2 for i in range(4)]``: ``x[i]`` is where ``x`` is).
+        """
+        if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
+            items = node.values if isinstance(node, ast.Dict) else node.elts
+            for item in items:
+                if not isinstance(item, ast.Constant):
+                    self._computed[id(item)] = self._computed_place(item)
+                    self._note_items(item)
+        elif isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp):
+            item = node.value if isinstance(node, ast.DictComp) else node.elt
+            generators = node.generators
+            self._local.append(
+                {n.id for g in generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+            )
+            try:
+                self._computed[id(item)] = self._computed_place(item)
+            finally:
+                self._local.pop()
 
     def _made_on(self, call: ast.Call) -> tuple[str, str] | None:
         """Where ``call``'s value is (``"cpu"``, ``"device"``) and how it got there, if it says."""
