@@ -2409,6 +2409,24 @@ def test_containers_a_plain_cell_computes_from_device_tensors_are_on_the_device(
         assert on_accelerator(report.target.bindings[name]), name
 
 
+def test_a_tensor_dataset_a_plain_cell_builds_from_computed_device_tensors_is_on_the_device(ip):
+    # `ds = TensorDataset(x * 2, y)` after x and y went to cuda holds cuda tensors on a GPU; the
+    # next %%neuron cell's target batched CPU tensors from it into its device's model.
+    run_cell(ip, "import torch\nfrom torch.utils.data import TensorDataset, DataLoader")
+    _passed(
+        ip,
+        "torch.manual_seed(0)\nlin = torch.nn.Linear(4, 3).cuda()\n"
+        "x = torch.randn(8, 4, device='cuda')\ny = torch.randint(0, 3, (8,), device='cuda')",
+    )
+    run_cell(ip, "ds = TensorDataset((x - x.mean(0)) / x.std(0), y)\nloader = DataLoader(ds, 4)")
+    report = _passed(
+        ip,
+        "for xb, yb in loader:\n    loss = torch.nn.functional.cross_entropy(lin(xb), yb)\n"
+        "first = lin(ds[0][0])",
+    )
+    assert on_accelerator(report.target.bindings["loss"])
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

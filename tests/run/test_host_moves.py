@@ -367,6 +367,23 @@ def test_a_container_of_tensors_computed_on_the_device_is_on_it():
         assert namespace[name] in resident and resident.on_device(namespace[name]), source
 
 
+def test_a_tensor_dataset_of_tensors_computed_on_the_device_is_on_it():
+    from torch.utils.data import TensorDataset
+
+    placed, namespace, resident = _computed_after(
+        "ds = TensorDataset(x * 2, x.sum(1))", x=torch.ones(2, 4), TensorDataset=TensorDataset
+    )
+    assert placed == ["ds"] and namespace["ds"] in resident
+    for source in (
+        "ds = TensorDataset(x * 2, cpu_tensor)",  # a CPU tensor in it too
+        "ds = TensorDataset(cpu_tensor.to(device))",  # moved: cpu_tensor's name keeps it
+    ):
+        placed, namespace, resident = _computed_after(
+            source, x=torch.ones(2, 4), cpu_tensor=torch.ones(2), TensorDataset=TensorDataset
+        )
+        assert placed == [] and namespace["ds"] not in resident, source
+
+
 def test_what_a_gpu_has_on_the_cpu_or_the_source_cannot_place_stays_where_it_is():
     def helper(t):
         return t.cpu() * 2

@@ -41,7 +41,8 @@ may skip):
 And a tensor the cell *computes* from what is on the device (``x2 = x * 2``, ``preds =
 logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``, ``out = model(x)``,
 ``a, b = x.chunk(2)``, or a list, tuple or dict of such tensors: ``pair = (x * 2, y + 1)``,
-``[x[i] * 2 for i in range(4)]``), in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
+``[x[i] * 2 for i in range(4)]``, or a ``TensorDataset`` of them),
+in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
 goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
@@ -594,7 +595,12 @@ class _Moves(ast.NodeVisitor):
         owner = self._computed_place(func.value)
         return owner if owner in ("device", "cpu") else None
 
-    def _placement(self, node: ast.expr) -> str | None:
+    def _is_tensor_dataset(self, func: ast.expr) -> bool:
+        from torch.utils.data import TensorDataset
+
+        return self._resolved(func) is TensorDataset
+
+    def _placement(self, node: ast.expr, items: list[ast.expr] | None = None) -> str | None:
         """Whether the expression ``node``'s value is on the device (as the cell means it), and how.
 
         ``"moved"``: a move there gave it (on the stand-in, the tensor it was given); ``"made"``:
@@ -605,7 +611,8 @@ class _Moves(ast.NodeVisitor):
             return self._placement(item) or self._item_computed(item)
         if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
             # every item there (a constant holds no tensor): [x.to(device), 3], not [x.to(device), y]
-            items = node.values if isinstance(node, ast.Dict) else node.elts
+            if items is None:
+                items = node.values if isinstance(node, ast.Dict) else node.elts
             kinds = [
                 None
                 if isinstance(i, ast.Constant)
@@ -618,6 +625,9 @@ class _Moves(ast.NodeVisitor):
             if not placed or None in placed:
                 return None
             return "moved" if "moved" in placed else "made"
+        if isinstance(node, ast.Call) and self._is_tensor_dataset(node.func) and node.args:
+            # TensorDataset(x * 2, y): a container of its arguments, as a tuple of them is
+            return self._placement(ast.Tuple(elts=node.args, ctx=ast.Load()), node.args)
         calls, _ = _chain(node)
         for call in calls:  # the outermost call that says where wins
             placement = self._made_on(call)
@@ -647,7 +657,9 @@ class _Moves(ast.NodeVisitor):
         (``[t * 2 for t in ts]``) is not known, one reading none of them is
         (``[x[i] * 2 for i in range(4)]``: ``x[i]`` is where ``x`` is).
         """
-        if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
+        if isinstance(node, ast.Call) and self._is_tensor_dataset(node.func):
+            self._note_items(ast.Tuple(elts=node.args, ctx=ast.Load()))
+        elif isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
             items = node.values if isinstance(node, ast.Dict) else node.elts
             for item in items:
                 if not isinstance(item, ast.Constant):
