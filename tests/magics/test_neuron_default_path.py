@@ -2427,6 +2427,34 @@ def test_a_tensor_dataset_a_plain_cell_builds_from_computed_device_tensors_is_on
     assert on_accelerator(report.target.bindings["loss"])
 
 
+def test_a_batch_a_plain_cell_draws_from_a_loader_over_device_tensors_is_on_the_device(ip):
+    # `xb, yb = next(iter(loader))` over a TensorDataset of cuda tensors: on a GPU the batch is
+    # stacked on cuda; the next %%neuron cell's target found it on the CPU (a false ERROR). A
+    # loader over a dataset of CPU copies still gives CPU batches, as on a GPU.
+    run_cell(ip, "import torch\nfrom torch.utils.data import TensorDataset, DataLoader")
+    _passed(
+        ip,
+        "torch.manual_seed(0)\nlin = torch.nn.Linear(4, 3).cuda()\n"
+        "x = torch.randn(8, 4, device='cuda')\ny = torch.randint(0, 3, (8,), device='cuda')",
+    )
+    run_cell(
+        ip,
+        "loader = DataLoader(TensorDataset(x, y), batch_size=4)\nxb, yb = next(iter(loader))\n"
+        "host_loader = DataLoader(TensorDataset(x.cpu()), batch_size=4)\n"
+        "host, = next(iter(host_loader))\n"
+        "scaled = DataLoader(TensorDataset(x * 2, y), batch_size=4)",  # the dataset has no name
+    )
+    report = _passed(ip, "loss = torch.nn.functional.cross_entropy(lin(xb), yb)")
+    assert on_accelerator(report.target.bindings["loss"])
+    _passed(ip, "for sb, _ in scaled:\n    out = lin(sb)")
+    run_cell(ip, "sb, sy = next(iter(scaled))")  # the loader the %%neuron cell left
+    report = _passed(ip, "loss = torch.nn.functional.cross_entropy(lin(sb), sy)")
+    assert on_accelerator(report.target.bindings["loss"])
+    run_cell(ip, "%%neuron -o r\nout = lin(host)")
+    assert _report(ip).verdict == "ERROR"  # CUDA refuses a CPU batch next to its weights too
+    assert "same device" in _report(ip).summary()
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

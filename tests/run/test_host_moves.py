@@ -423,3 +423,53 @@ def test_without_the_places_before_a_name_the_cell_binds_places_nothing_it_compu
     exec("y = x * 2\nx = x + 1", namespace)
     # x is bound by the cell: its value now is not the one `y = x * 2` read
     assert follow_plain_cell_moves("y = x * 2\nx = x + 1", namespace, resident) == []
+
+
+def test_the_first_batch_of_a_loader_over_a_dataset_on_the_device_is_on_it():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def loaded(source, dataset, **options):
+        return _computed_after(
+            source,
+            x=torch.ones(4, 2),
+            loader=DataLoader(dataset, batch_size=2, **options),
+            DataLoader=DataLoader,
+            TensorDataset=TensorDataset,
+        )
+
+    on_device = TensorDataset(torch.ones(4, 2))
+    for source in ("xb, = next(iter(loader))", "batch = next(iter(loader))"):
+        placed, _, _ = loaded(source, on_device)
+        assert placed == [], source  # the dataset is not on the device
+    # the dataset a %%neuron cell (here: this cell) put on the device
+    placed, namespace, _ = _computed_after(
+        "ds = TensorDataset(x * 2)\nloader = DataLoader(ds, batch_size=2)\n"
+        "xb, = next(iter(loader))\nbatch = next(iter(loader))",
+        x=torch.ones(4, 2),
+        DataLoader=DataLoader,
+        TensorDataset=TensorDataset,
+    )
+    assert placed == ["ds", "xb", "batch"]
+    placed, namespace, resident = _computed_after(  # a dataset bound to no name
+        "loader = DataLoader(TensorDataset(x * 2), batch_size=2)\nbatch = next(iter(loader))",
+        x=torch.ones(4, 2),
+        DataLoader=DataLoader,
+        TensorDataset=TensorDataset,
+    )
+    assert placed == ["batch"] and namespace["loader"].dataset in resident
+    for source in (
+        # the stand-in's `x.cpu()` is x itself: on a GPU the dataset holds a CPU copy
+        "ds = TensorDataset(x.cpu())\nloader = DataLoader(ds, batch_size=2)\n"
+        "batch = next(iter(loader))",
+        "ds = TensorDataset(x * 2)\nloader = DataLoader(ds, batch_size=2, num_workers=1)\n"
+        "batch = next(iter(loader))",
+        "ds = TensorDataset(x * 2)\nloader = DataLoader(ds, collate_fn=lambda b: b)\n"
+        "batch = next(iter(loader))",
+        # which loader `batch` came from is not known
+        "ds = TensorDataset(x * 2)\nloader = DataLoader(ds)\nbatch = next(iter(loader))\n"
+        "loader = DataLoader(TensorDataset(x.cpu()))",
+    ):
+        placed, namespace, _ = _computed_after(
+            source, x=torch.ones(4, 2), DataLoader=DataLoader, TensorDataset=TensorDataset
+        )
+        assert "batch" not in placed, source

@@ -41,8 +41,9 @@ may skip):
 And a tensor the cell *computes* from what is on the device (``x2 = x * 2``, ``preds =
 logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``, ``out = model(x)``,
 ``a, b = x.chunk(2)``, or a list, tuple or dict of such tensors: ``pair = (x * 2, y + 1)``,
-``[x[i] * 2 for i in range(4)]``, or a ``TensorDataset`` of them),
-in code that surely ran: on a GPU it is on cuda, where its inputs are. Only
+``[x[i] * 2 for i in range(4)]``, or a ``TensorDataset`` of them, and the batch
+``next(iter(loader))`` of a ``DataLoader`` over one), in code that surely ran: on a GPU it is on
+cuda, where its inputs are. Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
 goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
@@ -63,6 +64,7 @@ that moves what it is given) are not seen, and a reference to the tensor taken i
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
 import types
 from collections.abc import Mapping, MutableMapping
@@ -283,6 +285,15 @@ def _remember_moves_to_device(
             value = namespace[name]
         resident.add(value)
         placed.append(name)
+    # DataLoader(TensorDataset(x * 2, y)): the dataset it was given, bound to no name, is there
+    for name in finder.loaders_on_device:
+        loader = namespace.get(name)
+        dataset = getattr(loader, "dataset", None)
+        if isinstance(loader, torch.utils.data.DataLoader) and _to_place(dataset, resident):
+            resident.add(dataset)
+            for tensor in tensors_in(dataset):  # (moved with the loader that holds them)
+                with contextlib.suppress(AttributeError, TypeError):
+                    vars(tensor)[ORIGIN_ATTR] = "cuda"
     # a module moves its submodules with it: names bound to them (`backbone` after
     # `model = nn.Sequential(backbone, head).to(device)`) are on the device too
     inside = {
@@ -376,6 +387,28 @@ class _Moves(ast.NodeVisitor):
         self._inner: set[int] = set()  # calls inside a chain already read with its outer call
         self._conditional = 0  # in code that may not have run (an if, a loop, `a or b`)
         self._local: list[set[str]] = []  # the loop variables of the comprehensions around
+        #: the names the cell binds anywhere, and those bound once, by a top-level `name = ...`
+        self.bindings: set[str] = set()
+        self.bound_once: set[str] = set()
+        #: loaders the cell built over a dataset it built on the device
+        self.loaders_on_device: set[str] = set()
+
+    def visit_Module(self, node: ast.Module) -> None:  # noqa: N802
+        stores = [
+            n.id
+            for n in ast.walk(node)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)
+        ]
+        self.bindings = set(stores) | _bound_in(node)
+        top = [
+            s.targets[0].id
+            for s in node.body
+            if isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name)
+        ]
+        self.bound_once = {name for name in top if stores.count(name) == 1}
+        self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.AST) -> None:  # noqa: N802 - ast.NodeVisitor's names
         return None  # only defined here: it may never run
@@ -438,9 +471,26 @@ class _Moves(ast.NodeVisitor):
             while isinstance(value, ast.Subscript):
                 value = value.value
             self._bound.setdefault(id(value), node.targets[0].id)
+        dataset = self._loaders_dataset(node.value)
+        if dataset is not None:
+            self._note_items(dataset)
         self.generic_visit(node)  # first: binding a name forgets where its old value was
         for target in node.targets:
             self._bind(target, node.value, id(node))
+        if dataset is not None and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            # DataLoader(TensorDataset(x, y)): a dataset the cell builds there, bound to no name
+            if self._placement(dataset) == "made" and not self._conditional:
+                self.loaders_on_device.add(node.targets[0].id)
+
+    def _loaders_dataset(self, value: ast.expr) -> ast.expr | None:
+        """The dataset argument of ``value`` if it is a ``DataLoader(...)`` call, else None."""
+        from torch.utils.data import DataLoader
+
+        if not isinstance(value, ast.Call) or self._resolved(value.func) is not DataLoader:
+            return None
+        if value.args and not isinstance(value.args[0], ast.Starred):
+            return value.args[0]
+        return next((k.value for k in value.keywords if k.arg == "dataset"), None)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # noqa: N802
         if node.value is not None:
@@ -542,6 +592,54 @@ class _Moves(ast.NodeVisitor):
             return self._call_place(node)
         return None
 
+    def _first_batch_place(self, call: ast.Call) -> str | None:
+        """Where ``next(iter(loader))`` is: ``"device"`` for a loader over a dataset there.
+
+        A ``DataLoader`` with no worker processes, torch's own collate and no pinning, over a
+        ``TensorDataset`` of tensors on the device, stacks their rows where they are: on cuda on
+        a GPU. Any other loader or dataset (a ``__getitem__`` of the notebook's) is not known.
+        """
+        from torch.utils.data import DataLoader, TensorDataset, default_collate
+
+        inner = call.args[0] if len(call.args) == 1 and not call.keywords else None
+        if not (
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Name)
+            and inner.func.id == "iter"
+            and inner.func.id not in self.namespace
+            and len(inner.args) == 1
+            and not inner.keywords
+            and isinstance(inner.args[0], ast.Name)
+        ):
+            return None
+        name = inner.args[0].id
+        loader = self.namespace.get(name)
+        # the loader the notebook holds now is the one read here: the cell binds the name nowhere,
+        # or once, in a statement of its own that ran before this one
+        bound_here = self.where_now.get(name) is not None
+        if (
+            self._is_local(name)
+            or (name in self.bindings and not (bound_here and name in self.bound_once))
+            or type(loader) is not DataLoader
+            or loader.num_workers != 0
+            or loader.pin_memory
+            or loader.collate_fn is not default_collate
+            or type(loader.dataset) is not TensorDataset
+        ):
+            return None
+        # the dataset itself was put there (by a %%neuron cell, or made of tensors there by a plain
+        # one, this cell too): its tensors being on the device says nothing, as on the stand-in
+        # `TensorDataset(x.cpu())` holds x itself where a GPU holds a CPU copy
+        dataset = loader.dataset
+        placed_here = any(
+            self.namespace.get(held) is dataset and how == "made"
+            for held, (how, _) in self.placed.items()
+        )
+        placed_here = placed_here or (bound_here and name in self.loaders_on_device)
+        # (a loader a %%neuron cell left holding device tensors: its dataset's)
+        on_device = dataset in self.resident or loader in self.resident
+        return "device" if on_device or placed_here else None
+
     def _arguments_place(self, call: ast.Call) -> str | None:
         if any(isinstance(a, ast.Starred) for a in call.args) or any(
             k.arg is None for k in call.keywords
@@ -568,6 +666,8 @@ class _Moves(ast.NodeVisitor):
             if name.endswith("_like") and call.args:
                 return self._computed_place(call.args[0])
             return self._arguments_place(call)  # torch.cat([x, y]), F.softmax(x, dim=-1)
+        if isinstance(func, ast.Name) and func.id == "next" and func.id not in self.namespace:
+            return self._first_batch_place(call)
         if isinstance(func, ast.Name):
             module = self.namespace.get(func.id)
             if not isinstance(module, torch.nn.Module):
