@@ -2455,6 +2455,17 @@ def test_a_batch_a_plain_cell_draws_from_a_loader_over_device_tensors_is_on_the_
     assert "same device" in _report(ip).summary()
 
 
+def test_a_tensor_a_plain_cell_computes_on_the_device_into_a_list_or_dict_is_on_it(ip):
+    # `outs.append(x * 2)`, `results["a"] = lin(x)`: on a GPU the container holds cuda tensors;
+    # the next %%neuron cell's target found them on the CPU next to its device's (a false ERROR)
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    _passed(ip, "lin = torch.nn.Linear(4, 3).cuda()\nx = torch.randn(5, 4, device='cuda')")
+    run_cell(ip, "outs = []\nresults = {}")
+    run_cell(ip, "outs.append(x * 2)\nresults['a'] = lin(x)\nresults['b'] = x.sum(1)")
+    report = _passed(ip, "y = lin(outs[0]) + results['a'] + results['b'][:, None]")
+    assert on_accelerator(report.target.bindings["y"])
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

@@ -473,3 +473,42 @@ def test_the_first_batch_of_a_loader_over_a_dataset_on_the_device_is_on_it():
             source, x=torch.ones(4, 2), DataLoader=DataLoader, TensorDataset=TensorDataset
         )
         assert "batch" not in placed, source
+
+
+def test_a_tensor_computed_on_the_device_into_a_list_or_dict_is_on_it():
+    # outs.append(x * 2), results["a"] = model(x): on a GPU the container holds a cuda tensor
+    def after(source, **values):
+        return _computed_after(source, x=torch.ones(2, 4), model=torch.nn.Linear(4, 3), **values)
+
+    placed, namespace, _ = after(
+        "outs = []\nouts.append(x * 2)\nouts.append(x - 1)\nprint(len(outs))\n"
+        "results = {}\nresults['a'] = model(x)\nresults['b'] = cpu_tensor + 1\n"
+        "results['b'] = x + 1\nall_outs = torch.cat(outs)",
+        cpu_tensor=torch.ones(3),
+    )
+    assert "outs" in placed and "results" in placed
+    outs, results = namespace["outs"], namespace["results"]
+    assert all(on_accelerator(t) for t in [*outs, *results.values()])
+    for source in (
+        "outs.append(x * 2)\nouts.insert(0, cpu_tensor)",  # which item is which: not known
+        "outs.append(x * 2)\nhelper(outs)",  # a function of the notebook's may change it
+        "outs.append(cpu_tensor * 2)",
+        "if flag:\n    outs.append(x * 2)",
+        "for _ in range(2):\n    outs.append(x * 2)",
+        "outs.append(x * 2)\nouts[-1] = cpu_tensor",
+        "results[key] = x * 2",  # a key the source does not show
+        # a container holding a CPU tensor too: the next cell would move it as a whole
+        "outs.append(cpu_tensor)\nouts.append(x * 2)",
+        "results['a'] = x * 2\nresults['n'] = cpu_tensor",
+    ):
+        placed, namespace, _ = after(
+            source,
+            outs=[],
+            results={},
+            cpu_tensor=torch.ones(3),
+            helper=lambda items: items.reverse(),
+            flag=True,
+            key="a",
+        )
+        held = [*namespace["outs"], *namespace["results"].values()]
+        assert not any(on_accelerator(t) for t in held), source

@@ -42,7 +42,8 @@ And a tensor the cell *computes* from what is on the device (``x2 = x * 2``, ``p
 logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``, ``out = model(x)``,
 ``a, b = x.chunk(2)``, or a list, tuple or dict of such tensors: ``pair = (x * 2, y + 1)``,
 ``[x[i] * 2 for i in range(4)]``, or a ``TensorDataset`` of them, and the batch
-``next(iter(loader))`` of a ``DataLoader`` over one), in code that surely ran: on a GPU it is on
+``next(iter(loader))`` of a ``DataLoader`` over one; one appended or stored under a constant key
+into a list or dict, :func:`_mark_items`), in code that surely ran: on a GPU it is on
 cuda, where its inputs are. Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
@@ -75,6 +76,7 @@ import torch
 from neuron_workbench.run.namespace import (
     ORIGIN_ATTR,
     ResidentObjects,
+    on_accelerator,
     tensors_in,
 )
 
@@ -140,9 +142,8 @@ def follow_plain_cell_moves(
         before = dict.fromkeys(_bound_in(tree))
     finder = _Moves(namespace, resident, before)
     finder.visit(tree)
-    return _forget_moves_to_host(finder, namespace, resident) + _remember_moves_to_device(
-        finder, namespace, resident
-    )
+    moved = _forget_moves_to_host(finder, namespace, resident)
+    return moved + _remember_moves_to_device(finder, namespace, resident) + _mark_items(finder)
 
 
 def places_before(
@@ -315,6 +316,41 @@ def _remember_moves_to_device(
     return placed
 
 
+def _mark_items(finder: _Moves) -> list[str]:
+    """Mark the tensors the cell computed on the device into a notebook list or dict.
+
+    ``outs.append(x * 2)``, ``results["a"] = model(x)``: on a GPU the container holds a cuda
+    tensor; the mark puts that tensor (and nothing else the container holds) on the device for
+    the next ``%%neuron`` cell, as a worker's mark does (:func:`on_accelerator`).
+    """
+    namespace = finder.namespace
+    computed: dict[str, list[Any]] = {}
+    for name, appended in finder.appended.items():
+        held = namespace.get(name)
+        if name in finder.spoilt or not appended or not all(appended) or type(held) is not list:
+            continue
+        if len(held) >= len(appended):
+            computed[name] = held[len(held) - len(appended) :]
+    for (name, key), there in finder.keyed.items():
+        held = namespace.get(name)
+        if name in finder.spoilt or not there or type(held) is not dict or key not in held:
+            continue
+        computed.setdefault(name, []).append(held[key])
+    marked = []
+    for name, items in computed.items():
+        # Only a container then all on the device: the next cell moves a container holding a
+        # tensor marked there as a whole, where a GPU keeps its CPU tensors on the CPU.
+        fresh = {id(t) for t in items}
+        if not all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in items) or not all(
+            id(t) in fresh or on_accelerator(t) for t in tensors_in(namespace[name])
+        ):
+            continue
+        for tensor in items:
+            vars(tensor)[ORIGIN_ATTR] = "cuda"
+        marked.append(name)
+    return marked
+
+
 def _to_place(value: Any, resident: ResidentObjects) -> bool:
     """Whether ``value`` is not on the device yet and has something to put there.
 
@@ -392,6 +428,12 @@ class _Moves(ast.NodeVisitor):
         self.bound_once: set[str] = set()
         #: loaders the cell built over a dataset it built on the device
         self.loaders_on_device: set[str] = set()
+        #: per list name, whether each `name.append(value)` appended a value computed there
+        self.appended: dict[str, list[bool]] = {}
+        #: per `name[constant] = value`, whether its last such statement stored one computed there
+        self.keyed: dict[tuple[str, Any], bool] = {}
+        #: containers changed otherwise (pop, extend, del, a computed key, given to a function)
+        self.spoilt: set[str] = set()
 
     def visit_Module(self, node: ast.Module) -> None:  # noqa: N802
         stores = [
@@ -408,6 +450,7 @@ class _Moves(ast.NodeVisitor):
             and isinstance(s.targets[0], ast.Name)
         ]
         self.bound_once = {name for name in top if stores.count(name) == 1}
+        self._spoil(node)
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.AST) -> None:  # noqa: N802 - ast.NodeVisitor's names
@@ -477,6 +520,8 @@ class _Moves(ast.NodeVisitor):
         self.generic_visit(node)  # first: binding a name forgets where its old value was
         for target in node.targets:
             self._bind(target, node.value, id(node))
+            if isinstance(target, ast.Subscript):
+                self._note_item_store(target, node.value)
         if dataset is not None and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             # DataLoader(TensorDataset(x, y)): a dataset the cell builds there, bound to no name
             if self._placement(dataset) == "made" and not self._conditional:
@@ -504,6 +549,57 @@ class _Moves(ast.NodeVisitor):
         self.generic_visit(node)
         self._bind(node.target, node.value, id(node))
 
+    def visit_Expr(self, node: ast.Expr) -> None:  # noqa: N802
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "append"
+            and isinstance(call.func.value, ast.Name)
+            and not self._is_local(call.func.value.id)
+            and len(call.args) == 1
+            and not call.keywords
+        ):
+            # outs.append(x * 2): a tensor computed where x is, held by the list alone
+            item = call.args[0]
+            there = self._computed_place(item) == "device" and _computes(item)
+            self.appended.setdefault(call.func.value.id, []).append(there and not self._conditional)
+        self.generic_visit(node)
+
+    def _note_item_store(self, target: ast.Subscript, value: ast.expr) -> None:
+        """Note ``name[key] = value``: a constant key's last store, or a spoilt container."""
+        if not isinstance(target.value, ast.Name) or self._is_local(target.value.id):
+            return
+        name = target.value.id
+        if isinstance(target.slice, ast.Constant) and type(self.namespace.get(name)) is dict:
+            there = self._computed.get(id(value)) == "device" and _computes(value)
+            self.keyed[(name, target.slice.value)] = there and not self._conditional
+        else:
+            self.spoilt.add(name)  # outs[0] = ..., table[k] = ...: which item is not known
+
+    def _spoil(self, node: ast.AST) -> None:
+        """Note the containers ``node`` may change other than by appending or constant keys."""
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call):
+                func = inner.func
+                if (
+                    isinstance(func, ast.Attribute)
+                    and isinstance(func.value, ast.Name)
+                    and func.attr != "append"
+                ):
+                    self.spoilt.add(func.value.id)  # extend, insert, pop, update, clear, sort ...
+                harmless = (
+                    isinstance(func, ast.Name) and func.id in ("print", "len")
+                ) or _pytorchs(self._resolved(func))  # torch.cat(outs) reads it
+                for argument in [*inner.args, *(k.value for k in inner.keywords)]:
+                    if isinstance(argument, ast.Name) and not harmless:
+                        self.spoilt.add(argument.id)  # a function given it may change it
+            elif isinstance(inner, ast.Subscript) and isinstance(inner.ctx, ast.Del):
+                if isinstance(inner.value, ast.Name):
+                    self.spoilt.add(inner.value.id)
+            elif isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Name):
+                self.spoilt.add(inner.target.id)
+
     def visit_AugAssign(self, node: ast.AugAssign) -> None:  # noqa: N802
         self.visit(node.value)
         # `x += 1` changes a tensor in place, still where it was; `t += (y,)` makes a new tuple
@@ -516,6 +612,11 @@ class _Moves(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
         # bound again (a loop, `with`, `del`): where its value is is not known from here
         if isinstance(node.ctx, ast.Store | ast.Del) and not self._is_local(node.id):
+            # a new container (outs = []): what was appended to the old one is not in it
+            self.appended.pop(node.id, None)
+            self.keyed = {k: v for k, v in self.keyed.items() if k[0] != node.id}
+            if self._conditional:
+                self.spoilt.add(node.id)
             self.placed.pop(node.id, None)
             self.moved_there.pop(node.id, None)
             self.where_now[node.id] = "unknown"
