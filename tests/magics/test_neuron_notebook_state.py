@@ -133,3 +133,25 @@ def test_a_view_a_plain_cell_took_of_a_device_tensor_is_on_the_device(nb):
     assert ns["total"].item() == 8.0 and ns["host"] == 6.0
     assert torch.equal(ns["head"], torch.tensor([1.0, 2.0]))
     assert ns["head"].data_ptr() == ns["x"].data_ptr()
+
+
+def test_a_container_of_device_and_cpu_tensors_keeps_its_cpu_tensors_on_the_cpu(nb):
+    # A %%neuron cell's `results = {"logits": lin(x), "n": torch.ones(3)}`: the next cell moved the
+    # whole dict to the device, so `results["n"] + torch.ones(3)` mixed devices on the target (a
+    # false ERROR: on a GPU "n" stays on the CPU). Its device tensors still are on the device.
+    from neuron_workbench.run.namespace import on_accelerator
+
+    _passed(
+        nb,
+        "lin = torch.nn.Linear(4, 3).cuda()\nx = torch.randn(5, 4, device='cuda')\n"
+        "results = {'logits': lin(x), 'n': torch.ones(3)}\nouts = [x * 2, torch.ones(3)]",
+    )
+    report = _passed(
+        nb,
+        "host = results['n'] + torch.ones(3) + outs[1]\ndev = results['logits'] + lin(outs[0])",
+    )
+    assert on_accelerator(report.target.bindings["dev"])
+    assert not on_accelerator(report.target.bindings["host"])
+    # and again, after the cell that read them
+    report = _passed(nb, "host2 = results['n'] + torch.ones(3)\ndev2 = results['logits'] + lin(x)")
+    assert on_accelerator(report.target.bindings["dev2"])

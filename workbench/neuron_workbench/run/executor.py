@@ -47,6 +47,7 @@ from neuron_workbench.run.namespace import (
     function_like,
     isolate,
     mark_attribute_tensors,
+    mark_mixed_items,
     move_to_device,
     needs_copy,
     notebook_function,
@@ -997,7 +998,7 @@ def mark_resident(resident: ResidentObjects, kept: Run, other: Run) -> None:
         on_device = on_device or (
             type(counterpart) is torch.device and counterpart.type not in ("cpu", "meta")
         )
-        if on_device:
+        if on_device and not mark_mixed_items(value, counterpart):
             resident.add(value)
             mark_attribute_tensors(value, counterpart)
         for device in devices_on_the_device(value, counterpart):

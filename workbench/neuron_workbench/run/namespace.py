@@ -1446,6 +1446,49 @@ def devices_replaced(
     return value
 
 
+def mark_mixed_items(kept: Any, other: Any) -> bool:
+    """Mark the tensors of a list, tuple or dict that the other run held on its device only.
+
+    ``results = {"logits": model(x), "n": torch.ones(3)}``: a container holding device and CPU
+    tensors side by side. Remembered as a whole, the next cell moved its CPU tensors to the device
+    too (a GPU keeps them on the CPU); marked item by item, only those move. Returns whether
+    ``kept`` was such a container (then marked).
+    """
+    if type(kept) not in (list, tuple, dict) or type(other) is not type(kept):
+        return False
+    if len(kept) != len(other) or len(kept) > _MOST_ITEMS_SEARCHED:
+        return False
+    if isinstance(kept, dict):
+        pairs = [(v, other.get(k)) for k, v in kept.items()]
+    else:
+        pairs = list(zip(kept, other, strict=True))
+    there = [
+        on_accelerator(theirs)
+        for mine, theirs in pairs
+        if isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor)
+    ]
+    if not any(there) or all(there):
+        return False
+    for mine, theirs in pairs:
+        if isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor):
+            if on_accelerator(theirs) and not on_accelerator(mine):
+                with contextlib.suppress(AttributeError, TypeError):
+                    vars(mine)[ORIGIN_ATTR] = "cuda"
+    return True
+
+
+def mixed_on_device(value: Any) -> bool:
+    """Whether the list, tuple or dict ``value`` holds tensors on the device and off it.
+
+    (:func:`mark_mixed_items`: its marked tensors move, not the whole container.)
+    """
+    if type(value) not in (list, tuple, dict):
+        return False
+    items = value.values() if isinstance(value, dict) else value
+    there = [on_accelerator(t) for t in items if isinstance(t, torch.Tensor)]
+    return any(there) and not all(there)
+
+
 def on_accelerator(tensor: torch.Tensor) -> bool:
     """Whether the cell had put ``tensor`` on a device (it is there, or a worker sent it back)."""
     return tensor.device.type != "cpu" or ORIGIN_ATTR in getattr(tensor, "__dict__", ())

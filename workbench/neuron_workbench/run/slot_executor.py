@@ -21,6 +21,7 @@ from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.custom_ops import notebook_custom_ops
 from neuron_workbench.run.library_state import notebook_module_hooks, notebook_registrations
+from neuron_workbench.run.namespace import mixed_on_device
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
 from neuron_workbench.run.target_requests import not_compared, pack_request
@@ -84,7 +85,13 @@ class SlotExecutor:
         }
         names = sorted(n for n in names if n in namespace)
         values = {name: namespace[name] for name in names}
-        force = [name for name, value in values.items() if spec.resident.on_device(value)]
+        # (a container holding CPU tensors beside marked ones: only the marked ones move)
+        force = [
+            name
+            for name, value in values.items()
+            if value in spec.resident
+            or (spec.resident.on_device(value) and not mixed_on_device(value))
+        ]
         request = {
             # the notebook's torch.library ops, defined again there before the values that may
             # name them (torch.ops.nbops.scale_add) are rebuilt
