@@ -567,18 +567,21 @@ def test_no_gradient_difference_accounts_for_more_than_an_adam_step_can_move():
     assert evidence.amplification(diff) is None
 
 
+#: A porting bug in one module: GELU's tanh approximation on the accelerator only (module call 1).
+GELU_ON_THE_TARGET_ONLY = (
+    "torch.manual_seed(0)\n"
+    "approx = 'tanh' if torch.ones(1, device='cuda').device.type != 'cpu' else 'none'\n"
+    "m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(approximate=approx),\n"
+    "                        torch.nn.Linear(32, 4)).cuda()\n"
+)
+
+
 def test_with_layers_the_unexplained_hint_names_the_module_not_layers_again(ip):
     # A porting bug in one module (GELU's tanh approximation on the accelerator only): with
     # --layers the report found it born in module 1, yet the hint still said "run with --layers
     # to find the module where it is born", to a cell that had run with it.
     run_cell(ip, "import torch")
-    cell = (
-        "torch.manual_seed(0)\n"
-        "approx = 'tanh' if torch.ones(1, device='cuda').device.type != 'cpu' else 'none'\n"
-        "m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(approximate=approx),\n"
-        "                        torch.nn.Linear(32, 4)).cuda()\n"
-        "y = m(torch.randn(16, 32, device='cuda'))"
-    )
+    cell = GELU_ON_THE_TARGET_ONLY + "y = m(torch.randn(16, 32, device='cuda'))"
     report, failures = _failures(ip, cell, "--layers")
     assert report.verdict == "FAIL" and report.first_divergence.module == "1"
     (hint,) = failures["y"].hints
@@ -594,13 +597,7 @@ def test_with_layers_a_parting_scalar_and_a_string_output_are_hinted_from_what_i
     # The printed loss.item() that parted was still hinted "run with --layers" under --layers,
     # and the string the device check made was said to be "born in module call 1 (GELU)".
     run_cell(ip, "import torch")
-    cell = (
-        "torch.manual_seed(0)\n"
-        "approx = 'tanh' if torch.ones(1, device='cuda').device.type != 'cpu' else 'none'\n"
-        "m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(approximate=approx),\n"
-        "                        torch.nn.Linear(32, 4)).cuda()\n"
-        "print(m(torch.randn(16, 32, device='cuda')).sum().item())"
-    )
+    cell = GELU_ON_THE_TARGET_ONLY + "print(m(torch.randn(16, 32, device='cuda')).sum().item())"
     report, failures = _failures(ip, cell, "--layers")
     assert report.verdict == "FAIL" and report.first_divergence.module == "1"
     (scalar_hint,) = report.scalars.first.hints
