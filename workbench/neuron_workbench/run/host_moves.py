@@ -65,7 +65,6 @@ that moves what it is given) are not seen, and a reference to the tensor taken i
 from __future__ import annotations
 
 import ast
-import contextlib
 import sys
 import types
 from collections.abc import Mapping, MutableMapping
@@ -76,6 +75,7 @@ import torch
 from neuron_workbench.run.namespace import (
     ORIGIN_ATTR,
     ResidentObjects,
+    mark_on_accelerator,
     on_accelerator,
     tensors_in,
 )
@@ -138,8 +138,6 @@ def follow_plain_cell_moves(
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    if before is None:  # where what the cell binds was is not known: nothing computed from it
-        before = dict.fromkeys(_bound_in(tree))
     finder = _Moves(namespace, resident, before)
     finder.visit(tree)
     moved = _forget_moves_to_host(finder, namespace, resident)
@@ -293,8 +291,7 @@ def _remember_moves_to_device(
         if isinstance(loader, torch.utils.data.DataLoader) and _to_place(dataset, resident):
             resident.add(dataset)
             for tensor in tensors_in(dataset):  # (moved with the loader that holds them)
-                with contextlib.suppress(AttributeError, TypeError):
-                    vars(tensor)[ORIGIN_ATTR] = "cuda"
+                mark_on_accelerator(tensor)
     # a module moves its submodules with it: names bound to them (`backbone` after
     # `model = nn.Sequential(backbone, head).to(device)`) are on the device too
     inside = {
@@ -346,7 +343,7 @@ def _mark_items(finder: _Moves) -> list[str]:
         ):
             continue
         for tensor in items:
-            vars(tensor)[ORIGIN_ATTR] = "cuda"
+            mark_on_accelerator(tensor)
         marked.append(name)
     return marked
 
@@ -441,7 +438,9 @@ class _Moves(ast.NodeVisitor):
             for n in ast.walk(node)
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del)
         ]
-        self.bindings = set(stores) | _bound_in(node)
+        self.bindings = _bound_in(node)
+        if self.before is None:  # where what the cell binds was is not known: nothing from it
+            self.before = dict.fromkeys(self.bindings)
         top = [
             s.targets[0].id
             for s in node.body

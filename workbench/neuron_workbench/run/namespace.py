@@ -1342,8 +1342,7 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
         counterpart = theirs.get(key)
         if isinstance(item, torch.Tensor) and isinstance(counterpart, torch.Tensor):
             if on_accelerator(counterpart) and not on_accelerator(item):
-                with contextlib.suppress(AttributeError, TypeError):
-                    vars(item)[ORIGIN_ATTR] = "cuda"
+                mark_on_accelerator(item)
         elif item is not kept:
             mark_attribute_tensors(item, counterpart, depth + 1)
 
@@ -1472,8 +1471,7 @@ def mark_mixed_items(kept: Any, other: Any) -> bool:
     for mine, theirs in pairs:
         if isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor):
             if on_accelerator(theirs) and not on_accelerator(mine):
-                with contextlib.suppress(AttributeError, TypeError):
-                    vars(mine)[ORIGIN_ATTR] = "cuda"
+                mark_on_accelerator(mine)
     return True
 
 
@@ -1487,6 +1485,16 @@ def mixed_on_device(value: Any) -> bool:
     items = value.values() if isinstance(value, dict) else value
     there = [on_accelerator(t) for t in items if isinstance(t, torch.Tensor)]
     return any(there) and not all(there)
+
+
+def mark_on_accelerator(tensor: torch.Tensor) -> None:
+    """Mark ``tensor`` as one the cell had on its device (a CPU tensor standing for a cuda one).
+
+    What :func:`on_accelerator` reads, as a worker's answer marks its device tensors: the next
+    ``%%neuron`` cell puts it on each run's device. A tensor that takes no attributes stays as it is.
+    """
+    with contextlib.suppress(AttributeError, TypeError):
+        vars(tensor)[ORIGIN_ATTR] = "cuda"
 
 
 def on_accelerator(tensor: torch.Tensor) -> bool:
