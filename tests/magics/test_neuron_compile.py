@@ -74,6 +74,31 @@ def test_a_compiled_mlp_is_compared_not_an_error(ip, target):
     jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(data)))
 
 
+def test_a_compiled_model_under_cuda_autocast_runs_on_the_reference_as_on_a_gpu(ip):
+    # nanoGPT's train.py: a compiled model called under `torch.autocast("cuda", torch.bfloat16)`.
+    # The cpu reference raised "Global autocast(cuda)_enabled state changed while dynamo tracing"
+    # for every such call: Dynamo saved the run's answer for CUDA's autocast state and set it back
+    # for real (found by trying compile idioms as a user).
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "cm = torch.compile(mlp.cuda())\n"
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    y = cm(x.cuda())\n"
+        "    enabled = torch.is_autocast_enabled()\n"
+        "y32 = cm(x.cuda())\n"
+        "eager = mlp(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    ns = ip.user_ns
+    # autocast as on a GPU inside the block; a call after it compiles again, in float32
+    assert ns["enabled"] is True and ns["y"].dtype == torch.bfloat16
+    assert ns["y32"].dtype == torch.float32 and torch.equal(ns["y32"], ns["eager"])
+    assert not torch.is_autocast_enabled("cuda")  # the kernel's own state is left as it was
+
+
 def test_dynamic_true_on_neuron_is_the_documented_rejection_in_one_line(ip):
     run_cell(ip, MLP)
     run_cell(ip, "%%neuron -o r\nm = mlp.cuda()\ny = torch.compile(m, dynamic=True)(x.cuda())")

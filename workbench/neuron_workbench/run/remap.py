@@ -933,10 +933,19 @@ def _autocast_queries(target: str, host: CudaOnHost | None) -> dict[str, Callabl
     idle CUDA autocast, so ``torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)``
     cast nothing and a model's ``if torch.is_autocast_enabled():`` upcast never ran, where a GPU
     does both. Outside the cell's autocast they answer as torch does.
+
+    Dynamo is answered as torch answers: before compiling a graph it saves the global autocast
+    state through these names, sets it back with ``torch.set_autocast_enabled`` after, then checks
+    that nothing changed. Given CUDA's state as the run's device's, it switched the idle CUDA
+    autocast on, and every compiled call under the cell's ``autocast("cuda")`` on the cpu stand-in
+    raised "Global autocast(cuda)_enabled state changed while dynamo tracing".
     """
     is_enabled, get_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
 
     def cuda_autocast_on() -> bool:
+        # frame 2: the caller of the query that asks (its own frame is 1)
+        if sys._getframe(2).f_globals.get("__name__", "").startswith("torch._dynamo"):
+            return is_enabled("cuda")
         if host is not None:  # the host's cpu autocast may be the cell's own ("cpu"): not cuda's
             return host.under_cuda_autocast()
         return is_enabled(target)
