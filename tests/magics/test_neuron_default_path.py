@@ -105,6 +105,29 @@ def test_an_autocast_context_bound_in_the_cell_comes_back(ip, keep):
     assert ip.user_ns["y"].dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("keep", ["ref", "target"])
+def test_an_autocast_context_bound_in_one_cell_casts_in_the_next_on_both_sides(ip, keep):
+    # nanoGPT's train.py binds `ctx` in its set-up and enters it in the training loop. Entered in
+    # a later cell, the context the notebook held was one run's own: the target entered the
+    # reference's CPU autocast, which casts nothing on its device, and computed `y` in float32
+    # ("y dtype bfloat16 vs float32", a FAIL where a GPU computes both in bfloat16).
+    run_cell(ip, "import torch\nx = torch.randn(4, 8)\nw = torch.randn(8, 8)")
+    run_cell(
+        ip,
+        f"%%neuron --keep {keep} -o r\n"
+        "ctx = torch.amp.autocast(device_type='cuda', dtype=torch.bfloat16)\n"
+        "x, w = x.cuda(), w.cuda()",
+    )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    run_cell(ip, "%%neuron -o r\nwith ctx:\n    y = x @ w\n    p = y.softmax(-1)\nafter = x @ w")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    ns = ip.user_ns
+    # CUDA's lists on the reference too: matmul in bfloat16, softmax in float32; off after the block
+    assert ns["y"].dtype == torch.bfloat16 and ns["p"].dtype == torch.float32
+    assert ns["after"].dtype == torch.float32
+
+
 def test_a_compiled_module_bound_in_the_cell_does_not_crash_the_cell(ip):
     run_cell(ip, "import torch\nlin = torch.nn.Linear(4, 2)")
     run_cell(

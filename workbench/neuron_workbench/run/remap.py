@@ -591,6 +591,7 @@ def _autocast_init(
         cache_enabled: bool | None = None,
     ) -> None:
         as_cuda = device_type == "cuda"
+        request = {"dtype": dtype, "enabled": enabled, "cache_enabled": cache_enabled}
         if as_cuda:
             device_type = target
             if dtype is None:
@@ -598,6 +599,10 @@ def _autocast_init(
             if host is not None and enabled:
                 host.use_cuda_autocast_lists()
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+        if as_cuda:
+            # asked for cuda, as the next cell's runs enter it on their own devices (see
+            # _autocast_enter); the request the remembering __init__ kept names this run's device
+            self._workbench_request = ("cuda", (), request)
         if enabled:
             used = str(self.fast_dtype).removeprefix("torch.")
             if used not in facts.autocast_dtypes:
@@ -886,20 +891,25 @@ def remember_autocast_requests() -> None:
 
 
 def _autocast_enter(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``autocast.__enter__`` in a run: one built for "cuda" outside the run is entered as a new one.
+    """``autocast.__enter__`` in a run: one built for "cuda" elsewhere is entered as a new one.
 
-    The new one is built with the request it remembers (:func:`remember_autocast_requests`), so the
-    run's autocast mapping gives it the run's device; ``__exit__`` leaves it again.
+    The new one is built with the request it remembers (:func:`remember_autocast_requests`,
+    :func:`_autocast_init`), so the run's autocast mapping gives it the run's device and CUDA's op
+    lists; ``__exit__`` leaves it again. Built outside a run, it turned itself off for want of
+    CUDA; built by an earlier cell's run (nanoGPT's ``ctx = torch.amp.autocast(device_type="cuda",
+    ...)`` in one cell, ``with ctx:`` in the next), it is the reference's, on the cpu stand-in: the
+    target entered a CPU autocast that casts nothing on its device, and computed in float32 where
+    a GPU computes in bfloat16.
     """
 
     def __enter__(self: Any) -> Any:  # noqa: N807
         request = self.__dict__.get("_workbench_request")
-        if request is None or request[0] != "cuda" or self.device != "cuda":
+        if request is None or request[0] != "cuda":
             return original(self)
         device_type, args, kwargs = request
         inner = torch.amp.autocast_mode.autocast(device_type, *args, **kwargs)
         self.__dict__.setdefault("_workbench_entered", []).append(inner)
-        inner.__enter__()
+        original(inner)  # (it remembers the same request)
         return self
 
     return __enter__
