@@ -108,3 +108,24 @@ def test_held_copies_come_back_through_the_fetch_and_the_fetch_does_not_travel()
     assert torch.equal(at.grad, grad) and torch.equal(at.second_moment, moment)
     steps.at_step(w)
     assert asked == ["token-1"]  # fetched once
+
+
+def test_an_alias_of_a_parameter_is_judged_by_its_step_and_a_copy_is_not():
+    # A checkpoint dict built in the training cell (`model.state_dict()`: detached aliases) held
+    # the stepped weights under other paths, which had no record: the weights were judged by their
+    # gradients and the same values in the checkpoint failed.
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    recorder = OptimizerRecorder()
+    with recorder.recording():
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    steps = recorder.result()
+    at = steps.at_step(model.weight)
+    state = model.state_dict()
+    assert steps.at_step(state["weight"]) is at and steps.at_step(model.weight.data) is at
+    assert steps.at_step(state["bias"]) is steps.at_step(model.bias) is not None
+    # a copy, a part, or another view of the same memory holds other values: no record
+    assert steps.at_step(model.weight.detach().clone()) is None
+    assert steps.at_step(model.weight[0]) is None and steps.at_step(model.weight.t()) is None
+    assert steps.at_step(model.weight.view(-1)) is None and steps.at_step(3.0) is None

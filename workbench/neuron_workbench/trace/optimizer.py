@@ -79,12 +79,29 @@ class OptimizerSteps:
     #: The token of the copies a target process kept (``""``: the copies are here).
     held: str = ""
     _fetch: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+    #: The records by :func:`_view_of_memory` of their parameters (built on first use).
+    _aliases: dict[tuple[Any, ...], tuple[Any, ParamAtStep]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def at_step(self, param: Any) -> ParamAtStep | None:
-        """The record of ``param`` (the very tensor object), or None."""
+        """The record of ``param`` (the very tensor object, or an alias of it), or None.
+
+        An alias is the same view of the same memory (``model.state_dict()``'s detached tensors
+        in a checkpoint dict, ``p.data``, ``p.detach()``): it holds the parameter's values, so it
+        is judged by the parameter's step. A copy is not an alias.
+        """
         entry = self.params.get(id(param))
         if entry is None or entry[0] is not param:
-            return None
+            key = _view_of_memory(param)
+            if key is None:
+                return None
+            if self._aliases is None:
+                views = ((_view_of_memory(p), (p, r)) for p, r in self.params.values())
+                self._aliases = {view: entry for view, entry in views if view is not None}
+            entry = self._aliases.get(key)
+            if entry is None:
+                return None
         if self.held:
             self._take_held_copies()
         return entry[1]
@@ -126,6 +143,7 @@ class OptimizerSteps:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fetch"] = None  # a way back to one process, not data
+        state["_aliases"] = None  # (by addresses in this process)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -133,7 +151,22 @@ class OptimizerSteps:
         self.__dict__.update(state)
         self.__dict__.setdefault("held", "")
         self.__dict__.setdefault("_fetch", None)
+        self._aliases = None
         self.params = {id(param): (param, record) for param, record in self.params.values()}
+
+
+def _view_of_memory(value: Any) -> tuple[Any, ...] | None:
+    """What makes two tensors the same view of the same memory, or None (not a plain tensor)."""
+    if not isinstance(value, torch.Tensor) or value.is_sparse or value.device.type == "meta":
+        return None
+    try:
+        address = value.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor subclass or wrapper without storage
+        return None
+    if address == 0:
+        return None  # no memory of its own (an empty tensor)
+    shape, stride = tuple(value.shape), value.stride()
+    return (value.device, address, value.storage_offset(), shape, stride, value.dtype)
 
 
 class OptimizerRecorder:
