@@ -202,6 +202,22 @@ def test_o_takes_a_quoted_name(ip):
     assert ip.user_ns["rep"].verdict == "PASS"
 
 
+def test_layers_full_keeps_a_quoted_glob_and_warns_of_a_name_no_module_has(ip):
+    # `--layers-full "fc*"` kept its quotes (IPython's split of the line), so it matched nothing,
+    # and a name no module has (`model.fc1`: names are the model's own) kept nothing, silently.
+    run_cell(ip, MLP_SETUP)
+    run_cell(ip, f'%%neuron -o r --layers-full "fc*" --layers-full model.fc1\n{MLP_STEP}')
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    kept = sorted(diff.path for diff in report.layers.full_diffs)
+    assert kept == ["<fc1 output>", "<fc2 output>"]
+    assert all(diff.status == "match" for diff in report.layers.full_diffs)
+    assert report.warnings == [
+        "--layers-full 'model.fc1' matched no module call (this run's modules: 'fc1', 'fc2', 'MLP')"
+    ]
+    assert "matched no module call" in report._repr_html_()
+
+
 @pytest.mark.parametrize("targets", ["neuron,tpu", "tpu,neuron"])
 def test_a_cell_one_of_two_targets_raises_in_leaves_the_namespace_as_it_was(ip, targets):
     # With tpu second, the reference's results were committed (the trained weights, `w`, the

@@ -446,6 +446,7 @@ def build_report(
             ),
             *_compile_warnings(target),
             *_unreadable_scalars(ref, target),
+            *_layers_full_unmatched(options.layers_full, ref),
         ],
         layers=layers,
         notes=notes,
@@ -563,6 +564,26 @@ def _note_compiled_draws(run: Run) -> None:
         run.facts.random_ops[key] = run.facts.random_ops.get(key, 0) + count
         if "dropout" in name:
             run.facts.dropout_in_training += count
+
+
+def _layers_full_unmatched(patterns: Sequence[str], run: Run) -> list[str]:
+    """A warning for each ``--layers-full`` pattern that no module call of ``run`` matched.
+
+    Names are known only once the cell has run, so a mistyped one (``fc1`` for ``model.fc1``, or
+    the reverse) kept nothing and said nothing; the warning shows names the run had.
+    """
+    import fnmatch
+
+    trace = _trace_of(run.extras["layers"]) if patterns and "layers" in run.extras else None
+    if trace is None:
+        return []
+    names = list(dict.fromkeys(call.module for call in trace.calls))
+    shown = ", ".join(repr(name) for name in names[:6]) + (", ..." if len(names) > 6 else "")
+    return [
+        f"--layers-full {pattern!r} matched no module call (this run's modules: {shown or 'none'})"
+        for pattern in patterns
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names)
+    ]
 
 
 def _compile_warnings(run: Run) -> list[str]:

@@ -405,6 +405,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         # needs: pasted into the magic's line they keep their quotes
         if args.per_output:
             args.per_output = [_unquoted(value) for value in args.per_output]
+        if args.layers_full:  # a glob, quoted as a shell needs: `--layers-full "h.*.attn"`
+            args.layers_full = [_unquoted(value) for value in args.layers_full]
         if args.output is not None and not _is_variable_name(args.output):
             # stored under any other key, the report was in the namespace where no code could
             # name it, after both runs had gone by
