@@ -99,6 +99,30 @@ def test_a_compiled_model_under_cuda_autocast_runs_on_the_reference_as_on_a_gpu(
     assert not torch.is_autocast_enabled("cuda")  # the kernel's own state is left as it was
 
 
+def test_a_compiled_dropout_in_training_is_a_random_number_difference_under_either_judge(ip):
+    # Inductor draws a compiled dropout's mask with its own generator. The runs' other draws had the
+    # same fingerprints, so the gradients' difference (the masks') was hinted as "rounding", and
+    # under --judge budget the cell PASSed: the float64 oracle drew the target's masks, not the
+    # reference's; in a later cell, from Dynamo's cache, the draws were not seen at all (found by
+    # trying compile idioms as a user).
+    run_cell(ip, MLP.replace("nn.ReLU()", "nn.ReLU(), nn.Dropout(0.5)"))
+    run_cell(ip, "cm = torch.compile(mlp)")
+    # (a draw of the cell's own, fingerprinted, the same on both runs)
+    step = "cm.cuda()\nnoise = torch.randn(3, device='cuda')\ny = cm(x.cuda())\ny.sum().backward()"
+    run_cell(ip, f"%%neuron -o r\n{step}")
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    for diff in report.comparison.failures:
+        assert not any(h.startswith("rounding") for h in diff.hints), diff.hints
+        assert "inside a compiled graph the compiler draws them" in diff.hints[0], diff.hints
+    run_cell(ip, "mlp.zero_grad()")
+    run_cell(ip, f"%%neuron -o r --judge budget\n{step}")
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    assert "inside compiled graphs" in report.budget.oracle_error
+    assert not report.budget.outputs
+
+
 def test_dynamic_true_on_neuron_is_the_documented_rejection_in_one_line(ip):
     run_cell(ip, MLP)
     run_cell(ip, "%%neuron -o r\nm = mlp.cuda()\ny = torch.compile(m, dynamic=True)(x.cuda())")

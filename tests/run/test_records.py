@@ -3,7 +3,7 @@ import json
 import torch
 
 from neuron_workbench.run.random_draws import fingerprint
-from neuron_workbench.run.records import RunFacts, same_random_numbers
+from neuron_workbench.run.records import COMPILED_DRAW, RunFacts, same_random_numbers
 
 
 def _facts(*draws):
@@ -25,6 +25,18 @@ def test_one_stream_at_float32_precision_is_the_same_draws():
     # a recorded run's fingerprints come back from JSON as lists
     recorded = RunFacts(**json.loads(json.dumps(_facts(("torch.randn", rounded)).to_dict())))
     assert same_random_numbers(_facts(("torch.randn", exact)), recorded)
+
+
+def test_draws_inside_a_compiled_graph_leave_the_runs_draws_unknown():
+    # The compiler draws a compiled dropout's mask itself, unfingerprinted: the same fingerprints of
+    # the runs' other draws read as "the same random numbers", and the mask difference as rounding.
+    torch.manual_seed(0)
+    x = torch.randn(4)
+    ref, target = _facts(("torch.randn", x)), _facts(("torch.randn", x))
+    assert same_random_numbers(ref, target)
+    ref.random_ops[f"torch.nn.functional.dropout{COMPILED_DRAW}"] = 1
+    assert same_random_numbers(ref, target) is None
+    assert same_random_numbers(target, ref) is None
 
 
 def test_other_numbers_are_other_draws():

@@ -8,7 +8,6 @@ import torch
 from neuron_workbench.backends import get_backend
 from neuron_workbench.trace.compile import (
     _GRAPH_BREAK_LOGGER,
-    _GRAPH_CODE_LOGGER,
     _recording,
     compile_instrument,
     graph_break_violation,
@@ -16,7 +15,7 @@ from neuron_workbench.trace.compile import (
 
 
 def test_recording_turns_the_graph_loggers_on_and_leaves_them_as_they_were():
-    loggers = [logging.getLogger(_GRAPH_BREAK_LOGGER), logging.getLogger(_GRAPH_CODE_LOGGER)]
+    loggers = [logging.getLogger(_GRAPH_BREAK_LOGGER)]
     other = logging.getLogger("neuron_workbench.tests.bystander")
     other.setLevel(logging.INFO)
     assert other.isEnabledFor(logging.INFO)  # its answer is cached now

@@ -58,7 +58,7 @@ from neuron_workbench.run.executor import (
 )
 from neuron_workbench.run.file_writes import tempfile_names
 from neuron_workbench.run.random_state import restore_random_state
-from neuron_workbench.run.records import recorded
+from neuron_workbench.run.records import COMPILED_DRAW, recorded
 from neuron_workbench.run.transport import answers_set_classes
 
 if TYPE_CHECKING:
@@ -560,7 +560,7 @@ def _note_compiled_draws(run: Run) -> None:
     """
     record = recorded(run.extras.get("compile"))
     for name, count in (getattr(record, "random_ops", None) or {}).items():
-        key = f"{name} (compiled)"
+        key = f"{name}{COMPILED_DRAW}"
         run.facts.random_ops[key] = run.facts.random_ops.get(key, 0) + count
         if "dropout" in name:
             run.facts.dropout_in_training += count
@@ -617,6 +617,15 @@ def precision_budget(
         ]
         if not paths:
             return None
+    compiled_draws = [op for op in ref.facts.random_ops if op.endswith(COMPILED_DRAW)]
+    if compiled_draws:
+        # The oracle draws the reference's numbers again only where the mode sees them: measured
+        # against other numbers (a compiled dropout's mask), R read a mask difference as rounding.
+        return Budget(
+            oracle_error="the reference drew random numbers inside compiled graphs "
+            f"({', '.join(compiled_draws)}) with the compiler's own generator, which the float64 "
+            "oracle cannot draw again: outputs were judged by tolerance"
+        )
     try:
         budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
     except Exception as exc:  # a measuring bug must not cost the user the comparison itself

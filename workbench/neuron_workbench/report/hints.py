@@ -21,7 +21,7 @@ from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
 from neuron_workbench.run.custom_ops import defined_by_notebook, defining_module
-from neuron_workbench.run.records import Run, recorded, same_random_numbers
+from neuron_workbench.run.records import COMPILED_DRAW, Run, recorded, same_random_numbers
 
 _FLOAT64 = ("float64", "complex128")
 _INT64 = ("int64",)
@@ -501,15 +501,24 @@ def hints_for(
             f"accumulating scatters ran ({ops}): with repeated indices their summation order, and "
             "so their rounding, differs between devices"
         )
-    if evidence.same_random is not True and not (ref.facts.rng_on_cpu and target.facts.rng_on_cpu):
-        drew = sorted(set(ref.facts.random_ops) | set(target.facts.random_ops))
+    drew = sorted(set(ref.facts.random_ops) | set(target.facts.random_ops))
+    # --rng cpu shares the draws the mode sees, not those inside compiled graphs
+    compiled_draws = any(op.endswith(COMPILED_DRAW) for op in drew)
+    rng_on_cpu = ref.facts.rng_on_cpu and target.facts.rng_on_cpu
+    if evidence.same_random is not True and (compiled_draws or not rng_on_cpu):
         if drew:
             seen = "differed" if evidence.same_random is False else "cannot be compared"
-            way_out = (
-                "call model.eval() for a comparison, or --rng cpu to share the masks"
-                if ref.facts.dropout_in_training or target.facts.dropout_in_training
-                else "--rng cpu draws them on the CPU for both runs"
-            )
+            dropout = ref.facts.dropout_in_training or target.facts.dropout_in_training
+            if compiled_draws:
+                way_out = (
+                    f"{'call model.eval() for a comparison; ' if dropout else ''}inside a "
+                    "compiled graph the compiler draws them with its own generator, which "
+                    "--rng cpu does not reach"
+                )
+            elif dropout:
+                way_out = "call model.eval() for a comparison, or --rng cpu to share the masks"
+            else:
+                way_out = "--rng cpu draws them on the CPU for both runs"
             hints.append(
                 f"random numbers drawn on the device {seen} between the runs "
                 f"({_short_list(drew)}): {way_out}"

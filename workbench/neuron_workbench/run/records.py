@@ -289,16 +289,24 @@ class RunFacts:
 MAX_DRAWS = 256
 
 
+#: The suffix of a random function counted in ``random_ops`` inside a compiled graph: the compiler
+#: draws its numbers with its own generator, where no fingerprint is taken.
+COMPILED_DRAW = " (compiled)"
+
+
 def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
     """Whether two runs drew the same random numbers: True, False, or None when unknown.
 
     Unknown when either run recorded no fingerprints although it drew (a real CUDA run, whose draws
-    are not intercepted, or a run loaded from an artifact).
+    are not intercepted, or a run loaded from an artifact), or drew inside a compiled graph
+    (:data:`COMPILED_DRAW`): the fingerprints of its other draws say nothing of those.
     """
     drew_a, drew_b = bool(a.random_ops), bool(b.random_ops)
     if not drew_a and not drew_b:
         return True
     if (drew_a and not a.random_draws) or (drew_b and not b.random_draws):
+        return None
+    if any(op.endswith(COMPILED_DRAW) for op in (*a.random_ops, *b.random_ops)):
         return None
     draws_a, draws_b = a.random_draws, b.random_draws
     return len(draws_a) == len(draws_b) and all(

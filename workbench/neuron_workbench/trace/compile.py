@@ -5,9 +5,10 @@ compilation metrics (one per compiled frame: function, graph size, compile time,
 reason), its ``graph_breaks`` log (reason and user line), and the emulated backends' graph list
 (``emulator/compile.py``: ops that could not be compiled). Each graph's compiled callable, as any
 backend returns it to Dynamo (Inductor on the reference, the emulated ``neuron``/``tpu``), is
-wrapped once to count its calls and their host seconds, and to read where the graph's user code
-is. Nothing is imported from Dynamo unless the run compiled; a run that did not compile records
-nothing. The record is plain data, so it travels back from a worker as it is.
+wrapped once to count its calls and their host seconds, to read where the graph's user code
+is, and which random functions it calls. Nothing is imported from Dynamo unless the run
+compiled; a run that did not compile records nothing. The record is plain data, so it travels back
+from a worker as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 __all__ = ["CompileRecord", "compile_instrument", "graph_break_violation", "graph_site"]
 
 _GRAPH_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
-_GRAPH_CODE_LOGGER = "torch._dynamo.output_graph.__graph_code"
 #: Random functions as Dynamo's graph code spells their calls.
 _RANDOM_CALL = re.compile(
     r"\b(torch(?:\.nn\.functional)?\.(?:dropout\w*|alpha_dropout|feature_alpha_dropout|rand|randn|"
@@ -75,8 +75,9 @@ class CompileRecord:
     errors : list of str
         Compiles that failed (one line each).
     random_ops : dict of str to int
-        Random functions called inside compiled graphs (the compiler draws their numbers), by how
-        many graphs call them.
+        Random functions called inside compiled graphs the run ran (the compiler draws their
+        numbers), by how many graph calls called them; a graph compiled by an earlier run counts
+        too.
     compile_s : float
         Host seconds spent compiling (emulated devices: host CPU time).
     run_s : float
@@ -178,26 +179,15 @@ class _GraphBreaks(logging.Handler):
             self.found.append(entry)
 
 
-class _GraphCode(logging.Handler):
-    """Reads Dynamo's ``graph_code`` log: which random functions each compiled graph calls."""
-
-    def __init__(self, record: CompileRecord) -> None:
-        super().__init__(logging.DEBUG)
-        self.record = record
-
-    def emit(self, log: logging.LogRecord) -> None:
-        try:
-            text = log.getMessage()
-        except Exception:  # a graph that cannot be printed: nothing to read
-            return
-        names = set()
-        for line in text.splitlines():
-            code = line.strip()
-            if code.startswith("#"):
-                continue  # the user source Dynamo quotes, not what the graph calls
-            names.update(m[1] for m in _RANDOM_CALL.finditer(code) if _draws(code, m))
-        for name in sorted(names):
-            self.record.random_ops[name] = self.record.random_ops.get(name, 0) + 1
+def _random_calls(code: str) -> list[str]:
+    """The random functions a graph's code calls that draw (see :func:`_draws`), each once."""
+    names = set()
+    for line in code.splitlines():
+        text = line.strip()
+        if text.startswith("#"):
+            continue  # the user source a graph's code may quote, not what the graph calls
+        names.update(m[1] for m in _RANDOM_CALL.finditer(text) if _draws(text, m))
+    return sorted(names)
 
 
 def _draws(code: str, match: re.Match[str]) -> bool:
@@ -262,6 +252,8 @@ def _recompile_reason(reason: str, previous: Any, current: Any) -> str:
 _GRAPH_RUNS: list[dict[str, Any]] = []
 _GRAPH_RUNS_LOCK = threading.Lock()
 _timing_installed = False
+#: The record of the run each thread is in, which the random functions its graphs call count into.
+_DRAWING: dict[int, CompileRecord] = {}
 
 _STACK_FRAME = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>[^\n]*)'
@@ -349,6 +341,12 @@ def _timed(compiled: Any, entry: dict[str, Any]) -> Any:
             with _GRAPH_RUNS_LOCK:
                 entry["calls"] += 1
                 entry["run_s"] += elapsed
+            # The run this call is part of drew the graph's random numbers, whichever run compiled
+            # it: a graph compiled in an earlier cell runs from Dynamo's cache.
+            record = _DRAWING.get(threading.get_ident()) if entry["draws"] else None
+            if record is not None:
+                for name in entry["draws"]:
+                    record.random_ops[name] = record.random_ops.get(name, 0) + 1
 
     return run
 
@@ -373,7 +371,17 @@ def _install_graph_timing() -> None:
         except Exception:  # a graph whose stack cannot be read: Dynamo's frame names it
             where = None
         compile_id = getattr(self, "dynamo_compile_id", None)
-        entry = {"compile_id": str(compile_id or ""), "where": where, "calls": 0, "run_s": 0.0}
+        try:
+            draws = _random_calls(gm.code)
+        except Exception:  # a graph whose code cannot be printed: nothing to read
+            draws = []
+        entry = {
+            "compile_id": str(compile_id or ""),
+            "where": where,
+            "calls": 0,
+            "run_s": 0.0,
+            "draws": draws,
+        }
         with _GRAPH_RUNS_LOCK:
             _GRAPH_RUNS.append(entry)
         return _timed(compiled, entry)
@@ -479,10 +487,10 @@ def _recording(cell_filename: str | None, backend: Any) -> Iterator[CompileRecor
     with _GRAPH_RUNS_LOCK:
         runs_before = len(_GRAPH_RUNS)
     handler = _GraphBreaks()
-    loggers = [
-        (logging.getLogger(_GRAPH_BREAK_LOGGER), handler),
-        (logging.getLogger(_GRAPH_CODE_LOGGER), _GraphCode(record)),
-    ]
+    loggers = [(logging.getLogger(_GRAPH_BREAK_LOGGER), handler)]
+    thread = threading.get_ident()
+    outer = _DRAWING.get(thread)
+    _DRAWING[thread] = record
     saved = [(logger.level, logger.propagate) for logger, _ in loggers]
     for logger, each in loggers:
         _set_level(logger, logging.DEBUG)
@@ -491,6 +499,10 @@ def _recording(cell_filename: str | None, backend: Any) -> Iterator[CompileRecor
     try:
         yield record
     finally:
+        if outer is None:
+            _DRAWING.pop(thread, None)
+        else:
+            _DRAWING[thread] = outer
         for (logger, each), (level, propagate) in zip(loggers, saved):
             logger.removeHandler(each)
             _set_level(logger, level)
