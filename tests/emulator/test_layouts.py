@@ -1,4 +1,5 @@
-"""Sparse layouts on the emulated devices: a clear one-line error that names layout, op and vendor.
+"""Sparse layouts on the emulated devices: a clear one-line error that names layout, op and vendor;
+memory formats neuron refuses.
 
 This process emulates neuron (conftest); tpu runs in a subprocess.
 """
@@ -90,3 +91,61 @@ def test_sparse_in_process_neuron(to_layout):
         cpu_sparse.to("neuron")
     # the CPU tensor is untouched and still usable; dense copies move fine
     assert torch.equal(cpu_sparse.to_dense().to("neuron").cpu(), torch.eye(3))
+
+
+MEMORY_FORMAT_SCRIPT = r"""
+import json, sys
+import torch
+import neuron_workbench
+dev = sys.argv[1]
+neuron_workbench.emulate(dev)
+x = torch.randn(2, 3, 4, 5, device=dev)
+cases = {
+    "contiguous": lambda: x.contiguous(memory_format=torch.channels_last),
+    "to": lambda: x.to(memory_format=torch.channels_last),
+    "host_to": lambda: torch.randn(2, 3, 4, 5).to(dev, memory_format=torch.channels_last),
+    "module_to": lambda: torch.nn.Conv2d(3, 4, 3).to(dev, memory_format=torch.channels_last),
+    "3d": lambda: x[None].contiguous(memory_format=torch.channels_last_3d),
+}
+out = {}
+for name, fn in cases.items():
+    try:
+        fn()
+        out[name] = "no error"
+    except RuntimeError as e:
+        out[name] = str(e)
+# what the device takes: contiguous, preserve, a channels_last copy to the host, and a structured
+# op's output allocated in its input's layout (a permuted NHWC view), which the cell asked nothing of
+nhwc = torch.randn(2, 8, 8, 4, device=dev).permute(0, 3, 1, 2)
+out["kept"] = [
+    x.contiguous(memory_format=torch.contiguous_format).is_contiguous(),
+    torch.empty_like(x.transpose(1, 2)).shape == (2, 4, 3, 5),
+    x.to("cpu", memory_format=torch.channels_last).is_contiguous(memory_format=torch.channels_last),
+    torch.nn.functional.max_pool2d(nhwc, 2).shape == (2, 4, 4, 4),
+]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("core", ["native", "python"])
+def test_channels_last_on_emulated_neuron_is_refused_as_torchneuron_does(run_py, core):
+    # TorchNeuron: "Neuron tensors only support contiguous or preserve memory format"
+    # (shared/notes/torchneuron.md §10); the emulated neuron made such tensors.
+    r = run_py(MEMORY_FORMAT_SCRIPT, args=["neuron"], env={"NEURON_WORKBENCH_EMULATOR_CORE": core})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out.pop("kept") == [True, True, True, True]
+    for name, message in out.items():
+        assert message.endswith(
+            ": Neuron tensors only support contiguous or preserve memory format"
+        )
+        assert message.startswith("aten::"), (name, message)  # names the op
+
+
+def test_channels_last_on_emulated_tpu_is_kept(run_py):
+    # TorchTPU's answer is not known: the host's behaviour
+    r = run_py(MEMORY_FORMAT_SCRIPT, args=["tpu"])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out.pop("kept") == [True, True, True, True]
+    assert set(out.values()) == {"no error"}, out

@@ -60,6 +60,7 @@ EXPLAINED = {
     "fallback_dtype_gap",  # a CPU fallback meets the CPU kernel's dtype gap, as on the device
     "device_path",  # the op's own code branches on device type (opinfo_sweep.DEVICE_PATH)
     "unsupported_layout",  # sparse tensors on the device: refused with the documented error
+    "unsupported_memory_format",  # neuron: a channels_last copy refused with the documented error
     "nondeterministic",  # the CPU reference differs from itself: not compared
     "cpu_error",  # the CPU cannot compute the sample (even through the dtype-gap table)
 }
@@ -91,6 +92,13 @@ def test_opinfo_sweep_matches_cpu(tmp_path):
     for g in s["mismatch_groups"]:
         if g["status"] == "unsupported_layout":
             assert all("sparse" in op for op in g["ops"]), g
+        # so are channels_last copies on neuron (shared/notes/torchneuron.md §10): the conversion
+        # samples that ask for the format, and max_unpool2d's backward of a channels_last input
+        # (which makes the gradient contiguous in its input's format)
+        if g["status"] == "unsupported_memory_format":
+            assert g["example"].endswith(
+                "Neuron tensors only support contiguous or preserve memory format"
+            ), g
     # the rules that explain samples are the device's (neuron: float64 computed as float32)
     assert set(s["rule_samples"]) <= {"fp64", "int64", "tpu-matmul", "fp64+int64"}, s[
         "rule_samples"

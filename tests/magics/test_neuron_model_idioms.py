@@ -469,3 +469,39 @@ def test_attention_on_tpu_at_the_highest_matmul_precision_passes(shell):
     assert report.verdict == "PASS", report.summary()
     compared = {d.path for d in report.comparison.compared}
     assert {"out.logits", "gpt.transformer.h.0.attn.c_attn.weight"} <= compared, compared
+
+
+#: A conv net a CUDA notebook moves to channels_last for its tensor cores.
+CHANNELS_LAST_NET = """
+import torch
+import torch.nn as nn
+cl_net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                       nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+cl_images = torch.randn(4, 3, 16, 16)
+"""
+
+CHANNELS_LAST_STEP = """cl_net = cl_net.cuda()
+cl_net = cl_net.to(memory_format=torch.channels_last)
+cl_out = cl_net(cl_images.cuda().contiguous(memory_format=torch.channels_last))
+"""
+
+
+def test_a_channels_last_model_stops_on_neuron_as_torchneuron_refuses_it(shell):
+    # TorchNeuron rejects channels_last ("Neuron tensors only support contiguous or preserve
+    # memory format"). The emulated neuron made such tensors: the cell passed, beside the scan's
+    # own NW193 error that neuron rejects it (and a GroupNorm after it raised "view size is not
+    # compatible" at its own line instead).
+    run_cell(shell, CHANNELS_LAST_NET)
+    run_cell(shell, f"%%neuron -o r\n{CHANNELS_LAST_STEP}")
+    report = shell.user_ns["r"]
+    assert report.verdict == "ERROR", report.summary()
+    assert report.ref.error is None
+    assert "Neuron tensors only support contiguous or preserve memory format" in report.summary()
+    # at the cell's .to(memory_format=...), the notebook cell's line 3
+    assert "(cell line 3)" in report.summary(), report.summary()
+    # TorchTPU's answer is not known: the emulated tpu keeps the format, as the host does (its
+    # 1-pass bfloat16 convolutions then differ, as any float32 model's)
+    run_cell(shell, f"%%neuron --target tpu -o r\n{CHANNELS_LAST_STEP}")
+    report = shell.user_ns["r"]
+    assert report.target.error is None, report.summary()
+    assert "cl_out" in {d.path for d in report.comparison.compared}

@@ -42,6 +42,7 @@ from neuron_workbench.emulator._policy import (
     library_op_kind,
     matmul_operands,
     matmul_passes,
+    memory_format_error,
     narrow_inputs,
     narrow_outputs,
     overload_name,
@@ -447,6 +448,9 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             cargs.append(a)
     ckw = kwargs
     if kwargs:
+        refused = memory_format_error(DEVICE_TYPE, overload, kwargs)
+        if refused is not None:
+            raise refused
         ckw = {}
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):

@@ -296,6 +296,7 @@ def install(module: Any, device_type: str) -> bool:
         module.set_callbacks(classify, on_fallback, run_python, refusal)
         if not module.register_kernels(device_type):
             return False
+        module.refuse_memory_formats(_policy.MEMORY_FORMAT_REFUSAL.get(device_type, ""))
         module.register_whole(whole_ops())
         atexit.register(module.release_callbacks)
         _core.NATIVE_CORE = module

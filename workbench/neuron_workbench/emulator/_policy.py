@@ -134,6 +134,32 @@ LAYOUT_BEHAVIOUR = {
 }
 
 
+# Vendor text for a copy to the device asked for in a memory format other than contiguous or
+# preserve (shared/notes/torchneuron.md §10: TorchNeuron rejects channels_last), as in
+# `x.contiguous(memory_format=...)`, `x.to(device, memory_format=...)` and `model.to(memory_format=
+# ...)`. TorchTPU's answer is not known: a device not listed here takes every format, as the host
+# does.
+MEMORY_FORMAT_REFUSAL = {
+    "neuron": "Neuron tensors only support contiguous or preserve memory format",
+}
+_KEPT_FORMATS = (None, torch.contiguous_format, torch.preserve_format)
+
+
+def memory_format_error(device_type: str, overload: str, kwargs: dict) -> RuntimeError | None:
+    """The device's refusal of the memory format an op's ``kwargs`` ask for, else None.
+
+    Only a tensor made on the device is refused: ``x.to("cpu", memory_format=...)`` of a device
+    tensor asks the host for the format.
+    """
+    refusal = MEMORY_FORMAT_REFUSAL.get(device_type)
+    if refusal is None or kwargs.get("memory_format") in _KEPT_FORMATS:
+        return None
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != device_type:
+        return None
+    return RuntimeError(f"{overload}: {refusal}")
+
+
 def sparse_layout_of(base: str, kwargs: dict) -> Any:
     """The non-strided layout an op is about to create (by its layout= or its name), else None."""
     layout = kwargs.get("layout")

@@ -90,6 +90,9 @@ def _make_factory(op: Any) -> Any:
         _check_index(kwargs.get("device"))
         if kwargs.get("pin_memory"):
             raise pin_memory_error()
+        refused = _core.memory_format_error(_core.DEVICE_TYPE, overload, kwargs)
+        if refused is not None:
+            raise refused
         native = base in _core.NATIVE
         if not native and base not in _FACTORY_NO_DECOMP and op.has_kernel_for_dispatch_key(_CEA):
             # As the real dispatcher would: the composite runs on the device, its pieces

@@ -272,6 +272,7 @@ struct Plan {
   int device_arg = -1;
   int pin_arg = -1;
   int layout_arg = -1;
+  int memory_format_arg = -1;
   std::vector<bool> kwarg_only;
   std::vector<bool> mutated;
   // Arguments the CPU kernel writes though the schema does not mark them, when the bool argument
@@ -289,6 +290,12 @@ std::vector<std::unique_ptr<torch::Library>> libraries;
 bool cpu_fallback = true;
 bool narrow_64bit = true;
 int matmul_passes = 0;
+// The device's text refusing a memory format other than contiguous or preserve that a copy to
+// the device asks for (_policy.MEMORY_FORMAT_REFUSAL); empty: the device takes every format, as
+// the host does. Not checked in empty.memory_format: a structured op allocates its device output
+// there in its input's layout (max_pool2d of a permuted NHWC view), which is no request of the
+// cell's, and what the real device does with it is not known.
+std::string memory_format_refusal;
 
 py::object classify_fn, event_fn, python_fn, refuse_fn;
 
@@ -431,6 +438,7 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
     if (a.name() == "device") plan->device_arg = static_cast<int>(i);
     if (a.name() == "pin_memory") plan->pin_arg = static_cast<int>(i);
     if (a.name() == "layout") plan->layout_arg = static_cast<int>(i);
+    if (a.name() == "memory_format") plan->memory_format_arg = static_cast<int>(i);
   }
   if (plan->overload == "aten::native_batch_norm" && arguments.size() > 5) {
     plan->written.assign(arguments.size(), false);
@@ -497,6 +505,12 @@ std::shared_ptr<const Plan> plan_for(const c10::OperatorHandle& op) {
 
 void check_index(const c10::Device& d) {
   if (d.is_privateuseone() && d.has_index() && d.index() != 0) index_error(d);
+}
+
+void check_memory_format(const std::string& overload, std::optional<at::MemoryFormat> format) {
+  if (memory_format_refusal.empty() || !format) return;
+  TORCH_CHECK(*format == at::MemoryFormat::Contiguous || *format == at::MemoryFormat::Preserve,
+              overload, ": ", memory_format_refusal);
 }
 
 // ---- numerics: 64-bit narrowing (neuron) ----------------------------------------------------
@@ -875,6 +889,12 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const IValue& pin = (*stack)[base + plan.pin_arg];
     TORCH_CHECK(!(pin.isBool() && pin.toBool()), "Only dense CPU tensors can be pinned");
   }
+  // A memory format asked for a tensor made here (not for a copy to the host: x.to("cpu", ...)).
+  if (plan.memory_format_arg >= 0 && (*stack)[base + plan.memory_format_arg].isInt()) {
+    const IValue* d = plan.device_arg >= 0 ? &(*stack)[base + plan.device_arg] : nullptr;
+    if (d == nullptr || !d->isDevice() || d->toDevice().is_privateuseone())
+      check_memory_format(plan.overload, (*stack)[base + plan.memory_format_arg].toMemoryFormat());
+  }
 
   std::vector<IValue> originals;
   if (plan.kind == kFallback) originals.assign(stack->begin() + base, stack->end());
@@ -1246,6 +1266,8 @@ void configure(bool fallback, bool narrow, int passes) {
   matmul_passes = passes;
 }
 
+void refuse_memory_formats(const std::string& refusal) { memory_format_refusal = refusal; }
+
 void set_track_executed(bool on) { track_executed = on; }
 
 std::vector<std::string> executed_ops() {
@@ -1334,6 +1356,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("classify"), py::arg("event"), py::arg("python"), py::arg("refuse"));
   m.def("configure", &configure, py::arg("cpu_fallback"), py::arg("narrow_64bit"),
         py::arg("matmul_passes"));
+  m.def("refuse_memory_formats", &refuse_memory_formats, py::arg("refusal"));
   m.def("reset_plans", &reset_plans);
   m.def("set_track_executed", &set_track_executed, py::arg("on"));
   m.def("executed_ops", &executed_ops);
