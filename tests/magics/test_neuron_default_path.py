@@ -840,6 +840,35 @@ def test_the_optimizer_evidence_stays_in_the_worker_until_a_failure_asks_for_it(
     assert kept.at_step(param) is at and at.grad is None and not kept.held
 
 
+def test_a_gradient_that_already_differed_names_what_layers_found_when_it_ran(ip):
+    # The hint of a weight whose gradient already differed at the step ended "--layers finds
+    # the module" in a cell run with --layers, whose finding the report already held.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "class Wave(torch.nn.Module):\n"
+        "    def forward(self, h):\n"
+        "        return (h.exp() * 1e3).sin()\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(8, 1), Wave()).double()\n"
+        "x = torch.randn(16, 8, dtype=torch.float64)",
+    )
+    step = (
+        "net.cuda()\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=1.0)\n"
+        "net(x.cuda()).sum().backward()\n"
+        "opt.step()"
+    )
+    run_cell(ip, "%%neuron --layers -o r\n" + step)
+    report = _report(ip)
+    assert report.verdict == "FAIL", report.summary()
+    (weight,) = [d for d in report.comparison.diffs if d.path == "net.0.weight"]
+    (hint,) = [h for h in weight.hints if h.startswith("the gradient already differed")]
+    assert hint.endswith(
+        "not the optimizer; --layers found it is born in module call 1 (Wave): its inputs "
+        "matched and its output did not"
+    ), hint
+
+
 def test_a_transformers_model_built_in_the_notebook_records_its_outputs_in_the_worker(ip):
     # transformers 5 registers what a model class can record when a model is built; the worker
     # only unpickles the notebook's model, so hidden states came back missing.

@@ -51,6 +51,16 @@ def cause_not_identified(layers: Any = None, kind: str = "tensor") -> str:
             f"{start}; --layers compares the modules' tensor outputs, not how this value was "
             "made: look at the line that makes it"
         )
+    return f"{start}; {layers_finding(layers)}"
+
+
+def layers_finding(layers: Any) -> str:
+    """What ``--layers`` found, as the closing clause of a hint that traces a difference to a pass.
+
+    ``layers`` is the runs' :class:`~neuron_workbench.compare.layer_divergence.LayerComparison`:
+    the module call where the difference is born (forward, else backward), or that no traced
+    module call shows it.
+    """
     first = layers.first
     if first is not None:
         # compare_layers falls back to the first diverged call when none is born (its inputs
@@ -60,18 +70,18 @@ def cause_not_identified(layers: Any = None, kind: str = "tensor") -> str:
             if first.born
             else "first shows in module call {} ({}), whose inputs already differed"
         )
-        return f"{start}; --layers found it " + where.format(first.label, first.module_type)
+        return "--layers found it " + where.format(first.label, first.module_type)
     backward = layers.first_backward
     if backward is not None:
         return (
-            f"{start}; --layers found it born in the backward of module call {backward.label} "
+            f"--layers found it born in the backward of module call {backward.label} "
             f"({backward.module_type}): its output gradient matched, its input gradient did not"
         )
     if not layers.layers:
-        return f"{start}; --layers traced no module call (the cell called no nn.Module)"
+        return "--layers traced no module call (the cell called no nn.Module)"
     return (
-        f"{start}; --layers found no module call whose output summary diverged: look at the "
-        "cell's own tensor code outside the traced modules"
+        "--layers found no module call whose output summary diverged: look at the cell's own "
+        "tensor code outside the traced modules"
     )
 
 
@@ -145,10 +155,15 @@ class Evidence:
         max_delta = float(grad_delta.max()) if grad_delta.numel() else 0.0
         step = f"{ref_at.optimizer}.step()"
         if outside:
+            # with --layers on, its finding is the lead (advising it would send the user to run
+            # the cell again for what this report already holds)
+            lead = (
+                "--layers finds the module" if self.layers is None else layers_finding(self.layers)
+            )
             return (
                 f"the gradient already differed at {step} ({outside} of {grad_delta.numel()} "
                 f"elements outside tolerance, max|Δ| {max_delta:.1e}): the difference comes from "
-                "the forward or backward pass, not the optimizer; --layers finds the module"
+                f"the forward or backward pass, not the optimizer; {lead}"
             )
         index = diff.worst_index
         if index is None or len(index) != ref_grad.dim():
