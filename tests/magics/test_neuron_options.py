@@ -35,6 +35,27 @@ def test_strict_fails_the_cell_and_allow_fallback_exempts_ops(ip):
     assert ip.user_ns["r"].verdict == "PASS"
 
 
+def test_a_quoted_layers_full_glob_and_allow_fallback_op_match_as_in_a_shell(ip):
+    # IPython keeps the quotes a shell strips: --layers-full "blocks.*" kept nothing (the pattern
+    # held the quotes, and no module name does) and --allow-fallback 'aten::sort' exempted nothing
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "blocks = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())\n"
+        "x = torch.randn(2, 4)",
+    )
+    run_cell(ip, '%%neuron --layers-full "1" -o r\ny = blocks.cuda()(x.cuda())')
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert [d.path for d in report.layers.full_diffs] == ["<1 output>"]
+    run_cell(
+        ip,
+        "%%neuron --ref cpu --target neuron --strict --allow-fallback 'aten::sort' "
+        '--allow-fallback "max_pool2d_with_indices" -o r\n' + FALLBACK_CELL,
+    )
+    assert ip.user_ns["r"].verdict == "PASS"
+
+
 def test_record_then_against_reproduces_the_verdict(ip, tmp_path):
     cell = (
         "import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n"

@@ -402,11 +402,11 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)
         args.output = _unquoted(args.output)
         # the report's "Tolerances that would pass" lines quote each --tol (a glob), as a shell
-        # needs: pasted into the magic's line they keep their quotes
-        if args.per_output:
-            args.per_output = [_unquoted(value) for value in args.per_output]
-        if args.layers_full:  # a glob, quoted as a shell needs: `--layers-full "h.*.attn"`
-            args.layers_full = [_unquoted(value) for value in args.layers_full]
+        # needs: pasted into the magic's line they keep their quotes; so does a --layers-full
+        # glob or an --allow-fallback op a user quotes as in a shell, which then matched nothing
+        for name in ("per_output", "layers_full", "allow_fallback"):
+            if getattr(args, name):
+                setattr(args, name, [_unquoted(value) for value in getattr(args, name)])
         if args.output is not None and not _is_variable_name(args.output):
             # stored under any other key, the report was in the namespace where no code could
             # name it, after both runs had gone by
