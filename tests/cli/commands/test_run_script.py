@@ -416,6 +416,35 @@ def test_a_script_named_by_a_relative_path_with_a_folder_runs_as_under_python(tm
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+ARGV0_SCRIPT = """\
+import os, sys
+import torch
+print("argv0", sys.argv[0])
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+scale = float(open(os.path.join(here, "scale.txt")).read())
+x = torch.ones(3, device="cuda") * scale
+"""
+
+
+def test_argv0_names_the_script_from_the_folder_the_runs_work_in(tmp_path):
+    # `run sub/train.py`: the runs work in sub/, where "sub/train.py" names nothing; a script
+    # finding its files by os.path.abspath(sys.argv[0]) read sub/sub/scale.txt on both runs
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "train.py").write_text(ARGV0_SCRIPT)
+    (sub / "scale.txt").write_text("2\n")
+    done = cli("run", "sub/train.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    for side in ("ref", "target"):  # as `cd sub && python train.py` gives it
+        assert report[side]["stdout"] == "argv0 train.py\n"
+        assert report[side]["script"]["argv"] == ["train.py"]
+    # run from the command's folder (--cwd .), the script is named as it was typed
+    here = cli("run", "sub/train.py", "--cwd", ".", "--json", "r.json", cwd=tmp_path)
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert here.stdout.startswith("argv0 sub/train.py\n")
+
+
 MATMUL_SCRIPT = """\
 import torch
 torch.manual_seed(0)

@@ -398,11 +398,19 @@ def script_run_context(
     """The context of ``python SCRIPT ARGS`` run from ``cwd`` (default: the script's folder).
 
     A run instrument (both runs, the target's in its worker) and a context manager here.
+    ``argv[0]`` names the script from that folder, as ``cd FOLDER && python train.py`` gives it:
+    the script as the command line named it (``run sub/train.py``) is relative to the folder the
+    command runs in, so ``os.path.abspath(sys.argv[0])`` named ``sub/sub/train.py`` in the runs
+    and the files a script finds next to itself that way were missing.
     """
     from neuron_workbench.run.script import ScriptContext
 
     folder = str(Path(path).resolve().parent)
-    return ScriptContext((str(path), *args), cwd or folder, folder)
+    run_folder = cwd or folder
+    named = str(path)
+    if not Path(named).is_absolute() and Path(run_folder).resolve() != Path.cwd().resolve():
+        named = os.path.relpath(Path(path).absolute(), run_folder)
+    return ScriptContext((named, *args), run_folder, folder)
 
 
 @dataclass
