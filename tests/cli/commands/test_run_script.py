@@ -445,6 +445,52 @@ def test_argv0_names_the_script_from_the_folder_the_runs_work_in(tmp_path):
     assert here.stdout.startswith("argv0 sub/train.py\n")
 
 
+def test_a_module_next_to_the_script_named_like_a_standard_one_is_not_the_workbenchs(tmp_path):
+    # a project's secrets.py (another script's API keys) next to train.py, which imports only
+    # torch: the workbench's own import of NumPy's generators (to seed them) took it for the
+    # standard library's and raised, in this process (a traceback) and in the target's worker
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "secrets.py").write_text('API_KEY = "not-a-key"\n')
+    (sub / "train.py").write_text(
+        "import torch\nw = torch.ones(3, device='cuda') * 2\nprint(w.sum().item())\n"
+    )
+    done = cli("run", "sub/train.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "train.py: PASS neuron (emulated) vs cpu (as cuda)" in done.stdout
+    assert done.stderr == ""
+    recorded = cli("record", "sub/train.py", "--backend", "neuron", "-o", "r.zip", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    assert "recorded neuron (emulated) run: 1 outputs" in recorded.stdout
+
+
+def test_a_class_from_a_module_next_to_the_script_comes_back_from_the_target(tmp_path):
+    # with --against no reference run imports model.py here: the target's answer, which holds
+    # its class by reference, must still load (not "could not be loaded from the worker")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "model.py").write_text(
+        "import torch\nclass Net(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 2)\n"
+    )
+    (sub / "train.py").write_text(
+        "import torch\nfrom model import Net\ntorch.manual_seed(0)\n"
+        'net = Net().cuda()\nprint(f"{net.fc.weight.sum().item():.4f}")\n'
+    )
+    recorded = cli("record", "sub/train.py", "--backend", "neuron", "-o", "r.zip", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    assert "recorded neuron (emulated) run: 2 outputs," in recorded.stdout  # net.fc's parameters
+    again = cli("run", "sub/train.py", "--record", "recs", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    against = cli("run", "sub/train.py", "--against", "recs", "--json", "a.json", cwd=tmp_path)
+    assert against.returncode == 0, against.stdout + against.stderr
+    assert against.stderr == ""
+    report = json.loads((tmp_path / "a.json").read_text())["reports"][0]
+    assert report["verdict"] == "PASS"
+    assert report["counts"] == {"match": 2}  # net.fc's weight and bias, nothing left out
+
+
 MATMUL_SCRIPT = """\
 import torch
 torch.manual_seed(0)

@@ -397,11 +397,11 @@ def script_run_context(
 ) -> ScriptContext:
     """The context of ``python SCRIPT ARGS`` run from ``cwd`` (default: the script's folder).
 
-    A run instrument (both runs, the target's in its worker) and a context manager here.
-    ``argv[0]`` names the script from that folder, as ``cd FOLDER && python train.py`` gives it:
-    the script as the command line named it (``run sub/train.py``) is relative to the folder the
-    command runs in, so ``os.path.abspath(sys.argv[0])`` named ``sub/sub/train.py`` in the runs
-    and the files a script finds next to itself that way were missing.
+    A run instrument (both runs, the target's in its worker). ``argv[0]`` names the script from
+    that folder, as ``cd FOLDER && python train.py`` gives it: the script as the command line named
+    it (``run sub/train.py``) is relative to the folder the command runs in, so
+    ``os.path.abspath(sys.argv[0])`` named ``sub/sub/train.py`` in the runs and the files a script
+    finds next to itself that way were missing.
     """
     from neuron_workbench.run.script import ScriptContext
 
@@ -437,25 +437,6 @@ class ExitWatch:
             yield None
         finally:
             sys.exit = original
-
-
-class script_context:  # noqa: N801 - used like a function in a with-statement
-    """``sys.argv``, ``sys.path[0]`` and the working folder of ``python SCRIPT ARGS``, restored after.
-
-    The working folder is the script's own unless ``cwd`` is given.
-    """
-
-    def __init__(self, path: str | Path, args: Sequence[str] = (), cwd: str | None = None) -> None:
-        self.path = Path(path)
-        self._context = script_run_context(path, args, cwd)
-        self._active: Any = None
-
-    def __enter__(self) -> None:
-        self._active = self._context()
-        self._active.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._active.__exit__(*exc)
 
 
 def script_namespace(path: str | Path) -> dict[str, Any]:
@@ -541,8 +522,12 @@ def run_script(
     session = Session()
     try:
         # the script is __main__ for the run: pickle and multiprocessing's spawn (DataLoader
-        # workers) find its classes there, as under `python SCRIPT`
-        with context(), main_module_over(namespace):
+        # workers) find its classes there, as under `python SCRIPT`. Its argv, working folder and
+        # its folder first on sys.path are each run's alone (`context`, an instrument): set around
+        # the whole session, the workbench imported its own modules from the script's folder
+        # first, here and in the target's worker (which takes this process's sys.path), and a
+        # script's secrets.py stood in for the standard library's one NumPy's generators import
+        with context.around_runs(), main_module_over(namespace):
             result = session.run_cell(
                 source,
                 namespace,

@@ -16,6 +16,14 @@ from typing import Any
 
 import torch
 
+try:
+    # NumPy imports its generators' module on first use: first used by a run (seeding it), it was
+    # imported while a script's folder came first on sys.path, and a script's own secrets.py was
+    # taken for the one NumPy's generators import
+    import numpy.random  # noqa: F401
+except ImportError:  # torch runs without NumPy: nothing of it to seed or restore
+    pass
+
 #: The generator behind the ``random`` module's functions (``from random import shuffle``): the one
 #: whose state a run starts from and leaves, never copied.
 RANDOM_MODULE_GENERATOR = random._inst  # type: ignore[attr-defined]

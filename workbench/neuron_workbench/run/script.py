@@ -125,6 +125,24 @@ class ScriptContext:
         return {"argv": list(self.argv), "cwd": self.cwd, "folder": self.folder}
 
     @contextlib.contextmanager
+    def around_runs(self) -> Iterator[None]:
+        """The script's folder last on ``sys.path`` around its runs, put back as it was after.
+
+        What a target's worker sends back holds the script's classes by reference (``model.MLP``
+        of a ``model.py`` next to it), which loading it imports here, where no reference run may
+        have imported them (``--against``; ``record``). Last, not first as in the runs: the
+        workbench's own imports around them (NumPy's generators import ``secrets``), here and in
+        the worker (which takes this process's ``sys.path``), find their own modules, not a
+        script's ``secrets.py``.
+        """
+        saved_path = list(sys.path)
+        sys.path.append(self.folder)
+        try:
+            yield
+        finally:
+            sys.path[:] = saved_path
+
+    @contextlib.contextmanager
     def __call__(self, backend: Any = None) -> Iterator[ScriptContext]:
         """Set the context; put back the process's own on exit (the run's record is itself)."""
         saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()

@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
         check_writable,
         compile_script,
         read_script,
-        script_context,
         script_exit,
         script_namespace,
         script_run_context,
@@ -73,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     cwd = script_folder(args)
     context = script_run_context(args.script, args.script_args, cwd)
     namespace = script_namespace(args.script)  # before the run changes folder: __file__ resolves
-    with script_context(args.script, args.script_args, cwd):
+    # the script's argv, working folder and its folder first on sys.path are the run's alone (the
+    # instrument): the workbench's own imports around it do not look in the script's folder first
+    with context.around_runs():
         session = Session()
         try:
             recorded = session.record_run(
