@@ -590,6 +590,25 @@ def test_a_script_that_exits_non_zero_after_its_work_is_reported(tmp_path):
     assert (tmp_path / "r.xml").is_file()
 
 
+def test_a_script_judged_by_its_scalars_says_what_was_not_compared(tmp_path):
+    # its loss is compared; the lock at its top cannot come back from the target's worker: the
+    # line said "PASS ... 1 scalar site match", as if nothing had been left out
+    (tmp_path / "train.py").write_text(
+        "import threading\nimport torch\nlock = threading.Lock()\n"
+        "def main():\n    w = torch.ones(3, device='cuda')\n"
+        '    print(f"{(w * 2).sum().item():.3f}")\n'
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    done = cli("run", "train.py", "--json", "r.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "train.py: PASS neuron (emulated) vs cpu (as cuda) — 1 scalar site match; 1 not compared\n"
+        in done.stdout
+    )
+    report = json.loads((tmp_path / "r.json").read_text())["reports"][0]
+    assert [(o["path"], o["status"]) for o in report["outputs"]] == [("lock", "not-compared")]
+
+
 def test_a_script_that_compared_nothing_and_exited_0_is_uncompared_not_help(tmp_path):
     # (after review) any sys.exit(0) of a run that compared nothing was taken for the script's
     # --help: `sys.exit(main())` of a script keeping its work in locals printed nothing, exited 0

@@ -189,6 +189,10 @@ class Report:
                     body += f" (+{len(skipped) - 1} more)"
         elif not self.comparison.compared:  # only the observed scalars were compared
             body = self._scalars_line()
+            # as with compared outputs: the line said nothing of the ones left out (a model the
+            # target's worker could not send back), a PASS that read as a complete one
+            if self.comparison.not_compared:
+                body += f"; {len(self.comparison.not_compared)} not compared"
         else:
             assert self.comparison is not None
             compared = self.comparison.compared
