@@ -491,6 +491,34 @@ def test_a_class_from_a_module_next_to_the_script_comes_back_from_the_target(tmp
     assert report["counts"] == {"match": 2}  # net.fc's weight and bias, nothing left out
 
 
+def test_a_script_whose_class_the_command_cannot_load_leaves_its_modules_alone(tmp_path):
+    # the script puts src/ on sys.path itself: with --against no reference run did so here, and
+    # the target's model cannot be loaded (not compared); the modules the script imported were
+    # listed with it ("could not be loaded", no reason), after a walk through torch's modules that
+    # printed FutureWarnings of deprecated torch.distributed names
+    (tmp_path / "src" / "mylib").mkdir(parents=True)
+    (tmp_path / "src" / "mylib" / "__init__.py").write_text(
+        "import torch\nclass Net(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 2)\n"
+    )
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "train.py").write_text(
+        "import os, sys\n"
+        "sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'src'))\n"
+        "import torch\nfrom mylib import Net\ntorch.manual_seed(0)\n"
+        'net = Net().cuda()\nprint(f"{net.fc.weight.sum().item():.4f}")\n'
+    )
+    recorded = cli("run", "scripts/train.py", "--record", "recs", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    done = cli("run", "scripts/train.py", "--against", "recs", "--json", "a.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Warning" not in done.stderr
+    report = json.loads((tmp_path / "a.json").read_text())["reports"][0]
+    left_out = {o["path"] for o in report["outputs"] if o["status"] == "not-compared"}
+    assert not left_out & {"os", "sys", "torch"}
+
+
 MATMUL_SCRIPT = """\
 import torch
 torch.manual_seed(0)

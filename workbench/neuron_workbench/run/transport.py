@@ -1790,7 +1790,10 @@ def _children(value: Any) -> Iterator[Any]:
         yield from value.values()
     elif isinstance(value, (list, tuple, set, frozenset)):
         yield from value
-    else:
+    elif not isinstance(value, types.ModuleType):
+        # a module that loaded is this process's own (one that did not is a stand-in): its
+        # globals lead to every module torch imports, deprecated names that warn when touched,
+        # and this module's own Unloadable, so `import torch` of a script was "not loaded"
         attributes = getattr(value, "__dict__", None)
         if isinstance(attributes, dict):
             yield from attributes.values()
