@@ -173,3 +173,27 @@ def test_a_file_missed_from_the_scripts_folder_but_found_here_hints_at_cwd(
     )
     assert main([*args, "--cwd", ".", "--", "data.txt"]) == 0
     assert "hint" not in capsys.readouterr().err
+
+
+HELP_SCRIPT = """\
+import argparse
+import torch
+parser = argparse.ArgumentParser(prog="ap.py")
+parser.add_argument("--epochs", type=int, required=True)
+args = parser.parse_args()
+print(torch.ones(args.epochs, device="cuda").sum().item())
+"""
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_scripts_own_help_is_printed_and_nothing_is_recorded(
+    tmp_path, monkeypatch, capsys, flag
+):
+    # as `run SCRIPT -- --help`: the help and exit 0; an empty artifact was saved ("0 outputs")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ap.py").write_text(HELP_SCRIPT)
+    assert main(["record", "ap.py", "--backend", "neuron", "-o", "h.nwrun.zip", "--", flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ap.py [-h] --epochs EPOCHS\n")
+    assert "recorded" not in out
+    assert not (tmp_path / "h.nwrun.zip").exists()

@@ -86,9 +86,18 @@ def run(args: argparse.Namespace) -> int:
             )
         finally:
             session.close()
-    exited = script_exit(recorded)
+    from neuron_workbench.cli.commands.show import scalar_counts, scalars_phrase
+    from neuron_workbench.compare.flatten import iter_leaves
+
+    outputs = sum(1 for _ in iter_leaves(recorded.outputs))
+    # the script's own --help, which ran to its end with nothing to record: its help and exit 0,
+    # as under `run SCRIPT -- --help`; an artifact of it was saved ("0 outputs"), compared later
+    # as if it were the reference run
+    asked = any(arg in ("-h", "--help") for arg in args.script_args)
+    helped = asked and not outputs and not scalar_counts(recorded)[0]
+    exited = script_exit(recorded, exited_ok=helped)
     if exited is not None:  # argparse's usage error: the script's own message, nothing saved
-        sys.stderr.write(exited[1])
+        (sys.stdout if exited[0] == 0 else sys.stderr).write(exited[1])
         return exited[0]
     # what the script printed, before the line the command adds, as `run SCRIPT` shows it
     if not args.quiet:
@@ -107,10 +116,6 @@ def run(args: argparse.Namespace) -> int:
             if hint:
                 sys.stderr.write(hint + "\n")
         return 1
-    from neuron_workbench.cli.commands.show import scalar_counts, scalars_phrase
-    from neuron_workbench.compare.flatten import iter_leaves
-
-    outputs = sum(1 for _ in iter_leaves(recorded.outputs))
     # a training script's loss curve is what compare judges it by: "0 outputs" alone read as an
     # empty recording
     scalars = scalars_phrase(*scalar_counts(recorded))
