@@ -870,6 +870,29 @@ def test_sigterm_ends_a_script_run_with_one_line_and_exit_143(tmp_path):
     assert "Traceback" not in err
 
 
+def test_a_reader_that_went_away_ends_the_command_quietly_with_exit_141(tmp_path):
+    # `run train.py | head -1` in a CI step: the lines after the first raised BrokenPipeError,
+    # a traceback from the command and another as Python flushed its closed output at exit
+    (tmp_path / "train.py").write_text(WAITING_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neuron_workbench.cli.main", "run", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "step 0\n"
+        process.stdout.close()  # as `head -1` does once it has its line
+        (tmp_path / "go").touch()
+        err = process.stderr.read()
+        code = process.wait(timeout=300)
+    finally:
+        process.kill()
+    assert code == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 BELOW_PYTHON_SCRIPT = """\
 import ctypes, os, subprocess, sys
 import torch

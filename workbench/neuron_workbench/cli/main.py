@@ -2,7 +2,8 @@
 
 Exit codes shared by every subcommand: 0 success, 1 a comparison failed (``run``: or compared
 nothing, verdict ``UNCOMPARED``), 2 usage or input error (one line on stderr, never a traceback),
-3 ``--strict`` and ops fell back to CPU.
+3 ``--strict`` and ops fell back to CPU; 130 Ctrl-C, 143 SIGTERM, 141 the reader of the output went
+away (``| head -1``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import pkgutil
 import signal
 import sys
@@ -125,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("neuron-workbench: interrupted\n")
         return 130
+    except BrokenPipeError:
+        # the reader of the output went away (`run train.py | head -1`): a traceback said so, and
+        # another at exit, as Python flushed the closed stream; end as a shell's SIGPIPE does
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
