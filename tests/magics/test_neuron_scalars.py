@@ -223,3 +223,37 @@ def test_a_value_logged_through_logging_set_up_in_the_notebook_is_recorded_on_bo
     (site,) = report.scalars.sites
     assert (site.ref, site.target) == ([2.0], [2.0])
     assert report.target.stdout == "step 2.0\n"
+
+
+def test_a_line_logged_through_the_notebooks_handler_shows_once_with_the_kept_target(
+    ip, train_loggers, capsys
+):
+    # the kernel's handler holds the notebook's stream, not the reference run's capture: with
+    # --keep target the reference's line went straight to the notebook, then the target's was
+    # shown with its prints, and every line of the cell's training log came twice
+    run_cell(
+        ip,
+        "import logging, sys, torch\n"
+        "log = logging.getLogger('wbtest.train')\n"
+        "log.setLevel(logging.INFO)\n"
+        "log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "log.propagate = False",
+    )
+    capsys.readouterr()
+    run_cell(
+        ip,
+        "%%neuron -o r --keep target\n"
+        "loss = torch.tensor(0.25, device='cuda') * 2\n"
+        "print('before')\n"
+        "log.info('loss %.4f on %s', loss, loss.device.type)\n"
+        "print('after')",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    # the target's output alone, in the order it came; the reference's line is its run's record
+    shown = capsys.readouterr().out
+    assert shown.startswith("before\nloss 0.5000 on neuron\nafter\nPASS"), shown
+    assert report.ref.stdout == "before\nloss 0.5000 on cpu\nafter\n"
+    # between cells the handler writes where plain cells write again
+    run_cell(ip, "log.info('in a plain cell')")
+    assert capsys.readouterr().out == "in a plain cell\n"

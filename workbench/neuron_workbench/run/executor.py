@@ -612,8 +612,10 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             outside = (sys.stdout, sys.stderr)
             live = run_id is not None and run_id == spec.live_run
             captured = stack.enter_context(spec.capture(live=True) if live else spec.capture())
-            # a handler the cell makes on print's streams (logging.basicConfig) writes to this
-            # process's own once the run ends: the capture's would swallow every later message
+            # the notebook's handlers on print's streams log into the run's output, as it prints
+            logging_setup.streams_captured(outside, (sys.stdout, sys.stderr))
+            # ... and they, and a handler the cell makes there (logging.basicConfig), write to
+            # this process's own once the run ends: the capture's would swallow every later message
             stack.callback(logging_setup.streams_restored, (sys.stdout, sys.stderr), outside)
             facts = stack.enter_context(
                 cuda_remapped_to(

@@ -15,7 +15,9 @@ and the target process takes it before the run (:func:`apply`):
 
 A handler a run makes on ``print``'s streams (``logging.basicConfig`` in a ``%%neuron`` cell) is
 made on the run's capture of them; :func:`streams_restored` points it at the process's own when
-the run ends, or the kernel would write every later message into that capture, unseen.
+the run ends, or the kernel would write every later message into that capture, unseen. The
+kernel's own handlers on those streams write to a run's capture while it runs
+(:func:`streams_captured`), as its prints do: a run that is not shown shows no log line either.
 
 The ``torch`` and ``ray`` loggers are left as each process has them: torch sets them up itself
 (``TORCH_LOGS``), and the workbench's own compile instrument attaches to them during a run; so are
@@ -196,18 +198,37 @@ def _mirrored(state: dict[str, Any]) -> logging.Handler:
     return handler
 
 
+def streams_captured(streams: tuple[Any, ...], captures: tuple[Any, ...]) -> None:
+    """Handlers writing to one of ``streams`` write to ``captures`` (a run's stdout and stderr).
+
+    ``streams`` are what ``sys.stdout`` and ``sys.stderr`` were before the run, in that order. A
+    handler the notebook made in a plain cell holds the stream it was made on, not the run's
+    capture: a run not shown (the reference, with ``--keep target``) showed its log lines anyway,
+    next to the kept run's. :func:`streams_restored` points them back when the run ends.
+    """
+    for handler in _handlers():
+        if not isinstance(handler, logging.StreamHandler):
+            continue
+        for stream, capture in zip(streams, captures, strict=True):
+            if handler.stream is stream and capture is not stream:
+                handler.setStream(capture)  # type: ignore[attr-defined]
+                break
+
+
+def _handlers() -> list[logging.Handler]:
+    """Every handler of this process's loggers."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    # (in one comprehension: most of the hundreds of loggers have no handler, a placeholder none)
+    return [h for logger in loggers if getattr(logger, "handlers", None) for h in logger.handlers]
+
+
 def streams_restored(captures: tuple[Any, ...], streams: tuple[Any, ...]) -> None:
     """Handlers writing to one of ``captures`` (a run's stdout and stderr) write to ``streams``.
 
     ``streams`` are what ``sys.stdout`` and ``sys.stderr`` were before the run, in that order.
     """
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    # (in one comprehension: most of the hundreds of loggers have no handler, a placeholder none)
-    handlers = [
-        h for logger in loggers if getattr(logger, "handlers", None) for h in logger.handlers
-    ]
     captured = {id(capture) for capture in captures}
-    for handler in handlers:
+    for handler in _handlers():
         if not isinstance(handler, logging.StreamHandler) or id(handler.stream) not in captured:
             continue  # (nearly every one)
         stream = handler.stream
