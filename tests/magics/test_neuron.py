@@ -213,6 +213,23 @@ def test_bad_flag_is_a_usage_error(ip):
     assert "together" in str(result.error_in_exec)
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "%%neuron --record 'runs/a b.nwrun.zip -o r\nx = 1",
+        "%neuron_scan 'train.py",
+        '%neuron_migrate "train.py',
+    ],
+)
+def test_an_unclosed_quote_in_a_magics_line_is_one_usage_line(ip, source):
+    # IPython's splitter raised shlex's ValueError: a traceback through shlex.py, not a line
+    result = run_cell(ip, source, allow_error=True)
+    assert isinstance(result.error_in_exec, UsageError)
+    options = source.split("\n")[0].split(" ", 1)[1]
+    assert str(result.error_in_exec) == f"No closing quotation in the options: {options}"
+    assert "x" not in ip.user_ns
+
+
 def test_syntax_error_in_cell_is_a_usage_error(ip):
     result = run_cell(ip, "%%neuron\nx = (", allow_error=True)
     assert isinstance(result.error_in_exec, UsageError)

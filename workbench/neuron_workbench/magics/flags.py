@@ -8,10 +8,47 @@ notebook and in a terminal.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from typing import Any
+
 from neuron_workbench.cell.options import FLAGS, flag
 from neuron_workbench.errors import OptionError, WorkbenchUsageError
 
-__all__ = ["FLAGS", "flag", "usage_message"]
+__all__ = ["FLAGS", "flag", "parsed_line", "usage_message"]
+
+
+def parsed_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+    """The options of ``magic``'s line (IPython's ``parse_argstring``), or one usage line.
+
+    Parameters
+    ----------
+    magic : callable
+        The magic's method, decorated with IPython's ``magic_arguments``.
+    line : str
+        What follows the magic's name on its line.
+
+    Returns
+    -------
+    argparse.Namespace
+        The parsed options.
+
+    Raises
+    ------
+    UsageError
+        For an option argparse refuses, and for a line that cannot be split into words (an
+        unclosed quote: ``%%neuron --record 'runs/a b``), whose error IPython's splitter leaves
+        as a traceback through ``shlex``.
+    """
+    # (IPython is imported here: the command line, which spells its errors with this module,
+    # runs without it)
+    from IPython.core.error import UsageError
+    from IPython.core.magic_arguments import parse_argstring
+
+    try:
+        return parse_argstring(magic, line)
+    except ValueError as exc:  # shlex's "No closing quotation"
+        raise UsageError(f"{exc} in the options: {line.strip()}") from None
 
 
 def usage_message(exc: WorkbenchUsageError) -> str:

@@ -17,7 +17,7 @@ from IPython.core.magic import (
     magics_class,
     output_can_be_silenced,
 )
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.capture import capture_output
 from traitlets import Bool, Dict, Enum, Float, HasTraits, Int, List, TraitType, Unicode, default
@@ -28,7 +28,7 @@ from neuron_workbench.cell.options import MAGIC, TRAIT, Option, options_for
 from neuron_workbench.cell.session import Session
 from neuron_workbench.cell.settings import cell_options
 from neuron_workbench.errors import WorkbenchUsageError, interrupted_where
-from neuron_workbench.magics.flags import usage_message
+from neuron_workbench.magics.flags import parsed_line, usage_message
 from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
 from neuron_workbench.run.executor import capture_text
@@ -396,7 +396,7 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         # the cell's own lines, as a plain cell's does); get_ipython().InteractiveTB.skip_hidden =
         # False shows it again.
         __tracebackhide__ = True
-        args = parse_argstring(self.neuron, line)
+        args = parsed_line(self.neuron, line)
         cell_file = None
         # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)

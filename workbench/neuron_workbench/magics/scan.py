@@ -14,10 +14,10 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from neuron_workbench.errors import WorkbenchUsageError
-from neuron_workbench.magics.flags import usage_message
+from neuron_workbench.magics.flags import parsed_line, usage_message
 from neuron_workbench.scan import (
     TARGETS,
     Migration,
@@ -88,7 +88,7 @@ class ScanMagics(Magics):
             %%neuron_scan
             model = model.cuda()
         """
-        args = parse_argstring(self.neuron_scan, line)
+        args = parsed_line(self.neuron_scan, line)
         try:
             if cell is not None:
                 if args.path:
@@ -154,7 +154,7 @@ class ScanMagics(Magics):
             %%neuron_migrate --next
             x = torch.ones(3).cuda()
         """
-        args = parse_argstring(self.neuron_migrate, line)
+        args = parsed_line(self.neuron_migrate, line)
         try:
             if cell is not None or not args.path:
                 if args.write:
