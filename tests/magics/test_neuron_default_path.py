@@ -1485,6 +1485,38 @@ def test_torch_settings_of_earlier_cells_hold_in_the_worker(ip):
         torch_settings.apply(before)
 
 
+def test_warning_filters_of_earlier_cells_hold_in_the_worker(ip, capsys):
+    # The worker kept Python's filters: a warning the notebook turns into an error raised in the
+    # reference alone ("ERROR ... cpu raised UserWarning: ...", a FAIL where the cell catches
+    # it), and one the notebook silenced showed in the target's output with --keep target
+    with warnings.catch_warnings():
+        run_cell(
+            ip,
+            "import torch, warnings\n"
+            "warnings.filterwarnings('ignore', message='noisy')\n"
+            "warnings.filterwarnings('error', message='strict')\n"
+            "x = torch.ones(2)",
+        )
+        run_cell(ip, "%%neuron -o r\ny = x.cuda() * 2\nwarnings.warn('strict about it')")
+        report = _report(ip)
+        assert report.verdict == "ERROR", report.summary()
+        assert report.target.error.type == "UserWarning", report.summary()
+        _passed(
+            ip,
+            "y = x.cuda() * 2\n"
+            "try:\n"
+            "    warnings.warn('strict about it')\n"
+            "    raised = False\n"
+            "except UserWarning:\n"
+            "    raised = True",
+        )
+        assert ip.user_ns["raised"] is True
+        capsys.readouterr()
+        run_cell(ip, "%%neuron --keep target -o r\ny = x.cuda() * 2\nwarnings.warn('noisy')")
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        assert "noisy" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("where", ["plain cell", "%%neuron cell"])
 def test_a_matmul_precision_of_highest_the_notebook_sets_holds_on_tpu(ip, fresh_tpu_worker, where):
     # The report's hint for a TPU's one-pass bf16 matmuls is torch.set_float32_matmul_precision(

@@ -71,7 +71,7 @@ class SlotExecutor:
         process) while a :attr:`concurrent` slot runs; :meth:`PendingRun.result` waits for the
         answer.
         """
-        from neuron_workbench.run import logging_setup, torch_settings
+        from neuron_workbench.run import logging_setup, torch_settings, warning_filters
 
         worker = self.pool.get(backend.name)
         worker.ensure_started()
@@ -122,6 +122,8 @@ class SlotExecutor:
             "default_device": getattr(spec, "default_device", None),
             # logging.basicConfig in a plain cell: the message a run logs is formatted there too
             "logging": logging_setup.current(),
+            # warnings.filterwarnings("error") in a plain cell: a warning raises there too
+            "warnings": warning_filters.current(),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])

@@ -375,7 +375,7 @@ def _run_request(
     defined: Collection[Any] = (),
     printed: str | None = None,
 ) -> Packed:
-    from neuron_workbench.run import logging_setup, torch_settings
+    from neuron_workbench.run import logging_setup, torch_settings, warning_filters
     from neuron_workbench.run.executor import RunSpec, capture_text, execute, what_if_policy
     from neuron_workbench.run.library_state import (
         apply_module_hooks,
@@ -414,6 +414,7 @@ def _run_request(
     apply_module_hooks(request.get("module_hooks"))
     torch_settings.apply(request.get("torch_settings"))
     logging_setup.apply(request.get("logging"))
+    warning_filters.apply(request.get("warnings"))
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:
