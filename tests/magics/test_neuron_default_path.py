@@ -1517,6 +1517,32 @@ def test_warning_filters_of_earlier_cells_hold_in_the_worker(ip, capsys):
         assert "noisy" not in capsys.readouterr().err
 
 
+def test_numpy_settings_of_earlier_cells_hold_in_the_worker(ip):
+    # The worker kept NumPy's defaults: after np.seterr(all="raise") a division by zero raised in
+    # the reference alone ("ERROR ... cpu raised FloatingPointError"), and a string made of an
+    # array after np.set_printoptions(precision=2) differed ("t '[1.12 2.5 ]' != '[1.123456 ...")
+    with np.errstate(), np.printoptions():
+        run_cell(
+            ip,
+            "import numpy as np, torch\n"
+            "np.seterr(all='raise')\n"
+            "np.set_printoptions(precision=2, formatter={'int': lambda v: f'<{v}>'})\n"
+            "x = torch.tensor([1.123456, 2.5])",
+        )
+        report = _passed(
+            ip,
+            "y = x.cuda() * 1\n"
+            "t = f'{y.cpu().numpy()} {np.arange(2)}'\n"
+            "try:\n"
+            "    np.array([1.0]) / 0.0\n"
+            "    raised = False\n"
+            "except FloatingPointError:\n"
+            "    raised = True",
+        )
+        assert report.target.outputs["t"] == "[1.12 2.5 ] [<0> <1>]"
+        assert ip.user_ns["raised"] is True
+
+
 @pytest.mark.parametrize("where", ["plain cell", "%%neuron cell"])
 def test_a_matmul_precision_of_highest_the_notebook_sets_holds_on_tpu(ip, fresh_tpu_worker, where):
     # The report's hint for a TPU's one-pass bf16 matmuls is torch.set_float32_matmul_precision(

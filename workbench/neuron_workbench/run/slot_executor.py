@@ -71,7 +71,12 @@ class SlotExecutor:
         process) while a :attr:`concurrent` slot runs; :meth:`PendingRun.result` waits for the
         answer.
         """
-        from neuron_workbench.run import logging_setup, torch_settings, warning_filters
+        from neuron_workbench.run import (
+            logging_setup,
+            numpy_settings,
+            torch_settings,
+            warning_filters,
+        )
 
         worker = self.pool.get(backend.name)
         worker.ensure_started()
@@ -124,6 +129,8 @@ class SlotExecutor:
             "logging": logging_setup.current(),
             # warnings.filterwarnings("error") in a plain cell: a warning raises there too
             "warnings": warning_filters.current(),
+            # np.seterr(all="raise"), np.set_printoptions(precision=2) in a plain cell
+            "numpy_settings": numpy_settings.current(),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])

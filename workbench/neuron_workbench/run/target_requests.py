@@ -375,7 +375,12 @@ def _run_request(
     defined: Collection[Any] = (),
     printed: str | None = None,
 ) -> Packed:
-    from neuron_workbench.run import logging_setup, torch_settings, warning_filters
+    from neuron_workbench.run import (
+        logging_setup,
+        numpy_settings,
+        torch_settings,
+        warning_filters,
+    )
     from neuron_workbench.run.executor import RunSpec, capture_text, execute, what_if_policy
     from neuron_workbench.run.library_state import (
         apply_module_hooks,
@@ -415,6 +420,7 @@ def _run_request(
     torch_settings.apply(request.get("torch_settings"))
     logging_setup.apply(request.get("logging"))
     warning_filters.apply(request.get("warnings"))
+    numpy_settings.apply(request.get("numpy_settings"))
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:
