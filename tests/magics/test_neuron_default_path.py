@@ -1543,6 +1543,22 @@ def test_numpy_settings_of_earlier_cells_hold_in_the_worker(ip):
         assert ip.user_ns["raised"] is True
 
 
+def test_pandas_options_of_earlier_cells_hold_in_the_worker(ip):
+    # The worker kept pandas' defaults: a string the cell made of a DataFrame after
+    # pd.set_option("display.precision", 2) differed ("s '      a\n0  1.12' != '          a\n0
+    # 1.123456'")
+    pd = pytest.importorskip("pandas")
+    with pd.option_context("display.precision", 6):
+        run_cell(
+            ip,
+            "import pandas as pd, torch\n"
+            "pd.set_option('display.precision', 2)\n"
+            "df = pd.DataFrame({'a': [1.123456, 2.5]})",
+        )
+        report = _passed(ip, "y = torch.tensor(df['a'].to_numpy(), device='cuda')\ns = str(df)")
+        assert report.target.outputs["s"] == "      a\n0  1.12\n1  2.50"
+
+
 @pytest.mark.parametrize("where", ["plain cell", "%%neuron cell"])
 def test_a_matmul_precision_of_highest_the_notebook_sets_holds_on_tpu(ip, fresh_tpu_worker, where):
     # The report's hint for a TPU's one-pass bf16 matmuls is torch.set_float32_matmul_precision(

@@ -74,6 +74,7 @@ class SlotExecutor:
         from neuron_workbench.run import (
             logging_setup,
             numpy_settings,
+            pandas_settings,
             torch_settings,
             warning_filters,
         )
@@ -131,6 +132,8 @@ class SlotExecutor:
             "warnings": warning_filters.current(),
             # np.seterr(all="raise"), np.set_printoptions(precision=2) in a plain cell
             "numpy_settings": numpy_settings.current(),
+            # pd.set_option("display.precision", 2)
+            "pandas_options": pandas_settings.current(),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])

@@ -378,6 +378,7 @@ def _run_request(
     from neuron_workbench.run import (
         logging_setup,
         numpy_settings,
+        pandas_settings,
         torch_settings,
         warning_filters,
     )
@@ -421,6 +422,7 @@ def _run_request(
     logging_setup.apply(request.get("logging"))
     warning_filters.apply(request.get("warnings"))
     numpy_settings.apply(request.get("numpy_settings"))
+    pandas_settings.apply(request.get("pandas_options"))
     resident = ResidentObjects()
     for name in request["force"]:
         if name in namespace:
