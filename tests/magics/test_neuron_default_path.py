@@ -3357,6 +3357,41 @@ def test_the_kept_runs_output_shows_as_it_comes_and_once(ip, capsys, monkeypatch
     assert "".join(printed).count("step") == 2  # once: the target's copy is not shown
 
 
+def test_the_kept_targets_output_shows_in_the_order_it_came(ip):
+    # With --keep target the worker's output was shown as all it printed, then all it wrote to
+    # stderr: a warning, or a progress bar's lines, came after every epoch's line
+    import io
+
+    run_cell(ip, "import os, sys, warnings, torch\nx = torch.ones(2)")
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(shown):
+        run_cell(
+            ip,
+            "%%neuron --keep target -o r\n"
+            "for epoch in range(2):\n"
+            "    y = x.cuda() * epoch\n"
+            "    print('epoch', epoch, y.device.type)\n"
+            "    print('  loss', float(y.sum()), file=sys.stderr)\n"
+            "warnings.warn('done training')\n"
+            "os.system('echo evaluated')\n"
+            "print('saved')",
+        )
+    assert _report(ip).verdict == "PASS", _report(ip).summary()
+    lines = shown.getvalue().splitlines()
+    # (the warning names the cell as this session compiled it: <neuron-cell-N>:6)
+    lines[4] = re.sub(r"^<neuron-cell-\d+>", "<cell>", lines[4])
+    assert lines[:8] == [
+        "epoch 0 neuron",
+        "  loss 0.0",
+        "epoch 1 neuron",
+        "  loss 2.0",
+        "<cell>:6: UserWarning: done training",
+        "  warnings.warn('done training')",
+        "evaluated",
+        "saved",
+    ], lines
+
+
 def test_a_crash_after_a_cell_enabled_faulthandler_still_names_its_line(ip):
     # faulthandler.enable() in a cell moved the worker's crash report to its stderr for the rest of
     # its life: a later cell that crashed the worker no longer named its line

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import itertools
 import os
 import random
 import re
@@ -103,10 +104,21 @@ class CapturedStream(io.TextIOWrapper):
         The file the process's fd of the same stream points at meanwhile (a target process's run):
         what the run writes below Python (``os.system``, a subprocess, C code) joins this record
         where it came.
+    turns : _Turns, optional
+        Shared with the other stream's capture: the order the two were written in.
     """
 
-    def __init__(self, real: str, shown: Any = None, below: FdFile | None = None) -> None:
-        kept = _KeptBytes(below) if shown is None else _ShownBytes(shown, below)
+    def __init__(
+        self,
+        real: str,
+        shown: Any = None,
+        below: FdFile | None = None,
+        turns: _Turns | None = None,
+    ) -> None:
+        if shown is None:
+            kept = _KeptBytes(below, real, turns)
+        else:
+            kept = _ShownBytes(shown, below, real, turns)
         super().__init__(
             kept, encoding="utf-8", errors="surrogatepass", newline="", write_through=True
         )
@@ -129,10 +141,21 @@ class CapturedStream(io.TextIOWrapper):
             encoding, errors = self.encoding, self.errors or "strict"
         except ValueError:  # detached
             encoding, errors = "utf-8", "surrogatepass"
-        try:  # as written (a script may reconfigure() the encoding)
-            return data.decode(encoding, errors=errors)
-        except UnicodeDecodeError:  # bytes of another encoding through .buffer: shown, escaped
-            return data.decode(encoding, errors="backslashreplace")
+        return _decoded(data, encoding, errors)
+
+    def pieces(self, cuts: list[int]) -> list[str]:
+        """:meth:`getvalue`'s text cut at ``cuts``, offsets in its bytes (``len(cuts) + 1`` pieces)."""
+        with contextlib.suppress(ValueError):  # closed or detached: everything is in the bytes
+            self.flush()
+        data = self._kept.merged()
+        cuts = [0, *cuts, len(data)]
+        try:
+            encoding, errors = self.encoding, self.errors or "strict"
+        except ValueError:  # detached
+            encoding, errors = "utf-8", "surrogatepass"
+        return [
+            _decoded(data[start:end], encoding, errors) for start, end in itertools.pairwise(cuts)
+        ]
 
     def fileno(self) -> int:
         """The descriptor of the stream this one replaced, as plain code has it.
@@ -156,6 +179,14 @@ class CapturedStream(io.TextIOWrapper):
         # A value holding the stream (a tqdm bar, a logging handler) is sent back from a worker
         # and copied between runs: as a StringIO of the same text, as the capture was before
         return (text_copy, (self.getvalue(),))
+
+
+def _decoded(data: bytes, encoding: str, errors: str) -> str:
+    """``data`` as text, as written (a script may ``reconfigure()`` the encoding)."""
+    try:
+        return data.decode(encoding, errors=errors)
+    except UnicodeDecodeError:  # bytes of another encoding through .buffer: shown, escaped
+        return data.decode(encoding, errors="backslashreplace")
 
 
 def _streams_to_fds_in_forked_child() -> None:
@@ -187,14 +218,52 @@ def text_copy(text: str) -> io.StringIO:
     return stream
 
 
+class _Turns:
+    """The order a run's two captured streams were written in, for its output to show in it.
+
+    Attributes
+    ----------
+    names : list of str
+        The stream of each piece, in order: a piece is what one stream got until the other was
+        written to.
+    cuts : dict
+        For each stream, where its pieces end in its record's bytes (what reached its fd until
+        then included); its last piece ends with the record.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.cuts: dict[str, list[int]] = {"stdout": [], "stderr": []}
+        self._last: _KeptBytes | None = None
+
+    def wrote(self, kept: _KeptBytes) -> None:
+        """``kept``'s stream is about to be written to."""
+        if kept is self._last:
+            return
+        if self._last is not None:
+            self.cuts[self._last.name].append(self._last.merged_end())
+        self.names.append(kept.name)
+        self._last = kept
+
+
 class _KeptBytes(io.BytesIO):
     """A captured stream's bytes, which closing the stream over them does not lose."""
 
-    def __init__(self, below: FdFile | None = None) -> None:
+    def __init__(
+        self,
+        below: FdFile | None = None,
+        name: str = "",
+        turns: _Turns | None = None,
+    ) -> None:
         super().__init__()
         self._below = below
+        #: Which stream these are the bytes of (``"stdout"``, ``"stderr"``).
+        self.name = name
+        self._turns = turns
 
     def write(self, data: Any) -> int:
+        if self._turns is not None:
+            self._turns.wrote(self)
         if self._below is not None:  # what reached the fd before these bytes comes before them
             self._below.mark(self.tell())
         return super().write(data)
@@ -208,6 +277,12 @@ class _KeptBytes(io.BytesIO):
         data = self.getvalue()
         return data if self._below is None else self._below.merged(data)
 
+    def merged_end(self) -> int:
+        """Where :meth:`merged`'s bytes so far end: what reached the fd until now included."""
+        if self._below is None:
+            return self.tell()
+        return self._below.marked_end(self.tell())
+
     def close(self) -> None:
         """Nothing: the run's record reads the bytes after the run."""
 
@@ -215,8 +290,14 @@ class _KeptBytes(io.BytesIO):
 class _ShownBytes(_KeptBytes):
     """A captured stream's bytes, also written as they come to ``shown`` (a text stream)."""
 
-    def __init__(self, shown: Any, below: FdFile | None = None) -> None:
-        super().__init__(below)
+    def __init__(
+        self,
+        shown: Any,
+        below: FdFile | None = None,
+        name: str = "",
+        turns: _Turns | None = None,
+    ) -> None:
+        super().__init__(below, name, turns)
         self._shown = shown
         # a character's bytes split over two writes (through .buffer) show once it is whole
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -239,8 +320,9 @@ class _StringCapture:
         #: Whether the run's output was shown as it came (:meth:`show` shows nothing then).
         self.live = live
         out_below, err_below = below if below is not None else (None, None)
-        self._out = CapturedStream("stdout", sys.stdout if live else None, out_below)
-        self._err = CapturedStream("stderr", sys.stderr if live else None, err_below)
+        self._turns = _Turns()
+        self._out = CapturedStream("stdout", sys.stdout if live else None, out_below, self._turns)
+        self._err = CapturedStream("stderr", sys.stderr if live else None, err_below, self._turns)
         self._out.replaced, self._err.replaced = sys.stdout, sys.stderr
 
     @property
@@ -250,6 +332,21 @@ class _StringCapture:
     @property
     def stderr(self) -> str:
         return self._err.getvalue()
+
+    @property
+    def order(self) -> list[tuple[str, int]]:
+        """:attr:`stdout` and :attr:`stderr` as ``(stream, characters)`` pieces, as they came.
+
+        What reached a stream's fd while the other stream was written to shows at the start of
+        its next piece; what only reached its fd (``os.system``'s output, no ``print``) comes last.
+        """
+        streams = {"stdout": self._out, "stderr": self._err}
+        pieces = {
+            name: iter(stream.pieces(self._turns.cuts[name])) for name, stream in streams.items()
+        }
+        order = [(name, len(next(pieces[name]))) for name in self._turns.names]
+        order += [(name, len(rest)) for name in streams for rest in pieces[name]]
+        return [(name, count) for name, count in order if count]
 
     def show(self) -> None:
         if not self.live:
@@ -711,6 +808,8 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
     run.shared_names = shared
     if captured is not None:
         run.stdout, run.stderr = captured.stdout, captured.stderr
+        # (IPython's capture, the magic's, shows its run's output itself: it keeps no order)
+        run.printed_order = getattr(captured, "order", [])
         spec.captured[run_id or backend.name] = captured
     return run
 

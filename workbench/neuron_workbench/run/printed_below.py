@@ -103,6 +103,14 @@ class FdFile:
         with contextlib.suppress(OSError):
             _os_unlink(self.path)
 
+    def marked_end(self, python_bytes: int) -> int:
+        """Where :meth:`merged`'s bytes end when Python's record holds ``python_bytes``.
+
+        What reached the fd until now is noted (as by :meth:`mark`) and counted in.
+        """
+        self.mark(python_bytes)
+        return python_bytes + self._size
+
     def merged(self, python: bytes) -> bytes:
         """``python`` (the run's Python-level bytes) with this fd's bytes where they came."""
         below = self._data or b""

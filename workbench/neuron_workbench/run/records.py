@@ -362,6 +362,10 @@ class Run:
     last_value: Any = field(default=None, repr=False)
     stdout: str = ""
     stderr: str = ""
+    #: The order ``stdout`` and ``stderr`` came in, as ``(stream, characters)`` pieces of each in
+    #: turn (``[("stdout", 6), ("stderr", 30), ("stdout", 6)]``: a warning between two prints);
+    #: empty where the capture did not keep it.
+    printed_order: list[tuple[str, int]] = field(default_factory=list)
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
     memory: MemoryStats = field(default_factory=MemoryStats)
     wall_time_s: float | None = None

@@ -165,7 +165,7 @@ class SlotExecutor:
         run: Run = value["run"]
         if answer.stood_in:
             _not_loadable_here(run, target)
-        spec.captured[run_id] = _Printed(run.stdout, run.stderr)
+        spec.captured[run_id] = _Printed(run.stdout, run.stderr, run.printed_order)
         for record in run.extras.values():
             if getattr(record, "held", ""):  # evidence the slot kept: fetched if a failure asks
                 record.fetch_copies_with(
@@ -252,12 +252,29 @@ def _not_loadable_here(run: Run, target: str) -> None:
 
 
 class _Printed:
-    """What a worker run printed, replayable in the kernel."""
+    """What a worker run printed, replayable in the kernel.
 
-    def __init__(self, stdout: str, stderr: str) -> None:
+    ``order`` (:attr:`~.records.Run.printed_order`) interleaves the two streams as they came: a
+    warning between two prints, a progress bar's lines among the epochs' (``--keep target``).
+    Without it (a worker that died) the standard output comes first.
+    """
+
+    def __init__(self, stdout: str, stderr: str, order: list[tuple[str, int]] = ()) -> None:
         self.stdout = stdout
         self.stderr = stderr
+        texts = {"stdout": stdout, "stderr": stderr}
+        counted = {name: sum(n for each, n in order if each == name) for name in texts}
+        # pieces that do not add up to the texts (bytes of another encoding) are not used
+        self.order = list(order) if counted == {n: len(t) for n, t in texts.items()} else []
 
     def show(self) -> None:
-        sys.stdout.write(self.stdout)
-        sys.stderr.write(self.stderr)
+        if not self.order:
+            sys.stdout.write(self.stdout)
+            sys.stderr.write(self.stderr)
+            return
+        shown = {"stdout": 0, "stderr": 0}
+        for name, count in self.order:
+            stream = getattr(sys, name)
+            stream.write(getattr(self, name)[shown[name] : shown[name] + count])
+            stream.flush()  # (a kernel's streams each send on their own: the order would go)
+            shown[name] += count
