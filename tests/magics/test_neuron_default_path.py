@@ -3297,6 +3297,25 @@ def test_an_interrupt_in_the_reference_run_shows_the_cells_lines_and_says_where(
     assert _report(ip).verdict == "PASS"
 
 
+def test_an_interrupt_in_the_float64_oracles_rerun_leaves_the_random_state_as_it_was(ip):
+    # The reference had drawn from the notebook's generator: interrupted while the oracle reran
+    # the failing cell, no run was kept but the draws stayed, and the cell run again drew others
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nbefore = torch.get_rng_state()")
+    with pytest.raises(KeyboardInterrupt) as caught:
+        ip.run_cell_magic(
+            "neuron",
+            "",
+            "a = torch.randn(100, device='cuda')\n"
+            # float64 is float32 on neuron: a FAIL, which the float64 oracle reruns
+            "x = torch.randn(1000, dtype=torch.float64, device='cuda').mul(1e3).cumsum(0)\n"
+            "if a.dtype == torch.float64:  # in the oracle's rerun alone\n"
+            "    raise KeyboardInterrupt\n",
+        )
+    assert "during the float64 oracle's rerun" in str(caught.value)
+    assert torch.equal(torch.get_rng_state(), ip.user_ns["before"])
+    assert "a" not in ip.user_ns
+
+
 def test_an_interrupt_while_the_target_runs_in_its_worker_says_so_in_one_line(ip):
     import signal
     import threading

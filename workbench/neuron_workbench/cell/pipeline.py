@@ -288,22 +288,26 @@ def compare_cell(
     compared = []
     # a recorded reference ran from another namespace: nothing of this one stands for it
     before = namespace if reference is None else None
-    for run in target_runs:
-        comparison, layers = compare_runs(
-            ref_run, run, policy, unchanged=before, ref_flattened=ref_flattened
-        )
-        budget = None
-        if reference is None:
-            budget = precision_budget(
-                spec, ref_backend, ref_run, run, comparison, options.judge, oracle, layers
+    try:
+        for run in target_runs:
+            comparison, layers = compare_runs(
+                ref_run, run, policy, unchanged=before, ref_flattened=ref_flattened
             )
-        compared.append((run, comparison, layers, budget))
-    # --compile-check: the cell once more with torch.compile off, before anything is committed
-    eager = (
-        _compile_check(spec, ref_backend, executor, target_backend, options, program.source)
-        if options.compile_check
-        else None
-    )
+            budget = None
+            if reference is None:
+                budget = precision_budget(
+                    spec, ref_backend, ref_run, run, comparison, options.judge, oracle, layers
+                )
+            compared.append((run, comparison, layers, budget))
+        # --compile-check: the cell once more with torch.compile off, before anything is committed
+        eager = (
+            _compile_check(spec, ref_backend, executor, target_backend, options, program.source)
+            if options.compile_check
+            else None
+        )
+    except BaseException:  # an interrupt during the oracle's rerun: nothing is committed
+        _random_state_as_it_was(spec)
+        raise
     last_value = None
     sets_default_device, default_device_set = False, None
     # A cell that raised on any run, a further target's included, leaves the namespace as it was,
