@@ -413,6 +413,32 @@ def test_a_notebook_class_counter_counts_a_failing_cell_once(ip):
         assert (ip.user_ns["Cnt"].n, ip.user_ns["Cnt"].last) == (count, count)
 
 
+def test_a_notebook_class_counter_counts_a_cell_that_keeps_the_target(ip):
+    # With --keep target the reference's `Cnt.n += 1` was put back (its run is not kept) and the
+    # target's changed the worker's copy of the class, which never comes back: the cell counted
+    # nothing (plain code gives 1, then 2)
+    # (seeded: a few draws of the failing cell below pass float64's tolerance on neuron)
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nclass Cnt:\n    n = 0")
+    for count in (1, 2):
+        run_cell(
+            ip,
+            "%%neuron --keep target -o r\n"
+            "y = torch.ones(2, device='cuda') * Cnt.n\n"
+            "Cnt.n += 1\nCnt.last = Cnt.n",
+        )
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        assert (ip.user_ns["Cnt"].n, ip.user_ns["Cnt"].last) == (count, count)
+    # a failing cell's float64 oracle reruns it here and still counts nothing more
+    run_cell(
+        ip,
+        "%%neuron --keep target -o r\n"
+        "x = torch.randn(1000, dtype=torch.float64, device='cuda').mul(1e3).cumsum(0)\n"
+        "Cnt.n += 1",
+    )
+    assert _report(ip).verdict == "FAIL", _report(ip).summary()
+    assert ip.user_ns["Cnt"].n == 3
+
+
 def test_tied_weights_and_the_optimizer_stay_attached_in_the_worker(ip):
     run_cell(
         ip,

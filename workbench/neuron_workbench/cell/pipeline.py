@@ -215,6 +215,15 @@ def compare_cell(
         # ... and whose output the front end shows as it comes (``capture(live=True)``), when the
         # front end's capture can (the magic's) and that run is here
         live_run=kept_run if live_output and reference is None else None,
+        # a kept target in another process changes its own copies of the notebook's classes,
+        # which never come back: the reference's changes are the cell's here
+        classes_run=(
+            "ref"
+            if kept_run == "target"
+            and reference is None
+            and not isinstance(executor, InProcessExecutor)
+            else None
+        ),
         default_device=default_device,
         torch_settings=torch_settings.current(),
         # what the temporary folder held before any run: the same for all of them (a run in a

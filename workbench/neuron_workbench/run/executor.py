@@ -458,6 +458,7 @@ class RunSpec:
         notebook_temp: frozenset[str] | None = None,
         restore_namespace: bool = True,
         live_run: str | None = None,
+        classes_run: str | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -486,6 +487,11 @@ class RunSpec:
         #: the cell keeps its writes apart (:mod:`~neuron_workbench.run.file_writes`). None: a
         #: single run, which writes as any code does.
         self.kept_run = kept_run
+        #: The run whose changes to the notebook's classes stay (``C.count += 1``: a class is no
+        #: copy, each run in this process changes the notebook's own); every other run's are put
+        #: back when it ends. None: :attr:`kept_run`'s. The reference's where the kept target
+        #: runs in another process, whose classes never come back.
+        self.classes_run = classes_run if classes_run is not None else kept_run
         #: What ``torch.set_default_device`` set in the notebook before the cell (None: unset). A
         #: ``cuda`` default is each run's device for the run (the kernel itself keeps none meanwhile:
         #: see :func:`notebook_default_device_suspended`).
@@ -528,6 +534,10 @@ class RunSpec:
     def keeps_writes_apart(self, run_id: str | None) -> bool:
         """Whether the run ``run_id`` of this cell must keep the files it writes apart."""
         return self.kept_run is not None and run_id != self.kept_run
+
+    def keeps_classes_apart(self, run_id: str | None) -> bool:
+        """Whether the changes run ``run_id`` makes to the notebook's classes are put back."""
+        return self.classes_run is not None and run_id != self.classes_run
 
 
 #: IPython's input history, which a target process is sent only where the cell names it.
@@ -621,8 +631,8 @@ def _run_named(run_id: str | None) -> str:
 def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> Run:
     ns = spec.namespace
     saved = dict(ns)
-    # a run that is not kept: its file writes, the notebook's open files and bars, and its changes
-    # to the notebook's classes are kept apart from the notebook's
+    # a run that is not kept: its file writes and the notebook's open files and bars are kept
+    # apart from the notebook's (and its changes to the notebook's classes, see classes_run)
     apart = spec.keeps_writes_apart(run_id)
     default_device = _default_device_setting()
     run_default = _run_default_device(spec.default_device, backend)
@@ -699,7 +709,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             writes = (
                 stack.enter_context(writes_kept_apart(ns, spec.notebook_temp)) if apart else None
             )
-            if apart:
+            if spec.keeps_classes_apart(run_id):
                 stack.enter_context(class_attributes_kept(ns))
             temp_names = stack.enter_context(tempfile_names_drawn())
             recording = stack.enter_context(backend.fallback_recording())
