@@ -176,6 +176,23 @@ def test_raise_on_both_backends(ip):
     assert after == before and ip.user_ns["z"] == 1
 
 
+def test_an_error_whose_message_cannot_be_made_is_an_error_report(ip):
+    # str() of the cell's exception raised in turn: a traceback through the workbench's records
+    # instead of the ERROR report (Python's own traceback says "<exception str() failed>")
+    run_cell(
+        ip,
+        "import torch\n"
+        "class ShapeError(Exception):\n"
+        "    def __str__(self):\n"
+        "        return f'expected {self.expected}'  # never set: its __str__ fails\n",
+    )
+    run_cell(ip, "%%neuron -o r\ny = torch.ones(2, device='cuda')\nraise ShapeError()")
+    report = report_of(ip)
+    assert report.verdict == "ERROR"
+    assert report.summary().count("raised ShapeError: <exception str() failed> (cell line 3)") == 2
+    assert "y" not in ip.user_ns
+
+
 def test_keyboard_interrupt_leaves_namespace_unchanged(ip):
     run_cell(ip, "import torch\nmodel_state = torch.ones(2)")
     before = user_ns_snapshot(ip)

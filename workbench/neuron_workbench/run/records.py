@@ -60,7 +60,11 @@ class RunError:
             code, frame_lineno = innermost
             function = getattr(code, "co_qualname", code.co_name)
             site = {"file": code.co_filename, "line": frame_lineno, "function": function}
-        return cls(type(exc).__name__, str(exc), lineno, line, site)
+        try:
+            message = str(exc)
+        except Exception:  # its __str__ failed: said as Python's own traceback says it
+            message = "<exception str() failed>"
+        return cls(type(exc).__name__, message, lineno, line, site)
 
     @property
     def raised_in(self) -> str:
