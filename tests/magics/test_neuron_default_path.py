@@ -401,7 +401,8 @@ def test_a_csv_writer_the_notebook_made_is_refused_with_the_way_that_works(ip, t
 def test_a_notebook_class_counter_counts_a_failing_cell_once(ip):
     # The float64 oracle reruns a failing cell in the kernel, and a class is no copy: `Cnt.n += 1`
     # counted twice (after two failing cells Cnt.n was 4; plain code gives 2).
-    run_cell(ip, "import torch\nclass Cnt:\n    n = 0")
+    # (seeded: a few draws of the cell pass float64's tolerance on neuron: 1 in 25 passed)
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nclass Cnt:\n    n = 0")
     cell = (
         "%%neuron -o r\n"
         "x = torch.randn(1000, dtype=torch.float64, device='cuda').mul(1e3).cumsum(0)\n"
