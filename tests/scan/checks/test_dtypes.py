@@ -11,12 +11,17 @@ CASES = {
             "import torch\nx = torch.zeros(2, dtype=torch.float64)",
             "import torch\ntorch.set_default_dtype(torch.double)",
             "y = x.double()",
+            'import torch\nx = torch.zeros(2, dtype=torch.float64, device="cuda")',
+            "import torch\nx = torch.zeros(2, dtype=torch.float64, device=dev)",
         ],
         [
             "import numpy as np\nx = np.float64(1)",
             "import torch\nx = torch.zeros(2)",
             "y = x.double(2)",
             "double = 2.0",
+            # made on the CPU, where float64 stays float64 (a metric kept in double on the host)
+            'import torch\nx = torch.zeros(2, dtype=torch.float64, device="cpu")',
+            'import torch\nx = torch.zeros(2, device=torch.device("cpu"), dtype=torch.double)',
         ],
     ),
     "NW182": (

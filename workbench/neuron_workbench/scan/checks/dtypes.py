@@ -66,9 +66,32 @@ def _call(scan: Scan, node: ast.Call) -> None:
         scan.report(NW182, node, f"`{qn}` creates a complex tensor")
 
 
+def _made_on_the_cpu(scan: Scan, node: ast.AST) -> bool:
+    """Whether ``node`` is the ``dtype=`` of a call that names the CPU as its device.
+
+    ``torch.zeros(2, dtype=torch.float64, device="cpu")`` stays on the host, where float64 is
+    float64: the port leaves it alone.
+    """
+    keyword = scan.parents.get(id(node))
+    call = scan.parents.get(id(keyword)) if isinstance(keyword, ast.keyword) else None
+    if not (isinstance(keyword, ast.keyword) and keyword.arg == "dtype"):
+        return False
+    if not isinstance(call, ast.Call):
+        return False
+    for each in call.keywords:
+        if each.arg != "device":
+            continue
+        value = each.value
+        if isinstance(value, ast.Call) and scan.qn(value.func) == "torch.device" and value.args:
+            value = value.args[0]  # device=torch.device("cpu")
+        return isinstance(value, ast.Constant) and value.value == "cpu"
+    return False
+
+
 def _torch_name(scan: Scan, node: ast.Attribute | ast.Name, qn: str, called: bool) -> None:
     if qn in _FLOAT64:
-        scan.report(NW180, node, f"`{qn}` is computed as float32 on neuron")
+        if not _made_on_the_cpu(scan, node):
+            scan.report(NW180, node, f"`{qn}` is computed as float32 on neuron")
     elif qn in _COMPLEX:
         scan.report(NW182, node, f"`{qn}`: complex dtypes are not supported on neuron")
     elif qn.startswith("torch.fft.") and called:
