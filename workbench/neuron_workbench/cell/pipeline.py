@@ -58,7 +58,7 @@ from neuron_workbench.run.executor import (
 )
 from neuron_workbench.run.file_writes import tempfile_names
 from neuron_workbench.run.random_state import restore_random_state
-from neuron_workbench.run.records import COMPILED_DRAW, recorded
+from neuron_workbench.run.records import COMPILED_DRAW, compiled_draws, recorded
 from neuron_workbench.run.transport import answers_set_classes
 
 if TYPE_CHECKING:
@@ -630,13 +630,13 @@ def precision_budget(
         ]
         if not paths:
             return None
-    compiled_draws = [op for op in ref.facts.random_ops if op.endswith(COMPILED_DRAW)]
-    if compiled_draws:
+    in_graphs = compiled_draws(ref.facts)
+    if in_graphs:
         # The oracle draws the reference's numbers again only where the mode sees them: measured
         # against other numbers (a compiled dropout's mask), R read a mask difference as rounding.
         return Budget(
             oracle_error="the reference drew random numbers inside compiled graphs "
-            f"({', '.join(compiled_draws)}) with the compiler's own generator, which the float64 "
+            f"({', '.join(in_graphs)}) with the compiler's own generator, which the float64 "
             "oracle cannot draw again: outputs were judged by tolerance"
         )
     try:

@@ -21,7 +21,7 @@ from neuron_workbench.compare import OutputDiff
 from neuron_workbench.compare.flatten import iter_leaves
 from neuron_workbench.compare.tolerances import TolerancePolicy
 from neuron_workbench.run.custom_ops import defined_by_notebook, defining_module
-from neuron_workbench.run.records import COMPILED_DRAW, Run, recorded, same_random_numbers
+from neuron_workbench.run.records import Run, compiled_draws, recorded, same_random_numbers
 
 _FLOAT64 = ("float64", "complex128")
 _INT64 = ("int64",)
@@ -518,13 +518,13 @@ def hints_for(
         )
     drew = sorted(set(ref.facts.random_ops) | set(target.facts.random_ops))
     # --rng cpu shares the draws the mode sees, not those inside compiled graphs
-    compiled_draws = any(op.endswith(COMPILED_DRAW) for op in drew)
+    in_graphs = bool(compiled_draws(ref.facts, target.facts))
     rng_on_cpu = ref.facts.rng_on_cpu and target.facts.rng_on_cpu
-    if evidence.same_random is not True and (compiled_draws or not rng_on_cpu):
+    if evidence.same_random is not True and (in_graphs or not rng_on_cpu):
         if drew:
             seen = "differed" if evidence.same_random is False else "cannot be compared"
             dropout = ref.facts.dropout_in_training or target.facts.dropout_in_training
-            if compiled_draws:
+            if in_graphs:
                 way_out = (
                     f"{'call model.eval() for a comparison; ' if dropout else ''}inside a "
                     "compiled graph the compiler draws them with its own generator, which "

@@ -298,6 +298,11 @@ MAX_DRAWS = 256
 COMPILED_DRAW = " (compiled)"
 
 
+def compiled_draws(*runs: RunFacts) -> list[str]:
+    """The random functions the runs called inside compiled graphs (:data:`COMPILED_DRAW`)."""
+    return sorted({op for facts in runs for op in facts.random_ops if op.endswith(COMPILED_DRAW)})
+
+
 def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
     """Whether two runs drew the same random numbers: True, False, or None when unknown.
 
@@ -310,7 +315,7 @@ def same_random_numbers(a: RunFacts, b: RunFacts) -> bool | None:
         return True
     if (drew_a and not a.random_draws) or (drew_b and not b.random_draws):
         return None
-    if any(op.endswith(COMPILED_DRAW) for op in (*a.random_ops, *b.random_ops)):
+    if compiled_draws(a, b):
         return None
     draws_a, draws_b = a.random_draws, b.random_draws
     return len(draws_a) == len(draws_b) and all(
