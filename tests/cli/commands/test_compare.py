@@ -78,6 +78,19 @@ def test_pass_prints_the_verdict_and_writes_reports(recorded, tmp_path, capsys):
     assert case.get("name") == "cell 1" and case.find("failure") is None
 
 
+def test_a_report_named_dash_is_the_standard_output(recorded, tmp_path, capsys, monkeypatch):
+    a, b = recorded["plain", "cpu"], recorded["plain", "neuron"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", str(a), str(b), "--json", "-"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)  # the report alone: the verdict line went to stderr
+    assert out.err.startswith(data["summary"]) and data["verdict"] == "PASS"
+    assert not (tmp_path / "-").exists()
+    assert main(["compare", str(a), str(b), "--junit", "-"]) == 0
+    case = ET.fromstring(capsys.readouterr().out).find("testsuite/testcase")
+    assert case.get("name") == "cell 1" and case.find("failure") is None
+
+
 def test_fallbacks_and_strict(recorded, capsys):
     a, b = recorded["sorts", "cpu"], recorded["sorts", "neuron"]
     assert main(["compare", str(a), str(b)]) == 0

@@ -32,6 +32,20 @@ def test_a_missing_script_is_one_line_and_exit_2_with_nothing_run(tmp_path):
     assert done.stdout == ""
 
 
+def test_json_to_stdout_is_refused_before_the_program_runs(tmp_path, capsys):
+    # the program's own output is the command's stdout: a report there would be mixed into it (it
+    # was written to a file named "-")
+    from neuron_workbench.cli.main import main
+
+    (tmp_path / "prog.py").write_text("open('ran', 'w').close()\n")
+    assert main(["emulate", "--json", "-", "--", sys.executable, str(tmp_path / "prog.py")]) == 2
+    assert capsys.readouterr().err == (
+        "neuron-workbench: error: emulate: --json - would mix the report into the program's "
+        "output; give a file\n"
+    )
+    assert not (tmp_path / "ran").exists()
+
+
 def test_a_module_that_does_not_exist_is_pythons_one_line(tmp_path):
     # `python -m nosuchmod` prints one line and exits 1; emulate printed a traceback through its
     # runner and runpy; a package without __main__ is python's line too

@@ -927,6 +927,26 @@ def test_output_written_below_python_is_shown_once_and_recorded_with_the_target(
     assert target["stderr"] == "hi from C on fd 2\n"
 
 
+def test_json_to_stdout_leaves_stdout_to_the_report_alone(tmp_path):
+    # `run train.py --json - | jq` in a CI step: "-" was a file named "-"; now the report is the
+    # standard output, and the command's lines and the script's output (below Python too) go to
+    # stderr, each once
+    (tmp_path / "below.py").write_text(BELOW_PYTHON_SCRIPT)
+    done = cli("run", "below.py", "--json", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(done.stdout)
+    assert document["summary"]["verdicts"]["PASS"] == 1 and not (tmp_path / "-").exists()
+    shown = ("hi from os.system", "hi from a subprocess", "hi through sys.stdout", "hi from fd 1")
+    for text in (*shown, "below.py: PASS", "1 reports: 1 PASS"):
+        assert done.stderr.count(text) == 1, done.stderr
+    both = cli("run", "below.py", "--json", "-", "--html", "-", cwd=tmp_path)
+    assert both.returncode == 2 and both.stdout == ""
+    assert both.stderr == (
+        "neuron-workbench: error: --json and --html both name - (standard output): one report "
+        "can go there\n"
+    )
+
+
 DYING_SCRIPT = """\
 import ctypes, faulthandler, os
 import torch

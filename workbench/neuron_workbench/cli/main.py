@@ -15,7 +15,7 @@ import os
 import pkgutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from neuron_workbench.cli import commands
@@ -25,6 +25,9 @@ from neuron_workbench.version import __version__
 
 #: Exit code of a usage or input error (the other codes are the subcommands' results).
 EXIT_USAGE = 2
+
+#: The report options of ``run`` and ``compare``, whose value ``-`` means standard output.
+_REPORT_OPTIONS = ("json", "html", "junit")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +102,35 @@ def _terminated(signum: int, frame: object) -> None:
     raise _Terminated
 
 
+@contextlib.contextmanager
+def _stdout_for_reports(args: argparse.Namespace) -> Iterator[None]:
+    """Keep standard output for the report named ``-``; send everything else to stderr.
+
+    ``args.report_stdout`` is the stream the report is written to. Writes below Python (a script's
+    ``os.system``, a subprocess) go to fd 1 as well: it points at stderr meanwhile.
+    """
+    stdout = sys.stdout
+    stdout.flush()
+    try:
+        real = stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a caller's stream (a test's capture)
+        real = False
+    saved = os.dup(1) if real else None
+    if saved is not None:
+        os.dup2(2, 1)
+        stdout = open(saved, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    args.report_stdout = stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(OSError):  # a reader gone: main says so (exit 141)
+                stdout.close()  # flushes; the fd stays open (closefd=False)
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line and return its exit code."""
     parser = build_parser()
@@ -114,8 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = None
     with contextlib.suppress(ValueError):  # not the main thread (a caller's): as it was
         previous = signal.signal(signal.SIGTERM, _terminated)
+    # `--json -` (or --html, --junit): that report is the command's standard output, so that a
+    # CI step can pipe it (`run train.py --json - | jq`); the command's own lines, and what a
+    # script prints, go to stderr instead
+    to_stdout = any(getattr(args, name, None) == "-" for name in _REPORT_OPTIONS)
     try:
-        return int(args._run(args))
+        with _stdout_for_reports(args) if to_stdout else contextlib.nullcontext():
+            return int(args._run(args))
     except WorkbenchUsageError as exc:
         from neuron_workbench.cli.notebook_runner import terminal_safe
 

@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from neuron_workbench.errors import WorkbenchUsageError
 from neuron_workbench.report.display import UNCOMPARED
@@ -825,8 +825,13 @@ def check_distinct(
         --html F`` kept only the last report written: fail before anything runs.
     """
     seen = {Path(path).resolve(): f"the input {path}" for path in inputs}
+    on_stdout = [option for option, path in outputs.items() if str(path) == "-"]
+    if len(on_stdout) > 1:
+        raise WorkbenchUsageError(
+            f"{' and '.join(on_stdout)} both name - (standard output): one report can go there"
+        )
     for option, path in outputs.items():
-        if path is None:
+        if path is None or str(path) == "-":
             continue
         key = Path(path).resolve()
         if key in seen:
@@ -836,8 +841,15 @@ def check_distinct(
         seen[key] = option
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write a report file, creating its folder; failures are one-line usage errors."""
+def write_text(path: str | Path, text: str, stdout: TextIO | None = None) -> None:
+    """Write a report file, creating its folder; failures are one-line usage errors.
+
+    ``path`` ``-`` writes ``text`` to ``stdout``, the command's standard output (``--json -``).
+    """
+    if str(path) == "-" and stdout is not None:
+        stdout.write(text)
+        stdout.flush()
+        return
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -149,12 +149,15 @@ def run(args: argparse.Namespace) -> int:
     data["label"] = f"{Path(args.reference).name} vs {Path(args.target).name}"
     data["cell_index"] = 1
     data["artifacts"] = {"ref": str(args.reference), "target": str(args.target)}
+    stdout = getattr(args, "report_stdout", None)  # the command's own, where a report names -
     if args.json:
-        write_text(args.json, json.dumps(data, indent=2) + "\n")
+        write_text(args.json, json.dumps(data, indent=2) + "\n", stdout)
     if args.html:
-        write_text(args.html, render_page([data], title=f"neuron-workbench: {data['label']}"))
+        write_text(
+            args.html, render_page([data], title=f"neuron-workbench: {data['label']}"), stdout
+        )
     if args.junit:
-        write_text(args.junit, junit_xml(Path(args.target).name, [data]))
+        write_text(args.junit, junit_xml(Path(args.target).name, [data]), stdout)
     result = InputResult(str(args.target), reports=[data], kind="artifacts", cells=1)
     from neuron_workbench.cli.commands.run import allowed_fallbacks
 

@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise WorkbenchUsageError("emulate: no command given; usage: emulate -- python script.py")
+    if args.json_path == "-":  # the program's own output is this command's standard output
+        raise WorkbenchUsageError(
+            "emulate: --json - would mix the report into the program's output; give a file"
+        )
     if args.coverage and not os.path.isfile(args.coverage):
         raise WorkbenchUsageError(f"emulate: coverage file not found: {args.coverage}")
     child = _child_command(cmd, args.device)

@@ -341,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
         **({"args": list(args.script_args)} if args.script_args else {}),
     }
     name = Path(result.path).name
+    stdout = getattr(args, "report_stdout", None)  # the command's own, where a report names -
     if args.json:
         document = run_document(
             result,
@@ -349,13 +350,17 @@ def run(args: argparse.Namespace) -> int:
             strict_graph_breaks=bool(values.get("strict_graph_breaks")),
             allowed=allowed_fallbacks(values),
         )
-        write_text(args.json, json.dumps(document, indent=2) + "\n")
+        write_text(args.json, json.dumps(document, indent=2) + "\n", stdout)
     if args.html:
         write_text(
-            args.html, render_page(result.reports, f"neuron-workbench: {name}", result.cell_errors)
+            args.html,
+            render_page(result.reports, f"neuron-workbench: {name}", result.cell_errors),
+            stdout,
         )
     if args.junit:
         write_text(
-            args.junit, junit_xml(name, result.reports, result.cell_errors, result.cell_seconds)
+            args.junit,
+            junit_xml(name, result.reports, result.cell_errors, result.cell_seconds),
+            stdout,
         )
     return code
