@@ -247,6 +247,23 @@ def test_an_unclosed_quote_in_a_magics_line_is_one_usage_line(ip, source):
     assert "x" not in ip.user_ns
 
 
+@pytest.mark.parametrize(
+    ("source", "first_line"),
+    [
+        ("%%neuron -h\nx = 1", "Run the cell on a reference and a target backend"),
+        ("%%neuron --target tpu --help\nx = 1", "Run the cell on a reference and a target"),
+        ("%neuron_scan -h", "Scan code for CUDA-only constructs"),
+        ("%neuron_migrate --help", "Rewrite the mechanically safe CUDA-isms"),
+    ],
+)
+def test_help_on_a_magics_line_prints_its_help_and_runs_nothing(ip, capsys, source, first_line):
+    # argparse's -h is off in IPython's magic parsers: it was "unrecognized arguments: -h"
+    result = run_cell(ip, source)
+    assert result.error_in_exec is None and result.result is None
+    shown = capsys.readouterr().out
+    assert first_line in shown and "--target" in shown and "x" not in ip.user_ns
+
+
 def test_syntax_error_in_cell_is_a_usage_error(ip):
     result = run_cell(ip, "%%neuron\nx = (", allow_error=True)
     assert isinstance(result.error_in_exec, UsageError)

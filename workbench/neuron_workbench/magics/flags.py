@@ -18,8 +18,11 @@ from neuron_workbench.errors import OptionError, WorkbenchUsageError
 __all__ = ["FLAGS", "flag", "parsed_line", "usage_message"]
 
 
-def parsed_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+def parsed_line(magic: Callable[..., Any], line: str) -> argparse.Namespace | None:
     """The options of ``magic``'s line (IPython's ``parse_argstring``), or one usage line.
+
+    ``-h`` or ``--help`` on the line prints the magic's help (as ``%%neuron?`` shows it) and gives
+    ``None``: the caller runs nothing.
 
     Parameters
     ----------
@@ -30,8 +33,8 @@ def parsed_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
 
     Returns
     -------
-    argparse.Namespace
-        The parsed options.
+    argparse.Namespace or None
+        The parsed options; ``None`` when the line asked for help.
 
     Raises
     ------
@@ -44,8 +47,13 @@ def parsed_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
     # runs without it)
     from IPython.core.error import UsageError
     from IPython.core.magic_arguments import parse_argstring
+    from IPython.utils.process import arg_split
 
     try:
+        if "-h" in line and {"-h", "--help"} & set(arg_split(line)):
+            # argparse's own -h is off in IPython's magic parsers: it was "unrecognized arguments"
+            print(magic.parser.format_help())  # type: ignore[attr-defined]
+            return None
         return parse_argstring(magic, line)
     except ValueError as exc:  # shlex's "No closing quotation"
         raise UsageError(f"{exc} in the options: {line.strip()}") from None

@@ -397,6 +397,8 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         # False shows it again.
         __tracebackhide__ = True
         args = parsed_line(self.neuron, line)
+        if args is None:  # -h: its help was shown
+            return None
         cell_file = None
         # IPython splits the line as Windows would, quotes kept: `--record "runs/a b.nwrun.zip"`
         args.record, args.against = _unquoted(args.record), _unquoted(args.against)

@@ -67,7 +67,7 @@ class ScanMagics(Magics):
         help="device the suggestions are written for (default: neuron)",
     )
     @line_cell_magic
-    def neuron_scan(self, line: str, cell: str | None = None) -> ScanReport:
+    def neuron_scan(self, line: str, cell: str | None = None) -> ScanReport | None:
         """Scan code for CUDA-only constructs and explain each finding.
 
         Usage::
@@ -89,6 +89,8 @@ class ScanMagics(Magics):
             model = model.cuda()
         """
         args = parsed_line(self.neuron_scan, line)
+        if args is None:  # -h: its help was shown
+            return None
         try:
             if cell is not None:
                 if args.path:
@@ -129,7 +131,7 @@ class ScanMagics(Magics):
         help="device to migrate to (default: neuron)",
     )
     @line_cell_magic
-    def neuron_migrate(self, line: str, cell: str | None = None) -> Migration:
+    def neuron_migrate(self, line: str, cell: str | None = None) -> Migration | None:
         """Rewrite the mechanically safe CUDA-isms and show the unified diff.
 
         Usage::
@@ -155,6 +157,8 @@ class ScanMagics(Magics):
             x = torch.ones(3).cuda()
         """
         args = parsed_line(self.neuron_migrate, line)
+        if args is None:  # -h: its help was shown
+            return None
         try:
             if cell is not None or not args.path:
                 if args.write:
