@@ -182,6 +182,28 @@ def test_a_custom_function_with_a_once_differentiable_backward_comes_back(ip, wh
     assert {"x", "y", "g"} <= {d.path for d in report.comparison.diffs}
 
 
+def test_keep_target_binds_the_reference_values_of_names_that_cannot_come_back(ip):
+    # a generator or a lock the cell made could not come back from the worker: with --keep
+    # target the names were left unbound, and the next cell's `next(batches)` a NameError
+    run_cell(ip, "import threading, torch")
+    run_cell(
+        ip,
+        "%%neuron --keep target -o r\n"
+        "batches = (torch.ones(2) * i for i in range(3))\n"
+        "lock = threading.Lock()\n"
+        "w = torch.ones(2, device='cuda') * 3",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert (
+        "--keep target: batches, lock hold the reference's values: the neuron run's could not come "
+        "back from its process" in report.warnings
+    )
+    assert torch.equal(ip.user_ns["w"], torch.full((2,), 3.0))
+    run_cell(ip, "with lock:\n    first = next(batches)")
+    assert torch.equal(ip.user_ns["first"], torch.zeros(2))
+
+
 def test_keep_target_leaves_the_notebook_its_own_cuda_device(ip):
     # The target's torch.device("neuron", 0) came back as device('privateuseone', 0), in place of
     # the notebook's device even when the cell only read it: every plain cell and %%neuron cell

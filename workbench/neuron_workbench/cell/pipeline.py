@@ -328,6 +328,8 @@ def compare_cell(
         else:
             kept, other = ref_run, target_run
         commit(namespace, kept)
+        if kept is target_run and reference is None:
+            warnings = [*warnings, *_reference_values_kept(namespace, kept, other)]
         mark_resident(resident, kept, other)
         last_value = kept.last_value
         sets_default_device, default_device_set = _default_device_set(kept, other)
@@ -596,6 +598,26 @@ def _layers_full_unmatched(patterns: Sequence[str], run: Run) -> list[str]:
         f"--layers-full {pattern!r} matched no module call (this run's modules: {shown or 'none'})"
         for pattern in patterns
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names)
+    ]
+
+
+def _reference_values_kept(
+    namespace: MutableMapping[str, Any], kept: Run, reference: Run
+) -> list[str]:
+    """Bind the reference's values of the names whose target values stayed in its process.
+
+    ``--keep target``: a generator or a lock the cell made could not come back from the worker,
+    and the name was left unbound, where a plain cell binds it. The reference's stands in, and the
+    report says so.
+    """
+    names = [name for name in kept.left_behind if name in reference.bindings]
+    if not names:
+        return []
+    namespace.update({name: reference.bindings[name] for name in names})
+    return [
+        f"--keep target: {', '.join(names)} hold{'s' if len(names) == 1 else ''} the reference's "
+        f"value{'' if len(names) == 1 else 's'}: the {kept.backend.name} run's could not come back "
+        "from its process"
     ]
 
 

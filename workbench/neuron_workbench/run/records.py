@@ -382,6 +382,9 @@ class Run:
     # What committing this run into the user's namespace means: names to (re)bind, names to delete.
     bindings: dict[str, Any] = field(default_factory=dict, repr=False)
     deleted: list[str] = field(default_factory=list)
+    #: Names the run bound whose values could not come back from its process (a generator, a
+    #: lock): left out of ``bindings``; a kept target's are the reference's values then.
+    left_behind: list[str] = field(default_factory=list)
     #: Whether the cell set (or unset) torch's default device, and to what, as the cell means it
     #: (``"cuda"`` for the run's own device, None for unset): committing the run sets it.
     sets_default_device: bool = False

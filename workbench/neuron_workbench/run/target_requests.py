@@ -607,7 +607,8 @@ def _leave_out_what_cannot_be_sent(run: Run, target: str) -> None:
         if _holds_nothing_compared(value) and sending_error(value) is not None:
             # it was "not compared: could not be sent back (Cannot pickle closed files)"
             del run.outputs[name]
-            run.bindings.pop(name, None)
+            if run.bindings.pop(name, None) is not None:
+                run.left_behind.append(name)
 
     def why(value: Any) -> str | None:
         exc = sending_error(value)
@@ -635,9 +636,12 @@ def not_compared(run: Run, why: Callable[[Any], str | None]) -> None:
         reason = why(run.outputs[name])
         if reason is not None:
             run.outputs[name] = NotCompared(reason)
-            run.bindings.pop(name, None)
+            if name in run.bindings:
+                del run.bindings[name]
+                run.left_behind.append(name)
     for name in list(run.bindings):
         if why(run.bindings[name]) is not None:
             del run.bindings[name]
+            run.left_behind.append(name)
     if why(run.last_value) is not None:
         run.last_value = None
