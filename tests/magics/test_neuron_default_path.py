@@ -2641,6 +2641,25 @@ def test_a_tensor_a_plain_cell_computes_on_the_device_into_a_list_or_dict_is_on_
     assert on_accelerator(report.target.bindings["y"])
 
 
+def test_what_a_plain_cells_evaluation_loop_collects_is_on_the_device(ip):
+    # preds = []; for b in batches: preds.append(model(b)): a plain evaluation loop's list (or
+    # dict) of outputs was on the CPU, and the next %%neuron cell a false ERROR ("Expected all
+    # tensors to be on the same device ... neuron:0 and cpu"), where a GPU runs it
+    run_cell(ip, "import torch\ntorch.manual_seed(0)")
+    _passed(
+        ip,
+        "lin = torch.nn.Linear(4, 3).cuda()\n"
+        "batches = [torch.randn(2, 4, device='cuda') for _ in range(3)]",
+    )
+    run_cell(
+        ip,
+        "preds = []\nfor b in batches:\n    with torch.no_grad():\n        preds.append(lin(b))\n"
+        "labels = {}\nfor i, b in enumerate(batches):\n    labels[i] = lin(b).argmax(-1)",
+    )
+    report = _passed(ip, "y = torch.cat(preds) + torch.ones(3, device='cuda')\nz = labels[2] + 1")
+    assert on_accelerator(report.target.bindings["y"])
+
+
 def test_a_modules_plain_cpu_tensor_is_copied_by_cuda_as_on_a_gpu(ip):
     # A tensor a module keeps as a plain attribute stays on the CPU through model.cuda(); counted
     # as on cuda, the host's .cuda() of it returned it, and the cell changed it in place.

@@ -5,7 +5,12 @@ import copy
 import torch
 
 from neuron_workbench.run.host_moves import follow_plain_cell_moves, places_before
-from neuron_workbench.run.namespace import ORIGIN_ATTR, ResidentObjects, on_accelerator
+from neuron_workbench.run.namespace import (
+    ORIGIN_ATTR,
+    ResidentObjects,
+    mark_on_accelerator,
+    on_accelerator,
+)
 
 
 def _on_device(**values):
@@ -473,6 +478,44 @@ def test_the_first_batch_of_a_loader_over_a_dataset_on_the_device_is_on_it():
             source, x=torch.ones(4, 2), DataLoader=DataLoader, TensorDataset=TensorDataset
         )
         assert "batch" not in placed, source
+
+
+def test_a_list_or_dict_the_cell_makes_and_fills_in_a_loop_is_on_the_device():
+    # preds = []; for b in batches: preds.append(model(b)): every item a loop put there
+    def after(source, **values):
+        batches = [torch.ones(2, 4) for _ in range(3)]
+        for batch in batches:
+            mark_on_accelerator(batch)
+        return _computed_after(
+            source, x=torch.ones(2, 4), model=torch.nn.Linear(4, 3), batches=batches, **values
+        )
+
+    for source in (
+        "preds = []\nfor b in batches:\n    preds.append(model(b))",
+        "preds = []\nfor b in batches:\n    if b.sum() > 0:\n        preds.append(model(b) * 2)",
+        "preds = []\ni = 0\nwhile i < 2:\n    preds.append(model(x)[i])\n    i += 1",
+        "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b).argmax(-1)",
+        "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b)\npreds['x'] = x + 1",
+    ):
+        placed, namespace, _ = after(source)
+        held = namespace["preds"]
+        items = list(held.values()) if isinstance(held, dict) else held
+        assert "preds" in placed and all(on_accelerator(t) for t in items), source
+    for source in (
+        "for b in batches:\n    preds.append(model(b))",  # a list the cell did not make
+        "preds = []\nfor b in batches:\n    preds.append(b.cpu() * 2)",
+        "preds = []\nfor b in batches:\n    preds.append(model(b))\n    preds.append(cpu)",
+        # the next pass appends what this one bound: on the CPU from the second pass on
+        "h = x * 2\npreds = []\nfor b in batches:\n    preds.append(h * 2)\n    h = h.cpu()",
+        "preds = []\nother = preds\nfor b in batches:\n    preds.append(model(b))\n"
+        "    other.append(cpu)",
+        "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b)\npreds['c'] = cpu",
+        "for _ in range(2):\n    preds = []\n    preds.append(model(x))",
+    ):
+        placed, namespace, _ = after(source, preds=[], cpu=torch.ones(3))
+        held = namespace["preds"]
+        items = list(held.values()) if isinstance(held, dict) else held
+        assert not any(on_accelerator(t) for t in items), source
 
 
 def test_a_tensor_computed_on_the_device_into_a_list_or_dict_is_on_it():

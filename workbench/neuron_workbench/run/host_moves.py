@@ -44,7 +44,10 @@ logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``,
 ``[x[i] * 2 for i in range(4)]``, or a ``TensorDataset`` of them, and the batch
 ``next(iter(loader))`` of a ``DataLoader`` over one; one appended or stored under a constant key
 into a list or dict, :func:`_mark_items`), in code that surely ran: on a GPU it is on
-cuda, where its inputs are. Only
+cuda, where its inputs are. A list or dict the cell makes empty (``preds = []``) and then only
+fills with such tensors, in a loop too (``for b in batches: preds.append(model(b))``, ``outs[i] =
+model(b)``), holds nothing else: all its items are on the device. In a loop, a name the loop binds
+is not known anywhere in its body (the next pass reads what the last one bound). Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
 goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
@@ -324,10 +327,19 @@ def _mark_items(finder: _Moves) -> list[str]:
     computed: dict[str, list[Any]] = {}
     for name, appended in finder.appended.items():
         held = namespace.get(name)
-        if name in finder.spoilt or not appended or not all(appended) or type(held) is not list:
+        if name in finder.spoilt or not appended or type(held) is not list:
             continue
-        if len(held) >= len(appended):
+        if not all(there for there, _ in appended):
+            continue
+        if name in finder.fresh:  # preds = [] and only appends since, in loops too: all of it
+            computed[name] = list(held)
+        elif not any(repeated for _, repeated in appended) and len(held) >= len(appended):
             computed[name] = held[len(held) - len(appended) :]
+    for name, stored in finder.stored.items():
+        held = namespace.get(name)
+        constant = [there for (each, _), there in finder.keyed.items() if each == name]
+        if name not in finder.spoilt and all(stored) and all(constant) and type(held) is dict:
+            computed[name] = list(held.values())  # outs = {} and only stores since: all of it
     for (name, key), there in finder.keyed.items():
         held = namespace.get(name)
         if name in finder.spoilt or not there or type(held) is not dict or key not in held:
@@ -425,8 +437,13 @@ class _Moves(ast.NodeVisitor):
         self.bound_once: set[str] = set()
         #: loaders the cell built over a dataset it built on the device
         self.loaders_on_device: set[str] = set()
-        #: per list name, whether each `name.append(value)` appended a value computed there
-        self.appended: dict[str, list[bool]] = {}
+        #: per list name, whether each `name.append(value)` appended a value computed there, and
+        #: whether it may have run any number of times (in a loop, a branch)
+        self.appended: dict[str, list[tuple[bool, bool]]] = {}
+        #: the names bound in code that surely ran to a new empty list or dict (`preds = []`)
+        self.fresh: set[str] = set()
+        #: per such dict, whether each `name[key] = value` stored a value computed there
+        self.stored: dict[str, list[bool]] = {}
         #: per `name[constant] = value`, whether its last such statement stored one computed there
         self.keyed: dict[tuple[str, Any], bool] = {}
         #: containers changed otherwise (pop, extend, del, a computed key, given to a function)
@@ -468,8 +485,17 @@ class _Moves(ast.NodeVisitor):
     def _visit_branches(self, node: ast.AST) -> None:
         self._visit_conditionally(*ast.iter_child_nodes(node))
 
-    visit_If = visit_While = visit_Try = visit_TryStar = visit_Match = _visit_branches  # noqa: N815
-    visit_For = visit_AsyncFor = _visit_branches  # noqa: N815 - the body may run no time
+    visit_If = visit_Try = visit_TryStar = visit_Match = _visit_branches  # noqa: N815
+
+    def _visit_loop(self, node: ast.AST) -> None:
+        # the body may run no time, or many: a pass reads what the pass before bound
+        # (`h = h.cpu()` after `preds.append(h * 2)`), so a name the loop binds is not known in it
+        for name in _bound_in(node):
+            if not self._is_local(name):
+                self.where_now[name] = "unknown"
+        self._visit_branches(node)
+
+    visit_For = visit_AsyncFor = visit_While = _visit_loop  # noqa: N815
 
     def visit_BoolOp(self, node: ast.BoolOp) -> None:  # noqa: N802
         self.visit(node.values[0])  # `flag and (x := x.to(device))`: the rest may not run
@@ -521,6 +547,12 @@ class _Moves(ast.NodeVisitor):
             self._bind(target, node.value, id(node))
             if isinstance(target, ast.Subscript):
                 self._note_item_store(target, node.value)
+        empty = (isinstance(node.value, ast.List) and not node.value.elts) or (
+            isinstance(node.value, ast.Dict) and not node.value.keys
+        )
+        if empty and not self._conditional and len(node.targets) == 1:
+            if isinstance(node.targets[0], ast.Name) and not self._is_local(node.targets[0].id):
+                self.fresh.add(node.targets[0].id)  # preds = []: the cell's own, empty
         if dataset is not None and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             # DataLoader(TensorDataset(x, y)): a dataset the cell builds there, bound to no name
             if self._placement(dataset) == "made" and not self._conditional:
@@ -562,7 +594,7 @@ class _Moves(ast.NodeVisitor):
             # outs.append(x * 2): a tensor computed where x is, held by the list alone
             item = call.args[0]
             there = self._computed_place(item) == "device" and _computes(item)
-            self.appended.setdefault(call.func.value.id, []).append(there and not self._conditional)
+            self.appended.setdefault(call.func.value.id, []).append((there, self._conditional > 0))
         self.generic_visit(node)
 
     def _note_item_store(self, target: ast.Subscript, value: ast.expr) -> None:
@@ -570,7 +602,12 @@ class _Moves(ast.NodeVisitor):
         if not isinstance(target.value, ast.Name) or self._is_local(target.value.id):
             return
         name = target.value.id
-        if isinstance(target.slice, ast.Constant) and type(self.namespace.get(name)) is dict:
+        constant = isinstance(target.slice, ast.Constant)
+        if not constant and name in self.fresh and type(self.namespace.get(name)) is dict:
+            # outs[i] = model(b) into the cell's own new dict: whatever the key, an item of it
+            there = self._computed.get(id(value)) == "device" and _computes(value)
+            self.stored.setdefault(name, []).append(there)
+        elif constant and type(self.namespace.get(name)) is dict:
             there = self._computed.get(id(value)) == "device" and _computes(value)
             self.keyed[(name, target.slice.value)] = there and not self._conditional
         else:
@@ -598,6 +635,10 @@ class _Moves(ast.NodeVisitor):
                     self.spoilt.add(inner.value.id)
             elif isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Name):
                 self.spoilt.add(inner.target.id)
+            elif isinstance(inner, ast.Assign | ast.AnnAssign | ast.NamedExpr) and isinstance(
+                inner.value, ast.Name
+            ):
+                self.spoilt.add(inner.value.id)  # other = outs: filled under another name too
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:  # noqa: N802
         self.visit(node.value)
@@ -614,6 +655,8 @@ class _Moves(ast.NodeVisitor):
             # a new container (outs = []): what was appended to the old one is not in it
             self.appended.pop(node.id, None)
             self.keyed = {k: v for k, v in self.keyed.items() if k[0] != node.id}
+            self.fresh.discard(node.id)
+            self.stored.pop(node.id, None)
             if self._conditional:
                 self.spoilt.add(node.id)
             self.placed.pop(node.id, None)
@@ -751,7 +794,8 @@ class _Moves(ast.NodeVisitor):
     def _call_place(self, call: ast.Call) -> str | None:
         func = call.func
         resolved = self._resolved(func)
-        if _pytorchs(resolved) and not isinstance(resolved, type):
+        # (a module of PyTorch's, nn.Linear(4, 3), is called as the notebook's are: below)
+        if _pytorchs(resolved) and not isinstance(resolved, type | torch.nn.Module):
             for keyword in call.keywords:
                 if keyword.arg in ("device", "map_location"):
                     value = keyword.value
