@@ -11,6 +11,7 @@ import pathlib
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -21,7 +22,7 @@ import torch
 from IPython.core.error import UsageError
 
 from neuron_workbench.backends.registry import resolve_executor
-from neuron_workbench.run import worker_process
+from neuron_workbench.run import module_versions, worker_process
 from neuron_workbench.run.namespace import ORIGIN_ATTR, on_accelerator
 from neuron_workbench.run.records import same_random_numbers
 from neuron_workbench.testing import run_cell
@@ -696,6 +697,88 @@ def test_a_module_the_notebook_loads_again_is_the_new_code_in_the_worker(
     finally:
         if how == "autoreload":  # the shell outlives the test: later tests' cells reload nothing
             run_cell(ip, "%autoreload 0")
+
+
+#: A module of the notebook's settings, with a table its first call makes (a lazy initialisation).
+LAZY_SETTINGS = """
+import torch
+
+LR = 0.1
+_ready = False
+_offsets = None
+
+
+def _init():
+    global _ready, _offsets
+    _offsets = torch.arange(2.0)
+    _ready = True
+
+
+def scaled(x):
+    if not _ready:
+        _init()
+    return x * LR + _offsets.to(x.device)
+"""
+
+
+@contextlib.contextmanager
+def _own_module(tmp_path, monkeypatch, stem, source):
+    """The name of a module of the notebook's own (a file next to it), forgotten afterwards."""
+    name = f"{stem}_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        yield name
+    finally:
+        sys.modules.pop(name, None)
+        module_versions._ASSIGNED.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    "store", ["config.LR = 0.5", "config.LR *= 5", "setattr(config, 'LR', 0.5)"]
+)
+def test_a_setting_a_plain_cell_assigns_on_the_notebooks_own_module_holds_in_the_worker(
+    ip, tmp_path, monkeypatch, store
+):
+    # `config.LR = 0.5` in a plain cell: the worker's copy of the module kept the file's 0.1, and
+    # a function of the module reading it failed the cell ("FAIL neuron (emulated) vs cpu (as
+    # cuda) — ... y |Δ| 4.0e-01"), where a GPU computes with 0.5. What the module's own code set
+    # in the kernel (its first call's `_ready = True`) is no setting: the worker's module still
+    # makes its table itself (a copied flag left it None: an ERROR).
+    stem = "nw_lazy_" + re.sub(r"\W", "", store.split("config")[-1])
+    with _own_module(tmp_path, monkeypatch, stem, LAZY_SETTINGS) as module:
+        run_cell(ip, f"import torch\nimport {module} as config")
+        run_cell(ip, "first = config.scaled(torch.ones(2))")  # initialised in the kernel
+        run_cell(ip, store)
+        for _ in range(2):
+            report = _passed(ip, "y = config.scaled(torch.ones(2, device='cuda'))\nlr = config.LR")
+            assert report.target.outputs["y"].cpu().tolist() == [0.5, 1.5]
+            assert report.target.outputs["lr"] == 0.5
+
+
+def test_a_setting_a_neuron_cell_assigns_holds_in_other_targets_and_counts_once(
+    ip, tmp_path, monkeypatch
+):
+    # A %%neuron cell's own `config.LR = 0.5` ran in the kernel and in the neuron worker: the tpu
+    # worker, which never ran it, computed with the file's 0.1 (a FAIL). A counter the cells move
+    # starts each run from the notebook's value before the cell, --profile's reference (run
+    # first) having moved it already.
+    with _own_module(tmp_path, monkeypatch, "nw_cell_settings", LAZY_SETTINGS) as module:
+        run_cell(ip, f"import torch\nimport {module} as config")
+        run_cell(ip, "%%neuron\nconfig.LR = 0.5\nconfig.STEPS = 0\nconfig.SIZES = [2]")
+        report = _passed(ip, "y = config.scaled(torch.ones(2, device='cuda'))", target="tpu")
+        assert report.target.outputs["y"].cpu().tolist() == [0.5, 1.5]
+        for steps in (1, 2):
+            run_cell(
+                ip,
+                "%%neuron --profile -o r\n"
+                "config.STEPS += 1\nconfig.SIZES.append(2)\n"
+                "steps, sizes = config.STEPS, len(config.SIZES)",
+            )
+            report = _report(ip)
+            assert report.verdict == "PASS", report.summary()
+            assert report.target.outputs["steps"] == steps == ip.user_ns["config"].STEPS
+            assert report.target.outputs["sizes"] == steps + 1
 
 
 def test_a_worker_that_does_not_start_in_time_gives_one_line_and_the_next_cell_runs(

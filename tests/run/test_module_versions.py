@@ -5,6 +5,8 @@ import os
 import sys
 import time
 
+import torch
+
 from neuron_workbench.run import module_versions
 
 
@@ -100,3 +102,62 @@ def test_follow_loads_a_module_again_after_the_modules_it_imports(tmp_path, monk
         for name in (models, layers):
             sys.modules.pop(name, None)
             module_versions._FOLLOWED.pop(name, None)
+
+
+def test_the_attributes_a_cell_assigns_on_the_notebooks_own_modules_are_noted(
+    tmp_path, monkeypatch
+):
+    name = f"nw_assigned_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(
+        "LR = 0.1\nCFG = {'lr': 0.1}\nSTEPS = 0\nA = B = 0\nOPT = 'sgd'\n_ready = False\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    namespace = {"config": module, "torch": torch, "C": type("C", (), {"n": 0})}
+    try:
+        cell = (
+            "config.LR = 0.5\n"
+            "config.STEPS += 1\n"
+            "config.CFG['lr'] = 0.5\n"
+            "config.A, config.B = 1, 2\n"
+            "setattr(config, 'OPT', 'adam')\n"
+            "def configure(steps):\n"  # a function of the notebook's that sets one
+            "    config.WARMUP = steps\n"
+            "torch.backends.cudnn.benchmark = False\n"  # no module of the notebook's
+            "C.n += 1\n"  # no module
+            "del config._ready\n"  # nothing left to send
+        )
+        noted = module_versions.remember_assigned_attributes(cell, namespace)
+        assert sorted(noted) == [
+            f"{name}.{a}" for a in ("A", "B", "CFG", "LR", "OPT", "STEPS", "WARMUP")
+        ]
+        assert module_versions.remember_assigned_attributes(cell, namespace) == []  # once
+        # read at no cost where nothing assigns an attribute
+        assert module_versions.remember_assigned_attributes("x = config.LR * 2", namespace) == []
+    finally:
+        sys.modules.pop(name, None)
+        module_versions._ASSIGNED.pop(name, None)
+
+
+def test_assigned_values_are_plain_data_copied_and_set_where_they_differ(tmp_path, monkeypatch):
+    name = f"nw_values_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("LR = 0.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    try:
+        module.LR = 0.5
+        module.LAYERS = [64, (32, "relu")]
+        module.DTYPE = torch.bfloat16
+        module.TABLE = torch.zeros(2)  # no plain data: not sent
+        module_versions._ASSIGNED[name] = dict.fromkeys(["LR", "LAYERS", "DTYPE", "TABLE", "GONE"])
+        values = module_versions.assigned_values()
+        assert values[name] == {"LR": 0.5, "LAYERS": [64, (32, "relu")], "DTYPE": torch.bfloat16}
+        assert values[name]["LAYERS"] is not module.LAYERS  # as it was when read
+        module.LR, module.LAYERS, module.DTYPE = 0.1, [], torch.float32  # a worker's copy
+        module_versions.take_assigned_values(values)
+        assert (module.LR, module.LAYERS, module.DTYPE) == (0.5, [64, (32, "relu")], torch.bfloat16)
+        module_versions.take_assigned_values({f"{name}_not_loaded": {"LR": 1.0}})
+        assert f"{name}_not_loaded" not in sys.modules
+    finally:
+        sys.modules.pop(name, None)
+        module_versions._ASSIGNED.pop(name, None)

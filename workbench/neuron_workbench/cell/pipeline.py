@@ -57,6 +57,7 @@ from neuron_workbench.run.executor import (
     notebook_default_device_suspended,
 )
 from neuron_workbench.run.file_writes import tempfile_names
+from neuron_workbench.run.module_versions import assigned_values
 from neuron_workbench.run.random_state import restore_random_state
 from neuron_workbench.run.records import COMPILED_DRAW, compiled_draws, recorded
 from neuron_workbench.run.transport import answers_set_classes
@@ -226,6 +227,8 @@ def compare_cell(
         ),
         default_device=default_device,
         torch_settings=torch_settings.current(),
+        # ... and the settings the notebook's cells assigned on its own modules (config.LR = 0.5)
+        module_values=assigned_values(),
         # what the temporary folder held before any run: the same for all of them (a run in a
         # worker starts a moment after the reference here, which may have made a folder by then)
         notebook_temp=tempfile_names(),

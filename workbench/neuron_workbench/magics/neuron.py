@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import keyword
 import os
 import shutil
@@ -32,6 +33,7 @@ from neuron_workbench.magics.flags import parsed_line, usage_message
 from neuron_workbench.report.display import format_bytes
 from neuron_workbench.run import compile_cell
 from neuron_workbench.run.executor import capture_text
+from neuron_workbench.run.module_versions import remember_assigned_attributes
 from neuron_workbench.sites import library_folders
 
 __all__ = ["NeuronMagics", "prepare_target"]
@@ -305,10 +307,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         and left one that ``nn.Linear(4, 2).to(device)`` or ``copy.deepcopy(model)`` made on the
         CPU (see :mod:`neuron_workbench.run.host_moves`). What the cell let go of (``del batch``)
         is forgotten as on the device, so that its memory is freed now, as plain Python frees it.
+        A setting the cell assigns on a module of the notebook's own (``config.LR = 0.5``) holds in
+        the targets' processes from now on (see :mod:`~neuron_workbench.run.module_versions`).
         """
         self.session.resident.prune()
-        if not getattr(result, "success", False):
-            return  # what ran before the error is unknown: everything stays where it was
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
         if raw.lstrip().startswith("%%"):
             return  # a cell magic's body is no top-level statement of the cell (a %%neuron cell)
@@ -318,6 +320,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         before = taken[1] if taken is not None and taken[0] == raw else None
         try:
             source = _transformed_cell(self.shell, raw)
+            # even from a cell that failed: the kernel's value is sent, whether the store ran or not
+            remember_assigned_attributes(source, self.shell.user_ns)
+            if not getattr(result, "success", False):
+                return  # what ran before the error is unknown: everything stays where it was
             follow_plain_cell_moves(source, self.shell.user_ns, self.session.resident, before)
         except Exception:  # noqa: BLE001 - a plain cell's aftermath must never fail the cell
             return
@@ -470,6 +476,10 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
                 live_output=True,
                 relabel=lambda run: run.relabel_sites(cells, folders),
             )
+            # a setting the cell assigns on a module of the notebook's own (config.LR = 0.5) holds
+            # in the processes that did not run it: another target's, a worker started afresh
+            with contextlib.suppress(Exception):
+                remember_assigned_attributes(program.source, shell.user_ns)
             if (
                 args.record
                 and folder_record

@@ -454,6 +454,7 @@ class RunSpec:
         kept_run: str | None = None,
         default_device: torch.device | None = None,
         torch_settings: dict[str, Any] | None = None,
+        module_values: dict[str, dict[str, Any]] | None = None,
         inputs: Collection[str] | None = None,
         notebook_temp: frozenset[str] | None = None,
         restore_namespace: bool = True,
@@ -500,6 +501,11 @@ class RunSpec:
         #: (:func:`~neuron_workbench.run.torch_settings.current`): what a target process takes,
         #: whenever its run starts. None: as they are when the request is sent.
         self.torch_settings = torch_settings
+        #: The values of the attributes the notebook's cells assigned on its own modules, before
+        #: any run of the cell changed them
+        #: (:func:`~neuron_workbench.run.module_versions.assigned_values`): what a target process
+        #: sets on its copies of the modules. None: as they are when the request is sent.
+        self.module_values = module_values
         #: The names the runs take as the cell's inputs, when the caller found them already (a
         #: target process: what the kernel sent, the names sharing state with the cell's among
         #: them). None: :meth:`inputs` finds them.

@@ -6,15 +6,31 @@ it again (``importlib.reload(helpers)``, ``%autoreload``), the kernel's referenc
 and the worker's target the old, and the cell failed on a difference that was no porting problem.
 With each request the kernel sends a mark of every such module as it has it loaded now
 (:func:`loaded_versions`); the worker loads again the ones whose mark changed (:func:`follow`).
+
+A setting the notebook changes on such a module (``config.LR = 0.5`` in a plain cell) is no new
+load: the worker's copy kept the file's value, and a function of the module reading it computed
+with another number than the reference (a false FAIL). The values to follow are those the
+notebook's cells assign, read from their source (:func:`remember_assigned_attributes`): not every
+value such a module holds, which would also carry what the module's own code set in the kernel (a
+lazy initialisation's ``_ready = True``) into a worker that never ran that code. Each request
+carries the kernel's values of those attributes, where they are plain data
+(:func:`assigned_values`), and the target process sets them on its copies of the modules
+(:func:`take_assigned_values`).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import os
+import re
 import sys
 import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 
 #: Per module name: the module object last seen there, and whether it is the notebook's own.
 _OWN: dict[str, tuple[types.ModuleType, bool]] = {}
@@ -25,6 +41,8 @@ _OWN_NOW: dict[str, types.ModuleType] = {}
 _LAST_LOOK: list[tuple[str, tuple[str, ...], int] | None] = [None]
 #: In a worker: each module's mark as of the last request.
 _FOLLOWED: dict[str, int] = {}
+#: Per module name of the notebook's own: the attributes its cells assign (in order, as keys).
+_ASSIGNED: dict[str, dict[str, None]] = {}
 
 
 def _roots() -> tuple[str, ...]:
@@ -162,3 +180,174 @@ def follow(versions: dict[str, int]) -> None:
         if isinstance(module, types.ModuleType):
             with contextlib.suppress(Exception):
                 importlib.reload(module)
+
+
+#: Text a cell must contain to assign an attribute (``.LR =``, ``.LR *=``, ``.CFG[``, ``setattr(``):
+#: a cheap look before the cell is parsed.
+_ASSIGNING = re.compile(r"\.\s*\w+\s*(?:\[|(?://|\*\*|<<|>>|[-+*/%@&|^])?=(?!=))|\bsetattr\(")
+#: The values an assigned attribute travels with (:func:`assigned_values`), and containers of them.
+_ATOMS = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
+_CONTAINERS = (tuple, list, dict)
+_NOT_PLAIN = object()
+
+
+def remember_assigned_attributes(source: str, namespace: Mapping[str, Any]) -> list[str]:
+    """Note the attributes that the cell ``source`` assigns on the notebook's own modules.
+
+    ``config.LR = 0.5``, ``config.LR *= 2``, ``config.CFG["lr"] = 0.5`` (a change of the dict
+    ``config.CFG``), ``setattr(config, "LR", 0.5)``, and ``cfg.train.lr = 0.5`` where
+    ``cfg.train`` is a module, anywhere in the cell (functions it defines included): the module
+    is what the name holds in ``namespace`` after the cell ran. What the cell changes through a
+    method (``config.LAYERS.append(3)``) or another name is not seen.
+
+    Parameters
+    ----------
+    source : str
+        The cell as Python (IPython's transforms applied).
+    namespace : mapping
+        The notebook's globals.
+
+    Returns
+    -------
+    list of str
+        The attributes newly noted, as ``module.attribute``.
+    """
+    if not _ASSIGNING.search(source):
+        return []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    noted = []
+    for owner, attribute in _assigned_in(tree):
+        module = _module_named(owner, namespace)
+        if module is None or attribute in _ASSIGNED.get(module.__name__, ()):
+            continue
+        if not _is_own(module.__name__, module, _roots(), _prefixes()):
+            continue
+        _ASSIGNED.setdefault(module.__name__, {})[attribute] = None
+        noted.append(f"{module.__name__}.{attribute}")
+    return noted
+
+
+def _assigned_in(tree: ast.AST) -> list[tuple[ast.expr, str]]:
+    """What ``tree`` assigns an attribute of (``a.b.c = 1``: ``a.b`` and ``"c"``), by name."""
+    targets: list[ast.expr] = []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets.extend(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets.append(node.target)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) == 3
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            found.append((node.args[0], node.args[1].value))
+    while targets:
+        target = targets.pop()
+        if isinstance(target, ast.Tuple | ast.List):  # config.A, config.B = 1, 2
+            targets.extend(target.elts)
+            continue
+        if isinstance(target, ast.Starred):
+            targets.append(target.value)
+            continue
+        # config.CFG["lr"] = 0.5 changes what config.CFG holds (and `del config.CFG["lr"]`); a
+        # `del config.LR` leaves the kernel no value to send
+        stored = target.value if isinstance(target, ast.Subscript) else target
+        while isinstance(stored, ast.Subscript):
+            stored = stored.value
+        if isinstance(stored, ast.Attribute) and (
+            stored is not target or isinstance(target.ctx, ast.Store)
+        ):
+            found.append((stored.value, stored.attr))
+    return found
+
+
+def _module_named(node: ast.expr, namespace: Mapping[str, Any]) -> types.ModuleType | None:
+    """The module that ``node`` (``config``, ``cfg.train``) names in ``namespace``, if it names one.
+
+    A module's attributes are read from its globals, never through its ``__getattr__`` (a lazy
+    module would load what the cell never loaded).
+    """
+    if isinstance(node, ast.Name):
+        value = namespace.get(node.id)
+    elif isinstance(node, ast.Attribute):
+        parent = _module_named(node.value, namespace)
+        value = None if parent is None else vars(parent).get(node.attr)
+    else:
+        return None
+    if not isinstance(value, types.ModuleType) or sys.modules.get(value.__name__) is not value:
+        return None
+    return value
+
+
+def _plain_copy(value: Any, depth: int = 0) -> Any:
+    """``value`` copied where it is plain data, else ``_NOT_PLAIN``.
+
+    Plain data: numbers, strings, bytes, None, torch dtypes and devices, and tuples, lists and
+    dicts of them. A copy: a run here that changes such a list in place (the cell's
+    ``config.LAYERS.append(3)``) does not change what a target process is sent afterwards
+    (``--profile`` runs the reference first).
+    """
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind not in _CONTAINERS or depth >= 8:
+        return _NOT_PLAIN
+    if kind is dict:
+        items = [(_plain_copy(k, depth + 1), _plain_copy(v, depth + 1)) for k, v in value.items()]
+        if any(k is _NOT_PLAIN or v is _NOT_PLAIN for k, v in items):
+            return _NOT_PLAIN
+        return dict(items)
+    copied = [_plain_copy(item, depth + 1) for item in value]
+    if any(item is _NOT_PLAIN for item in copied):
+        return _NOT_PLAIN
+    return kind(copied)
+
+
+def assigned_values() -> dict[str, dict[str, Any]]:
+    """The values the attributes that the notebook's cells assigned hold now, where plain data.
+
+    See :func:`remember_assigned_attributes`: only those attributes, and only values of plain
+    data (numbers, strings, bytes, None, torch dtypes and devices, and tuples, lists and dicts of
+    them), copied. Empty, at no cost, when no cell assigned one.
+
+    Returns
+    -------
+    dict
+        Module name → attribute → value.
+    """
+    values: dict[str, dict[str, Any]] = {}
+    for name, attributes in list(_ASSIGNED.items()):
+        module = sys.modules.get(name)
+        if not isinstance(module, types.ModuleType):
+            continue
+        held = vars(module)
+        for attribute in attributes:
+            value = _plain_copy(held.get(attribute, _NOT_PLAIN))
+            if value is not _NOT_PLAIN:
+                values.setdefault(name, {})[attribute] = value
+    return values
+
+
+def take_assigned_values(values: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Set the values :func:`assigned_values` read on the modules of those names loaded here.
+
+    A module not loaded here is left to its import, which reads its file: the values a request
+    holds (the notebook's functions, the modules they read) bring in, before this, the ones its
+    run can read.
+    """
+    for name, attributes in (values or {}).items():
+        module = sys.modules.get(name)
+        if not isinstance(module, types.ModuleType):
+            continue
+        held = vars(module)
+        for attribute, value in attributes.items():
+            current = held.get(attribute, _NOT_PLAIN)
+            if type(current) is not type(value) or current != value:
+                setattr(module, attribute, value)

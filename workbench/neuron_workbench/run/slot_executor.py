@@ -21,6 +21,7 @@ from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.custom_ops import notebook_custom_ops
 from neuron_workbench.run.library_state import notebook_module_hooks, notebook_registrations
+from neuron_workbench.run.module_versions import assigned_values
 from neuron_workbench.run.namespace import mixed_on_device
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
@@ -82,6 +83,7 @@ class SlotExecutor:
         worker = self.pool.get(backend.name)
         worker.ensure_started()
         namespace = spec.namespace
+        module_values = getattr(spec, "module_values", None)
         read, names = spec.inputs()
         along = names - read  # names that only share state with the cell's: sent when they can be
         # Plain values the cell may rebind without reading: in this process a run finds its outputs
@@ -134,6 +136,8 @@ class SlotExecutor:
             "numpy_settings": numpy_settings.current(),
             # pd.set_option("display.precision", 2)
             "pandas_options": pandas_settings.current(),
+            # config.LR = 0.5 in a plain cell, on a module of the notebook's own
+            "module_values": assigned_values() if module_values is None else module_values,
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])
