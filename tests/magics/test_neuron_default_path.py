@@ -437,6 +437,28 @@ def test_a_notebook_class_counter_counts_a_failing_cell_once(ip):
         assert (ip.user_ns["Cnt"].n, ip.user_ns["Cnt"].last) == (count, count)
 
 
+def test_a_cell_that_raised_leaves_the_notebooks_classes_as_they_were(ip):
+    # an ERROR leaves the namespace as it was, but `C.n += 1` before the error stayed counted (a
+    # class is no copy in the reference's run), and so did a class attribute the cell added
+    run_cell(ip, "import torch\nclass C:\n    n = 0")
+    run_cell(
+        ip,
+        "%%neuron -o r\nC.n += 1\nC.tag = 'x'\ny = torch.ones(2, device='cuda')\n"
+        "raise ValueError('boom')",
+    )
+    assert _report(ip).verdict == "ERROR"
+    assert ip.user_ns["C"].n == 0 and not hasattr(ip.user_ns["C"], "tag")
+    # the target alone raised: the reference's run, which changed the class, is not committed
+    run_cell(
+        ip,
+        "%%neuron -o r\nC.n += 1\ny = torch.ones(2, device='cuda')\n"
+        "if y.device.type != 'cpu':\n    raise ValueError('boom on the target')",
+    )
+    assert _report(ip).verdict == "ERROR" and ip.user_ns["C"].n == 0
+    _passed(ip, "C.n += 1\ny = torch.ones(2, device='cuda')")
+    assert ip.user_ns["C"].n == 1
+
+
 def test_a_notebook_class_counter_counts_a_cell_that_keeps_the_target(ip):
     # With --keep target the reference's `Cnt.n += 1` was put back (its run is not kept) and the
     # target's changed the worker's copy of the class, which never comes back: the cell counted

@@ -58,6 +58,7 @@ from neuron_workbench.run.executor import (
 )
 from neuron_workbench.run.file_writes import tempfile_names
 from neuron_workbench.run.module_versions import assigned_values
+from neuron_workbench.run.namespace import class_attributes, put_back_class_attributes
 from neuron_workbench.run.random_state import restore_random_state
 from neuron_workbench.run.records import COMPILED_DRAW, compiled_draws, recorded
 from neuron_workbench.run.transport import answers_set_classes
@@ -249,6 +250,9 @@ def compare_cell(
             findings[name] = migration(name)
         return findings.get(name)
 
+    # the notebook's classes as before any run: a run here changes them (Counter.n += 1), and a
+    # cell that commits nothing puts them back
+    classes = class_attributes(namespace)
     if together:
         pending: list[Any] = []
         try:
@@ -271,7 +275,7 @@ def compare_cell(
         except BaseException:  # an interrupt, an option a target refused: abandon every run
             for each in pending:
                 each.cancel()
-            _random_state_as_it_was(spec)
+            _notebook_as_it_was(spec, classes)
             raise
     else:
         try:
@@ -285,7 +289,7 @@ def compare_cell(
                     for backend, run_id in targets
                 ]
         except BaseException:  # a value the target cannot receive, an interrupt
-            _random_state_as_it_was(spec)
+            _notebook_as_it_was(spec, classes)
             raise
     target_run = target_runs[0]
     for run in (ref_run, *target_runs):
@@ -318,7 +322,7 @@ def compare_cell(
             else None
         )
     except BaseException:  # an interrupt during the oracle's rerun: nothing is committed
-        _random_state_as_it_was(spec)
+        _notebook_as_it_was(spec, classes)
         raise
     last_value = None
     sets_default_device, default_device_set = False, None
@@ -337,7 +341,7 @@ def compare_cell(
         last_value = kept.last_value
         sets_default_device, default_device_set = _default_device_set(kept, other)
     else:
-        _random_state_as_it_was(spec)  # nothing committed
+        _notebook_as_it_was(spec, classes)  # nothing committed
     reports = [
         build_report(
             ref_run,
@@ -388,14 +392,16 @@ def _idle_target_noted(report: Report) -> Report:
     return dataclasses.replace(report, idle_target=True, warnings=[*report.warnings, warning])
 
 
-def _random_state_as_it_was(spec: RunSpec) -> None:
-    """The notebook's random state as before the cell (none of its runs is committed).
+def _notebook_as_it_was(spec: RunSpec, classes: list[tuple[type, dict[str, Any]]]) -> None:
+    """The notebook's random state and classes as before the cell (none of its runs is committed).
 
     Seeded runs too: ``--seed`` seeds each run, and the reference runs in this process, so a cell
     refused after it had run (``--profile``), or one a target raised in, left the notebook's
-    generators seeded and drawn from.
+    generators seeded and drawn from. A class is no copy in the run here: ``Counter.n += 1``
+    before the error stayed counted, where the cell's ERROR leaves the namespace as it was.
     """
     restore_random_state(spec.random_state)
+    put_back_class_attributes(classes)
 
 
 def _default_device_set(kept: Run, other: Run) -> tuple[bool, str | None]:

@@ -1613,23 +1613,40 @@ def class_attributes_kept(namespace: Mapping[str, Any]) -> Iterator[None]:
     cell counted twice what a plain cell counts once. Rebinding is undone; what a run changes
     inside an attribute's value (``Counter.seen.append(x)``) is not.
     """
-    saved = [
+    saved = class_attributes(namespace)
+    try:
+        yield
+    finally:
+        put_back_class_attributes(saved)
+
+
+def class_attributes(namespace: Mapping[str, Any]) -> list[tuple[type, dict[str, Any]]]:
+    """The notebook's classes in ``namespace`` with their attributes as they are now.
+
+    For :func:`put_back_class_attributes`: a shallow copy of each class's ``vars``.
+    """
+    return [
         (value, dict(vars(value)))
         for value in list(namespace.values())
         if isinstance(value, type) and value.__module__ == "__main__"
     ]
-    try:
-        yield
-    finally:
-        for cls, attributes in saved:
-            current = vars(cls)
-            for name in [name for name in current if name not in attributes]:
+
+
+def put_back_class_attributes(saved: list[tuple[type, dict[str, Any]]]) -> None:
+    """Bind the attributes :func:`class_attributes` saved again, and drop the ones added since.
+
+    Rebinding is undone (``Counter.n += 1``, ``Counter.tag = "x"``); what changed inside an
+    attribute's value (``Counter.seen.append(x)``) is not.
+    """
+    for cls, attributes in saved:
+        current = vars(cls)
+        for name in [name for name in current if name not in attributes]:
+            with contextlib.suppress(AttributeError, TypeError):
+                delattr(cls, name)
+        for name, value in attributes.items():
+            if current.get(name, _MISSING) is not value:
                 with contextlib.suppress(AttributeError, TypeError):
-                    delattr(cls, name)
-            for name, value in attributes.items():
-                if current.get(name, _MISSING) is not value:
-                    with contextlib.suppress(AttributeError, TypeError):
-                        setattr(cls, name, value)
+                    setattr(cls, name, value)
 
 
 def _ours(value: Any) -> bool:
