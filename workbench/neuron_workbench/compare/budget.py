@@ -35,6 +35,7 @@ from neuron_workbench.compare.oracle import (
     rerun,
     rounding_instrument,
 )
+from neuron_workbench.compare.tolerances import dtype_named
 from neuron_workbench.run.executor import RunSpec
 from neuron_workbench.run.measurements import source_dtype
 from neuron_workbench.run.records import Run
@@ -269,8 +270,8 @@ def _quoted(value: str) -> str:
 
 def _exact_dtype(name: str | None) -> bool:
     """Whether ``name`` is an integer or boolean dtype (``int64``, ``bool``): one with no rounding."""
-    dtype = getattr(torch, name, None) if name else None
-    return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex)
+    dtype = dtype_named(name)
+    return dtype is not None and not (dtype.is_floating_point or dtype.is_complex)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
+from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy, dtype_named
 from neuron_workbench.run.records import recorded
 from neuron_workbench.run.scalars import ScalarSeries, ScalarTrace
 
@@ -187,11 +187,6 @@ def _told_apart(ref: Any, target: Any) -> tuple[str, str]:
     return _shown(ref), _shown(target)
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
-    found = getattr(torch, name or "", None)
-    return found if isinstance(found, torch.dtype) else None
-
-
 def _numbers(value: Any) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list) else [float(value)]
 
@@ -271,7 +266,7 @@ def _site(
     """
     from neuron_workbench.compare.budget import classify
 
-    dtype_ref, dtype_target = _dtype(ref.dtype), _dtype(target.dtype or ref.dtype)
+    dtype_ref, dtype_target = dtype_named(ref.dtype), dtype_named(target.dtype or ref.dtype)
     tolerance = policy.for_output(f"scalars/{ref.site}", dtype_ref, dtype_target)
     diffs: list[float | None] = []
     parts_at = None
@@ -425,7 +420,7 @@ def _scalar_ratio(ref: Any, target: Any, oracle: Any, dtype: str | None) -> floa
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
         return None
     ref, target, oracle = (float(v) for v in values)
-    torch_dtype = _dtype(dtype)
+    torch_dtype = dtype_named(dtype)
     # neither run is promised closer than one ulp of its dtype: a float64 loss that the reference
     # got exactly was "R inf" for any target error
     least = 0.0

@@ -107,6 +107,23 @@ PRESETS: dict[str, Preset] = {
 PYTHON_FLOAT_DTYPE = torch.float32
 
 
+def dtype_named(name: str | None) -> torch.dtype | None:
+    """The torch dtype a report names (``"float32"``, ``"int64"``), or None for no such dtype.
+
+    Parameters
+    ----------
+    name : str or None
+        A dtype's name as reports and artifacts write it (``str(dtype)`` without ``torch.``).
+
+    Returns
+    -------
+    torch.dtype or None
+        The dtype; None for None, an empty name, or a name that is no dtype of this torch.
+    """
+    found = getattr(torch, name, None) if name else None
+    return found if isinstance(found, torch.dtype) else None
+
+
 def default_tolerance(*dtypes: torch.dtype | None, preset: str = "default") -> Tolerance:
     """The loosest tolerance over ``dtypes`` in ``preset`` (exact where the table has no row)."""
     table = PRESETS[preset].table
