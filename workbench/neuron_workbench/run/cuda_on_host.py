@@ -6,7 +6,8 @@ being checked (``shared/notes/ecosystem.md`` §8). While the ``cpu`` backend sta
 - ``.cuda()``, ``.to("cuda")``, ``torch.as_tensor(..., device="cuda")`` return a copy, as a
   host-to-device copy does (on the CPU they would return the tensor itself, so an in-place op on the
   "moved" tensor would change the original); a tensor already "on cuda" is returned as it is;
-- ``pin_memory()`` returns a pinned copy and ``is_pinned()`` answers as CUDA would;
+- ``pin_memory()`` returns a pinned copy and ``is_pinned()`` answers as CUDA would; a
+  ``DataLoader(pin_memory=True)`` yields pinned batches (:func:`loaders_pinning_on_host`);
 - ``torch.autocast("cuda")`` casts the ops CUDA's autocast lists name (see
   :mod:`neuron_workbench.cuda_semantics.autocast`), not CPU's;
 - optimizers and gradient clipping default to the ``foreach`` implementation, as on CUDA tensors;
@@ -22,6 +23,7 @@ What stays different is said in :attr:`CudaOnHost.notes`, which reports list.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -495,6 +497,44 @@ def parallel_comm_on_host(host: CudaOnHost) -> Iterator[None]:
         patched_attributes(comm, {"scatter": scatter, "gather": gather}),
         patched_attributes(Scatter, {"backward": staticmethod(scatter_backward)}),
     ):
+        yield
+
+
+#: The start of torch's warning that a loader asked for pinned memory where no accelerator is.
+_NO_ACCELERATOR_TO_PIN_FOR = "'pin_memory' argument is set as true but no accelerator is found"
+
+
+@contextlib.contextmanager
+def loaders_pinning_on_host() -> Iterator[None]:
+    """``DataLoader(pin_memory=True)`` yields pinned batches on the host, as on a GPU, silently.
+
+    torch pins a loader's batches only where ``torch.accelerator`` finds a device, and torch's own
+    code gets the process's answer to that (:class:`~neuron_workbench.run.cuda_module.AcceleratorShim`):
+    on the host standing in for cuda each iterator warned "no accelerator is found" and yielded
+    batches whose ``is_pinned()`` was False, where the target's (and a GPU's) are pinned. Here the
+    iterator pins each batch as it yields it, through the run's ``pin_memory()``; a GPU pins them in
+    a thread of the loader's, which changes when, not what.
+    """
+    from torch.utils.data import _utils, dataloader
+
+    iterator_cls = dataloader._BaseDataLoaderIter
+    original_init = vars(iterator_cls)["__init__"]
+    original_next = vars(iterator_cls)["__next__"]
+
+    def init(self: Any, loader: Any) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", _NO_ACCELERATOR_TO_PIN_FOR, UserWarning)
+            original_init(self, loader)
+        # a loader torch itself pins for (a real accelerator) is left to torch
+        self._neuron_workbench_pins_on_host = bool(loader.pin_memory) and not self._pin_memory
+
+    def next_batch(self: Any) -> Any:
+        batch = original_next(self)
+        if getattr(self, "_neuron_workbench_pins_on_host", False):
+            batch = _utils.pin_memory.pin_memory(batch)
+        return batch
+
+    with patched_attributes(iterator_cls, {"__init__": init, "__next__": next_batch}):
         yield
 
 

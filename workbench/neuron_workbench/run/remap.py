@@ -59,7 +59,12 @@ from neuron_workbench.run.cuda_module import (
     cuda_module_shims,
     legacy_cuda_dtype,
 )
-from neuron_workbench.run.cuda_on_host import CudaOnHost, parallel_comm_on_host, profiler_on_host
+from neuron_workbench.run.cuda_on_host import (
+    CudaOnHost,
+    loaders_pinning_on_host,
+    parallel_comm_on_host,
+    profiler_on_host,
+)
 from neuron_workbench.run.measurements import (
     SCALAR_CONVERSIONS,
     materialise,
@@ -1164,6 +1169,7 @@ def cuda_remapped_to(
             stack.enter_context(fused_dropout_on_cpu())
             stack.enter_context(parallel_comm_on_host(host))
             stack.enter_context(profiler_on_host())
+            stack.enter_context(loaders_pinning_on_host())
         elif not hasattr(torch._C, "_scatter"):
             stack.enter_context(_data_parallel_refused(target))
         stack.enter_context(_cuda_storages_loaded_to(target, restored_on_cuda))
