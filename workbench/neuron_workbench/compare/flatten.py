@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from neuron_workbench.run.measurements import TAGGED
+from neuron_workbench.run.measurements import TAGGED, provenance_of, untagged
 from neuron_workbench.run.namespace import (
     PLAIN_NAMESPACES,
     TENSOR_HOLDERS,
@@ -189,6 +189,9 @@ def _walk(
             for key, item in value.state.get(param, {}).items():
                 _walk(leaves, f"{path}.state[{index}][{key!r}]", item, depth + 1, seen, modules)
         return
+    if isinstance(value, TAGGED) and provenance_of(value) is None:
+        # np.zeros(n) the cell filled with no measurement (measurements.py): NumPy's own array
+        value = untagged(value)
     if _is_numpy_array(value):
         leaves.append((path, _numpy_leaf(value)))
         return

@@ -35,7 +35,8 @@ a NumPy ``float64`` result stays one, tagged). What loses the provenance (docume
 ``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), string
 formatting (``f"{ms:.1f}"``), tensors and pandas objects built from tagged numbers. An array of
 measurements (``np.array(times)``, ``np.asarray(times)``) is a :class:`TaggedArray`, and so is what
-NumPy computes from it (see :func:`_tagged_array_type`).
+NumPy computes from it (see :func:`_tagged_array_type`), and an array the cell preallocated
+(``np.zeros(reps)``) once it stores a measurement (see :func:`_preallocated`).
 """
 
 from __future__ import annotations
@@ -514,7 +515,9 @@ def _tagged_array_type() -> type:
     What NumPy computes from it keeps the provenance: element-wise arithmetic and comparisons
     (``arr * 1e3``, ``arr > 0.01``: an array, the unit kept where the ufunc keeps it and scaled by
     a number as a tagged float's), reductions and the summarising methods (``arr.mean()``, a
-    tagged NumPy scalar), an element (``arr[0]``), iteration and ``tolist()``.
+    tagged NumPy scalar), an element (``arr[0]``), iteration and ``tolist()``. One without a
+    provenance is a plain array the cell preallocated (:func:`_preallocated`): storing a measurement
+    into it gives it that measurement's provenance.
     """
     base = numpy.ndarray
 
@@ -558,6 +561,16 @@ def _tagged_array_type() -> type:
     def __getitem__(self: Any, key: Any) -> Any:
         return _tagged_result(base.__getitem__(self, key), self.provenance)
 
+    def __setitem__(self: Any, key: Any, value: Any) -> None:
+        base.__setitem__(self, key, value)
+        measured = _measured_in(value) if self.provenance is None else None
+        # timings[rep] = start.elapsed_time(end): an array the cell preallocated holds measurements
+        # from then on, and so does the array a view of it (timings[rep][0] = ms) was taken from
+        array = self
+        while measured is not None and isinstance(array, cls) and array.provenance is None:
+            array.provenance = measured
+            array = array.base
+
     def __iter__(self: Any) -> Any:
         return (self[index] for index in range(len(self)))
 
@@ -589,6 +602,7 @@ def _tagged_array_type() -> type:
         "__array_finalize__": __array_finalize__,
         "__array_ufunc__": __array_ufunc__,
         "__getitem__": __getitem__,
+        "__setitem__": __setitem__,
         "__iter__": __iter__,
         "tolist": tolist,
         "__reduce__": __reduce__,
@@ -980,6 +994,10 @@ def tracked(cuda: Any) -> Iterator[None]:
         # np.array(times): an array of measurements is one, and so is what NumPy computes from it
         if "numpy" in sys.modules and numpy is not None:
             constructors = {name: _array_of(getattr(numpy, name)) for name in _ARRAY_CONSTRUCTORS}
+            # timings = np.zeros(reps); timings[rep] = ms: a buffer filled with measurements is one
+            constructors.update(
+                {name: _preallocated(getattr(numpy, name)) for name in _PREALLOCATING}
+            )
             stack.enter_context(patched_attributes(numpy, constructors))
         yield
 
@@ -1010,6 +1028,35 @@ def _array_of(make: Callable[..., Any]) -> Callable[..., Any]:
         return tag(result, prov)
 
     return array
+
+
+#: NumPy's functions that make a buffer for the numbers the cell then stores into it.
+_PREALLOCATING = ("zeros", "empty", "ones", "full")
+
+
+@functools.lru_cache(maxsize=16)
+def _preallocated(make: Callable[..., Any]) -> Callable[..., Any]:
+    """``make`` (``np.zeros``), giving the cell's own code an array that notes measurements stored.
+
+    The benchmark idiom ``timings = np.zeros((reps, 1))`` then ``timings[rep] =
+    starter.elapsed_time(ender)`` fills a plain array, which kept nothing of where its numbers came
+    from: the timings, and ``np.std(timings)``, were compared and failed the cell. Only the cell's
+    code (and the notebook functions it calls, whose module is ``__main__`` too) gets such an
+    array: a library making its buffers gets NumPy's own type.
+    """
+
+    @functools.wraps(make)
+    def preallocate(*args: Any, **kwargs: Any) -> Any:
+        result = make(*args, **kwargs)
+        if (
+            type(result) is numpy.ndarray
+            and result.dtype.kind in "biuf"
+            and sys._getframe(1).f_globals.get("__name__") == "__main__"
+        ):
+            return result.view(TaggedArray)  # no provenance until a measurement is stored
+        return result
+
+    return preallocate
 
 
 #: ``torch.cuda`` names whose answers on the cpu reference need its memory accounting.

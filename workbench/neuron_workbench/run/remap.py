@@ -67,6 +67,7 @@ from neuron_workbench.run.cuda_on_host import (
 )
 from neuron_workbench.run.measurements import (
     SCALAR_CONVERSIONS,
+    TAGGED,
     materialise,
     tracked,
     without_tags,
@@ -453,7 +454,8 @@ def _pinned(host: CudaOnHost | None, tensor: torch.Tensor) -> torch.Tensor:
 
 def _may_share_memory(source: Any) -> bool:
     """Whether ``torch.as_tensor(source)`` on the CPU can return memory ``source`` owns."""
-    return isinstance(source, torch.Tensor) or type(source).__module__ == "numpy"
+    # (a NumPy array of the run's, np.array(times) or a buffer np.zeros made, is a tagged one)
+    return isinstance(source, (torch.Tensor, *TAGGED)) or type(source).__module__ == "numpy"
 
 
 def _formatted(tensor: torch.Tensor, format_spec: str) -> str:
