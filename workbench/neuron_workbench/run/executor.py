@@ -37,7 +37,11 @@ from neuron_workbench.run.file_writes import (
     writes_kept_apart,
 )
 from neuron_workbench.run.grad_scalers import scales_made_again
-from neuron_workbench.run.measurements import reads_memory_statistics, untagged
+from neuron_workbench.run.measurements import (
+    reads_memory_statistics,
+    timers_named_in,
+    untagged,
+)
 from neuron_workbench.run.namespace import (
     INPUT_HISTORY,
     ResidentObjects,
@@ -739,6 +743,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                     writes=unversioned,
                 )
             )
+            stack.enter_context(timers_named_in(ns))  # `from timeit import default_timer`
             if host is not None:
                 stack.enter_context(inductor_on_the_host())
             observed = {

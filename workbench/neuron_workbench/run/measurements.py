@@ -50,7 +50,7 @@ import math
 import operator
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -78,6 +78,7 @@ __all__ = [
     "scalar_from_tensor",
     "source_dtype",
     "tag",
+    "timers_named_in",
     "tracked",
 ]
 
@@ -758,6 +759,45 @@ def _timer(name: str, unit: str) -> Callable[[], Any]:
     return _timer_over(getattr(time, name), name, unit)
 
 
+#: The timers themselves, as importing this module found them: a notebook's own names for them.
+_TIMER_FUNCTIONS = {
+    getattr(time, name): (name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)
+}
+
+
+def _tagged_timer(value: Any) -> Callable[[], Any] | None:
+    """The tagged timer standing in for ``value`` when it is one of ``time``'s timers, else None."""
+    try:
+        timer = _TIMER_FUNCTIONS.get(value)
+    except TypeError:  # an unhashable value: no timer
+        return None
+    return _timer_over(value, *timer) if timer is not None else None
+
+
+@contextlib.contextmanager
+def timers_named_in(namespace: MutableMapping[str, Any]) -> Iterator[None]:
+    """For the body: the namespace's own names for the timers hand out tagged values too.
+
+    ``from timeit import default_timer as timer`` (a popular PyTorch course's idiom) and ``from time
+    import perf_counter`` bind the timer itself before the run, which :func:`tracked` replacing
+    ``time``'s attributes does not reach: its times were compared, and failed the cell. Each such
+    name gets the tagged timer for the run (so do the notebook's functions reading it there), and
+    its own function back afterwards unless the cell bound it to something else.
+    """
+    bound = {}
+    for name, value in list(namespace.items()):
+        tagged = _tagged_timer(value)
+        if tagged is not None:
+            bound[name] = (value, tagged)
+    namespace.update({name: tagged for name, (_, tagged) in bound.items()})
+    try:
+        yield
+    finally:
+        for name, (original, tagged) in bound.items():
+            if namespace.get(name) is tagged:
+                namespace[name] = original
+
+
 @functools.lru_cache(maxsize=64)
 def _timer_over(original: Callable[[], Any], name: str, unit: str) -> Callable[[], Any]:
     """``original`` (``time.<name>``) giving tagged values; made once per function (every run)."""
@@ -981,6 +1021,8 @@ def tracked(cuda: Any) -> Iterator[None]:
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
+        if "timeit" in sys.modules:
+            stack.enter_context(_timeit_tagged(sys.modules["timeit"]))
         # a profile's times and its table of them differ between any two runs (every event time,
         # its totals and averages, is made from an event's interval)
         table = vars(EventList)["table"]
@@ -1028,6 +1070,32 @@ def _array_of(make: Callable[..., Any]) -> Callable[..., Any]:
         return tag(result, prov)
 
     return array
+
+
+@contextlib.contextmanager
+def _timeit_tagged(timeit: Any) -> Iterator[None]:
+    """``timeit``'s times are measurements: ``default_timer()``, ``timeit.timeit(...)``, ``repeat``.
+
+    Both hold ``time.perf_counter`` as it was when ``timeit`` was imported (the module's
+    ``default_timer``, and the default timer of every ``timeit.Timer``), which replacing ``time``'s
+    attributes does not reach. A ``Timer`` made during the run with one of ``time``'s timers times
+    with its tagged stand-in, so what ``timeit``, ``repeat`` and ``autorange`` return is tagged.
+    """
+    init = vars(timeit.Timer)["__init__"]
+
+    def timer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.timer = _tagged_timer(self.timer) or self.timer
+
+    replacements: dict[str, Any] = {}
+    default = _tagged_timer(getattr(timeit, "default_timer", None))
+    if default is not None:
+        replacements["default_timer"] = default
+    with (
+        patched_attributes(timeit, replacements),
+        patched_attributes(timeit.Timer, {"__init__": timer_init}),
+    ):
+        yield
 
 
 #: NumPy's functions that make a buffer for the numbers the cell then stores into it.
