@@ -278,6 +278,28 @@ def test_times_from_timers_imported_by_name_and_from_timeit_are_measurements(ip)
     assert type(ip.user_ns["total_train_time"]) is float
 
 
+def test_what_torch_utils_benchmark_measured_is_a_measurement(ip):
+    # PyTorch's benchmark recipe: a Measurement's median is computed through a tensor of its times
+    # and blocked_autorange picks its runs per block by timing them; `m.median * 1e6` was compared
+    # and failed the cell (and `m.number_per_run` differs wherever the timings do).
+    run_cell(ip, SETUP)
+    run_cell(ip, "import torch.utils.benchmark as benchmark")
+    report = _report(
+        ip,
+        "t = benchmark.Timer(stmt='model(x)', globals={'model': model, 'x': x})\n"
+        "m = t.blocked_autorange(min_run_time=0.01)\n"
+        "fixed = t.timeit(5)\n"
+        "median_us = m.median * 1e6\n"
+        "spread = {'mean': fixed.mean, 'iqr': fixed.iqr}",
+    )
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert {"m.number_per_run", "spread['mean']", "spread['iqr']"} <= set(measured)
+    assert measured["median_us"]["unit"] == "us"
+    # a block size the cell chose itself is compared
+    assert "fixed.number_per_run" in {d.path for d in report.comparison.diffs}
+
+
 def test_summaries_of_timings_are_measurements(ip):
     # A benchmark cell summarises its step times with NumPy or statistics: np.mean(times) and
     # statistics.stdev(times) were plain numbers, compared, and failed the cell ("res['mean']

@@ -1023,6 +1023,7 @@ def tracked(cuda: Any) -> Iterator[None]:
         stack.enter_context(patched_attributes(time, timers))
         if "timeit" in sys.modules:
             stack.enter_context(_timeit_tagged(sys.modules["timeit"]))
+        stack.enter_context(_benchmark_tagged())
         # a profile's times and its table of them differ between any two runs (every event time,
         # its totals and averages, is made from an event's interval)
         table = vars(EventList)["table"]
@@ -1094,6 +1095,46 @@ def _timeit_tagged(timeit: Any) -> Iterator[None]:
     with (
         patched_attributes(timeit, replacements),
         patched_attributes(timeit.Timer, {"__init__": timer_init}),
+    ):
+        yield
+
+
+#: What ``torch.utils.benchmark`` chose by timing the statement: how many runs make a block.
+_BLOCK_SIZE = Provenance("time", "torch.utils.benchmark.Timer.blocked_autorange")
+
+
+@contextlib.contextmanager
+def _benchmark_tagged() -> Iterator[None]:
+    """``torch.utils.benchmark``'s results are measurements where its times are.
+
+    Its timer reads ``timeit.default_timer()`` (tagged by :func:`_timeit_tagged`), but a
+    ``Measurement`` computes its median, mean and quartiles through a float64 tensor of its times,
+    which keeps no provenance (``m.median * 1e6`` was compared and failed the cell), and
+    ``blocked_autorange`` and ``adaptive_autorange`` choose the runs per block by timing the
+    statement (``m.number_per_run`` differs between two machines). Those are tagged too.
+    """
+    common = sys.modules.get("torch.utils.benchmark.utils.common")
+    timer_module = sys.modules.get("torch.utils.benchmark.utils.timer")
+    if common is None or timer_module is None:  # not imported: nothing to tag
+        yield
+        return
+    lazy_init = vars(common.Measurement)["_lazy_init"]
+    estimate = vars(timer_module.Timer)["_estimate_block_size"]
+
+    def statistics_tagged(self: Any) -> None:
+        lazy_init(self)
+        measured = _measured_in(self.raw_times)
+        if measured is None:
+            return
+        for name in ("_median", "_mean", "_p25", "_p75"):  # seconds per run, as the times
+            setattr(self, name, tag(_plain(getattr(self, name)), measured))
+
+    def block_size_tagged(self: Any, min_run_time: float) -> Any:
+        return tag(estimate(self, min_run_time), _BLOCK_SIZE)
+
+    with (
+        patched_attributes(common.Measurement, {"_lazy_init": statistics_tagged}),
+        patched_attributes(timer_module.Timer, {"_estimate_block_size": block_size_tagged}),
     ):
         yield
 
