@@ -50,6 +50,7 @@ import math
 import operator
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -786,6 +787,8 @@ def timers_named_in(namespace: MutableMapping[str, Any]) -> Iterator[None]:
     """
     bound = {}
     for name, value in list(namespace.items()):
+        if type(value) is not types.BuiltinFunctionType:  # (no hashing of the notebook's objects)
+            continue
         tagged = _tagged_timer(value)
         if tagged is not None:
             bound[name] = (value, tagged)
@@ -1115,11 +1118,12 @@ def _benchmark_tagged() -> Iterator[None]:
     """
     common = sys.modules.get("torch.utils.benchmark.utils.common")
     timer_module = sys.modules.get("torch.utils.benchmark.utils.timer")
-    if common is None or timer_module is None:  # not imported: nothing to tag
+    # (torch's private methods: a torch without them leaves its results untagged, never failing)
+    lazy_init = vars(getattr(common, "Measurement", object)).get("_lazy_init")
+    estimate = vars(getattr(timer_module, "Timer", object)).get("_estimate_block_size")
+    if lazy_init is None or estimate is None:  # not imported: nothing to tag
         yield
         return
-    lazy_init = vars(common.Measurement)["_lazy_init"]
-    estimate = vars(timer_module.Timer)["_estimate_block_size"]
 
     def statistics_tagged(self: Any) -> None:
         lazy_init(self)
