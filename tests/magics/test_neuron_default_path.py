@@ -778,6 +778,36 @@ def test_a_setting_a_plain_cell_assigns_on_the_notebooks_own_module_holds_in_the
             assert report.target.outputs["lr"] == 0.5
 
 
+def test_a_submodule_the_notebook_imported_of_its_own_package_reaches_the_worker(
+    ip, tmp_path, monkeypatch
+):
+    # `import nwpkg.train` in a plain cell, nwpkg's __init__ importing no submodule: the package
+    # travelled by name, the worker imported nwpkg alone, and the cell's `nwpkg.train.lr()` raised
+    # ("ERROR neuron (emulated) ... AttributeError: module 'nwpkg' has no attribute 'train'"),
+    # where a GPU runs it. So did a submodule a plain cell imported after the worker had nwpkg.
+    package = f"nw_pkg_{os.getpid()}"
+    for path, source in [
+        ("__init__.py", ""),
+        ("train.py", "LR = 0.25\n\ndef lr():\n    return LR\n"),
+        ("sub/__init__.py", ""),
+        ("sub/deeper.py", "SCALE = 3.0\n"),
+    ]:
+        (tmp_path / package / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / path).write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        run_cell(ip, f"import torch\nimport {package}.train")
+        report = _passed(ip, f"lr = {package}.train.lr()\ny = torch.ones(2, device='cuda') * lr")
+        assert report.target.outputs["lr"] == 0.25
+        assert report.target.outputs["y"].cpu().tolist() == [0.25, 0.25]
+        run_cell(ip, f"import {package}.sub.deeper")
+        report = _passed(ip, f"y = torch.ones(2, device='cuda') * {package}.sub.deeper.SCALE")
+        assert report.target.outputs["y"].cpu().tolist() == [3.0, 3.0]
+    finally:
+        for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
+            sys.modules.pop(name)
+
+
 def test_a_setting_a_neuron_cell_assigns_holds_in_other_targets_and_counts_once(
     ip, tmp_path, monkeypatch
 ):

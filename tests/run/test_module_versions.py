@@ -8,6 +8,7 @@ import time
 import torch
 
 from neuron_workbench.run import module_versions
+from neuron_workbench.run.cell import compile_cell
 
 
 def test_only_the_notebooks_own_modules_are_marked_and_a_reload_changes_the_mark(
@@ -161,3 +162,56 @@ def test_assigned_values_are_plain_data_copied_and_set_where_they_differ(tmp_pat
     finally:
         sys.modules.pop(name, None)
         module_versions._ASSIGNED.pop(name, None)
+
+
+def test_the_submodules_a_cell_names_on_the_notebooks_own_package_are_reached(
+    tmp_path, monkeypatch
+):
+    package = f"nw_reached_{os.getpid()}"
+    # (ns/tools.py: a folder without __init__.py, a namespace package)
+    files = [
+        "__init__.py",
+        "train.py",
+        "eval.py",
+        "sub/__init__.py",
+        "sub/deeper.py",
+        "ns/tools.py",
+    ]
+    for path in files:
+        (tmp_path / package / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / path).write_text("LR = 0.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ["train", "eval", "sub.deeper", "ns.tools"]:
+        importlib.import_module(f"{package}.{name}")
+    try:
+        pkg, sub, ns = (sys.modules[f"{package}{part}"] for part in ["", ".sub", ".ns"])
+        body = compile_cell("def f():\n    return pkg.sub.deeper.LR\nlr = pkg.train.LR\nf()")
+        # the parts a cell names after the package (a function's it defines too), not eval
+        assert module_versions.reached_submodules(body, {"pkg": pkg}) == [
+            f"{package}.sub",
+            f"{package}.sub.deeper",
+            f"{package}.train",
+        ]
+        # through a submodule bound to a name (import nwpkg.sub as s); its last expression too
+        reading = compile_cell("s.deeper.LR")
+        assert module_versions.reached_submodules(reading, {"s": sub, "torch": torch}) == [
+            f"{package}.sub.deeper"
+        ]
+        assert module_versions.reached_submodules(compile_cell("ns.tools.LR"), {"ns": ns}) == [
+            f"{package}.ns.tools"
+        ]
+        # installed packages (torch.nn named by the cell) are not the notebook's own
+        assert (
+            module_versions.reached_submodules(compile_cell("torch.nn.Linear"), {"torch": torch})
+            == []
+        )
+        # a target process where only the packages were imported imports the others
+        for parent, name in [(pkg, "train"), (sub, "deeper")]:
+            del sys.modules[f"{parent.__name__}.{name}"]
+            delattr(parent, name)
+        module_versions.import_submodules([f"{package}.train", f"{package}.sub.deeper", "nw_gone"])
+        assert (pkg.train.LR, pkg.sub.deeper.LR) == (0.1, 0.1)
+        assert "nw_gone" not in sys.modules
+    finally:
+        for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
+            sys.modules.pop(name)

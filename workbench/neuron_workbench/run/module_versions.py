@@ -16,6 +16,13 @@ lazy initialisation's ``_ready = True``) into a worker that never ran that code.
 carries the kernel's values of those attributes, where they are plain data
 (:func:`assigned_values`), and the target process sets them on its copies of the modules
 (:func:`take_assigned_values`).
+
+A module travels by name, and a target process imports that name only: a submodule of the
+notebook's package that a plain cell imported (``import nwpkg.train``), where the package's
+``__init__`` does not, was missing there, and the cell's ``nwpkg.train.lr()`` raised
+``AttributeError``. Each request names the submodules of the notebook's own that the kernel has
+loaded and the cell reads through a package it reads (:func:`reached_submodules`), and the
+target process imports them before the run (:func:`import_submodules`).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import os
 import re
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+
+from neuron_workbench.run.cell import CellProgram, _code_names
 
 #: Per module name: the module object last seen there, and whether it is the notebook's own.
 _OWN: dict[str, tuple[types.ModuleType, bool]] = {}
@@ -130,23 +139,21 @@ def loaded_versions() -> dict[str, int]:
 
 
 def _loaded_versions() -> dict[str, int]:
+    return {name: _mark(module) for name, module in _own_modules().items()}
+
+
+def _own_modules() -> dict[str, types.ModuleType]:
+    """The notebook's own modules loaded now, by name."""
     # Each cell's request asks, before its run starts: with the same modules loaded as at the last
     # full look (the usual cell), only the notebook's own are looked at again (0.4 ms a cell saved
     # with transformers' 2,500 modules loaded).
     where = (os.getcwd(), tuple(sys.path), len(sys.modules))
-    if where == _LAST_LOOK[0]:
-        versions = {}
-        for name, module in _OWN_NOW.items():
-            if sys.modules.get(name) is not module:
-                break  # one was replaced (deleted and imported again): look at every module
-            versions[name] = _mark(module)
-        else:
-            return versions
+    if where == _LAST_LOOK[0] and all(sys.modules.get(n) is m for n, m in _OWN_NOW.items()):
+        return _OWN_NOW  # (one replaced, deleted and imported again: every module is looked at)
     roots = _roots()
     if _OWN_ROOTS[0] != roots:  # the working folder or sys.path changed: ask again
         _OWN.clear()
         _OWN_ROOTS[0] = roots
-    versions = {}
     own_now = {}
     prefixes = _prefixes()
     for name, module in list(sys.modules.items()):
@@ -156,12 +163,11 @@ def _loaded_versions() -> dict[str, int]:
         if seen is None or seen[0] is not module:
             seen = _OWN[name] = (module, _is_own(name, module, roots, prefixes))
         if seen[1]:
-            versions[name] = _mark(module)
             own_now[name] = module
     _OWN_NOW.clear()
     _OWN_NOW.update(own_now)
     _LAST_LOOK[0] = where
-    return versions
+    return _OWN_NOW
 
 
 def follow(versions: dict[str, int]) -> None:
@@ -351,3 +357,67 @@ def take_assigned_values(values: Mapping[str, Mapping[str, Any]] | None) -> None
             current = held.get(attribute, _NOT_PLAIN)
             if type(current) is not type(value) or current != value:
                 setattr(module, attribute, value)
+
+
+def reached_submodules(program: CellProgram, values: Mapping[str, Any]) -> list[str]:
+    """The submodules of the notebook's own that the kernel has loaded and a cell reaches.
+
+    Those under a package among ``values`` (``nwpkg``, or ``nwpkg.sub`` of ``import nwpkg.sub as
+    s``; a folder without ``__init__.py`` too) whose every part after the package the cell's code
+    names (``nwpkg.train.lr()`` names ``train``; the code of the functions the cell defines
+    included). A cell reading only installed packages (``torch``) costs a look-up each.
+
+    Parameters
+    ----------
+    program : CellProgram
+        The cell, compiled.
+    values : mapping
+        The values the cell's request sends, by name.
+
+    Returns
+    -------
+    list of str
+        The submodules' names, sorted (a package before its submodules).
+    """
+    try:
+        return _reached_submodules(program, values)
+    except Exception:  # a module whose values cannot be read (a lazy proxy): none imported
+        return []
+
+
+def _reached_submodules(program: CellProgram, values: Mapping[str, Any]) -> list[str]:
+    packages = []
+    for value in values.values():
+        if not isinstance(value, types.ModuleType) or "__path__" not in vars(value):
+            continue  # (no submodules; read from its globals, not through a lazy __getattr__)
+        seen = _OWN.get(value.__name__)
+        if seen and seen[0] is value and not seen[1] and vars(value).get("__file__") is not None:
+            continue  # torch, numpy: known not the notebook's own (a folder without __init__.py,
+            # a namespace package, is none either, though the modules in it are)
+        packages.append(value)
+    if not packages:
+        return []
+    own = _own_modules()
+    codes = [program.body, *([program.last_expr] if program.last_expr is not None else [])]
+    names = {name for code in codes for name in _code_names(code)}
+    reached = set()
+    for package in packages:
+        if sys.modules.get(package.__name__) is not package:
+            continue
+        prefix = package.__name__ + "."
+        for name in own:
+            if name.startswith(prefix) and names.issuperset(name[len(prefix) :].split(".")):
+                reached.add(name)
+    return sorted(reached)
+
+
+def import_submodules(names: Iterable[str] | None) -> None:
+    """Import each of ``names`` (:func:`reached_submodules`) this process has not imported yet.
+
+    One that fails to import here is left out: the cell's run then fails where it reads it, as
+    it did before.
+    """
+    for name in names or ():
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)

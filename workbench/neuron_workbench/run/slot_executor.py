@@ -21,7 +21,7 @@ from neuron_workbench.backends.base import Availability, Backend, BackendInfo
 from neuron_workbench.errors import BackendUnavailable, WorkbenchUsageError, note_interrupted
 from neuron_workbench.run.custom_ops import notebook_custom_ops
 from neuron_workbench.run.library_state import notebook_module_hooks, notebook_registrations
-from neuron_workbench.run.module_versions import assigned_values
+from neuron_workbench.run.module_versions import assigned_values, reached_submodules
 from neuron_workbench.run.namespace import mixed_on_device
 from neuron_workbench.run.records import Run, RunError
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, TargetSlot, WorkerDied
@@ -138,6 +138,9 @@ class SlotExecutor:
             "pandas_options": pandas_settings.current(),
             # config.LR = 0.5 in a plain cell, on a module of the notebook's own
             "module_values": assigned_values() if module_values is None else module_values,
+            # nwpkg.train.lr() where the kernel imported nwpkg.train: nwpkg travels by name, and
+            # its submodule is imported there too
+            "submodules": reached_submodules(spec.program, values),
             "notebook_temp": getattr(spec, "notebook_temp", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])

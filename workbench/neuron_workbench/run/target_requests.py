@@ -388,7 +388,7 @@ def _run_request(
         apply_registrations,
         restore_library_state,
     )
-    from neuron_workbench.run.module_versions import take_assigned_values
+    from neuron_workbench.run.module_versions import import_submodules, take_assigned_values
 
     _held.clear()  # the previous run's evidence goes before this run needs the memory
     if backend.memory_stats().current_bytes:
@@ -424,6 +424,8 @@ def _run_request(
     warning_filters.apply(request.get("warnings"))
     numpy_settings.apply(request.get("numpy_settings"))
     pandas_settings.apply(request.get("pandas_options"))
+    # before the settings: config.train.LR = 0.5 is set on the submodule imported here
+    import_submodules(request.get("submodules"))
     take_assigned_values(request.get("module_values"))
     resident = ResidentObjects()
     for name in request["force"]:
