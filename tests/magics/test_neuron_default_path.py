@@ -343,6 +343,35 @@ def test_a_name_bound_again_to_a_shared_value_is_an_output_every_time(ip):
     assert [diff.path for diff in _report(ip).comparison.diffs] == ["y"]
 
 
+#: A cell (or script) that resumes from the checkpoint it saves.
+RESUMING = """import os, torch
+w = torch.zeros(3, device="cuda")
+if os.path.exists("state.pt"):
+    w = torch.load("state.pt", map_location="cuda")
+w = w + 1
+torch.save(w, "state.pt")
+"""
+
+
+@pytest.mark.parametrize("options", ["", "--profile", "--keep target"])
+def test_a_cell_resuming_from_its_own_checkpoint_finds_it_as_the_cell_did(
+    ip, tmp_path, monkeypatch, options
+):
+    # The run not kept found the checkpoint the kept run had saved a moment before (with
+    # --profile, always) and resumed from it: FAIL, ones against twos (with --keep target, the
+    # reference resumed from the target's file, or could not load it: ERROR). On a GPU, w is ones.
+    monkeypatch.chdir(tmp_path)
+    for step in (1.0, 2.0):  # then resuming from an existing file, which the kept run overwrites
+        run_cell(ip, f"%%neuron -o r {options}\n{RESUMING}")
+        assert _report(ip).verdict == "PASS", _report(ip).summary()
+        assert ip.user_ns["w"].tolist() == [step] * 3
+        assert torch.load(tmp_path / "state.pt", map_location="cpu").tolist() == [step] * 3
+        assert os.listdir(tmp_path) == ["state.pt"]
+    # the cell's originals are gone with it
+    kept = pathlib.Path(tempfile.gettempdir()).glob(f"neuron-workbench-originals-{os.getpid()}-*")
+    assert not list(kept)
+
+
 def test_a_log_file_the_notebook_opened_gets_each_line_once(ip, tmp_path, monkeypatch):
     # `log = open("train.log", "w")` in a plain cell, then a training cell that logs to it: the
     # target's worker refused the cell ('log' cannot be sent), and --executor inprocess wrote every

@@ -1,4 +1,5 @@
 import builtins
+import errno
 import glob
 import io
 import os
@@ -11,8 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from neuron_workbench.run import file_writes
 from neuron_workbench.run.file_writes import (
     kept_apart_note,
+    originals_folder,
+    originals_kept,
     tempfile_names,
     tempfile_names_drawn,
     writes_kept_apart,
@@ -72,6 +76,111 @@ def test_safetensors_files_stay_apart_and_read_back_inside(folder):
         assert writes.written == [str(saved), str(folder / "linear.safetensors")]
     assert safetensors_torch.load_file(saved)["w"].tolist() == [0.0, 0.0]
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
+
+
+@pytest.fixture
+def originals():
+    # the cell's folder of originals, as the kernel names it and removes it after the cell
+    folder = originals_folder()
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("file_system", ["the same", "another"])
+def test_the_run_not_kept_finds_the_files_as_the_cell_did(
+    folder, originals, file_system, monkeypatch
+):
+    # A cell resuming from its own checkpoint: the kept run saved it first, and the other run
+    # resumed from the kept run's (a FAIL, "3 vs 6"). It finds the files as the cell started.
+    if file_system == "another":  # than the temporary folder's: no hard links, copies
+
+        def cross_device(src, dst):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src)
+
+        monkeypatch.setattr(file_writes, "_LINK", cross_device)
+    ckpt, log, old, gone = (folder / name for name in ("ckpt.pt", "log.txt", "old.txt", "gone"))
+    torch.save({"step": 0}, ckpt)
+    os.chmod(ckpt, 0o640)
+    log.write_text("line0\n")
+    old.write_text("old")
+    gone.write_text("gone")
+    with originals_kept(originals):  # the kept run
+        assert torch.load(ckpt) == {"step": 0}
+        torch.save({"step": 1}, ckpt)
+        with open(log, "a") as handle:
+            handle.write("line1\n")
+        torch.save({"step": 1}, folder / "new.pt")
+        os.replace(old, folder / "renamed.txt")
+        with open(folder / "renamed.txt", "a") as handle:  # the original, changed in place
+            handle.write("+")
+        os.remove(gone)
+    # the kept run's files are as a plain run leaves them
+    assert torch.load(ckpt) == {"step": 1} and ckpt.stat().st_mode & 0o777 == 0o640
+    assert log.read_text() == "line0\nline1\n" and (folder / "renamed.txt").read_text() == "old+"
+    real_names = ["ckpt.pt", "log.txt", "new.pt", "renamed.txt"]
+    assert sorted(os.listdir(folder)) == sorted(real_names)
+    with writes_kept_apart(originals=originals):  # the run not kept
+        assert torch.load(ckpt) == {"step": 0}
+        assert log.read_text() == "line0\n" and old.read_text() == "old"
+        assert gone.read_text() == "gone" and os.path.exists(gone)
+        assert not os.path.exists(folder / "new.pt") and not (folder / "renamed.txt").exists()
+        with pytest.raises(FileNotFoundError):
+            open(folder / "new.pt", "rb")
+        started = ["ckpt.pt", "gone", "log.txt", "old.txt"]
+        assert sorted(os.listdir(folder)) == started
+        assert sorted(p.name for p in folder.iterdir()) == started
+        assert sorted(os.path.basename(p) for p in glob.glob(str(folder / "*"))) == started
+        # its own writes are its own, built on the originals
+        torch.save({"step": 5}, ckpt)
+        with open(log, "a") as handle:
+            handle.write("other\n")
+        assert torch.load(ckpt) == {"step": 5} and log.read_text() == "line0\nother\n"
+    assert torch.load(ckpt) == {"step": 1} and sorted(os.listdir(folder)) == sorted(real_names)
+
+
+def test_files_the_kept_run_removed_with_their_folder_read_as_they_were(folder, originals):
+    # `shutil.rmtree("ckpts"); os.makedirs("ckpts")` before saving: the other run still resumes
+    (folder / "ckpts").mkdir()
+    (folder / "ckpts" / "last.pt").write_text("last")
+    with originals_kept(originals):
+        shutil.rmtree(folder / "ckpts")
+        os.makedirs(folder / "ckpts")
+    assert os.listdir(folder / "ckpts") == []
+    with writes_kept_apart(originals=originals):
+        assert (folder / "ckpts" / "last.pt").read_text() == "last"
+        assert os.listdir(folder / "ckpts") == ["last.pt"]
+
+
+def test_a_file_opened_before_the_kept_run_overwrote_it_reads_whole(folder, originals):
+    ckpt = folder / "ckpt.pt"
+    torch.save({"w": torch.zeros(1000)}, ckpt)
+    # the run not kept opened it (in its process) before the kept run overwrote it (in its own)
+    with open(ckpt, "rb") as early:
+        with originals_kept(originals):
+            torch.save({"w": torch.ones(1000)}, ckpt)
+        assert torch.load(early)["w"].sum() == 0
+    assert torch.load(ckpt)["w"].sum() == 1000
+
+
+def test_a_kept_run_that_changes_no_file_makes_no_folder_of_originals(folder, originals):
+    (folder / "data.txt").write_text("data")
+    with originals_kept(originals):
+        assert (folder / "data.txt").read_text() == "data" and os.listdir(folder) == ["data.txt"]
+        torch.save({"a": 1}, os.path.join(tempfile.gettempdir(), f"tmp-scratch-{os.getpid()}"))
+    os.remove(os.path.join(tempfile.gettempdir(), f"tmp-scratch-{os.getpid()}"))
+    assert not os.path.exists(originals)
+
+
+def test_a_child_the_kept_run_forked_makes_no_folder_of_originals(folder, originals):
+    # a DataLoader's persistent worker, forked in the kept run, holds its patches after the cell:
+    # it made the folder again (empty) once the kernel had removed it, one more each cell
+    with originals_kept(originals):
+        child = os.fork()
+        if child == 0:
+            (folder / "child.txt").write_text("child")
+            os._exit(0)
+        os.waitpid(child, 0)
+    assert (folder / "child.txt").read_text() == "child" and not os.path.exists(originals)
 
 
 def test_a_run_that_writes_no_file_makes_no_private_folder(folder):

@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 from test_run import validator
 
 from neuron_workbench.testing import write_notebook
@@ -288,6 +289,25 @@ def test_sys_exit_0_at_the_end_is_the_scripts_normal_end(tmp_path):
     )
     (tmp_path / "fails.py").write_text("import sys\nsys.exit(3)\n")
     assert cli("run", "fails.py", cwd=tmp_path).returncode == 3
+
+
+def test_a_script_resuming_from_its_own_checkpoint_finds_it_as_the_run_did(tmp_path):
+    # The target's run found the checkpoint the reference had just saved and resumed from it:
+    # FAIL, ones against twos. Under python on a GPU, the first run leaves ones, the next twos.
+    (tmp_path / "resume.py").write_text(
+        "import os, torch\n"
+        'w = torch.zeros(3, device="cuda")\n'
+        'if os.path.exists("state.pt"):\n'
+        '    w = torch.load("state.pt", map_location="cuda")\n'
+        "w = w + 1\n"
+        'torch.save(w, "state.pt")\n'
+    )
+    for step in (1.0, 2.0):
+        done = cli("run", "resume.py", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("resume.py: PASS"), done.stdout
+        saved = torch.load(tmp_path / "state.pt", map_location="cpu")
+        assert saved.tolist() == [step] * 3
 
 
 def test_a_script_with_a_bom_or_a_coding_line_runs_as_under_python(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import shutil
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,7 +57,7 @@ from neuron_workbench.run.executor import (
     devices_as_the_notebook_names_them,
     notebook_default_device_suspended,
 )
-from neuron_workbench.run.file_writes import tempfile_names
+from neuron_workbench.run.file_writes import originals_folder, tempfile_names
 from neuron_workbench.run.module_versions import assigned_values
 from neuron_workbench.run.namespace import class_attributes, put_back_class_attributes
 from neuron_workbench.run.random_state import restore_random_state
@@ -123,7 +124,28 @@ def _runs_on_their_own_default_device(
     return with_default_device
 
 
+def _originals_dropped_after(function: Callable[..., CellReports]) -> Callable[..., CellReports]:
+    """``function`` given a new folder of originals as ``originals``, removed once it returns.
+
+    The cell's kept run keeps there the original of each file it changes, which the other runs
+    (the oracle's and ``--compile-check``'s after it) read in its place; removed when it ends,
+    raises or is interrupted.
+    """
+
+    @functools.wraps(function)
+    def with_originals(*args: Any, **kwargs: Any) -> CellReports:
+        folder = originals_folder()
+        try:
+            return function(*args, originals=folder, **kwargs)
+        finally:
+            # most cells change no file: the folder was never made (one failed lstat)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return with_originals
+
+
 @_runs_on_their_own_default_device
+@_originals_dropped_after
 def compare_cell(
     program: CellProgram,
     namespace: MutableMapping[str, Any],
@@ -141,6 +163,7 @@ def compare_cell(
     warnings: Sequence[str] = (),
     migration: Callable[[str], dict[str, Any] | None] | None = None,
     default_device: torch.device | None = None,
+    originals: str | None = None,
 ) -> CellReports:
     """Run ``program`` on both backends and compare; commit the kept run when both succeeded.
 
@@ -165,6 +188,8 @@ def compare_cell(
         Filled in by the decorator: what ``torch.set_default_device`` set in the notebook, unset
         while the cell is handled (each run works with its own device; see
         :func:`~neuron_workbench.run.executor.notebook_default_device_suspended`).
+    originals : str, optional
+        Filled in by the decorator: the cell's folder of originals (:attr:`RunSpec.originals`).
 
     Raises
     ------
@@ -233,6 +258,8 @@ def compare_cell(
         # what the temporary folder held before any run: the same for all of them (a run in a
         # worker starts a moment after the reference here, which may have made a folder by then)
         notebook_temp=tempfile_names(),
+        # ... and what its files were: the runs not kept read them so, whatever the kept one does
+        originals=originals,
     )
     # Every target runs before anything is committed: all start from the same namespace. A target in
     # a worker runs while the reference runs here, unless timings must not compete (--profile).

@@ -332,6 +332,7 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         default_device=spec.default_device,
         torch_settings=spec.torch_settings,
         notebook_temp=spec.notebook_temp,
+        originals=spec.originals,
     )
     # what it logs goes nowhere, as what it prints: the reference already wrote each message
     with logging_setup.records_go_nowhere():

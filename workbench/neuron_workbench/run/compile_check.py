@@ -70,6 +70,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         default_device=spec.default_device,
         torch_settings=spec.torch_settings,
         notebook_temp=spec.notebook_temp,
+        originals=spec.originals,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

@@ -33,6 +33,7 @@ from neuron_workbench.run.compiled_frames import compiled_global
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.file_writes import (
     kept_apart_note,
+    originals_kept,
     tempfile_names_drawn,
     writes_kept_apart,
 )
@@ -461,6 +462,7 @@ class RunSpec:
         module_values: dict[str, dict[str, Any]] | None = None,
         inputs: Collection[str] | None = None,
         notebook_temp: frozenset[str] | None = None,
+        originals: str | None = None,
         restore_namespace: bool = True,
         live_run: str | None = None,
         classes_run: str | None = None,
@@ -518,6 +520,10 @@ class RunSpec:
         #: (:func:`~neuron_workbench.run.file_writes.tempfile_names`): the notebook's, where a run
         #: keeps its writes apart. None: as they are when such a run starts.
         self.notebook_temp = notebook_temp
+        #: The cell's folder where its kept run keeps the original of each file it changes
+        #: (:func:`~neuron_workbench.run.file_writes.originals_folder`), which every other run reads
+        #: in place of the real one: each finds the files as the cell did. None: the real files.
+        self.originals = originals
         #: False: the namespace is left as the run ended, not put back (a target process's, which
         #: it drops after the answer): a thread the cell started goes on reading what the cell bound
         #: there, as in plain Python.
@@ -717,8 +723,13 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             importlib.import_module("torch._dynamo")
         with contextlib.ExitStack() as stack:
             writes = (
-                stack.enter_context(writes_kept_apart(ns, spec.notebook_temp)) if apart else None
+                stack.enter_context(writes_kept_apart(ns, spec.notebook_temp, spec.originals))
+                if apart
+                else None
             )
+            if spec.originals is not None and run_id == spec.kept_run:
+                # what it changes of the notebook's files, the other runs read as it was
+                stack.enter_context(originals_kept(spec.originals, ns, spec.notebook_temp))
             if spec.keeps_classes_apart(run_id):
                 stack.enter_context(class_attributes_kept(ns))
             temp_names = stack.enter_context(tempfile_names_drawn())

@@ -18,18 +18,25 @@ view, and so does ``os.open`` (``Path.touch``; a file it makes new, ``tempfile.m
 is made for real and is the run's own: renamed into place, it leaves the folder). Folder listings
 (``os.listdir``, ``os.scandir``, so ``glob``, ``os.walk`` and ``pathlib``'s ``iterdir`` and ``glob``)
 show the run's view too: the files it wrote, not those it removed; an entry for a file it wrote is
-not an ``os.DirEntry`` but has its attributes and methods. Files it did not write read as they are.
+not an ``os.DirEntry`` but has its attributes and methods. Files it did not write read as the cell
+found them: the kept run writes the real files meanwhile (or first, with ``--profile``), so before
+it first changes one during the cell it keeps the original in the cell's folder of originals, and
+notes there the files it makes (:func:`originals_kept`); the other runs read the originals instead
+and do not see those files, in lookups, opens and listings (:class:`CellStartFiles`). A cell that
+resumes from its own checkpoint (``if os.path.exists("state.pt"): w = torch.load("state.pt")``,
+then ``torch.save(w, "state.pt")``) resumes from the same one in every run.
 safetensors' files (``save_file``, ``save_model``, so ``save_pretrained``; read back through
 ``safe_open`` and ``load_file``, so ``from_pretrained``) are kept apart too, though its Rust code
 opens them. Not covered: other writes made below Python (HDF5), listings of bytes paths
-and fds, folder renames, ``os.lstat`` (``os.path.lexists``), and other processes reading or writing
-what the run wrote (a subprocess sees the notebook's file; a forked child's writes are its own). The
-patches hold for the process while the run lasts, so another thread's writes meanwhile are kept
-apart too. Scratch and cache folders (``tempfile``'s ``tmp...`` files and folders made during the
-run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's) are left alone: compilers and other
-processes read what is written there. A ``tmp...`` file or folder that was there when the run
-started (a plain cell's ``tempfile.mkdtemp()`` for checkpoints) is the notebook's, like any other
-path under the temporary folder (a project kept in ``/tmp``).
+and fds, folder renames, ``os.lstat`` (``os.path.lexists``), the kept run's changes to folders (one
+it makes or removes is there, or gone, for the other runs; the files in it are kept), and other
+processes reading or writing what the run wrote (a subprocess sees the notebook's file; a forked
+child's writes are its own). The patches hold for the process while the run lasts, so another
+thread's writes meanwhile are kept apart too. Scratch and cache folders (``tempfile``'s ``tmp...``
+files and folders made during the run, torch.compile's ``torchinductor_*``, ``~/.cache``, Triton's)
+are left alone: compilers and other processes read what is written there. A ``tmp...`` file or
+folder that was there when the run started (a plain cell's ``tempfile.mkdtemp()`` for checkpoints)
+is the notebook's, like any other path under the temporary folder (a project kept in ``/tmp``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import builtins
 import contextlib
 import errno
 import functools
+import hashlib
 import io
 import os
 import shutil
@@ -53,8 +61,12 @@ from typing import Any
 from neuron_workbench.run.patching import patched_attributes
 
 __all__ = [
+    "CellStartFiles",
+    "OriginalsKept",
     "WritesKeptApart",
     "kept_apart_note",
+    "originals_folder",
+    "originals_kept",
     "tempfile_names",
     "tempfile_names_drawn",
     "writes_kept_apart",
@@ -64,6 +76,36 @@ __all__ = [
 _WRITING = frozenset("wax+")
 
 
+class _NotebookPaths:
+    """Which paths are the notebook's files, which a run keeps apart (the rest are scratch)."""
+
+    def __init__(self, own: list[str], notebook_temp: frozenset[str] | None) -> None:
+        # the workbench's own folders (a run's private copies, the cell's originals) among them
+        self.exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(own))
+        self.scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
+        # tempfile's names made before the run (a plain cell's mkdtemp() for checkpoints) are the
+        # notebook's: both runs would otherwise write, and read back, the same file at once
+        self.notebook_temp = tempfile_names() if notebook_temp is None else notebook_temp
+
+    def real(self, file: Any) -> str | None:
+        """The absolute path ``file`` names, or None when it is not kept apart (fd, exempt)."""
+        if isinstance(file, int) or not isinstance(file, str | bytes | os.PathLike):
+            return None
+        path = os.path.abspath(os.fsdecode(os.fspath(file)))
+        if path.startswith(self.exempt) or os.path.join(path, "") == self.scratch_root:
+            return None  # the temporary folder itself: tempfile's TemporaryFile opens it
+        if path.startswith(self.scratch_root) and not path.startswith(
+            os.path.join(os.getcwd(), "")
+        ):
+            # tempfile's own names (mkstemp, mkdtemp: "tmp...") and torch.compile's cache hold
+            # scratch files other processes read; a project kept under /tmp is the notebook's,
+            # and so is everything below the working folder (a clone made by `mktemp -d`)
+            first = path[len(self.scratch_root) :].partition(os.sep)[0]
+            if first.startswith(_SCRATCH_PREFIXES) and first not in self.notebook_temp:
+                return None
+        return path
+
+
 class WritesKeptApart:
     """The files one run wrote (by their real path, in order) and where their bytes are.
 
@@ -71,20 +113,26 @@ class WritesKeptApart:
     the real files it removed or renamed away (only hidden from it: the disk keeps them).
     """
 
-    def __init__(self, folder: str, notebook_temp: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        folder: str,
+        notebook_temp: frozenset[str] | None = None,
+        at_start: CellStartFiles | None = None,
+    ) -> None:
         self.folder = folder
+        #: The originals of the files the kept run changed during the cell: what this run reads
+        #: in their place. None: the disk as it is (no other run writes meanwhile).
+        self.at_start = at_start
         self.folder_made = os.path.isdir(folder)  # made by the first copy (see _next_shadow)
         self._shadows: dict[str, str] = {}
         self._deleted: set[str] = set()
         self._made: set[str] = set()  # real files the run made new: its own (mkstemp's)
         self._made_folders: set[str] = set()  # real folders the run made
         self._count = 0
+        self._made_since: frozenset[str] = frozenset()  # by the kept run, at the last listing
         self._lock = threading.RLock()
-        self._exempt = tuple(os.path.join(os.path.abspath(f), "") for f in _exempt_folders(folder))
-        self._scratch_root = os.path.join(os.path.abspath(tempfile.gettempdir()), "")
-        # tempfile's names made before the run (a plain cell's mkdtemp() for checkpoints) are the
-        # notebook's: both runs would otherwise write, and read back, the same file at once
-        self._notebook_temp = tempfile_names() if notebook_temp is None else notebook_temp
+        own = [folder] if at_start is None else [folder, at_start.folder]
+        self._paths = _NotebookPaths(own, notebook_temp)
 
     @property
     def written(self) -> list[str]:
@@ -96,22 +144,7 @@ class WritesKeptApart:
         return self._shadows.get(path)
 
     def _real(self, file: Any) -> str | None:
-        """The absolute path ``file`` names, or None when it is not kept apart (fd, exempt)."""
-        if isinstance(file, int) or not isinstance(file, str | bytes | os.PathLike):
-            return None
-        path = os.path.abspath(os.fsdecode(os.fspath(file)))
-        if path.startswith(self._exempt) or os.path.join(path, "") == self._scratch_root:
-            return None  # the temporary folder itself: tempfile's TemporaryFile opens it
-        if path.startswith(self._scratch_root) and not path.startswith(
-            os.path.join(os.getcwd(), "")
-        ):
-            # tempfile's own names (mkstemp, mkdtemp: "tmp...") and torch.compile's cache hold
-            # scratch files other processes read; a project kept under /tmp is the notebook's,
-            # and so is everything below the working folder (a clone made by `mktemp -d`)
-            first = path[len(self._scratch_root) :].partition(os.sep)[0]
-            if first.startswith(_SCRATCH_PREFIXES) and first not in self._notebook_temp:
-                return None
-        return path
+        return self._paths.real(file)
 
     def _next_shadow(self) -> str:
         """Where the run's next private copy goes (the private folder is made for the first)."""
@@ -131,7 +164,27 @@ class WritesKeptApart:
 
     def _exists(self, real: str) -> bool:
         """Whether the run sees ``real``: a copy of its own, or a real file it did not remove."""
-        return real in self._shadows or (real not in self._deleted and os.path.lexists(real))
+        return real in self._shadows or (real not in self._deleted and self._was_there(real))
+
+    def _at_start(self, real: str) -> str | None:
+        """Where ``real``'s bytes at the cell's start are (see :meth:`CellStartFiles.where`)."""
+        return real if self.at_start is None else self.at_start.where(real)
+
+    def _was_there(self, real: str) -> bool:
+        """Whether ``real`` was there when the cell started (as a link: it need not lead on)."""
+        start = self._at_start(real)
+        return start is not None and os.path.lexists(start)
+
+    def changed_by_kept_run(self, file: Any) -> bool:
+        """Whether the kept run has changed (or made) ``file`` since the cell started.
+
+        Asked again after a real file was opened or looked at: the kept run may have changed it
+        between the run's look at the record and its own open (what it opened is then dropped).
+        """
+        if self.at_start is None:
+            return False
+        real = self._real(file)
+        return real is not None and real not in self._shadows and self._at_start(real) != real
 
     def open_path(self, file: Any, mode: str, real_open: Any) -> Any:
         """The path ``open(file, mode)`` should open instead of ``file`` (or ``file`` itself)."""
@@ -145,17 +198,19 @@ class WritesKeptApart:
             if real in self._made:
                 return file  # the run's own file (mkstemp's): written where it is
             gone = real in self._deleted
+            start = None if gone else self._at_start(real)
             if not _WRITING & set(mode):
-                if gone:
+                if start is None:
                     raise _not_found(file)
-                return file  # a file the run did not write reads as it is
-            exists = not gone and os.path.exists(real)
+                # a file the run did not write reads as it was when the cell started
+                return file if start == real else start
+            exists = start is not None and os.path.exists(start)
             if "x" in mode and exists:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(file))
             if "w" not in mode and "x" not in mode and exists:
                 # "a", "r+": they build on the file as it is (a folder raises, no copy is kept)
                 shadow = self._next_shadow()
-                with real_open(real, "rb") as source, real_open(shadow, "wb") as copy:
+                with real_open(start, "rb") as source, real_open(shadow, "wb") as copy:
                     shutil.copyfileobj(source, copy)
                 return self._new_shadow(real)
             if "r" in mode and "w" not in mode and not exists:
@@ -179,7 +234,7 @@ class WritesKeptApart:
                     real_replace(src, dst)
                     self._made.discard(real_src)  # type: ignore[arg-type]
                 else:
-                    shutil.copyfile(real_src, dst)  # type: ignore[arg-type]
+                    shutil.copyfile(self._at_start(real_src) or real_src, dst)  # type: ignore[arg-type]
                     self._deleted.add(real_src)  # type: ignore[arg-type]
                 return True
             old = self._shadows.pop(real_dst, None)
@@ -197,7 +252,7 @@ class WritesKeptApart:
                 self._made.discard(real_src)  # type: ignore[arg-type]
             else:
                 # a real file the run did not write: copied, and hidden from the run at its name
-                shutil.copyfile(real_src, target)
+                shutil.copyfile(self._at_start(real_src) or real_src, target)
                 self._deleted.add(real_src)
         if old is not None:
             with contextlib.suppress(OSError):
@@ -253,7 +308,7 @@ class WritesKeptApart:
                 raise _not_found(path)
             shadow = self._shadows.pop(real, None)
             # the real file stays: the kept run decides about it; the run no longer sees it
-            if shadow is None or os.path.lexists(real):
+            if shadow is None or self._was_there(real):
                 self._deleted.add(real)
             if shadow is None:
                 return True
@@ -296,7 +351,7 @@ class WritesKeptApart:
             if real in self._deleted or not os.path.isdir(real):
                 raise _not_found(path)
             below = os.path.join(real, "")
-            seen = [e for e in _LISTDIR(real) if os.path.join(real, e) not in self._deleted]
+            seen = [e for e in _LISTDIR(real) if self._exists(os.path.join(real, e))]
             if seen or any(p.startswith(below) for p in self._shadows):
                 raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), os.fsdecode(path))
             self._hide(real)
@@ -320,8 +375,9 @@ class WritesKeptApart:
     def _in_view(self, path: Any) -> tuple[str | None, Any]:
         """``path``'s real path (None: not kept apart) and what the run sees there.
 
-        The run's copy of a file it wrote, else ``path`` itself; ``FileNotFoundError`` for a file
-        it removed or renamed away.
+        The run's copy of a file it wrote, else the original of a file the kept run changed during
+        the cell, else ``path`` itself; ``FileNotFoundError`` for a file it removed or renamed
+        away, or one the kept run made.
         """
         real = self._real(path)
         if real is None:
@@ -329,9 +385,10 @@ class WritesKeptApart:
         shadow = self._shadows.get(real)
         if shadow is not None:
             return real, shadow
-        if real in self._deleted:
+        start = None if real in self._deleted else self._at_start(real)
+        if start is None:
             raise _not_found(path)
-        return real, path
+        return real, path if start == real else start
 
     def folder_view(self, path: Any) -> tuple[str, dict[str, str]] | None:
         """What a listing of the folder ``path`` shows besides the real entries.
@@ -344,8 +401,10 @@ class WritesKeptApart:
         Returns
         -------
         tuple[str, dict[str, str]] | None
-            The folder's absolute path and the run's own files directly in it (name: its copy);
-            the real entries it removed or renamed away are left out by :meth:`hides`. None where
+            The folder's absolute path and the files directly in it whose bytes are elsewhere
+            (name: where): the run's own copies, and the originals of those the kept run changed
+            or removed during the cell; the real entries the run removed or renamed away, and
+            those the kept run made, are left out by :meth:`hides`. None where
             the real listing is the run's: an fd, a bytes path, or nothing kept apart yet.
 
         Raises
@@ -361,18 +420,30 @@ class WritesKeptApart:
         if not isinstance(path, str):
             return None
         with self._lock:
-            if not self._shadows and not self._deleted:
+            started = self.at_start.listed() if self.at_start is not None else {}
+            if not self._shadows and not self._deleted and not started:
                 return None
             # the folder itself may be exempt or scratch (the temporary folder): files in it that
             # are kept apart (a project kept in /tmp) are still named by their absolute path
             folder = os.path.abspath(path)
             if folder in self._deleted:
                 raise _not_found(path)
+            # the originals of the files the kept run changed or removed there, then the run's own
             own = {
-                os.path.basename(real): shadow
+                os.path.basename(real): original
+                for real, original in started.items()
+                if original is not None
+                and real not in self._deleted
+                and os.path.dirname(real) == folder
+            }
+            own.update(
+                (os.path.basename(real), shadow)
                 for real, shadow in self._shadows.items()
                 if os.path.dirname(real) == folder
-            }
+            )
+            self._made_since = frozenset(
+                real for real, original in started.items() if original is None
+            )
         return folder, own
 
     def hides(self, real: str) -> bool:
@@ -386,9 +457,10 @@ class WritesKeptApart:
         Returns
         -------
         bool
-            True where the run removed or renamed it away (it is still on disk).
+            True where the run removed or renamed it away (it is still on disk), or the kept run
+            made it during the cell.
         """
-        return real in self._deleted
+        return real in self._deleted or (real in self._made_since and real not in self._shadows)
 
     def stat_path(self, path: Any) -> Any:
         """The path ``os.stat(path)`` should look at: the run's copy of a file it wrote."""
@@ -397,11 +469,333 @@ class WritesKeptApart:
     def changed_path(self, path: Any) -> Any:
         """The path ``os.chmod``/``os.utime`` should change, or None: a real file left alone."""
         real, seen = self._in_view(path)
-        if real is None or seen is not path:
+        if real is None or real in self._shadows:
             return seen
-        if not os.path.lexists(real):
+        if not self._was_there(real):
             raise _not_found(path)
         return None  # a real file the run did not write: the kept run sets its own metadata
+
+
+def originals_folder() -> str:
+    """A name for a cell's folder of originals (:class:`OriginalsKept`), unique to the cell.
+
+    The kernel names it before the cell's runs start and gives it to each; the kept run makes it
+    at its first change to a file, and the kernel removes it once every run of the cell ended.
+    """
+    return os.path.join(
+        tempfile.gettempdir(), f"neuron-workbench-originals-{os.getpid()}-{uuid.uuid4().hex}"
+    )
+
+
+def _original_of(folder: str, real: str) -> str:
+    """Where in the cell's folder of originals the one of the real file ``real`` goes."""
+    return os.path.join(folder, hashlib.sha1(os.fsencode(real)).hexdigest())
+
+
+#: The list of the real paths with an entry in a folder of originals (for folder listings).
+_ORIGINALS_LISTED = "paths"
+
+
+class CellStartFiles:
+    """The notebook's files as the cell found them, where its kept run changed them since.
+
+    What a run not kept reads in place of a real file: the kept run goes at the same time (or ran
+    first, with ``--profile``) and writes the real files, so a cell resuming from its own
+    checkpoint (``if os.path.exists("state.pt"): w = torch.load("state.pt")``, then
+    ``torch.save(w, "state.pt")``) found the kept run's checkpoint and resumed from it.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def where(self, real: str) -> str | None:
+        """Where ``real``'s bytes at the cell's start are.
+
+        ``real`` itself, the kept run's copy of the original where it changed the file since, or
+        None where the kept run made the file.
+        """
+        entry = _original_of(self.folder, real)
+        try:
+            mode = _LSTAT(entry).st_mode
+        except OSError:  # no entry: the kept run has not changed it (nor made the folder)
+            return real
+        return None if stat.S_ISLNK(mode) else entry
+
+    def listed(self) -> dict[str, str | None]:
+        """The real paths the kept run changed so far, each with :meth:`where`'s answer."""
+        try:
+            fd = _OS_OPEN(os.path.join(self.folder, _ORIGINALS_LISTED), os.O_RDONLY)
+        except OSError:
+            return {}
+        with io.FileIO(fd, closefd=True) as listing:
+            names = listing.readall().split(b"\0")
+        paths = {os.fsdecode(name) for name in names if name}
+        return {path: self.where(path) for path in paths}
+
+
+class OriginalsKept:
+    """The kept run's changes to the notebook's files, each preceded by keeping the original.
+
+    The kept run writes, removes and renames the real files as any code does. Before it first
+    changes one during the cell, the file as it was goes into the cell's folder of originals: a
+    hard link where the change only takes the name away (``os.remove``, ``os.replace`` over it, and
+    ``open(path, "w")``, which then writes a new file with the old one's permissions: a reader that
+    opened the old one keeps it whole), a copy where the file changes in place (``"a"``, ``"r+"``,
+    a file of several names or on another file system than the folder). A file it makes new is
+    noted there as not there before (a dangling link). The other runs of the cell read the
+    originals through :class:`CellStartFiles`. Each entry is complete before it is there (a link,
+    a copy renamed into place), and there before the real file changes.
+    """
+
+    def __init__(self, folder: str, notebook_temp: frozenset[str] | None = None) -> None:
+        self.folder = folder
+        self.folder_made = False
+        self._notebook_temp = notebook_temp
+        self._touched: set[str] = set()  # real paths changed during the cell: entries made
+        # real paths naming the file an entry links to (renamed there by the run): changing them
+        # in place would change the original
+        self._shared: set[str] = set()
+        self._lock = threading.RLock()
+        # a child the run forks (a DataLoader's persistent worker) holds the patches after the
+        # cell: its writes are its own, and it would make the folder again once removed
+        self._pid = os.getpid()
+
+    @functools.cached_property
+    def _paths(self) -> _NotebookPaths:
+        # found at the first write: most cells write no file, and finding them takes 20 us
+        return _NotebookPaths([self.folder], self._notebook_temp)
+
+    def before_open(self, file: Any, mode: str) -> None:
+        """Keep the original of ``file`` before ``open(file, mode)`` (a writing mode) changes it."""
+        real = self._paths.real(file) if os.getpid() == self._pid else None
+        if real is None:
+            return
+        with self._lock:
+            if real in self._touched:
+                if real in self._shared:
+                    self._unshare(real, keep_bytes="w" not in mode)
+                return
+            if "x" in mode and os.path.lexists(real):
+                return  # the open fails: nothing changes
+            self._keep(real, "truncate" if "w" in mode else "in place")
+
+    def before_removal(self, path: Any) -> None:
+        """Keep the original of ``path`` before ``os.remove(path)`` takes it away."""
+        real = self._paths.real(path) if os.getpid() == self._pid else None
+        if real is None:
+            return
+        with self._lock:
+            self._shared.discard(real)
+            if real not in self._touched:
+                self._keep(real, "unname")
+
+    def before_tree_removal(self, path: Any) -> None:
+        """Keep the originals of the files below ``path`` before ``shutil.rmtree(path)``."""
+        real = self._paths.real(path) if os.getpid() == self._pid else None
+        if real is None or os.path.islink(real):
+            return  # scratch; a link, which rmtree refuses
+        for below in _below(real):
+            if not _real_folder(below):
+                self.before_removal(below)
+
+    def before_rename(self, src: Any, dst: Any) -> None:
+        """Keep the originals of ``src`` and ``dst`` before ``os.replace(src, dst)``."""
+        if os.getpid() != self._pid:
+            return
+        real_src, real_dst = self._paths.real(src), self._paths.real(dst)
+        with self._lock:
+            if real_dst is not None:
+                self.before_removal(real_dst)
+            if real_src is None:
+                return
+            shared = real_src in self._shared
+            if real_src not in self._touched:
+                shared = self._keep(real_src, "unname")
+            self._shared.discard(real_src)
+            if shared and real_dst is not None:
+                self._shared.add(real_dst)  # the original goes on under the new name
+
+    def _keep(self, real: str, change: str) -> bool:
+        """Put ``real``'s original (or its absence) in the folder; True: as a link to the file.
+
+        A failure (a full disk) is not the cell's: its change goes ahead, as in a plain run, and
+        the other runs see it, as they did before originals were kept.
+        """
+        self._touched.add(real)
+        try:
+            return self._kept(real, change)
+        except OSError:
+            return False
+
+    def _kept(self, real: str, change: str) -> bool:
+        entry = self._entry(real)
+        try:
+            st = _LSTAT(real)
+        except FileNotFoundError:
+            self._note(real, lambda: _SYMLINK(_NOT_THERE, entry))
+            return False
+        except OSError:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            return False  # folders are not kept
+        if stat.S_ISREG(st.st_mode) and (
+            change == "unname" or (change == "truncate" and st.st_nlink == 1)
+        ):
+            try:
+                self._note(real, lambda: _LINK(real, entry))
+            except OSError:
+                pass  # another file system: copied
+            else:
+                if change == "truncate":
+                    self._remade(real, st, keep_bytes=False)
+                return True
+        part = f"{entry}.part"
+        try:
+            shutil.copyfile(real, part)
+        except FileNotFoundError:  # a link to nothing
+            self._note(real, lambda: _SYMLINK(_NOT_THERE, entry))
+            return False
+        self._note(real, lambda: _REPLACE(part, entry))
+        return False
+
+    def _unshare(self, real: str, keep_bytes: bool) -> None:
+        """Give ``real`` a file of its own (an entry links to the one it names) before a write."""
+        self._shared.discard(real)
+        with contextlib.suppress(OSError):
+            self._remade(real, _LSTAT(real), keep_bytes)
+
+    def _remade(self, real: str, st: os.stat_result, keep_bytes: bool) -> None:
+        """Put a new file at ``real`` (its bytes, or empty), on the folder's file system.
+
+        Only for a file an entry links to (so on that file system): ``os.replace`` swaps it in at
+        once, and the original keeps its bytes.
+        """
+        part = os.path.join(self.folder, f"new-{uuid.uuid4().hex}")
+        if keep_bytes:
+            shutil.copyfile(real, part)
+        else:
+            _OS_CLOSE(_OS_OPEN(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.chmod(part, stat.S_IMODE(st.st_mode))
+        _REPLACE(part, real)
+
+    def _entry(self, real: str) -> str:
+        if not self.folder_made:
+            # most cells change no file: the folder is made for the first one only
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.folder, 0o700)
+            self.folder_made = True
+        return _original_of(self.folder, real)
+
+    def _note(self, real: str, make_entry: Any) -> None:
+        """Make ``real``'s entry, then list it (listings read the list, lookups the entry)."""
+        make_entry()
+        fd = _OS_OPEN(
+            os.path.join(self.folder, _ORIGINALS_LISTED),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o600,
+        )
+        try:
+            os.write(fd, os.fsencode(real) + b"\0")  # one write: whole in a concurrent read
+        finally:
+            _OS_CLOSE(fd)
+
+
+#: What the entry of a file the kept run made new links to.
+_NOT_THERE = "not-there-when-the-cell-started"
+
+
+@contextlib.contextmanager
+def originals_kept(
+    folder: str,
+    namespace: MutableMapping[str, Any] | None = None,
+    notebook_temp: frozenset[str] | None = None,
+) -> Iterator[OriginalsKept]:
+    """Keep the original of each notebook file the code run inside changes, until it ends.
+
+    For the kept run of a cell whose other runs read the files as the cell found them
+    (:func:`writes_kept_apart` given ``folder``). Patches ``builtins.open``, ``io.open`` and
+    ``namespace``'s ``open``, ``os``'s ``open``, ``replace``, ``rename``, ``remove`` and
+    ``unlink``, ``shutil.rmtree``, torch's zip writer and safetensors' writer (when loaded); an
+    open for reading costs one more call. The folder stays: the cell's other runs may still read it.
+    """
+    record = OriginalsKept(folder, notebook_temp)
+
+    def writing(open_fn: Any) -> Any:
+        @functools.wraps(open_fn)
+        def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if not _WRITING.isdisjoint(mode):
+                record.before_open(file, mode)
+            return open_fn(file, mode, *args, **kwargs)
+
+        return open_
+
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & (os.O_ACCMODE | os.O_CREAT | os.O_TRUNC) and kwargs.get("dir_fd") is None:
+            if not flags & _O_DIRECTORY:
+                record.before_open(path, _mode_of(flags))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def before(real: Any, keep: Any) -> Any:
+        def call(*paths: Any, **kwargs: Any) -> None:
+            if not kwargs:  # src_dir_fd, dir_fd: relative to a folder's fd, left as they are
+                keep(*paths)
+            real(*paths, **kwargs)
+
+        return call
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("dir_fd") is None:
+            record.before_tree_removal(path)
+        real_rmtree(path, *args, **kwargs)
+
+    real_os_open, real_rmtree = os.open, shutil.rmtree
+    open_ = writing(builtins.open)
+    patches: list[tuple[Any, Any]] = [
+        (builtins, {"open": open_}),
+        (io, {"open": open_}),
+        (
+            os,
+            {
+                "open": os_open,
+                "replace": before(os.replace, record.before_rename),
+                "rename": before(os.rename, record.before_rename),
+                "remove": before(os.remove, record.before_removal),
+                "unlink": before(os.unlink, record.before_removal),
+            },
+        ),
+        (shutil, {"rmtree": rmtree}),
+    ]
+    serialization = sys.modules.get("torch.serialization")
+    real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
+    if real_zip_writer is not None:
+
+        def zip_writer(name_or_buffer: Any) -> Any:
+            if isinstance(name_or_buffer, str | os.PathLike):
+                record.before_open(name_or_buffer, "wb")
+            return real_zip_writer(name_or_buffer)
+
+        patches.append((serialization, {"_open_zipfile_writer": zip_writer}))
+    safetensors_api = sys.modules.get("safetensors.torch")
+    real_writer = getattr(safetensors_api, "serialize_file", None)
+    if real_writer is not None:
+
+        def serialize_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
+            record.before_open(filename, "wb")
+            return real_writer(tensors, filename, *args, **kwargs)
+
+        patches.append((safetensors_api, {"serialize_file": serialize_file}))
+    cell_open = namespace.get("open") if namespace is not None else None
+    namespace_open = writing(cell_open) if callable(cell_open) else None
+    with contextlib.ExitStack() as stack:
+        for owner, replacements in patches:
+            stack.enter_context(patched_attributes(owner, replacements))
+        if namespace_open is not None:
+            namespace["open"] = namespace_open  # type: ignore[index]
+        try:
+            yield record
+        finally:
+            if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
+                namespace["open"] = cell_open  # type: ignore[index]
 
 
 #: ``os.open`` of a folder (``O_TMPFILE`` includes it): never a file of the run's.
@@ -433,6 +827,8 @@ def _real_folder(path: str) -> bool:
 
 #: ``os`` functions as this module found them: a run's patches answer for the run's view.
 _STAT, _UNLINK, _RMDIR, _LISTDIR = os.stat, os.unlink, os.rmdir, os.listdir
+_LSTAT, _LINK, _SYMLINK, _REPLACE = os.lstat, os.link, os.symlink, os.replace
+_OS_OPEN, _OS_CLOSE = os.open, os.close
 
 
 class _OwnEntry:
@@ -592,10 +988,10 @@ _TEMPFILE_LISTING: dict[str, tuple[int, frozenset[str]]] = {}
 _SETTLED_NS = 1_000_000_000
 
 
-def _exempt_folders(own: str) -> list[str]:
+def _exempt_folders(own: list[str]) -> list[str]:
     home = os.path.expanduser("~")
     folders = [
-        own,
+        *own,
         os.path.join(home, ".cache"),
         os.path.join(home, ".triton"),
         "/dev",
@@ -612,30 +1008,48 @@ def _exempt_folders(own: str) -> list[str]:
 def writes_kept_apart(
     namespace: MutableMapping[str, Any] | None = None,
     notebook_temp: frozenset[str] | None = None,
+    originals: str | None = None,
 ) -> Iterator[WritesKeptApart]:
     """Keep the files the code run inside writes apart from the real ones, until it ends.
 
     Yields the :class:`WritesKeptApart` record (``written``: the real paths the run wrote). The
-    private copies are deleted on exit. Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``,
-    ``rename``, ``remove``, ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``,
-    ``utime``, ``listdir`` and ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, and
-    safetensors' writer and reader (when loaded), for the duration, in every thread;
-    ``namespace``'s own ``open`` (a notebook's) goes through the private copies too.
+    private copies are deleted on exit. With ``originals`` (the cell's folder the kept run keeps
+    them in, :func:`originals_kept`), the real files read as they were when the cell started.
+    Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``, ``rename``, ``remove``,
+    ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``, ``utime``, ``listdir`` and
+    ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, and safetensors' writer and
+    reader (when loaded), for the duration, in every thread; ``namespace``'s own ``open`` (a
+    notebook's) goes through the private copies too.
     """
     # the name mkdtemp would give (never taken: made only when the run writes its first file)
     folder = os.path.join(
         tempfile.gettempdir(), f"neuron-workbench-writes-{os.getpid()}-{uuid.uuid4().hex}"
     )
-    record = WritesKeptApart(folder, notebook_temp)
+    at_start = CellStartFiles(originals) if originals is not None else None
+    record = WritesKeptApart(folder, notebook_temp, at_start)
     real_open, real_replace = builtins.open, os.replace
 
     def redirecting(open_fn: Any) -> Any:
         @functools.wraps(open_fn)
         def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             # an opener decides what is opened (NamedTemporaryFile names its folder there)
-            if kwargs.get("opener") is None and not (len(args) > 5 and args[5] is not None):
-                file = record.open_path(file, mode, real_open)
-            return open_fn(file, mode, *args, **kwargs)
+            if kwargs.get("opener") is not None or (len(args) > 5 and args[5] is not None):
+                return open_fn(file, mode, *args, **kwargs)
+            seen = record.open_path(file, mode, real_open)
+            if seen is not file or at_start is None:
+                return open_fn(seen, mode, *args, **kwargs)
+            # a real file: the kept run may change it between that look and this open (its
+            # original is kept before it does), so look again once it is open
+            try:
+                opened = open_fn(seen, mode, *args, **kwargs)
+            except FileNotFoundError:
+                if not record.changed_by_kept_run(file):
+                    raise
+            else:
+                if not record.changed_by_kept_run(file):
+                    return opened
+                opened.close()
+            return open_fn(record.open_path(file, mode, real_open), mode, *args, **kwargs)
 
         return open_
 
@@ -673,7 +1087,20 @@ def writes_kept_apart(
         return call
 
     def stat(path: Any, **kwargs: Any) -> Any:
-        return real_stat(path if kwargs.get("dir_fd") else record.stat_path(path), **kwargs)
+        if kwargs.get("dir_fd"):
+            return real_stat(path, **kwargs)
+        seen = record.stat_path(path)
+        if seen is not path or at_start is None:
+            return real_stat(seen, **kwargs)
+        try:  # looked at again afterwards, as a real file opened (see open_)
+            found = real_stat(seen, **kwargs)
+        except FileNotFoundError:
+            if not record.changed_by_kept_run(path):
+                raise
+        else:
+            if not record.changed_by_kept_run(path):
+                return found
+        return real_stat(record.stat_path(path), **kwargs)
 
     def rmtree(path: Any, ignore_errors: bool = False, onerror: Any = None, **kwargs: Any) -> None:
         # tempfile.TemporaryDirectory.cleanup() comes here too

@@ -142,6 +142,7 @@ class SlotExecutor:
             # its submodule is imported there too
             "submodules": reached_submodules(spec.program, values),
             "notebook_temp": getattr(spec, "notebook_temp", None),
+            "originals": getattr(spec, "originals", None),
         }
         # the cell's cuda device where a container or an object holds it (cfg["device"])
         cuda_devices = frozenset(id(device) for device in spec.resident.devices())

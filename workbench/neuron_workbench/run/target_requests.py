@@ -448,6 +448,7 @@ def _run_request(
         kept_run=request.get("kept_run"),
         default_device=request.get("default_device"),
         notebook_temp=request.get("notebook_temp"),
+        originals=request.get("originals"),
         # the kernel sent the names sharing state with the cell's: no walk to find them again
         inputs=request["values"].keys(),
         # the namespace is dropped after the answer (release_answered), or stays while a thread
