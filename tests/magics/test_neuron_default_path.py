@@ -372,6 +372,17 @@ def test_a_cell_resuming_from_its_own_checkpoint_finds_it_as_the_cell_did(
     assert not list(kept)
 
 
+def test_a_file_the_notebook_holds_open_and_the_cell_truncates_keeps_what_it_writes(
+    ip, tmp_path, monkeypatch
+):
+    # the kept run swapped a new file in at the name it truncated (its original kept for the
+    # other run): the notebook's `log`, open on the old file, then wrote where no name leads
+    monkeypatch.chdir(tmp_path)
+    run_cell(ip, "import torch\nlog = open('t.log', 'a')\nlog.write('before\\n')\nlog.flush()")
+    _passed(ip, "open('t.log', 'w').close()\nlog.write('x\\n')\nlog.flush()\ny = torch.ones(2)")
+    assert (tmp_path / "t.log").read_text() == "x\n"
+
+
 def test_a_log_file_the_notebook_opened_gets_each_line_once(ip, tmp_path, monkeypatch):
     # `log = open("train.log", "w")` in a plain cell, then a training cell that logs to it: the
     # target's worker refused the cell ('log' cannot be sent), and --executor inprocess wrote every

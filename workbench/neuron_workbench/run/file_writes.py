@@ -639,7 +639,7 @@ class OriginalsKept:
         if stat.S_ISDIR(st.st_mode):
             return False  # folders are not kept
         if stat.S_ISREG(st.st_mode) and (
-            change == "unname" or (change == "truncate" and st.st_nlink == 1)
+            change == "unname" or (change == "truncate" and st.st_nlink == 1 and not _open_here(st))
         ):
             try:
                 self._note(real, lambda: _LINK(real, entry))
@@ -698,6 +698,28 @@ class OriginalsKept:
             os.write(fd, os.fsencode(real) + b"\0")  # one write: whole in a concurrent read
         finally:
             _OS_CLOSE(fd)
+
+
+def _open_here(st: os.stat_result) -> bool:
+    """Whether this process holds the file ``st`` describes open (Linux; False where not known).
+
+    ``log = open("train.log", "a")`` in a plain cell, then the cell's ``open("train.log", "w")``:
+    a new file swapped in at the name would leave the notebook's ``log`` writing to the old one,
+    which no name leads to any more. Such a file is copied and truncated in place, as plain code
+    truncates it.
+    """
+    try:
+        fds = _LISTDIR("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            held = os.fstat(int(fd))
+        except (OSError, ValueError):
+            continue
+        if held.st_ino == st.st_ino and held.st_dev == st.st_dev:
+            return True
+    return False
 
 
 #: What the entry of a file the kept run made new links to.
