@@ -341,6 +341,9 @@ def test_a_tensor_computed_from_device_tensors_is_on_the_device():
         ("y = torch.ones(2, 4).to(x)", "y"),
         ("x = x - x.mean(0)", "x"),  # x as it was before the cell
         ("z = x * 2\ny = z + 1", "y"),  # through a name the cell computed
+        # a module of PyTorch's with no parameters, made here: where its input is
+        ("act = torch.nn.Softmax(dim=-1)\ny = act(model(x))", "y"),
+        ("y = model(x).to(x.device)", "y"),
     ):
         placed, namespace, resident = _computed_after(
             source,
@@ -496,6 +499,10 @@ def test_a_list_or_dict_the_cell_makes_and_fills_in_a_loop_is_on_the_device():
         "preds = []\ni = 0\nwhile i < 2:\n    preds.append(model(x)[i])\n    i += 1",
         "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b).argmax(-1)",
         "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b)\npreds['x'] = x + 1",
+        "preds, labels = [], []\nfor b in batches:\n    preds.append(model(b))",
+        "preds = list()\nfor b in batches:\n    preds.append(F.softmax(model(b), -1))",
+        "preds = []\nfor b in batches:\n    preds.append(model(b).type(torch.float16))",
+        "preds = []\nfor b in batches:\n    preds.append(model(b).to(x.device))",
     ):
         placed, namespace, _ = after(source)
         held = namespace["preds"]
@@ -511,6 +518,22 @@ def test_a_list_or_dict_the_cell_makes_and_fills_in_a_loop_is_on_the_device():
         "    other.append(cpu)",
         "preds = {}\nfor i, b in enumerate(batches):\n    preds[i] = model(b)\npreds['c'] = cpu",
         "for _ in range(2):\n    preds = []\n    preds.append(model(x))",
+        # filled where the visit does not look: a function or lambda the cell defines, a
+        # comprehension's side effect, another name for it, code run from a string
+        "preds = []\ndef collect(t):\n    preds.append(t.cpu())\nfor b in batches:\n"
+        "    preds.append(model(b))\n    collect(model(b))",
+        "preds = []\nadd = lambda: preds.append(cpu)\nfor b in batches:\n    preds.append(model(b))\n"
+        "add()",
+        "preds = []\n[preds.append(cpu) for _ in range(1)]\nfor b in batches:\n"
+        "    preds.append(model(b))",
+        "preds = []\nother, n = preds, 0\nfor b in batches:\n    preds.append(model(b))\n"
+        "other.append(cpu)",
+        "preds = []\nfor b in batches:\n    preds.append(model(b))\nexec('preds.append(cpu)')",
+        # the next pass calls a model the last one moved to the CPU
+        "preds = []\nfor b in batches:\n    preds.append(model(b))\n    model.cpu()",
+        # what .type() gives, and .to() another tensor's device, is where that says
+        "preds = []\nfor b in batches:\n    preds.append(model(b).type(torch.FloatTensor))",
+        "preds = []\nfor b in batches:\n    preds.append(model(b).to(cpu.device))",
     ):
         placed, namespace, _ = after(source, preds=[], cpu=torch.ones(3))
         held = namespace["preds"]

@@ -46,8 +46,10 @@ logits.argmax(-1)``, ``z = torch.cat([x, y])``, ``noise = torch.randn_like(x)``,
 into a list or dict, :func:`_mark_items`), in code that surely ran: on a GPU it is on
 cuda, where its inputs are. A list or dict the cell makes empty (``preds = []``) and then only
 fills with such tensors, in a loop too (``for b in batches: preds.append(model(b))``, ``outs[i] =
-model(b)``), holds nothing else: all its items are on the device. In a loop, a name the loop binds
-is not known anywhere in its body (the next pass reads what the last one bound). Only
+model(b)``), holds nothing else: all its items are on the device, where nothing else in the cell
+names it (a function or lambda the cell defines, another name, ``exec``: :meth:`_Moves.sole_user`).
+In a loop, a name the loop binds, or moves (``model.cpu()``), is not known anywhere in its body
+(the next pass reads what the last one left). Only
 what PyTorch computes is followed: operators, a tensor's methods, PyTorch's functions and a module's
 call. A factory not given a device (``torch.zeros(x.shape)``) makes it on the CPU, and so does what
 goes through ``.cpu()``, ``.numpy()``, ``.item()`` or ``.tolist()``; a function of the notebook's
@@ -68,6 +70,8 @@ that moves what it is given) are not seen, and a reference to the tensor taken i
 from __future__ import annotations
 
 import ast
+import builtins
+import collections
 import sys
 import types
 from collections.abc import Mapping, MutableMapping
@@ -91,6 +95,12 @@ _NEW_TENSORS = frozenset(
         *("randint_like", "randn", "randn_like", "randperm", "tensor", "zeros", "zeros_like"),
     }
 )
+
+#: Methods that move a tensor or module (in place, for a module).
+_MOVES = frozenset({"cpu", "cuda", "to", "type", "to_empty"})
+
+#: Builtins that run or reach code the cell's source does not show.
+_OPAQUE = ("exec", "eval", "globals", "locals", "vars", "setattr")
 
 #: Text a cell must contain to move anything this module follows.
 _MOVE_WORDS = (
@@ -331,14 +341,16 @@ def _mark_items(finder: _Moves) -> list[str]:
             continue
         if not all(there for there, _ in appended):
             continue
-        if name in finder.fresh:  # preds = [] and only appends since, in loops too: all of it
-            computed[name] = list(held)
+        if name in finder.fresh and finder.sole_user(name):
+            computed[name] = list(held)  # preds = [] and only appends since, in loops too: all
         elif not any(repeated for _, repeated in appended) and len(held) >= len(appended):
             computed[name] = held[len(held) - len(appended) :]
     for name, stored in finder.stored.items():
         held = namespace.get(name)
         constant = [there for (each, _), there in finder.keyed.items() if each == name]
-        if name not in finder.spoilt and all(stored) and all(constant) and type(held) is dict:
+        if name in finder.spoilt or not finder.sole_user(name) or type(held) is not dict:
+            continue
+        if all(stored) and all(constant):
             computed[name] = list(held.values())  # outs = {} and only stores since: all of it
     for (name, key), there in finder.keyed.items():
         held = namespace.get(name)
@@ -444,6 +456,15 @@ class _Moves(ast.NodeVisitor):
         self.fresh: set[str] = set()
         #: per such dict, whether each `name[key] = value` stored a value computed there
         self.stored: dict[str, list[bool]] = {}
+        #: how often each name appears in the cell (functions and lambdas it defines included),
+        #: and how many of those uses of a new container the visit read: binding it empty,
+        #: appending or storing into it, handing it to print, len or PyTorch. A use it did not
+        #: read (`def collect(t): preds.append(t.cpu())`, `d = {"p": preds}`) may put anything
+        #: there: such a container is not followed (see _mark_items)
+        self.uses: collections.Counter[str] = collections.Counter()
+        self.accounted: collections.Counter[str] = collections.Counter()
+        #: whether the cell runs code the source does not show (exec, eval, globals())
+        self.opaque = False
         #: per `name[constant] = value`, whether its last such statement stored one computed there
         self.keyed: dict[tuple[str, Any], bool] = {}
         #: containers changed otherwise (pop, extend, del, a computed key, given to a function)
@@ -466,6 +487,10 @@ class _Moves(ast.NodeVisitor):
             and isinstance(s.targets[0], ast.Name)
         ]
         self.bound_once = {name for name in top if stores.count(name) == 1}
+        self.uses.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+        self.opaque = any(self.uses[name] for name in _OPAQUE) or any(
+            isinstance(n, ast.Global | ast.Nonlocal) for n in ast.walk(node)
+        )
         self._spoil(node)
         self.generic_visit(node)
 
@@ -490,7 +515,15 @@ class _Moves(ast.NodeVisitor):
     def _visit_loop(self, node: ast.AST) -> None:
         # the body may run no time, or many: a pass reads what the pass before bound
         # (`h = h.cpu()` after `preds.append(h * 2)`), so a name the loop binds is not known in it
-        for name in _bound_in(node):
+        moved = {  # model.cpu() in the body: the next pass calls a model that is elsewhere
+            inner.func.value.id
+            for inner in ast.walk(node)
+            if isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute)
+            and inner.func.attr in _MOVES
+            and isinstance(inner.func.value, ast.Name)
+        }
+        for name in _bound_in(node) | moved:
             if not self._is_local(name):
                 self.where_now[name] = "unknown"
         self._visit_branches(node)
@@ -525,6 +558,10 @@ class _Moves(ast.NodeVisitor):
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _visit_comprehension  # noqa: N815
 
+    def sole_user(self, name: str) -> bool:
+        """Whether the visit read every use the cell makes of ``name`` (see :attr:`uses`)."""
+        return not self.opaque and self.uses[name] == self.accounted[name]
+
     def _is_local(self, name: str) -> bool:
         return any(name in names for names in self._local)
 
@@ -547,16 +584,34 @@ class _Moves(ast.NodeVisitor):
             self._bind(target, node.value, id(node))
             if isinstance(target, ast.Subscript):
                 self._note_item_store(target, node.value)
-        empty = (isinstance(node.value, ast.List) and not node.value.elts) or (
-            isinstance(node.value, ast.Dict) and not node.value.keys
-        )
-        if empty and not self._conditional and len(node.targets) == 1:
-            if isinstance(node.targets[0], ast.Name) and not self._is_local(node.targets[0].id):
-                self.fresh.add(node.targets[0].id)  # preds = []: the cell's own, empty
+        if not self._conditional and len(node.targets) == 1:
+            # preds = [], outs = {}, preds = list(), all_preds, all_labels = [], []: the cell's own
+            target, value = node.targets[0], node.value
+            pairs = [(target, value)]
+            if isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List):
+                if len(target.elts) == len(value.elts):
+                    pairs = list(zip(target.elts, value.elts, strict=True))
+            for name, made in pairs:
+                if isinstance(name, ast.Name) and not self._is_local(name.id) and self._empty(made):
+                    self.fresh.add(name.id)
+                    self.accounted[name.id] += 1
         if dataset is not None and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             # DataLoader(TensorDataset(x, y)): a dataset the cell builds there, bound to no name
             if self._placement(dataset) == "made" and not self._conditional:
                 self.loaders_on_device.add(node.targets[0].id)
+
+    def _empty(self, value: ast.expr) -> bool:
+        """Whether ``value`` makes a new empty list or dict (``[]``, ``{}``, ``list()``)."""
+        if isinstance(value, ast.List):
+            return not value.elts
+        if isinstance(value, ast.Dict):
+            return not value.keys
+        if not isinstance(value, ast.Call) or value.args or value.keywords:
+            return False
+        func = value.func  # list(), dict(): the builtins, unless the notebook named others so
+        return isinstance(func, ast.Name) and self.namespace.get(
+            func.id, getattr(builtins, func.id, None)
+        ) in (list, dict)
 
     def _loaders_dataset(self, value: ast.expr) -> ast.expr | None:
         """The dataset argument of ``value`` if it is a ``DataLoader(...)`` call, else None."""
@@ -595,6 +650,7 @@ class _Moves(ast.NodeVisitor):
             item = call.args[0]
             there = self._computed_place(item) == "device" and _computes(item)
             self.appended.setdefault(call.func.value.id, []).append((there, self._conditional > 0))
+            self.accounted[call.func.value.id] += 1
         self.generic_visit(node)
 
     def _note_item_store(self, target: ast.Subscript, value: ast.expr) -> None:
@@ -603,6 +659,8 @@ class _Moves(ast.NodeVisitor):
             return
         name = target.value.id
         constant = isinstance(target.slice, ast.Constant)
+        if name in self.fresh:
+            self.accounted[name] += 1
         if not constant and name in self.fresh and type(self.namespace.get(name)) is dict:
             # outs[i] = model(b) into the cell's own new dict: whatever the key, an item of it
             there = self._computed.get(id(value)) == "device" and _computes(value)
@@ -630,6 +688,8 @@ class _Moves(ast.NodeVisitor):
                 for argument in [*inner.args, *(k.value for k in inner.keywords)]:
                     if isinstance(argument, ast.Name) and not harmless:
                         self.spoilt.add(argument.id)  # a function given it may change it
+                    elif isinstance(argument, ast.Name):
+                        self.accounted[argument.id] += 1  # torch.cat(outs), len(outs): a read
             elif isinstance(inner, ast.Subscript) and isinstance(inner.ctx, ast.Del):
                 if isinstance(inner.value, ast.Name):
                     self.spoilt.add(inner.value.id)
@@ -819,7 +879,7 @@ class _Moves(ast.NodeVisitor):
             where = self._name_place(func.id)
             if where == "device":
                 return "device"  # model(x): where its parameters are
-            if where == "cpu" and next(iter(tensors_in(module)), None) is None:
+            if next(iter(tensors_in(module)), None) is None:
                 return self._arguments_place(call)  # nn.ReLU()(x): where x is
             return "cpu" if where == "cpu" else None
         if not isinstance(func, ast.Attribute):
@@ -827,10 +887,23 @@ class _Moves(ast.NodeVisitor):
         method = func.attr
         if method in _TO_HOST_METHODS:
             return "cpu"
+        if method == "type" and (call.args or call.keywords):
+            # x.type(torch.float16) stays where x is; x.type(torch.FloatTensor) (or its name) is
+            # on the CPU, x.type(torch.cuda.FloatTensor) on the device: not read here
+            given = call.args[0] if call.args else call.keywords[0].value
+            if not isinstance(self._resolved(given), torch.dtype):
+                return None
         if method in ("to", "cuda"):
             where = self._where(method, call)
             if where is not None:
                 return where
+            devices = [*call.args[:1], *(k.value for k in call.keywords if k.arg == "device")]
+            of = next(
+                (d for d in devices if isinstance(d, ast.Attribute) and d.attr == "device"), None
+            )
+            if isinstance(of, ast.Attribute):  # x.to(y.device), x.to(device=y.device): where y is
+                where = self._computed_place(of.value)
+                return where if where in ("device", "cpu") else None
             if method == "to" and call.args and not call.keywords:
                 # x.to(other): where the other tensor is; x.to(torch.float16): where x is
                 other = self._computed_place(call.args[0])
