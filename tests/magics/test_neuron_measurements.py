@@ -231,6 +231,18 @@ def test_a_preallocated_numpy_array_of_timings_is_a_measurement(ip):
     assert np.array_equal(ip.user_ns["host"].numpy(), ip.user_ns["preds"] + 1)
     # the notebook gets what NumPy gives plain code
     assert type(ip.user_ns["timings"]) is np.ndarray and type(ip.user_ns["preds"]) is np.ndarray
+    # a buffer holding a timing column beside values is compared: its values are no measurement
+    # (it was listed as a measurement, and a value differing on the target PASSed)
+    report = _report(
+        ip,
+        "res = np.zeros((3, 2))\n"
+        "for i in range(3):\n"
+        "    s = time.perf_counter()\n"
+        "    res[i, 0] = float(x.sum()) + (0.5 if x.device.type != 'cpu' else 0.0)\n"
+        "    res[i, 1] = time.perf_counter() - s",
+    )
+    assert report.verdict == "FAIL", report.summary()
+    assert "res" in {d.path for d in report.comparison.diffs if d.status == "differ"}
 
 
 def test_times_from_timers_imported_by_name_and_from_timeit_are_measurements(ip):

@@ -534,6 +534,7 @@ def _tagged_array_type() -> type:
     def __array_finalize__(self: Any, obj: Any) -> None:
         # a view, a copy or a slice of a tagged array: the same values, the same provenance
         self.provenance = getattr(obj, "provenance", None)
+        self.filling = getattr(obj, "filling", False)
 
     def __array_ufunc__(self: Any, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         provenance = next(
@@ -565,12 +566,19 @@ def _tagged_array_type() -> type:
 
     def __setitem__(self: Any, key: Any, value: Any) -> None:
         base.__setitem__(self, key, value)
-        measured = _measured_in(value) if self.provenance is None else None
+        if not self.filling:
+            return
         # timings[rep] = start.elapsed_time(end): an array the cell preallocated holds measurements
-        # from then on, and so does the array a view of it (timings[rep][0] = ms) was taken from
+        # from then on, and so does the array a view of it (timings[rep][0] = ms) was taken from;
+        # one it also stores another number into (res[i, 0] = loss, res[i, 1] = seconds) holds
+        # both, and is compared as NumPy's own: its other numbers are no measurement
+        measured = _measured_in(value)
         array = self
-        while measured is not None and isinstance(array, cls) and array.provenance is None:
-            array.provenance = measured
+        while isinstance(array, cls) and array.filling:
+            if measured is None:
+                array.provenance, array.filling = None, False
+            elif array.provenance is None:
+                array.provenance = measured
             array = array.base
 
     def __iter__(self: Any) -> Any:
@@ -612,6 +620,8 @@ def _tagged_array_type() -> type:
         "__module__": __name__,
         "__doc__": _tagged_array_type.__doc__,
         "provenance": None,
+        #: an array the cell preallocated (np.zeros) that has held only measurements so far
+        "filling": False,
         **{
             name: summary_method(name, keeps)
             for name, keeps in _ARRAY_SUMMARIES.items()
@@ -1166,7 +1176,9 @@ def _preallocated(make: Callable[..., Any]) -> Callable[..., Any]:
             and result.dtype.kind in "biuf"
             and sys._getframe(1).f_globals.get("__name__") == "__main__"
         ):
-            return result.view(TaggedArray)  # no provenance until a measurement is stored
+            buffer = result.view(TaggedArray)  # no provenance until a measurement is stored
+            buffer.filling = True
+            return buffer
         return result
 
     return preallocate
