@@ -353,3 +353,47 @@ def test_integer_outputs_that_changed_get_no_tolerance_that_would_pass_them(ip):
     assert "beyond budget" in lines["share"]  # a float taken from them: measured by its R
     html = report._repr_html_()  # the precision budget's section lists every line
     assert "integer values that changed, not rounding" in html
+
+
+#: An evaluation loop that only prints its loss: the cell binds no floating output.
+PRINTED_LOSS = (
+    "with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):\n"
+    "    for _ in range(3):\n"
+    "        h = x.cuda() @ w.cuda()\n"
+    "        val = (h.float() * SCALE).softmax(-1).pow(2).sum()\n"
+    "        print(f'val loss {val.item():.6f}')\n"
+    "del h, val, _"
+)
+
+
+def test_a_printed_loss_within_tolerance_but_beyond_budget_fails_the_budget_judge(ip):
+    # A 0.4% scaling only the device path applies, on a loss the loop only prints: within the
+    # bfloat16 tolerance its scalars were compared with, and with no floating output bound the
+    # oracle never ran, so --judge budget said "PASS ... 1 scalar site match"
+    bug = PRINTED_LOSS.replace("SCALE", "(1.004 if h.device.type != 'cpu' else 1.0)")
+    report = _run(ip, "--target neuron --judge budget", bug)
+    assert report.verdict == "FAIL", report.summary()
+    first = report.scalars.first
+    assert first is not None and first.ratio > 5 and first.budget_label == "less accurate"
+    assert report.summary().endswith(f"(R {first.ratio:.3g}, less accurate)"), report.summary()
+    # the tolerance judge keeps its own verdict, and the same loop without the bug passes
+    assert _run(ip, "--target neuron", bug).verdict == "PASS"
+    report = _run(ip, "--target neuron --judge budget", PRINTED_LOSS.replace("SCALE", "1.0"))
+    assert report.verdict == "PASS", report.summary()
+
+
+def test_a_printed_loss_that_differs_by_rounding_passes_the_budget_judge(ip):
+    # a bitwise tolerance, and a convolution whose last bits differ: with no floating output
+    # bound the oracle never ran, so the printed value failed its tolerance under either judge
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nsignal = torch.randn(4, 8, 200)\n"
+        "conv = torch.nn.Conv1d(8, 16, 9)\nnorm = torch.nn.GroupNorm(4, 16)",
+    )
+    body = "y = norm.cuda()(conv.cuda()(signal.cuda()))\nprint(f'{y.max().item():.9f}')\ndel y"
+    run_cell(ip, f"%%neuron --preset strict -o r\n{body}")
+    assert ip.user_ns["r"].verdict == "FAIL", ip.user_ns["r"].summary()
+    run_cell(ip, f"%%neuron --preset strict --judge budget -o r\n{body}")
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.scalars.sites[0].within_budget == 1

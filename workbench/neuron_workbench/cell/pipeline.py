@@ -22,6 +22,7 @@ from neuron_workbench.compare.budget import (
     tolerance_lines,
 )
 from neuron_workbench.compare.flatten import FlattenedOutputs
+from neuron_workbench.compare.oracle import oracle_instrument, rerun
 from neuron_workbench.compare.tolerances import Tolerance, TolerancePolicy
 from neuron_workbench.errors import BackendUnavailable
 from neuron_workbench.report.hints import (
@@ -541,7 +542,7 @@ def compare_observed_scalars(
 
     ``oracle``: the precision budget's float64 rerun, when it ran for this cell; the first
     divergence then gets its error ratio ``R``, and ``by_budget`` (``--judge budget``) judges
-    each value outside tolerance by its ``R``, as floating outputs are judged. ``layers``: what
+    each floating value by its ``R``, as floating outputs are judged. ``layers``: what
     ``--layers`` found, which an unexplained first divergence's hint names. None when either
     run raised or neither materialised a scalar from a tensor.
     """
@@ -676,8 +677,10 @@ def precision_budget(
 ) -> Budget | None:
     """The precision budget of a comparison, measured lazily.
 
-    Under ``judge="budget"`` every floating output is measured; under ``tolerance`` only the
-    outputs that failed their tolerance, and nothing (no oracle run) when none did.
+    Under ``judge="budget"`` every floating output is measured, and the oracle runs for the
+    observed scalars (:func:`compare_observed_scalars`) where the cell bound no floating output;
+    under ``tolerance`` only the outputs that failed their tolerance, and nothing (no oracle run)
+    when none did.
     """
     if comparison is None:
         return None
@@ -699,6 +702,15 @@ def precision_budget(
         )
     try:
         budget = measure_budget(spec, ref_backend, ref, target, paths, oracle=oracle)
+        if (
+            judge == "budget"
+            and oracle is not None
+            and oracle.oracle is None
+            and _scalars_seen(ref)
+        ):
+            # a loop that only prints its loss binds no floating output, so measuring ran no
+            # oracle: its scalars were judged by a tolerance that hides a target-only bug
+            oracle.oracle = rerun(spec, ref_backend, oracle_instrument(spec))
     except Exception as exc:  # a measuring bug must not cost the user the comparison itself
         return Budget(oracle_error=f"the precision budget failed: {type(exc).__name__}: {exc}")
     budget.tolerances = tolerance_lines(comparison.failures, budget)
@@ -711,6 +723,14 @@ def precision_budget(
         if measured is not None and measured.within and not_identified(diff.hints):
             diff.hints = [rounding_hint(measured.factor, measured.label)]
     return budget
+
+
+def _scalars_seen(run: Run) -> bool:
+    """Whether ``run`` materialised a scalar from a tensor (its observed scalars)."""
+    from neuron_workbench.compare.scalars import recorded_trace
+
+    trace = recorded_trace(run.extras.get("scalars"))
+    return trace is not None and bool(trace.series)
 
 
 def _explain_beyond_budget(

@@ -74,8 +74,8 @@ class SiteComparison:
     """One call site's two sequences and how they compare.
 
     ``abs_diff`` holds ``|target - ref|`` per aligned occurrence (None where either is not a
-    finite number); ``parts_at`` is the first occurrence (1-based) outside tolerance or missing on
-    one side, None when the sequences match.
+    finite number); ``parts_at`` is the first occurrence (1-based) outside tolerance (under the
+    budget judge: beyond budget) or missing on one side, None when the sequences match.
     """
 
     site: str
@@ -94,7 +94,7 @@ class SiteComparison:
 
     @property
     def matched(self) -> bool:
-        """True when every aligned occurrence is within tolerance and the counts agree."""
+        """True when every aligned occurrence is within tolerance (or budget) and the counts agree."""
         return self.parts_at is None
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,13 +261,17 @@ def _site(
 ) -> tuple[SiteComparison, int | None]:
     """One site's comparison, and the reference's event order of its first mismatch.
 
-    With the float64 oracle's series of the site (the budget judge), an occurrence outside
-    tolerance whose ``R`` is within budget is no mismatch: it is counted in ``within_budget``.
+    With the float64 oracle's series of the site (the budget judge), an occurrence of a floating
+    site is judged by its ``R`` alone, as a floating output is: one outside tolerance whose ``R``
+    is within budget is no mismatch (it is counted in ``within_budget``), and one within
+    tolerance whose ``R`` is beyond budget is. An integer or boolean site (a count, a flag) has
+    no rounding: its tolerance judges it.
     """
     from neuron_workbench.compare.budget import classify
 
     dtype_ref, dtype_target = dtype_named(ref.dtype), dtype_named(target.dtype or ref.dtype)
     tolerance = policy.for_output(f"scalars/{ref.site}", dtype_ref, dtype_target)
+    by_budget = oracle is not None and dtype_ref is not None and dtype_ref.is_floating_point
     diffs: list[float | None] = []
     parts_at = None
     order = None
@@ -275,11 +279,13 @@ def _site(
     for index, (a, b) in enumerate(zip(ref.values, target.values, strict=False)):
         differs, delta = _differs(a, b, tolerance)
         diffs.append(delta)
-        if differs and oracle is not None and index < len(oracle.values):
+        if by_budget and oracle is not None and index < len(oracle.values):
             ratio = _scalar_ratio(a, b, oracle.values[index], ref.dtype)
-            if ratio is not None and classify(ratio).within:
-                differs = False
-                within_budget += 1
+            if ratio is not None:
+                within = classify(ratio).within
+                if differs and within:
+                    within_budget += 1
+                differs = not within
         if differs and parts_at is None:
             parts_at, order = index + 1, ref.order[index]
     if parts_at is None and ref.count != target.count:
@@ -327,8 +333,9 @@ def compare_scalars(
     policy : TolerancePolicy, optional
         The comparison's tolerances (a site is judged as an output ``scalars/<site>``).
     oracle_trace : ScalarTrace or dict, optional
-        The budget judge's float64 oracle run's scalars: a value outside tolerance whose error
-        ratio ``R`` is within budget does not part the runs, as a float output is judged.
+        The budget judge's float64 oracle run's scalars: a floating value parts the runs where
+        its error ratio ``R`` is beyond budget, whatever its tolerance, as a float output is
+        judged.
 
     Returns
     -------
