@@ -397,3 +397,37 @@ def test_a_printed_loss_that_differs_by_rounding_passes_the_budget_judge(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert report.scalars.sites[0].within_budget == 1
+
+
+def test_a_numpy_output_is_judged_by_its_budget_as_a_tensor_is(ip):
+    # NumPy arrays had no budget: judged by their tolerance alone under --judge budget, a
+    # target-only layer_norm eps within float32's tolerance passed, and a difference in the last
+    # bits failed a bitwise tolerance that the same values as a tensor passed
+    bug = (
+        "h = x.cuda() @ w.cuda()\n"
+        "z = torch.nn.functional.layer_norm(h, (128,), eps=1e-5 if h.device.type == 'cpu' "
+        "else 1.3e-5)\n"
+        "emb = z.cpu().numpy()\n"
+        "del h, z"
+    )
+    assert _run(ip, "--target neuron", bug).verdict == "PASS"  # within float32's tolerance
+    report = _run(ip, "--target neuron --judge budget", bug)
+    assert report.verdict == "FAIL", report.summary()
+    emb = report.budget.get("emb")
+    assert emb is not None and emb.ratio > 3 and not emb.within
+    assert "emb: target " in report.summary()
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nsignal = torch.randn(4, 8, 200)\n"
+        "conv = torch.nn.Conv1d(8, 16, 9)\nnorm = torch.nn.GroupNorm(4, 16)",
+    )
+    run_cell(
+        ip,
+        "%%neuron --preset strict --judge budget -o r\n"
+        "y = norm.cuda()(conv.cuda()(signal.cuda())).detach()\n"
+        "out = y.cpu().numpy()\n"
+        "del y",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.budget.get("out").within and not report.comparison.passed

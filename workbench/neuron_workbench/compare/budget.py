@@ -279,6 +279,12 @@ def _exact_dtype(name: str | None) -> bool:
 
 
 def _float_leaf(value: Any) -> torch.Tensor | None:
+    if type(value).__module__ == "numpy":
+        # A NumPy array or scalar (``probs = p.cpu().numpy()``) is a floating output as the
+        # comparison reads it: left out, a bug within its loosened tolerance passed the judge.
+        # (A copy: no tensor holds an array's negative strides, ``a[::-1]``, or shares a
+        # read-only one.)
+        value = torch.as_tensor(value.copy())
     if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
         return value.detach()
     if isinstance(value, float):
