@@ -431,3 +431,31 @@ def test_a_numpy_output_is_judged_by_its_budget_as_a_tensor_is(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert report.budget.get("out").within and not report.comparison.passed
+
+
+@pytest.mark.parametrize("fill", ["float('inf')", "float('nan')"])
+def test_a_mask_filled_with_another_non_finite_value_on_the_target_is_beyond_budget(ip, fill):
+    # The budget compared where each run was finite, not what it held there: a target filling an
+    # attention mask with +inf (or NaN) where the reference fills -inf passed --judge budget
+    # "within precision budget (worst R 1.0 at s)", and the tolerance judge's report said R 1.0
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nq = torch.randn(4, 16, 16)")
+    body = (
+        "s = q.cuda().masked_fill(q.cuda() > 0.5, "
+        f"float('-inf') if q.cuda().device.type == 'cpu' else {fill})"
+    )
+    for judge in ("budget", "tolerance"):
+        run_cell(ip, f"%%neuron --target neuron --judge {judge} -o r\n{body}")
+        report = ip.user_ns["r"]
+        assert report.verdict == "FAIL", report.summary()
+        assert not report.budget.get("s").within
+        assert not any(h.startswith("rounding: ") for h in report.comparison.failures[0].hints)
+    assert (
+        report.budget.get("s").describe()
+        == "s: target's NaN or Inf differ from the reference's (R inf)"
+    )
+    # the same -inf on both runs is no difference
+    run_cell(
+        ip,
+        "%%neuron --target neuron --judge budget -o r\ns = q.cuda().masked_fill(q.cuda() > 0.5, float('-inf'))",
+    )
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()

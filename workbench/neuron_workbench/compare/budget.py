@@ -140,9 +140,15 @@ class OutputBudget:
         return f"{self.ratio:.0f}" if self.ratio < 1e4 else f"{self.ratio:.1e}"
 
     def describe(self) -> str:
-        """``loss: target 38x less accurate than the reference`` or ``loss: R 1.1, marginal``."""
+        """``loss: target 38x less accurate than the reference`` or ``loss: R 1.1, marginal``.
+
+        An infinite ``R`` says why: the target's NaN or Inf differ from the reference's, or the
+        reference is exact where the target is not.
+        """
         if self.within:
             return f"{self.path}: R {self.factor}, {self.label}"
+        if math.isinf(self.error):  # (see _target_distance)
+            return f"{self.path}: target's NaN or Inf differ from the reference's (R inf)"
         if not math.isfinite(self.ratio):
             return f"{self.path}: target differs where the reference is exact (R inf)"
         return f"{self.path}: target {self.factor}x less accurate than the reference"
@@ -338,12 +344,13 @@ def error_histogram(ref: torch.Tensor, target: torch.Tensor) -> dict[str, list[f
 def _target_distance(
     ref: torch.Tensor, target: torch.Tensor, oracle: torch.Tensor
 ) -> tuple[float, float]:
-    """The target's distance to the oracle; infinite where its NaN/Inf placement is not the ref's.
+    """The target's distance to the oracle; infinite where its NaN/Inf are not the ref's.
 
-    Distances count finite elements only, so a NaN the reference does not have must not vanish.
+    Distances count finite elements only, so a NaN the reference does not have must not vanish,
+    nor an infinity of the other sign, or a NaN where the reference has an infinity (a mask filled
+    with ``inf`` where the reference fills ``-inf``): each is a changed value, not rounding.
     """
-    # (float8 and complex32 widened: no isfinite kernel)
-    if not torch.equal(_finite(ref), _finite(target)):
+    if not torch.equal(_non_finite(ref), _non_finite(target)):
         return math.inf, math.inf
     return _distance(target, oracle)
 
@@ -368,9 +375,19 @@ def _ulp_floor(value: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     return float(torch.linalg.vector_norm(ulp)), float(ulp.max())
 
 
-def _finite(value: torch.Tensor) -> torch.Tensor:
-    """Which elements of ``value`` are finite (read as the comparison reads them)."""
-    return torch.isfinite(with_cpu_kernels(value.detach().cpu()))
+def _non_finite(value: torch.Tensor) -> torch.Tensor:
+    """Where ``value`` is NaN (first row: 1) and where it is +Inf or -Inf (second row: 1, -1).
+
+    Read as the comparison reads it (float8 and complex32 widened: no isfinite kernel; a complex
+    value's parts each); two results have their NaN and Inf in the same places, with the same
+    signs, exactly when these are equal.
+    """
+    value = with_cpu_kernels(value.detach().cpu())
+    if value.is_complex():
+        value = torch.view_as_real(value)
+    nan = torch.isnan(value)
+    sign = torch.where(torch.isinf(value), torch.sign(value), torch.zeros_like(value))
+    return torch.stack([nan.to(torch.int8), sign.to(torch.int8)])
 
 
 def ulps(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
