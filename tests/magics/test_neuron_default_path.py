@@ -4148,6 +4148,36 @@ def test_numpy_arrays_of_labels_and_dates_are_compared(ip):
     assert pred.status == "differ" and "'cat', 'dog'" in pred.detail, pred.to_dict()
 
 
+def test_numpy_arrays_reversed_or_read_only_are_compared(ip, recwarn):
+    # A reversed array (``scores[::-1]``, a descending sort) was an "error" output, "ValueError:
+    # At least one stride in the given numpy array is negative": a FAIL for a cell that matched,
+    # and --judge budget measured no output of the cell at all; a read-only one warned under the
+    # cell that "the given NumPy array is not writable"
+    run_cell(ip, "import torch\nimport numpy as np\ntorch.manual_seed(0)\nx = torch.randn(8, 16)")
+    body = (
+        "scores = (x.cuda() @ x.cuda().T).cpu().numpy()\n"
+        "ranked = np.sort(scores, axis=-1)[:, ::-1]\n"
+        "frozen = scores.copy()\n"
+        "frozen.setflags(write=False)"
+    )
+    for judge in ("tolerance", "budget"):
+        run_cell(ip, f"%%neuron --judge {judge} -o r\n{body}")
+        report = _report(ip)
+        assert report.verdict == "PASS", report.summary()
+        assert {"ranked", "frozen"} <= {d.path for d in report.comparison.compared}
+    assert report.budget.get("ranked").within and not report.budget.oracle_error
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+    # and where the reversed scores differ, they differ
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "scores = (x.cuda() @ x.cuda().T).cpu().numpy()\n"
+        "ranked = np.sort(scores + (1.0 if x.cuda().device.type != 'cpu' else 0.0), axis=-1)[:, ::-1]",
+    )
+    ranked = next(d for d in _report(ip).comparison.diffs if d.path == "ranked")
+    assert ranked.status == "differ", ranked.to_dict()
+
+
 def test_a_python_int_checksum_off_by_a_wrap_says_its_difference(ip):
     # A polynomial hash over token ids is a Python int of 30 digits; one id wrapped around in
     # int32 on neuron, so the checksums differ by 2**32, which their floats cannot tell apart:

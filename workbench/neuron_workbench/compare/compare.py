@@ -837,6 +837,11 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value.detach()
     if _is_array(value):
+        if value.ndim and (min(value.strides) < 0 or not value.flags.writeable):
+            # no tensor holds negative strides (``a[::-1]``: "ValueError: At least one stride
+            # ... is negative", an error for arrays that matched), or shares a read-only array
+            # without warning the user under the cell
+            value = value.copy()
         return torch.as_tensor(value)
     if isinstance(value, bool):
         return torch.tensor(value)
