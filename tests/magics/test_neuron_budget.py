@@ -459,3 +459,38 @@ def test_a_mask_filled_with_another_non_finite_value_on_the_target_is_beyond_bud
         "%%neuron --target neuron --judge budget -o r\ns = q.cuda().masked_fill(q.cuda() > 0.5, float('-inf'))",
     )
     assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+
+
+def test_printed_tolist_values_beyond_budget_fail_the_budget_judge(ip):
+    # A .tolist() of a few numbers was judged by its tolerance alone, even under --judge budget:
+    # the same 0.4% target-only scaling as a printed loss passed "1 scalar site match"
+    body = (
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+        "    h = x.cuda() @ w.cuda()\n"
+        "p = (h.float() * SCALE).softmax(-1).pow(2).sum(-1)\n"
+        "print(p[:4].tolist())\n"
+        "del h, p"
+    )
+    bug = body.replace("SCALE", "(1.004 if h.device.type != 'cpu' else 1.0)")
+    assert _run(ip, "--target neuron", bug).verdict == "PASS"  # within bfloat16's tolerance
+    report = _run(ip, "--target neuron --judge budget", bug)
+    assert report.verdict == "FAIL", report.summary()
+    assert report.scalars.sites[0].how == "Tensor.tolist" and report.scalars.parted
+    report = _run(ip, "--target neuron --judge budget", body.replace("SCALE", "1.0"))
+    assert report.verdict == "PASS", report.summary()
+    # a .tolist() whose last bits differ (a convolution's) is within budget
+    run_cell(
+        ip,
+        "torch.manual_seed(0)\nsignal = torch.randn(4, 8, 200)\n"
+        "conv = torch.nn.Conv1d(8, 16, 9)\nnorm = torch.nn.GroupNorm(4, 16)",
+    )
+    run_cell(
+        ip,
+        "%%neuron --preset strict --judge budget -o r\n"
+        "y = norm.cuda()(conv.cuda()(signal.cuda()))\n"
+        "print(y.amax(-1)[0, :8].tolist())\n"
+        "del y",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert report.scalars.sites[0].within_budget == 1, report.scalars.to_dict()

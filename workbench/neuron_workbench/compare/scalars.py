@@ -420,20 +420,30 @@ def max_steps_note(ref_trace: Any, target_trace: Any) -> str | None:
 
 
 def _scalar_ratio(ref: Any, target: Any, oracle: Any, dtype: str | None) -> float | None:
-    """``R`` of one occurrence against the oracle's value; None unless all three are finite."""
+    """``R`` of one occurrence against the oracle's value; None unless all three are finite.
+
+    A ``.tolist()``'s numbers are one value, as an output's elements are (Frobenius norms); the
+    three must be as long.
+    """
     from neuron_workbench.compare.budget import error_ratio, ulps
 
-    values = (ref, target, oracle)
-    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+    values = [value if isinstance(value, list) else [value] for value in (ref, target, oracle)]
+    if len({len(v) for v in values}) != 1 or not all(
+        isinstance(n, int | float) and math.isfinite(n) for v in values for n in v
+    ):
         return None
-    ref, target, oracle = (float(v) for v in values)
+    ref_t, target_t, oracle_t = (torch.tensor(v, dtype=torch.float64) for v in values)
     torch_dtype = dtype_named(dtype)
     # neither run is promised closer than one ulp of its dtype: a float64 loss that the reference
     # got exactly was "R inf" for any target error
     least = 0.0
     if torch_dtype is not None and torch_dtype.is_floating_point:
-        least = float(ulps(torch.tensor(oracle, dtype=torch.float64), torch_dtype))
-    return error_ratio(abs(target - oracle), abs(ref - oracle), least)
+        least = float(torch.linalg.vector_norm(ulps(oracle_t, torch_dtype)))
+    return error_ratio(
+        float(torch.linalg.vector_norm(target_t - oracle_t)),
+        float(torch.linalg.vector_norm(ref_t - oracle_t)),
+        least,
+    )
 
 
 def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace: Any) -> None:
@@ -452,7 +462,7 @@ def scalar_budget(divergence: ScalarDivergence, dtype: str | None, oracle_trace:
         return
     oracle = series.values[divergence.occurrence - 1]
     ratio = _scalar_ratio(divergence.ref, divergence.target, oracle, dtype)
-    if ratio is None:
+    if ratio is None or isinstance(oracle, list):  # (a .tolist() is judged, not shown)
         return
     divergence.oracle, divergence.ratio = float(oracle), ratio
     divergence.budget_label = classify(ratio).label
