@@ -14,6 +14,7 @@ import torch
 
 from neuron_workbench.run import file_writes
 from neuron_workbench.run.file_writes import (
+    CellStartFiles,
     kept_apart_note,
     originals_folder,
     originals_kept,
@@ -151,15 +152,24 @@ def test_files_the_kept_run_removed_with_their_folder_read_as_they_were(folder, 
         assert os.listdir(folder / "ckpts") == ["last.pt"]
 
 
-def test_a_file_opened_before_the_kept_run_overwrote_it_reads_whole(folder, originals):
-    ckpt = folder / "ckpt.pt"
-    torch.save({"w": torch.zeros(1000)}, ckpt)
-    # the run not kept opened it (in its process) before the kept run overwrote it (in its own)
-    with open(ckpt, "rb") as early:
-        with originals_kept(originals):
-            torch.save({"w": torch.ones(1000)}, ckpt)
-        assert torch.load(early)["w"].sum() == 0
-    assert torch.load(ckpt)["w"].sum() == 1000
+def test_a_file_the_kept_run_overwrites_stays_the_file_every_holder_has(folder, originals):
+    # it was swapped for a new file at the name: a holder in another process (a subprocess
+    # writing the log, `tail -f`) went on with a file no name led to, its owner and attributes
+    # were the kernel's, and an open that then failed (a read-only file) left it empty
+    log = folder / "train.log"
+    log.write_text("epoch 0\n")
+    inode = log.stat().st_ino
+    with originals_kept(originals):
+        with open(log, "w") as kept:
+            kept.write("header\n")
+    assert log.read_text() == "header\n" and log.stat().st_ino == inode
+    # its original was kept, for the run not kept
+    kept_original = CellStartFiles(str(originals)).where(str(log))
+    assert kept_original != str(log) and open(kept_original).read() == "epoch 0\n"
+    with pytest.raises(ValueError), originals_kept(str(originals) + "-2"):
+        open(log, "rw")  # refused before anything opens: the file is as it was
+    assert log.read_text() == "header\n"
+    shutil.rmtree(str(originals) + "-2", ignore_errors=True)
 
 
 def test_a_kept_run_that_changes_no_file_makes_no_folder_of_originals(folder, originals):

@@ -538,10 +538,12 @@ class OriginalsKept:
 
     The kept run writes, removes and renames the real files as any code does. Before it first
     changes one during the cell, the file as it was goes into the cell's folder of originals: a
-    hard link where the change only takes the name away (``os.remove``, ``os.replace`` over it, and
-    ``open(path, "w")``, which then writes a new file with the old one's permissions: a reader that
-    opened the old one keeps it whole), a copy where the file changes in place (``"a"``, ``"r+"``,
-    a file of several names or on another file system than the folder). A file it makes new is
+    hard link where the change only takes the name away (``os.remove``, ``os.replace`` over it),
+    a copy where the file changes in place (``open(path, "w")``, ``"a"``, ``"r+"``, and a file on
+    another file system than the folder): the kept run then writes the file itself, as plain code
+    does, so every holder of it (the notebook's ``log``, a subprocess, ``tail -f``) goes on with
+    the same file, owner and attributes, and an open that fails leaves it whole. A reader that
+    opened it before the overwrite can see the new bytes. A file it makes new is
     noted there as not there before (a dangling link). The other runs of the cell read the
     originals through :class:`CellStartFiles`. Each entry is complete before it is there (a link,
     a copy renamed into place), and there before the real file changes.
@@ -554,7 +556,7 @@ class OriginalsKept:
         self._touched: set[str] = set()  # real paths changed during the cell: entries made
         # real paths naming the file an entry links to (renamed there by the run): changing them
         # in place would change the original
-        self._shared: set[str] = set()
+        self._shared: dict[str, str] = {}  # ... and the entry that links to it
         self._lock = threading.RLock()
         # a child the run forks (a DataLoader's persistent worker) holds the patches after the
         # cell: its writes are its own, and it would make the folder again once removed
@@ -573,7 +575,7 @@ class OriginalsKept:
         with self._lock:
             if real in self._touched:
                 if real in self._shared:
-                    self._unshare(real, keep_bytes="w" not in mode)
+                    self._unshare(real)
                 return
             if "x" in mode and os.path.lexists(real):
                 return  # the open fails: nothing changes
@@ -585,7 +587,7 @@ class OriginalsKept:
         if real is None:
             return
         with self._lock:
-            self._shared.discard(real)
+            self._shared.pop(real, None)
             if real not in self._touched:
                 self._keep(real, "unname")
 
@@ -608,12 +610,11 @@ class OriginalsKept:
                 self.before_removal(real_dst)
             if real_src is None:
                 return
-            shared = real_src in self._shared
-            if real_src not in self._touched:
-                shared = self._keep(real_src, "unname")
-            self._shared.discard(real_src)
-            if shared and real_dst is not None:
-                self._shared.add(real_dst)  # the original goes on under the new name
+            shared = self._shared.pop(real_src, None)
+            if real_src not in self._touched and self._keep(real_src, "unname"):
+                shared = _original_of(self.folder, real_src)
+            if shared is not None and real_dst is not None:
+                self._shared[real_dst] = shared  # the original goes on under the new name
 
     def _keep(self, real: str, change: str) -> bool:
         """Put ``real``'s original (or its absence) in the folder; True: as a link to the file.
@@ -638,17 +639,15 @@ class OriginalsKept:
             return False
         if stat.S_ISDIR(st.st_mode):
             return False  # folders are not kept
-        if stat.S_ISREG(st.st_mode) and (
-            change == "unname" or (change == "truncate" and st.st_nlink == 1 and not _open_here(st))
-        ):
+        if stat.S_ISREG(st.st_mode) and change == "unname":
             try:
                 self._note(real, lambda: _LINK(real, entry))
             except OSError:
                 pass  # another file system: copied
             else:
-                if change == "truncate":
-                    self._remade(real, st, keep_bytes=False)
                 return True
+        # written where it is (the file stays the one every holder has open, with its owner and
+        # attributes, and an open that then fails leaves it whole): its bytes are copied first
         part = f"{entry}.part"
         try:
             shutil.copyfile(real, part)
@@ -658,25 +657,16 @@ class OriginalsKept:
         self._note(real, lambda: _REPLACE(part, entry))
         return False
 
-    def _unshare(self, real: str, keep_bytes: bool) -> None:
-        """Give ``real`` a file of its own (an entry links to the one it names) before a write."""
-        self._shared.discard(real)
-        with contextlib.suppress(OSError):
-            self._remade(real, _LSTAT(real), keep_bytes)
+    def _unshare(self, real: str) -> None:
+        """Give the entry linked to the file ``real`` names bytes of its own, before a write there.
 
-    def _remade(self, real: str, st: os.stat_result, keep_bytes: bool) -> None:
-        """Put a new file at ``real`` (its bytes, or empty), on the folder's file system.
-
-        Only for a file an entry links to (so on that file system): ``os.replace`` swaps it in at
-        once, and the original keeps its bytes.
+        (The run renamed a file it had not changed to ``real``: its entry is a link to that file.)
         """
-        part = os.path.join(self.folder, f"new-{uuid.uuid4().hex}")
-        if keep_bytes:
-            shutil.copyfile(real, part)
-        else:
-            _OS_CLOSE(_OS_OPEN(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.chmod(part, stat.S_IMODE(st.st_mode))
-        _REPLACE(part, real)
+        entry = self._shared.pop(real)
+        part = f"{entry}.part"
+        with contextlib.suppress(OSError):
+            shutil.copyfile(entry, part)
+            _REPLACE(part, entry)
 
     def _entry(self, real: str) -> str:
         if not self.folder_made:
@@ -698,28 +688,6 @@ class OriginalsKept:
             os.write(fd, os.fsencode(real) + b"\0")  # one write: whole in a concurrent read
         finally:
             _OS_CLOSE(fd)
-
-
-def _open_here(st: os.stat_result) -> bool:
-    """Whether this process holds the file ``st`` describes open (Linux; False where not known).
-
-    ``log = open("train.log", "a")`` in a plain cell, then the cell's ``open("train.log", "w")``:
-    a new file swapped in at the name would leave the notebook's ``log`` writing to the old one,
-    which no name leads to any more. Such a file is copied and truncated in place, as plain code
-    truncates it.
-    """
-    try:
-        fds = _LISTDIR("/proc/self/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            held = os.fstat(int(fd))
-        except (OSError, ValueError):
-            continue
-        if held.st_ino == st.st_ino and held.st_dev == st.st_dev:
-            return True
-    return False
 
 
 #: What the entry of a file the kept run made new links to.
