@@ -1,10 +1,12 @@
 """The notebook's own modules' marks (kernel side) and loading them again (worker side)."""
 
+import enum
 import importlib
 import os
 import sys
 import time
 
+import numpy as np
 import torch
 
 from neuron_workbench.run import module_versions
@@ -150,9 +152,20 @@ def test_assigned_values_are_plain_data_copied_and_set_where_they_differ(tmp_pat
         module.LAYERS = [64, (32, "relu")]
         module.DTYPE = torch.bfloat16
         module.TABLE = torch.zeros(2)  # no plain data: not sent
-        module_versions._ASSIGNED[name] = dict.fromkeys(["LR", "LAYERS", "DTYPE", "TABLE", "GONE"])
+        module.MODE = enum.Enum("Mode", "A B").B  # an enum member, a NumPy scalar: sent
+        module.EPS = np.float64(1e-5)
+        # a dataset, not a setting: not copied and sent with every cell (half a second each)
+        module.DATA = list(range(3_000_000))
+        assigned = ["LR", "LAYERS", "DTYPE", "TABLE", "MODE", "EPS", "DATA", "GONE"]
+        module_versions._ASSIGNED[name] = dict.fromkeys(assigned)
         values = module_versions.assigned_values()
-        assert values[name] == {"LR": 0.5, "LAYERS": [64, (32, "relu")], "DTYPE": torch.bfloat16}
+        assert values[name] == {
+            "LR": 0.5,
+            "LAYERS": [64, (32, "relu")],
+            "DTYPE": torch.bfloat16,
+            "MODE": module.MODE,
+            "EPS": np.float64(1e-5),
+        }
         assert values[name]["LAYERS"] is not module.LAYERS  # as it was when read
         module.LR, module.LAYERS, module.DTYPE = 0.1, [], torch.float32  # a worker's copy
         module_versions.take_assigned_values(values)

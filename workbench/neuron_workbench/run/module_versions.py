@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import enum
 import importlib
 import os
 import re
@@ -292,28 +293,51 @@ def _module_named(node: ast.expr, namespace: Mapping[str, Any]) -> types.ModuleT
     return value
 
 
-def _plain_copy(value: Any, depth: int = 0) -> Any:
+def _plain_copy(value: Any, left: list[int] | None = None, depth: int = 0) -> Any:
     """``value`` copied where it is plain data, else ``_NOT_PLAIN``.
 
-    Plain data: numbers, strings, bytes, None, torch dtypes and devices, and tuples, lists and
-    dicts of them. A copy: a run here that changes such a list in place (the cell's
+    Plain data: numbers (NumPy's scalars too), strings, bytes, None, enum members, torch dtypes
+    and devices, and tuples, lists and dicts of them, up to :data:`_MOST_ITEMS` in all: a setting,
+    not a dataset (``config.DATA = list(range(3_000_000))`` was copied and sent with every cell,
+    half a second each). A copy: a run here that changes such a list in place (the cell's
     ``config.LAYERS.append(3)``) does not change what a target process is sent afterwards
     (``--profile`` runs the reference first).
     """
+    left = [_MOST_ITEMS] if left is None else left
+    left[0] -= 1
     kind = type(value)
     if kind in _ATOMS:
         return value
-    if kind not in _CONTAINERS or depth >= 8:
+    if left[0] < 0 or depth >= 8:
         return _NOT_PLAIN
+    if isinstance(value, enum.Enum) or _numpy_scalar(value):
+        return value  # config.MODE = Mode.B, config.LR = np.float64(0.5): immutable
+    if kind not in _CONTAINERS or len(value) > left[0]:
+        return _NOT_PLAIN  # (a long list is not walked: not sent)
     if kind is dict:
-        items = [(_plain_copy(k, depth + 1), _plain_copy(v, depth + 1)) for k, v in value.items()]
-        if any(k is _NOT_PLAIN or v is _NOT_PLAIN for k, v in items):
+        items = {}
+        for key, item in value.items():
+            key, item = _plain_copy(key, left, depth + 1), _plain_copy(item, left, depth + 1)
+            if key is _NOT_PLAIN or item is _NOT_PLAIN:
+                return _NOT_PLAIN
+            items[key] = item
+        return items
+    copied = []
+    for item in value:
+        copied.append(_plain_copy(item, left, depth + 1))
+        if copied[-1] is _NOT_PLAIN:
             return _NOT_PLAIN
-        return dict(items)
-    copied = [_plain_copy(item, depth + 1) for item in value]
-    if any(item is _NOT_PLAIN for item in copied):
-        return _NOT_PLAIN
     return kind(copied)
+
+
+def _numpy_scalar(value: Any) -> bool:
+    """Whether ``value`` is one of NumPy's scalars (``np.float64(0.5)``; not an array)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.generic)
+
+
+#: The most numbers, strings and containers one assigned setting holds to be sent with each cell.
+_MOST_ITEMS = 10_000
 
 
 def assigned_values() -> dict[str, dict[str, Any]]:
