@@ -5,6 +5,8 @@ import io
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -170,6 +172,29 @@ def test_a_file_the_kept_run_overwrites_stays_the_file_every_holder_has(folder, 
         open(log, "rw")  # refused before anything opens: the file is as it was
     assert log.read_text() == "header\n"
     shutil.rmtree(str(originals) + "-2", ignore_errors=True)
+
+
+def test_the_first_temporary_folder_lookup_of_a_process_in_a_kept_run_does_not_hang(
+    folder, originals
+):
+    # A worker whose process had not looked up the temporary folder yet (run --against: the
+    # kept target's first file write) hung for good: tempfile's lookup opens a probe file through
+    # the patched os.open, which looked the folder up again under tempfile's lock; its
+    # parent-watch thread then waited on the same lock, so it outlived its parent too
+    code = (
+        "import os, tempfile\n"
+        "from neuron_workbench.run.file_writes import originals_kept\n"
+        "tempfile.tempdir = None\n"  # as in a process that has not looked it up yet
+        f"with originals_kept({originals!r}):\n"
+        "    open('where.txt', 'a').write('b\\n')\n"
+        "    tempfile.gettempdir()\n"
+        "print(open('where.txt').read(), end='')\n"
+    )
+    (folder / "where.txt").write_text("a\n")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout == "a\nb\n", done.stderr
 
 
 def test_a_kept_run_that_changes_no_file_makes_no_folder_of_originals(folder, originals):

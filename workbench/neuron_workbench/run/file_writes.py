@@ -553,6 +553,10 @@ class OriginalsKept:
         self.folder = folder
         self.folder_made = False
         self._notebook_temp = notebook_temp
+        # found now, before the patches: found at the first write instead, tempfile's first
+        # gettempdir() in the process opened a probe file through the patched os.open, which
+        # asked for them again under tempfile's lock (the worker hung, its parent-watch too)
+        self._paths = _NotebookPaths([self.folder], notebook_temp)
         self._touched: set[str] = set()  # real paths changed during the cell: entries made
         # real paths naming the file an entry links to (renamed there by the run): changing them
         # in place would change the original
@@ -561,11 +565,6 @@ class OriginalsKept:
         # a child the run forks (a DataLoader's persistent worker) holds the patches after the
         # cell: its writes are its own, and it would make the folder again once removed
         self._pid = os.getpid()
-
-    @functools.cached_property
-    def _paths(self) -> _NotebookPaths:
-        # found at the first write: most cells write no file, and finding them takes 20 us
-        return _NotebookPaths([self.folder], self._notebook_temp)
 
     def before_open(self, file: Any, mode: str) -> None:
         """Keep the original of ``file`` before ``open(file, mode)`` (a writing mode) changes it."""
