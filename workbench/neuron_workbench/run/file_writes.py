@@ -754,16 +754,12 @@ def originals_kept(
         ),
         (shutil, {"rmtree": rmtree}),
     ]
-    serialization = sys.modules.get("torch.serialization")
-    real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
-    if real_zip_writer is not None:
 
-        def zip_writer(name_or_buffer: Any) -> Any:
-            if isinstance(name_or_buffer, str | os.PathLike):
-                record.before_open(name_or_buffer, "wb")
-            return real_zip_writer(name_or_buffer)
+    def kept_before_writing(path: Any) -> Any:
+        record.before_open(path, "wb")
+        return path
 
-        patches.append((serialization, {"_open_zipfile_writer": zip_writer}))
+    patches += _zip_writer_patches(kept_before_writing)
     safetensors_api = sys.modules.get("safetensors.torch")
     real_writer = getattr(safetensors_api, "serialize_file", None)
     if real_writer is not None:
@@ -773,18 +769,8 @@ def originals_kept(
             return real_writer(tensors, filename, *args, **kwargs)
 
         patches.append((safetensors_api, {"serialize_file": serialize_file}))
-    cell_open = namespace.get("open") if namespace is not None else None
-    namespace_open = writing(cell_open) if callable(cell_open) else None
-    with contextlib.ExitStack() as stack:
-        for owner, replacements in patches:
-            stack.enter_context(patched_attributes(owner, replacements))
-        if namespace_open is not None:
-            namespace["open"] = namespace_open  # type: ignore[index]
-        try:
-            yield record
-        finally:
-            if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
-                namespace["open"] = cell_open  # type: ignore[index]
+    with _patched(patches, namespace, writing):
+        yield record
 
 
 #: ``os.open`` of a folder (``O_TMPFILE`` includes it): never a file of the run's.
@@ -1155,17 +1141,8 @@ def writes_kept_apart(
         ),
         (shutil, {"rmtree": rmtree}),
     ]
+    patches += _zip_writer_patches(lambda path: record.open_path(path, "wb", real_open))
     serialization = sys.modules.get("torch.serialization")
-    real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
-    if real_zip_writer is not None:
-
-        def zip_writer(name_or_buffer: Any) -> Any:
-            # torch.save hands a path to its C++ zip writer, which opens it below Python
-            if isinstance(name_or_buffer, str | os.PathLike):
-                name_or_buffer = record.open_path(name_or_buffer, "wb", real_open)
-            return real_zip_writer(name_or_buffer)
-
-        patches.append((serialization, {"_open_zipfile_writer": zip_writer}))
     torch = sys.modules.get("torch")
     real_load = getattr(serialization, "load", None)
     if real_load is not None and torch is not None and torch.load is real_load:
@@ -1179,26 +1156,59 @@ def writes_kept_apart(
 
         patches += [(serialization, {"load": load}), (torch, {"load": load})]
     patches += _safetensors_patches(record, real_open)
-    # A notebook's cells have an ``open`` of their own: IPython's wrapper in the kernel (it
-    # refuses the fds 0-2), the real one a worker received with the cell's values. Patching
-    # builtins does not reach it, so for the run the namespace's goes through the private copies.
-    cell_open = namespace.get("open") if namespace is not None else None
-    namespace_open = redirecting(cell_open) if callable(cell_open) else None
     try:
-        with contextlib.ExitStack() as stack:
-            for owner, replacements in patches:
-                stack.enter_context(patched_attributes(owner, replacements))
-            if namespace_open is not None:
-                namespace["open"] = namespace_open  # type: ignore[index]
+        with _patched(patches, namespace, redirecting):
             try:
                 yield record
             finally:
                 record.remove_what_it_made()
-                if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
-                    namespace["open"] = cell_open  # type: ignore[index]
     finally:
         if record.folder_made:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _zip_writer_patches(path_for: Any) -> list[tuple[Any, Any]]:
+    """torch.save's zip writer handed ``path_for(path)`` for a path (nothing: torch not loaded).
+
+    torch.save hands a path to its C++ zip writer, which opens it below Python's ``open``.
+    """
+    serialization = sys.modules.get("torch.serialization")
+    real_zip_writer = getattr(serialization, "_open_zipfile_writer", None)
+    if real_zip_writer is None:
+        return []
+
+    def zip_writer(name_or_buffer: Any) -> Any:
+        if isinstance(name_or_buffer, str | os.PathLike):
+            name_or_buffer = path_for(name_or_buffer)
+        return real_zip_writer(name_or_buffer)
+
+    return [(serialization, {"_open_zipfile_writer": zip_writer})]
+
+
+@contextlib.contextmanager
+def _patched(
+    patches: list[tuple[Any, Any]],
+    namespace: MutableMapping[str, Any] | None,
+    wrapping: Any,
+) -> Iterator[None]:
+    """``patches`` applied, and the namespace's own ``open`` wrapped by ``wrapping``, for the body.
+
+    A notebook's cells have an ``open`` of their own: IPython's wrapper in the kernel (it refuses
+    the fds 0-2), the real one a worker received with the cell's values. Patching builtins does
+    not reach it.
+    """
+    cell_open = namespace.get("open") if namespace is not None else None
+    namespace_open = wrapping(cell_open) if callable(cell_open) else None
+    with contextlib.ExitStack() as stack:
+        for owner, replacements in patches:
+            stack.enter_context(patched_attributes(owner, replacements))
+        if namespace_open is not None:
+            namespace["open"] = namespace_open  # type: ignore[index]
+        try:
+            yield
+        finally:
+            if namespace_open is not None and namespace.get("open") is namespace_open:  # type: ignore[union-attr]
+                namespace["open"] = cell_open  # type: ignore[index]
 
 
 #: Modules that bind safetensors' reader by name at import (``from safetensors import safe_open``):
