@@ -165,3 +165,22 @@ def test_a_reset_of_dynamo_is_counted_and_done_where_the_count_differs():
     assert torch_settings.current()["dynamo_resets"] == sent["dynamo_resets"]
     compiled(torch.ones(2))
     assert len(graphs) == 2
+
+
+def test_taking_unchanged_settings_leaves_inductor_unimported():
+    # torch.use_deterministic_algorithms imports Inductor (over a second): a new worker paid it on
+    # its first cell although the kernel had never changed the setting
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from neuron_workbench.run import torch_settings\n"
+        "torch_settings.apply(torch_settings.current())\n"
+        "assert 'torch._inductor' not in sys.modules, 'unchanged: Inductor imported'\n"
+        "torch_settings.apply({'deterministic': (True, True)})\n"
+        "assert torch.are_deterministic_algorithms_enabled()\n"
+        "assert torch.is_deterministic_algorithms_warn_only_enabled()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -34,6 +34,13 @@ from typing import Any
 import torch
 
 
+def _deterministic() -> tuple[bool, bool]:
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+
+
 def current() -> dict[str, Any]:
     """The settings of this process, as :func:`apply` takes them (one torch cannot read: left out)."""
     cudnn = torch.backends.cudnn
@@ -43,10 +50,7 @@ def current() -> dict[str, Any]:
         "default_dtype": torch.get_default_dtype,
         "grad_enabled": torch.is_grad_enabled,
         "anomaly": lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
-        "deterministic": lambda: (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        ),
+        "deterministic": _deterministic,
         # cuBLAS's allow_tf32 is this setting too ("high" is TF32), so it travels as this alone
         "float32_matmul_precision": torch.get_float32_matmul_precision,
         "cuda_matmul": lambda: {
@@ -337,7 +341,10 @@ def apply(settings: dict[str, Any] | None) -> None:
         torch.autograd.set_detect_anomaly(enabled, check_nan)
     if "deterministic" in settings:
         enabled, warn_only = settings["deterministic"]
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        # only when it changes: torch's setter imports Inductor first (over a second in a new
+        # worker, which then answered its first cell that much later)
+        if (enabled, warn_only) != _deterministic():
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
     precision = settings.get("float32_matmul_precision")
     if precision is not None and precision != _matmul_precision():
         set_precision = torch.set_float32_matmul_precision
