@@ -269,3 +269,22 @@ def test_notebook_with_workers_keeps_the_kernel_pristine_and_survives_an_abort(t
         "target process died (SIGABRT) while running nwtest_nb::boom at cell line 3"
     )
     assert crashed["ref"]["ok"]
+
+
+def test_the_extension_launches_the_configured_targets_worker_as_it_loads(ip):
+    # the first %%neuron cell then finds the worker's device ready, not a second or two away
+    from neuron_workbench.magics.neuron import NeuronMagics
+
+    for config, launched in (
+        ({}, {"neuron"}),
+        ({"target": "tpu"}, {"tpu"}),
+        ({"executor": "inprocess"}, set()),
+        ({"target": "cpu"}, set()),
+    ):
+        magic = NeuronMagics(shell=ip, **config)
+        try:
+            magic.launch_workers()
+            rows = magic.session.workers.rows()
+            assert {row.target for row in rows if row.alive} == launched, config
+        finally:
+            magic.session.close()

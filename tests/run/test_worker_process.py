@@ -325,3 +325,75 @@ def test_auto_keeps_a_device_this_process_already_holds():
     assert resolve_executor("auto", ["neuron", "tpu"]) == "worker"
     assert resolve_executor("auto", ["cpu"]) == "inprocess"
     assert resolve_executor("inprocess", ["tpu"]) == "inprocess"
+
+
+def _environment_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        return dict(
+            entry.decode().split("=", 1) for entry in handle.read().split(b"\0") if b"=" in entry
+        )
+
+
+def test_a_launched_worker_starts_while_the_kernel_goes_on_and_its_first_use_waits_for_it():
+    from neuron_workbench.run.worker_process import WorkerSlot
+
+    slot = WorkerSlot("neuron")
+    try:
+        launched = time.perf_counter()
+        slot.launch()
+        assert time.perf_counter() - launched < 0.5  # torch is imported there, not waited for
+        assert slot.alive and slot.availability is None
+        pid = slot.pid
+        slot.ensure_started()
+        assert slot.pid == pid  # the launched process, not a second one
+        assert slot.availability is not None and slot.availability.emulated
+        assert slot.info is not None and slot.info.device.startswith("neuron")
+    finally:
+        slot.stop()
+    assert not slot.alive
+
+
+def test_a_variable_set_after_the_launch_reaches_the_worker_that_runs_the_cell(monkeypatch):
+    # an SDK reads its variables as it loads (NEURON_RT_VISIBLE_CORES): a process launched before
+    # the notebook set one is not the one that runs its cells
+    from neuron_workbench.run.worker_process import WorkerSlot
+
+    slot = WorkerSlot("neuron")
+    try:
+        slot.launch()
+        first = slot.pid
+        monkeypatch.setenv("NWTEST_SET_AFTER_LAUNCH", "1")
+        slot.ensure_started()
+        assert slot.pid != first
+        assert _environment_of(slot.pid).get("NWTEST_SET_AFTER_LAUNCH") == "1"
+    finally:
+        slot.stop()
+
+
+def test_a_launched_worker_that_died_before_its_first_use_is_started_afresh():
+    from neuron_workbench.run.worker_process import WorkerSlot
+
+    slot = WorkerSlot("neuron")
+    try:
+        slot.launch()
+        first = slot.pid
+        os.kill(first, 9)
+        slot._process.wait()
+        slot.ensure_started()  # no "failed to start": nobody was waiting for that one
+        assert slot.alive and slot.pid != first and slot.availability is not None
+    finally:
+        slot.stop()
+
+
+def test_a_session_launches_workers_only_for_targets_that_run_in_one():
+    session = Session()
+    try:
+        session.launch_workers(["neuron"], "auto")
+        session.launch_workers(["cpu"], "worker")
+        rows = {row.target: row for row in session.workers.rows()}
+        assert set(rows) == {"neuron"} and rows["neuron"].alive
+        pid = rows["neuron"].pid
+        session.launch_workers(["neuron"], "auto")  # launched already: not again
+        assert session.workers.rows()[0].pid == pid
+    finally:
+        session.close()

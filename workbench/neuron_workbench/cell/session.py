@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import types
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,21 @@ class Session:
 
             self._workers = WorkerPool()
         return self._workers
+
+    def launch_workers(self, targets: Sequence[str], executor: str = "auto") -> None:
+        """Launch the worker processes ``targets`` will run in, without waiting for them.
+
+        Nothing where ``executor`` (``auto`` decided for these targets) runs them in this process.
+        Each worker imports torch and installs its device meanwhile (a second or two), so the
+        first cell finds it ready.
+        """
+        from neuron_workbench.backends.registry import WORKER_TARGETS, resolve_executor
+
+        if resolve_executor(executor, list(targets)) != "worker":
+            return
+        for target in targets:
+            if target in WORKER_TARGETS:
+                self.workers.launch(target)
 
     def ray_pool(self, cluster: str, options: Any = None) -> Any:
         """The :class:`~neuron_workbench.run.ray_executor.RayActorPool` for ``cluster``."""

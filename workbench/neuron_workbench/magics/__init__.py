@@ -66,6 +66,8 @@ def register(shell: Any) -> None:
         shell.events.register(event, getattr(instances[0], name))
 
     prepare_target(instances[0].target, instances[0].executor)
+    # ... and a worker's device is made ready meanwhile, in its process
+    instances[0].launch_workers()
     # functions and modules the notebook compiles from now on can travel to a target's process,
     # compiled again there (after prepare_target: an emulated torch.compile here stays inside)
     remember_compile_requests()

@@ -277,6 +277,21 @@ class NeuronMagics(Magics, CellOptionTraits):  # type: ignore[misc, valid-type]
         #: the plain cell about to run, and where what it binds was before it (before_plain_cell)
         self._places_before: tuple[str, dict[str, str | None]] | None = None
 
+    def launch_workers(self) -> None:
+        """Launch the worker processes of the session's targets (as configured), not waiting.
+
+        Called as the extension loads: each worker imports torch and installs its device while the
+        notebook's first cells run, instead of during its first ``%%neuron`` cell. A setting no
+        cell could run with launches nothing (each cell says what is wrong with it).
+        """
+        from neuron_workbench.errors import WorkbenchError
+
+        values = {option.name: getattr(self, option.name) for option in options_for(TRAIT)}
+        with contextlib.suppress(WorkbenchError, OSError):
+            options = cell_options(values)
+            if not options.cluster:
+                self.session.launch_workers(options.targets, options.executor)
+
     def before_plain_cell(self, info: Any) -> None:
         """Before every cell (IPython's ``pre_run_cell``): where what a plain cell binds is now.
 

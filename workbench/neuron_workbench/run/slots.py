@@ -156,6 +156,18 @@ class SlotPool(Generic[SlotT]):
             self._slots[target] = self._new_slot(target)
         return self._slots[target]
 
+    def launch(self, target: str) -> None:
+        """Start ``target``'s slot without waiting for it, unless it runs or is starting.
+
+        For a slot that can (a worker process: :meth:`WorkerSlot.launch
+        <neuron_workbench.run.worker_process.WorkerSlot.launch>`); its first use waits for the
+        rest of its start.
+        """
+        slot = self.get(target)
+        launch = getattr(slot, "launch", None)
+        if launch is not None and not slot.alive:
+            launch()
+
     def rows(self) -> list[WorkerRow]:
         """Every slot with its state."""
         return [slot.row() for slot in self._slots.values()]

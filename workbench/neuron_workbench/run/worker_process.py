@@ -96,6 +96,10 @@ class WorkerSlot:
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._folder: str | None = None
+        #: The id of the hello a launched process has not been waited for yet (see :meth:`launch`)
+        self._hello: int | None = None
+        self._launched = 0.0
+        self._launched_environment: dict[str, str] = {}
         self.started_s: float | None = None
 
     # -- lifecycle --
@@ -132,8 +136,18 @@ class WorkerSlot:
             One line, when the process dies or does not answer within :data:`START_TIMEOUT_S`;
             the process and its files are gone then, and the next call starts afresh.
         """
+        self.launch()
+        self._await_hello()
+
+    def launch(self) -> None:
+        """Spawn the process without waiting for it (ending any running one).
+
+        It imports torch and installs its device while this process goes on: a notebook's worker
+        is launched as the extension loads, and its first cell finds it ready.
+        :meth:`ensure_started` waits for what is left of its start.
+        """
         self.stop()
-        started = time.perf_counter()
+        self._launched = time.perf_counter()
         # On shared memory where there is some: the request and answer arenas are written here.
         self._folder = tempfile.mkdtemp(
             prefix=f"neuron-workbench-{self.target}-", dir=arena_folder()
@@ -141,12 +155,7 @@ class WorkerSlot:
         with open(os.path.join(self._folder, "lastop"), "wb") as handle:
             handle.write(bytes(LAST_OP_BYTES))
         ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["NEURON_WORKBENCH_EMULATE"] = self.target if self.target in ("neuron", "tpu") else ""
-        env[WORKER_ENV] = self.target
-        env.pop("NEURON_WORKBENCH_EMULATE_REPORT", None)  # the kernel's report is not the worker's
-        # a notebook's inline plotting backend means nothing in the worker
-        env.pop("MPLBACKEND", None)
+        env = self._launched_environment = self._environment()
         boot = _BOOT.format(paths=[_package_root()], fd=theirs.fileno(), folder=self._folder)
         try:
             self._process = subprocess.Popen(
@@ -171,6 +180,22 @@ class WorkerSlot:
                 }
             )
         )
+        self._hello = request_id
+
+    def _environment(self) -> dict[str, str]:
+        """The environment the process starts with: this process's, as of now, and the target's."""
+        env = dict(os.environ)
+        env["NEURON_WORKBENCH_EMULATE"] = self.target if self.target in ("neuron", "tpu") else ""
+        env[WORKER_ENV] = self.target
+        env.pop("NEURON_WORKBENCH_EMULATE_REPORT", None)  # the kernel's report is not the worker's
+        # a notebook's inline plotting backend means nothing in the worker
+        env.pop("MPLBACKEND", None)
+        return env
+
+    def _await_hello(self) -> None:
+        """Wait for the launched process's hello: its device's availability and info."""
+        assert self._hello is not None
+        request_id = self._hello
         try:
             hello = self._receive(request_id, time.monotonic() + START_TIMEOUT_S).value
         except WorkerDied as exc:
@@ -188,10 +213,11 @@ class WorkerSlot:
         except BaseException:  # KeyboardInterrupt while starting: nothing half-started stays
             self.stop()
             raise
+        self._hello = None
         self.availability = hello["availability"]
         self.info = hello["info"]
         self.cells_run = 0
-        self.started_s = time.perf_counter() - started
+        self.started_s = time.perf_counter() - self._launched
 
     def stop(self) -> None:
         """End the process (if any) and remove its files."""
@@ -208,13 +234,27 @@ class WorkerSlot:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        self._hello = None
         self.availability = None
         self.info = None
 
     def ensure_started(self) -> None:
-        """Start the worker unless it is running."""
-        if not self.alive or self._conn is None or self.availability is None:
-            self.start()
+        """Start the worker unless it is running; wait for the rest of a launched one's start."""
+        # a variable set since the launch (os.environ["NEURON_RT_VISIBLE_CORES"] in a cell) is one
+        # the device's SDK may read as it loads: a start where the process has it
+        if (
+            self._hello is not None
+            and self.alive
+            and self._environment() == self._launched_environment
+        ):
+            self._await_hello()
+        elif (
+            self._hello is not None
+            or not self.alive
+            or self._conn is None
+            or self.availability is None
+        ):
+            self.start()  # a launched process that died while nobody waited is started afresh
 
     # -- running --
 
