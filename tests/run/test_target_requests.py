@@ -9,7 +9,6 @@ import torch
 from neuron_workbench.backends import get_backend
 from neuron_workbench.run.cell import compile_cell
 from neuron_workbench.run.target_requests import (
-    LAST_OP_BYTES,
     _last_op_recorded,
     answer_request,
     pack_request,
@@ -19,6 +18,7 @@ from neuron_workbench.run.target_requests import (
     where_it_was,
 )
 from neuron_workbench.run.transport import dumps, loads
+from neuron_workbench.worker_launch import LAST_OP_BYTES
 
 
 def _unloadable():

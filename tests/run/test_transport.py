@@ -21,7 +21,6 @@ from neuron_workbench.run.target_requests import pack_request
 from neuron_workbench.run.transport import (
     COMPILE_REQUEST_ATTR,
     Unloadable,
-    arena_folder,
     device_module_equivalent,
     dumps,
     loads,
@@ -29,6 +28,7 @@ from neuron_workbench.run.transport import (
     remember_compile_requests,
     unloadable_in,
 )
+from neuron_workbench.worker_launch import arena_folder
 
 ARENAS = ["in-band", "shared memory", "own folder"] if arena_folder() else ["in-band", "own folder"]
 

@@ -603,3 +603,53 @@ def test_a_plain_cells_syntax_error_names_its_line_in_the_notebooks_order(tmp_pa
     ]
     document = json.loads((tmp_path / "syntax.json").read_text())
     assert document["cell_errors"][0]["message"] == "incomplete input (line 1)"
+
+
+def test_a_scripts_target_worker_is_launched_before_torch_is_imported_and_runs_it(tmp_path):
+    # both processes import torch at once: the script's run waits for neither after the other
+    script = tmp_path / "tiny.py"
+    script.write_text('import torch\ny = (torch.ones(3, device="cuda") * 2).sum()\n')
+    code = (
+        "import sys\n"
+        "import neuron_workbench.worker_launch as launch\n"
+        "spawned, spawn = [], launch.launch_worker\n"
+        "def counted(target):\n"
+        "    spawned.append((target, 'torch' in sys.modules))\n"
+        "    return spawn(target)\n"
+        "launch.launch_worker = counted\n"
+        "from neuron_workbench.cli.main import main\n"
+        "try:\n"
+        f"    code = main(['run', {str(script)!r}, '--quiet'])\n"
+        "except SystemExit as end:\n"
+        "    code = end.code\n"
+        "print('exit', code, spawned)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "exit 0 [('neuron', False)]" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "launched"),
+    [
+        ({}, {"neuron"}),
+        ({"target": "neuron,tpu"}, {"neuron", "tpu"}),
+        ({"target": "cpu"}, set()),
+        ({"executor": "inprocess"}, set()),
+        ({"cluster": "local"}, set()),
+    ],
+)
+def test_only_targets_that_run_in_a_worker_here_are_launched_ahead(values, launched, monkeypatch):
+    from neuron_workbench import worker_launch
+    from neuron_workbench.cli.commands.run import _launch_workers_ahead
+
+    for name in (
+        "NEURON_WORKBENCH_TARGET",
+        "NEURON_WORKBENCH_EMULATE",
+        "NEURON_WORKBENCH_EXECUTOR",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        _launch_workers_ahead(values)
+        assert set(worker_launch._AHEAD) == launched
+    finally:
+        worker_launch._end_untaken()

@@ -21,13 +21,13 @@ from typing import Any
 
 from neuron_workbench.backends.base import Backend
 from neuron_workbench.run.target_requests import (
-    LAST_OP_BYTES,
     answer_request,
     device_ready,
     read_last_op,
     release_answered,
 )
 from neuron_workbench.run.transport import Packed, dumps
+from neuron_workbench.worker_launch import LAST_OP_BYTES
 
 #: What a cell the actor failed around is told to do instead.
 ON_HINT = "run the cell without --on"

@@ -57,11 +57,11 @@ from neuron_workbench.run.slot_executor import SlotExecutor
 from neuron_workbench.run.slots import SlotPool, WorkerDied, WorkerRow
 from neuron_workbench.run.target_requests import (
     START_TIMEOUT_S,
-    WORKER_ENV,
     first_line,
     where_it_was,
 )
 from neuron_workbench.run.transport import Loaded, Packed, loads, loads_leniently
+from neuron_workbench.worker_launch import WORKER_ENV
 
 #: Seconds between the kernel's looks at what a running actor is doing (last op, cell line).
 _PROBE_EVERY_S = 0.5

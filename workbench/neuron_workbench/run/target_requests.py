@@ -52,12 +52,9 @@ from neuron_workbench.run.transport import (
     share_compile_backends,
 )
 from neuron_workbench.sites import is_cell_filename, program_line
+from neuron_workbench.worker_launch import LAST_OP_BYTES
 
-#: Environment variable set (to the target's name) in every target process (worker or Ray actor).
-WORKER_ENV = "NEURON_WORKBENCH_WORKER"
-#: Bytes of the record of the last op run (a worker's is memory-mapped): the op's name, NUL-padded,
-#: and in the last byte :data:`OP_ENDED` once that op has returned (0 while it runs).
-LAST_OP_BYTES = 128
+#: In the last byte of the record of the last op run (:data:`LAST_OP_BYTES`) once that op returned.
 OP_ENDED = 1
 #: Seconds a fresh target process may take to import torch and make its device ready.
 START_TIMEOUT_S = 180.0

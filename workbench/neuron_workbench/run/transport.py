@@ -83,6 +83,7 @@ from neuron_workbench.run.torchscript import (
     reduce_script_function,
     reduce_script_module,
 )
+from neuron_workbench.worker_launch import SHARED_MEMORY
 
 #: Storages in an arena start at multiples of this many bytes (any dtype's alignment, a cache line).
 ARENA_ALIGN = 64
@@ -174,8 +175,6 @@ class Packed:
                 os.unlink(self.arena)
 
 
-#: The host's shared-memory folder (Linux).
-_SHARED_MEMORY = "/dev/shm"
 #: A loaded arena stays in its folder for the next message to write into (see
 #: :func:`_keeps_arenas`), once the receiver's tensors on it are gone, up to
 #: :func:`kept_arena_limit`; a larger one is removed as its name is not needed (its memory goes with
@@ -200,12 +199,6 @@ _CGROUP_MEMORY_LIMITS = (
 _KEPT_ARENAS = ("kept-arena-0", "kept-arena-1")
 #: Settings of :data:`KEPT_ARENA_ENV` already warned about (once each per process).
 _WARNED_SETTINGS: set[str] = set()
-
-
-def arena_folder() -> str | None:
-    """A folder on shared memory for arenas (``/dev/shm`` on Linux), or None."""
-    folder = _SHARED_MEMORY
-    return folder if os.path.isdir(folder) and os.access(folder, os.W_OK) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -285,7 +278,7 @@ def _keeps_arenas(folder: str) -> bool:
     into the pages it has. Never in the host's shared-memory folder itself, where a file left
     behind would outlive both processes.
     """
-    return os.path.normpath(folder) != _SHARED_MEMORY
+    return os.path.normpath(folder) != SHARED_MEMORY
 
 
 # ---- sending -------------------------------------------------------------------------------------

@@ -18,16 +18,12 @@ line from :mod:`faulthandler`'s dump.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
-import pickle
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from multiprocessing.connection import Connection
 
@@ -40,9 +36,7 @@ from neuron_workbench.run.printed_below import left_in
 from neuron_workbench.run.slot_executor import SlotExecutor
 from neuron_workbench.run.slots import AnswerNotLoaded, SlotPool, WorkerDied, WorkerRow
 from neuron_workbench.run.target_requests import (
-    LAST_OP_BYTES,
     START_TIMEOUT_S,
-    WORKER_ENV,
     first_line,
     read_last_op,
     where_it_was,
@@ -50,20 +44,18 @@ from neuron_workbench.run.target_requests import (
 from neuron_workbench.run.transport import (
     Loaded,
     Packed,
-    arena_folder,
     kept_arenas_size,
     loads_leniently,
     receive,
     send,
 )
-
-_BOOT = (
-    "import sys; sys.path[:0] = {paths!r}; "
-    "from neuron_workbench.run.worker_server import serve; serve({fd}, {folder!r})"
+from neuron_workbench.worker_launch import (
+    LAST_OP_BYTES,
+    REQUEST_IDS,
+    launch_worker,
+    take_launched,
+    worker_environment,
 )
-
-#: Ids of requests (and of the start-up hello) across every worker of this process.
-_REQUEST_IDS = itertools.count(1)
 
 
 def _signal_name(returncode: int | None) -> str:
@@ -74,11 +66,6 @@ def _signal_name(returncode: int | None) -> str:
             return signal.Signals(-returncode).name
         return f"signal {-returncode}"
     return f"exit status {returncode}"
-
-
-def _package_root() -> str:
-    # The folder holding the neuron_workbench package (this file is neuron_workbench/run/worker_process.py).
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class WorkerSlot:
@@ -143,54 +130,15 @@ class WorkerSlot:
         """Spawn the process without waiting for it (ending any running one).
 
         It imports torch and installs its device while this process goes on: a notebook's worker
-        is launched as the extension loads, and its first cell finds it ready.
-        :meth:`ensure_started` waits for what is left of its start.
+        is launched as the extension loads, and its first cell finds it ready. A worker a command
+        launched ahead for this target (:func:`~neuron_workbench.worker_launch.launch_ahead`)
+        is taken instead. :meth:`ensure_started` waits for what is left of its start.
         """
         self.stop()
-        self._launched = time.perf_counter()
-        # On shared memory where there is some: the request and answer arenas are written here.
-        self._folder = tempfile.mkdtemp(
-            prefix=f"neuron-workbench-{self.target}-", dir=arena_folder()
-        )
-        with open(os.path.join(self._folder, "lastop"), "wb") as handle:
-            handle.write(bytes(LAST_OP_BYTES))
-        ours, theirs = socket.socketpair()
-        env = self._launched_environment = self._environment()
-        boot = _BOOT.format(paths=[_package_root()], fd=theirs.fileno(), folder=self._folder)
-        try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-c", boot],
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                # its own process group: a notebook interrupt reaches the kernel, which ends it
-                start_new_session=True,
-            )
-        finally:
-            theirs.close()
-        self._conn = Connection(ours.detach())
-        request_id = next(_REQUEST_IDS)
-        self._conn.send_bytes(
-            pickle.dumps(
-                {
-                    "sys_path": list(sys.path),
-                    "cwd": os.getcwd(),
-                    "target": self.target,
-                    "id": request_id,
-                }
-            )
-        )
-        self._hello = request_id
-
-    def _environment(self) -> dict[str, str]:
-        """The environment the process starts with: this process's, as of now, and the target's."""
-        env = dict(os.environ)
-        env["NEURON_WORKBENCH_EMULATE"] = self.target if self.target in ("neuron", "tpu") else ""
-        env[WORKER_ENV] = self.target
-        env.pop("NEURON_WORKBENCH_EMULATE_REPORT", None)  # the kernel's report is not the worker's
-        # a notebook's inline plotting backend means nothing in the worker
-        env.pop("MPLBACKEND", None)
-        return env
+        launched = take_launched(self.target) or launch_worker(self.target)
+        self._process, self._conn, self._folder = launched.process, launched.conn, launched.folder
+        self._hello, self._launched = launched.hello, launched.launched
+        self._launched_environment = launched.environment
 
     def _await_hello(self) -> None:
         """Wait for the launched process's hello: its device's availability and info."""
@@ -245,7 +193,7 @@ class WorkerSlot:
         if (
             self._hello is not None
             and self.alive
-            and self._environment() == self._launched_environment
+            and worker_environment(self.target) == self._launched_environment
         ):
             self._await_hello()
         elif (
@@ -297,7 +245,7 @@ class WorkerSlot:
         """Send one packed request (the worker starts running it) and return its id."""
         self.ensure_started()
         assert self._conn is not None
-        request_id = next(_REQUEST_IDS)
+        request_id = next(REQUEST_IDS)
         where = {
             "sys_path": list(sys.path),
             "cwd": os.getcwd(),

@@ -26,14 +26,13 @@ import torch
 from neuron_workbench.run.module_versions import follow as follow_module_versions
 from neuron_workbench.run.target_requests import (
     EXECUTOR_HINT,
-    LAST_OP_BYTES,
-    WORKER_ENV,
     answer_request,
     device_ready,
     refuse_input,
     release_answered,
 )
 from neuron_workbench.run.transport import dumps, receive, send
+from neuron_workbench.worker_launch import LAST_OP_BYTES, WORKER_ENV
 
 #: Variables a worker keeps as it was started: its device, that it is a worker, no inline plots.
 _OWN_ENV = ("NEURON_WORKBENCH_EMULATE", "NEURON_WORKBENCH_EMULATE_REPORT", "MPLBACKEND", WORKER_ENV)

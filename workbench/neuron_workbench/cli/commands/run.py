@@ -12,6 +12,7 @@ on a target, 2 usage or input errors (one line on stderr). Every cell option of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -183,10 +184,35 @@ def _notebook_supports_record_dir() -> bool:
     return NeuronMagics.class_traits().get("record_dir") is not None
 
 
+def _launch_workers_ahead(values: dict[str, Any]) -> None:
+    """Launch the workers of the targets ``values`` name (or their defaults), not waiting for them.
+
+    Before anything imports torch here: a script's run then waits for neither process's import
+    after the other's. Nothing for a target that runs in this process or on a Ray cluster.
+    """
+    from neuron_workbench.cell.options import OPTIONS
+    from neuron_workbench.worker_launch import launch_ahead
+
+    resolved = {
+        option.name: values.get(option.name) or option.env_default()
+        for option in OPTIONS
+        if option.name in ("target", "executor", "cluster")
+    }
+    if resolved["cluster"] or resolved["executor"] not in ("auto", "worker"):
+        return
+    for target in str(resolved["target"]).split(","):
+        with contextlib.suppress(OSError):  # a worker that cannot be spawned now: as before
+            launch_ahead(target.strip().lower())
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute, print one verdict line per report, write the files; return the exit code."""
     from neuron_workbench.cell.option_parsing import given_values
     from neuron_workbench.cell.options import RUN
+
+    if Path(args.path).suffix.lower() == ".py" and Path(args.path).is_file():
+        # the targets' workers import torch while this process does, below (not after it)
+        _launch_workers_ahead(given_values(args, RUN))
     from neuron_workbench.cli.notebook_runner import (
         check_distinct,
         check_writable,
