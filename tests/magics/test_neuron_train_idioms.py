@@ -492,3 +492,26 @@ def test_autocast_on_the_tpus_own_device_type_defaults_to_bfloat16(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "PASS", report.summary()
     assert report.target.outputs["h"].dtype == torch.float16
+
+
+def test_a_draw_inside_fork_rng_leaves_the_cuda_stream_as_it_was(ip):
+    # `torch.random.fork_rng()` (a validation pass that must not move the training's random
+    # stream) forks the module of "cuda": on the cpu reference the cell's cuda device is a cpu
+    # one, whose module (torch.cpu) has no get_rng_state, and the reference alone raised
+    # AttributeError (ERROR) where a GPU forks torch.cuda's state.
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "torch.manual_seed(0)\n"
+        "with torch.random.fork_rng(devices=[0]):\n"
+        '    forked = torch.rand(3, device="cuda")\n'
+        "with torch.random.fork_rng():\n"
+        '    again = torch.rand(3, device="cuda")\n'
+        'after = torch.rand(3, device="cuda")',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"forked", "again", "after"} <= _compared(report)
+    assert torch.equal(ip.user_ns["forked"], ip.user_ns["after"])
+    assert torch.equal(ip.user_ns["again"], ip.user_ns["after"])

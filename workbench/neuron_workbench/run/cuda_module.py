@@ -553,14 +553,39 @@ def _for_the_cell(real: Callable[..., Any], as_cuda: Callable[..., Any]) -> Call
 
     @functools.wraps(real)
     def answer(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # Dynamo cannot read frames: torch's own answer
-            return real(*args, **kwargs)
-        caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller.partition(".")[0] in _KEEP_THE_PROCESS_ANSWERS:
-            return real(*args, **kwargs)
-        return as_cuda(*args, **kwargs)
+        return (as_cuda if _called_by_the_cell() else real)(*args, **kwargs)
 
     return answer
+
+
+def _called_by_the_cell() -> bool:
+    """Whether the caller of the function calling this is the cell's code (not torch's, ours)."""
+    if torch.compiler.is_compiling():  # Dynamo cannot read frames: torch's own answer
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__") or ""
+    return caller.partition(".")[0] not in _KEEP_THE_PROCESS_ANSWERS
+
+
+def device_modules_as_cuda(
+    real: Callable[..., Any], cuda: types.ModuleType, names_cuda: Callable[[Any], bool]
+) -> Callable[..., Any]:
+    """``torch.get_device_module`` on the host standing in for cuda: ``cuda`` for the cell's cuda.
+
+    On a GPU the module of ``"cuda"`` (and, asked with no device, of the machine's accelerator) is
+    ``torch.cuda``. The host's cuda device is a cpu one, whose module, ``torch.cpu``, has no random
+    state: ``torch.random.fork_rng()`` raised AttributeError on the reference alone. ``cuda`` is
+    the run's ``torch.cuda``; ``names_cuda`` tells a device argument that names the cell's cuda.
+    With no device, torch's own calls and the workbench's keep the process's answer, as they do
+    for ``torch.accelerator``.
+    """
+
+    @functools.wraps(real)
+    def get_device_module(device: Any = None) -> Any:
+        if names_cuda(device) or (device is None and _called_by_the_cell()):
+            return cuda
+        return real(device)
+
+    return get_device_module
 
 
 #: Packages whose calls to ``torch.accelerator`` get the process's own answers during a run.

@@ -57,6 +57,7 @@ from neuron_workbench.run.cuda_module import (
     AcceleratorShim,
     CudaModuleShim,
     cuda_module_shims,
+    device_modules_as_cuda,
     legacy_cuda_dtype,
 )
 from neuron_workbench.run.cuda_on_host import (
@@ -1136,6 +1137,10 @@ def cuda_remapped_to(
             replaced["load"] = _loading_onto_host_cuda(torch.load, host, restored_on_cuda)
         if hasattr(torch, "accelerator"):  # PyTorch 2.6 on
             replaced["accelerator"] = AcceleratorShim(torch.accelerator, shim)
+        if target == "cpu":
+            replaced["get_device_module"] = device_modules_as_cuda(
+                torch.get_device_module, shim, lambda device: _may_name_cuda(device, host)
+            )
         replaced.update(_autocast_queries(target, host))
         stack.enter_context(patched_attributes(torch, replaced))
         autocast_module = torch.amp.autocast_mode
