@@ -515,3 +515,30 @@ def test_a_draw_inside_fork_rng_leaves_the_cuda_stream_as_it_was(ip):
     assert {"forked", "again", "after"} <= _compared(report)
     assert torch.equal(ip.user_ns["forked"], ip.user_ns["after"])
     assert torch.equal(ip.user_ns["again"], ip.user_ns["after"])
+
+
+def test_the_cuda_random_state_saved_and_restored_through_torch_cuda_random_draws_again(ip):
+    # transformers' Trainer saves `torch.cuda.random.get_rng_state()` with each checkpoint and
+    # restores it on resume: the submodule was the real one, which asks for a CUDA build, and both
+    # runs raised "Torch not compiled with CUDA enabled" (ERROR); its `_all` forms saved an empty
+    # list, so restoring drew other numbers than a GPU draws.
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "torch.manual_seed(0)\n"
+        'rng = {"cpu": torch.random.get_rng_state(), "cuda": torch.cuda.random.get_rng_state()}\n'
+        'first = torch.rand(3, device="cuda")\n'
+        'torch.cuda.random.set_rng_state(rng["cuda"])\n'
+        'again = torch.rand(3, device="cuda")\n'
+        "states = torch.cuda.random.get_rng_state_all()\n"
+        'drawn = torch.rand(3, device="cuda")\n'
+        "torch.cuda.set_rng_state_all(states)\n"
+        'redrawn = torch.rand(3, device="cuda")',
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"first", "again", "drawn", "redrawn"} <= _compared(report)
+    assert torch.equal(ip.user_ns["first"], ip.user_ns["again"])
+    assert torch.equal(ip.user_ns["drawn"], ip.user_ns["redrawn"])
+    assert not torch.equal(ip.user_ns["first"], ip.user_ns["drawn"])

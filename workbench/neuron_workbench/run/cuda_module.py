@@ -1,8 +1,9 @@
 """What ``torch.cuda`` resolves to while a run remaps CUDA onto another backend.
 
 The shims forward ``torch.cuda``'s helpers that CUDA notebooks call (availability, synchronize,
-seeding, memory statistics, device properties, events, the ``device`` context, NVTX annotations) to
-the run's backend; everything else still comes from the real module.
+seeding and random state, also on ``torch.cuda.random``, memory statistics, device properties,
+events, the ``device`` context, NVTX annotations) to the run's backend; everything else still comes
+from the real module.
 
 Memory statistics come from the backend (an emulated device's accounting, a real device's
 allocator) or, for the host CPU standing in for cuda, from the run's own accounting of the tensor
@@ -448,6 +449,25 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
             "set_stream": own.get("set_stream", lambda stream: None),
         }
 
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        torch.set_rng_state(new_state)
+
+    def set_rng_state_all(new_states: Any) -> None:
+        for new_state in new_states:  # one device: the one state a one-GPU machine saved
+            set_rng_state(new_state)
+
+    # The seeding and random state functions, on torch.cuda and on torch.cuda.random.
+    random_state = {
+        "manual_seed": manual_seed,
+        "manual_seed_all": manual_seed,
+        "seed": torch.seed,
+        "seed_all": torch.seed,
+        "initial_seed": torch.initial_seed,
+        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+        "set_rng_state": set_rng_state,
+        "get_rng_state_all": lambda: [torch.get_rng_state()],
+        "set_rng_state_all": set_rng_state_all,
+    }
     return {
         **streams(),
         "is_available": lambda: True,
@@ -457,13 +477,10 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "current_device": lambda: 0,
         "set_device": set_device,
         "synchronize": synchronize,
-        "manual_seed": manual_seed,
-        "manual_seed_all": manual_seed,
-        "seed": torch.seed,
-        "seed_all": torch.seed,
-        "initial_seed": torch.initial_seed,
-        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
-        "set_rng_state": lambda new_state, device="cuda": torch.set_rng_state(new_state),
+        **random_state,
+        # `torch.cuda.random.get_rng_state()` (what transformers' Trainer saves with a checkpoint)
+        # reached the real module, which asks for a CUDA build
+        "random": CudaModuleShim(torch.cuda.random, random_state),
         "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated,
         "memory_reserved": memory_allocated,
