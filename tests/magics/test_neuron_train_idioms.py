@@ -4,6 +4,8 @@ Each test is a bug a user met with a training step cell run again and again: wha
 must be compared, whatever kernel changed it.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -542,3 +544,31 @@ def test_the_cuda_random_state_saved_and_restored_through_torch_cuda_random_draw
     assert torch.equal(ip.user_ns["first"], ip.user_ns["again"])
     assert torch.equal(ip.user_ns["drawn"], ip.user_ns["redrawn"])
     assert not torch.equal(ip.user_ns["first"], ip.user_ns["drawn"])
+
+
+def test_a_profiled_training_loop_leaves_one_trace_the_kept_runs(ip, tmp_path):
+    # `tensorboard_trace_handler(folder)` has Kineto write each trace in C++, below Python's open:
+    # the target's worker wrote its trace into the notebook's folder too, and TensorBoard showed
+    # two runs of a loop a GPU profiles once.
+    run_cell(ip, f"import os\nimport torch\nimport torch.nn as nn\nlogdir = {str(tmp_path)!r}")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "model = nn.Linear(8, 2).cuda()\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "with torch.profiler.profile(\n"
+        "    schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1),\n"
+        "    on_trace_ready=torch.profiler.tensorboard_trace_handler(logdir),\n"
+        ") as prof:\n"
+        "    for step in range(2):\n"
+        '        model(torch.ones(4, 8, device="cuda")).sum().backward()\n'
+        "        opt.step()\n"
+        "        prof.step()\n"
+        "traces = len(os.listdir(logdir))",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert "traces" in _compared(report)
+    assert ip.user_ns["traces"] == 1
+    (trace,) = os.listdir(tmp_path)
+    assert f"_{os.getpid()}." in trace  # the reference's, run in the kernel's process

@@ -8,9 +8,10 @@ results (the reference's unless ``--keep target``), and so must the files.
 
 While :func:`writes_kept_apart` is active, Python-level opens for writing (``open``/``io.open``,
 which NumPy, pandas, ``pickle`` to a file, ``json``, matplotlib and ``pathlib`` use, and
-``torch.save``'s zip writer; ``torch.load(path, mmap=True)`` too) go to a private folder instead of
-the named file, and the run reads back what it wrote from there (the ``open`` a notebook's namespace
-holds, IPython's wrapper, included). ``os.replace``/``rename``/``remove``/``unlink``,
+``torch.save``'s zip writer, the profiler's trace writer (``tensorboard_trace_handler``'s);
+``torch.load(path, mmap=True)`` too) go to a private folder instead of the named file, and the run
+reads back what it wrote from there (the ``open`` a notebook's namespace holds, IPython's wrapper,
+included). ``os.replace``/``rename``/``remove``/``unlink``,
 ``shutil.rmtree`` and ``os.rmdir`` act in the run's view only: a real file or folder the run removes
 or renames away is hidden from it, never touched (``os.mkdir``/``makedirs`` give it a removed folder
 back, empty); ``os.stat`` (so ``os.path.exists``), ``os.chmod`` and ``os.utime`` follow the same
@@ -704,8 +705,9 @@ def originals_kept(
     For the kept run of a cell whose other runs read the files as the cell found them
     (:func:`writes_kept_apart` given ``folder``). Patches ``builtins.open``, ``io.open`` and
     ``namespace``'s ``open``, ``os``'s ``open``, ``replace``, ``rename``, ``remove`` and
-    ``unlink``, ``shutil.rmtree``, torch's zip writer and safetensors' writer (when loaded); an
-    open for reading costs one more call. The folder stays: the cell's other runs may still read it.
+    ``unlink``, ``shutil.rmtree``, torch's zip writer, the profiler's trace writer and
+    safetensors' writer (when loaded); an open for reading costs one more call. The folder stays:
+    the cell's other runs may still read it.
     """
     record = OriginalsKept(folder, notebook_temp)
 
@@ -760,6 +762,7 @@ def originals_kept(
         return path
 
     patches += _zip_writer_patches(kept_before_writing)
+    patches += _profiler_trace_patches(kept_before_writing)
     safetensors_api = sys.modules.get("safetensors.torch")
     real_writer = getattr(safetensors_api, "serialize_file", None)
     if real_writer is not None:
@@ -992,9 +995,9 @@ def writes_kept_apart(
     them in, :func:`originals_kept`), the real files read as they were when the cell started.
     Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``, ``rename``, ``remove``,
     ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``, ``utime``, ``listdir`` and
-    ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, and safetensors' writer and
-    reader (when loaded), for the duration, in every thread; ``namespace``'s own ``open`` (a
-    notebook's) goes through the private copies too.
+    ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, the profiler's trace writer,
+    and safetensors' writer and reader (when loaded), for the duration, in every thread;
+    ``namespace``'s own ``open`` (a notebook's) goes through the private copies too.
     """
     # the name mkdtemp would give (never taken: made only when the run writes its first file)
     folder = os.path.join(
@@ -1142,6 +1145,7 @@ def writes_kept_apart(
         (shutil, {"rmtree": rmtree}),
     ]
     patches += _zip_writer_patches(lambda path: record.open_path(path, "wb", real_open))
+    patches += _profiler_trace_patches(lambda path: record.open_path(path, "w", real_open))
     serialization = sys.modules.get("torch.serialization")
     torch = sys.modules.get("torch")
     real_load = getattr(serialization, "load", None)
@@ -1183,6 +1187,25 @@ def _zip_writer_patches(path_for: Any) -> list[tuple[Any, Any]]:
         return real_zip_writer(name_or_buffer)
 
     return [(serialization, {"_open_zipfile_writer": zip_writer})]
+
+
+def _profiler_trace_patches(path_for: Any) -> list[tuple[Any, Any]]:
+    """The profiler's trace writer handed ``path_for(path)`` (nothing: torch not loaded).
+
+    ``prof.export_chrome_trace(path)``, and so ``tensorboard_trace_handler(folder)`` at each
+    ``prof.step()`` of a training loop, has Kineto write the trace in C++, below Python's ``open``:
+    every run left its trace in the notebook's folder, two runs' traces where a GPU writes one.
+    """
+    autograd = getattr(getattr(sys.modules.get("torch"), "_C", None), "_autograd", None)
+    result = getattr(autograd, "_ProfilerResult", None)
+    real_save = getattr(result, "save", None)
+    if real_save is None:
+        return []
+
+    def save(self: Any, path: Any) -> Any:
+        return real_save(self, os.fspath(path_for(path)))
+
+    return [(result, {"save": save})]
 
 
 @contextlib.contextmanager
