@@ -206,6 +206,25 @@ def test_a_float32_output_taken_from_float64_values_gets_the_float64_hint(ip):
     assert "float64 ops ran in this run): a float32 output taken from float64 values" in hint
 
 
+def test_a_metric_formatted_from_float64_values_gets_the_float64_hint_for_a_text(ip):
+    # An evaluation's log line formatted from a float64 metric: neuron computed it as float32, so
+    # its digits differ. The text got the hint for "an integer output taken from float64 values
+    # (argmax, comparisons, rounding)", which it is not.
+    run_cell(ip, "import torch\nphase = torch.linspace(0, 1, 8, dtype=torch.float64)")
+    cell = (
+        "score = (phase.cuda() * 1e6).sin().max().item()\n"
+        'line = f"best score {score:.6f}"\n'
+        "best = int((phase.cuda() * 1e6).sin().argmax())"
+    )
+    report, failures = _failures(ip, cell)
+    assert report.verdict == "FAIL"
+    diff = failures["line"]
+    assert diff.kind == "text", diff
+    hint = next(h for h in diff.hints if h.startswith("float64 is computed as float32 on neuron"))
+    assert "ran in this run): a text written from float64 values" in hint, hint
+    assert "integer output" not in hint, hint
+
+
 def test_a_failing_int_output_on_tpu_gets_no_matmul_hint(ip):
     run_cell(ip, "import torch\nw = torch.randn(4, 4)")
     # a float32 matmul ran too (the TPU rule's op class), but it did not make an int64 output

@@ -446,6 +446,13 @@ def hints_for(
                 f"a {diff.target_dtype} output taken from float64 values (.float(), "
                 ".to(torch.float32)) keeps float32's rounding of their computation"
             )
+        elif diff.kind == "text":
+            # A metric formatted into a log line or a label (f"acc={acc:.4f}") has no dtype:
+            # its digits are the float64 values' as float32 rounded them, not an index or count.
+            taken = (
+                "a text written from float64 values (an f-string, str() or format() of a number) "
+                "shows their digits as float32 rounded them"
+            )
         else:
             # An index or count taken from float64 values (argmax, comparisons, rounding)
             # changes with them: the int64 rule is not the only one for an integer output.
