@@ -173,6 +173,24 @@ def test_texts_that_name_each_runs_device_inside_match():
     assert one("ran on cuda", "ran on tpu:0", devices=gpu_ref).status == "match"
 
 
+def test_reprs_the_host_writes_without_its_device_match_the_targets():
+    # str() of a tensor on the device names it, of the host's own tensor not; a device's repr
+    # names the device's index, the CPU's none
+    ref = "tensor([[1., 2.]],\n       grad_fn=<MulBackward0>)"
+    target = "tensor([[1., 2.]], device='neuron:0',\n       grad_fn=<MulBackward0>)"
+    assert one(ref, target, devices=CPU_REF).status == "match"
+    assert one("tensor(3)", "tensor(3, device='neuron:0')", devices=CPU_REF).status == "match"
+    where = one("device(type='cpu')", "device(type='neuron', index=0)", devices=CPU_REF)
+    assert where.status == "match" and "the runs' devices" in where.detail
+    for ref, target, devices in [
+        ("tensor(3)", "tensor(4, device='neuron:0')", CPU_REF),  # the values differ
+        ("tensor(3)", "tensor(3, device='tpu:0')", CPU_REF),  # not the target's device
+        ("tensor(3)", "tensor(3, device='neuron:0')", ("cuda:0", "neuron:0")),  # a GPU names it
+        ("tensor(3)", "tensor(3, dtype=torch.int32, device='neuron:0')", CPU_REF),
+    ]:
+        assert one(ref, target, devices=devices).status == "differ", (ref, target)
+
+
 def test_texts_that_differ_elsewhere_or_name_no_device_as_a_token_still_differ():
     for ref, target, devices in [
         ("on cpu!", "on neuron:0?", CPU_REF),  # differs past the name too

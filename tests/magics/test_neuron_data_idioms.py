@@ -230,3 +230,35 @@ def test_what_the_targets_loader_workers_print_is_in_its_output(ip, capsys):
     shown = capsys.readouterr().out  # the kept target's output, shown once both runs ended
     assert shown.startswith("start\nitem 0\nitem 1\nend\n"), shown
     assert shown.count("item 0") == 1, shown
+
+
+def test_texts_an_evaluation_writes_of_its_device_tensors_match(ip):
+    # An evaluation logging its predictions as text: str() of a tensor on the device names it
+    # (`device='neuron:0'`, on a GPU `device='cuda:0'`), where the reference's CPU tensor names
+    # none, so every such text differed (FAIL, with the float64 rule as its hint: the repr's own
+    # formatting runs float64 ops). A device's repr had its index in the target's text alone.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\nlogits = torch.randn(2, 15)\n"
+        "phase = torch.linspace(0, 1, 4, dtype=torch.float64)",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "out = logits.cuda().requires_grad_() * 2\n"
+        "shown = str(out)\n"
+        'line = f"pred: {out.argmax(-1)}"\n'
+        "where = repr(out.device)\n"
+        "half = str(out.detach().half())",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    diffs = {d.path: d for d in report.comparison.compared}
+    assert diffs["where"].detail == (
+        "the runs' devices: \"device(type='cpu')\" and \"device(type='neuron', index=0)\""
+    ), diffs["where"].detail
+    # the values still count: a text of values that differ still differs
+    run_cell(ip, "%%neuron -o r\nwaves = str((phase.cuda() * 1e6).sin())")
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    assert [d.path for d in report.comparison.failures] == ["waves"], report.summary()

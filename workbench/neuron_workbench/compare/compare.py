@@ -697,15 +697,49 @@ def _same_device_named(ref: Any, target: Any, devices: tuple[str, str]) -> bool:
     ``"cpu"`` and ``"neuron:0"`` (``str(x.device)``), or ``"on cpu"`` and ``"on neuron:0"``
     (``f"on {x.device}"``): on a GPU both runs would have written ``cuda``. Names count as whole
     tokens only, and each run's text only where it names that run's device, so a text that
-    differs anywhere else still differs.
+    differs anywhere else still differs. Where the host stands in for cuda, the reprs it writes
+    without a device (see :func:`_as_the_host_writes_it`) count as naming it.
     """
     if type(ref) is not str or type(target) is not str:
         return False
+    if _names_the_same(ref, target, devices):
+        return True
+    if devices[0].partition(":")[0] != "cpu":
+        return False
+    written = _as_the_host_writes_it(target, devices[1].partition(":")[0])
+    if written == target:
+        return False
+    return _names_the_same(_SUFFIX_BREAK.sub(", ", ref), _SUFFIX_BREAK.sub(", ", written), devices)
+
+
+def _names_the_same(ref: str, target: str, devices: tuple[str, str]) -> bool:
+    """Whether the texts are the same between their device names, and those name each run's."""
     (ref_text, ref_names), (target_text, target_names) = (
         _device_split(ref, devices),
         _device_split(target, devices),
     )
     return ref_text == target_text and _names_agree(ref_names, target_names, devices)
+
+
+#: A tensor repr's device suffix (``, device='neuron:0'``), which may start a line of its own.
+_REPR_DEVICE = r",\s*device='{kind}(?::\d+)?'"
+#: The line break torch puts before a repr's suffix (``dtype=``, ``grad_fn=``) where the line is
+#: full: the device suffix may have filled it in one run alone, so neither run's counts.
+_SUFFIX_BREAK = re.compile(r",\n *(?=[a-z_]+=)")
+
+
+def _as_the_host_writes_it(text: str, kind: str) -> str:
+    """``text`` as the host would have written it of its own tensors and devices, for ``kind``.
+
+    A CPU tensor's repr names no device (``tensor([1.])``), where one on ``kind`` does
+    (``tensor([1.], device='neuron:0')``), as one on a GPU does (``device='cuda:0'``); a device's
+    repr names the CPU's without an index (``device(type='cpu')``), the device's with one. The
+    reference standing in for cuda holds the cell's cuda tensors on the CPU, so the texts the cell
+    wrote of them (``str(logits)``, ``f"pred: {x}"``, ``repr(x.device)``) lack what the target's
+    have: both are taken out of the target's text.
+    """
+    written = re.sub(_REPR_DEVICE.format(kind=re.escape(kind)), "", text)
+    return re.sub(rf"(device\(type='{re.escape(kind)}'), index=\d+\)", r"\1)", written)
 
 
 #: A ``torch.device`` as a dict key shows in a path: ``d[device(type='cpu')]``.
