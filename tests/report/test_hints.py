@@ -110,6 +110,33 @@ def test_autocast_outputs_use_the_lowest_precision_tolerance(ip):
     assert all(d.tolerance.rtol == 0.0 for d in report.comparison.diffs)
 
 
+def test_an_autocast_reading_the_device_type_from_a_tensor_is_named_as_cpu_autocast(ip):
+    # torch.autocast(device_type=x.device.type, dtype=torch.float16), as library code writes it:
+    # on the cpu reference x.device.type is "cpu", so its CPU autocast cast the softmax and the sum
+    # that CUDA's lists (and the target's) keep in float32. The hint blamed the backends' own lists
+    # ("the two backends cast different ops"), where a GPU casts as the target did.
+    run_cell(ip, "import torch\ntorch.manual_seed(0)\nx = torch.randn(4, 8)\nw = torch.randn(8, 8)")
+    cell = (
+        "t = x.cuda()\n"
+        "with torch.autocast(device_type=t.device.type, dtype=torch.float16):\n"
+        "    probs = (t @ w.cuda()).softmax(-1)\n"
+        "    total = (t @ w.cuda()).sum()"
+    )
+    report, failures = _failures(ip, cell)
+    assert set(failures) == {"probs", "total"}, report.summary()
+    for diff in failures.values():
+        assert (diff.ref_dtype, diff.target_dtype) == ("float16", "float32"), diff
+        assert not any(h.startswith("autocast op lists differ") for h in diff.hints), diff.hints
+        assert any("the cell entered CPU autocast" in h for h in diff.hints), diff.hints
+    assert report.ref.facts.cpu_autocast and not report.target.facts.cpu_autocast
+    # an autocast the cell names for cuda is CUDA's on the reference: no such fact
+    report, failures = _failures(
+        ip, cell.replace("device_type=t.device.type", 'device_type="cuda"')
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert not report.ref.facts.cpu_autocast
+
+
 # A difference born on the target only (a device check picks another constant), in an int64 output.
 DEVICE_ONLY_INT = (
     "idx = torch.arange(8, device='cuda')\nout = idx * (3 if idx.device.type != 'cpu' else 2)"

@@ -474,11 +474,23 @@ def hints_for(
         # bfloat16 against float16: not which ops autocast casts, but to what
         hints.append(_autocast_dtypes_hint(ref, target, backend.label))
     elif autocast and diff.ref_dtype != diff.target_dtype and dtypes & set(_LOWER):
-        hints.append(
-            f"autocast op lists differ: this output is {diff.ref_dtype} on {ref.backend.label} "
-            f"but {diff.target_dtype} on {backend.label}, so the two backends cast different ops "
-            f"under autocast ({', '.join(autocast)})"
-        )
+        if _stands_in_for_cuda(ref) and ref.facts.cpu_autocast:
+            # Not the backends' lists: the reference's CPU autocast cast the host tensors that
+            # stand for the cell's cuda ones, which a GPU's CPU autocast leaves alone.
+            hints.append(
+                f"this output is {diff.ref_dtype} on {ref.backend.label} but "
+                f"{diff.target_dtype} on {backend.label}: the cell entered CPU autocast "
+                '(torch.autocast("cpu"), or torch.autocast(device_type=x.device.type), which '
+                "reads cpu there), and on the cpu reference it casts the cell's cuda tensors with "
+                "the CPU's op lists, where a GPU casts them with CUDA's: write "
+                'torch.autocast("cuda", ...) to compare them (README, Known limits)'
+            )
+        else:
+            hints.append(
+                f"autocast op lists differ: this output is {diff.ref_dtype} on "
+                f"{ref.backend.label} but {diff.target_dtype} on {backend.label}, so the two "
+                f"backends cast different ops under autocast ({', '.join(autocast)})"
+            )
     bf16_passes = _rule_ran(target, "tpu-matmul") if floating else 0
     if numerics.get("bf16_matmul") and bf16_passes:
         hints.append(

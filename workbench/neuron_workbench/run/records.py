@@ -220,6 +220,10 @@ class RunFacts:
         whose result order, and so rounding, varies on GPUs and accelerators.
     autocast_dtypes : list of str
         Lower-precision dtypes of the autocast regions the cell entered.
+    cpu_autocast : bool
+        Whether the cell entered CPU autocast (``torch.autocast("cpu")``, or a device type read
+        from a tensor, ``torch.autocast(device_type=x.device.type)``) on the host standing in for
+        cuda: it casts the cell's cuda tensors there, with the CPU's op lists.
     rng_on_cpu : bool
         Whether random numbers were drawn from the CPU generator (``--rng cpu``).
     random_draws : list of tuple
@@ -253,6 +257,7 @@ class RunFacts:
     dropout_in_training: int = 0
     nondeterministic_ops: dict[str, int] = field(default_factory=dict)
     autocast_dtypes: list[str] = field(default_factory=list)
+    cpu_autocast: bool = False
     rng_on_cpu: bool = False
     random_draws: list[tuple[Any, ...]] = field(default_factory=list)
     convolutions: int = 0
@@ -276,6 +281,7 @@ class RunFacts:
             "dropout_in_training": self.dropout_in_training,
             "nondeterministic_ops": dict(self.nondeterministic_ops),
             "autocast_dtypes": list(self.autocast_dtypes),
+            "cpu_autocast": self.cpu_autocast,
             "rng_on_cpu": self.rng_on_cpu,
             "random_draws": [list(_plain_draw(draw)) for draw in self.random_draws],
             "convolutions": self.convolutions,

@@ -615,6 +615,9 @@ def _autocast_init(
             used = str(self.fast_dtype).removeprefix("torch.")
             if used not in facts.autocast_dtypes:
                 facts.autocast_dtypes.append(used)
+            if host is not None and not as_cuda and device_type == "cpu":
+                # on the host the cell's cuda tensors are CPU ones, which CPU autocast casts
+                facts.cpu_autocast = True
 
     return __init__
 
