@@ -276,7 +276,7 @@ def _rules_off() -> Any:
 
 #: Counters of the ops of a rule that did something in particular (ran at one pass, wrapped a
 #: value around): evidence within their rule, not rules of their own.
-_REFINEMENTS = frozenset({"tpu-matmul-1pass", "int64-wrapped"})
+_REFINEMENTS = frozenset({"tpu-matmul-1pass", "int64-wrapped", "fp64-rounded"})
 
 
 def _sample_result(

@@ -24,6 +24,7 @@ def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
         "fp64": 1,
         "int64": 0,
         "int64-wrapped": 0,
+        "fp64-rounded": 0,
     }
     assert _counted(lambda: (i * 3).sum()) == {
         "tpu-matmul": 0,
@@ -31,6 +32,7 @@ def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
         "fp64": 0,
         "int64": 2,
         "int64-wrapped": 0,  # 0..3 times 3, summed: int32 holds every value
+        "fp64-rounded": 0,
     }
     # float32 work and data movement touch no rule; a float32 matmul is exact on neuron by default
     x = torch.randn(3, 3, device="neuron")
@@ -40,6 +42,7 @@ def test_float64_and_int64_ops_on_neuron_are_counted_once_per_op():
         "fp64": 0,
         "int64": 0,
         "int64-wrapped": 0,
+        "fp64-rounded": 0,
     }
 
 
@@ -59,6 +62,59 @@ def test_int64_ops_that_wrap_a_value_are_counted_apart():
     # int32 arithmetic wraps on the CPU as well: no int64 op, nothing counted
     n = torch.full((2,), 70000, dtype=torch.int32, device="neuron")
     assert _counted(lambda: n * n) == dict.fromkeys(emulator.RULES, 0)
+
+
+FP64_ROUNDED = r"""
+import json, torch
+from neuron_workbench import emulator as E
+E.emulate("neuron")
+def counted(fn):
+    E.reset_rule_ops(); fn(); return [E.read_rule_ops()[k] for k in ("fp64", "fp64-rounded")]
+scale = torch.full((), 65536.0, device="neuron")
+x = torch.randn(8, device="neuron")
+wide = torch.tensor([0.1, 1e8 + 1, 1e8], dtype=torch.float64).to("neuron")
+out = {
+    "core": E.status().core,
+    # GradScaler's unscale_: float32 holds a power-of-two scale and its reciprocal
+    "scale": counted(lambda: scale.double().reciprocal().float()),
+    "exact": counted(lambda: torch.ones(4, dtype=torch.float64, device="neuron") * 2),
+    # float32 values in float64 arithmetic, a result float32 rounds (in place too)
+    "result": counted(lambda: x.double() * 1.1),
+    "in_place": counted(lambda: x.double().mul_(1.1)),
+    # float64 inputs float32 cannot hold: into a float64 result or an index they change it, into
+    # a float32 result (which CUDA rounds as well) they do not
+    "input": counted(lambda: wide * 2),
+    "index": counted(lambda: wide.argmax()),
+    "to_float32": counted(lambda: torch.zeros(3, device="neuron").add_(wide)),
+}
+# a sparse float64 tensor has no elementwise comparison: the device still refuses it as before
+try:
+    torch.eye(2, dtype=torch.float64).to_sparse().to("neuron")
+except NotImplementedError as exc:
+    out["sparse"] = "cannot be created on neuron" in str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_float64_ops_that_round_a_value_are_counted_apart_in_both_cores(run_py):
+    # A float64 op on values float32 holds computes what float64 would: it is no evidence that
+    # float32 rounded anything (a GradScaler step counted float64 ops, and every difference in
+    # its cell was put down to float64).
+    for core in ("auto", "python"):
+        r = run_py(FP64_ROUNDED, env={"NEURON_WORKBENCH_EMULATOR_CORE": core})
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out.pop("core") == ("python" if core == "python" else "native")
+        assert out == {
+            "scale": [1, 0],
+            "exact": [1, 0],
+            "result": [1, 1],
+            "in_place": [1, 1],
+            "input": [1, 1],
+            "index": [1, 1],
+            "to_float32": [1, 0],
+            "sparse": True,
+        }, (core, out)
 
 
 def test_bf16_what_if_counts_float32_matmuls_only():
@@ -141,4 +197,5 @@ def test_python_core_counts_float64_and_int64_wraps_on_neuron(run_py):
         "fp64": 1,
         "int64": 0,
         "int64-wrapped": 0,
+        "fp64-rounded": 0,
     }

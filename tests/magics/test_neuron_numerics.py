@@ -99,6 +99,74 @@ def test_an_index_taken_from_float64_values_gets_the_float64_hint(ip):
     assert diff.tight_atol is not None and diff.tight_atol > 0
 
 
+#: An AMP training step as CUDA code writes it, with TF32 on for the float32 head: a GPU computes
+#: the head in TF32, neuron in float32, so the step's outputs differ. GradScaler's unscale_ takes
+#: the reciprocal of its scale in float64 (a float64 op on neuron), on values float32 holds.
+AMP_STEP = """
+import torch
+import torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10))
+head = nn.Linear(10, 10)
+opt = torch.optim.Adam([*model.parameters(), *head.parameters()], lr=1e-3)
+x = torch.randn(32, 64)
+"""
+
+AMP_CELL = """
+torch.backends.cuda.matmul.allow_tf32 = True
+model, head = model.cuda(), head.cuda()
+scaler = torch.amp.GradScaler("cuda")
+for _ in range(3):
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.{dtype}):
+        h = model(x.cuda())
+    loss = {loss}
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_grad_scaler_step_is_not_blamed_on_float64(ip, dtype):
+    # GradScaler's float64 reciprocal of its power-of-two scale computes on neuron what it
+    # computes on CUDA: every output the TF32 head made differ was tagged "float64 computed as
+    # float32", though the cell's own tensors are float32 and float16/bfloat16.
+    run_cell(ip, AMP_STEP)
+    loss = "head(h.float()).pow(2).mean()"
+    run_cell(
+        ip, "%%neuron --ref cpu --target neuron -o r\n" + AMP_CELL.format(dtype=dtype, loss=loss)
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    assert report.comparison.failures
+    for diff in report.comparison.failures:
+        assert diff.hints[0].startswith("TF32:"), diff.hints
+        assert not any("float64" in h for h in diff.hints), (diff.path, diff.hints)
+    assert "float64" not in report.summary()
+    rule_ops = report.target.facts.rule_ops
+    assert rule_ops["fp64"] >= 1 and rule_ops["fp64-rounded"] == 0  # the scaler's op did run
+
+
+def test_a_grad_scaler_step_with_float64_math_keeps_the_float64_hint(ip):
+    # The same step with a loss the cell computes in float64: float32 rounds its values on
+    # neuron, and the outputs it feeds keep the hint.
+    run_cell(ip, AMP_STEP)
+    loss = "(head(h.float()).double() * 1.1).pow(2).mean().float()"
+    cell = AMP_CELL.format(dtype="float16", loss=loss)
+    run_cell(ip, "%%neuron --ref cpu --target neuron -o r\n" + cell)
+    report = ip.user_ns["r"]
+    assert report.verdict == "FAIL", report.summary()
+    assert report.comparison.failures
+    for diff in report.comparison.failures:
+        assert any(
+            h.startswith("float64 is computed as float32 on neuron")
+            and "float64 ops rounded a value float32 cannot hold in this run" in h
+            for h in diff.hints
+        ), (diff.path, diff.hints)
+    assert report.target.facts.rule_ops["fp64-rounded"] >= 1
+
+
 def test_training_parity_three_steps_fp32_passes(ip):
     run_cell(ip, MODEL)
     run_cell(ip, TRAIN_SETUP)

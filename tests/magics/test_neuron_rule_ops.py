@@ -20,6 +20,7 @@ def test_a_float32_matmul_on_tpu_counts(ip):
         "fp64": 0,
         "int64": 0,
         "int64-wrapped": 0,
+        "fp64-rounded": 0,
     }
 
 

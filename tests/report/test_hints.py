@@ -213,24 +213,43 @@ def test_a_run_that_did_not_count_wraps_has_the_int64_ops_as_its_evidence(ip):
     assert any("int64 op ran in this run): values beyond ±2^31 wrap around" in h for h in hints)
 
 
+#: A diffusion noise schedule built in float64, then cast to float32.
+NOISE_SCHEDULE = (
+    "steps = torch.arange(1001, dtype=torch.float64, device='cuda') / 1000\n"
+    "f = torch.cos((steps + 0.008) / 1.008 * math.pi / 2) ** 2\n"
+    "abar = torch.cumprod(1 - torch.clip(1 - f[1:] / f[:-1], 0, 0.999), dim=0)\n"
+    "sqrt_recip = torch.sqrt(1.0 / abar).float()"
+)
+
+
 def test_a_float32_output_taken_from_float64_values_gets_the_float64_hint(ip):
     # A diffusion noise schedule built in float64, then cast to float32: neuron computed the
     # float64 ops as float32, and the float32 output keeps that rounding. Its dtype is float32,
     # yet the counted float64 ops are the evidence: not "cause not identified".
     run_cell(ip, "import torch, math")
-    cell = (
-        "steps = torch.arange(1001, dtype=torch.float64, device='cuda') / 1000\n"
-        "f = torch.cos((steps + 0.008) / 1.008 * math.pi / 2) ** 2\n"
-        "abar = torch.cumprod(1 - torch.clip(1 - f[1:] / f[:-1], 0, 0.999), dim=0)\n"
-        "sqrt_recip = torch.sqrt(1.0 / abar).float()"
-    )
-    report, failures = _failures(ip, cell)
+    report, failures = _failures(ip, NOISE_SCHEDULE)
     assert report.verdict == "FAIL"
     diff = failures["sqrt_recip"]
     assert diff.ref_dtype == diff.target_dtype == "float32"
     assert CAUSE_NOT_IDENTIFIED not in diff.hints
     hint = next(h for h in diff.hints if h.startswith("float64 is computed as float32 on neuron"))
-    assert "float64 ops ran in this run): a float32 output taken from float64 values" in hint
+    assert "float64 ops rounded a value float32 cannot hold in this run): a float32 output " in hint
+
+
+def test_a_run_that_did_not_count_rounding_has_the_float64_ops_as_its_evidence(ip):
+    # A recording made before float64 roundings were counted has only the count of float64 ops,
+    # as before; a run where none rounded a value has no float64 evidence for a float32 output.
+    run_cell(ip, "import torch, math")
+    report, failures = _failures(ip, NOISE_SCHEDULE)
+    diff = failures["sqrt_recip"]
+    assert any(h.startswith("float64 is computed as float32 on neuron") for h in diff.hints)
+    rule_ops = report.target.facts.rule_ops
+    rule_ops["fp64-rounded"] = 0
+    hints = hints_for(diff, report.ref, report.target)
+    assert not any("float64" in h for h in hints), hints
+    del rule_ops["fp64-rounded"]
+    hints = hints_for(diff, report.ref, report.target)
+    assert any("float64 ops ran in this run): a float32 output taken from" in h for h in hints)
 
 
 def test_a_metric_formatted_from_float64_values_gets_the_float64_hint_for_a_text(ip):

@@ -381,8 +381,10 @@ def memory_stats() -> dict[str, int]:
 #: what-if), those of them computed with a single pass (``"tpu-matmul-1pass"``: tpu DEFAULT, the
 #: what-if), ops whose float64 inputs were computed as float32, ops whose int64 inputs were
 #: computed as int32 (neuron), and those of them in which int32 changed a value
-#: (``"int64-wrapped"``: an input or a result beyond int32's range wrapped around).
-RULES = ("tpu-matmul", "tpu-matmul-1pass", "fp64", "int64", "int64-wrapped")
+#: (``"int64-wrapped"``: an input or a result beyond int32's range wrapped around), and the float64
+#: ops in which float32 changed a value (``"fp64-rounded"``: a value float32 cannot hold was
+#: rounded, where float64 would have kept it).
+RULES = ("tpu-matmul", "tpu-matmul-1pass", "fp64", "int64", "int64-wrapped", "fp64-rounded")
 
 
 def read_rule_ops() -> dict[str, int]:

@@ -475,9 +475,9 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
     # numerics policy
     fp64_ok, int_arith, matmul, _, gaps = numerics
     post = None
-    wrapped = False
+    wrapped = rounded = None
     if NARROW_64BIT and (fp64_ok or int_arith):
-        post, wrapped = narrow_inputs(
+        post, wrapped, rounded = narrow_inputs(
             cargs, ckw, fp64_ok, int_arith, ret_alias, unmarked_writes(overload, cargs)
         )
 
@@ -500,7 +500,7 @@ def _dispatch(func: Any, plan: tuple, args: Any, kwargs: dict) -> Any:
             _record_fallback(overload, args, _perf() - t0)
 
     if post is not None:
-        narrow_outputs(out, post, wrapped)
+        narrow_outputs(out, post, wrapped, rounded)
 
     if to_cpu:
         dev = kwargs.get("device")
@@ -606,10 +606,11 @@ def rule_ops() -> dict[str, int]:
     """Ops each numeric rule touched since the last :func:`reset_rule_ops` (both cores)."""
     counts = dict(RULE_OPS)
     if NATIVE_CORE is not None:
-        fp64, int64, int64_wrapped = NATIVE_CORE.rule_counts()
+        fp64, int64, int64_wrapped, fp64_rounded = NATIVE_CORE.rule_counts()
         counts["fp64"] += fp64
         counts["int64"] += int64
         counts["int64-wrapped"] += int64_wrapped
+        counts["fp64-rounded"] += fp64_rounded
     return counts
 
 

@@ -23,8 +23,17 @@ _STRIDED = torch.strided
 # ran at one pass: a cell may change the precision mid-run, so the mode read before the run is not
 # evidence of what its matmuls did. "int64-wrapped" counts the int64 ops of those in which narrowing
 # to int32 changed a value (an input or a result beyond int32's range): an int64 op that ran is no
-# evidence that anything wrapped around.
-RULE_OPS = {"tpu-matmul": 0, "tpu-matmul-1pass": 0, "fp64": 0, "int64": 0, "int64-wrapped": 0}
+# evidence that anything wrapped around. "fp64-rounded" likewise counts the float64 ops in which
+# float32 changed a value (see :func:`narrow_outputs`): a float64 op on values float32 holds (a
+# GradScaler's power-of-two scale and its reciprocal) computes what float64 would.
+RULE_OPS = {
+    "tpu-matmul": 0,
+    "tpu-matmul-1pass": 0,
+    "fp64": 0,
+    "int64": 0,
+    "int64-wrapped": 0,
+    "fp64-rounded": 0,
+}
 
 # Ops that must never be reported or decomposed: host/device plumbing the real backends register.
 INTERNAL = frozenset(
@@ -270,6 +279,17 @@ def _wrap_int(v: int) -> int:
     return ((v - _I32_MIN) % 2**32) + _I32_MIN
 
 
+def _rounding_changed(t: torch.Tensor, narrowed: torch.Tensor) -> bool:
+    """Whether ``narrowed`` (float64 ``t`` rounded to float32) holds another value somewhere.
+
+    A sparse tensor (on its way to the device's refusal) has no elementwise comparison: taken as
+    changed, the float64 op it went into stays evidence, as every float64 op was.
+    """
+    if t.layout is not _STRIDED:
+        return True
+    return not torch.allclose(t, narrowed.to(_F64), rtol=0.0, atol=0.0, equal_nan=True)
+
+
 def _beyond_int32(t: torch.Tensor) -> bool:
     """Whether int32 cannot hold some value of the int64 tensor ``t`` (narrowing would change it)."""
     if not t.numel():
@@ -301,16 +321,18 @@ def narrow_inputs(
     int_arith: bool,
     ret_alias: tuple,
     written: tuple[int, ...] = (),
-) -> tuple[Any, bool | None]:
+) -> tuple[Any, bool | None, bool | None]:
     """Round float64 inputs through float32 / wrap int64 inputs through int32.
 
-    Returns the dtype the outputs are narrowed to (None: leave them), and for an int64 op (one
-    with an int64 tensor input) whether wrapping an input (a tensor's value or a Python int beyond
-    int32's range) changed it; None for any other op. ``written``: positions of arguments the op
-    writes that its returns do not alias (:data:`UNMARKED_WRITES`).
+    Returns the dtype the outputs are narrowed to (None: leave them); for an int64 op (one with an
+    int64 tensor input) whether wrapping an input (a tensor's value or a Python int beyond int32's
+    range) changed it, None for any other op; and for a float64 op (one with a float64 tensor
+    input) whether rounding a float64 input to float32 changed it, None for any other op.
+    ``written``: positions of arguments the op writes that its returns do not alias
+    (:data:`UNMARKED_WRITES`).
     """
     found = None
-    saw_fp64 = saw_int64 = wrapped = False
+    saw_fp64 = saw_int64 = wrapped = rounded = False
     mutated = {a[1] for a in ret_alias if a is not None}.union(written)
     for i, a in enumerate(cargs):
         if type(a) is torch.Tensor:
@@ -318,10 +340,12 @@ def narrow_inputs(
             if dt is _F64 and fp64_ok:
                 found = _F32
                 saw_fp64 = True
+                narrowed = a.to(_F32)
+                rounded = rounded or _rounding_changed(a, narrowed)
                 if i in mutated:
-                    a.copy_(a.to(_F32))
+                    a.copy_(narrowed)
                 else:
-                    cargs[i] = a.to(_F32).to(_F64)
+                    cargs[i] = narrowed.to(_F64)
             elif dt is _I64 and int_arith:
                 found = _I32
                 saw_int64 = True
@@ -339,36 +363,56 @@ def narrow_inputs(
         RULE_OPS["fp64"] += 1
     if saw_int64:
         RULE_OPS["int64"] += 1
-    return found, (wrapped if saw_int64 else None)
+    return found, (wrapped if saw_int64 else None), (rounded if saw_fp64 else None)
 
 
-def narrow_outputs(out: Any, target: Any, wrapped: bool | None = None) -> None:
-    """Narrow an op's results to ``target`` in place; count an int64 op whose narrowing wrapped.
+def narrow_outputs(
+    out: Any, target: Any, wrapped: bool | None = None, rounded: bool | None = None
+) -> None:
+    """Narrow an op's results to ``target`` in place; count an op whose narrowing changed a value.
 
-    ``wrapped`` is :func:`narrow_inputs`'s answer (None: no int64 op; an int32 tensor's Python int
-    wraps on CPU as well). An int64 result changes only where it holds a value beyond int32's
-    range, so only such results are rewritten.
+    ``wrapped`` and ``rounded`` are :func:`narrow_inputs`'s answers (None: no int64 op, no float64
+    op; an int32 tensor's Python int wraps on CPU as well). An int64 result changes only where it
+    holds a value beyond int32's range, so only such results are rewritten. A float64 op changed a
+    value where a float64 result float32 cannot hold was rounded, or where a rounded input went
+    into a result that keeps more than float32's precision (a float64 result, an index, a
+    comparison): a float32 result (``x64.float()``) rounds it on CUDA as well.
     """
-    wrapped_out = _narrow_output(out, target)
-    if wrapped is not None and (wrapped or wrapped_out):
+    changed = _narrow_output(out, target)
+    if wrapped is not None and (wrapped or (changed and target is _I32)):
         RULE_OPS["int64-wrapped"] += 1
+    if rounded is not None and (
+        (changed and target is _F32) or (rounded and not _no_wider_than_float32(out))
+    ):
+        RULE_OPS["fp64-rounded"] += 1
+
+
+def _no_wider_than_float32(out: Any) -> bool:
+    """Whether the results are float32, float16 or bfloat16 tensors (none at all: False)."""
+    if isinstance(out, torch.Tensor):
+        return out.is_floating_point() and out.dtype is not _F64
+    if isinstance(out, (tuple, list)) and out:
+        return all(_no_wider_than_float32(o) for o in out)
+    return False
 
 
 def _narrow_output(out: Any, target: Any) -> bool:
-    """Narrow one result (or a tuple/list of them); whether an int64 value beyond int32 wrapped."""
+    """Narrow one result (or a tuple/list of them); whether that changed a value."""
     if isinstance(out, torch.Tensor):
         src = _F64 if target is _F32 else _I64
         if out.dtype is not src:
             return False
         if target is _I32 and not _beyond_int32(out):
             return False
-        out.copy_(out.to(target))
-        return target is _I32
+        narrowed = out.to(target)
+        changed = target is _I32 or _rounding_changed(out, narrowed)
+        out.copy_(narrowed)
+        return changed
     if isinstance(out, (tuple, list)):
-        wrapped = False
+        changed = False
         for o in out:
-            wrapped = _narrow_output(o, target) or wrapped
-        return wrapped
+            changed = _narrow_output(o, target) or changed
+        return changed
     return False
 
 

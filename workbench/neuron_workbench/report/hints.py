@@ -413,7 +413,7 @@ def hints_for(
     fp64_ops = _rule_ran(target, "fp64")
     if on_neuron and diff.status == "missing":
         # an output one run has and the other lacks has no dtype of its own to say which rule
-        hints.extend(_rules_behind_a_missing_output(target, fp64_ops))
+        hints.extend(_rules_behind_a_missing_output(target))
     elif on_neuron and dtypes & set(_FLOAT64) and fp64_ops:
         hints.append(
             f"{_FP64_RULE}{_ran(fp64_ops, 'float64 op')}: expect float32 "
@@ -435,10 +435,11 @@ def hints_for(
                 f"{wrapped}; an output picked or computed with wrapped values (a row chosen by "
                 "an index, a label, a flag, a float taken from a count) changes with them"
             )
-    # The float64 rule for an output of another dtype, where float64 ops were counted, comes after
-    # the int64 rule that its own dtype names: both are the whole run's evidence, the first names
-    # the cause (the summary's short cause).
-    if on_neuron and fp64_ops > 0 and not dtypes & set(_FLOAT64) and diff.status != "missing":
+    # The float64 rule for an output of another dtype, where float32 was counted changing a float64
+    # value, comes after the int64 rule that its own dtype names: both are the whole run's
+    # evidence, the first names the cause (the summary's short cause).
+    fp64_rounded = _fp64_rounded_evidence(target)
+    if on_neuron and fp64_rounded and not dtypes & set(_FLOAT64) and diff.status != "missing":
         if floating:
             # A float32 output taken from float64 values (a noise schedule built in float64,
             # then `.float()`) keeps float32's rounding of them: its dtype does not say float64.
@@ -461,8 +462,7 @@ def hints_for(
                 "changes where float32 rounds them together"
             )
         hints.append(
-            "float64 is computed as float32 on neuron (torchneuron.md §7)"
-            f"{_ran(fp64_ops, 'float64 op')}: {taken}"
+            f"float64 is computed as float32 on neuron (torchneuron.md §7){fp64_rounded}: {taken}"
         )
     autocast = sorted(set(ref.facts.autocast_dtypes) | set(target.facts.autocast_dtypes))
     ref_casts, target_casts = set(ref.facts.autocast_dtypes), set(target.facts.autocast_dtypes)
@@ -875,23 +875,48 @@ def _int64_wrapped_hint(target: Run) -> str | None:
     )
 
 
-def _rules_behind_a_missing_output(target: Run, fp64_ops: int) -> list[str]:
+def _fp64_rounded_evidence(target: Run) -> str:
+    """`` (2 of 5 float64 ops ... in this run)`` where float32 changed a float64 value; else empty.
+
+    The evidence for the float64 rule behind an output of another dtype: a float64 op whose values
+    float32 holds (a GradScaler's power-of-two scale and its reciprocal, ``x.double() + 1`` on
+    small integers) computes on neuron what it computes on CUDA, so float64 ops that ran explain
+    no difference; the emulator counts those in which float32 rounded a value
+    (``"fp64-rounded"``). A run that did not count them (recorded before) has the float64 ops
+    that ran as its evidence, as before; one that counted neither (a real device) has none.
+    """
+    counts = getattr(target.facts, "rule_ops", None)
+    fp64_ops = _rule_ran(target, "fp64")
+    if counts is None or "fp64-rounded" not in counts:
+        return _ran(fp64_ops, "float64 op") if fp64_ops > 0 else ""
+    rounded = int(counts["fp64-rounded"])
+    if not rounded:
+        return ""
+    return (
+        f" ({rounded} of {fp64_ops} float64 op{'' if fp64_ops == 1 else 's'} rounded a value "
+        "float32 cannot hold in this run)"
+    )
+
+
+def _rules_behind_a_missing_output(target: Run) -> list[str]:
     """The neuron rules that changed values in ``target``, for an output only one run has.
 
     A list one run made longer, a dict keyed by computed values (token ids, a ``Counter``): the
     entry follows values computed elsewhere in the cell, so only what the run counted is evidence
-    (int64 ops that wrapped a value, float64 ops that ran), not a dtype; the wrap-around, which
-    changed values for certain, comes first. A run that did not count them gives none.
+    (int64 ops that wrapped a value, float64 ops in which float32 rounded one), not a dtype; the
+    wrap-around, which changed values for certain, comes first. A run that did not count them
+    gives none.
     """
     hints = []
     counts = getattr(target.facts, "rule_ops", None) or {}
     wrapped = _int64_wrapped_hint(target) if counts.get("int64-wrapped", 0) > 0 else None
     if wrapped:
         hints.append(wrapped)
-    if fp64_ops > 0:
+    fp64_rounded = _fp64_rounded_evidence(target)
+    if fp64_rounded:
         hints.append(
             "float64 is computed as float32 on neuron (torchneuron.md §7)"
-            f"{_ran(fp64_ops, 'float64 op')}: an output one run has and the other "
+            f"{fp64_rounded}: an output one run has and the other "
             "lacks (a longer list, a dict keyed by computed values) follows the values it was "
             "built from, which change where float32 rounds them together"
         )

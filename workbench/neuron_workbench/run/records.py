@@ -244,7 +244,8 @@ class RunFacts:
         matmuls/convolutions computed with bf16 passes; ``"tpu-matmul-1pass"``: those computed
         with one pass; ``"fp64"``: float64 ops computed as
         float32; ``"int64"``: int64 ops computed as int32; ``"int64-wrapped"``: those of them in
-        which int32 changed a value, beyond its range). Empty where no emulator ran.
+        which int32 changed a value, beyond its range; ``"fp64-rounded"``: the float64 ops in
+        which float32 changed a value). Empty where no emulator ran.
     shared_host : bool
         Whether the run ran at the same time as the other run of its cell (a target in its
         worker while the reference ran in the kernel): its wall time shares the host's cores.

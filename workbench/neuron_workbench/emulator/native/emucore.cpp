@@ -524,7 +524,11 @@ int64_t wrap_int32(int64_t v) {
 // Ops each narrowing rule touched (evidence for hints): one relaxed increment per narrowed op.
 // rule_int64_wrapped_ops counts the int64 ops in which narrowing to int32 changed a value (an
 // input or a result beyond int32's range): the evidence that a wrap-around happened at all.
-std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0}, rule_int64_wrapped_ops{0};
+// rule_fp64_rounded_ops counts the float64 ops in which float32 changed a value (see
+// Narrowing::rounded): a float64 op on values float32 holds (a GradScaler's power-of-two scale
+// and its reciprocal) computes what float64 would.
+std::atomic<int64_t> rule_fp64_ops{0}, rule_int64_ops{0}, rule_int64_wrapped_ops{0},
+    rule_fp64_rounded_ops{0};
 
 // Whether int32 cannot hold some value of the int64 tensor `t`, i.e. narrowing it would change it.
 // One read of host memory that stops at the first such value (cheaper than the two conversions
@@ -569,17 +573,52 @@ at::Tensor narrowed_scalar(const at::Tensor& t, at::ScalarType narrow) {
   return wrapped == value ? t : wrapped_number(wrapped);
 }
 
-// What the int32 narrowing of one op did: whether the op has an int64 tensor input (an int64 op,
-// counted as such), and whether narrowing an input or a result changed a value.
-struct Int64Narrowing {
-  bool op = false;
+// What the 64-bit narrowing of one op did. int64: whether the op has an int64 tensor input (an
+// int64 op, counted as such), and whether narrowing an input or a result changed a value. float64:
+// whether the op has a float64 tensor input, whether rounding one of its float64 inputs (a tensor,
+// a Python float) through float32 changed a value, and whether rounding a float64 result did.
+struct Narrowing {
+  bool int64_op = false;
   bool wrapped = false;
+  bool fp64_op = false;
+  bool fp64_input_rounded = false;
+  bool fp64_result_rounded = false;
 };
 
+// Whether `narrowed` (the float64 tensor `t` rounded to float32) holds another value somewhere: a
+// value float32 cannot hold, or beyond its range (NaN stays NaN). A sparse tensor has no
+// elementwise comparison: taken as changed, as every float64 op was before these were counted.
+bool rounding_changed(const at::Tensor& t, const at::Tensor& narrowed) {
+  if (t.layout() != c10::kStrided) return true;
+  return !at::allclose(t, narrowed.to(at::kDouble), 0.0, 0.0, /*equal_nan=*/true);
+}
+
+// Whether a result keeps no more than float32's precision (a float32, float16 or bfloat16 tensor),
+// so that float32's rounding of the float64 inputs it was computed from changes nothing in it
+// (x.double() ... .float(), a float64 value copied into a float32 tensor): CUDA rounds it too.
+bool no_wider_than_float32(const IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble;
+  }
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec())
+      if (!no_wider_than_float32(IValue(t))) return false;
+    return true;
+  }
+  if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements())
+      if (!no_wider_than_float32(e)) return false;
+    return true;
+  }
+  return false;
+}
+
 // Returns the narrowed dtype found among the inputs (Float for float64, Int for int64), if any;
-// notes in `int64` whether narrowing an int64 input (a tensor, a Python int) to int32 changed it.
+// notes in `narrowing` whether narrowing an int64 input (a tensor, a Python int) to int32 changed
+// it, and whether rounding a float64 input to float32 did.
 std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t base, const Plan& plan,
-                                            Int64Narrowing& int64) {
+                                            Narrowing& narrowing) {
   std::optional<at::ScalarType> found;
   bool saw_fp64 = false, saw_int64 = false;
   const bool fp64 = plan.flags & kFp64, int_arith = plan.flags & kIntArith;
@@ -617,7 +656,8 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
         // results only where no tensor input does (f64 + 1 is rounded as float32, not wrapped).
         if (narrow == at::kInt && float_input) continue;
         at::Tensor narrowed = narrowed_scalar(t, narrow);
-        if (narrow == at::kInt && !narrowed.is_same(t)) int64.wrapped = true;
+        if (!narrowed.is_same(t))
+          (narrow == at::kInt ? narrowing.wrapped : narrowing.fp64_input_rounded) = true;
         v = std::move(narrowed);
         if (!found) found = narrow;
         continue;
@@ -627,44 +667,51 @@ std::optional<at::ScalarType> narrow_inputs(torch::jit::Stack& stack, size_t bas
       if (narrow == at::kInt) {
         // int32 holds every value: narrowing changes nothing (the common case, no copies)
         if (!beyond_int32(t)) continue;
-        int64.wrapped = true;
+        narrowing.wrapped = true;
       }
+      at::Tensor narrowed = t.to(narrow);
+      if (narrow == at::kFloat && !narrowing.fp64_input_rounded)
+        narrowing.fp64_input_rounded = rounding_changed(t, narrowed);
       if (plan.mutated[i] || (writes_unmarked && plan.written[i])) {
         at::Tensor target = t;
-        target.copy_(t.to(narrow));
+        target.copy_(narrowed);
       } else {
-        v = t.to(narrow).to(dt);
+        v = narrowed.to(dt);
       }
     } else if (v.isInt() && int_arith && !float_input) {
       const int64_t x = v.toInt();
       if (x < kI32Min || x >= (int64_t(1) << 31)) {
         v = wrap_int32(x);
-        int64.wrapped = true;
+        narrowing.wrapped = true;
       }
     }
   }
   if (saw_fp64) rule_fp64_ops.fetch_add(1, std::memory_order_relaxed);
   if (saw_int64) rule_int64_ops.fetch_add(1, std::memory_order_relaxed);
-  int64.op = saw_int64;
+  narrowing.int64_op = saw_int64;
+  narrowing.fp64_op = saw_fp64;
   return found;
 }
 
-// Narrows a result to float32 / int32 in place; sets `wrapped` when an int64 result held a value
-// beyond int32's range (only those results are rewritten: the others would not change).
-void narrow_output(const IValue& v, at::ScalarType narrow, bool& wrapped) {
+// Narrows a result to float32 / int32 in place; sets `changed` when that changed a value (an int64
+// result beyond int32's range, a float64 one float32 cannot hold). int64 results that int32 holds
+// are not rewritten: they would not change.
+void narrow_output(const IValue& v, at::ScalarType narrow, bool& changed) {
   const at::ScalarType wide = narrow == at::kFloat ? at::kDouble : at::kLong;
   if (v.isTensor()) {
     at::Tensor t = v.toTensor();
     if (!t.defined() || t.scalar_type() != wide) return;
     if (narrow == at::kInt) {
       if (!beyond_int32(t)) return;
-      wrapped = true;
+      changed = true;
     }
-    t.copy_(t.to(narrow));
+    at::Tensor narrowed = t.to(narrow);
+    if (narrow == at::kFloat && !changed) changed = rounding_changed(t, narrowed);
+    t.copy_(narrowed);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) narrow_output(IValue(t), narrow, wrapped);
+    for (const at::Tensor& t : v.toTensorList().vec()) narrow_output(IValue(t), narrow, changed);
   } else if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) narrow_output(e, narrow, wrapped);
+    for (const auto& e : v.toTupleRef().elements()) narrow_output(e, narrow, changed);
   }
 }
 
@@ -968,9 +1015,9 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   std::optional<at::ScalarType> narrowed;
-  Int64Narrowing int64;
+  Narrowing narrowing;
   if (narrow_64bit && (plan.flags & (kFp64 | kIntArith))) {
-    narrowed = narrow_inputs(*stack, base, plan, int64);
+    narrowed = narrow_inputs(*stack, base, plan, narrowing);
   }
 
   const int gap_mask = plan.flags >> kGapShift;
@@ -1024,9 +1071,19 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   const size_t nret = stack->size() - base;
   if (narrowed) {
-    for (size_t i = 0; i < nret; ++i) narrow_output((*stack)[base + i], *narrowed, int64.wrapped);
+    bool changed = false, narrow_results = nret > 0;
+    for (size_t i = 0; i < nret; ++i) {
+      narrow_output((*stack)[base + i], *narrowed, changed);
+      narrow_results = narrow_results && no_wider_than_float32((*stack)[base + i]);
+    }
+    (*narrowed == at::kInt ? narrowing.wrapped : narrowing.fp64_result_rounded) |= changed;
     // counted with the int64 ops only: an int32 tensor's Python int wraps on CPU as well
-    if (int64.op && int64.wrapped) rule_int64_wrapped_ops.fetch_add(1, std::memory_order_relaxed);
+    if (narrowing.int64_op && narrowing.wrapped)
+      rule_int64_wrapped_ops.fetch_add(1, std::memory_order_relaxed);
+    // a rounded input changes nothing in results float32 rounds anyway (x64.float())
+    if (narrowing.fp64_op && (narrowing.fp64_result_rounded ||
+                              (narrowing.fp64_input_rounded && !narrow_results)))
+      rule_fp64_rounded_ops.fetch_add(1, std::memory_order_relaxed);
   }
   if (!keep_on_host) {
     Wrapper wrapper{aliases, {}};
@@ -1312,14 +1369,16 @@ py::dict memory_stats() {
   return d;
 }
 
-std::tuple<int64_t, int64_t, int64_t> rule_counts() {
-  return {rule_fp64_ops.load(), rule_int64_ops.load(), rule_int64_wrapped_ops.load()};
+std::tuple<int64_t, int64_t, int64_t, int64_t> rule_counts() {
+  return {rule_fp64_ops.load(), rule_int64_ops.load(), rule_int64_wrapped_ops.load(),
+          rule_fp64_rounded_ops.load()};
 }
 
 void reset_rule_counts() {
   rule_fp64_ops = 0;
   rule_int64_ops = 0;
   rule_int64_wrapped_ops = 0;
+  rule_fp64_rounded_ops = 0;
 }
 
 void set_capacity(int64_t capacity) {
