@@ -62,3 +62,19 @@ def test_a_worker_no_slot_took_is_ended_with_the_process():
     assert not os.path.exists(folder)
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid), 0)
+
+
+def test_a_worker_whose_kernel_died_before_using_it_ends_without_a_word():
+    # its stderr is the kernel's, which `neuron-workbench run` shows: a BrokenPipeError traceback
+    # there followed every notebook whose kernel died (or had no %%neuron cell) early
+    code = (
+        "import os\n"
+        "from neuron_workbench.worker_launch import launch_worker\n"
+        "launched = launch_worker('neuron')\n"
+        "print(launched.folder, flush=True)\n"
+        "os._exit(0)  # as a killed kernel: nothing ends the worker\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # (the run returns once the worker, which holds the same stderr, has ended too)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert not os.path.exists(done.stdout.strip())

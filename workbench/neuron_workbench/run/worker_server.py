@@ -97,8 +97,12 @@ def serve(fd: int, folder: str) -> NoReturn:
 
     own_streams_follow_runs()  # a run's torch log lines are its output, not the kernel's stderr
     hello: dict[str, Any] = {"pid": os.getpid(), **device_ready(backend, "worker")}
-    send(conn, dumps(hello), {"id": init["id"]})
-    while True:
+    try:
+        send(conn, dumps(hello), {"id": init["id"]})
+        serving = True
+    except OSError:  # the kernel is gone: it ended before using this process, launched ahead
+        serving = False
+    while serving:
         try:
             # the request id, the kernel's import path, environment, folder and torch threads as
             # of this cell, then the request
