@@ -267,7 +267,7 @@ def test_a_metric_formatted_from_float64_values_gets_the_float64_hint_for_a_text
     diff = failures["line"]
     assert diff.kind == "text", diff
     hint = next(h for h in diff.hints if h.startswith("float64 is computed as float32 on neuron"))
-    assert "ran in this run): a text written from float64 values" in hint, hint
+    assert "in this run): a text written from float64 values" in hint, hint
     assert "integer output" not in hint, hint
 
 
