@@ -572,3 +572,24 @@ def test_a_profiled_training_loop_leaves_one_trace_the_kept_runs(ip, tmp_path):
     assert ip.user_ns["traces"] == 1
     (trace,) = os.listdir(tmp_path)
     assert f"_{os.getpid()}." in trace  # the reference's, run in the kernel's process
+
+
+def test_seeding_the_cuda_default_generator_draws_as_torch_cuda_manual_seed_does(ip):
+    # Lightning's and older repos' seeding reach `torch.cuda.default_generators[0]`, the one
+    # generator of a one-GPU machine, the one `torch.cuda.manual_seed` seeds: the tuple was the
+    # real module's, empty without a CUDA build, and both runs raised IndexError (ERROR).
+    run_cell(ip, "import torch")
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "torch.cuda.default_generators[0].manual_seed(1)\n"
+        'x = torch.rand(3, device="cuda")\n'
+        "torch.cuda.manual_seed(1)\n"
+        'y = torch.rand(3, device="cuda")\n'
+        "count = len(torch.cuda.default_generators)",
+    )
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    assert {"x", "y"} <= _compared(report)
+    assert torch.equal(ip.user_ns["x"], ip.user_ns["y"])
+    assert ip.user_ns["count"] == 1

@@ -481,6 +481,9 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         # `torch.cuda.random.get_rng_state()` (what transformers' Trainer saves with a checkpoint)
         # reached the real module, which asks for a CUDA build
         "random": CudaModuleShim(torch.cuda.random, random_state),
+        # One GPU's generator, the one the seeding functions above seed and draw from (the real
+        # tuple is empty without a CUDA build: `default_generators[0].manual_seed(s)` raised).
+        "default_generators": (torch.default_generator,),
         "memory_allocated": memory_allocated,
         "max_memory_allocated": max_memory_allocated,
         "memory_reserved": memory_allocated,
