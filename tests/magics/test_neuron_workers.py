@@ -139,8 +139,11 @@ def test_unshippable_object_is_a_one_line_usage_error(ip):
     assert "\n" not in message
     assert "'numbers' (a generator) cannot be sent to the neuron worker process" in message
     # not --executor inprocess: both runs would draw from the one generator, each another item
+    # a loop drawing several items works with the iterator made in the cell; one item also in a
+    # plain cell
     assert message.endswith(
-        "take the item in a plain cell (batch = next(numbers)) and use it in the %%neuron cell"
+        "make it in the %%neuron cell (numbers = iter(...)), each run then draws from its own, or "
+        "take a single item in a plain cell (batch = next(numbers)) and use it in the %%neuron cell"
     )
     assert "first" not in ip.user_ns
 

@@ -187,8 +187,9 @@ def pack_request(
                     raise WorkbenchUsageError(
                         f"{name!r} ({_describe(values[name])}) cannot be sent to the {target} "
                         f"worker process ({first_line(item_exc)}), and both runs cannot draw from "
-                        f"one iterator; take the item in a plain cell (batch = next({name})) and "
-                        f"use it in the %%neuron cell"
+                        f"one iterator; make it in the %%neuron cell ({name} = iter(...)), each "
+                        f"run then draws from its own, or take a single item in a plain cell "
+                        f"(batch = next({name})) and use it in the %%neuron cell"
                     ) from None
                 if isinstance(item_exc, ScalerMidStep):  # --executor inprocess cannot help
                     raise WorkbenchUsageError(mid_step_message(name)) from None
