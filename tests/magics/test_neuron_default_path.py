@@ -3703,6 +3703,29 @@ def test_a_notebooks_torchscript_functions_reach_the_target(ip):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_model_class_of_an_earlier_cell_is_scripted_in_the_cell(ip):
+    # torch.jit.script reads the source of the model's methods: the worker had the class (by
+    # value) but not the source of the cell that defined it, and the target alone raised
+    # "OSError: could not get source code" (ERROR) where a GPU scripts it
+    run_cell(
+        ip,
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        return torch.tanh(self.fc(x))\n"
+        "net = Net()",
+    )
+    report = _passed(
+        ip,
+        'scripted = torch.jit.script(net.cuda())\ny = scripted(torch.ones(3, 4, device="cuda"))',
+    )
+    assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_scripted_model_and_its_optimizer_train_in_both_runs(ip):
     # torch.jit.script(model) in a plain cell: the worker refused it ("'scripted' (a
     # RecursiveScriptModule) cannot be sent"), and the reference's copy of it (torch's own

@@ -28,6 +28,7 @@ import ctypes
 import functools
 import importlib
 import io
+import linecache
 import mmap
 import os
 import pickle
@@ -564,9 +565,11 @@ class _Pickler(cloudpickle.Pickler):
         if kind is types.CodeType:
             # cloudpickle blanks file names; error reports and crash dumps need the cell's
             _, args = cloudpickle.cloudpickle._code_reduce(obj)
-            return _rebuilt_code, tuple(
-                obj.co_filename if arg == "<dynamic-code>" else arg for arg in args
-            )
+            args = tuple(obj.co_filename if arg == "<dynamic-code>" else arg for arg in args)
+            lines = _cell_lines(obj.co_filename)
+            if lines is not None:
+                return _rebuilt_cell_code, (lines, *args)
+            return _rebuilt_code, args
         if kind is torch.device:
             if obj.type not in ("cpu", "cuda", "meta"):
                 return _rebuild_device, (obj.type, obj.index)
@@ -914,6 +917,31 @@ def _rebuilt_code(*args: Any) -> types.CodeType:
     """
     code = types.CodeType(*args)
     return _CODES.setdefault((code, code.co_filename), code)
+
+
+def _cell_lines(filename: str) -> list[str] | None:
+    """The source lines of a notebook cell's code, which only this process's linecache holds.
+
+    IPython keeps each cell's source in ``linecache`` with no file behind it (no modification
+    time); the lines of a module on disk are not sent, the receiver reads its own file.
+    """
+    entry = linecache.cache.get(filename)
+    if entry is None or len(entry) != 4 or entry[1] is not None:
+        return None
+    return entry[2]
+
+
+def _rebuilt_cell_code(lines: list[str], *args: Any) -> types.CodeType:
+    """A notebook cell's code sent by value, with the cell's source put into this linecache.
+
+    ``inspect.getsource`` reads it there: ``torch.jit.script(model)`` of a model class an earlier
+    cell defined raised "could not get source code" in the target's worker alone.
+    """
+    code = _rebuilt_code(*args)
+    entry = linecache.cache.get(code.co_filename)
+    if entry is None or len(entry) != 4 or entry[2] != lines:
+        linecache.cache[code.co_filename] = (sum(map(len, lines)), None, lines, code.co_filename)
+    return code
 
 
 #: The globals of the notebook's functions in this process, kept from one request to the next.
