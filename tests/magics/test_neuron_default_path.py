@@ -3726,6 +3726,31 @@ def test_a_model_class_of_an_earlier_cell_is_scripted_in_the_cell(ip):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(
+    "compile_line",
+    [
+        "program = torch.jit.freeze(torch.jit.script(net.cuda().eval()))\nrun = program",
+        "program = torch.export.export(net.cuda().eval(), (x,))\nrun = program.module()",
+    ],
+    ids=["jit-freeze", "export"],
+)
+def test_a_program_compiled_in_the_cell_leaves_its_outputs_compared(ip, compile_line):
+    # A frozen module (its weights constants on the target's device) and an exported program (a
+    # graph module torch.fx cannot rebuild after pickling) came back from the worker as values
+    # the kernel could not load: the whole answer was lost and the cell was an ERROR
+    # (AnswerNotLoaded) where a GPU runs it. The program alone is not compared.
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))",
+    )
+    report = _passed(ip, f'x = torch.ones(3, 4, device="cuda")\n{compile_line}\ny = run(x)')
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["y"] == "match", statuses
+    assert statuses["program"] == "not-compared", statuses
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_scripted_model_and_its_optimizer_train_in_both_runs(ip):
     # torch.jit.script(model) in a plain cell: the worker refused it ("'scripted' (a
     # RecursiveScriptModule) cannot be sent"), and the reference's copy of it (torch's own

@@ -15,7 +15,8 @@ receiver's tensors on it are gone, for the next message to be written into memor
 already given it.
 
 The receiver can load *leniently*: a class, function or module that does not exist on its side (the
-target's device module ``torch.neuron``, a class of a device SDK) becomes an :class:`Unloadable`
+target's device module ``torch.neuron``, a class of a device SDK), or a compiled program it cannot
+rebuild (a frozen TorchScript module, an exported program), becomes an :class:`Unloadable`
 stand-in instead of failing the whole message, so one result that cannot come back never hides the
 others.
 """
@@ -83,6 +84,7 @@ from neuron_workbench.run.torchscript import (
     SCRIPT_MODULES,
     reduce_script_function,
     reduce_script_module,
+    script_module_again,
 )
 from neuron_workbench.worker_launch import SHARED_MEMORY
 
@@ -1610,6 +1612,8 @@ class _Unpickler(pickle.Unpickler):
         if self.lenient:
             if found is cloudpickle.cloudpickle.subimport:
                 return self._subimport
+            if found in _REBUILT_OR_STOOD_IN:
+                return functools.partial(self._rebuilt_or_stand_in, found)
             # An answer's notebook class is the kernel's own (cloudpickle finds it by its tracker
             # id), and stays as the notebook defined it: cloudpickle would set the target's rebuilt
             # methods on it, whose globals are the target's copy of the notebook's, so every
@@ -1643,6 +1647,13 @@ class _Unpickler(pickle.Unpickler):
         if id(obj) in self._known_classes:
             return obj
         return _CLASS_SETSTATE(obj, state)
+
+    def _rebuilt_or_stand_in(self, rebuild: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return rebuild(*args)
+        except Exception as exc:  # this value alone is lost, not the whole answer
+            self.stood_in = True
+            return _stand_in(_REBUILT_OR_STOOD_IN[rebuild], exc)()
 
     def _subimport(self, name: str) -> Any:
         try:
@@ -1680,11 +1691,26 @@ _SKELETON_MAKERS = (
     cloudpickle.cloudpickle._make_skeleton_class,
     cloudpickle.cloudpickle._make_skeleton_enum,
 )
+#: What rebuilds a compiled program in an answer, which this process may fail to load though its
+#: classes exist here: a frozen scripted module's constants on the target's device
+#: (``torch.jit.freeze``), an exported program's graph module, whose tracer torch.fx cannot make
+#: again (``torch.export.export``). Each stands in alone, and the answer's other values come back.
+_REBUILT_OR_STOOD_IN: dict[Callable[..., Any], str] = {
+    script_module_again: "a scripted module",
+    torch.fx.graph_module.reduce_graph_module: "a torch.fx GraphModule",
+    torch.fx.graph_module.reduce_package_graph_module: "a torch.fx GraphModule",
+}
 #: The ids of the functions :meth:`_Unpickler.find_class` may give a replacement of its own for.
 _REPLACED_WHEN_LOADED = frozenset(
     map(
         id,
-        (_MAKE_FUNCTION, cloudpickle.cloudpickle.subimport, *_SKELETON_MAKERS, _CLASS_SETSTATE),
+        (
+            _MAKE_FUNCTION,
+            cloudpickle.cloudpickle.subimport,
+            *_SKELETON_MAKERS,
+            _CLASS_SETSTATE,
+            *_REBUILT_OR_STOOD_IN,
+        ),
     )
 )
 
