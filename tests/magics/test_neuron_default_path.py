@@ -3702,6 +3702,22 @@ def test_a_notebooks_torchscript_functions_reach_the_target(ip):
     assert statuses["y"] == statuses["halved"] == "match", statuses
 
 
+def test_a_lazy_module_of_the_notebook_is_moved_and_called_in_the_cell(ip):
+    # nn.LazyLinear's parameters have no data until the first call: reading their version and
+    # copying them as the reference moves a tensor to "cuda" raised "Attempted to use an
+    # uninitialized parameter" on both sides (ERROR), where a GPU moves the module and
+    # materializes the parameters on the call
+    run_cell(
+        ip,
+        "import torch\ntorch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.LazyLinear(2))",
+    )
+    report = _passed(ip, 'model = net.cuda()\ny = model(torch.ones(2, 4, device="cuda"))')
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["y"] == statuses["net.2.weight"] == "match", statuses
+    assert ip.user_ns["net"][2].weight.shape == (2, 3)
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_model_class_of_an_earlier_cell_is_scripted_in_the_cell(ip):
     # torch.jit.script reads the source of the model's methods: the worker had the class (by

@@ -175,6 +175,15 @@ def device_copy(tensor: torch.Tensor) -> torch.Tensor:
     return out.copy_(tensor)
 
 
+def _uninitialized(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a lazy module's parameter or buffer before its first call.
+
+    It has no data to copy (``nn.LazyLinear(2).cuda()``): the first call makes it, on the input's
+    device.
+    """
+    return isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin)
+
+
 class CudaOnHost:
     """One run's bookkeeping of the host CPU acting as a CUDA device.
 
@@ -228,7 +237,7 @@ class CudaOnHost:
         A parameter moved by ``Module.to`` keeps its identity on CUDA (its ``.data`` is swapped), so
         the parameter itself counts as on the device from then on.
         """
-        if result is source and not self.on_device(source):
+        if result is source and not self.on_device(source) and not _uninitialized(source):
             result = device_copy(source)
         if isinstance(source, torch.nn.Parameter):
             self._resident[source] = True

@@ -1670,13 +1670,17 @@ def _sharing_keys(value: Any) -> set[int | tuple[str, int]]:
         tensors.extend(_state_tensors(value, keys))  # (the objects it meets: into the keys)
     for tensor in tensors:
         for each in (tensor, tensor.grad if tensor.is_leaf else None):
-            if each is None or each.layout != torch.strided:
-                continue
+            if each is None or isinstance(each, _UNINITIALIZED) or each.layout != torch.strided:
+                continue  # (a lazy module's parameter has no storage until its first call)
             try:
                 keys.add(("storage", each.untyped_storage()._cdata))
             except (RuntimeError, NotImplementedError):  # a tensor without a storage of its own
                 continue
     return keys
+
+
+#: A lazy module's parameters and buffers before its first call (``nn.LazyLinear``).
+_UNINITIALIZED = torch.nn.parameter.UninitializedTensorMixin
 
 
 class _WalkTooLong(Exception):
@@ -1915,6 +1919,8 @@ def _sign(
 def _version_of(tensor: torch.Tensor, writes: UnversionedWrites | None = None) -> int:
     # An inference tensor has no version counter: it changes in place only inside inference mode,
     # where a change is not seen (the run's copy is committed all the same)
+    if isinstance(tensor, _UNINITIALIZED):  # a lazy module's, until its first call gives it data
+        return -2
     if tensor.is_inference():
         return -1
     return tensor._version + (writes.count(tensor) if writes is not None else 0)
