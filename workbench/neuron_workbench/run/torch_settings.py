@@ -107,10 +107,14 @@ def _dynamo_config() -> dict[str, Any]:
     """
     config = sys.modules["torch._dynamo.config"]
     changed = config._get_dict(skip_default=True)  # type: ignore[attr-defined]
+    defaults = config._config  # type: ignore[attr-defined]
     return {
         name: value
         for name, value in changed.items()
-        if isinstance(value, _PLAIN)
+        # a value set back to its default counts as set (config.patch, which torch.export uses,
+        # leaves eleven such): it is torch's default, sent for nothing
+        if (name not in defaults or value != defaults[name].default)
+        and isinstance(value, _PLAIN)
         or (
             isinstance(value, (list, tuple, set, frozenset))
             and all(isinstance(item, _PLAIN) for item in value)
