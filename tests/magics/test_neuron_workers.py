@@ -291,3 +291,4 @@ def test_the_extension_launches_the_configured_targets_worker_as_it_loads(ip):
             assert {row.target for row in rows if row.alive} == launched, config
         finally:
             magic.session.close()
+            ip.configurables.remove(magic)  # (IPython lists every Magics made for the shell)
