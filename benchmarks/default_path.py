@@ -211,9 +211,10 @@ def main() -> int:
     )
     first = min(f["first_s"] for f in runs), max(f["first_s"] for f in runs)
     print(
-        f"  the first %%neuron cell, right after the setup cell (its worker launched as the "
-        f"extension loaded): {first[0]:.2f}-{first[1]:.2f} s over the processes, against "
-        f"{gpt.magic_s * 1e3:.1f} ms warm (for information)"
+        f"  the first %%neuron cell, right after the setup cell: {first[0]:.2f}-{first[1]:.2f} s "
+        f"over the processes, against {gpt.magic_s * 1e3:.1f} ms warm (each process's first "
+        f"model step, imports and transfers; its worker was launched as the extension loaded; "
+        f"for information)"
     )
     shell = quiet_shell(SETUP)
     run_cell(shell, CNN_SETUP)
