@@ -114,10 +114,12 @@ def _dynamo_config() -> dict[str, Any]:
         # a value set back to its default counts as set (config.patch, which torch.export uses,
         # leaves eleven such): it is torch's default, sent for nothing
         if (name not in defaults or value != defaults[name].default)
-        and isinstance(value, _PLAIN)
-        or (
-            isinstance(value, (list, tuple, set, frozenset))
-            and all(isinstance(item, _PLAIN) for item in value)
+        and (
+            isinstance(value, _PLAIN)
+            or (
+                isinstance(value, (list, tuple, set, frozenset))
+                and all(isinstance(item, _PLAIN) for item in value)
+            )
         )
     }
 
