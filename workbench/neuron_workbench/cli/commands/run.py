@@ -210,9 +210,10 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.cell.option_parsing import given_values
     from neuron_workbench.cell.options import RUN
 
+    values = given_values(args, RUN)
     if Path(args.path).suffix.lower() == ".py" and Path(args.path).is_file():
         # the targets' workers import torch while this process does, below (not after it)
-        _launch_workers_ahead(given_values(args, RUN))
+        _launch_workers_ahead(values)
     from neuron_workbench.cli.notebook_runner import (
         check_distinct,
         check_writable,
@@ -228,7 +229,6 @@ def run(args: argparse.Namespace) -> int:
     from neuron_workbench.compare.tolerances import check_pair
     from neuron_workbench.report.html import render_page
 
-    values = given_values(args, RUN)
     check_pair(values.get("rtol"), values.get("atol"))
     if values.get("cluster"):
         from neuron_workbench.run.ray_cluster import parse_cluster
