@@ -70,3 +70,25 @@ def test_a_malformed_provenance_is_one_clear_error(tmp_path, provenance):
     with pytest.raises(ArtifactError) as error:
         load(bad)
     assert "provenance" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_texts_made_of_measurements_stay_measurements_in_recorded_runs(tmp_path):
+    from neuron_workbench.cli.commands.compare import report_of_artifacts
+    from neuron_workbench.run.records import RunFacts
+
+    def recorded(name, text, ms):
+        facts = RunFacts(measured_texts={ms: ("time", "time.perf_counter")})
+        run = Run(backend=BackendInfo("cpu", "cpu", "host"), outputs={"line": text}, facts=facts)
+        return save(tmp_path / f"{name}.nwrun.zip", runs={"ref": run}, cell_source="x = 1")
+
+    a = recorded("a", "took 12.50 ms", "12.50")
+    b = recorded("b", "took 3.75 ms", "3.75")
+    assert load(a).runs["ref"].facts.measured_texts == {"12.50": ("time", "time.perf_counter")}
+    report = report_of_artifacts(load(a), load(b))
+    assert report.verdict != "FAIL", report.summary()
+    (measured,) = report.measurements()
+    assert (measured["path"], measured["ref"], measured["target"]) == (
+        "line",
+        "took 12.50 ms",
+        "took 3.75 ms",
+    )

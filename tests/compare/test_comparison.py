@@ -295,6 +295,29 @@ def test_without_devices_texts_and_keys_compare_as_they_are():
     assert compare_outputs(ref, target, devices=CPU_REF).passed  # the same outputs, with devices
 
 
+def test_texts_that_differ_only_in_each_runs_measured_texts_are_measurements():
+    texts = (
+        {"12.500": ("time", "time.perf_counter")},
+        {"3.125": ("time", "time.perf_counter"), "0.25": ("memory", "torch.cuda.memory_allocated")},
+    )
+    ref = {"line": "took 12.500 ms", "other": "took 12.500 ms, loss 0.5", "same": "took 1 ms"}
+    target = {"line": "took 3.125 ms", "other": "took 3.125 ms, loss 0.7", "same": "took 1 ms"}
+    comparison = compare_outputs(ref, target, measured_texts=texts)
+    (measured,) = comparison.measurements
+    assert (measured.path, measured.kind, measured.ref, measured.target) == (
+        "line",
+        "time",
+        "took 12.500 ms",
+        "took 3.125 ms",
+    )
+    assert measured.source == "a text formatted from time.perf_counter"
+    # the words around a measured text must agree; equal texts stay matches
+    assert {d.path: d.status for d in comparison.diffs} == {"other": "differ", "same": "match"}
+    # a text the target made of no measurement, or runs that noted none: a difference
+    assert not compare_outputs(ref, target, measured_texts=(texts[0], {})).measurements
+    assert not compare_outputs(ref, target).measurements
+
+
 def test_paths_on_names_each_run_drew_from_tempfile_match_in_draw_order():
     drawn = (["aaaa1111", "bbbb2222"], ["cccc3333", "dddd4444"])
     same = compare_leaf("p", "/tmp/aaaa1111/m.pt", "/tmp/cccc3333/m.pt", temp_names=drawn)

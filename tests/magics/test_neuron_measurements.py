@@ -340,3 +340,40 @@ def test_summaries_of_timings_are_measurements(ip):
     # the notebook gets what NumPy gives plain code
     assert type(ip.user_ns["res"]["mean"]) is np.float64
     assert type(ip.user_ns["res"]["stdev"]) is float
+
+
+def test_a_log_line_formatted_from_a_timing_is_a_measurement(ip):
+    # a benchmark cell keeps its log lines: each run times itself, so the texts differ by nature
+    run_cell(ip, SETUP)
+    cell = (
+        "t0 = time.perf_counter()\n"
+        "y = model(x)\n"
+        "dt = time.perf_counter() - t0\n"
+        "line = f'forward took {dt * 1e3:.3f} ms'\n"
+        "lines = [f'step {i}: {dt:.6f} s' for i in range(2)] + ['elapsed ' + str(dt)]\n"
+    )
+    report = _report(ip, cell)
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert {"line", "lines[0]", "lines[1]", "lines[2]"} <= set(measured)
+    assert measured["line"]["kind"] == "time"
+    assert measured["line"]["source"] == "a text formatted from time.perf_counter"
+    assert measured["line"]["ref"].startswith("forward took ")
+    assert measured["line"]["ref"] != measured["line"]["target"]
+    assert "line" not in {d.path for d in report.comparison.diffs}
+
+
+def test_a_log_line_whose_other_words_differ_still_fails(ip):
+    # neuron computes float64 as float32: the loss printed to 12 places differs beside the timing
+    run_cell(ip, SETUP)
+    cell = (
+        "t0 = time.perf_counter()\n"
+        "third = torch.ones(1, dtype=torch.float64, device='cuda') / 3\n"
+        "dt = time.perf_counter() - t0\n"
+        "line = f'value {third.item():.12f} in {dt:.6f} s'\n"
+    )
+    report = _report(ip, cell)
+    assert report.verdict == "FAIL", report.summary()
+    line = next(d for d in report.comparison.diffs if d.path == "line")
+    assert line.status == "differ"
+    assert "line" not in {m["path"] for m in report.measurements()}

@@ -102,6 +102,26 @@ def test_tracked_puts_every_source_back():
     assert type(torch.ones(()).item()) is float
 
 
+def test_a_run_notes_the_texts_it_makes_of_its_measurements():
+    ms, loss = TaggedFloat(12.5, MS), TaggedFloat(0.25, Provenance("tensor", "Tensor.item"))
+    f"{ms:.1f}"  # outside a run: noted nowhere
+    with tracked(torch.cuda) as texts:
+        assert f"took {ms:.2f} ms, loss {loss:.3f}" == "took 12.50 ms, loss 0.250"
+        assert str(ms * 2) == "25.0" and repr([TaggedInt(4096, BYTES)]) == "[4096]"
+        assert f"{np.mean([ms, ms]):.1f}" == "12.5"  # a NumPy summary, tagged
+        with tracked(torch.cuda) as inner:  # a run inside a run notes into its own
+            f"{ms:.3f}"
+        f"{TaggedInt(7, BYTES)}"  # one character: it would cover any 7 of another text
+    assert texts == {
+        "12.50": ("time", "torch.cuda.Event.elapsed_time"),
+        "25.0": ("time", "torch.cuda.Event.elapsed_time"),
+        "4096": ("memory", "torch.cuda.max_memory_allocated"),
+        "12.5": ("time", "torch.cuda.Event.elapsed_time"),
+    }
+    assert inner == {"12.500": ("time", "torch.cuda.Event.elapsed_time")}
+    assert type(f"{ms:.1f}") is str  # the text itself is a plain str
+
+
 def test_summaries_of_measurements_are_measurements_of_the_same_type():
     import statistics
 

@@ -390,6 +390,12 @@ def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
                 fits = isinstance(value, list) and all(
                     isinstance(v, list) and _json_scalars(v) for v in value
                 )
+            elif item.name == "measured_texts":  # [text, kind, source] each
+                fits = isinstance(value, list) and all(
+                    isinstance(v, list) and len(v) == 3 and all(isinstance(s, str) for s in v)
+                    for v in value
+                )
+                value = {text: (kind, source) for text, kind, source in value} if fits else value
             else:
                 fits = item.name in facts and _like(value, getattr(current, item.name))
             if fits:

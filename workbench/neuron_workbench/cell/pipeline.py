@@ -822,6 +822,7 @@ def compare_runs(
         policy=policy,
         devices=(ref.backend.device, target.backend.device),
         temp_names=(ref.facts.temp_names, target.facts.temp_names),
+        measured_texts=(ref.facts.measured_texts, target.facts.measured_texts),
         ref_flattened=ref_flattened,
     )
     layers = None

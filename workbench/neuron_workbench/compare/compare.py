@@ -326,6 +326,7 @@ def compare_outputs(
     user_modules: Collection[str] = USER_MODULES,
     devices: tuple[str, str] | None = None,
     temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
+    measured_texts: tuple[Mapping[str, Sequence[str]], Mapping[str, Sequence[str]]] | None = None,
     ref_flattened: FlattenedOutputs | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
@@ -356,6 +357,11 @@ def compare_outputs(
         strings that differ only where each holds a name its own run drew at the same place in
         its order (the path of a checkpoint in a ``TemporaryDirectory`` the cell made) match: the
         same code made them.
+    measured_texts : tuple of (mapping, mapping), optional
+        The texts each run made of its measurements, to their measurement's ``(kind, source)``
+        (``RunFacts.measured_texts``). Two strings that differ, and are one text but for such a
+        text of each run's own at the same places (``f"step took {ms:.1f} ms"``), are a
+        :class:`Measurement`, not a difference.
     ref_flattened : FlattenedOutputs, optional
         The reference's outputs flattened ahead (while the target ran): its leaves of each output
         still bound to the same object are used as they are. Ignored where its ``user_modules``
@@ -423,6 +429,11 @@ def compare_outputs(
                 )
                 continue
         diff = _compare_leaf(path, ref_leaf, target_leaf, tolerances, devices, temp_names)
+        if diff.status == "differ" and diff.kind == "text" and measured_texts is not None:
+            made = _made_of_measurements(ref_leaf, target_leaf, measured_texts)
+            if made is not None:
+                measurements.append(Measurement(path, *made, None, ref_leaf, target_leaf))
+                continue
         if target_path != path:  # say where the target has it, as the path is the reference's
             diff.detail = "; ".join(filter(None, (diff.detail, f"{target_path} on the target")))
         diffs.append(diff)
@@ -830,6 +841,30 @@ def _same_but_temp_names(
         elif temp_names[0].index(a) != temp_names[1].index(b):
             return False
     return True
+
+
+def _made_of_measurements(
+    ref: Any,
+    target: Any,
+    measured_texts: tuple[Mapping[str, Sequence[str]], Mapping[str, Sequence[str]]],
+) -> tuple[str, str] | None:
+    """The ``(kind, source)`` of the measurement two texts were made of, where they differ only so.
+
+    Each run times itself, so a log line built from its timing (``f"step took {ms:.1f} ms"``)
+    differs between runs of the same code. The texts must be the same around the places where
+    each holds a text its own run made of a measurement: the first such place names the source.
+    """
+    if type(ref) is not str or type(target) is not str:
+        return None
+    ref_texts, target_texts = measured_texts
+    ref_parts = _split_on_names(ref, ref_texts)
+    target_parts = _split_on_names(target, target_texts)
+    if len(ref_parts) != len(target_parts) or len(ref_parts) == 1:
+        return None
+    if any(a != b for a, b in zip(ref_parts[::2], target_parts[::2], strict=True)):
+        return None
+    kind, source = ref_texts[ref_parts[1]]
+    return kind, f"a text formatted from {source}"
 
 
 def _split_on_names(text: str, names: Collection[str]) -> list[str]:

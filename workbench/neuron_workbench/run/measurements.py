@@ -32,8 +32,12 @@ replaced only while :func:`tracked` is active.
 Summaries of a list of measurements are measurements too: ``statistics``' averages, medians and
 spreads, ``math.fsum`` and NumPy's reductions (``np.mean(times)``, ``np.percentile(times, 90)``;
 a NumPy ``float64`` result stays one, tagged). What loses the provenance (documented limits):
-``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), string
-formatting (``f"{ms:.1f}"``), tensors and pandas objects built from tagged numbers. An array of
+``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), tensors and
+pandas objects built from tagged numbers. A text made of a measurement (``f"took {ms:.1f} ms"``,
+``str(dt)``, a profile's table in a longer text) is a plain ``str``, but the run notes the piece it
+made (see :func:`tracked`), and the comparison takes two texts that differ only in such pieces as a
+measurement; printf-style ``"%.3f" % dt`` formats without asking the number, so it is not seen. An
+array of
 measurements (``np.array(times)``, ``np.asarray(times)``) is a :class:`TaggedArray`, and so is what
 NumPy computes from it (see :func:`_tagged_array_type`), and an array the cell preallocated
 (``np.zeros(reps)``) once it stores a measurement (see :func:`_preallocated`).
@@ -162,6 +166,28 @@ def is_measurement(value: Any) -> bool:
     """Whether ``value`` came from a timer, a memory statistic or a device property."""
     prov = provenance_of(value)
     return prov is not None and prov.measurement
+
+
+#: The texts each active run made of its measurements, the innermost run's last (see
+#: :func:`tracked`): ``{text: (kind, source)}``, in the order they were made.
+_MEASURED_TEXTS: list[dict[str, tuple[str, str]]] = []
+
+#: The most texts a run notes (a loop formatting a timing per step repeats few distinct ones).
+MAX_MEASURED_TEXTS = 256
+
+
+def _noted(value: Any, text: str) -> str:
+    """``text``, made from ``value``; noted as a measurement's text where ``value`` is one.
+
+    A one-character text (``f"{gb:.0f}"``: ``0``) is not noted: found again in any other text,
+    it would cover too much of it.
+    """
+    prov = getattr(value, "provenance", None)
+    if _MEASURED_TEXTS and prov is not None and prov.measurement and len(text) > 1:
+        texts = _MEASURED_TEXTS[-1]
+        if len(texts) < MAX_MEASURED_TEXTS:
+            texts.setdefault(text, (prov.kind, prov.source))
+    return text
 
 
 def source_dtype(value: Any) -> torch.dtype | None:
@@ -408,6 +434,11 @@ class _TaggedNumber:
     def __deepcopy__(self, memo: Any) -> Any:
         return self
 
+    def __format__(self, spec: str) -> str:
+        # f"step took {ms:.1f} ms": the text is no tagged value, but the run notes it was made
+        # from a measurement, so the comparison can tell a log line's timing from its other words
+        return _noted(self, format(_plain(self), spec))
+
 
 for _name in _BINARY:
     setattr(_TaggedNumber, f"__{_name}__", _binary(_name))
@@ -425,8 +456,10 @@ class TaggedFloat(_TaggedNumber, float):
         self.provenance = provenance
         return self
 
-    __repr__ = float.__repr__
-    __str__ = float.__repr__
+    def __repr__(self) -> str:
+        return _noted(self, float.__repr__(self))
+
+    __str__ = __repr__  # ("elapsed " + str(dt), "%s" % dt, str([t0, t1]))
     __hash__ = float.__hash__
 
 
@@ -440,8 +473,10 @@ class TaggedInt(_TaggedNumber, int):
         self.provenance = provenance
         return self
 
-    __repr__ = int.__repr__
-    __str__ = int.__repr__
+    def __repr__(self) -> str:
+        return _noted(self, int.__repr__(self))
+
+    __str__ = __repr__
     __hash__ = int.__hash__
 
 
@@ -453,6 +488,8 @@ class TaggedStr(str):
             return str(value)
         self = str.__new__(cls, value)
         self.provenance = provenance
+        # a profile's table, wherever the cell puts it ("Profile:\n" + table, f"{table}")
+        _noted(self, str.__str__(self))
         return self
 
     def __reduce__(self) -> Any:
@@ -1022,12 +1059,15 @@ def _summary_patches() -> list[tuple[Any, dict[str, Any]]]:
 
 
 @contextlib.contextmanager
-def tracked(cuda: Any) -> Iterator[None]:
+def tracked(cuda: Any) -> Iterator[dict[str, tuple[str, str]]]:
     """For the body: timers and ``cuda``'s statistics hand out tagged values.
 
     ``cuda`` is what ``torch.cuda`` resolves to during the run (the run's shim, or the real module
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
+
+    Yields the texts the body makes of its measurements (``f"{ms:.1f}"``, ``str(dt)``, a profile's
+    table), ``{text: (kind, source)}``, filled as it runs (the first :data:`MAX_MEASURED_TEXTS`).
     """
     from torch.autograd.profiler_util import EventList, Interval
 
@@ -1055,7 +1095,18 @@ def tracked(cuda: Any) -> Iterator[None]:
                 {name: _preallocated(getattr(numpy, name)) for name in _PREALLOCATING}
             )
             stack.enter_context(patched_attributes(numpy, constructors))
-        yield
+        texts: dict[str, tuple[str, str]] = {}
+        _MEASURED_TEXTS.append(texts)
+        stack.callback(_forget_texts, texts)
+        yield texts
+
+
+def _forget_texts(texts: dict[str, tuple[str, str]]) -> None:
+    """Stop noting into ``texts`` (by identity: another run's may be equal to it)."""
+    for i, each in enumerate(_MEASURED_TEXTS):
+        if each is texts:
+            del _MEASURED_TEXTS[i]
+            return
 
 
 #: NumPy's functions that make an array of the numbers they are given.

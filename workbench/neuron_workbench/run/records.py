@@ -252,6 +252,10 @@ class RunFacts:
     temp_names : list of str
         The random names ``tempfile`` drew in the run, in order (the first 256): a path built on
         one (``tempfile.TemporaryDirectory().name``) differs between runs of the same code.
+    measured_texts : dict of str to (str, str)
+        The texts the run made of its measurements (``f"{ms:.1f}"``, ``str(dt)``, a profile's
+        table), each with its measurement's kind and source (the first 256): a log line the cell
+        builds from a timing differs between runs of the same code.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -269,6 +273,7 @@ class RunFacts:
     rule_ops: dict[str, int] = field(default_factory=dict)
     shared_host: bool = False
     temp_names: list[str] = field(default_factory=list)
+    measured_texts: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
         """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
@@ -293,6 +298,7 @@ class RunFacts:
             "rule_ops": dict(self.rule_ops),
             "shared_host": self.shared_host,
             "temp_names": list(self.temp_names),
+            "measured_texts": [[text, *kept] for text, kept in self.measured_texts.items()],
         }
 
 

@@ -1114,13 +1114,13 @@ def cuda_remapped_to(
     if target == "cuda":
         if rng_on_cpu:
             with (
-                tracked(torch.cuda),
+                tracked(torch.cuda) as facts.measured_texts,
                 warnings_at_callers_line(),
                 _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True, writes=writes),
             ):
                 yield facts
         else:
-            with tracked(torch.cuda):
+            with tracked(torch.cuda) as facts.measured_texts:
                 yield facts
         return
     if target != "cpu":
@@ -1152,7 +1152,8 @@ def cuda_remapped_to(
                 autocast_module, {"_cast": _autocast_cast(target, autocast_module._cast)}
             )
         )
-        stack.enter_context(tracked(shim))  # timers, statistics, tensor scalars keep provenance
+        # timers, statistics, tensor scalars keep provenance
+        facts.measured_texts = stack.enter_context(tracked(shim))
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
         stack.enter_context(patched_attributes(_REAL_NVTX, _NVTX_FUNCTIONS))
