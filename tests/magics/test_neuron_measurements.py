@@ -377,3 +377,26 @@ def test_a_log_line_whose_other_words_differ_still_fails(ip):
     line = next(d for d in report.comparison.diffs if d.path == "line")
     assert line.status == "differ"
     assert "line" not in {m["path"] for m in report.measurements()}
+
+
+def test_a_step_timed_with_datetime_passes_and_the_notebook_keeps_plain_values(ip):
+    run_cell(ip, "from datetime import datetime")
+    run_cell(ip, SETUP)
+    cell = (
+        "start = datetime.now()\n"
+        "y = model(x)\n"
+        "elapsed = datetime.now() - start\n"
+        "secs = elapsed.total_seconds()\n"
+        "stamp = f'{datetime.now():%H:%M:%S.%f} step done'\n"
+    )
+    report = _report(ip, cell)
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"]: m for m in report.measurements()}
+    assert {"start", "elapsed", "secs", "stamp"} <= set(measured)
+    assert measured["secs"]["unit"] == "s" and measured["secs"]["source"] == "datetime.now"
+    import datetime
+
+    assert type(ip.user_ns["start"]) is datetime.datetime
+    assert type(ip.user_ns["elapsed"]) is datetime.timedelta
+    assert type(ip.user_ns["secs"]) is float
+    assert ip.user_ns["datetime"] is datetime.datetime

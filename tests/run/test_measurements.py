@@ -122,6 +122,42 @@ def test_a_run_notes_the_texts_it_makes_of_its_measurements():
     assert type(f"{ms:.1f}") is str  # the text itself is a plain str
 
 
+def test_datetime_clock_readings_are_measurements_and_pickle_plain():
+    import datetime
+
+    from neuron_workbench.run.measurements import (
+        MeasuredDatetime,
+        MeasuredTimedelta,
+        timers_named_in,
+    )
+
+    start = MeasuredDatetime.now()
+    assert is_measurement(start) and provenance_of(start).source == "datetime.now"
+    assert repr(start).startswith("datetime.datetime(")
+    elapsed = MeasuredDatetime.now() - start
+    assert type(elapsed) is MeasuredTimedelta
+    assert provenance_of(elapsed.total_seconds()).unit == "s"
+    assert is_measurement(elapsed / datetime.timedelta(seconds=1))
+    assert is_measurement(start - datetime.timedelta(hours=1))
+    assert not is_measurement(MeasuredDatetime(2020, 1, 1))  # built from the cell's own numbers
+    # any pickle but the workbench's own transport gets plain values (a checkpoint's time stamp)
+    again = pickle.loads(pickle.dumps({"t": start, "dt": elapsed}))
+    assert type(again["t"]) is datetime.datetime and again["t"] == start
+    assert type(again["dt"]) is datetime.timedelta and again["dt"] == elapsed
+    with tracked(torch.cuda) as texts:
+        stamp = f"{start:%H:%M:%S.%f}"
+        day = time.strftime("%Y-%m-%d %H:%M:%S")
+        fixed = time.strftime("%Y", (2020, 1, 1, 0, 0, 0, 0, 1, -1))  # a time given: no reading
+    assert stamp in texts and day in texts and fixed not in texts
+    # the notebook's own names for datetime read the measured clock during the run only
+    namespace = {"datetime": datetime.datetime, "dt": datetime}
+    with timers_named_in(namespace):
+        assert namespace["datetime"] is MeasuredDatetime
+        assert is_measurement(namespace["dt"].datetime.now())
+        assert namespace["dt"].timedelta is datetime.timedelta
+    assert namespace == {"datetime": datetime.datetime, "dt": datetime}
+
+
 def test_summaries_of_measurements_are_measurements_of_the_same_type():
     import statistics
 

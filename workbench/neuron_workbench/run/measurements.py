@@ -48,6 +48,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import datetime
 import functools
 import itertools
 import math
@@ -182,7 +183,11 @@ def _noted(value: Any, text: str) -> str:
     A one-character text (``f"{gb:.0f}"``: ``0``) is not noted: found again in any other text,
     it would cover too much of it.
     """
-    prov = getattr(value, "provenance", None)
+    return _noted_as(getattr(value, "provenance", None), text)
+
+
+def _noted_as(prov: Provenance | None, text: str) -> str:
+    """``text``, noted as made of a measurement where ``prov`` is one's (see :func:`_noted`)."""
     if _MEASURED_TEXTS and prov is not None and prov.measurement and len(text) > 1:
         texts = _MEASURED_TEXTS[-1]
         if len(texts) < MAX_MEASURED_TEXTS:
@@ -242,6 +247,14 @@ def _plain(value: Any) -> Any:
         return int.__int__(value)
     if isinstance(value, TaggedStr):
         return str.__str__(value)
+    if isinstance(value, MeasuredDatetime):
+        return _PLAIN_DATETIME(
+            *value.timetuple()[:6], value.microsecond, value.tzinfo, fold=value.fold
+        )
+    if isinstance(value, MeasuredTimedelta):
+        return _PLAIN_TIMEDELTA(
+            value.days, _PLAIN_TIMEDELTA.seconds.__get__(value), value.microseconds
+        )
     return value
 
 
@@ -678,6 +691,183 @@ def _tagged_result(value: Any, provenance: Provenance | None) -> Any:
     return tag(value, provenance)
 
 
+# ---- clock readings through datetime --------------------------------------------------------------
+
+_PLAIN_DATETIME = datetime.datetime
+_PLAIN_TIMEDELTA = datetime.timedelta
+
+
+def _clock_provenance(*values: Any) -> Provenance | None:
+    return next((p for p in map(provenance_of, values) if p is not None and p.measurement), None)
+
+
+class MeasuredTimedelta(datetime.timedelta):
+    """A ``timedelta`` between clock readings (``datetime.now() - start``): a measurement.
+
+    Its seconds (``total_seconds()``, ``.seconds``) are tagged, and its texts noted.
+    """
+
+    provenance: Provenance | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+        if len(args) == 2 and isinstance(args[0], _PLAIN_TIMEDELTA) and not kwargs:
+            plain, provenance = args  # MeasuredTimedelta(td, provenance), as _rebuild makes one
+            self = _PLAIN_TIMEDELTA.__new__(cls, plain.days, plain.seconds, plain.microseconds)
+            self.provenance = provenance
+            return self
+        return _PLAIN_TIMEDELTA.__new__(cls, *args, **kwargs)
+
+    def __reduce__(self) -> Any:  # any other pickle: a plain timedelta (torch.save, pickle)
+        return _plain(self).__reduce__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _plain(self).__reduce_ex__(protocol)
+
+    def _seconds(self, value: Any) -> Any:
+        prov = self.provenance
+        return value if prov is None else tag(value, replace(prov, unit="s"))
+
+    def total_seconds(self) -> Any:  # noqa: D102
+        return self._seconds(_PLAIN_TIMEDELTA.total_seconds(self))
+
+    @property
+    def seconds(self) -> Any:  # noqa: D102
+        return self._seconds(_PLAIN_TIMEDELTA.seconds.__get__(self))
+
+    def __truediv__(self, other: Any) -> Any:
+        # elapsed / timedelta(seconds=1): seconds; elapsed / steps: a timedelta, still measured
+        result = _PLAIN_TIMEDELTA.__truediv__(self, other)
+        if isinstance(result, float):
+            return tag(result, self.provenance) if self.provenance is not None else result
+        return _measured_delta(result, self.provenance)
+
+    def __str__(self) -> str:
+        return _noted(self, _PLAIN_TIMEDELTA.__str__(self))
+
+    def __format__(self, spec: str) -> str:
+        return _noted(self, _PLAIN_TIMEDELTA.__format__(self, spec))
+
+
+def _measured_delta(result: Any, prov: Provenance | None) -> Any:
+    if prov is None or type(result) is not _PLAIN_TIMEDELTA:
+        return result
+    return MeasuredTimedelta(result, prov)
+
+
+class MeasuredDatetime(datetime.datetime):
+    """``datetime.datetime`` as a run's cell sees it: the clock's readings are measurements.
+
+    ``now()``, ``today()`` and ``utcnow()`` give a reading that remembers it came from the clock;
+    the difference of two is a :class:`MeasuredTimedelta`, and the texts made of one
+    (``strftime``, ``isoformat``, ``f"{now:%H:%M:%S}"``) are noted. A ``datetime`` the cell builds
+    from its own numbers is no measurement.
+    """
+
+    provenance: Provenance | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+        if len(args) == 2 and isinstance(args[0], _PLAIN_DATETIME) and not kwargs:
+            plain, provenance = args  # as _rebuild makes one
+            self = _PLAIN_DATETIME.__new__(
+                cls, *plain.timetuple()[:6], plain.microsecond, plain.tzinfo, fold=plain.fold
+            )
+            self.provenance = provenance
+            return self
+        return _PLAIN_DATETIME.__new__(cls, *args, **kwargs)
+
+    def __reduce__(self) -> Any:  # any other pickle: a plain datetime (torch.save, pickle)
+        return _plain(self).__reduce__()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _plain(self).__reduce_ex__(protocol)
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:  # noqa: D102
+        return MeasuredDatetime(_PLAIN_DATETIME.now(tz), _DATETIME_SOURCES["now"])
+
+    @classmethod
+    def today(cls) -> Any:  # noqa: D102
+        return MeasuredDatetime(_PLAIN_DATETIME.today(), _DATETIME_SOURCES["today"])
+
+    @classmethod
+    def utcnow(cls) -> Any:  # noqa: D102
+        return MeasuredDatetime(_PLAIN_DATETIME.utcnow(), _DATETIME_SOURCES["utcnow"])
+
+    def __sub__(self, other: Any) -> Any:
+        result = _PLAIN_DATETIME.__sub__(_plain(self), _plain(other))
+        if result is NotImplemented:
+            return result
+        prov = _clock_provenance(self, other)
+        if isinstance(result, _PLAIN_DATETIME):  # now - timedelta(hours=1): still the clock's
+            return result if prov is None else MeasuredDatetime(result, prov)
+        return _measured_delta(result, prov)
+
+    def __rsub__(self, other: Any) -> Any:
+        if not isinstance(other, _PLAIN_DATETIME):
+            return NotImplemented
+        return _measured_delta(_plain(other) - _plain(self), _clock_provenance(self, other))
+
+    def __add__(self, other: Any) -> Any:
+        result = _PLAIN_DATETIME.__add__(_plain(self), other)
+        if result is NotImplemented or self.provenance is None:
+            return result
+        return MeasuredDatetime(result, self.provenance)
+
+    __radd__ = __add__
+
+    def timestamp(self) -> Any:  # noqa: D102
+        value = _PLAIN_DATETIME.timestamp(self)
+        return value if self.provenance is None else tag(value, replace(self.provenance, unit="s"))
+
+    def strftime(self, fmt: str) -> str:  # noqa: D102
+        return _noted(self, _PLAIN_DATETIME.strftime(self, fmt))
+
+    def isoformat(self, *args: Any, **kwargs: Any) -> str:  # noqa: D102
+        return _noted(self, _PLAIN_DATETIME.isoformat(self, *args, **kwargs))
+
+    def ctime(self) -> str:  # noqa: D102
+        return _noted(self, _PLAIN_DATETIME.ctime(self))
+
+    def __str__(self) -> str:
+        return _noted(self, _PLAIN_DATETIME.__str__(self))
+
+    def __format__(self, spec: str) -> str:
+        return _noted(self, _PLAIN_DATETIME.__format__(self, spec))
+
+    def __repr__(self) -> str:  # as the plain one reads: the notebook's class, by its name
+        return repr(_plain(self))
+
+
+_DATETIME_SOURCES = {
+    name: Provenance("time", f"datetime.{name}") for name in ("now", "today", "utcnow")
+}
+
+
+class _DatetimeModule(types.ModuleType):
+    """The ``datetime`` module as a run's cell names it: its ``datetime`` is the measured one."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        super().__init__(module.__name__, module.__doc__)
+        self.__dict__.update(vars(module))
+        self.datetime = MeasuredDatetime
+
+
+#: ``time``'s functions that make a text of the current time when given at most so many arguments.
+_CLOCK_TEXTS = {"strftime": 1, "ctime": 0, "asctime": 0}
+
+
+def _clock_text(read: Callable[..., str], name: str, clock_args: int) -> Callable[..., str]:
+    """``time.strftime``/``ctime``/``asctime`` whose text of the current time is a measurement's."""
+    source = Provenance("time", f"time.{name}")
+
+    @functools.wraps(read)
+    def text(*args: Any) -> str:
+        made = read(*args)
+        return _noted_as(source, made) if len(args) <= clock_args else made
+
+    return text
+
+
 if numpy is not None:
     TaggedFloat64 = _tagged_numpy_scalar(numpy.float64)
     TaggedInt64 = _tagged_numpy_scalar(numpy.int64)
@@ -692,10 +882,12 @@ if numpy is not None:
         TaggedFloat64,
         TaggedInt64,
         TaggedArray,
+        MeasuredDatetime,
+        MeasuredTimedelta,
     )
 else:  # pragma: no cover - a torch without NumPy
     _NUMPY_TAGGED = {}
-    TAGGED = (TaggedFloat, TaggedInt, TaggedStr)
+    TAGGED = (TaggedFloat, TaggedInt, TaggedStr, MeasuredDatetime, MeasuredTimedelta)
 _NUMPY_PLAIN = {tagged: plain for plain, tagged in _NUMPY_TAGGED.items()}
 #: The numbers tagged arithmetic takes and makes: Python's, and NumPy's that summaries give.
 _NUMERIC: tuple[type, ...] = (*_NUMBER, *_NUMPY_TAGGED)
@@ -831,9 +1023,18 @@ def timers_named_in(namespace: MutableMapping[str, Any]) -> Iterator[None]:
     ``time``'s attributes does not reach: its times were compared, and failed the cell. Each such
     name gets the tagged timer for the run (so do the notebook's functions reading it there), and
     its own function back afterwards unless the cell bound it to something else.
+
+    Likewise a name for ``datetime.datetime`` or the ``datetime`` module gets
+    :class:`MeasuredDatetime` (``elapsed = (datetime.now() - start).total_seconds()``). The module's
+    own attribute is left alone: libraries pickle and check plain datetimes against it, so a cell
+    that imports ``datetime`` itself reads the plain clock (a documented limit).
     """
     bound = {}
     for name, value in list(namespace.items()):
+        if value is _PLAIN_DATETIME:  # from datetime import datetime: its now() reads the clock
+            bound[name] = (value, MeasuredDatetime)
+        elif value is datetime:  # import datetime: datetime.datetime.now()
+            bound[name] = (value, _DatetimeModule(value))
         if type(value) is not types.BuiltinFunctionType:  # (no hashing of the notebook's objects)
             continue
         tagged = _tagged_timer(value)
@@ -1072,6 +1273,10 @@ def tracked(cuda: Any) -> Iterator[dict[str, tuple[str, str]]]:
     from torch.autograd.profiler_util import EventList, Interval
 
     timers = {name: _timer(name, unit) for name, unit in _TIMERS.items() if hasattr(time, name)}
+    # time.strftime("%H:%M:%S"), time.ctime(): texts of the clock's reading (not of a time given)
+    timers.update(
+        {name: _clock_text(getattr(time, name), name, args) for name, args in _CLOCK_TEXTS.items()}
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched_attributes(time, timers))
         if "timeit" in sys.modules:
