@@ -263,3 +263,26 @@ def test_texts_an_evaluation_writes_of_its_device_tensors_match(ip):
     report = ip.user_ns["r"]
     assert report.verdict == "FAIL", report.summary()
     assert [d.path for d in report.comparison.failures] == ["waves"], report.summary()
+
+
+def test_an_experiment_named_by_a_uuid_passes_and_each_execution_draws_a_new_one(ip):
+    run_cell(ip, "import torch, uuid\nfrom uuid import uuid4")
+    cell = (
+        "%%neuron -o r\n"
+        "run_id = uuid.uuid4().hex[:8]\n"
+        "tags = [str(uuid4()) for _ in range(2)]\n"
+        "out_dir = f'runs/{run_id}'\n"
+        "x = torch.ones(3, device='cuda') * 2\n"
+    )
+    run_cell(ip, cell)
+    report = ip.user_ns["r"]
+    assert report.verdict == "PASS", report.summary()
+    first = ip.user_ns["run_id"]
+    assert len(set(ip.user_ns["tags"])) == 2
+    run_cell(ip, cell)
+    assert ip.user_ns["r"].verdict == "PASS", ip.user_ns["r"].summary()
+    assert ip.user_ns["run_id"] != first  # a new execution of the cell: a new experiment
+    # after the cell, the notebook's uuid4 is the standard library's own again
+    assert (
+        ip.user_ns["uuid4"] is ip.user_ns["uuid"].uuid4 and ip.user_ns["uuid4"].__module__ == "uuid"
+    )

@@ -328,6 +328,7 @@ def rerun(spec: RunSpec, backend: Any, instrument: Any) -> Run:
         steps=spec.steps,
         isolate_inputs=spec.isolate_inputs,
         ref_precision=spec.ref_precision,
+        entropy=spec.entropy,
         kept_run=spec.kept_run,
         default_device=spec.default_device,
         torch_settings=spec.torch_settings,

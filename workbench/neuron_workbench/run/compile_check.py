@@ -71,6 +71,7 @@ def eager_spec(spec: RunSpec) -> RunSpec:
         torch_settings=spec.torch_settings,
         notebook_temp=spec.notebook_temp,
         originals=spec.originals,
+        entropy=spec.entropy,
     )
     eager.captured = spec.captured  # what the eager runs print is kept under their own ids
     return eager

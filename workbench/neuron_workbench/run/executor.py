@@ -66,6 +66,7 @@ from neuron_workbench.run.namespace import (
 from neuron_workbench.run.notebook_handles import drain_made, write_back
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.printed_below import FdFile, fds_to_files
+from neuron_workbench.run.random_ids import new_entropy, uuids_drawn_from
 from neuron_workbench.run.random_state import (
     RandomState,
     current_random_state,
@@ -466,6 +467,7 @@ class RunSpec:
         restore_namespace: bool = True,
         live_run: str | None = None,
         classes_run: str | None = None,
+        entropy: bytes | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError("steps must be at least 1")
@@ -528,6 +530,9 @@ class RunSpec:
         #: it drops after the answer): a thread the cell started goes on reading what the cell bound
         #: there, as in plain Python.
         self.restore_namespace = restore_namespace
+        #: The seed of the random identifiers every run of the cell draws (``uuid.uuid4()``, see
+        #: :mod:`~neuron_workbench.run.random_ids`): fresh for each cell unless given.
+        self.entropy = entropy if entropy is not None else new_entropy()
         self._inputs: tuple[frozenset[str], frozenset[str]] | None = None
 
     def inputs(self) -> tuple[frozenset[str], frozenset[str]]:
@@ -755,6 +760,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 )
             )
             stack.enter_context(timers_named_in(ns))  # `from timeit import default_timer`
+            stack.enter_context(uuids_drawn_from(spec.entropy, ns))  # run_id = uuid.uuid4().hex
             if host is not None:
                 stack.enter_context(inductor_on_the_host())
             observed = {

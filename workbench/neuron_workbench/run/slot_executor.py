@@ -112,6 +112,8 @@ class SlotExecutor:
             "program": spec.program,
             "seed": spec.seed,
             "random_state": getattr(spec, "random_state", None),
+            # the reference's: both runs draw the same uuid4s
+            "entropy": getattr(spec, "entropy", None),
             "hidden": frozenset(spec.hidden) & (set(names) | set(spec.program.body.co_names)),
             "force": force,
             "instruments": spec.instruments,

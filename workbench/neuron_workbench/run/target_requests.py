@@ -452,6 +452,7 @@ def _run_request(
         # the namespace is dropped after the answer (release_answered), or stays while a thread
         # the cell started reads it: that thread sees what the cell bound, not the names before it
         restore_namespace=False,
+        entropy=request.get("entropy"),
     )
     try:
         with (
