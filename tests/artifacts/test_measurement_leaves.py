@@ -77,13 +77,18 @@ def test_texts_made_of_measurements_stay_measurements_in_recorded_runs(tmp_path)
     from neuron_workbench.run.records import RunFacts
 
     def recorded(name, text, ms):
-        facts = RunFacts(measured_texts={ms: ("time", "time.perf_counter")})
+        facts = RunFacts(
+            measured_texts={ms: ("time", "time.perf_counter")},
+            measured_values={float(ms): ("time", "time.perf_counter")},
+        )
         run = Run(backend=BackendInfo("cpu", "cpu", "host"), outputs={"line": text}, facts=facts)
         return save(tmp_path / f"{name}.nwrun.zip", runs={"ref": run}, cell_source="x = 1")
 
     a = recorded("a", "took 12.50 ms", "12.50")
     b = recorded("b", "took 3.75 ms", "3.75")
-    assert load(a).runs["ref"].facts.measured_texts == {"12.50": ("time", "time.perf_counter")}
+    facts = load(a).runs["ref"].facts
+    assert facts.measured_texts == {"12.50": ("time", "time.perf_counter")}
+    assert facts.measured_values == {12.5: ("time", "time.perf_counter")}
     report = report_of_artifacts(load(a), load(b))
     assert report.verdict != "FAIL", report.summary()
     (measured,) = report.measurements()

@@ -318,6 +318,31 @@ def test_texts_that_differ_only_in_each_runs_measured_texts_are_measurements():
     assert not compare_outputs(ref, target).measurements
 
 
+def test_numbers_holding_only_each_runs_measured_values_are_measurements():
+    timer = ("time", "time.perf_counter")
+    values = ({0.125: timer, 0.5: timer}, {0.375: timer, 0.75: timer})
+    ref = {
+        "p50": 0.125,
+        "column": np.array([0.125, 0.5]),
+        "as_float32": torch.tensor([0.125, 0.5]),
+        "mixed": np.array([0.125, 2.0]),
+        "loss": 0.5,
+    }
+    target = {
+        "p50": 0.375,
+        "column": np.array([0.375, 0.75]),
+        "as_float32": torch.tensor([0.375, 0.75]),
+        "mixed": np.array([0.375, 3.0]),
+        "loss": 0.625,
+    }
+    comparison = compare_outputs(ref, target, measured_values=values)
+    assert [m.path for m in comparison.measurements] == ["p50", "column", "as_float32"]
+    assert comparison.measurements[0].source == "time.perf_counter"
+    # a value neither run measured, on either side: a difference
+    assert {d.path: d.status for d in comparison.diffs} == {"mixed": "differ", "loss": "differ"}
+    assert not compare_outputs(ref, target, measured_values=(values[0], {})).measurements
+
+
 def test_paths_on_names_each_run_drew_from_tempfile_match_in_draw_order():
     drawn = (["aaaa1111", "bbbb2222"], ["cccc3333", "dddd4444"])
     same = compare_leaf("p", "/tmp/aaaa1111/m.pt", "/tmp/cccc3333/m.pt", temp_names=drawn)

@@ -400,3 +400,23 @@ def test_a_step_timed_with_datetime_passes_and_the_notebook_keeps_plain_values(i
     assert type(ip.user_ns["elapsed"]) is datetime.timedelta
     assert type(ip.user_ns["secs"]) is float
     assert ip.user_ns["datetime"] is datetime.datetime
+
+
+def test_a_table_and_a_median_of_timings_are_measurements(ip):
+    run_cell(ip, "import numpy as np, pandas as pd")
+    run_cell(ip, SETUP)
+    cell = (
+        "rows, times = [], []\n"
+        "for bs in (2, 4):\n"
+        "    t0 = time.perf_counter(); y = model(x[:bs]); dt = time.perf_counter() - t0\n"
+        "    times.append(dt)\n"
+        "    rows.append({'bs': bs, 'ms': dt * 1e3, 'out': y.sum().item()})\n"
+        "df = pd.DataFrame(rows)\n"
+        "p50 = float(np.median(times))\n"
+    )
+    report = _report(ip, cell)
+    assert report.verdict == "PASS", report.summary()
+    measured = {m["path"] for m in report.measurements()}
+    assert {"df['ms']", "p50"} <= measured
+    compared = {d.path for d in report.comparison.diffs}
+    assert {"df['bs']", "df['out']"} <= compared and not compared & measured

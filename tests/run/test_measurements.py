@@ -105,21 +105,38 @@ def test_tracked_puts_every_source_back():
 def test_a_run_notes_the_texts_it_makes_of_its_measurements():
     ms, loss = TaggedFloat(12.5, MS), TaggedFloat(0.25, Provenance("tensor", "Tensor.item"))
     f"{ms:.1f}"  # outside a run: noted nowhere
-    with tracked(torch.cuda) as texts:
+    with tracked(torch.cuda) as forms:
         assert f"took {ms:.2f} ms, loss {loss:.3f}" == "took 12.50 ms, loss 0.250"
         assert str(ms * 2) == "25.0" and repr([TaggedInt(4096, BYTES)]) == "[4096]"
         assert f"{np.mean([ms, ms]):.1f}" == "12.5"  # a NumPy summary, tagged
         with tracked(torch.cuda) as inner:  # a run inside a run notes into its own
             f"{ms:.3f}"
         f"{TaggedInt(7, BYTES)}"  # one character: it would cover any 7 of another text
-    assert texts == {
+    assert forms.texts == {
         "12.50": ("time", "torch.cuda.Event.elapsed_time"),
         "25.0": ("time", "torch.cuda.Event.elapsed_time"),
         "4096": ("memory", "torch.cuda.max_memory_allocated"),
         "12.5": ("time", "torch.cuda.Event.elapsed_time"),
     }
-    assert inner == {"12.500": ("time", "torch.cuda.Event.elapsed_time")}
+    assert inner.texts == {"12.500": ("time", "torch.cuda.Event.elapsed_time")}
     assert type(f"{ms:.1f}") is str  # the text itself is a plain str
+
+
+def test_a_run_notes_the_float_values_of_its_measurements():
+    loss = Provenance("tensor", "Tensor.item")
+    with tracked(torch.cuda) as forms:
+        ms = TaggedFloat(12.5, MS)
+        half = ms / 2
+        TaggedFloat(0.25, loss)  # no measurement
+        TaggedFloat(float("nan"), MS)  # no value to find again
+        median = np.median([ms, TaggedFloat(3.5, MS)])
+    assert float(median) == 8.0
+    assert forms.values == {
+        12.5: ("time", "torch.cuda.Event.elapsed_time"),
+        half: ("time", "torch.cuda.Event.elapsed_time"),
+        3.5: ("time", "torch.cuda.Event.elapsed_time"),
+        8.0: ("time", "torch.cuda.Event.elapsed_time"),
+    }
 
 
 def test_datetime_clock_readings_are_measurements_and_pickle_plain():
@@ -144,11 +161,11 @@ def test_datetime_clock_readings_are_measurements_and_pickle_plain():
     again = pickle.loads(pickle.dumps({"t": start, "dt": elapsed}))
     assert type(again["t"]) is datetime.datetime and again["t"] == start
     assert type(again["dt"]) is datetime.timedelta and again["dt"] == elapsed
-    with tracked(torch.cuda) as texts:
+    with tracked(torch.cuda) as forms:
         stamp = f"{start:%H:%M:%S.%f}"
         day = time.strftime("%Y-%m-%d %H:%M:%S")
         fixed = time.strftime("%Y", (2020, 1, 1, 0, 0, 0, 0, 1, -1))  # a time given: no reading
-    assert stamp in texts and day in texts and fixed not in texts
+    assert stamp in forms.texts and day in forms.texts and fixed not in forms.texts
     # the notebook's own names for datetime read the measured clock during the run only
     namespace = {"datetime": datetime.datetime, "dt": datetime}
     with timers_named_in(namespace):

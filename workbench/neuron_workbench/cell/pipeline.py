@@ -823,6 +823,7 @@ def compare_runs(
         devices=(ref.backend.device, target.backend.device),
         temp_names=(ref.facts.temp_names, target.facts.temp_names),
         measured_texts=(ref.facts.measured_texts, target.facts.measured_texts),
+        measured_values=(ref.facts.measured_values, target.facts.measured_values),
         ref_flattened=ref_flattened,
     )
     layers = None

@@ -327,6 +327,8 @@ def compare_outputs(
     devices: tuple[str, str] | None = None,
     temp_names: tuple[Sequence[str], Sequence[str]] | None = None,
     measured_texts: tuple[Mapping[str, Sequence[str]], Mapping[str, Sequence[str]]] | None = None,
+    measured_values: tuple[Mapping[float, Sequence[str]], Mapping[float, Sequence[str]]]
+    | None = None,
     ref_flattened: FlattenedOutputs | None = None,
 ) -> Comparison:
     """Compare the named outputs of two runs.
@@ -362,6 +364,11 @@ def compare_outputs(
         (``RunFacts.measured_texts``). Two strings that differ, and are one text but for such a
         text of each run's own at the same places (``f"step took {ms:.1f} ms"``), are a
         :class:`Measurement`, not a difference.
+    measured_values : tuple of (mapping, mapping), optional
+        The float values of each run's measurements, to their ``(kind, source)``
+        (``RunFacts.measured_values``). A plain number, or an array or tensor of them (a pandas
+        column of timings), that differs and holds only its own run's measured values on each side
+        (``float(np.median(times))``) is a :class:`Measurement`, not a difference.
     ref_flattened : FlattenedOutputs, optional
         The reference's outputs flattened ahead (while the target ran): its leaves of each output
         still bound to the same object are used as they are. Ignored where its ``user_modules``
@@ -431,6 +438,11 @@ def compare_outputs(
         diff = _compare_leaf(path, ref_leaf, target_leaf, tolerances, devices, temp_names)
         if diff.status == "differ" and diff.kind == "text" and measured_texts is not None:
             made = _made_of_measurements(ref_leaf, target_leaf, measured_texts)
+            if made is not None:
+                measurements.append(Measurement(path, *made, None, ref_leaf, target_leaf))
+                continue
+        if diff.status == "differ" and measured_values is not None:
+            made = _measured_numbers(ref_leaf, target_leaf, measured_values)
             if made is not None:
                 measurements.append(Measurement(path, *made, None, ref_leaf, target_leaf))
                 continue
@@ -865,6 +877,54 @@ def _made_of_measurements(
         return None
     kind, source = ref_texts[ref_parts[1]]
     return kind, f"a text formatted from {source}"
+
+
+#: The most numbers of an array or tensor looked up among a run's measured values.
+_MEASURED_LOOKUP = 4096
+
+
+def _measured_numbers(
+    ref: Any,
+    target: Any,
+    measured_values: tuple[Mapping[float, Sequence[str]], Mapping[float, Sequence[str]]],
+) -> tuple[str, str] | None:
+    """The ``(kind, source)`` of the measurements two numbers (or arrays of them) are, or None.
+
+    ``float(np.median(times))`` and ``pd.DataFrame(rows)["ms"]`` hold a run's measurements as plain
+    numbers: each side must hold only values its own run measured (exactly: a float found by
+    chance among a run's timings is no risk worth naming).
+    """
+    ref_values, target_values = measured_values
+    if not ref_values or not target_values:
+        return None
+    made = _only_measured(ref, ref_values)
+    if made is None or _only_measured(target, target_values) is None:
+        return None
+    kind, source = made
+    return kind, source
+
+
+def _only_measured(value: Any, values: Mapping[float, Sequence[str]]) -> Sequence[str] | None:
+    """What measured the numbers of ``value`` (a float, a float array or tensor), or None.
+
+    ``values`` must hold all of them; an array of another float dtype holds them rounded to it
+    (``torch.tensor(times)``: float32).
+    """
+    if type(value) is float:
+        return values.get(value)
+    if not (_is_array(value) or isinstance(value, torch.Tensor)):
+        return None
+    tensor = torch.as_tensor(value).detach()
+    if not tensor.is_floating_point() or not 0 < tensor.numel() <= _MEASURED_LOOKUP:
+        return None
+    lookup = values
+    if tensor.dtype != torch.float64:
+        rounded = torch.tensor(list(values), dtype=torch.float64).to(tensor.dtype).double()
+        lookup = dict(zip(rounded.tolist(), values.values(), strict=True))
+    numbers = tensor.to("cpu", torch.float64).flatten().tolist()
+    if any(number not in lookup for number in numbers):
+        return None
+    return lookup[numbers[0]]
 
 
 def _split_on_names(text: str, names: Collection[str]) -> list[str]:

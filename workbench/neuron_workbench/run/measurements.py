@@ -31,9 +31,12 @@ replaced only while :func:`tracked` is active.
 
 Summaries of a list of measurements are measurements too: ``statistics``' averages, medians and
 spreads, ``math.fsum`` and NumPy's reductions (``np.mean(times)``, ``np.percentile(times, 90)``;
-a NumPy ``float64`` result stays one, tagged). What loses the provenance (documented limits):
-``int(x)`` and ``float(x)`` of a tagged number (Python requires exact types there), tensors and
-pandas objects built from tagged numbers. A text made of a measurement (``f"took {ms:.1f} ms"``,
+a NumPy ``float64`` result stays one, tagged). What loses the provenance: ``int(x)`` and
+``float(x)`` of a tagged number (Python requires exact types there), tensors and pandas objects
+built from tagged numbers. The run notes every float value it measured, so a plain float or a float
+array holding only those (``float(np.median(times))``, a pandas column of timings, a float32
+``torch.tensor(times)``) still compares as a measurement; an ``int(x)`` does not (a small integer
+is found by chance among other outputs). A text made of a measurement (``f"took {ms:.1f} ms"``,
 ``str(dt)``, a profile's table in a longer text) is a plain ``str``, but the run notes the piece it
 made (see :func:`tracked`), and the comparison takes two texts that differ only in such pieces as a
 measurement; printf-style ``"%.3f" % dt`` formats without asking the number, so it is not seen. An
@@ -57,7 +60,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -169,12 +172,31 @@ def is_measurement(value: Any) -> bool:
     return prov is not None and prov.measurement
 
 
-#: The texts each active run made of its measurements, the innermost run's last (see
-#: :func:`tracked`): ``{text: (kind, source)}``, in the order they were made.
-_MEASURED_TEXTS: list[dict[str, tuple[str, str]]] = []
+@dataclass
+class MeasuredForms:
+    """What a run made of its measurements that no longer carries their provenance.
+
+    Attributes
+    ----------
+    texts : dict of str to (str, str)
+        Texts made of a measurement (``f"{ms:.1f}"``, ``str(dt)``, a profile's table), to its
+        ``(kind, source)``: a log line the cell builds from them differs between runs by nature.
+    values : dict of float to (str, str)
+        The float values of the run's measurements: a ``float(np.median(times))`` or a pandas
+        column of timings holds them as plain numbers.
+    """
+
+    texts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    values: dict[float, tuple[str, str]] = field(default_factory=dict)
+
+
+#: What each active run made of its measurements, the innermost run's last (see :func:`tracked`).
+_MEASURED: list[MeasuredForms] = []
 
 #: The most texts a run notes (a loop formatting a timing per step repeats few distinct ones).
 MAX_MEASURED_TEXTS = 256
+#: The most measured values a run notes (a timing loop's steps, a few each).
+MAX_MEASURED_VALUES = 4096
 
 
 def _noted(value: Any, text: str) -> str:
@@ -188,11 +210,19 @@ def _noted(value: Any, text: str) -> str:
 
 def _noted_as(prov: Provenance | None, text: str) -> str:
     """``text``, noted as made of a measurement where ``prov`` is one's (see :func:`_noted`)."""
-    if _MEASURED_TEXTS and prov is not None and prov.measurement and len(text) > 1:
-        texts = _MEASURED_TEXTS[-1]
+    if _MEASURED and prov is not None and prov.measurement and len(text) > 1:
+        texts = _MEASURED[-1].texts
         if len(texts) < MAX_MEASURED_TEXTS:
             texts.setdefault(text, (prov.kind, prov.source))
     return text
+
+
+def _noted_value(value: float, prov: Provenance | None) -> None:
+    """Note a measurement's float ``value`` made during the run (see :class:`MeasuredForms`)."""
+    if _MEASURED and prov is not None and prov.measurement:
+        values = _MEASURED[-1].values
+        if len(values) < MAX_MEASURED_VALUES and math.isfinite(value):
+            values.setdefault(float(value), (prov.kind, prov.source))
 
 
 def source_dtype(value: Any) -> torch.dtype | None:
@@ -467,6 +497,7 @@ class TaggedFloat(_TaggedNumber, float):
             return float(value)
         self = float.__new__(cls, value)
         self.provenance = provenance
+        _noted_value(self, provenance)
         return self
 
     def __repr__(self) -> str:
@@ -522,6 +553,8 @@ def _tagged_numpy_scalar(base: type) -> type:
         # always an instance of cls: NumPy writes the value into what __new__ returns
         self = base.__new__(cls, value)  # type: ignore[call-overload]
         self.provenance = provenance
+        if isinstance(self, numpy.floating):
+            _noted_value(float(self.item()), provenance)
         return self
 
     def round(self: Any, decimals: int = 0, out: Any = None) -> Any:
@@ -1260,15 +1293,15 @@ def _summary_patches() -> list[tuple[Any, dict[str, Any]]]:
 
 
 @contextlib.contextmanager
-def tracked(cuda: Any) -> Iterator[dict[str, tuple[str, str]]]:
+def tracked(cuda: Any) -> Iterator[MeasuredForms]:
     """For the body: timers and ``cuda``'s statistics hand out tagged values.
 
     ``cuda`` is what ``torch.cuda`` resolves to during the run (the run's shim, or the real module
     on a CUDA backend). Everything is put back on exit. Tensor scalars are tagged by the run's
     torch function mode, through :func:`materialise`.
 
-    Yields the texts the body makes of its measurements (``f"{ms:.1f}"``, ``str(dt)``, a profile's
-    table), ``{text: (kind, source)}``, filled as it runs (the first :data:`MAX_MEASURED_TEXTS`).
+    Yields what the body makes of its measurements that no longer carries their provenance (the
+    texts and the float values: :class:`MeasuredForms`), filled as it runs.
     """
     from torch.autograd.profiler_util import EventList, Interval
 
@@ -1300,17 +1333,17 @@ def tracked(cuda: Any) -> Iterator[dict[str, tuple[str, str]]]:
                 {name: _preallocated(getattr(numpy, name)) for name in _PREALLOCATING}
             )
             stack.enter_context(patched_attributes(numpy, constructors))
-        texts: dict[str, tuple[str, str]] = {}
-        _MEASURED_TEXTS.append(texts)
-        stack.callback(_forget_texts, texts)
-        yield texts
+        forms = MeasuredForms()
+        _MEASURED.append(forms)
+        stack.callback(_forget_forms, forms)
+        yield forms
 
 
-def _forget_texts(texts: dict[str, tuple[str, str]]) -> None:
-    """Stop noting into ``texts`` (by identity: another run's may be equal to it)."""
-    for i, each in enumerate(_MEASURED_TEXTS):
-        if each is texts:
-            del _MEASURED_TEXTS[i]
+def _forget_forms(forms: MeasuredForms) -> None:
+    """Stop noting into ``forms`` (by identity: another run's may be equal to it)."""
+    for i, each in enumerate(_MEASURED):
+        if each is forms:
+            del _MEASURED[i]
             return
 
 

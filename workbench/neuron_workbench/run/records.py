@@ -256,6 +256,9 @@ class RunFacts:
         The texts the run made of its measurements (``f"{ms:.1f}"``, ``str(dt)``, a profile's
         table), each with its measurement's kind and source (the first 256): a log line the cell
         builds from a timing differs between runs of the same code.
+    measured_values : dict of float to (str, str)
+        The float values of the run's measurements, each with its kind and source (the first
+        4096): a plain ``float(np.median(times))`` or a pandas column of timings holds them.
     """
 
     random_ops: dict[str, int] = field(default_factory=dict)
@@ -274,6 +277,7 @@ class RunFacts:
     shared_host: bool = False
     temp_names: list[str] = field(default_factory=list)
     measured_texts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    measured_values: dict[float, tuple[str, str]] = field(default_factory=dict)
 
     def note_draw(self, name: str, fingerprint: tuple[Any, ...]) -> None:
         """Remember one device draw (bounded: the first :data:`MAX_DRAWS`)."""
@@ -299,6 +303,7 @@ class RunFacts:
             "shared_host": self.shared_host,
             "temp_names": list(self.temp_names),
             "measured_texts": [[text, *kept] for text, kept in self.measured_texts.items()],
+            "measured_values": [[value, *kept] for value, kept in self.measured_values.items()],
         }
 
 

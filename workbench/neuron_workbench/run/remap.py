@@ -1114,13 +1114,15 @@ def cuda_remapped_to(
     if target == "cuda":
         if rng_on_cpu:
             with (
-                tracked(torch.cuda) as facts.measured_texts,
+                tracked(torch.cuda) as forms,
                 warnings_at_callers_line(),
                 _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True, writes=writes),
             ):
+                facts.measured_texts, facts.measured_values = forms.texts, forms.values
                 yield facts
         else:
-            with tracked(torch.cuda) as facts.measured_texts:
+            with tracked(torch.cuda) as forms:
+                facts.measured_texts, facts.measured_values = forms.texts, forms.values
                 yield facts
         return
     if target != "cpu":
@@ -1153,7 +1155,8 @@ def cuda_remapped_to(
             )
         )
         # timers, statistics, tensor scalars keep provenance
-        facts.measured_texts = stack.enter_context(tracked(shim))
+        forms = stack.enter_context(tracked(shim))
+        facts.measured_texts, facts.measured_values = forms.texts, forms.values
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
         stack.enter_context(patched_attributes(_REAL_NVTX, _NVTX_FUNCTIONS))
