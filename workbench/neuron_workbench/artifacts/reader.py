@@ -396,16 +396,17 @@ def _restore_optional_fields(run: Run, data: dict[str, Any]) -> None:
                     for v in value
                 )
                 value = {text: (kind, source) for text, kind, source in value} if fits else value
-            elif item.name == "measured_values":  # [value, kind, source] each
+            elif item.name == "measured_values":  # [kind, source, [value, ...]] each
                 fits = isinstance(value, list) and all(
                     isinstance(v, list)
                     and len(v) == 3
-                    and isinstance(v[0], int | float)
-                    and not isinstance(v[0], bool)
-                    and all(isinstance(s, str) for s in v[1:])
+                    and all(isinstance(s, str) for s in v[:2])
+                    and isinstance(v[2], list)
+                    and all(isinstance(n, int | float) and not isinstance(n, bool) for n in v[2])
                     for v in value
                 )
-                value = {float(v): (kind, source) for v, kind, source in value} if fits else value
+                if fits:
+                    value = {float(n): (kind, source) for kind, source, ns in value for n in ns}
             else:
                 fits = item.name in facts and _like(value, getattr(current, item.name))
             if fits:

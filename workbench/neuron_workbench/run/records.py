@@ -303,7 +303,11 @@ class RunFacts:
             "shared_host": self.shared_host,
             "temp_names": list(self.temp_names),
             "measured_texts": [[text, *kept] for text, kept in self.measured_texts.items()],
-            "measured_values": [[value, *kept] for value, kept in self.measured_values.items()],
+            # grouped by source: a timing loop measures thousands of values from one or two
+            "measured_values": [
+                [*kept, [value for value, each in self.measured_values.items() if each == kept]]
+                for kept in dict.fromkeys(self.measured_values.values())
+            ],
         }
 
 
