@@ -1363,6 +1363,32 @@ def test_cuda_helpers_of_training_scripts_run_in_both_runs(ip):
     )
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_the_memory_submodule_answers_as_torch_cuda_does(ip, target):
+    # torch.cuda.memory.memory_allocated() is torch.cuda.memory_allocated() on a GPU: it reached
+    # the real submodule, which answered 0 in both runs (compared, and matched, as if measured),
+    # and its memory_stats() raised "Torch not compiled with CUDA enabled".
+    run_cell(ip, "import torch\nw = torch.randn(64, 64)")
+    report = _passed(
+        ip,
+        "x = w.cuda()\n"
+        "used = torch.cuda.memory.memory_allocated()\n"
+        "peak = torch.cuda.memory.max_memory_allocated()\n"
+        "stats = torch.cuda.memory.memory_stats()\n"
+        "torch.cuda.memory.reset_peak_memory_stats()\n"
+        "torch.cuda.memory.empty_cache()\n"
+        "same = used == torch.cuda.memory_allocated()",
+        target,
+    )
+    for run in (report.ref, report.target):
+        assert run.outputs["used"] >= 64 * 64 * 4, run.outputs["used"]
+        assert run.outputs["stats"]["allocated_bytes.all.current"] == run.outputs["used"]
+        assert run.outputs["same"] is True
+    # figures of the run's memory: shown, never compared
+    measured = {m.path for m in report.comparison.measurements}
+    assert {"used", "peak"} <= measured, measured
+
+
 @pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):

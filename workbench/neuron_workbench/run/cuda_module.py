@@ -1,9 +1,9 @@
 """What ``torch.cuda`` resolves to while a run remaps CUDA onto another backend.
 
 The shims forward ``torch.cuda``'s helpers that CUDA notebooks call (availability, synchronize,
-seeding and random state, also on ``torch.cuda.random``, memory statistics, device properties,
-events, the ``device`` context, NVTX annotations) to the run's backend; everything else still comes
-from the real module.
+seeding and random state, also on ``torch.cuda.random``, memory statistics, also on
+``torch.cuda.memory``, device properties, events, the ``device`` context, NVTX annotations) to the
+run's backend; everything else still comes from the real module.
 
 Memory statistics come from the backend (an emulated device's accounting, a real device's
 allocator) or, for the host CPU standing in for cuda, from the run's own accounting of the tensor
@@ -522,8 +522,31 @@ class CudaModuleShim(types.ModuleType):
         super().__init__(real.__name__, real.__doc__)
         self.__dict__.update(shims)
         self._real = real
+        memory = vars(real).get("memory")
+        if isinstance(memory, types.ModuleType) and "memory" not in shims:
+            self.memory = CudaSubmoduleShim(memory, self)
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class CudaSubmoduleShim(types.ModuleType):
+    """A submodule of ``torch.cuda`` during a run (``torch.cuda.memory``): the run's answers.
+
+    On a GPU ``torch.cuda.memory.memory_allocated`` is ``torch.cuda.memory_allocated``; the real
+    submodule's answered 0 (or asked for a CUDA build) where the run's ``torch.cuda`` counts. A
+    name both have is read from ``parent`` at each access, so what the run wraps there (the
+    measurement tags) holds here too; the rest comes from the real submodule.
+    """
+
+    def __init__(self, real: types.ModuleType, parent: CudaModuleShim) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self._real = real
+        self._parent = parent
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_") and name in vars(self._parent) and hasattr(self._real, name):
+            return getattr(self._parent, name)
         return getattr(self._real, name)
 
 
