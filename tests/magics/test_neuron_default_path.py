@@ -1389,6 +1389,50 @@ def test_the_memory_submodule_answers_as_torch_cuda_does(ip, target):
     assert {"used", "peak"} <= measured, measured
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_cuda_functions_imported_by_name_are_the_runs(ip, target):
+    # `from torch.cuda import synchronize` (at the notebook's top or in the cell) bound the real
+    # function: it raised "Torch not compiled with CUDA enabled" in both runs (so did Event and
+    # FloatTensor), and a manual_seed_all imported so queued its seed for a CUDA that never
+    # starts (nothing seeded).
+    run_cell(
+        ip,
+        "import torch\n"
+        "from torch.cuda import synchronize, manual_seed_all, FloatTensor\n"
+        "w = torch.randn(64, 64)",
+    )
+    real_synchronize = ip.user_ns["synchronize"]
+    _passed(
+        ip,
+        "from torch.cuda import empty_cache, memory_allocated as used_by\n"
+        "from torch.cuda.memory import max_memory_allocated\n"
+        "from torch.cuda.random import get_rng_state\n"
+        "from torch.cuda import Event\n"
+        "x = w.cuda()\n"
+        "ones = FloatTensor(2).fill_(1.0)\n"
+        "timed = Event(enable_timing=True)\n"
+        "synchronize()\n"
+        "empty_cache()\n"
+        "used = used_by()\n"
+        "peak = max_memory_allocated()\n"
+        "manual_seed_all(7)\n"
+        "a = torch.randn(3, device='cuda')\n"
+        "state = get_rng_state()\n"
+        "manual_seed_all(7)\n"
+        "b = torch.randn(3, device='cuda')\n"
+        "y = x * 2",
+        target,
+    )
+    assert torch.equal(ip.user_ns["a"], ip.user_ns["b"])  # seeded, as on a GPU
+    assert ip.user_ns["used"] >= 64 * 64 * 4  # x, as the run counts it
+    # the notebook keeps torch's own functions, under the names it gave them
+    assert ip.user_ns["synchronize"] is real_synchronize is torch.cuda.synchronize
+    assert ip.user_ns["empty_cache"] is torch.cuda.empty_cache
+    assert ip.user_ns["used_by"] is torch.cuda.memory_allocated
+    assert ip.user_ns["Event"] is torch.cuda.Event
+    assert ip.user_ns["FloatTensor"] is torch.cuda.FloatTensor
+
+
 @pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):

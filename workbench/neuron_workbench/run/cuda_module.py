@@ -15,6 +15,7 @@ Ampere GPU, whose TF32 behaviour the cpu reference imitates), or ``NEURON_WORKBE
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import itertools
@@ -633,3 +634,152 @@ def device_modules_as_cuda(
 
 #: Packages whose calls to ``torch.accelerator`` get the process's own answers during a run.
 _KEEP_THE_PROCESS_ANSWERS = frozenset({"torch", "neuron_workbench"})
+
+
+#: The ``torch.cuda`` modules a cell imports names from, and the run's stand-in attribute for
+#: each (``None``: the shim itself).
+_IMPORTED_FROM = {"torch.cuda": None, "torch.cuda.memory": "memory", "torch.cuda.random": "random"}
+
+
+class _RunsNames:
+    """What a name bound to one of ``torch.cuda``'s own objects means during one run, and after.
+
+    A function becomes a wrapper of its own (one of the run's functions may answer for several
+    names: ``ipc_collect`` and ``empty_cache``) that calls the run's function of that name, so
+    what the run wraps there (the measurement tags) holds, and that knows torch's function to
+    give back. Anything else (``Event``, ``FloatTensor``) is the run's, and torch's own afterwards.
+    """
+
+    def __init__(self, shim: CudaModuleShim) -> None:
+        self.shim = shim
+        real = vars(shim._real)
+        #: the names whose torch.cuda object the run answers for with another
+        self.names = [
+            name
+            for name, own in vars(shim).items()
+            if not name.startswith("_") and name in real and real[name] is not own
+        ]
+        # by id; submodules are left out (torch.cuda.nvtx has its functions answered where they
+        # are): a name the notebook bound to one stays that module
+        self.replaced: dict[int, tuple[Any, str]] = {
+            id(real[name]): (real[name], name)
+            for name in self.names
+            if not isinstance(real[name], types.ModuleType)
+        }
+        self.wrappers: dict[int, tuple[Any, Any]] = {}
+
+    def of(self, value: Any) -> Any:
+        """The run's meaning of ``value``, or ``value`` itself when it is none of torch.cuda's."""
+        found = self.replaced.get(id(value))
+        if found is None or found[0] is not value:
+            return value
+        original, name = found
+        if not isinstance(original, types.FunctionType):
+            return getattr(self.shim, name)
+        shim = self.shim
+
+        @functools.wraps(original)
+        def runs(*args: Any, **kwargs: Any) -> Any:
+            return getattr(shim, name)(*args, **kwargs)
+
+        self.wrappers[id(runs)] = (runs, original)
+        return runs
+
+    def given_back(self) -> dict[int, tuple[Any, Any]]:
+        """By ``id``: each object of the run's a name may hold now, and torch's own for it."""
+        real = vars(self.shim._real)
+        back = dict(self.wrappers)
+        for name in self.names:
+            # a function's name holds a wrapper; the run's own function may be torch's
+            # (torch.seed answers for torch.cuda.seed), which the notebook keeps
+            if not isinstance(real[name], types.FunctionType):
+                own = getattr(self.shim, name)
+                back[id(own)] = (own, real[name])
+        return back
+
+
+class _ImportedFrom(types.ModuleType):
+    """What ``from torch.cuda import name`` reads during a run: the run's meaning of each name.
+
+    ``real`` is the module imported from, ``runs`` the run's stand-in for it (the shim, or its
+    submodule), which answers for the names that are not torch.cuda's own replaced objects.
+    """
+
+    def __init__(self, real: types.ModuleType, runs: Any, names: _RunsNames) -> None:
+        super().__init__(real.__name__, real.__doc__)
+        self._real = real
+        self._runs = runs
+        self._names = names
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._real, name)
+        meant = self._names.of(value)
+        return meant if meant is not value else getattr(self._runs, name)
+
+
+@contextlib.contextmanager
+def cuda_names_in(namespace: dict[str, Any]) -> Iterator[None]:
+    """For the body: names bound to ``torch.cuda``'s functions answer as the run's.
+
+    Only the ``torch`` package's ``torch.cuda`` attribute is the run's (:class:`CudaModuleShim`),
+    so ``from torch.cuda import synchronize``, at the notebook's top or in the cell, bound the real
+    function, which asks for a CUDA build (``manual_seed_all`` queued its seed for a CUDA that
+    never starts). The namespace's names for them answer as the run's for the body, and a ``from
+    torch.cuda… import`` in the cell's code reads the run's meanings; afterwards each name still
+    bound to one of them gets torch's own object back (the notebook's, as on a GPU). Nothing
+    changes where ``torch.cuda`` is itself (a CUDA backend).
+    """
+    shim = torch.cuda
+    if not isinstance(shim, CudaModuleShim):
+        yield
+        return
+    names = _RunsNames(shim)
+    for key, value in list(namespace.items()):
+        meant = names.of(value)
+        if meant is not value:
+            namespace[key] = meant
+    try:
+        with _imports_from_the_run(names):
+            yield
+    finally:
+        back = names.given_back()
+        for key, value in list(namespace.items()):
+            found = back.get(id(value))
+            if found is not None and found[0] is value:
+                namespace[key] = found[1]
+
+
+@contextlib.contextmanager
+def _imports_from_the_run(names: _RunsNames) -> Iterator[None]:
+    """For the body: ``from torch.cuda import name`` outside torch and the workbench is the run's.
+
+    The statement reads ``sys.modules["torch.cuda"]``, which stays the real module (torch's own
+    code looks functions up there); the cell's statement is given the run's meanings instead.
+    """
+    real_import = builtins.__import__
+    modules = {
+        name: _ImportedFrom(
+            sys.modules[name], names.shim if part is None else getattr(names.shim, part), names
+        )
+        for name, part in _IMPORTED_FROM.items()
+    }
+
+    def __import__(  # noqa: N807 (the builtin's name)
+        name: str,
+        globals: dict[str, Any] | None = None,  # noqa: A002 (the builtin's signature)
+        locals: Any = None,  # noqa: A002
+        fromlist: Any = (),
+        level: int = 0,
+    ) -> Any:
+        module = real_import(name, globals, locals, fromlist, level)
+        if fromlist and not level and name in modules:
+            importer = (globals or {}).get("__name__") or ""
+            if importer.partition(".")[0] not in _KEEP_THE_PROCESS_ANSWERS:
+                return modules[name]
+        return module
+
+    builtins.__import__ = __import__
+    try:
+        yield
+    finally:
+        builtins.__import__ = real_import

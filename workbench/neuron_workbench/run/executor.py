@@ -30,6 +30,7 @@ from neuron_workbench.run import logging_setup
 from neuron_workbench.run.cell import CellProgram, referenced_names
 from neuron_workbench.run.compile_on_host import inductor_on_the_host
 from neuron_workbench.run.compiled_frames import compiled_global
+from neuron_workbench.run.cuda_module import cuda_names_in
 from neuron_workbench.run.cuda_on_host import CudaOnHost, may_enable_tf32
 from neuron_workbench.run.file_writes import (
     kept_apart_note,
@@ -761,6 +762,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
             )
             stack.enter_context(timers_named_in(ns))  # `from timeit import default_timer`
             stack.enter_context(uuids_drawn_from(spec.entropy, ns))  # run_id = uuid.uuid4().hex
+            stack.enter_context(cuda_names_in(ns))  # `from torch.cuda import synchronize`
             if host is not None:
                 stack.enter_context(inductor_on_the_host())
             observed = {
