@@ -1549,6 +1549,25 @@ def test_a_prefetching_loader_on_a_side_stream_runs(ip, target):
     assert torch.equal(ip.user_ns["y"], ip.user_ns["X"] * 2)
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_stream_context_runs_and_the_current_stream_is_on_the_device(ip, target):
+    # The emulated device's current (default) stream was made before the device was named: its
+    # device was None, so torch.cuda.StreamContext(side) compared it with the side stream's and
+    # raised "Expected a cuda device, but got: neuron:0" on the target alone.
+    run_cell(ip, "import torch\nX = torch.randn(4, 8)")
+    report = _passed(
+        ip,
+        "side = torch.cuda.Stream()\n"
+        "with torch.cuda.StreamContext(side):\n"
+        "    y = X.cuda() * 2\n"
+        "where = str(torch.cuda.current_stream().device)\n"
+        "default_where = str(torch.cuda.default_stream().device)",
+        target,
+    )
+    assert report.target.outputs["where"] == f"{target}:0"
+    assert report.target.outputs["default_where"] == f"{target}:0"
+
+
 def test_only_the_kept_run_writes_through_the_cells_open_and_rotates_files(ip):
     # A notebook cell's open() is IPython's wrapper, not builtins.open; and --compile-check reruns
     # the cell in the kernel after the kept run, where rotating a checkpoint moved the kept one.

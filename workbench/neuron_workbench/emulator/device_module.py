@@ -156,7 +156,11 @@ class Stream(SynchronousStream):
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         super().__init__(device, priority)
-        self.device = _core.DEVICE
+
+    @property
+    def device(self) -> Any:
+        """The emulated device (read when asked: the default stream is made before it is named)."""
+        return _core.DEVICE
 
 
 class Event:
