@@ -1433,6 +1433,27 @@ def test_cuda_functions_imported_by_name_are_the_runs(ip, target):
     assert ip.user_ns["FloatTensor"] is torch.cuda.FloatTensor
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_seed_drawn_from_the_system_is_the_same_in_both_runs(ip, target):
+    # torch.seed() / torch.cuda.seed() seed from the OS's entropy: each run drew its own, and every
+    # draw after it differed, with a hint that --rng cpu would help (it drew other seeds too).
+    run_cell(ip, "import torch")
+    report = _passed(
+        ip,
+        "first = torch.seed()\n"
+        "x = torch.randn(3, device='cuda')\n"
+        "torch.cuda.seed()\n"
+        "y = torch.rand(2, device='cuda')\n"
+        "torch.cuda.seed_all()\n"
+        "z = torch.rand(2, device='cuda')\n"
+        "second = torch.initial_seed()",
+        target,
+    )
+    ref = report.ref.outputs
+    assert ref["first"] != ref["second"]  # a new seed each time, as the OS's are
+    assert not torch.equal(ip.user_ns["y"], ip.user_ns["z"])
+
+
 @pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):

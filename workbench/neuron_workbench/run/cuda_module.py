@@ -18,9 +18,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import hashlib
 import itertools
 import numbers
 import os
+import random
 import sys
 import threading
 import time
@@ -457,12 +459,14 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         for new_state in new_states:  # one device: the one state a one-GPU machine saved
             set_rng_state(new_state)
 
+    seed = system_seeds_alike()
+
     # The seeding and random state functions, on torch.cuda and on torch.cuda.random.
     random_state = {
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
-        "seed": torch.seed,
-        "seed_all": torch.seed,
+        "seed": seed,
+        "seed_all": seed,
         "initial_seed": torch.initial_seed,
         "get_rng_state": lambda device="cuda": torch.get_rng_state(),
         "set_rng_state": set_rng_state,
@@ -509,6 +513,27 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "is_bf16_supported": lambda *args, **kwargs: True,
         "Event": HostEvent,
     }
+
+
+def system_seeds_alike() -> Callable[[], int]:
+    """``torch.seed()`` for one run: a new seed each call, the same in both runs.
+
+    torch draws it from the operating system's entropy, so each run seeded its generators apart
+    and every draw after differed, where the port changed nothing. Here the ``n``-th call of a run
+    takes a hash of Python's ``random`` state (both runs start from the notebook's; it is left as
+    it is) and ``n``, and seeds every generator with it as ``torch.seed()`` does.
+    """
+    calls = itertools.count()
+
+    def seed() -> int:
+        state = repr((random.getstate(), next(calls))).encode()
+        drawn = int.from_bytes(hashlib.blake2b(state, digest_size=8).digest(), "little")
+        drawn &= (1 << 63) - 1  # torch.seed()'s are below 2**63 too
+        torch.manual_seed(drawn)
+        return drawn
+
+    seed.__doc__ = torch.seed.__doc__
+    return seed
 
 
 class CudaModuleShim(types.ModuleType):

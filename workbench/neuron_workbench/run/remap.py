@@ -1136,6 +1136,7 @@ def cuda_remapped_to(
         shim = CudaModuleShim(torch.cuda, cuda_module_shims(backend, host))
         # torch.save writes the numbers the run made from tensors as plain ones
         replaced: dict[str, Any] = {"cuda": shim, "save": _saving_plain_numbers(torch.save)}
+        replaced["seed"] = shim.seed  # the system's seed, drawn alike in both runs
         restored_on_cuda: set[int] | None = None  # storages torch.load restored from cuda
         if host is not None:
             restored_on_cuda = set()
