@@ -1433,6 +1433,20 @@ def test_cuda_functions_imported_by_name_are_the_runs(ip, target):
     assert ip.user_ns["FloatTensor"] is torch.cuda.FloatTensor
 
 
+def test_tf32_support_is_the_stand_in_gpus(ip):
+    # The stand-ins report an Ampere GPU (compute capability 8.0), which has TF32; torch's
+    # is_tf32_supported() asked the real module (no CUDA build) and answered False in both runs,
+    # so a cell enabling TF32 where it is supported left the reference computing without it.
+    run_cell(ip, "import torch")
+    report = _passed(
+        ip,
+        "tf32 = torch.cuda.is_tf32_supported()\n"
+        "bf16 = torch.cuda.is_bf16_supported(including_emulation=False)",
+    )
+    assert report.ref.outputs["tf32"] is True
+    assert report.target.outputs["tf32"] is True
+
+
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_a_seed_drawn_from_the_system_is_the_same_in_both_runs(ip, target):
     # torch.seed() / torch.cuda.seed() seed from the OS's entropy: each run drew its own, and every

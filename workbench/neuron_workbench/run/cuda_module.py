@@ -511,6 +511,8 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         "get_device_properties": get_device_properties,
         "get_device_capability": get_device_capability,
         "is_bf16_supported": lambda *args, **kwargs: True,
+        # torch's asks its own is_bf16_supported, without CUDA False: an Ampere or newer GPU's
+        "is_tf32_supported": lambda: stand_in_capability() >= (8, 0),
         "Event": HostEvent,
     }
 
