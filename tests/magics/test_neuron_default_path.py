@@ -1389,6 +1389,22 @@ def test_the_memory_submodule_answers_as_torch_cuda_does(ip, target):
     assert {"used", "peak"} <= measured, measured
 
 
+def test_a_memory_statistic_under_another_name_is_counted_on_the_reference(ip):
+    # `from torch.cuda import max_memory_allocated as peak_bytes`: the cell names no statistic,
+    # so the reference kept no accounting and showed 0 bytes where the target showed its figure.
+    run_cell(
+        ip,
+        "import torch\n"
+        "from torch.cuda import max_memory_allocated as peak_bytes\n"
+        "def report():\n"
+        "    return peak_bytes()\n"
+        "w = torch.randn(64, 64)",
+    )
+    report = _passed(ip, "x = w.cuda()\npeak = peak_bytes()\nseen = report()")
+    assert report.ref.outputs["peak"] >= 64 * 64 * 4
+    assert report.ref.outputs["seen"] >= 64 * 64 * 4
+
+
 @pytest.mark.parametrize("target", ["neuron", "tpu"])
 def test_cuda_functions_imported_by_name_are_the_runs(ip, target):
     # `from torch.cuda import synchronize` (at the notebook's top or in the cell) bound the real

@@ -1491,7 +1491,25 @@ def reads_memory_statistics(program: Any, namespace: Any) -> bool:
     if any(name in program.source for name in MEMORY_STATISTICS):
         return True
     for name in referenced_names(program, namespace):
-        for func in _user_functions(namespace.get(name), namespace):
-            if MEMORY_STATISTICS.intersection(_code_names(func.__code__)):
+        value = namespace.get(name)
+        if _memory_statistic(value):
+            return True
+        for func in _user_functions(value, namespace):
+            names = set(_code_names(func.__code__))
+            if MEMORY_STATISTICS.intersection(names) or any(
+                _memory_statistic(namespace.get(read)) for read in names
+            ):
                 return True
     return False
+
+
+def _memory_statistic(value: Any) -> bool:
+    """Whether ``value`` is one of ``torch.cuda``'s memory statistics, under whatever name.
+
+    ``from torch.cuda import max_memory_allocated as peak_bytes``: the cell names no statistic.
+    """
+    return (
+        type(value) is types.FunctionType
+        and value.__name__ in MEMORY_STATISTICS
+        and (value.__module__ or "").startswith("torch.cuda")
+    )
