@@ -1389,6 +1389,27 @@ def test_the_memory_submodule_answers_as_torch_cuda_does(ip, target):
     assert {"used", "peak"} <= measured, measured
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_a_cuda_profiler_capture_range_runs_in_both_runs(ip, target):
+    # Nsight Systems' capture range (nsys --capture-range=cudaProfilerApi): torch.cuda.profiler's
+    # start/stop/profile raised "Torch not compiled with CUDA enabled" in both runs, where a GPU
+    # with no profiler attached runs them as nothing.
+    run_cell(ip, "import torch\nimport torch.cuda.profiler as nsys\nX = torch.randn(4, 8)")
+    _passed(
+        ip,
+        "torch.cuda.profiler.start()\n"
+        "y = X.cuda() * 2\n"
+        "torch.cuda.profiler.stop()\n"
+        "with nsys.profile():\n"
+        "    z = y + 1\n"
+        "from torch.cuda.profiler import start, stop\n"
+        "start()\n"
+        "stop()",
+        target,
+    )
+    assert torch.equal(ip.user_ns["z"], ip.user_ns["X"] * 2 + 1)
+
+
 def test_a_memory_statistic_under_another_name_is_counted_on_the_reference(ip):
     # `from torch.cuda import max_memory_allocated as peak_bytes`: the cell names no statistic,
     # so the reference kept no accounting and showed 0 bytes where the target showed its figure.

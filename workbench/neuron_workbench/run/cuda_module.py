@@ -180,6 +180,30 @@ class NvtxRanges:
 NVTX = NvtxRanges()
 
 
+def profiler_start() -> None:
+    """``torch.cuda.profiler.start()`` in a run: no CUDA profiler is attached to mark a range for."""
+
+
+def profiler_stop() -> None:
+    """``torch.cuda.profiler.stop()`` in a run: the end of a range that nothing records."""
+
+
+@contextlib.contextmanager
+def profiler_range() -> Iterator[None]:
+    """``torch.cuda.profiler.profile()`` in a run: a range that nothing records."""
+    yield
+
+
+#: ``torch.cuda.profiler``'s functions as every run answers them. They mark the capture range of a
+#: CUDA profiler attached to the process (Nsight Systems' ``--capture-range=cudaProfilerApi``); a
+#: GPU without one runs them as nothing, and so does a run (torch's ask for a CUDA build).
+CUDA_PROFILER_FUNCTIONS = {
+    "start": profiler_start,
+    "stop": profiler_stop,
+    "profile": profiler_range,
+}
+
+
 class LegacyCudaType(type):
     """``torch.cuda.FloatTensor`` and its kin during a run: the legacy typed constructors.
 

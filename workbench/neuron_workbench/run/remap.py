@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import re
 import sys
@@ -53,6 +54,7 @@ from neuron_workbench.run.compiled_frames import (
     keep_dynamo_out_of_the_workbench,
 )
 from neuron_workbench.run.cuda_module import (
+    CUDA_PROFILER_FUNCTIONS,
     NVTX,
     AcceleratorShim,
     CudaModuleShim,
@@ -939,6 +941,7 @@ def _autocast_exit(original: Callable[..., Any]) -> Callable[..., Any]:
 #: The real ``torch.cuda.nvtx`` module (during a run ``torch.cuda.nvtx`` is the stand-in), and its
 #: functions as the run's stand-in answers them.
 _REAL_NVTX = sys.modules["torch.cuda.nvtx"]
+_REAL_CUDA_PROFILER = importlib.import_module("torch.cuda.profiler")
 _NVTX_FUNCTIONS = {
     name: getattr(NVTX, name)
     for name in ("range_push", "range_pop", "range_start", "range_end", "mark", "range")
@@ -1161,6 +1164,8 @@ def cuda_remapped_to(
         # `from torch.cuda import nvtx` (in the cell or at the notebook's top) reaches the real
         # module, not the shim's attribute: its functions answer for NVTX during the run.
         stack.enter_context(patched_attributes(_REAL_NVTX, _NVTX_FUNCTIONS))
+        # so does `import torch.cuda.profiler`: its capture range marks nothing in a run
+        stack.enter_context(patched_attributes(_REAL_CUDA_PROFILER, CUDA_PROFILER_FUNCTIONS))
         stack.enter_context(
             patched_attributes(
                 autocast_cls,
