@@ -1410,6 +1410,32 @@ def test_a_cuda_profiler_capture_range_runs_in_both_runs(ip, target):
     assert torch.equal(ip.user_ns["z"], ip.user_ns["X"] * 2 + 1)
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_autograd_nvtx_annotations_run_in_both_runs(ip, target):
+    # `with torch.autograd.profiler.emit_nvtx():` (what nsys profiles of a training step use)
+    # raised "Can't use NVTX profiler - PyTorch was compiled without CUDA" in both runs.
+    run_cell(ip, "import torch\nX = torch.randn(4, 8)")
+    _passed(
+        ip,
+        "w = torch.ones(8, device='cuda', requires_grad=True)\n"
+        "with torch.autograd.profiler.emit_nvtx(record_shapes=True):\n"
+        "    loss = (X.cuda() * w).square().mean()\n"
+        "    loss.backward()\n"
+        "with torch.autograd.profiler.emit_nvtx(enabled=False):\n"
+        "    out = X.cuda() * 2",
+        target,
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "with torch.autograd.profiler.emit_nvtx() as annotating:\n"
+        "    with annotating:\n"
+        "        pass",
+    )
+    # entered again, it refuses as torch's does
+    assert _report(ip).ref.error.message == "NVTX annotation context manager is not reentrant"
+
+
 def test_a_memory_statistic_under_another_name_is_counted_on_the_reference(ip):
     # `from torch.cuda import max_memory_allocated as peak_bytes`: the cell names no statistic,
     # so the reference kept no accounting and showed 0 bytes where the target showed its figure.

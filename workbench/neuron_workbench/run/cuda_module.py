@@ -194,6 +194,25 @@ def profiler_range() -> Iterator[None]:
     yield
 
 
+def _nvtx_annotations_enter(self: Any) -> Any:
+    # torch.autograd.profiler.emit_nvtx's __enter__, less the NVTX profiler torch has only with CUDA
+    if not self.enabled:
+        return None
+    if self.entered:
+        raise RuntimeError("NVTX annotation context manager is not reentrant")
+    self.entered = True
+    return self
+
+
+def _nvtx_annotations_exit(self: Any, *exc: Any) -> bool | None:
+    return False if self.enabled else None
+
+
+#: ``torch.autograd.profiler.emit_nvtx``'s methods in every run: it annotates each op with an NVTX
+#: range for a CUDA profiler attached to the process, which a run has none of (as ``NVTX``).
+EMIT_NVTX_METHODS = {"__enter__": _nvtx_annotations_enter, "__exit__": _nvtx_annotations_exit}
+
+
 #: ``torch.cuda.profiler``'s functions as every run answers them. They mark the capture range of a
 #: CUDA profiler attached to the process (Nsight Systems' ``--capture-range=cudaProfilerApi``); a
 #: GPU without one runs them as nothing, and so does a run (torch's ask for a CUDA build).

@@ -55,6 +55,7 @@ from neuron_workbench.run.compiled_frames import (
 )
 from neuron_workbench.run.cuda_module import (
     CUDA_PROFILER_FUNCTIONS,
+    EMIT_NVTX_METHODS,
     NVTX,
     AcceleratorShim,
     CudaModuleShim,
@@ -1166,6 +1167,8 @@ def cuda_remapped_to(
         stack.enter_context(patched_attributes(_REAL_NVTX, _NVTX_FUNCTIONS))
         # so does `import torch.cuda.profiler`: its capture range marks nothing in a run
         stack.enter_context(patched_attributes(_REAL_CUDA_PROFILER, CUDA_PROFILER_FUNCTIONS))
+        emit_nvtx = torch.autograd.profiler.emit_nvtx
+        stack.enter_context(patched_attributes(emit_nvtx, EMIT_NVTX_METHODS))
         stack.enter_context(
             patched_attributes(
                 autocast_cls,
