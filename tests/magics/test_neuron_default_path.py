@@ -1531,6 +1531,17 @@ def test_a_seed_drawn_from_the_system_is_the_same_in_both_runs(ip, target):
     assert not torch.equal(ip.user_ns["y"], ip.user_ns["z"])
 
 
+def test_a_printed_cuda_device_context_reads_as_torchs(ip):
+    # "How do I check if PyTorch is using the GPU?" prints torch.cuda.device(0): both runs printed
+    # <neuron_workbench.run.cuda_module.OneDevice object at 0x...>, the workbench's own class.
+    run_cell(ip, "import torch")
+    run_cell(ip, "%%neuron -o r\nprint(torch.cuda.device(0))\nshown = repr(torch.cuda.device(0))")
+    report = _report(ip)
+    for run in (report.ref, report.target):
+        assert run.stdout.startswith("<torch.cuda.device object at 0x"), run.stdout
+        assert "neuron_workbench" not in run.outputs["shown"]
+
+
 @pytest.mark.parametrize("where", ["project", "tempfile"])
 @pytest.mark.parametrize("keep", ["ref", "target"])
 def test_a_checkpoint_the_cell_saves_is_the_kept_runs(ip, keep, where):

@@ -102,6 +102,10 @@ class OneDevice:
     def __exit__(self, *exc: Any) -> bool:
         return False
 
+    def __repr__(self) -> str:
+        # what printing torch.cuda.device(0) shows on a GPU (the workbench's class is no news)
+        return f"<torch.cuda.device object at {id(self):#x}>"
+
 
 def _only_device(device: Any) -> None:
     # torch.cuda's answer for an index a one-GPU machine lacks (DataParallel(device_ids=[0, 1]))
