@@ -1436,6 +1436,24 @@ def test_autograd_nvtx_annotations_run_in_both_runs(ip, target):
     assert _report(ip).ref.error.message == "NVTX annotation context manager is not reentrant"
 
 
+@pytest.mark.parametrize("target", ["neuron", "tpu"])
+def test_the_allocator_counters_of_memory_stats_are_there(ip, target):
+    # DeepSpeed-Chat's training loop logs torch.cuda.memory_stats()["num_alloc_retries"]: a
+    # KeyError in both runs, where a GPU's statistics have it (and "num_ooms").
+    run_cell(ip, "import torch\nw = torch.randn(64, 64)")
+    report = _passed(
+        ip,
+        "x = w.cuda()\n"
+        "retries = torch.cuda.memory_stats()['num_alloc_retries']\n"
+        "ooms = torch.cuda.memory_stats()['num_ooms']",
+        target,
+    )
+    for run in (report.ref, report.target):
+        assert (run.outputs["retries"], run.outputs["ooms"]) == (0, 0)
+    measured = {m.path for m in report.comparison.measurements}
+    assert {"retries", "ooms"} <= measured, measured
+
+
 def test_a_memory_statistic_under_another_name_is_counted_on_the_reference(ip):
     # `from torch.cuda import max_memory_allocated as peak_bytes`: the cell names no statistic,
     # so the reference kept no accounting and showed 0 bytes where the target showed its figure.

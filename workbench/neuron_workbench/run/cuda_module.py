@@ -417,11 +417,21 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         # CUDA's flat keys, for the figures the run can answer (nothing is cached: reserved equals
         # allocated, as the emulated devices report it).
         current, peak = memory_allocated(), max_memory_allocated()
-        return {
+        stats = {
             f"{pool}_bytes.all.{which}": value
             for pool in ("active", "allocated", "reserved")
             for which, value in (("current", current), ("peak", peak))
         }
+        # the caching allocator's counters (a training loop logs num_alloc_retries): the device
+        # module's where it counts them (TorchNeuron's, an emulated device's), else none happened
+        own = getattr(device_module(), "memory_stats", None) if host is None else None
+        try:
+            counted = own() if callable(own) else {}
+        except Exception:  # a device module that cannot tell
+            counted = {}
+        for key in ("num_alloc_retries", "num_ooms"):
+            stats[key] = int(counted.get(key, 0) or 0)
+        return stats
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
         real = getattr(device_module(), "mem_get_info", None)
