@@ -155,3 +155,22 @@ def test_a_container_of_device_and_cpu_tensors_keeps_its_cpu_tensors_on_the_cpu(
     # and again, after the cell that read them
     report = _passed(nb, "host2 = results['n'] + torch.ones(3)\ndev2 = results['logits'] + lin(x)")
     assert on_accelerator(report.target.bindings["dev2"])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_frozen_model_of_an_earlier_cell_runs_on_the_device(nb):
+    # torch.jit.freeze folds the weights into the program as constants: made in one %%neuron cell
+    # and called in the next, it held the reference's CPU constants on the target, which raised
+    # "found at least two devices, neuron:0 and cpu" (ERROR) where a GPU's frozen model is there.
+    _passed(
+        nb,
+        "torch.manual_seed(0)\nnet = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU())\n"
+        "x = torch.randn(3, 8, device='cuda')\n"
+        "frozen = torch.jit.freeze(torch.jit.script(net.cuda().eval()))\ny0 = frozen(x)",
+    )
+    report = _passed(nb, "y = frozen(x)\nz = frozen(x * 2)")
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["y"] == statuses["z"] == "match", statuses
+    assert torch.equal(nb.user_ns["y"], nb.user_ns["y0"])
+    run_cell(nb, "host = frozen(x)")  # a plain cell, on the host standing in for cuda
+    assert torch.equal(nb.user_ns["host"], nb.user_ns["y0"])

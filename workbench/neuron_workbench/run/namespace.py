@@ -23,6 +23,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.quiet import warnings_ignored
+from neuron_workbench.run.device_origin import ORIGIN_ATTR
 from neuron_workbench.run.grad_scalers import (
     GRAD_SCALER,
     ScalerMidStep,
@@ -41,7 +42,11 @@ from neuron_workbench.run.notebook_handles import (
     progress_bar_class,
 )
 from neuron_workbench.run.random_state import RANDOM_MODULE_GENERATOR
-from neuron_workbench.run.torchscript import SCRIPT_MODULES, reduce_script_module
+from neuron_workbench.run.torchscript import (
+    SCRIPT_MODULES,
+    reduce_script_module,
+    script_constants,
+)
 from neuron_workbench.run.unversioned_writes import UnversionedWrites
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device, range)
@@ -594,8 +599,10 @@ def _deepcopy_script_module(value: Any, memo: dict[int, Any]) -> Any:
     clone: no leaves, and not the tensors the optimizer's copy holds, so a run's step changed
     nothing its model used.
     """
-    rebuild, (archive, tensors) = reduce_script_module(value)
-    return rebuild(archive, {path: _deepcopy(tensor, memo) for path, tensor in tensors.items()})
+    rebuild, (archive, tensors, *rest) = reduce_script_module(value)
+    return rebuild(
+        archive, {path: _deepcopy(tensor, memo) for path, tensor in tensors.items()}, *rest
+    )
 
 
 #: ``copy``'s own copiers of these exact types, copying what they hold with :func:`_deepcopy`.
@@ -1161,6 +1168,12 @@ def move_to_device(
             # Module.to's own walk, through the memo: a tensor sharing a parameter's storage (a
             # state_dict() the notebook keeps, a tied weight elsewhere) shares the moved one
             value._apply(lambda t: _device_view(t.detach(), device, memo))
+        if isinstance(value, SCRIPT_MODULES):
+            # a frozen module's weights are constants of its code, not parameters: they move in
+            # place as Module.to moves a parameter
+            for constant in script_constants(value):
+                if (force or on_accelerator(constant)) and constant.device != device:
+                    constant.data = _device_view(constant.detach(), device, memo)
         # Module.to leaves the tensors its class keeps as plain attributes (a KV cache): they move
         # where the cell had put them (mark_attribute_tensors)
         for module in _modules_of(value):
@@ -1302,10 +1315,6 @@ def _device_view_of(data: torch.Tensor, device: torch.device, memo: StorageMoves
         return view.set_(storage, data.storage_offset(), data.shape, data.stride())
     except Exception:  # a device without storage views (or set_): a plain copy
         return data.to(device)
-
-
-#: Attribute a host tensor carries when it was sent back from a target worker's device (its device).
-ORIGIN_ATTR = "_workbench_device"
 
 
 def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
@@ -1517,6 +1526,8 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
         # nothing of where the cell put the module)
         yield from value.parameters()
         yield from value.buffers()
+        if isinstance(value, SCRIPT_MODULES):  # a frozen module's weights (torch.jit.freeze)
+            yield from script_constants(value)
     elif isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
             yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))

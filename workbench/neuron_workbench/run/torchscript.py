@@ -8,6 +8,10 @@ A scripted module travels as its ``torch.jit.save`` archive, written with meta p
 parameters and buffers (its code, no copy of their data), and those tensors as the transport sends
 tensors, put back into the loaded module: they stay the tensors an optimizer or another model
 holds, on the device they were on. A run's copy of such a module is made the same way.
+The tensors its code holds as constants (a frozen module's weights, ``torch.jit.freeze``) are
+in the archive, as host copies, and the device they were on travels with it: the loaded
+module's constants carry it as a tensor sent back from a device does, and a move of the module
+takes them there (:func:`script_constants`).
 
 A function travels as what rebuilds it there:
 
@@ -32,6 +36,7 @@ from typing import Any
 import torch
 
 from neuron_workbench.quiet import warnings_ignored
+from neuron_workbench.run.device_origin import ORIGIN_ATTR, origin_of
 
 SCRIPT_FUNCTION = torch.jit.ScriptFunction
 #: Scripted and traced modules (``torch.jit.script(model)``, ``torch.jit.trace(model, x)``).
@@ -102,19 +107,55 @@ def reduce_script_module(module: Any) -> tuple[Any, tuple[Any, ...]]:
 
     The archive holds its code and meta placeholders for its parameters and buffers (no copy of
     their data, no device the receiver may not know); the tensors travel as the transport sends
-    them, and are put back into the module here before this returns.
+    them, and are put back into the module here before this returns. Its constants are in the
+    archive as host copies, with the device they were on (None: the host).
     """
     tensors = dict(module.named_parameters(remove_duplicate=False))
     tensors.update(module.named_buffers(remove_duplicate=False))
+    constants = script_constants(module)
+    origin = next(filter(None, map(origin_of, constants)), None)
+    on_device = [(constant, constant.detach()) for constant in constants if not constant.is_cpu]
     archive = io.BytesIO()
     try:
         for path, tensor in tensors.items():
             _set_tensor(module, path, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
+        for constant, data in on_device:  # (the code runs with these very tensors: set in place)
+            constant.data = data.cpu()
         torch.jit.save(module, archive)
     finally:
         for path, tensor in tensors.items():
             _set_tensor(module, path, tensor)
-    return script_module_again, (archive.getvalue(), tensors)
+        for constant, data in on_device:
+            constant.data = data
+    return script_module_again, (archive.getvalue(), tensors, origin)
+
+
+def script_constants(module: Any) -> list[torch.Tensor]:
+    """The tensors the code of a scripted module (and of its submodules) holds as constants.
+
+    A frozen module's weights are such constants (``torch.jit.freeze`` folds its parameters into
+    the code), and so are the tensors a traced module made. Each is the tensor the code runs with:
+    setting its ``.data`` moves it, as ``Module.to`` moves a parameter.
+    """
+    found: dict[int, torch.Tensor] = {}
+    for each in module.modules():
+        scripted = getattr(each, "_c", None)
+        if scripted is None:
+            continue
+        for name in scripted._method_names():
+            _constants_in(scripted._get_method(name).graph.nodes(), found)
+    return list(found.values())
+
+
+def _constants_in(nodes: Any, found: dict[int, torch.Tensor]) -> None:
+    for node in nodes:
+        if node.kind() == "prim::Constant" and node.hasAttribute("value"):
+            if node.kindOf("value") == "t":
+                # (one Python object per tensor while it lives: torch keeps it with its state)
+                tensor = node.t("value")
+                found.setdefault(id(tensor), tensor)
+        for block in node.blocks():
+            _constants_in(block.nodes(), found)
 
 
 def _set_tensor(module: Any, path: str, tensor: torch.Tensor) -> None:
@@ -124,10 +165,19 @@ def _set_tensor(module: Any, path: str, tensor: torch.Tensor) -> None:
     setattr(module, name, tensor)
 
 
-def script_module_again(archive: bytes, tensors: dict[str, torch.Tensor]) -> Any:
-    """The sender's scripted module, loaded here with the tensors that travelled put back."""
+def script_module_again(
+    archive: bytes, tensors: dict[str, torch.Tensor], origin: str | None = None
+) -> Any:
+    """The sender's scripted module, loaded here with the tensors that travelled put back.
+
+    Its constants were on the device ``origin`` names (None: the host): here they are host
+    tensors marked as sent back from it.
+    """
     with warnings_ignored():
         module = torch.jit.load(io.BytesIO(archive))
     for path, tensor in tensors.items():
         _set_tensor(module, path, tensor)
+    if origin is not None:
+        for constant in script_constants(module):
+            vars(constant)[ORIGIN_ATTR] = origin
     return module
