@@ -310,3 +310,12 @@ def test_outputs_flattened_ahead_give_the_leaves_of_the_outputs_as_they_are_now(
         "y",
     ]
     assert dict(leaves)["stats['loss']"] == 2.5  # another object bound to the name: walked again
+
+
+def test_a_lazy_modules_parameters_before_its_first_call_are_no_leaves():
+    # they have no value yet (reading one raises): both runs' moved lazy model is nothing to compare
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 3), torch.nn.LazyLinear(2), torch.nn.LazyBatchNorm1d()
+    )
+    paths = [path for path, _ in iter_leaves({"net": net, "w": net[1].weight})]
+    assert paths == ["net.0.weight", "net.0.bias", "net.2.num_batches_tracked"]

@@ -174,3 +174,34 @@ def test_a_frozen_model_of_an_earlier_cell_runs_on_the_device(nb):
     assert torch.equal(nb.user_ns["y"], nb.user_ns["y0"])
     run_cell(nb, "host = frozen(x)")  # a plain cell, on the host standing in for cuda
     assert torch.equal(nb.user_ns["host"], nb.user_ns["y0"])
+
+
+@pytest.mark.parametrize("moved_in", ["neuron", "plain"])
+def test_a_lazy_model_moved_in_one_cell_is_first_called_in_the_next(nb, moved_in):
+    # nn.LazyLinear moved to cuda in one cell, its parameters made by the first call in the next
+    # (with an optimizer made over them before, as torch allows): the target's moved model could
+    # not come back from the worker ("uninitialized parameter in is_conj"), and the next cell's
+    # target raised "found at least two devices" (after a %%neuron move) or an uninitialized
+    # parameter's ValueError (after a plain cell's), where a GPU makes the weights on cuda.
+    run_cell(
+        nb, "%%neuron\nimport torch.nn as nn\ntorch.manual_seed(0)\ndevice = torch.device('cuda')"
+    )
+    move = (
+        "net = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2)).to(device)\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)"
+    )
+    if moved_in == "neuron":
+        _passed(nb, move)
+    else:
+        run_cell(nb, move)
+    report = _passed(
+        nb, "loss = net(torch.ones(3, 8, device='cuda')).sum()\nloss.backward()\nopt.step()"
+    )
+    assert not report.idle_target, report.summary()
+    statuses = {d.path: d.status for d in report.comparison.diffs}
+    assert statuses["loss"] == statuses["net.0.weight"] == statuses["net.2.bias"] == "match"
+    net = nb.user_ns["net"]
+    assert (
+        net[0].weight.shape == (4, 8)
+        and nb.user_ns["opt"].param_groups[0]["params"][0] is net[0].weight
+    )

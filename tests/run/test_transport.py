@@ -1016,3 +1016,16 @@ def test_a_loaded_message_goes_as_soon_as_nothing_holds_it(load):
         assert loaded() is None
     finally:
         gc.enable()
+
+
+def test_a_lazy_modules_parameters_arrive_uninitialized_with_their_dtype_and_state():
+    # their own pickling raised on the way (is_conj) and forgets the dtype; a buffer is still one
+    net = torch.nn.Sequential(
+        torch.nn.LazyLinear(2, dtype=torch.float64), torch.nn.LazyBatchNorm1d(dtype=torch.float64)
+    )
+    back = loads(dumps(net))
+    weight, buffer = back[0].weight, back[1].running_mean
+    assert isinstance(weight, torch.nn.UninitializedParameter) and weight.requires_grad
+    assert weight.dtype == torch.float64
+    assert isinstance(buffer, torch.nn.UninitializedBuffer) and buffer.persistent
+    assert back(torch.ones(3, 4, dtype=torch.float64)).shape == (3, 2)

@@ -9,8 +9,9 @@ What is walked, in order of precedence:
 - a :class:`~neuron_workbench.run.records.NotCompared` marker (an output that could not come back
   from the target's process) is a leaf, so the comparison can say so;
 - a leaf tensor's ``.grad`` (``x.grad`` after ``x.requires_grad_()`` and a backward pass);
-- ``nn.Module`` parameters, their ``.grad`` and buffers, and the tensors a module (or one of its
-  submodules) holds as plain attributes (a KV cache kept as ``self.kv``); optimizer state;
+- ``nn.Module`` parameters, their ``.grad`` and buffers (not a lazy module's before its first
+  call: no value yet), and the tensors a module (or one of its submodules) holds as plain
+  attributes (a KV cache kept as ``self.kv``); optimizer state;
 - dataclasses, mappings, lists, tuples and deques, by field, key and index (a key whose repr is
   its address, or repeats, by its type and position: ``acts[<Linear #2>]``); ``SimpleNamespace`` and
   ``argparse.Namespace`` objects by attribute; pandas DataFrames by column and Series as a column
@@ -58,6 +59,8 @@ from neuron_workbench.run.records import NotCompared
 __all__ = ["USER_MODULES", "FlattenedOutputs", "iter_leaves"]
 
 _MAX_DEPTH = 16
+#: A lazy module's parameters and buffers before its first call (``nn.LazyLinear``).
+_UNINITIALIZED = torch.nn.parameter.UninitializedTensorMixin
 #: ``__module__`` of the classes a notebook (or a script run as a cell) defines.
 USER_MODULES: tuple[str, ...] = ("__main__",)
 
@@ -145,6 +148,8 @@ def _walk(
     """Append ``(path, leaf)`` for every comparable value under ``value`` to ``leaves``."""
     if depth > _MAX_DEPTH:
         return
+    if isinstance(value, _UNINITIALIZED):
+        return  # a lazy module's parameter before its first call: no value yet
     if isinstance(value, torch.Tensor | NotCompared):
         # NotCompared first: it is a dataclass, but its reason is not an output.
         leaves.append((path, value))
@@ -162,6 +167,8 @@ def _walk(
         submodules, parameters, buffers = _module_tree(value)
         for name, param in parameters:
             named.add(id(param))
+            if isinstance(param, _UNINITIALIZED):
+                continue  # a lazy module's before its first call: no value yet
             leaves.append((f"{path}.{name}", param))
             # (a parameter changed in place by a tensor that requires grad is no leaf: no .grad)
             grad = param.grad if param.is_leaf else None
@@ -169,7 +176,8 @@ def _walk(
                 leaves.append((f"{path}.{name}.grad", grad))
         for name, buffer in buffers:
             named.add(id(buffer))
-            leaves.append((f"{path}.{name}", buffer))
+            if not isinstance(buffer, _UNINITIALIZED):
+                leaves.append((f"{path}.{name}", buffer))
         for prefix, module in submodules:
             where = f"{path}.{prefix}" if prefix else path
             for key, item in _state_attributes(module):

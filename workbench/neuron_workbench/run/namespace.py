@@ -1167,7 +1167,7 @@ def move_to_device(
         if any((force or t.device.type != "cpu") and t.device != device for t in tensors):
             # Module.to's own walk, through the memo: a tensor sharing a parameter's storage (a
             # state_dict() the notebook keeps, a tied weight elsewhere) shares the moved one
-            value._apply(lambda t: _device_view(t.detach(), device, memo))
+            value._apply(lambda t: _module_tensor_moved(t, device, memo))
         if isinstance(value, SCRIPT_MODULES):
             # a frozen module's weights are constants of its code, not parameters: they move in
             # place as Module.to moves a parameter
@@ -1272,6 +1272,15 @@ def _moved_tensor(tensor: torch.Tensor, device: torch.device, memo: StorageMoves
             tensor.grad = _device_view(grad.detach(), device, memo)
         return tensor
     return tensor.to(device)
+
+
+def _module_tensor_moved(
+    tensor: torch.Tensor, device: torch.device, memo: StorageMoves
+) -> torch.Tensor:
+    """What ``Module.to`` sets a module's parameter or buffer to (see :func:`_device_view`)."""
+    if isinstance(tensor, _UNINITIALIZED):  # a lazy module's: no data, moved as Module.to does
+        return tensor.to(device)
+    return _device_view(tensor.detach(), device, memo)
 
 
 def _device_view(data: torch.Tensor, device: torch.device, memo: StorageMoves) -> torch.Tensor:

@@ -93,6 +93,8 @@ ARENA_ALIGN = 64
 _TENSOR = torch.Tensor
 _PARAMETER = torch.nn.Parameter
 _PLAIN_TENSOR_TYPES = {_TENSOR, _PARAMETER}
+#: A lazy module's parameters and buffers before its first call (``nn.LazyLinear``).
+_UNINITIALIZED = torch.nn.parameter.UninitializedTensorMixin
 _STRIDED = torch.strided
 _CUSTOM_OP_DEF = custom_op_class()
 _OP_PACKET = torch._ops.OpOverloadPacket
@@ -667,9 +669,11 @@ class _Pickler(cloudpickle.Pickler):
     def _reduce_tensor(self, obj: torch.Tensor) -> Any:
         device = obj.device
         device_type = _device_type(device)
+        kind = type(obj)
+        if kind not in _PLAIN_TENSOR_TYPES and isinstance(obj, _UNINITIALIZED):
+            return self._reduce_uninitialized(obj, device, device_type)
         if obj.layout != _STRIDED or obj.is_quantized or device_type == "meta":
             return None
-        kind = type(obj)
         on_device = device_type != "cpu"
         if not (on_device or kind in _PLAIN_TENSOR_TYPES):
             return None  # a tensor subclass pickles itself
@@ -724,6 +728,15 @@ class _Pickler(cloudpickle.Pickler):
         if state or graph is not None or hooks is not None or inference:
             arguments += (state, graph, hooks, inference)
         return _rebuild_tensor, arguments
+
+    def _reduce_uninitialized(self, obj: Any, device: torch.device, device_type: str) -> Any:
+        # A lazy module's parameter or buffer before its first call has no data: it travels as
+        # what makes it again (its own pickling forgets its dtype and device), one from a device
+        # as a host one marked with that device, as a device tensor comes back
+        state = {k: v for k, v in vars(obj).items() if not k.startswith("_backward")}
+        if device_type not in ("cpu", "meta"):
+            state[ORIGIN_ATTR] = _device_name(device)
+        return _uninitialized_again, (type(obj), obj.requires_grad, obj.dtype, state)
 
     def _token(self, storage: torch.UntypedStorage, device_type: str) -> _StorageToken:
         key = storage._cdata
@@ -1449,6 +1462,15 @@ def _rebuild_tensor(
         guard_graph_left_behind(tensor, graph)
     if hooks is not None:
         add_leaf_hooks(tensor, hooks)
+    return tensor
+
+
+def _uninitialized_again(
+    kind: type, requires_grad: bool, dtype: torch.dtype, state: dict[str, Any]
+) -> torch.Tensor:
+    """A lazy module's parameter or buffer before its first call, on the host, as sent."""
+    tensor = kind(requires_grad=requires_grad, dtype=dtype)
+    tensor.__dict__.update(state)
     return tensor
 
 
