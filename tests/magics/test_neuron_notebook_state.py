@@ -205,3 +205,22 @@ def test_a_lazy_model_moved_in_one_cell_is_first_called_in_the_next(nb, moved_in
         net[0].weight.shape == (4, 8)
         and nb.user_ns["opt"].param_groups[0]["params"][0] is net[0].weight
     )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_model_optimized_for_inference_on_cuda_runs_in_the_next_cell(nb):
+    # torch.jit.optimize_for_inference turned the reference's model, on the CPU standing in for
+    # cuda, into oneDNN (MKLDNN) ops, which it never does to a GPU's: a program that cannot be
+    # saved and loaded again, so the next cell stopped with "the neuron worker could not load what
+    # the cell reads" where a GPU runs it.
+    _passed(
+        nb,
+        "torch.manual_seed(0)\nnet = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3),"
+        " torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))\n"
+        "x = torch.randn(2, 3, 4, 4, device='cuda')\n"
+        "fast = torch.jit.optimize_for_inference(torch.jit.script(net.cuda().eval()))\ny0 = fast(x)",
+    )
+    assert "MKLDNN" not in str(nb.user_ns["fast"].graph)
+    report = _passed(nb, "y = fast(x)")
+    assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
+    assert torch.allclose(nb.user_ns["y"], nb.user_ns["net"](nb.user_ns["x"]), atol=1e-6)

@@ -707,6 +707,41 @@ def _saving_plain_numbers(save: Callable[..., Any]) -> Callable[..., Any]:
     return save_plain
 
 
+def _inference_optimized_as_on_cuda(jit: Any, host: CudaOnHost) -> Callable[..., Any]:
+    """``torch.jit.optimize_for_inference`` on the host standing in for cuda, as on a GPU.
+
+    Its passes turn a model whose weights are on the CPU into oneDNN (MKLDNN) ops, which they
+    never do to a model on a GPU: a program only a CPU runs, which cannot even be saved and loaded
+    again (the next cell could not send it to the target's worker). A model the cell has on
+    "cuda" gets the passes a GPU's gets: freezing (which folds batch norms), the fusion of
+    convolutions with an add and a ReLU, the transposes of linear weights.
+    """
+    optimize = jit.optimize_for_inference
+
+    @functools.wraps(optimize)
+    def optimize_for_inference(mod: Any, other_methods: list[str] | None = None) -> Any:
+        if not isinstance(mod, jit.ScriptModule) or not any(
+            host.on_device(tensor) for tensor in tensors_in(mod)
+        ):
+            return optimize(mod, other_methods)
+        warnings.warn(
+            "`torch.jit.optimize_for_inference` is deprecated. Please use `torch.compile` instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        methods = list(other_methods or ())
+        if hasattr(mod, "training"):
+            mod = jit.freeze(mod.eval(), preserved_attrs=methods)
+        for name in ("forward", *methods):
+            if mod._c._has_method(name):
+                graph = mod._c._get_method(name).graph
+                torch._C._jit_pass_fuse_frozen_conv_add_relu(graph)
+                torch._C._jit_pass_transpose_frozen_linear(graph)
+        return mod
+
+    return optimize_for_inference
+
+
 def _loading_onto_host_cuda(
     load: Callable[..., Any], host: CudaOnHost, restored: set[int]
 ) -> Callable[..., Any]:
@@ -1190,6 +1225,12 @@ def cuda_remapped_to(
         )
         if host is not None:
             stack.enter_context(fused_dropout_on_cpu())
+            jit = torch.jit
+            stack.enter_context(
+                patched_attributes(
+                    jit, {"optimize_for_inference": _inference_optimized_as_on_cuda(jit, host)}
+                )
+            )
             stack.enter_context(parallel_comm_on_host(host))
             stack.enter_context(profiler_on_host())
             stack.enter_context(loaders_pinning_on_host())
