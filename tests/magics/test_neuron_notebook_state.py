@@ -224,3 +224,26 @@ def test_a_model_optimized_for_inference_on_cuda_runs_in_the_next_cell(nb):
     report = _passed(nb, "y = fast(x)")
     assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
     assert torch.allclose(nb.user_ns["y"], nb.user_ns["net"](nb.user_ns["x"]), atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_scripted_model_saved_in_one_cell_is_loaded_in_the_next(nb, tmp_path):
+    # torch.jit.save (and ScriptModule.save) write the archive in C++, below open(): the target's
+    # archive, its weights on neuron:0, replaced the reference's, and the next cell's reference
+    # raised "Expected one of cpu, cuda, ... device type at start of device string: neuron".
+    path = str(tmp_path / "scripted.pt")
+    _passed(
+        nb,
+        "torch.manual_seed(0)\nnet = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())\n"
+        f"x = torch.randn(2, 4, device='cuda')\nscripted = torch.jit.script(net.cuda().eval())\n"
+        f"torch.jit.save(scripted, {path!r})\nscripted.save({path!r} + '.2')\ny0 = scripted(x)",
+    )
+    report = _passed(
+        nb,
+        f"loaded = torch.jit.load({path!r}, map_location='cuda')\n"
+        f"again = torch.jit.load({path!r} + '.2').cuda()\ny = loaded(x) + again(x)",
+    )
+    assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
+    assert torch.equal(nb.user_ns["y"], 2 * nb.user_ns["y0"])
+    run_cell(nb, f"host = torch.jit.load({path!r})(x)")  # a plain cell reads the kept run's file
+    assert torch.equal(nb.user_ns["host"], nb.user_ns["y0"])

@@ -81,6 +81,26 @@ def test_safetensors_files_stay_apart_and_read_back_inside(folder):
     assert sorted(p.name for p in folder.iterdir()) == ["model.safetensors"]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_torchscript_archives_stay_apart_and_read_back_inside(folder, originals):
+    # TorchScript's C++ writes and reads a path below open(): the run not kept wrote the notebook's
+    # archive (its tensors on the target's device, which the kernel then failed to load)
+    archive = folder / "model.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 1)), archive)
+    with originals_kept(originals):  # the kept run, changing it (its original kept first)
+        torch.jit.script(torch.nn.Linear(2, 3)).save(archive)
+    assert torch.jit.load(archive).weight.shape == (3, 2)
+    with writes_kept_apart(originals=originals) as writes:  # the run not kept
+        assert torch.jit.load(archive).weight.shape == (1, 2)  # as the cell found it
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 4)), archive)
+        torch.jit.script(torch.nn.Linear(2, 5)).save(str(folder / "other.pt"))
+        assert torch.jit.load(str(archive)).weight.shape == (4, 2)
+        assert torch.jit.load(folder / "other.pt", map_location="cpu").weight.shape == (5, 2)
+        assert writes.written == [str(archive), str(folder / "other.pt")]
+    assert torch.jit.load(archive).weight.shape == (3, 2)
+    assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
+
+
 @pytest.fixture
 def originals():
     # the cell's folder of originals, as the kernel names it and removes it after the cell

@@ -8,8 +8,9 @@ results (the reference's unless ``--keep target``), and so must the files.
 
 While :func:`writes_kept_apart` is active, Python-level opens for writing (``open``/``io.open``,
 which NumPy, pandas, ``pickle`` to a file, ``json``, matplotlib and ``pathlib`` use, and
-``torch.save``'s zip writer, the profiler's trace writer (``tensorboard_trace_handler``'s);
-``torch.load(path, mmap=True)`` too) go to a private folder instead of the named file, and the run
+``torch.save``'s zip writer, TorchScript's archive writer (``torch.jit.save``, ``model.save``),
+the profiler's trace writer (``tensorboard_trace_handler``'s); ``torch.load(path, mmap=True)`` and
+``torch.jit.load(path)`` too) go to a private folder instead of the named file, and the run
 reads back what it wrote from there (the ``open`` a notebook's namespace holds, IPython's wrapper,
 included). ``os.replace``/``rename``/``remove``/``unlink``,
 ``shutil.rmtree`` and ``os.rmdir`` act in the run's view only: a real file or folder the run removes
@@ -705,8 +706,9 @@ def originals_kept(
     For the kept run of a cell whose other runs read the files as the cell found them
     (:func:`writes_kept_apart` given ``folder``). Patches ``builtins.open``, ``io.open`` and
     ``namespace``'s ``open``, ``os``'s ``open``, ``replace``, ``rename``, ``remove`` and
-    ``unlink``, ``shutil.rmtree``, torch's zip writer, the profiler's trace writer and
-    safetensors' writer (when loaded); an open for reading costs one more call. The folder stays:
+    ``unlink``, ``shutil.rmtree``, torch's zip writer, TorchScript's archive writer, the
+    profiler's trace writer and safetensors' writer (when loaded); an open for reading costs one
+    more call. The folder stays:
     the cell's other runs may still read it.
     """
     record = OriginalsKept(folder, notebook_temp)
@@ -762,6 +764,7 @@ def originals_kept(
         return path
 
     patches += _zip_writer_patches(kept_before_writing)
+    patches += _torchscript_writer_patches(kept_before_writing)
     patches += _profiler_trace_patches(kept_before_writing)
     safetensors_api = sys.modules.get("safetensors.torch")
     real_writer = getattr(safetensors_api, "serialize_file", None)
@@ -995,8 +998,9 @@ def writes_kept_apart(
     them in, :func:`originals_kept`), the real files read as they were when the cell started.
     Patches ``builtins.open``, ``io.open``, ``os``'s ``replace``, ``rename``, ``remove``,
     ``unlink``, ``rmdir``, ``open``, ``mkdir``, ``stat``, ``chmod``, ``utime``, ``listdir`` and
-    ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, the profiler's trace writer,
-    and safetensors' writer and reader (when loaded), for the duration, in every thread;
+    ``scandir``, ``shutil.rmtree``, torch's zip writer and ``load``, TorchScript's archive writer
+    and ``torch.jit.load``, the profiler's trace writer, and safetensors' writer and reader (when
+    loaded), for the duration, in every thread;
     ``namespace``'s own ``open`` (a notebook's) goes through the private copies too.
     """
     # the name mkdtemp would give (never taken: made only when the run writes its first file)
@@ -1145,6 +1149,8 @@ def writes_kept_apart(
         (shutil, {"rmtree": rmtree}),
     ]
     patches += _zip_writer_patches(lambda path: record.open_path(path, "wb", real_open))
+    patches += _torchscript_writer_patches(lambda path: record.open_path(path, "wb", real_open))
+    patches += _torchscript_reader_patches(lambda path: record.open_path(path, "rb", real_open))
     patches += _profiler_trace_patches(lambda path: record.open_path(path, "w", real_open))
     serialization = sys.modules.get("torch.serialization")
     torch = sys.modules.get("torch")
@@ -1187,6 +1193,47 @@ def _zip_writer_patches(path_for: Any) -> list[tuple[Any, Any]]:
         return real_zip_writer(name_or_buffer)
 
     return [(serialization, {"_open_zipfile_writer": zip_writer})]
+
+
+def _torchscript_writer_patches(path_for: Any) -> list[tuple[Any, Any]]:
+    """A scripted module's archive writer handed ``path_for(path)`` (nothing: not loaded).
+
+    ``torch.jit.save(model, path)`` and ``model.save(path)`` have TorchScript write the archive in
+    C++, below Python's ``open``: every run wrote the notebook's file, and the last one won.
+    """
+    script = sys.modules.get("torch.jit._script")
+    module_class = getattr(script, "RecursiveScriptModule", None)
+    real_save = vars(module_class).get("save") if module_class is not None else None
+    if real_save is None:
+        return []
+
+    def save(self: Any, f: Any, **kwargs: Any) -> Any:
+        return real_save(self, path_for(f), **kwargs)
+
+    return [(module_class, {"save": save})]
+
+
+def _torchscript_reader_patches(path_for: Any) -> list[tuple[Any, Any]]:
+    """``torch.jit.load`` handed ``path_for(path)`` for a path (nothing: torch.jit not loaded).
+
+    TorchScript reads an archive given by its path in C++, below Python's ``open``.
+    """
+    serialization = sys.modules.get("torch.jit._serialization")
+    real_load = getattr(serialization, "load", None)
+    if real_load is None:
+        return []
+
+    @functools.wraps(real_load)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, str | os.PathLike):
+            f = path_for(f)
+        return real_load(f, *args, **kwargs)
+
+    patches: list[tuple[Any, Any]] = [(serialization, {"load": load})]
+    jit = sys.modules.get("torch.jit")
+    if getattr(jit, "load", None) is real_load:
+        patches.append((jit, {"load": load}))
+    return patches
 
 
 def _profiler_trace_patches(path_for: Any) -> list[tuple[Any, Any]]:
