@@ -247,3 +247,19 @@ def test_a_scripted_model_saved_in_one_cell_is_loaded_in_the_next(nb, tmp_path):
     assert torch.equal(nb.user_ns["y"], 2 * nb.user_ns["y0"])
     run_cell(nb, f"host = torch.jit.load({path!r})(x)")  # a plain cell reads the kept run's file
     assert torch.equal(nb.user_ns["host"], nb.user_ns["y0"])
+
+
+def test_an_object_of_a_class_the_cell_defines_keeps_its_tensors_on_the_device(nb):
+    # A class defined in the same %%neuron cell as its instance comes back from the worker as a
+    # class of its own: the target's object was not taken for the kept one's counterpart, so the
+    # tensor it holds on cuda was not marked as there, and the next cell's target raised "found
+    # at least two devices, neuron:0 and cpu" where a GPU has the tensor on cuda.
+    _passed(
+        nb,
+        "class Shift:\n    def __init__(self):\n        self.t = torch.arange(3.0, device='cuda')\n"
+        "    def __call__(self, x):\n        return x + self.t\n"
+        "shift = Shift()\nx = torch.ones(3, device='cuda')",
+    )
+    report = _passed(nb, "y = shift(x)")
+    assert not report.idle_target, report.summary()
+    assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"

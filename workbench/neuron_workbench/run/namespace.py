@@ -1336,7 +1336,7 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
     a library's tensor holders), also where dicts, lists and tuples hold them (the layers of a
     ``DynamicCache``), walked side by side.
     """
-    if depth > 8 or type(other) is not type(kept):
+    if depth > 8 or not _one_class(kept, other):
         return
     if not attributes_are_state(kept) and isinstance(kept, dict | list | tuple):
         # (a DynamicCache's list of layers, a dict of notebook objects: the objects inside; a
@@ -1365,6 +1365,18 @@ def mark_attribute_tensors(kept: Any, other: Any, depth: int = 0) -> None:
             mark_attribute_tensors(item, counterpart, depth + 1)
 
 
+def _one_class(kept: Any, other: Any) -> bool:
+    """Whether one name's values after the two runs of a cell are of one class.
+
+    A class the cell itself defines is two classes then: the kernel's run made one, and the
+    worker's answer brings back the target's, rebuilt by value under the same name.
+    """
+    mine, theirs = type(kept), type(other)
+    return mine is theirs or (
+        mine.__qualname__ == theirs.__qualname__ and mine.__module__ == theirs.__module__
+    )
+
+
 def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[torch.device]:
     """The CPU device objects inside ``kept`` that stand where ``other`` holds an accelerator's.
 
@@ -1384,7 +1396,7 @@ def devices_on_the_device(kept: Any, other: Any, depth: int = 0) -> Iterator[tor
         if len(kept) != len(other) or (kept and isinstance(kept[0], _PLAIN_DATA)):
             return  # (a list of numbers or strings is data: no device in it, and no walk over it)
         pairs = zip(kept, other, strict=False)
-    elif attributes_are_state(kept) and type(other) is type(kept):
+    elif attributes_are_state(kept) and _one_class(kept, other):
         mine, theirs = getattr(kept, "__dict__", None), getattr(other, "__dict__", None)
         if not (isinstance(mine, dict) and isinstance(theirs, dict)):
             return
