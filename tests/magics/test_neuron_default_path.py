@@ -3959,19 +3959,25 @@ def test_a_model_class_of_an_earlier_cell_is_scripted_in_the_cell(ip):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize(
-    "compile_line, stood_in",
+    "compile_line, run_back",
     [
-        ("program = torch.jit.freeze(torch.jit.script(net.cuda().eval()))\nrun = program", False),
-        ("program = torch.export.export(net.cuda().eval(), (x,))\nrun = program.module()", True),
+        (
+            "program = torch.jit.freeze(torch.jit.script(net.cuda().eval()))\nrun = program",
+            lambda back: back,
+        ),
+        (
+            "program = torch.export.export(net.cuda().eval(), (x,))\nrun = program.module()",
+            lambda back: back.module(),
+        ),
     ],
     ids=["jit-freeze", "export"],
 )
-def test_a_program_compiled_in_the_cell_leaves_its_outputs_compared(ip, compile_line, stood_in):
+def test_a_program_compiled_in_the_cell_leaves_its_outputs_compared(ip, compile_line, run_back):
     # A frozen module (its weights constants on the target's device) and an exported program (a
     # graph module torch.fx cannot rebuild after pickling) came back from the worker as values
     # the kernel could not load: the whole answer was lost and the cell was an ERROR
-    # (AnswerNotLoaded) where a GPU runs it. The exported program alone is not compared; the
-    # frozen module comes back, its constants as host copies marked as from the device.
+    # (AnswerNotLoaded) where a GPU runs it. Each comes back, its weights as host copies marked
+    # as from the device.
     run_cell(
         ip,
         "import torch\ntorch.manual_seed(0)\n"
@@ -3980,12 +3986,8 @@ def test_a_program_compiled_in_the_cell_leaves_its_outputs_compared(ip, compile_
     report = _passed(ip, f'x = torch.ones(3, 4, device="cuda")\n{compile_line}\ny = run(x)')
     statuses = {d.path: d.status for d in report.comparison.diffs}
     assert statuses["y"] == "match", statuses
-    if stood_in:
-        assert statuses["program"] == "not-compared", statuses
-    else:
-        back = report.target.bindings["program"]
-        assert isinstance(back, torch.jit.ScriptModule), back
-        assert torch.equal(back(torch.ones(3, 4)), report.target.bindings["y"])
+    back = run_back(report.target.bindings["program"])
+    assert torch.equal(back(torch.ones(3, 4)), report.target.bindings["y"])
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

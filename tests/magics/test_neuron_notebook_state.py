@@ -263,3 +263,18 @@ def test_an_object_of_a_class_the_cell_defines_keeps_its_tensors_on_the_device(n
     report = _passed(nb, "y = shift(x)")
     assert not report.idle_target, report.summary()
     assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
+
+
+def test_an_exported_program_of_an_earlier_cell_runs_on_the_device(nb):
+    # torch.export.export in one cell, the program run in the next: torch's own pickling of its
+    # graph module fails ("_ModuleStackTracer.__init__() missing 1 required positional argument"),
+    # so the next cell stopped with "the neuron worker could not load what the cell reads".
+    _passed(
+        nb,
+        "torch.manual_seed(0)\nnet = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())\n"
+        "x = torch.randn(2, 4, device='cuda')\nprogram = torch.export.export(net.cuda(), (x,))",
+    )
+    report = _passed(nb, "y = program.module()(x)")
+    assert not report.idle_target, report.summary()
+    assert {d.path: d.status for d in report.comparison.diffs}["y"] == "match"
+    assert torch.equal(nb.user_ns["y"], nb.user_ns["net"](nb.user_ns["x"]))

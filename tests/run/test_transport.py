@@ -1029,3 +1029,13 @@ def test_a_lazy_modules_parameters_arrive_uninitialized_with_their_dtype_and_sta
     assert weight.dtype == torch.float64
     assert isinstance(buffer, torch.nn.UninitializedBuffer) and buffer.persistent
     assert back(torch.ones(3, 4, dtype=torch.float64)).shape == (3, 2)
+
+
+def test_an_exported_program_arrives_as_a_program_that_runs():
+    # torch's own pickling of its graph module fails (its tracer cannot be made again)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    program = torch.export.export(net, (x,))
+    back = loads(dumps({"program": program}))["program"]
+    assert type(back) is torch.export.ExportedProgram
+    assert torch.equal(back.module()(x), net(x))

@@ -24,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.device_origin import ORIGIN_ATTR
+from neuron_workbench.run.exported_programs import EXPORTED_PROGRAM, program_moved, program_tensors
 from neuron_workbench.run.grad_scalers import (
     GRAD_SCALER,
     ScalerMidStep,
@@ -1182,6 +1183,10 @@ def move_to_device(
                 if holds_tensors(item):
                     attributes[key] = move_to_device(item, device, False, memo, seen)
         return value
+    if type(value) is EXPORTED_PROGRAM:  # a new program, its graph's devices moved too
+        if force or any(on_accelerator(tensor) for tensor in program_tensors(value)):
+            return program_moved(value, device)
+        return value
     if isinstance(value, torch.optim.Optimizer):
         for param, state in value.state.items():
             # state follows its parameter: Adam's exp_avg is made where the parameter is, also by
@@ -1552,6 +1557,8 @@ def tensors_in(value: Any, depth: int = 0, seen: set[int] | None = None) -> Iter
     elif isinstance(value, torch.optim.Optimizer):
         for state in value.state.values():
             yield from (v for k, v in state.items() if k != "step" and isinstance(v, torch.Tensor))
+    elif type(value) is EXPORTED_PROGRAM:
+        yield from program_tensors(value)
     elif type(value) in _ATOMS:
         return
     else:

@@ -16,9 +16,9 @@ already given it.
 
 The receiver can load *leniently*: a class, function or module that does not exist on its side (the
 target's device module ``torch.neuron``, a class of a device SDK), or a compiled program it cannot
-rebuild (a frozen TorchScript module, an exported program), becomes an :class:`Unloadable`
-stand-in instead of failing the whole message, so one result that cannot come back never hides the
-others.
+rebuild (a TorchScript archive it cannot load, a torch.fx graph module), becomes an
+:class:`Unloadable` stand-in instead of failing the whole message, so one result that cannot come
+back never hides the others.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import torch
 from neuron_workbench.quiet import warnings_ignored
 from neuron_workbench.run.compiled_frames import compiled_global, keep_dynamo_out_of_the_workbench
 from neuron_workbench.run.custom_ops import custom_op_class, reduce_custom_op
+from neuron_workbench.run.exported_programs import EXPORTED_PROGRAM, reduce_exported_program
 from neuron_workbench.run.grad_scalers import GRAD_SCALER, grad_scaler_state
 from neuron_workbench.run.loader_workers import has_started_workers, reduce_loader_past_its_workers
 from neuron_workbench.run.measurements import TAGGED, reduce_tagged
@@ -616,6 +617,8 @@ class _Pickler(cloudpickle.Pickler):
                     return _module_at, path
         elif kind in SCRIPT_MODULES:  # torch.jit.script(model): cannot be pickled either
             return reduce_script_module(obj)
+        elif kind is EXPORTED_PROGRAM:  # torch.export.export(model, args): nor can this
+            return reduce_exported_program(obj)
         elif isinstance(obj, torch.nn.Module) and vars(obj).get("_compiled_call_impl"):
             # compiled in place (``model.compile()``): Module.__getstate__ drops the compiled call
             return _reduce_compiled_in_place(obj)
@@ -1714,9 +1717,10 @@ _SKELETON_MAKERS = (
     cloudpickle.cloudpickle._make_skeleton_enum,
 )
 #: What rebuilds a compiled program in an answer, which this process may fail to load though its
-#: classes exist here: a frozen scripted module's constants on the target's device
-#: (``torch.jit.freeze``), an exported program's graph module, whose tracer torch.fx cannot make
-#: again (``torch.export.export``). Each stands in alone, and the answer's other values come back.
+#: classes exist here: a scripted module whose archive does not load (``optimize_for_inference``'s
+#: oneDNN constants), a graph module whose tracer torch.fx cannot make again (``ep.module()`` of
+#: an exported program, which itself travels as its archive). Each stands in alone, and the
+#: answer's other values come back.
 _REBUILT_OR_STOOD_IN: dict[Callable[..., Any], str] = {
     script_module_again: "a scripted module",
     torch.fx.graph_module.reduce_graph_module: "a torch.fx GraphModule",
