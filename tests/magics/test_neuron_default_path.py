@@ -1547,6 +1547,9 @@ def test_a_seed_drawn_from_the_system_is_the_same_in_both_runs(ip, target):
     ref = report.ref.outputs
     assert ref["first"] != ref["second"]  # a new seed each time, as the OS's are
     assert not torch.equal(ip.user_ns["y"], ip.user_ns["z"])
+    # the next execution of the cell draws new seeds, as a notebook without the workbench does
+    again = _passed(ip, "first = torch.seed()", target)
+    assert again.ref.outputs["first"] != ref["first"]
 
 
 def test_a_printed_cuda_device_context_reads_as_torchs(ip):

@@ -18,11 +18,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import hashlib
 import itertools
 import numbers
 import os
-import random
 import sys
 import threading
 import time
@@ -35,6 +33,7 @@ import torch
 from neuron_workbench.backends.base import Backend, MemoryStats
 from neuron_workbench.cuda_semantics.accelerator_api import CUDA_TO_ACCELERATOR
 from neuron_workbench.run.measurements import elapsed_ms
+from neuron_workbench.run.random_ids import drawn
 from neuron_workbench.synchronous import SynchronousStream
 
 #: Environment variable with the compute capability the stand-ins report (``major.minor``).
@@ -575,21 +574,18 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
 
 
 def system_seeds_alike() -> Callable[[], int]:
-    """``torch.seed()`` for one run: a new seed each call, the same in both runs.
+    """``torch.seed()`` for one run: a new seed each call, the same in both runs of the cell.
 
     torch draws it from the operating system's entropy, so each run seeded its generators apart
     and every draw after differed, where the port changed nothing. Here the ``n``-th call of a run
-    takes a hash of Python's ``random`` state (both runs start from the notebook's; it is left as
-    it is) and ``n``, and seeds every generator with it as ``torch.seed()`` does.
+    takes the ``n``-th seed of the cell's own entropy (:mod:`~neuron_workbench.run.random_ids`),
+    new at each execution of the cell, and seeds every generator with it as ``torch.seed()`` does.
     """
-    calls = itertools.count()
 
     def seed() -> int:
-        state = repr((random.getstate(), next(calls))).encode()
-        drawn = int.from_bytes(hashlib.blake2b(state, digest_size=8).digest(), "little")
-        drawn &= (1 << 63) - 1  # torch.seed()'s are below 2**63 too
-        torch.manual_seed(drawn)
-        return drawn
+        value = int.from_bytes(drawn("torch.seed", 8), "little") & ((1 << 63) - 1)  # as torch's
+        torch.manual_seed(value)
+        return value
 
     seed.__doc__ = torch.seed.__doc__
     return seed

@@ -67,7 +67,7 @@ from neuron_workbench.run.namespace import (
 from neuron_workbench.run.notebook_handles import drain_made, write_back
 from neuron_workbench.run.patching import patched_attributes
 from neuron_workbench.run.printed_below import FdFile, fds_to_files
-from neuron_workbench.run.random_ids import new_entropy, uuids_drawn_from
+from neuron_workbench.run.random_ids import entropy_drawn_from, new_entropy
 from neuron_workbench.run.random_state import (
     RandomState,
     current_random_state,
@@ -761,7 +761,7 @@ def _execute_in_session(spec: RunSpec, backend: Backend, run_id: str | None) -> 
                 )
             )
             stack.enter_context(timers_named_in(ns))  # `from timeit import default_timer`
-            stack.enter_context(uuids_drawn_from(spec.entropy, ns))  # run_id = uuid.uuid4().hex
+            stack.enter_context(entropy_drawn_from(spec.entropy, ns))  # uuid.uuid4(), torch.seed()
             stack.enter_context(cuda_names_in(ns))  # `from torch.cuda import synchronize`
             if host is not None:
                 stack.enter_context(inductor_on_the_host())

@@ -1,16 +1,18 @@
-"""Random identifiers a cell draws (``uuid.uuid4()``): the same in each run of the cell.
+"""Random identifiers and seeds a cell draws from the system: the same in each run of the cell.
 
-A cell naming its experiment ``run_id = uuid.uuid4().hex[:8]`` draws sixteen bytes from the
-operating system, so the reference and the target bound two different texts and the cell failed,
-though the code is the same. During a run, ``uuid4`` draws from the cell's own entropy instead: a
-fresh random seed the kernel takes for each cell execution (``RunSpec.entropy``) and sends to the
-target with the cell. Each run of a cell draws the same identifiers in the same order; the next
-execution of the cell draws new ones, as the notebook alone would. The identifiers come from a
-keyed BLAKE2b stream, as unpredictable as ``os.urandom``'s to anyone without the seed.
+A cell naming its experiment ``run_id = uuid.uuid4().hex[:8]``, or seeding with ``torch.seed()``,
+draws from the operating system, so the reference and the target bound two different texts (or
+drew from two different seeds) and the cell failed, though the code is the same. During a run these
+draw from the cell's own entropy instead: a fresh random key the kernel takes for each execution of
+the cell (``RunSpec.entropy``) and sends to the target with the cell. Each run of a cell draws the
+same values in the same order; the next execution of the cell draws new ones, as the notebook alone
+would. The values come from a keyed BLAKE2b stream, as unpredictable as ``os.urandom``'s to anyone
+without the key.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -20,49 +22,80 @@ from typing import Any
 
 from neuron_workbench.run.patching import patched_attributes
 
-__all__ = ["ENTROPY_BYTES", "new_entropy", "uuids_drawn_from"]
+__all__ = ["ENTROPY_BYTES", "drawn", "entropy_drawn_from", "new_entropy"]
 
-#: The size of a cell's entropy (the key of its identifier stream).
+#: The size of a cell's entropy (the key of its streams).
 ENTROPY_BYTES = 16
 
 
 def new_entropy() -> bytes:
-    """A fresh seed for one execution of a cell."""
+    """A fresh key for one execution of a cell."""
     return os.urandom(ENTROPY_BYTES)
 
 
-def _uuid4_from(entropy: bytes) -> Callable[[], uuid.UUID]:
-    """A ``uuid4`` drawing its random bits from ``entropy``'s stream, in order."""
-    drawn = [0]
+class _Streams:
+    """One run's streams of random bytes, one per purpose (``uuid4``, ``torch.seed``)."""
 
-    def uuid4() -> uuid.UUID:
-        drawn[0] += 1
-        digest = hashlib.blake2b(drawn[0].to_bytes(8, "little"), key=entropy, digest_size=16)
-        return uuid.UUID(bytes=digest.digest(), version=4)
+    def __init__(self, entropy: bytes) -> None:
+        self.entropy = entropy
+        self.counts: collections.Counter[str] = collections.Counter()
 
-    uuid4.__doc__ = uuid.uuid4.__doc__
-    return uuid4
+    def draw(self, purpose: str, size: int) -> bytes:
+        self.counts[purpose] += 1
+        message = f"{purpose}:{self.counts[purpose]}".encode()
+        return hashlib.blake2b(message, key=self.entropy, digest_size=size).digest()
+
+
+#: The active runs' streams, the innermost run's last.
+_ACTIVE: list[_Streams] = []
+
+
+def drawn(purpose: str, size: int) -> bytes:
+    """``size`` random bytes for ``purpose``: the active run's next, else the system's.
+
+    Parameters
+    ----------
+    purpose : str
+        What draws them (``"torch.seed"``): each purpose has its own stream, so one drawn more
+        often in a run leaves the others' values as they are.
+    size : int
+        How many bytes (at most 64).
+    """
+    if not _ACTIVE:
+        return os.urandom(size)
+    return _ACTIVE[-1].draw(purpose, size)
+
+
+def _uuid4() -> uuid.UUID:
+    return uuid.UUID(bytes=drawn("uuid4", 16), version=4)
+
+
+_uuid4.__doc__ = uuid.uuid4.__doc__
 
 
 @contextlib.contextmanager
-def uuids_drawn_from(entropy: bytes | None, namespace: MutableMapping[str, Any]) -> Iterator[None]:
-    """For the body: ``uuid.uuid4`` (and the namespace's own names for it) draw from ``entropy``.
+def entropy_drawn_from(
+    entropy: bytes | None, namespace: MutableMapping[str, Any]
+) -> Iterator[None]:
+    """For the body: ``uuid.uuid4``, its names in ``namespace`` and :func:`drawn` use ``entropy``.
 
     ``from uuid import uuid4`` in an earlier cell bound the function itself: such a name draws from
     the run's too, and gets its own function back afterwards unless the cell bound it to something
-    else. None: ``uuid4`` is left as it is.
+    else. None: nothing changes.
     """
     if entropy is None:
         yield
         return
-    original = uuid.uuid4
-    drawing = _uuid4_from(entropy)
+    original: Callable[[], uuid.UUID] = uuid.uuid4
     names = [name for name, value in namespace.items() if value is original]
-    namespace.update(dict.fromkeys(names, drawing))
+    namespace.update(dict.fromkeys(names, _uuid4))
+    streams = _Streams(entropy)
+    _ACTIVE.append(streams)
     try:
-        with patched_attributes(uuid, {"uuid4": drawing}):
+        with patched_attributes(uuid, {"uuid4": _uuid4}):
             yield
     finally:
+        _ACTIVE.remove(streams)
         for name in names:
-            if namespace.get(name) is drawing:
+            if namespace.get(name) is _uuid4:
                 namespace[name] = original
