@@ -1077,3 +1077,47 @@ def test_a_train_step_over_the_notebooks_optimizer_compiles_in_every_cell(
         for role in ("ref", "target"):
             record = report.to_dict()[role]["compile"]
             assert record["errors"] == [] and _graphs(report, role), (role, record)
+
+
+def test_a_compiled_model_with_tf32_on_compiles_on_the_reference_in_tf32(ip):
+    # nanoGPT's train.py: TF32 on, then torch.compile. The reference's TF32 rounding (a dispatch
+    # mode) made Dynamo skip every frame: the model ran eagerly there, and with fullgraph=True the
+    # cpu reference raised "found no compiled frames" (ERROR) where a GPU compiles (found by trying
+    # compile idioms as a user).
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        'torch.set_float32_matmul_precision("high")\n'
+        "cm = torch.compile(mlp.cuda(), fullgraph=True)\n"
+        "y = cm(x.cuda())\n"
+        "eager = mlp(x.cuda())\n"
+        'torch.set_float32_matmul_precision("highest")',
+    )
+    report = _report(ip)
+    assert report.ref.error is None and report.target.error is None, report.summary()
+    assert {g["backend"] for g in report.to_dict()["ref"]["compile"]["graphs"]} == {"inductor"}
+    # the compiled graph's matmuls computed in TF32 on the reference, as the eager ones did
+    assert report.ref.facts.tf32_matmuls
+    assert torch.allclose(ip.user_ns["y"], ip.user_ns["eager"], rtol=0, atol=1e-6)
+    failed = {d.path: d for d in report.comparison.failures}
+    assert "y" in failed, report.summary()
+    assert any(h.startswith("TF32: cpu (as cuda)") for h in failed["y"].hints)
+
+
+def test_a_compiled_model_in_a_cell_reading_memory_statistics_compiles_on_the_reference(ip):
+    # The reference's memory accounting (a dispatch mode, entered when the cell reads
+    # torch.cuda's statistics) made Dynamo skip every frame: fullgraph=True raised there.
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\n"
+        "cm = torch.compile(mlp.cuda(), fullgraph=True)\n"
+        "torch.cuda.reset_peak_memory_stats()\n"
+        "y = cm(x.cuda())\n"
+        "peak = torch.cuda.max_memory_allocated()",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    assert {g["backend"] for g in report.to_dict()["ref"]["compile"]["graphs"]} == {"inductor"}
+    assert any(m["path"] == "peak" for m in report.measurements())

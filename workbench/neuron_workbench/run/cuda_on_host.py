@@ -40,14 +40,12 @@ from neuron_workbench.run.records import RunFacts
 #: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
 REF_PRECISIONS = ("cuda", "fp32")
 
+#: The matmul kernels a GPU computes in TF32 when enabled; Inductor's compiled code calls the
+#: ``out=`` forms (``extern_kernels.addmm(..., out=buf)``).
 _MATMULS = frozenset(
-    {
-        torch.ops.aten.mm.default,
-        torch.ops.aten.addmm.default,
-        torch.ops.aten.bmm.default,
-        torch.ops.aten.baddbmm.default,
-        torch.ops.aten.addbmm.default,
-    }
+    getattr(getattr(torch.ops.aten, name), overload)
+    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm")
+    for overload in ("default", "out")
 )
 
 
@@ -78,6 +76,14 @@ class _Tf32Matmuls(TorchDispatchMode):
     def __init__(self, on_use: Callable[[], None]) -> None:
         super().__init__()
         self._on_use = on_use
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Dynamo skips every frame while a mode that says False is active: a compiled model ran
+        # eagerly on the reference, and fullgraph=True raised there ("found no compiled frames").
+        # True: Dynamo compiles without the mode, and the compiled code's matmul kernels, which
+        # Inductor calls through the dispatcher, still come here, as cuBLAS computes in TF32.
+        return True
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -111,6 +117,15 @@ class HostMemory(TorchDispatchMode):
         self._live: dict[int, weakref.finalize] = {}
         for tensor in resident:
             self._count(tensor)
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """True: Dynamo compiles while the run counts (see :class:`_Tf32Matmuls`).
+
+        A cell reading memory statistics compiled nothing on the reference otherwise. The storages
+        compiled code allocates outside the dispatcher are not counted.
+        """
+        return True
 
     def _count(self, tensor: torch.Tensor) -> None:
         if tensor.device.type != "cpu" or tensor.layout != torch.strided:
