@@ -200,6 +200,27 @@ def test_tf32_rounding_when_the_cell_enables_it(ip):
     assert not tf32_enabled()
 
 
+def test_tf32_on_with_no_float32_matmul_is_no_tf32_evidence(ip):
+    # TF32 on (nanoGPT's first lines), then bfloat16 and float64 matmuls only: the reference noted
+    # "float32 matmuls rounded their inputs to TF32" and hinted TF32 for a float64 output, which
+    # TF32 never touches (found by trying precision idioms as a user)
+    run_cell(ip, "import torch\nlin = torch.nn.Linear(64, 64)\nx = torch.randn(32, 64)")
+    report = _report(
+        ip,
+        "torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "y = lin.cuda().to(torch.bfloat16)(x.cuda().bfloat16())\n"
+        "xd = x.cuda().double()\n"
+        "w = (xd + 1e-9) @ xd.T - xd @ xd.T\n"
+        "torch.backends.cuda.matmul.allow_tf32 = False",
+    )
+    assert report.verdict == "FAIL", report.summary()
+    failed = {d.path: d for d in report.comparison.failures}
+    assert any(h.startswith("float64 is computed as float32") for h in failed["w"].hints)
+    assert not any("TF32" in h for h in failed["w"].hints), failed["w"].hints
+    assert not report.ref.facts.tf32_matmuls
+    assert not any("TF32" in note for note in report.notes), report.notes
+
+
 def test_round_to_tf32_keeps_ten_mantissa_bits():
     x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11, 1.0 + 2**-12, float("inf"), float("nan"), -3.0])
     out = round_to_tf32(x)

@@ -90,11 +90,15 @@ class _Tf32Matmuls(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func in _MATMULS and tf32_enabled():
-            self._on_use()
-            args = tuple(
+            rounded = tuple(
                 round_to_tf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
                 for a in args
             )
+            # TF32 applies to float32 matmuls only: a bfloat16 or float64 one is no evidence of
+            # it (the report's TF32 note and hint read this)
+            if any(r is not a for r, a in zip(rounded, args)):
+                self._on_use()
+                args = rounded
         return call_op(func, args, kwargs)
 
 
