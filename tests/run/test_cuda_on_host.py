@@ -200,6 +200,26 @@ def test_tf32_rounding_when_the_cell_enables_it(ip):
     assert not tf32_enabled()
 
 
+def test_tf32_set_by_torchs_newer_switch_rounds_on_the_reference(ip):
+    # torch.backends.cuda.matmul.fp32_precision = "tf32" (PyTorch 2.9's API; cuBLAS reads it): the
+    # reference read the legacy allow_tf32, which torch then refuses to read, and raised "mix of
+    # the legacy and new APIs" at the cell's first matmul, and in every later cell (ERROR)
+    run_cell(ip, "import torch\nlin = torch.nn.Linear(64, 64)\nx = torch.randn(32, 64)")
+    try:
+        report = _report(
+            ip, 'torch.backends.cuda.matmul.fp32_precision = "tf32"\ny = lin.cuda()(x.cuda())'
+        )
+        assert report.ref.error is None, report.summary()
+        failed = {d.path: d for d in report.comparison.failures}
+        assert any(h.startswith("TF32: cpu (as cuda)") for h in failed["y"].hints), report.summary()
+        # and the cells after it, with TF32 still on in the notebook
+        report = _report(ip, "y = lin(x.cuda())")
+        assert report.ref.error is None and report.ref.facts.tf32_matmuls, report.summary()
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+    assert not tf32_enabled()
+
+
 def test_tf32_on_with_no_float32_matmul_is_no_tf32_evidence(ip):
     # TF32 on (nanoGPT's first lines), then bfloat16 and float64 matmuls only: the reference noted
     # "float32 matmuls rounded their inputs to TF32" and hinted TF32 for a float64 output, which

@@ -521,8 +521,8 @@ def hints_for(
     if tf32:
         hints.append(
             f"TF32: {', '.join(tf32)} rounded float32 matmul inputs to 10 mantissa bits, as the "
-            "cell enabled (allow_tf32 / set_float32_matmul_precision); --ref-precision fp32 turns "
-            "it off on a cpu reference"
+            "cell enabled (allow_tf32, fp32_precision or set_float32_matmul_precision); "
+            "--ref-precision fp32 turns it off on a cpu reference"
         )
     # On the host (the cpu reference, an emulated device) both runs execute the same CPU kernel,
     # in the same order: only a real device's scatter kernel makes the order vary.

@@ -52,10 +52,13 @@ _MATMULS = frozenset(
 def tf32_enabled() -> bool:
     """Whether a CUDA GPU would compute float32 matmuls with TF32 inputs right now.
 
-    ``torch.set_float32_matmul_precision("high")`` sets the same cuBLAS flag, so the flag alone
-    answers (``get_float32_matmul_precision`` may report an emulated TPU's mode instead).
+    cuBLAS reads the CUDA matmul precision of torch's newer switches
+    (``torch.backends.cuda.matmul.fp32_precision``, or ``torch.backends.fp32_precision`` it
+    inherits); ``allow_tf32 = True`` and ``torch.set_float32_matmul_precision("high")`` set it too
+    (``get_float32_matmul_precision`` may report an emulated TPU's mode instead). The legacy
+    ``allow_tf32`` is not read: torch refuses to once a program used the newer switch alone.
     """
-    return bool(torch.backends.cuda.matmul.allow_tf32)
+    return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
 def may_enable_tf32(source: str) -> bool:
