@@ -200,6 +200,26 @@ def test_tf32_rounding_when_the_cell_enables_it(ip):
     assert not tf32_enabled()
 
 
+def test_tf32_leaves_a_linears_bias_in_float32_as_cublas_does(ip):
+    # TF32 rounds the two matrices a GPU multiplies; the bias addmm adds is read in float32. The
+    # reference rounded the bias too: 1000.3 became 1000.5, a FAIL of 0.2 blamed on TF32 where a
+    # GPU's result is within 1e-5 of the target's
+    run_cell(
+        ip,
+        "import torch\nlin = torch.nn.Linear(4, 4)\nx = torch.ones(2, 4)\n"
+        "with torch.no_grad():\n    lin.weight.fill_(0.001)\n    lin.bias.fill_(1000.3)",
+    )
+    report = _report(
+        ip,
+        "torch.backends.cuda.matmul.allow_tf32 = True\ny = lin.cuda()(x.cuda())\n"
+        "torch.backends.cuda.matmul.allow_tf32 = False",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert report.ref.facts.tf32_matmuls  # the weights were rounded
+    expected = torch.tensor(1000.3) + 4 * round_to_tf32(torch.tensor(0.001))
+    assert torch.allclose(ip.user_ns["y"], expected.expand(2, 4), rtol=0, atol=1e-4)
+
+
 def test_tf32_set_by_torchs_newer_switch_rounds_on_the_reference(ip):
     # torch.backends.cuda.matmul.fp32_precision = "tf32" (PyTorch 2.9's API; cuBLAS reads it): the
     # reference read the legacy allow_tf32, which torch then refuses to read, and raised "mix of

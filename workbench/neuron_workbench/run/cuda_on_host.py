@@ -40,13 +40,21 @@ from neuron_workbench.run.records import RunFacts
 #: ``--ref-precision`` choices: compute as a CUDA GPU would (TF32 when the cell enables it), or fp32.
 REF_PRECISIONS = ("cuda", "fp32")
 
-#: The matmul kernels a GPU computes in TF32 when enabled; Inductor's compiled code calls the
-#: ``out=`` forms (``extern_kernels.addmm(..., out=buf)``).
-_MATMULS = frozenset(
-    getattr(getattr(torch.ops.aten, name), overload)
-    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm")
+#: The matmul kernels a GPU computes in TF32 when enabled, with the positions of the operands
+#: TF32 rounds: the two matrices; the tensor an ``addmm`` adds (a Linear's bias) is read in float32,
+#: as cuBLAS reads C. Inductor's compiled code calls the ``out=`` forms
+#: (``extern_kernels.addmm(..., out=buf)``).
+_MATMULS = {
+    getattr(getattr(torch.ops.aten, name), overload): operands
+    for name, operands in (
+        ("mm", (0, 1)),
+        ("bmm", (0, 1)),
+        ("addmm", (1, 2)),
+        ("baddbmm", (1, 2)),
+        ("addbmm", (1, 2)),
+    )
     for overload in ("default", "out")
-)
+}
 
 
 def tf32_enabled() -> bool:
@@ -92,10 +100,13 @@ class _Tf32Matmuls(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func in _MATMULS and tf32_enabled():
+        operands = _MATMULS.get(func)
+        if operands is not None and tf32_enabled():
             rounded = tuple(
-                round_to_tf32(a) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
-                for a in args
+                round_to_tf32(a)
+                if i in operands and isinstance(a, torch.Tensor) and a.dtype == torch.float32
+                else a
+                for i, a in enumerate(args)
             )
             # TF32 applies to float32 matmuls only: a bfloat16 or float64 one is no evidence of
             # it (the report's TF32 note and hint read this)
