@@ -1121,3 +1121,18 @@ def test_a_compiled_model_in_a_cell_reading_memory_statistics_compiles_on_the_re
     assert report.verdict == "PASS", report.summary()
     assert {g["backend"] for g in report.to_dict()["ref"]["compile"]["graphs"]} == {"inductor"}
     assert any(m["path"] == "peak" for m in report.measurements())
+
+
+def test_a_model_compiled_in_one_cell_is_not_compiled_again_in_a_profiled_one(ip):
+    # Compile in one cell, time it with --profile in the next: the runs made together take half
+    # the threads each, the runs of --profile one after the other took all of them, and Dynamo
+    # guards the count: both sides compiled again ("GLOBAL_STATE changed: num_threads", a
+    # recompile the cell never caused, inside the timings). Found by trying compile idioms.
+    run_cell(ip, MLP)
+    run_cell(ip, "%%neuron -o r\ncm = torch.compile(mlp.cuda())\ny = cm(x.cuda())")
+    run_cell(ip, "%%neuron -o r --profile\ny = cm(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    for role in ("ref", "target"):
+        record = report.to_dict()[role]["compile"]
+        assert record["recompiles"] == [] and record["graphs"] == [], (role, record)

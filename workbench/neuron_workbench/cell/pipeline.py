@@ -306,16 +306,24 @@ def compare_cell(
             _notebook_as_it_was(spec, classes)
             raise
     else:
+        # One after the other (--profile), with the thread count of the runs made together all the
+        # same: Dynamo guards it, so a model compiled in another cell compiled again on both sides
+        # ("GLOBAL_STATE changed: num_threads"), inside the timings, and reductions split alike.
+        shared = reference is None and getattr(executor, "concurrent", False)
         try:
-            ref_run = (
-                reference if reference is not None else execute(spec, ref_backend, run_id="ref")
-            )
-            # with no run here (--against), the target's is the one that changed notebook classes
-            with answers_set_classes() if reference is not None else contextlib.nullcontext():
-                target_runs = [
-                    _run_target(spec, executor, backend, run_id, options.what_if_on(backend.name))
-                    for backend, run_id in targets
-                ]
+            with _cores_shared() if shared else contextlib.nullcontext():
+                ref_run = (
+                    reference if reference is not None else execute(spec, ref_backend, run_id="ref")
+                )
+                # with no run here (--against), the target's is the one that changed notebook
+                # classes
+                with answers_set_classes() if reference is not None else contextlib.nullcontext():
+                    target_runs = [
+                        _run_target(
+                            spec, executor, backend, run_id, options.what_if_on(backend.name)
+                        )
+                        for backend, run_id in targets
+                    ]
         except BaseException:  # a value the target cannot receive, an interrupt
             _notebook_as_it_was(spec, classes)
             raise
@@ -768,7 +776,8 @@ def _cores_shared() -> Iterator[None]:
 
     The two processes run at the same time; with all threads each, their thread pools would fight
     over the cores (a parallel region waits for its slowest thread). Both runs use the same count,
-    so their reductions split alike.
+    so their reductions split alike. Runs one after the other (``--profile``) take the same count
+    too: a compiled graph guards it.
     """
     threads = torch.get_num_threads()
     shared = max(1, threads // 2)
