@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import re
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -352,6 +354,10 @@ class LayerRecorder:
             call.parent = index.get(call.parent) if call.parent is not None else None
 
 
+#: torch's warning at each call of a ``torch.compile(module)`` while global module hooks are set.
+_GLOBAL_HOOKS_WARNING = re.compile(r"Using `torch\.compile\(module\)` when there are global hooks")
+
+
 @contextlib.contextmanager
 def layer_recorder_for(
     full: tuple[str, ...] = (), gradients: bool = True
@@ -364,6 +370,13 @@ def layer_recorder_for(
     recorder = LayerRecorder(full, gradients)
     from torch.nn.modules import module as nn_module
 
+    # torch warns at each call of a compiled module while a global module hook is set: these
+    # hooks are the workbench's, not the cell's (a hook of the notebook's own keeps the warning).
+    # The filter goes first and leaves the others as the cell sets them.
+    quiet = None
+    if not nn_module._has_any_global_hook():
+        quiet = ("ignore", _GLOBAL_HOOKS_WARNING, UserWarning, None, 0)
+        warnings.filters.insert(0, quiet)
     pre = nn_module.register_module_forward_pre_hook(recorder.pre_hook)
     post = nn_module.register_module_forward_hook(recorder.hook)
     try:
@@ -371,6 +384,9 @@ def layer_recorder_for(
     finally:
         pre.remove()
         post.remove()
+        if quiet is not None:
+            with contextlib.suppress(ValueError):  # the cell emptied the filters
+                warnings.filters.remove(quiet)
         recorder.finalize()
 
 
