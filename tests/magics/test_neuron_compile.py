@@ -1159,3 +1159,32 @@ def test_layers_on_a_compiled_model_print_no_warning_about_the_workbenchs_hooks(
         assert "global hooks" in _report(ip).target.stderr  # (pytest records the kernel's)
     finally:
         run_cell(ip, "hook.remove()")
+
+
+def test_a_compiled_model_whose_forward_an_autocast_decorator_wraps_computes_in_bfloat16(ip):
+    # `@torch.autocast("cuda", dtype=torch.bfloat16)` on the forward of a class defined in a plain
+    # cell: built without CUDA, the decorator turned itself off. A run enters it as requested, but
+    # Dynamo reads its fields instead: the compiled model computed in float32 on both sides (a PASS
+    # of float32 against float32) where a GPU computes in bfloat16 (found by trying compile idioms)
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn as nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(8, 4)\n"
+        '    @torch.autocast(device_type="cuda", dtype=torch.bfloat16)\n'
+        "    def forward(self, x):\n"
+        "        return self.fc(x)\n"
+        "torch.manual_seed(0)\nnet = Net()\nx = torch.randn(2, 8)",
+    )
+    run_cell(ip, "%%neuron -o r\ncm = torch.compile(net.cuda())\ny = cm(x.cuda())")
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    (diff,) = [d for d in report.comparison.diffs if d.path == "y"]
+    assert (diff.ref_dtype, diff.target_dtype) == ("bfloat16", "bfloat16"), diff
+    assert ip.user_ns["y"].dtype == torch.bfloat16
+    assert any("autocast (bfloat16) was active" in note for note in report.notes), report.notes
+    # in plain cells it stays as torch left it, off
+    run_cell(ip, "eager = net(x)")
+    assert ip.user_ns["eager"].dtype == torch.float32

@@ -964,6 +964,40 @@ def _autocast_enter(original: Callable[..., Any]) -> Callable[..., Any]:
     return __enter__
 
 
+def _requested_enabled(request: tuple[str, tuple[Any, ...], dict[str, Any]]) -> bool:
+    """The ``enabled`` an autocast request asked for (``autocast(device_type, dtype, enabled)``)."""
+    _, args, kwargs = request
+    if "enabled" in kwargs:
+        return bool(kwargs["enabled"])
+    return bool(args[1]) if len(args) > 1 else True
+
+
+def _autocast_enabled_as_requested() -> property:
+    """``autocast._enabled`` in a run: on, for one built for cuda outside runs and turned off there.
+
+    Dynamo never enters such an object (see :func:`_autocast_enter`): tracing a function it
+    decorates (``@torch.autocast("cuda", dtype=torch.bfloat16)`` on a notebook class's
+    ``forward``), it reads its fields and put a disabled autocast in the graph, so a compiled model
+    computed in float32 on both runs where a GPU computes in bfloat16. Read as requested, the graph
+    enters autocast("cuda", ...) while it is traced, which the run maps to its device as it maps
+    any autocast a compiled cell makes.
+    """
+
+    def get(self: Any) -> Any:
+        own = self.__dict__
+        if "_enabled" not in own:
+            raise AttributeError("_enabled")
+        request = own.get("_workbench_request")
+        if own["_enabled"] is False and own.get("device") == "cuda" and request is not None:
+            return request[0] == "cuda" and _requested_enabled(request)
+        return own["_enabled"]
+
+    def set(self: Any, value: Any) -> None:
+        self.__dict__["_enabled"] = value
+
+    return property(get, set)
+
+
 def _autocast_exit(original: Callable[..., Any]) -> Callable[..., Any]:
     def __exit__(self: Any, *exc: Any) -> Any:  # noqa: N807
         entered = self.__dict__.get("_workbench_entered")
@@ -1211,6 +1245,7 @@ def cuda_remapped_to(
                     "__init__": _autocast_init(target, autocast_cls.__init__, facts, host),
                     "__enter__": _autocast_enter(autocast_cls.__enter__),
                     "__exit__": _autocast_exit(autocast_cls.__exit__),
+                    "_enabled": _autocast_enabled_as_requested(),
                 },
             )
         )
