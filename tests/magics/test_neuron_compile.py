@@ -1188,3 +1188,26 @@ def test_a_compiled_model_whose_forward_an_autocast_decorator_wraps_computes_in_
     # in plain cells it stays as torch left it, off
     run_cell(ip, "eager = net(x)")
     assert ip.user_ns["eager"].dtype == torch.float32
+
+
+def test_an_autocast_context_of_an_earlier_cell_casts_inside_a_compiled_function(ip):
+    # nanoGPT's `ctx = torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16)` in one cell,
+    # `with ctx:` inside a compiled step in the next: the kept ctx is the reference's (on the cpu
+    # stand-in), whose fields Dynamo read: the target's graph autocast the CPU and computed in
+    # float32, a FAIL whose hint said the cell had entered CPU autocast.
+    run_cell(ip, MLP)
+    run_cell(
+        ip,
+        "%%neuron -o r\nctx = torch.amp.autocast(device_type='cuda', dtype=torch.bfloat16)\n"
+        "m = mlp.cuda()",
+    )
+    run_cell(
+        ip,
+        "%%neuron -o r\n@torch.compile\ndef f(t):\n    with ctx:\n        return m(t)\ny = f(x.cuda())",
+    )
+    report = _report(ip)
+    assert report.verdict == "PASS", report.summary()
+    (diff,) = [d for d in report.comparison.diffs if d.path == "y"]
+    assert (diff.ref_dtype, diff.target_dtype) == ("bfloat16", "bfloat16"), diff
+    # CUDA's op lists on the reference, not the CPU's
+    assert not report.ref.facts.cpu_autocast

@@ -41,6 +41,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
+from weakref import WeakSet
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -592,7 +593,11 @@ def _cuda_as(target: str, device: Any) -> str:
 
 
 def _autocast_init(
-    target: str, original: Callable[..., None], facts: RunFacts, host: CudaOnHost | None
+    target: str,
+    original: Callable[..., None],
+    facts: RunFacts,
+    host: CudaOnHost | None,
+    made_here: WeakSet[Any],
 ) -> Callable[..., None]:
     def __init__(  # noqa: N807 - it replaces autocast.__init__
         self: Any,
@@ -609,6 +614,7 @@ def _autocast_init(
                 dtype = torch.float16  # what the cell gets on CUDA
             if host is not None and enabled:
                 host.use_cuda_autocast_lists()
+        made_here.add(self)  # on this run's device (see _foreign_autocasts_read_as_cuda)
         original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         if as_cuda:
             # asked for cuda, as the next cell's runs enter it on their own devices (see
@@ -972,30 +978,43 @@ def _requested_enabled(request: tuple[str, tuple[Any, ...], dict[str, Any]]) -> 
     return bool(args[1]) if len(args) > 1 else True
 
 
-def _autocast_enabled_as_requested() -> property:
-    """``autocast._enabled`` in a run: on, for one built for cuda outside runs and turned off there.
+def _foreign_autocasts_read_as_cuda(made_here: WeakSet[Any]) -> dict[str, property]:
+    """``autocast.device`` and ``._enabled`` in a run, for one built for cuda elsewhere.
 
-    Dynamo never enters such an object (see :func:`_autocast_enter`): tracing a function it
-    decorates (``@torch.autocast("cuda", dtype=torch.bfloat16)`` on a notebook class's
-    ``forward``), it reads its fields and put a disabled autocast in the graph, so a compiled model
-    computed in float32 on both runs where a GPU computes in bfloat16. Read as requested, the graph
-    enters autocast("cuda", ...) while it is traced, which the run maps to its device as it maps
-    any autocast a compiled cell makes.
+    Dynamo never enters such an object (see :func:`_autocast_enter`): tracing a function that
+    enters it (``@torch.autocast("cuda", dtype=torch.bfloat16)`` on a notebook class's ``forward``,
+    ``with ctx:`` inside a compiled function) it reads its fields and put them in the graph. Built
+    outside runs it is off (no CUDA): a compiled model computed in float32 on both runs where a GPU
+    computes in bfloat16. Built by an earlier cell's run it is the reference's, on the cpu: the
+    target's graph autocast the CPU, which casts nothing on its device (float32 there). Read as
+    asked for (cuda, on as requested), the graph enters autocast("cuda", ...) while it is traced,
+    which the run maps to its device, as it maps any autocast a compiled cell makes. The objects
+    this run built (``made_here``, its own device's) read as they are.
     """
 
-    def get(self: Any) -> Any:
-        own = self.__dict__
-        if "_enabled" not in own:
-            raise AttributeError("_enabled")
+    def foreign(own: dict[str, Any], self: Any) -> Any:
         request = own.get("_workbench_request")
-        if own["_enabled"] is False and own.get("device") == "cuda" and request is not None:
-            return request[0] == "cuda" and _requested_enabled(request)
-        return own["_enabled"]
+        if request is None or request[0] != "cuda" or self in made_here:
+            return None
+        return request
 
-    def set(self: Any, value: Any) -> None:
-        self.__dict__["_enabled"] = value
+    def field(name: str, asked: Callable[[Any], Any]) -> property:
+        def get(self: Any) -> Any:
+            own = self.__dict__
+            if name not in own:
+                raise AttributeError(name)
+            request = foreign(own, self)
+            return own[name] if request is None else asked(request)
 
-    return property(get, set)
+        def set(self: Any, value: Any) -> None:
+            self.__dict__[name] = value
+
+        return property(get, set)
+
+    return {
+        "device": field("device", lambda request: "cuda"),
+        "_enabled": field("_enabled", _requested_enabled),
+    }
 
 
 def _autocast_exit(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -1201,6 +1220,7 @@ def cuda_remapped_to(
     if target != "cpu":
         host = None
     autocast_cls = torch.amp.autocast_mode.autocast
+    made_here: WeakSet[Any] = WeakSet()  # the autocast objects this run builds
     scaler_cls = torch.amp.grad_scaler.GradScaler
     with contextlib.ExitStack() as stack:
         stack.enter_context(warnings_at_callers_line())  # not the mode's line: the cell's
@@ -1242,10 +1262,12 @@ def cuda_remapped_to(
             patched_attributes(
                 autocast_cls,
                 {
-                    "__init__": _autocast_init(target, autocast_cls.__init__, facts, host),
+                    "__init__": _autocast_init(
+                        target, autocast_cls.__init__, facts, host, made_here
+                    ),
                     "__enter__": _autocast_enter(autocast_cls.__enter__),
                     "__exit__": _autocast_exit(autocast_cls.__exit__),
-                    "_enabled": _autocast_enabled_as_requested(),
+                    **_foreign_autocasts_read_as_cuda(made_here),
                 },
             )
         )
