@@ -261,6 +261,28 @@ def test_tf32_on_with_no_float32_matmul_is_no_tf32_evidence(ip):
     assert not any("TF32" in note for note in report.notes), report.notes
 
 
+_CONV_TF32_NOTE = "compute float32 convolutions with TF32"
+
+
+def test_the_tf32_convolution_note_is_for_the_convolutions_a_gpu_computes_in_tf32(ip):
+    # The note that a GPU convolves float32 in TF32 where this reference does not was added for
+    # any convolution: also with cuDNN's TF32 turned off by the cell, and under bf16 autocast,
+    # where a GPU convolves as the reference does (found by trying precision idioms as a user)
+    run_cell(ip, "import torch\nconv = torch.nn.Conv2d(3, 4, 3)\nx = torch.randn(1, 3, 8, 8)")
+    report = _report(ip, "y = conv.cuda()(x.cuda())")
+    assert any(_CONV_TF32_NOTE in note for note in report.notes), report.notes
+    for cell in (
+        "torch.backends.cudnn.allow_tf32 = False\ny = conv(x.cuda())\n"
+        "torch.backends.cudnn.allow_tf32 = True",
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = conv(x.cuda())",
+        "y = conv.to(torch.bfloat16)(x.cuda().bfloat16())",
+    ):
+        report = _report(ip, cell)
+        assert report.verdict == "PASS", report.summary()
+        assert not any(_CONV_TF32_NOTE in note for note in report.notes), (cell, report.notes)
+    assert torch.backends.cudnn.allow_tf32
+
+
 def test_round_to_tf32_keeps_ten_mantissa_bits():
     x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11, 1.0 + 2**-12, float("inf"), float("nan"), -3.0])
     out = round_to_tf32(x)

@@ -249,6 +249,7 @@ class CudaOnHost:
         self._stack = contextlib.ExitStack()
         self._cuda_autocast = False
         self.used_tf32 = False
+        self.gpu_tf32_convolutions = False
         self.used_foreach_default = False
         self.account_memory = account_memory
         self._memory: HostMemory | None = None
@@ -340,6 +341,20 @@ class CudaOnHost:
     def _note_tf32(self) -> None:
         self.used_tf32 = True
 
+    def note_convolution(self, input: Any) -> None:
+        """Note a convolution of ``input``, which a GPU may compute with TF32 inputs.
+
+        It does when cuDNN's TF32 is on (its default), the input is float32 and no autocast casts
+        it; this reference computes in float32.
+        """
+        if (
+            isinstance(input, torch.Tensor)
+            and input.dtype == torch.float32
+            and not self.under_cuda_autocast()
+            and torch.backends.cudnn.conv.fp32_precision == "tf32"
+        ):
+            self.gpu_tf32_convolutions = True
+
     @contextlib.contextmanager
     def active(self, may_enable_tf32: bool) -> Iterator[CudaOnHost]:
         """Apply the run-long parts (foreach defaults, TF32) around the cell; undo them after.
@@ -378,7 +393,7 @@ class CudaOnHost:
                 "memory statistics are this run's accounting of the tensor storages it allocated "
                 "on the host, not a GPU allocator's"
             )
-        if facts.convolutions:
+        if self.gpu_tf32_convolutions:
             notes.append(
                 "differs from a GPU: Ampere and newer GPUs compute float32 convolutions with TF32 "
                 "inputs by default (torch.backends.cudnn.allow_tf32); this reference uses float32"

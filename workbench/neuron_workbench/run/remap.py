@@ -368,6 +368,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
         facts = self.facts
         if func in _CONVOLUTIONS:
             facts.convolutions += 1
+            if self.host is not None:
+                self.host.note_convolution(args[0] if args else kwargs.get("input"))
             return func(*args, **kwargs)
         if func is _SDPA:
             facts.attention_calls += 1
