@@ -179,6 +179,28 @@ def test_optimizers_default_to_foreach_as_on_cuda(ip):
     assert oo._default_to_fused_or_foreach([torch.ones(1)], False) == (False, False)
 
 
+def test_the_foreach_note_names_what_took_foreach(ip):
+    # nanoGPT's step: a fused AdamW and clip_grad_norm_. Only the clipping took the foreach path,
+    # and the note said the optimizers had
+    run_cell(ip, "import torch\nlin = torch.nn.Linear(4, 2)")
+    step = (
+        "m = lin.cuda()\nopt = torch.optim.AdamW(m.parameters(), {kind}=True)\n"
+        "m(torch.ones(3, 4, device='cuda')).sum().backward()\n"
+        "torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)\nopt.step()"
+    )
+    report = _report(ip, step.format(kind="fused"))
+    assert report.verdict == "PASS", report.summary()
+    notes = [note for note in report.notes if "foreach" in note]
+    assert notes == [
+        "cpu (as cuda): gradient clipping (torch's foreach helpers) used the foreach "
+        "implementation CUDA tensors default to"
+    ], report.notes
+    report = _report(ip, step.format(kind="foreach").replace("foreach=True", "foreach=None"))
+    assert any(
+        note.startswith("cpu (as cuda): optimizers and gradient clipping") for note in report.notes
+    ), report.notes
+
+
 def test_tf32_rounding_when_the_cell_enables_it(ip):
     run_cell(ip, "import torch")
     cell = (

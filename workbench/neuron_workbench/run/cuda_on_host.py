@@ -251,6 +251,7 @@ class CudaOnHost:
         self.used_tf32 = False
         self.gpu_tf32_convolutions = False
         self.used_foreach_default = False
+        self.helpers_used_foreach = False
         self.account_memory = account_memory
         self._memory: HostMemory | None = None
 
@@ -386,8 +387,18 @@ class CudaOnHost:
             notes.append("float32 matmuls rounded their inputs to TF32, as the cell enabled")
         elif self.precision == "fp32":
             notes.append("float32 matmuls in full float32 (--ref-precision fp32)")
-        if self.used_foreach_default:
-            notes.append("optimizers used the foreach implementation CUDA tensors default to")
+        users = [
+            who
+            for who, used in (
+                ("optimizers", self.used_foreach_default),
+                ("gradient clipping (torch's foreach helpers)", self.helpers_used_foreach),
+            )
+            if used
+        ]
+        if users:
+            notes.append(
+                f"{' and '.join(users)} used the foreach implementation CUDA tensors default to"
+            )
         if self._memory is not None:
             notes.append(
                 "memory statistics are this run's accounting of the tensor storages it allocated "
@@ -455,13 +466,19 @@ def _foreach_by_default(host: CudaOnHost) -> Iterator[None]:
 
     original = foreach_utils._get_foreach_kernels_supported_devices
 
-    def supported() -> list[str]:
+    # each caller noted apart: a fused optimizer with clip_grad_norm_ (nanoGPT's step) picks
+    # foreach for the clipping alone
+    def for_optimizers() -> list[str]:
         host.used_foreach_default = True
         return [*original(), "cpu"]
 
+    def for_helpers() -> list[str]:
+        host.helpers_used_foreach = True
+        return [*original(), "cpu"]
+
     saved = optimizer_module._get_foreach_kernels_supported_devices
-    optimizer_module._get_foreach_kernels_supported_devices = supported
-    foreach_utils._get_foreach_kernels_supported_devices = supported
+    optimizer_module._get_foreach_kernels_supported_devices = for_optimizers
+    foreach_utils._get_foreach_kernels_supported_devices = for_helpers
     try:
         yield
     finally:
