@@ -305,6 +305,26 @@ def test_the_tf32_convolution_note_is_for_the_convolutions_a_gpu_computes_in_tf3
     assert torch.backends.cudnn.allow_tf32
 
 
+def test_the_attention_kernel_note_is_left_out_where_a_gpu_takes_the_math_path_too(ip):
+    # with sdpa_kernel(SDPBackend.MATH) a GPU computes attention as this reference does; the note
+    # that a GPU would pick a fused kernel was added all the same
+    run_cell(
+        ip,
+        "import torch\nimport torch.nn.functional as F\n"
+        "from torch.nn.attention import sdpa_kernel, SDPBackend\nq = torch.randn(1, 2, 4, 8)",
+    )
+    note = "CUDA picks flash, memory-efficient or cuDNN attention kernels"
+    report = _report(ip, "a = F.scaled_dot_product_attention(q.cuda(), q.cuda(), q.cuda())")
+    assert any(note in each for each in report.notes), report.notes
+    report = _report(
+        ip,
+        "with sdpa_kernel(SDPBackend.MATH):\n"
+        "    a = F.scaled_dot_product_attention(q.cuda(), q.cuda(), q.cuda())",
+    )
+    assert report.verdict == "PASS", report.summary()
+    assert not any(note in each for each in report.notes), report.notes
+
+
 def test_round_to_tf32_keeps_ten_mantissa_bits():
     x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11, 1.0 + 2**-12, float("inf"), float("nan"), -3.0])
     out = round_to_tf32(x)

@@ -250,6 +250,7 @@ class CudaOnHost:
         self._cuda_autocast = False
         self.used_tf32 = False
         self.gpu_tf32_convolutions = False
+        self.gpu_fused_attention = False
         self.used_foreach_default = False
         self.helpers_used_foreach = False
         self.account_memory = account_memory
@@ -342,6 +343,20 @@ class CudaOnHost:
     def _note_tf32(self) -> None:
         self.used_tf32 = True
 
+    def note_attention(self) -> None:
+        """Note an attention call, which a GPU computes with a fused kernel unless only math is on.
+
+        With ``sdpa_kernel(SDPBackend.MATH)`` (or the others switched off) a GPU takes the math
+        path, as this reference then does.
+        """
+        backends = torch.backends.cuda
+        if (
+            backends.flash_sdp_enabled()
+            or backends.mem_efficient_sdp_enabled()
+            or backends.cudnn_sdp_enabled()
+        ):
+            self.gpu_fused_attention = True
+
     def note_convolution(self, input: Any) -> None:
         """Note a convolution of ``input``, which a GPU may compute with TF32 inputs.
 
@@ -409,7 +424,7 @@ class CudaOnHost:
                 "differs from a GPU: Ampere and newer GPUs compute float32 convolutions with TF32 "
                 "inputs by default (torch.backends.cudnn.allow_tf32); this reference uses float32"
             )
-        if facts.attention_calls:
+        if self.gpu_fused_attention:
             notes.append(
                 "differs from a GPU: CUDA picks flash, memory-efficient or cuDNN attention kernels; "
                 "this reference used the CPU's scaled_dot_product_attention kernel"

@@ -373,6 +373,8 @@ class _CudaToDeviceMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is _SDPA:
             facts.attention_calls += 1
+            if self.host is not None:
+                self.host.note_attention()
             query = args[0] if args else kwargs.get("query")
             if self.host is not None and isinstance(query, torch.Tensor):
                 # sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) leaves a GPU a kernel the CPU lacks
