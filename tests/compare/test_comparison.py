@@ -327,6 +327,7 @@ def test_numbers_holding_only_each_runs_measured_values_are_measurements():
         "as_float32": torch.tensor([0.125, 0.5]),
         "mixed": np.array([0.125, 2.0]),
         "loss": 0.5,
+        "reversed": np.array([0.5, 0.125])[::-1],
     }
     target = {
         "p50": 0.375,
@@ -334,9 +335,15 @@ def test_numbers_holding_only_each_runs_measured_values_are_measurements():
         "as_float32": torch.tensor([0.375, 0.75]),
         "mixed": np.array([0.375, 3.0]),
         "loss": 0.625,
+        "reversed": np.array([0.75, 0.375])[::-1],
     }
     comparison = compare_outputs(ref, target, measured_values=values)
-    assert [m.path for m in comparison.measurements] == ["p50", "column", "as_float32"]
+    assert [m.path for m in comparison.measurements] == [
+        "p50",
+        "column",
+        "as_float32",
+        "reversed",
+    ]
     assert comparison.measurements[0].source == "time.perf_counter"
     # a value neither run measured, on either side: a difference
     assert {d.path: d.status for d in comparison.diffs} == {"mixed": "differ", "loss": "differ"}

@@ -897,8 +897,11 @@ def _measured_numbers(
     ref_values, target_values = measured_values
     if not ref_values or not target_values:
         return None
-    made = _only_measured(ref, ref_values)
-    if made is None or _only_measured(target, target_values) is None:
+    try:
+        made = _only_measured(ref, ref_values)
+        if made is None or _only_measured(target, target_values) is None:
+            return None
+    except Exception:  # (an array torch cannot view): compared as it is, never a crash
         return None
     kind, source = made
     return kind, source
@@ -914,6 +917,8 @@ def _only_measured(value: Any, values: Mapping[float, Sequence[str]]) -> Sequenc
         return values.get(value)
     if not (_is_array(value) or isinstance(value, torch.Tensor)):
         return None
+    if _is_array(value):
+        value = value.copy()  # (a reversed array's negative strides: no tensor views them)
     tensor = torch.as_tensor(value).detach()
     if not tensor.is_floating_point() or not 0 < tensor.numel() <= _MEASURED_LOOKUP:
         return None
