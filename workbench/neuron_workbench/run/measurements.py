@@ -71,7 +71,7 @@ except ImportError:  # pragma: no cover - a torch without NumPy
     numpy = None  # type: ignore[assignment]
 
 from neuron_workbench.run.namespace import attributes_are_state
-from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.run.patching import names_rebound, patched_attributes
 from neuron_workbench.run.scalar_sites import user_site
 
 __all__ = [
@@ -1062,24 +1062,20 @@ def timers_named_in(namespace: MutableMapping[str, Any]) -> Iterator[None]:
     own attribute is left alone: libraries pickle and check plain datetimes against it, so a cell
     that imports ``datetime`` itself reads the plain clock (a documented limit).
     """
-    bound = {}
-    for name, value in list(namespace.items()):
-        if value is _PLAIN_DATETIME:  # from datetime import datetime: its now() reads the clock
-            bound[name] = (value, MeasuredDatetime)
-        elif value is datetime:  # import datetime: datetime.datetime.now()
-            bound[name] = (value, _DatetimeModule(value))
-        if type(value) is not types.BuiltinFunctionType:  # (no hashing of the notebook's objects)
-            continue
-        tagged = _tagged_timer(value)
-        if tagged is not None:
-            bound[name] = (value, tagged)
-    namespace.update({name: tagged for name, (_, tagged) in bound.items()})
-    try:
+    with names_rebound(namespace, _measured_meaning):
         yield
-    finally:
-        for name, (original, tagged) in bound.items():
-            if namespace.get(name) is tagged:
-                namespace[name] = original
+
+
+def _measured_meaning(name: str, value: Any) -> Any:
+    """What a notebook name for a timer or for ``datetime`` means during a run."""
+    if value is _PLAIN_DATETIME:  # from datetime import datetime: its now() reads the clock
+        return MeasuredDatetime
+    if value is datetime:  # import datetime: datetime.datetime.now()
+        return _DatetimeModule(value)
+    if type(value) is not types.BuiltinFunctionType:  # (no hashing of the notebook's objects)
+        return value
+    tagged = _tagged_timer(value)
+    return value if tagged is None else tagged
 
 
 @functools.lru_cache(maxsize=64)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-__all__ = ["loaded_modules_under", "patched_attributes"]
+__all__ = ["loaded_modules_under", "names_rebound", "patched_attributes"]
 
 #: Per package prefix: how many modules were loaded when it was last looked for, and its modules.
 _UNDER: dict[str, tuple[int, tuple[types.ModuleType, ...]]] = {}
@@ -58,3 +58,28 @@ def patched_attributes(owner: Any, replacements: dict[str, Any]) -> Iterator[Non
                 delattr(owner, name)
             else:
                 setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def names_rebound(
+    namespace: MutableMapping[str, Any], meaning: Callable[[str, Any], Any]
+) -> Iterator[None]:
+    """For the body: each name of ``namespace`` whose value ``meaning`` replaces holds the new one.
+
+    ``meaning(name, value)`` gives the value the name holds during the body, or ``value`` itself
+    to leave it. Afterwards each name still holding its replacement gets its own value back; one
+    the body bound to something else keeps that (``from time import perf_counter`` in the
+    notebook: the run's tagged timer for the body, the notebook's function after it).
+    """
+    bound = {}
+    for name, value in list(namespace.items()):
+        meant = meaning(name, value)
+        if meant is not value:
+            bound[name] = (value, meant)
+    namespace.update({name: meant for name, (_, meant) in bound.items()})
+    try:
+        yield
+    finally:
+        for name, (original, meant) in bound.items():
+            if namespace.get(name) is meant:
+                namespace[name] = original

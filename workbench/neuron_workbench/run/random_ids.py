@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from neuron_workbench.run.patching import patched_attributes
+from neuron_workbench.run.patching import names_rebound, patched_attributes
 
 __all__ = ["ENTROPY_BYTES", "drawn", "entropy_drawn_from", "new_entropy"]
 
@@ -87,15 +87,13 @@ def entropy_drawn_from(
         yield
         return
     original: Callable[[], uuid.UUID] = uuid.uuid4
-    names = [name for name, value in namespace.items() if value is original]
-    namespace.update(dict.fromkeys(names, _uuid4))
     streams = _Streams(entropy)
     _ACTIVE.append(streams)
     try:
-        with patched_attributes(uuid, {"uuid4": _uuid4}):
+        with (
+            names_rebound(namespace, lambda name, value: _uuid4 if value is original else value),
+            patched_attributes(uuid, {"uuid4": _uuid4}),
+        ):
             yield
     finally:
         _ACTIVE.remove(streams)
-        for name in names:
-            if namespace.get(name) is _uuid4:
-                namespace[name] = original
