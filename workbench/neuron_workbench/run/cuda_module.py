@@ -515,14 +515,12 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
         for new_state in new_states:  # one device: the one state a one-GPU machine saved
             set_rng_state(new_state)
 
-    seed = system_seeds_alike()
-
     # The seeding and random state functions, on torch.cuda and on torch.cuda.random.
     random_state = {
         "manual_seed": manual_seed,
         "manual_seed_all": manual_seed,
-        "seed": seed,
-        "seed_all": seed,
+        "seed": seed_alike,
+        "seed_all": seed_alike,
         "initial_seed": torch.initial_seed,
         "get_rng_state": lambda device="cuda": torch.get_rng_state(),
         "set_rng_state": set_rng_state,
@@ -573,22 +571,17 @@ def cuda_module_shims(backend: Backend, host: Any = None) -> dict[str, Any]:
     }
 
 
-def system_seeds_alike() -> Callable[[], int]:
-    """``torch.seed()`` for one run: a new seed each call, the same in both runs of the cell.
+def seed_alike() -> int:
+    """``torch.seed()`` in a run: a new seed each call, the same in both runs of the cell.
 
     torch draws it from the operating system's entropy, so each run seeded its generators apart
     and every draw after differed, where the port changed nothing. Here the ``n``-th call of a run
     takes the ``n``-th seed of the cell's own entropy (:mod:`~neuron_workbench.run.random_ids`),
     new at each execution of the cell, and seeds every generator with it as ``torch.seed()`` does.
     """
-
-    def seed() -> int:
-        value = int.from_bytes(drawn("torch.seed", 8), "little") & ((1 << 63) - 1)  # as torch's
-        torch.manual_seed(value)
-        return value
-
-    seed.__doc__ = torch.seed.__doc__
-    return seed
+    value = int.from_bytes(drawn("torch.seed", 8), "little") & ((1 << 63) - 1)  # as torch's
+    torch.manual_seed(value)
+    return value
 
 
 class CudaModuleShim(types.ModuleType):
