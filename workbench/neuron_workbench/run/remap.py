@@ -1208,18 +1208,15 @@ def cuda_remapped_to(
     # code compiled for an earlier run's copies, freed since, no longer counts to a recompile limit
     drop_code_compiled_for_the_dead()
     if target == "cuda":
-        if rng_on_cpu:
-            with (
-                tracked(torch.cuda) as forms,
-                warnings_at_callers_line(),
-                _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True, writes=writes),
-            ):
-                facts.measured_texts, facts.measured_values = forms.texts, forms.values
-                yield facts
-        else:
-            with tracked(torch.cuda) as forms:
-                facts.measured_texts, facts.measured_values = forms.texts, forms.values
-                yield facts
+        with contextlib.ExitStack() as stack:
+            forms = stack.enter_context(tracked(torch.cuda))
+            facts.measured_texts, facts.measured_values = forms.texts, forms.values
+            if rng_on_cpu:
+                stack.enter_context(warnings_at_callers_line())
+                stack.enter_context(
+                    _CudaToDeviceMode(target, facts, remap=False, rng_on_cpu=True, writes=writes)
+                )
+            yield facts
         return
     if target != "cpu":
         host = None
