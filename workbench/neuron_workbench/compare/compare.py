@@ -411,6 +411,9 @@ def compare_outputs(
     diffs = []
     measurements = []
     tolerances = _Tolerances(policy)
+    measured = None
+    if measured_values is not None and all(measured_values):  # (a run that measured nothing)
+        measured = (_MeasuredValues(measured_values[0]), _MeasuredValues(measured_values[1]))
     for path in paths:
         marker = _covering_marker(path, markers) if markers else None
         if marker is not None:
@@ -441,8 +444,8 @@ def compare_outputs(
             if made is not None:
                 measurements.append(Measurement(path, *made, None, ref_leaf, target_leaf))
                 continue
-        if diff.status == "differ" and measured_values is not None:
-            made = _measured_numbers(ref_leaf, target_leaf, measured_values)
+        if diff.status == "differ" and measured is not None:
+            made = _measured_numbers(ref_leaf, target_leaf, measured)
             if made is not None:
                 measurements.append(Measurement(path, *made, None, ref_leaf, target_leaf))
                 continue
@@ -884,9 +887,7 @@ _MEASURED_LOOKUP = 4096
 
 
 def _measured_numbers(
-    ref: Any,
-    target: Any,
-    measured_values: tuple[Mapping[float, Sequence[str]], Mapping[float, Sequence[str]]],
+    ref: Any, target: Any, measured: tuple[_MeasuredValues, _MeasuredValues]
 ) -> tuple[str, str] | None:
     """The ``(kind, source)`` of the measurements two numbers (or arrays of them) are, or None.
 
@@ -894,12 +895,9 @@ def _measured_numbers(
     numbers: each side must hold only values its own run measured (exactly: a float found by
     chance among a run's timings is no risk worth naming).
     """
-    ref_values, target_values = measured_values
-    if not ref_values or not target_values:
-        return None
     try:
-        made = _only_measured(ref, ref_values)
-        if made is None or _only_measured(target, target_values) is None:
+        made = measured[0].source_of(ref)
+        if made is None or measured[1].source_of(target) is None:
             return None
     except Exception:  # (an array torch cannot view): compared as it is, never a crash
         return None
@@ -907,29 +905,44 @@ def _measured_numbers(
     return kind, source
 
 
-def _only_measured(value: Any, values: Mapping[float, Sequence[str]]) -> Sequence[str] | None:
-    """What measured the numbers of ``value`` (a float, a float array or tensor), or None.
+class _MeasuredValues:
+    """One run's measured values, found in the dtype of the array that holds them.
 
-    ``values`` must hold all of them; an array of another float dtype holds them rounded to it
-    (``torch.tensor(times)``: float32).
+    An array of another float dtype holds them rounded to it (``torch.tensor(times)``: float32);
+    each dtype's rounded table is made once per comparison, not once per output.
     """
-    if type(value) is float:
-        return values.get(value)
-    if not (_is_array(value) or isinstance(value, torch.Tensor)):
-        return None
-    if _is_array(value):
-        value = value.copy()  # (a reversed array's negative strides: no tensor views them)
-    tensor = torch.as_tensor(value).detach()
-    if not tensor.is_floating_point() or not 0 < tensor.numel() <= _MEASURED_LOOKUP:
-        return None
-    lookup = values
-    if tensor.dtype != torch.float64:
-        rounded = torch.tensor(list(values), dtype=torch.float64).to(tensor.dtype).double()
-        lookup = dict(zip(rounded.tolist(), values.values(), strict=True))
-    numbers = tensor.to("cpu", torch.float64).flatten().tolist()
-    if any(number not in lookup for number in numbers):
-        return None
-    return lookup[numbers[0]]
+
+    def __init__(self, values: Mapping[float, Sequence[str]]) -> None:
+        self.values = values
+        self._rounded: dict[torch.dtype, Mapping[float, Sequence[str]]] = {}
+
+    def _in(self, dtype: torch.dtype) -> Mapping[float, Sequence[str]]:
+        if dtype == torch.float64:
+            return self.values
+        if dtype not in self._rounded:
+            rounded = torch.tensor(list(self.values), dtype=torch.float64).to(dtype).double()
+            self._rounded[dtype] = dict(zip(rounded.tolist(), self.values.values(), strict=True))
+        return self._rounded[dtype]
+
+    def source_of(self, value: Any) -> Sequence[str] | None:
+        """What measured the numbers of ``value`` (a float, a float array or tensor), or None.
+
+        Every one of them must be a measured value.
+        """
+        if type(value) is float:
+            return self.values.get(value)
+        if not (_is_array(value) or isinstance(value, torch.Tensor)):
+            return None
+        if _is_array(value):
+            value = value.copy()  # (a reversed array's negative strides: no tensor views them)
+        tensor = torch.as_tensor(value).detach()
+        if not tensor.is_floating_point() or not 0 < tensor.numel() <= _MEASURED_LOOKUP:
+            return None
+        lookup = self._in(tensor.dtype)
+        numbers = tensor.to("cpu", torch.float64).flatten().tolist()
+        if any(number not in lookup for number in numbers):
+            return None
+        return lookup[numbers[0]]
 
 
 def _split_on_names(text: str, names: Collection[str]) -> list[str]:
